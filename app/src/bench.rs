@@ -1,0 +1,142 @@
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+use backpack_engine::load::DecoderSpec;
+use backpack_engine::models::{DecoderModel, ModelOptions, WeightSource};
+use backpack_engine::ops::SamplerParams;
+use clap::Args;
+
+use crate::DTypeArg;
+
+#[derive(Args)]
+pub struct BenchArgs {
+    /// An HF config.json describing the model shape; weights are random.
+    #[arg(long)]
+    config: PathBuf,
+    #[arg(long, default_value_t = 128)]
+    prompt_len: u32,
+    #[arg(long, default_value_t = 128)]
+    gen: u32,
+    #[arg(long, value_enum, default_value = "f16")]
+    dtype: DTypeArg,
+    /// Timed repetitions (the best is reported).
+    #[arg(long, default_value_t = 3)]
+    repeat: u32,
+    /// Also print per-kernel GPU time of one decode step (timestamp queries).
+    #[arg(long)]
+    profile: bool,
+    /// Print the result as one JSON line.
+    #[arg(long)]
+    json: bool,
+}
+
+struct Run {
+    prefill: Duration,
+    decode: Duration,
+    encode: Duration,
+}
+
+pub fn run(args: BenchArgs, adapter: Option<&str>) -> Result<()> {
+    let spec = DecoderSpec::from_file(&args.config)
+        .with_context(|| format!("reading {}", args.config.display()))?;
+    let gpu = crate::open_gpu(adapter)?;
+    let context = args.prompt_len + args.gen + 1;
+    let build_start = Instant::now();
+    let mut model = DecoderModel::build(
+        &gpu,
+        &spec,
+        WeightSource::Random { seed: 1 },
+        &ModelOptions {
+            dtype: args.dtype.into(),
+            context: Some(context),
+            prefill_chunk: args.prompt_len.max(1),
+        },
+    )?;
+    gpu.wait()?;
+    let build = build_start.elapsed();
+    model.set_sampler(&SamplerParams::default());
+    // Deterministic pseudo-random prompt.
+    let prompt: Vec<u32> = (0..args.prompt_len.max(1))
+        .map(|i| (i.wrapping_mul(2_654_435_761) >> 7) % spec.vocab)
+        .collect();
+    let mut one_run = |model: &mut DecoderModel| -> Result<Run> {
+        let t = Instant::now();
+        model.prefill(&prompt)?;
+        let prefill = t.elapsed();
+        let t = Instant::now();
+        let mut encode = Duration::ZERO;
+        for _ in 1..args.gen.max(1) {
+            model.decode()?;
+            encode += model.last_encode_time();
+        }
+        Ok(Run {
+            prefill,
+            decode: t.elapsed(),
+            encode,
+        })
+    };
+    one_run(&mut model)?; // warm-up: pipelines, caches, clocks
+    let mut best: Option<Run> = None;
+    for _ in 0..args.repeat.max(1) {
+        let r = one_run(&mut model)?;
+        best = Some(match best {
+            Some(b) if b.decode <= r.decode => Run {
+                prefill: b.prefill.min(r.prefill),
+                ..b
+            },
+            Some(b) => Run {
+                prefill: b.prefill.min(r.prefill),
+                ..r
+            },
+            None => r,
+        });
+    }
+    let best = best.context("no runs")?;
+    let decoded = f64::from(args.gen.max(1) - 1);
+    let prefill_tps = f64::from(prompt.len() as u32) / best.prefill.as_secs_f64();
+    let decode_tps = decoded / best.decode.as_secs_f64();
+    let encode_us = best.encode.as_secs_f64() * 1e6 / decoded.max(1.0);
+    let weights_gb = model.weight_bytes() as f64 / 1e9;
+    let dispatches = model.dispatches_per_token();
+    if args.json {
+        println!(
+            "{}",
+            serde_json::json!({
+                "config": args.config.display().to_string(),
+                "adapter": gpu.info().name,
+                "dtype": format!("{:?}", model.dtype()).to_lowercase(),
+                "parameters": spec.parameters(),
+                "weight_bytes": model.weight_bytes(),
+                "prompt_len": prompt.len(),
+                "gen": args.gen,
+                "prefill_tok_s": prefill_tps,
+                "ttft_ms": best.prefill.as_secs_f64() * 1e3,
+                "decode_tok_s": decode_tps,
+                "decode_ms_per_token": 1e3 / decode_tps,
+                "dispatches_per_token": dispatches,
+                "encode_us_per_token": encode_us,
+                "weight_read_gb_s": weights_gb * decode_tps,
+            })
+        );
+    } else {
+        println!("model        {} ({:.0}M params, {} layers)", args.config.display(), spec.parameters() as f64 / 1e6, spec.layers);
+        println!("adapter      {}", gpu.describe());
+        println!("weights      {:.1} MiB {:?} (built in {:.2} s)", model.weight_bytes() as f64 / (1 << 20) as f64, model.dtype(), build.as_secs_f64());
+        println!("prefill      {:.0} tok/s ({} tokens, TTFT {:.2} ms)", prefill_tps, prompt.len(), best.prefill.as_secs_f64() * 1e3);
+        println!("decode       {:.1} tok/s ({:.3} ms/token, {} tokens)", decode_tps, 1e3 / decode_tps, decoded);
+        println!("dispatches   {} per token ({:.2} per layer)", dispatches, f64::from(dispatches) / f64::from(spec.layers));
+        println!("encode       {:.1} µs CPU per token", encode_us);
+        println!("weight read  {:.0} GB/s", weights_gb * decode_tps);
+    }
+    if args.profile {
+        model.prefill(&prompt)?;
+        let timings = model.profile_decode()?;
+        let total: f64 = timings.iter().map(|t| t.total_ns).sum();
+        println!("per-kernel GPU time of one decode step ({:.1} µs in all):", total / 1e3);
+        for t in timings {
+            println!("  {:>9.1} µs  {:>4} calls  {}", t.total_ns / 1e3, t.calls, t.label);
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,163 @@
+use std::io::Write;
+use std::path::PathBuf;
+
+use anyhow::{Context, Result, bail};
+use backpack_engine::load::ChatMessage;
+use backpack_engine::models::{GenerateParams, ModelOptions, Prompt};
+use backpack_engine::ops::SamplerParams;
+use backpack_engine::runtime::{Engine, Event};
+use clap::Args;
+
+use crate::DTypeArg;
+
+#[derive(Args)]
+pub struct GenerateArgs {
+    /// Model folder (HF layout: config.json, *.safetensors, tokenizer.json).
+    #[arg(long)]
+    model: PathBuf,
+    /// The prompt: one user message put through the model's chat template.
+    #[arg(long)]
+    prompt: String,
+    /// Feed the prompt as-is instead of through the chat template.
+    #[arg(long)]
+    raw: bool,
+    /// A system message placed before the prompt (chat mode).
+    #[arg(long)]
+    system: Option<String>,
+    #[arg(long, default_value_t = 256)]
+    max_tokens: u32,
+    /// 0 picks the most likely token every time (greedy). Default: the model's generation
+    /// config, else greedy.
+    #[arg(long)]
+    temperature: Option<f32>,
+    #[arg(long)]
+    top_p: Option<f32>,
+    #[arg(long)]
+    top_k: Option<u32>,
+    #[arg(long)]
+    repeat_penalty: Option<f32>,
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Storage type of weights and KV cache on the GPU (arithmetic is f32 either way).
+    #[arg(long, value_enum, default_value = "f16")]
+    dtype: DTypeArg,
+    /// Context length to allocate (default 4096, capped by the model).
+    #[arg(long)]
+    context: Option<u32>,
+    /// Print one JSON object with ids, text and timings after the text.
+    #[arg(long)]
+    json: bool,
+}
+
+pub fn run(args: GenerateArgs, adapter: Option<&str>) -> Result<()> {
+    if !args.model.exists() {
+        bail!("model path {} does not exist", args.model.display());
+    }
+    let gpu = crate::open_gpu(adapter)?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()?;
+    runtime.block_on(async move {
+        let (engine, mut events) = Engine::spawn(gpu, None);
+        engine.load(
+            args.model.clone(),
+            ModelOptions {
+                dtype: args.dtype.into(),
+                context: args.context,
+                ..Default::default()
+            },
+        );
+        let info = match events.recv().await {
+            Some(Event::Loaded(info)) => info,
+            Some(Event::Error { message, .. }) => bail!("{message}"),
+            _ => bail!("the engine stopped while loading the model"),
+        };
+        eprintln!(
+            "loaded {} ({}, {:.1}M parameters, {:.1} MiB of {} weights, context {})",
+            info.name,
+            info.architecture,
+            info.parameters as f64 / 1e6,
+            info.weight_bytes as f64 / (1 << 20) as f64,
+            info.dtype,
+            info.context
+        );
+        let prompt = if args.raw {
+            Prompt::Raw(args.prompt.clone())
+        } else {
+            if !info.has_chat_template {
+                bail!("{} has no chat template; pass --raw to feed the prompt as-is", info.name);
+            }
+            let mut messages = Vec::new();
+            if let Some(system) = &args.system {
+                messages.push(ChatMessage::new("system", system));
+            }
+            messages.push(ChatMessage::new("user", &args.prompt));
+            Prompt::Chat(messages)
+        };
+        let sampler = SamplerParams {
+            temperature: args.temperature.unwrap_or(0.0),
+            top_k: args.top_k.unwrap_or(0),
+            top_p: args.top_p.unwrap_or(1.0),
+            repeat_penalty: args.repeat_penalty.unwrap_or(1.0),
+            seed: args.seed,
+        };
+        let request = engine.generate(
+            prompt,
+            GenerateParams {
+                max_tokens: args.max_tokens,
+                sampler,
+            },
+        );
+        let mut tokens = Vec::new();
+        let mut text = String::new();
+        let mut stdout = std::io::stdout();
+        while let Some(event) = events.recv().await {
+            match event {
+                Event::Token {
+                    request: r,
+                    id,
+                    text_delta,
+                } if r == request => {
+                    tokens.push(id);
+                    text.push_str(&text_delta);
+                    stdout.write_all(text_delta.as_bytes())?;
+                    stdout.flush()?;
+                }
+                Event::Done {
+                    request: r,
+                    prompt_ids,
+                    ttft,
+                    tokens_per_s,
+                    stop,
+                    ..
+                } if r == request => {
+                    writeln!(stdout)?;
+                    eprintln!(
+                        "{} prompt tokens, {} generated ({stop:?}), time to first token {:.1} ms, {:.1} tokens/s",
+                        prompt_ids.len(),
+                        tokens.len(),
+                        ttft.as_secs_f64() * 1e3,
+                        tokens_per_s
+                    );
+                    if args.json {
+                        let line = serde_json::json!({
+                            "prompt_tokens": prompt_ids,
+                            "tokens": tokens,
+                            "text": text,
+                            "ttft_ms": ttft.as_secs_f64() * 1e3,
+                            "tokens_per_s": tokens_per_s,
+                            "dispatches_per_token": info.dispatches_per_token,
+                        });
+                        writeln!(stdout, "{line}")?;
+                    }
+                    return Ok(());
+                }
+                Event::Error { message, .. } => bail!("{message}"),
+                _ => {}
+            }
+        }
+        bail!("the engine stopped before finishing")
+    })
+    .context("generation failed")
+}

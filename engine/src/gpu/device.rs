@@ -1,0 +1,241 @@
+use std::sync::Arc;
+
+use thiserror::Error;
+
+use super::pipelines::PipelineCache;
+
+#[derive(Debug, Error)]
+pub enum GpuError {
+    #[error("no GPU adapter found (is a Vulkan, Metal or D3D12 driver installed?)")]
+    NoAdapter,
+    #[error("no GPU adapter matches {wanted:?}; available: {available}")]
+    NoMatchingAdapter { wanted: String, available: String },
+    #[error("could not open the GPU device: {0}")]
+    RequestDevice(#[from] wgpu::RequestDeviceError),
+    #[error("GPU error: {0}")]
+    Device(String),
+    #[error("shader {family}::{entry} failed to compile: {message}")]
+    Shader {
+        family: String,
+        entry: String,
+        message: String,
+    },
+    #[error(
+        "{what} needs a {size} byte buffer, but this GPU allows at most {limit} bytes per buffer binding"
+    )]
+    TooLarge { what: String, size: u64, limit: u64 },
+    #[error("waiting for the GPU failed: {0}")]
+    Poll(String),
+}
+
+/// What the opened device can do; kernels pick their variant from this.
+#[derive(Debug, Clone)]
+pub struct GpuCaps {
+    pub shader_f16: bool,
+    pub subgroups: bool,
+    pub subgroup_min_size: u32,
+    pub subgroup_max_size: u32,
+    pub timestamps: bool,
+    pub max_storage_binding: u64,
+    pub max_buffer: u64,
+    pub max_workgroup_storage: u32,
+    pub max_workgroup_invocations: u32,
+}
+
+pub(crate) struct GpuInner {
+    pub device: wgpu::Device,
+    pub queue: wgpu::Queue,
+    pub info: wgpu::AdapterInfo,
+    pub caps: GpuCaps,
+    pub pipelines: PipelineCache,
+}
+
+/// A cheap-to-clone handle to the device and queue every kernel runs on.
+#[derive(Clone)]
+pub struct Gpu {
+    pub(crate) inner: Arc<GpuInner>,
+}
+
+/// The features and limits the engine wants from an adapter: f16 and subgroups where offered,
+/// timestamps for profiling, and the adapter's own buffer and workgroup limits.
+pub fn required_features_and_limits(adapter: &wgpu::Adapter) -> (wgpu::Features, wgpu::Limits) {
+    let offered = adapter.features();
+    let wanted =
+        wgpu::Features::SHADER_F16 | wgpu::Features::SUBGROUP | wgpu::Features::TIMESTAMP_QUERY;
+    // The adapter's own limits, not WebGPU's defaults: model weights need large bindings.
+    let limits = adapter.limits();
+    (offered & wanted, limits)
+}
+
+impl Gpu {
+    /// Opens a device of its own. `adapter_filter` (or `BACKPACK_ADAPTER`) picks an adapter by a
+    /// case-insensitive substring of its name; otherwise a discrete GPU is preferred, then an
+    /// integrated one, and a CPU adapter only when nothing else exists.
+    pub fn headless(adapter_filter: Option<&str>) -> Result<Self, GpuError> {
+        let mut desc = wgpu::InstanceDescriptor::new_without_display_handle_from_env();
+        // Driver validation layers make lavapipe several times slower; opt in with WGPU_DEBUG.
+        if std::env::var_os("WGPU_DEBUG").is_none() {
+            desc.flags = wgpu::InstanceFlags::empty();
+        }
+        let instance = wgpu::Instance::new(desc);
+        let adapters = pollster::block_on(instance.enumerate_adapters(wgpu::Backends::all()));
+        let env_filter = std::env::var("BACKPACK_ADAPTER").ok();
+        let filter = adapter_filter
+            .map(str::to_owned)
+            .or(env_filter)
+            .filter(|f| !f.is_empty());
+        let adapter = pick_adapter(adapters, filter.as_deref())?;
+        let (features, limits) = required_features_and_limits(&adapter);
+        let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
+            label: Some("backpack"),
+            required_features: features,
+            required_limits: limits,
+            ..Default::default()
+        }))?;
+        Ok(Self::from_device(device, queue, adapter.get_info()))
+    }
+
+    /// Wraps a device created elsewhere (the app's renderer), sharing it rather than opening a
+    /// second one. The device should have been created with [`required_features_and_limits`].
+    pub fn from_device(device: wgpu::Device, queue: wgpu::Queue, info: wgpu::AdapterInfo) -> Self {
+        let features = device.features();
+        let limits = device.limits();
+        let subgroups = features.contains(wgpu::Features::SUBGROUP);
+        let caps = GpuCaps {
+            shader_f16: features.contains(wgpu::Features::SHADER_F16),
+            subgroups,
+            subgroup_min_size: info.subgroup_min_size,
+            subgroup_max_size: info.subgroup_max_size,
+            timestamps: features.contains(wgpu::Features::TIMESTAMP_QUERY),
+            max_storage_binding: limits.max_storage_buffer_binding_size,
+            max_buffer: limits.max_buffer_size,
+            max_workgroup_storage: limits.max_compute_workgroup_storage_size,
+            max_workgroup_invocations: limits.max_compute_invocations_per_workgroup,
+        };
+        Self {
+            inner: Arc::new(GpuInner {
+                device,
+                queue,
+                info,
+                caps,
+                pipelines: PipelineCache::default(),
+            }),
+        }
+    }
+
+    pub fn device(&self) -> &wgpu::Device {
+        &self.inner.device
+    }
+
+    pub fn queue(&self) -> &wgpu::Queue {
+        &self.inner.queue
+    }
+
+    pub fn info(&self) -> &wgpu::AdapterInfo {
+        &self.inner.info
+    }
+
+    pub fn caps(&self) -> &GpuCaps {
+        &self.inner.caps
+    }
+
+    /// True for CPU rasterisers such as llvmpipe/lavapipe: usable, but slow, and worth telling.
+    pub fn is_software(&self) -> bool {
+        self.inner.info.device_type == wgpu::DeviceType::Cpu
+    }
+
+    /// One line naming the adapter, its backend and its kind.
+    pub fn describe(&self) -> String {
+        let info = &self.inner.info;
+        let kind = match info.device_type {
+            wgpu::DeviceType::DiscreteGpu => "discrete GPU",
+            wgpu::DeviceType::IntegratedGpu => "integrated GPU",
+            wgpu::DeviceType::VirtualGpu => "virtual GPU",
+            wgpu::DeviceType::Cpu => "CPU adapter (software rendering: slow)",
+            wgpu::DeviceType::Other => "adapter",
+        };
+        format!("{} ({:?}, {kind})", info.name, info.backend)
+    }
+
+    /// Blocks until all submitted work has finished.
+    pub fn wait(&self) -> Result<(), GpuError> {
+        self.inner
+            .device
+            .poll(wgpu::PollType::wait_indefinitely())
+            .map(|_| ())
+            .map_err(|e| GpuError::Poll(e.to_string()))
+    }
+
+    /// Fails with a clear message when a buffer would exceed the device's binding limit.
+    pub fn check_binding_size(&self, what: &str, size: u64) -> Result<(), GpuError> {
+        let limit = self
+            .inner
+            .caps
+            .max_storage_binding
+            .min(self.inner.caps.max_buffer);
+        if size > limit {
+            return Err(GpuError::TooLarge {
+                what: what.to_owned(),
+                size,
+                limit,
+            });
+        }
+        Ok(())
+    }
+}
+
+fn device_rank(t: wgpu::DeviceType) -> u8 {
+    match t {
+        wgpu::DeviceType::DiscreteGpu => 0,
+        wgpu::DeviceType::IntegratedGpu => 1,
+        wgpu::DeviceType::VirtualGpu => 2,
+        wgpu::DeviceType::Other => 3,
+        wgpu::DeviceType::Cpu => 4,
+    }
+}
+
+fn backend_rank(b: wgpu::Backend) -> u8 {
+    // The GL backend lacks f16 and subgroups; prefer the modern APIs for the same device.
+    match b {
+        wgpu::Backend::Vulkan | wgpu::Backend::Metal | wgpu::Backend::Dx12 => 0,
+        _ => 1,
+    }
+}
+
+fn pick_adapter(
+    adapters: Vec<wgpu::Adapter>,
+    filter: Option<&str>,
+) -> Result<wgpu::Adapter, GpuError> {
+    if adapters.is_empty() {
+        return Err(GpuError::NoAdapter);
+    }
+    let mut candidates: Vec<wgpu::Adapter> = match filter {
+        Some(wanted) => {
+            let needle = wanted.to_lowercase();
+            let names: Vec<String> = adapters
+                .iter()
+                .map(|a| {
+                    let i = a.get_info();
+                    format!("{} ({:?})", i.name, i.backend)
+                })
+                .collect();
+            let matching: Vec<_> = adapters
+                .into_iter()
+                .filter(|a| a.get_info().name.to_lowercase().contains(&needle))
+                .collect();
+            if matching.is_empty() {
+                return Err(GpuError::NoMatchingAdapter {
+                    wanted: wanted.to_owned(),
+                    available: names.join(", "),
+                });
+            }
+            matching
+        }
+        None => adapters,
+    };
+    candidates.sort_by_key(|a| {
+        let i = a.get_info();
+        (device_rank(i.device_type), backend_rank(i.backend))
+    });
+    Ok(candidates.remove(0))
+}

@@ -1,0 +1,18 @@
+//! The GPU core: one [`Gpu`] handle over a wgpu device, a pipeline cache keyed by shader and
+//! specialisation, buffer helpers, and a [`Recorder`] that encodes a whole forward pass into
+//! one command buffer.
+
+mod buffers;
+mod device;
+mod pipelines;
+pub(crate) mod profile;
+mod recorder;
+mod shader;
+
+pub use buffers::{StorageBuffer, UniformBuffer};
+pub use device::{Gpu, GpuCaps, GpuError, required_features_and_limits};
+pub use pipelines::{Kernel, KernelKey};
+pub use profile::KernelTiming;
+pub(crate) use profile::Profiler;
+pub use recorder::{Recorder, fold_grid};
+pub use shader::preprocess;

@@ -1,0 +1,109 @@
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use super::device::{Gpu, GpuError};
+use super::shader::preprocess;
+
+/// Identifies one compiled pipeline: the shader family, its entry point, and the defines it
+/// was specialised with.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct KernelKey {
+    pub family: &'static str,
+    pub entry: &'static str,
+    pub defines: Vec<(&'static str, String)>,
+}
+
+/// A compiled compute pipeline and the layout its bind groups must follow.
+#[derive(Clone)]
+pub struct Kernel {
+    pub pipeline: Arc<wgpu::ComputePipeline>,
+    pub layout: wgpu::BindGroupLayout,
+    pub label: Arc<str>,
+}
+
+#[derive(Default)]
+pub(crate) struct PipelineCache {
+    pipelines: Mutex<HashMap<KernelKey, Kernel>>,
+}
+
+impl Gpu {
+    /// Returns the pipeline for `source` specialised by `defines`, compiling it on first use.
+    /// `SUBGROUP` is added to the defines when the device has subgroups and `use_subgroups` is
+    /// asked for, so each family has one place that decides.
+    pub fn kernel(
+        &self,
+        family: &'static str,
+        source: &'static str,
+        entry: &'static str,
+        defines: &[(&'static str, String)],
+    ) -> Result<Kernel, GpuError> {
+        let mut defines = defines.to_vec();
+        defines.sort();
+        let key = KernelKey {
+            family,
+            entry,
+            defines,
+        };
+        let cache = &self.inner.pipelines.pipelines;
+        if let Some(k) = cache.lock().map_err(poisoned)?.get(&key) {
+            return Ok(k.clone());
+        }
+        let kernel = self.compile(&key, source)?;
+        cache
+            .lock()
+            .map_err(poisoned)?
+            .insert(key, kernel.clone());
+        Ok(kernel)
+    }
+
+    fn compile(&self, key: &KernelKey, source: &str) -> Result<Kernel, GpuError> {
+        let shader_error = |message: String| GpuError::Shader {
+            family: key.family.to_owned(),
+            entry: key.entry.to_owned(),
+            message,
+        };
+        let text = preprocess(source, &key.defines).map_err(shader_error)?;
+        let label: Arc<str> = format!(
+            "{}::{}[{}]",
+            key.family,
+            key.entry,
+            key.defines
+                .iter()
+                .map(|(k, v)| format!("{k}={v}"))
+                .collect::<Vec<_>>()
+                .join(",")
+        )
+        .into();
+        let device = &self.inner.device;
+        let scope = device.push_error_scope(wgpu::ErrorFilter::Validation);
+        let module = device.create_shader_module(wgpu::ShaderModuleDescriptor {
+            label: Some(&label),
+            source: wgpu::ShaderSource::Wgsl(text.into()),
+        });
+        let pipeline = device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+            label: Some(&label),
+            layout: None,
+            module: &module,
+            entry_point: Some(key.entry),
+            compilation_options: wgpu::PipelineCompilationOptions {
+                constants: &[],
+                // Every kernel initialises the workgroup memory it reads.
+                zero_initialize_workgroup_memory: false,
+            },
+            cache: None,
+        });
+        if let Some(err) = pollster::block_on(scope.pop()) {
+            return Err(shader_error(err.to_string()));
+        }
+        let layout = pipeline.get_bind_group_layout(0);
+        Ok(Kernel {
+            pipeline: Arc::new(pipeline),
+            layout,
+            label,
+        })
+    }
+}
+
+fn poisoned<T>(_: T) -> GpuError {
+    GpuError::Device("pipeline cache lock poisoned".to_owned())
+}

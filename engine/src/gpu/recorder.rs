@@ -1,0 +1,123 @@
+use super::device::Gpu;
+use super::pipelines::Kernel;
+use super::profile::Profiler;
+
+/// Encodes a sequence of dispatches (a whole forward pass) into one command buffer, inside one
+/// compute pass unless a copy or profiling needs a break. wgpu places the barriers between
+/// dependent dispatches.
+pub struct Recorder<'a> {
+    gpu: &'a Gpu,
+    encoder: wgpu::CommandEncoder,
+    pass: Option<wgpu::ComputePass<'static>>,
+    profiler: Option<&'a mut Profiler>,
+    dispatches: u32,
+}
+
+impl<'a> Recorder<'a> {
+    pub fn new(gpu: &'a Gpu) -> Self {
+        let encoder = gpu
+            .device()
+            .create_command_encoder(&wgpu::CommandEncoderDescriptor {
+                label: Some("forward"),
+            });
+        Self {
+            gpu,
+            encoder,
+            pass: None,
+            profiler: None,
+            dispatches: 0,
+        }
+    }
+
+    pub(crate) fn with_profiler(gpu: &'a Gpu, profiler: Option<&'a mut Profiler>) -> Self {
+        let mut rec = Self::new(gpu);
+        rec.profiler = profiler;
+        rec
+    }
+
+    pub fn gpu(&self) -> &Gpu {
+        self.gpu
+    }
+
+    /// Dispatches `kernel` over `workgroups` (x may exceed the per-dimension limit: it is
+    /// folded into y, and kernels recover the linear index from `num_workgroups`).
+    pub fn dispatch(&mut self, kernel: &Kernel, bind_group: &wgpu::BindGroup, workgroups: u32) {
+        let [x, y] = fold_grid(workgroups);
+        self.dispatch_xyz(kernel, bind_group, [x, y, 1]);
+    }
+
+    pub fn dispatch_xyz(&mut self, kernel: &Kernel, bind_group: &wgpu::BindGroup, grid: [u32; 3]) {
+        if grid.contains(&0) {
+            return;
+        }
+        self.dispatches += 1;
+        if let Some(profiler) = self.profiler.as_deref_mut() {
+            self.pass = None;
+            let writes = profiler.next(&kernel.label);
+            let mut pass = self
+                .encoder
+                .begin_compute_pass(&wgpu::ComputePassDescriptor {
+                    label: Some(&kernel.label),
+                    timestamp_writes: writes,
+                });
+            pass.set_pipeline(&kernel.pipeline);
+            pass.set_bind_group(0, bind_group, &[]);
+            pass.dispatch_workgroups(grid[0], grid[1], grid[2]);
+            return;
+        }
+        let pass = self.pass.get_or_insert_with(|| {
+            self.encoder
+                .begin_compute_pass(&wgpu::ComputePassDescriptor {
+                    label: Some("forward"),
+                    timestamp_writes: None,
+                })
+                .forget_lifetime()
+        });
+        pass.set_pipeline(&kernel.pipeline);
+        pass.set_bind_group(0, bind_group, &[]);
+        pass.dispatch_workgroups(grid[0], grid[1], grid[2]);
+    }
+
+    pub fn copy(
+        &mut self,
+        src: &wgpu::Buffer,
+        src_offset: u64,
+        dst: &wgpu::Buffer,
+        dst_offset: u64,
+        size: u64,
+    ) {
+        self.pass = None;
+        self.encoder
+            .copy_buffer_to_buffer(src, src_offset, dst, dst_offset, size);
+    }
+
+    pub fn clear(&mut self, buffer: &wgpu::Buffer) {
+        self.pass = None;
+        self.encoder.clear_buffer(buffer, 0, None);
+    }
+
+    /// Number of kernel dispatches recorded so far.
+    pub fn dispatches(&self) -> u32 {
+        self.dispatches
+    }
+
+    /// Ends encoding and submits the work in one `queue.submit`.
+    pub fn submit(mut self) -> wgpu::SubmissionIndex {
+        self.pass = None;
+        if let Some(profiler) = self.profiler.as_deref() {
+            profiler.resolve(&mut self.encoder);
+        }
+        self.gpu.queue().submit([self.encoder.finish()])
+    }
+}
+
+/// Splits a workgroup count over x and y so neither exceeds the 65535 per-dimension limit.
+pub fn fold_grid(workgroups: u32) -> [u32; 2] {
+    const MAX: u32 = 65535;
+    if workgroups <= MAX {
+        [workgroups, 1]
+    } else {
+        let y = workgroups.div_ceil(MAX);
+        [workgroups.div_ceil(y), y]
+    }
+}

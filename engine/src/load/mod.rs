@@ -1,0 +1,14 @@
+//! Reading models from disk: HF `config.json`, safetensors weights (single or sharded, mmap'd),
+//! the tokenizer, chat templates and generation defaults.
+
+mod config;
+mod error;
+mod safetensors;
+mod template;
+mod tokenizer;
+
+pub use config::{Arch, DecoderSpec, MlpKind, RopeScaling, RopeSpec};
+pub use error::LoadError;
+pub use safetensors::{DType, SafeTensors, TensorView};
+pub use template::{ChatMessage, ChatTemplate};
+pub use tokenizer::{GenerationConfig, StreamDecoder, TextTokenizer};

@@ -1,0 +1,159 @@
+//! Chat templates in the dialect HF tokenizers use: Jinja rendered with `messages`,
+//! `add_generation_prompt`, `bos_token`, `eos_token`, `raise_exception` and `strftime_now`,
+//! with Python string methods (`.strip()`, `.startswith()`, …) available as in transformers.
+
+use minijinja::{Environment, Error as JinjaError, ErrorKind, Value, context};
+use serde::{Deserialize, Serialize};
+
+use super::error::LoadError;
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ChatMessage {
+    pub role: String,
+    pub content: String,
+}
+
+impl ChatMessage {
+    pub fn new(role: &str, content: &str) -> Self {
+        Self {
+            role: role.to_owned(),
+            content: content.to_owned(),
+        }
+    }
+}
+
+pub struct ChatTemplate {
+    env: Environment<'static>,
+    bos_token: String,
+    eos_token: String,
+}
+
+impl ChatTemplate {
+    pub fn new(source: &str, bos_token: &str, eos_token: &str) -> Result<Self, LoadError> {
+        let mut env = Environment::new();
+        // transformers renders with trim_blocks and lstrip_blocks.
+        env.set_trim_blocks(true);
+        env.set_lstrip_blocks(true);
+        env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
+        env.add_function("raise_exception", |message: String| -> Result<Value, JinjaError> {
+            Err(JinjaError::new(ErrorKind::InvalidOperation, message))
+        });
+        env.add_function("strftime_now", |format: String| -> String {
+            strftime_now(&format)
+        });
+        env.add_template_owned("chat", source.to_owned())
+            .map_err(|e| LoadError::Template(e.to_string()))?;
+        Ok(Self {
+            env,
+            bos_token: bos_token.to_owned(),
+            eos_token: eos_token.to_owned(),
+        })
+    }
+
+    pub fn render(
+        &self,
+        messages: &[ChatMessage],
+        add_generation_prompt: bool,
+    ) -> Result<String, LoadError> {
+        let template = self
+            .env
+            .get_template("chat")
+            .map_err(|e| LoadError::Template(e.to_string()))?;
+        template
+            .render(context! {
+                messages => messages,
+                add_generation_prompt => add_generation_prompt,
+                bos_token => self.bos_token,
+                eos_token => self.eos_token,
+            })
+            .map_err(|e| {
+                let mut message = e.to_string();
+                if let Some(detail) = e.detail() {
+                    message = format!("{message}: {detail}");
+                }
+                LoadError::Template(message)
+            })
+    }
+}
+
+/// Today's date in the handful of strftime directives chat templates use (Llama 3's
+/// `strftime_now("%d %b %Y")`), in UTC.
+fn strftime_now(format: &str) -> String {
+    let secs = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    let days = (secs / 86_400) as i64;
+    let (year, month, day) = civil_from_days(days);
+    const MONTHS: [&str; 12] = [
+        "January", "February", "March", "April", "May", "June", "July", "August", "September",
+        "October", "November", "December",
+    ];
+    let month_name = MONTHS[(month - 1) as usize];
+    let mut out = String::new();
+    let mut chars = format.chars();
+    while let Some(c) = chars.next() {
+        if c != '%' {
+            out.push(c);
+            continue;
+        }
+        match chars.next() {
+            Some('d') => out.push_str(&format!("{day:02}")),
+            Some('m') => out.push_str(&format!("{month:02}")),
+            Some('Y') => out.push_str(&year.to_string()),
+            Some('y') => out.push_str(&format!("{:02}", year % 100)),
+            Some('b') => out.push_str(&month_name[..3]),
+            Some('B') => out.push_str(month_name),
+            Some('%') => out.push('%'),
+            Some(other) => {
+                out.push('%');
+                out.push(other);
+            }
+            None => out.push('%'),
+        }
+    }
+    out
+}
+
+/// Days since 1970-01-01 to (year, month, day), proleptic Gregorian.
+fn civil_from_days(z: i64) -> (i64, u32, u32) {
+    let z = z + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let y = yoe + era * 400;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
+    (if m <= 2 { y + 1 } else { y }, m, d)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn renders_chatml_and_python_methods() {
+        let source = "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'].strip() }}<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}";
+        let t = ChatTemplate::new(source, "", "<|im_end|>").expect("compiles");
+        let out = t
+            .render(&[ChatMessage::new("user", "  hi  ")], true)
+            .expect("renders");
+        assert_eq!(out, "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n");
+    }
+
+    #[test]
+    fn raise_exception_becomes_an_error() {
+        let t = ChatTemplate::new("{{ raise_exception('no system role') }}", "", "")
+            .expect("compiles");
+        let err = t.render(&[], false).expect_err("must fail");
+        assert!(err.to_string().contains("no system role"), "{err}");
+    }
+
+    #[test]
+    fn dates_are_civil() {
+        assert_eq!(civil_from_days(0), (1970, 1, 1));
+        assert_eq!(civil_from_days(19_723), (2024, 1, 1));
+        assert_eq!(civil_from_days(19_782), (2024, 2, 29));
+    }
+}

@@ -1,0 +1,749 @@
+//! The decoder-only transformer on the GPU, shared by every supported family (Llama, Qwen2,
+//! GPT-2 differ only in norms, positions, biases and MLP). Weights are uploaded once;
+//! activations, the KV cache and the token history live in buffers made at load time, so a
+//! decoded token allocates nothing and reads back only its id.
+//!
+//! Decode, per layer (6 dispatches): norm+QKV product, RoPE+cache store, attention,
+//! output product+residual, norm+gate/up product+SwiGLU (or +GELU), down product+residual.
+//! Then norm+LM head and the sampler: 6·layers + 3 dispatches and one submit per token.
+
+use crate::Error;
+use crate::gpu::{Gpu, Recorder, StorageBuffer, UniformBuffer};
+use crate::load::{Arch, DecoderSpec, MlpKind};
+use crate::ops::{
+    Attention, Embed, Glu, MatMul, MatMulOptions, MatVec, MatVecOptions, Matrix, Norm, NormKind,
+    RopeKv, RopeTable, Sample, SamplerParams, StepParams, WeightDType,
+};
+
+use super::weights::{Part, Uploader, WeightSource};
+
+#[derive(Clone, Debug)]
+pub struct ModelOptions {
+    pub dtype: WeightDType,
+    /// Context length to allocate the KV cache for (capped by the model's own limit).
+    pub context: Option<u32>,
+    /// Tokens processed per prompt submission.
+    pub prefill_chunk: u32,
+}
+
+impl Default for ModelOptions {
+    fn default() -> Self {
+        Self {
+            dtype: WeightDType::F16,
+            context: None,
+            prefill_chunk: 512,
+        }
+    }
+}
+
+const DEFAULT_CONTEXT: u32 = 4096;
+
+struct LayerWeights {
+    attn_norm: (StorageBuffer, Option<StorageBuffer>),
+    qkv: Matrix,
+    qkv_bias: Option<StorageBuffer>,
+    o: Matrix,
+    o_bias: Option<StorageBuffer>,
+    mlp_norm: (StorageBuffer, Option<StorageBuffer>),
+    up: Matrix,
+    up_bias: Option<StorageBuffer>,
+    down: Matrix,
+    down_bias: Option<StorageBuffer>,
+}
+
+struct Layer {
+    qkv_mv: MatVec,
+    o_mv: MatVec,
+    up_mv: MatVec,
+    down_mv: MatVec,
+    attn_norm: Norm,
+    qkv_mm: MatMul,
+    o_mm: MatMul,
+    mlp_norm: Norm,
+    up_mm: MatMul,
+    glu: Option<Glu>,
+    down_mm: MatMul,
+    rope: RopeKv,
+    attention: Attention,
+}
+
+/// Buffers shared by all layers, sized for one prompt chunk.
+struct Activations {
+    x: StorageBuffer,
+    xn: StorageBuffer,
+    qkv: StorageBuffer,
+    q: StorageBuffer,
+    attn: StorageBuffer,
+    gate_up: Option<StorageBuffer>,
+    h: StorageBuffer,
+    logits: StorageBuffer,
+    history: StorageBuffer,
+    seen: StorageBuffer,
+}
+
+/// A model resident on the GPU with its KV cache and sampling state.
+pub struct DecoderModel {
+    gpu: Gpu,
+    spec: DecoderSpec,
+    dtype: WeightDType,
+    capacity: u32,
+    chunk: u32,
+    step: UniformBuffer,
+    embed: Embed,
+    layers: Vec<Layer>,
+    lm_head_mv: MatVec,
+    lm_head: Matrix,
+    final_norm: (StorageBuffer, Option<StorageBuffer>),
+    sample: Sample,
+    acts: Activations,
+    staging: wgpu::Buffer,
+    seq_len: u32,
+    weight_bytes: u64,
+    cache_bytes: u64,
+    decode_dispatches: u32,
+    /// Host time spent recording the last decode step's commands.
+    last_encode: std::time::Duration,
+}
+
+fn norm_pair(
+    up: &mut Uploader<'_>,
+    label: &str,
+    weight: &str,
+    bias: Option<&str>,
+    width: u32,
+) -> Result<(StorageBuffer, Option<StorageBuffer>), Error> {
+    let w = up.vector(label, &[(weight, width)], Some(1.0))?;
+    let b = bias
+        .map(|b| up.vector(label, &[(b, width)], None))
+        .transpose()?;
+    Ok((w, b))
+}
+
+fn llama_layer(up: &mut Uploader<'_>, spec: &DecoderSpec, i: u32) -> Result<LayerWeights, Error> {
+    let p = format!("model.layers.{i}.");
+    let n = |s: &str| format!("{p}{s}");
+    let (d, hd) = (spec.hidden, spec.head_dim);
+    let (qr, kvr, inter) = (spec.heads * hd, spec.kv_heads * hd, spec.intermediate);
+    let label = format!("layer {i}");
+    let attn_norm = norm_pair(up, &label, &n("input_layernorm.weight"), None, d)?;
+    let (q, k, v) = (
+        n("self_attn.q_proj.weight"),
+        n("self_attn.k_proj.weight"),
+        n("self_attn.v_proj.weight"),
+    );
+    let qkv = up.matrix(
+        &format!("{label} qkv"),
+        &[
+            Part { name: &q, rows: qr, cols: d },
+            Part { name: &k, rows: kvr, cols: d },
+            Part { name: &v, rows: kvr, cols: d },
+        ],
+        false,
+    )?;
+    let qkv_bias = if spec.qkv_bias {
+        Some(up.vector(
+            &label,
+            &[
+                (&n("self_attn.q_proj.bias"), qr),
+                (&n("self_attn.k_proj.bias"), kvr),
+                (&n("self_attn.v_proj.bias"), kvr),
+            ],
+            None,
+        )?)
+    } else {
+        None
+    };
+    let o_name = n("self_attn.o_proj.weight");
+    let o = up.matrix(
+        &format!("{label} o"),
+        &[Part { name: &o_name, rows: d, cols: qr }],
+        false,
+    )?;
+    let o_bias = if spec.out_bias {
+        Some(up.vector(&label, &[(&n("self_attn.o_proj.bias"), d)], None)?)
+    } else {
+        None
+    };
+    let mlp_norm = norm_pair(up, &label, &n("post_attention_layernorm.weight"), None, d)?;
+    let (gate, upn, down) = (
+        n("mlp.gate_proj.weight"),
+        n("mlp.up_proj.weight"),
+        n("mlp.down_proj.weight"),
+    );
+    let upm = up.matrix(
+        &format!("{label} gate_up"),
+        &[
+            Part { name: &gate, rows: inter, cols: d },
+            Part { name: &upn, rows: inter, cols: d },
+        ],
+        false,
+    )?;
+    let down_m = up.matrix(
+        &format!("{label} down"),
+        &[Part { name: &down, rows: d, cols: inter }],
+        false,
+    )?;
+    let (up_bias, down_bias) = if spec.mlp_bias {
+        (
+            Some(up.vector(
+                &label,
+                &[(&n("mlp.gate_proj.bias"), inter), (&n("mlp.up_proj.bias"), inter)],
+                None,
+            )?),
+            Some(up.vector(&label, &[(&n("mlp.down_proj.bias"), d)], None)?),
+        )
+    } else {
+        (None, None)
+    };
+    Ok(LayerWeights {
+        attn_norm,
+        qkv,
+        qkv_bias,
+        o,
+        o_bias,
+        mlp_norm,
+        up: upm,
+        up_bias,
+        down: down_m,
+        down_bias,
+    })
+}
+
+fn gpt2_prefix(up: &Uploader<'_>) -> &'static str {
+    if up.has("transformer.wte.weight") {
+        "transformer."
+    } else {
+        ""
+    }
+}
+
+fn gpt2_layer(up: &mut Uploader<'_>, spec: &DecoderSpec, i: u32) -> Result<LayerWeights, Error> {
+    let p = format!("{}h.{i}.", gpt2_prefix(up));
+    let n = |s: &str| format!("{p}{s}");
+    let (d, inter) = (spec.hidden, spec.intermediate);
+    let label = format!("layer {i}");
+    let attn_norm = norm_pair(up, &label, &n("ln_1.weight"), Some(&n("ln_1.bias")), d)?;
+    let c_attn = n("attn.c_attn.weight");
+    let qkv = up.matrix(
+        &format!("{label} qkv"),
+        &[Part { name: &c_attn, rows: 3 * d, cols: d }],
+        true,
+    )?;
+    let qkv_bias = Some(up.vector(&label, &[(&n("attn.c_attn.bias"), 3 * d)], None)?);
+    let c_proj = n("attn.c_proj.weight");
+    let o = up.matrix(
+        &format!("{label} o"),
+        &[Part { name: &c_proj, rows: d, cols: d }],
+        true,
+    )?;
+    let o_bias = Some(up.vector(&label, &[(&n("attn.c_proj.bias"), d)], None)?);
+    let mlp_norm = norm_pair(up, &label, &n("ln_2.weight"), Some(&n("ln_2.bias")), d)?;
+    let fc = n("mlp.c_fc.weight");
+    let upm = up.matrix(
+        &format!("{label} fc"),
+        &[Part { name: &fc, rows: inter, cols: d }],
+        true,
+    )?;
+    let up_bias = Some(up.vector(&label, &[(&n("mlp.c_fc.bias"), inter)], None)?);
+    let proj = n("mlp.c_proj.weight");
+    let down = up.matrix(
+        &format!("{label} proj"),
+        &[Part { name: &proj, rows: d, cols: inter }],
+        true,
+    )?;
+    let down_bias = Some(up.vector(&label, &[(&n("mlp.c_proj.bias"), d)], None)?);
+    Ok(LayerWeights {
+        attn_norm,
+        qkv,
+        qkv_bias,
+        o,
+        o_bias,
+        mlp_norm,
+        up: upm,
+        up_bias,
+        down,
+        down_bias,
+    })
+}
+
+impl DecoderModel {
+    pub fn build(
+        gpu: &Gpu,
+        spec: &DecoderSpec,
+        source: WeightSource<'_>,
+        opts: &ModelOptions,
+    ) -> Result<Self, Error> {
+        let dtype = opts.dtype;
+        let capacity = opts
+            .context
+            .unwrap_or(DEFAULT_CONTEXT)
+            .min(spec.max_positions)
+            .max(1);
+        let chunk = opts.prefill_chunk.clamp(1, capacity);
+        let (d, hd) = (spec.hidden, spec.head_dim);
+        let (heads, kv_heads) = (spec.heads, spec.kv_heads);
+        let qkv_width = (heads + 2 * kv_heads) * hd;
+        let mut up = Uploader::new(gpu, source, dtype);
+
+        // Embeddings, final norm, LM head.
+        let gpt2 = spec.arch == Arch::Gpt2;
+        let prefix = if gpt2 { gpt2_prefix(&up) } else { "model." };
+        let embed_name = if gpt2 {
+            format!("{prefix}wte.weight")
+        } else {
+            format!("{prefix}embed_tokens.weight")
+        };
+        let embedding = up.matrix(
+            "token embedding",
+            &[Part { name: &embed_name, rows: spec.vocab, cols: d }],
+            false,
+        )?;
+        let positions = if gpt2 {
+            Some(up.dense(
+                "position embedding",
+                &format!("{prefix}wpe.weight"),
+                spec.max_positions,
+                d,
+            )?)
+        } else {
+            None
+        };
+        let mut layer_weights = Vec::with_capacity(spec.layers as usize);
+        for i in 0..spec.layers {
+            layer_weights.push(if gpt2 {
+                gpt2_layer(&mut up, spec, i)?
+            } else {
+                llama_layer(&mut up, spec, i)?
+            });
+        }
+        let final_norm = if gpt2 {
+            norm_pair(
+                &mut up,
+                "final norm",
+                &format!("{prefix}ln_f.weight"),
+                Some(&format!("{prefix}ln_f.bias")),
+                d,
+            )?
+        } else {
+            norm_pair(&mut up, "final norm", "model.norm.weight", None, d)?
+        };
+        let separate_head = !spec.tied_embeddings && !gpt2 && up.has("lm_head.weight");
+        let lm_head = if separate_head {
+            Some(up.matrix(
+                "lm head",
+                &[Part { name: "lm_head.weight", rows: spec.vocab, cols: d }],
+                false,
+            )?)
+        } else {
+            None
+        };
+        let weight_bytes = up.bytes;
+
+        // State: step uniform, activations, history, KV cache.
+        let step = gpu.uniform("step", &StepParams::new(0, 1));
+        let f = |n: u32| u64::from(n) * 4;
+        let t = chunk;
+        let glu = spec.mlp == MlpKind::SwiGlu;
+        let acts = Activations {
+            x: gpu.storage("x", f(t * d))?,
+            xn: gpu.storage("x normed", f(t * d))?,
+            qkv: gpu.storage("qkv", f(t * qkv_width))?,
+            q: gpu.storage("q", f(t * heads * hd))?,
+            attn: gpu.storage("attention out", f(t * heads * hd))?,
+            gate_up: if glu {
+                Some(gpu.storage("gate_up", f(t * 2 * spec.intermediate))?)
+            } else {
+                None
+            },
+            h: gpu.storage("mlp hidden", f(t * spec.intermediate))?,
+            logits: gpu.storage("logits", f(spec.vocab))?,
+            history: gpu.storage("token history", f(capacity + 1))?,
+            seen: gpu.storage("seen tokens", f(spec.vocab.div_ceil(32)))?,
+        };
+        let rope = match &spec.rope {
+            Some(r) => Some(RopeTable::new(gpu, &r.inv_freq(hd), capacity)?),
+            None => None,
+        };
+        let cache_len = u64::from(kv_heads) * u64::from(capacity) * u64::from(hd) * dtype.bytes();
+        let mut cache_bytes = 0;
+        let eps = spec.norm_eps;
+        let norm_kind = spec.norm;
+        let mut layers = Vec::with_capacity(layer_weights.len());
+        let mut kept = Vec::new();
+        for (i, w) in layer_weights.into_iter().enumerate() {
+            let k_cache = gpu.storage(&format!("layer {i} k cache"), cache_len)?;
+            let v_cache = gpu.storage(&format!("layer {i} v cache"), cache_len)?;
+            cache_bytes += k_cache.size + v_cache.size;
+            let a = &acts;
+            let fused = |n: &(StorageBuffer, Option<StorageBuffer>)| {
+                (norm_kind, &n.0 as &StorageBuffer, n.1.as_ref(), eps)
+            };
+            let layer = Layer {
+                qkv_mv: MatVec::new(gpu, &w.qkv, &a.x, &a.qkv, &step, MatVecOptions {
+                    norm: Some(fused(&w.attn_norm)),
+                    bias: w.qkv_bias.as_ref(),
+                    ..Default::default()
+                })?,
+                o_mv: MatVec::new(gpu, &w.o, &a.attn, &a.x, &step, MatVecOptions {
+                    bias: w.o_bias.as_ref(),
+                    residual: true,
+                    ..Default::default()
+                })?,
+                up_mv: MatVec::new(gpu, &w.up, &a.x, &a.h, &step, MatVecOptions {
+                    norm: Some(fused(&w.mlp_norm)),
+                    bias: w.up_bias.as_ref(),
+                    glu,
+                    gelu: !glu,
+                    ..Default::default()
+                })?,
+                down_mv: MatVec::new(gpu, &w.down, &a.h, &a.x, &step, MatVecOptions {
+                    bias: w.down_bias.as_ref(),
+                    residual: true,
+                    ..Default::default()
+                })?,
+                attn_norm: Norm::new(
+                    gpu, norm_kind, d, eps, &w.attn_norm.0, w.attn_norm.1.as_ref(), &a.x, &a.xn,
+                    &step,
+                )?,
+                qkv_mm: MatMul::new(gpu, &w.qkv, &a.xn, &a.qkv, &step, MatMulOptions {
+                    bias: w.qkv_bias.as_ref(),
+                    ..Default::default()
+                })?,
+                o_mm: MatMul::new(gpu, &w.o, &a.attn, &a.x, &step, MatMulOptions {
+                    bias: w.o_bias.as_ref(),
+                    residual: true,
+                    ..Default::default()
+                })?,
+                mlp_norm: Norm::new(
+                    gpu, norm_kind, d, eps, &w.mlp_norm.0, w.mlp_norm.1.as_ref(), &a.x, &a.xn,
+                    &step,
+                )?,
+                up_mm: MatMul::new(
+                    gpu,
+                    &w.up,
+                    &a.xn,
+                    a.gate_up.as_ref().unwrap_or(&a.h),
+                    &step,
+                    MatMulOptions {
+                        bias: w.up_bias.as_ref(),
+                        gelu: !glu,
+                        ..Default::default()
+                    },
+                )?,
+                glu: match &a.gate_up {
+                    Some(gu) => Some(Glu::new(gpu, spec.intermediate, gu, &a.h, &step)?),
+                    None => None,
+                },
+                down_mm: MatMul::new(gpu, &w.down, &a.h, &a.x, &step, MatMulOptions {
+                    bias: w.down_bias.as_ref(),
+                    residual: true,
+                    ..Default::default()
+                })?,
+                rope: RopeKv::new(
+                    gpu, heads, kv_heads, hd, capacity, dtype, rope.as_ref(), &a.qkv, &a.q,
+                    &k_cache, &v_cache, &step,
+                )?,
+                attention: Attention::new(
+                    gpu, heads, kv_heads, hd, capacity, dtype, &a.q, &k_cache, &v_cache, &a.attn,
+                    &step,
+                )?,
+            };
+            layers.push(layer);
+            kept.push(w);
+        }
+        let lm_head = lm_head.unwrap_or(embedding_clone(&embedding));
+        let lm_head_mv = MatVec::new(gpu, &lm_head, &acts.x, &acts.logits, &step, MatVecOptions {
+            norm: Some((norm_kind, &final_norm.0, final_norm.1.as_ref(), eps)),
+            ..Default::default()
+        })?;
+        let embed = Embed::new(
+            gpu,
+            &embedding,
+            positions.as_ref(),
+            &acts.history,
+            &acts.seen,
+            &acts.x,
+            &step,
+        )?;
+        let sample = Sample::new(gpu, spec.vocab, &acts.logits, &acts.history, &acts.seen, &step)?;
+        let staging = gpu.readback_buffer("sampled token", 4);
+        let mut model = Self {
+            gpu: gpu.clone(),
+            spec: spec.clone(),
+            dtype,
+            capacity,
+            chunk,
+            step,
+            embed,
+            layers,
+            lm_head_mv,
+            lm_head,
+            final_norm,
+            sample,
+            acts,
+            staging,
+            seq_len: 0,
+            weight_bytes,
+            cache_bytes,
+            decode_dispatches: 0,
+            last_encode: std::time::Duration::ZERO,
+        };
+        model.decode_dispatches = model.count_decode_dispatches();
+        Ok(model)
+    }
+
+    pub fn spec(&self) -> &DecoderSpec {
+        &self.spec
+    }
+
+    pub fn dtype(&self) -> WeightDType {
+        self.dtype
+    }
+
+    /// Context length the KV cache holds.
+    pub fn capacity(&self) -> u32 {
+        self.capacity
+    }
+
+    /// Tokens currently in the KV cache.
+    pub fn seq_len(&self) -> u32 {
+        self.seq_len
+    }
+
+    pub fn weight_bytes(&self) -> u64 {
+        self.weight_bytes
+    }
+
+    pub fn cache_bytes(&self) -> u64 {
+        self.cache_bytes
+    }
+
+    /// Kernel dispatches recorded for one decoded token.
+    pub fn dispatches_per_token(&self) -> u32 {
+        self.decode_dispatches
+    }
+
+    /// Host time spent recording the last decoded token's commands.
+    pub fn last_encode_time(&self) -> std::time::Duration {
+        self.last_encode
+    }
+
+    pub fn set_sampler(&self, params: &SamplerParams) {
+        self.sample.set(&self.gpu, params);
+    }
+
+    fn count_decode_dispatches(&self) -> u32 {
+        let mut rec = Recorder::new(&self.gpu);
+        self.encode_decode(&mut rec);
+        // Encoded but never submitted: only the count is wanted.
+        rec.dispatches()
+    }
+
+    fn encode_decode(&self, rec: &mut Recorder<'_>) {
+        self.embed.encode(rec, 1);
+        for l in &self.layers {
+            l.qkv_mv.encode(rec);
+            l.rope.encode(rec, 1);
+            l.attention.encode(rec, 1);
+            l.o_mv.encode(rec);
+            l.up_mv.encode(rec);
+            l.down_mv.encode(rec);
+        }
+        self.lm_head_mv.encode(rec);
+        self.sample.encode(rec);
+    }
+
+    fn encode_prefill_layers(&self, rec: &mut Recorder<'_>, n: u32) {
+        self.embed.encode(rec, n);
+        for l in &self.layers {
+            l.attn_norm.encode(rec, n);
+            l.qkv_mm.encode(rec, n);
+            l.rope.encode(rec, n);
+            l.attention.encode(rec, n);
+            l.o_mm.encode(rec, n);
+            l.mlp_norm.encode(rec, n);
+            l.up_mm.encode(rec, n);
+            if let Some(glu) = &l.glu {
+                glu.encode(rec, n);
+            }
+            l.down_mm.encode(rec, n);
+        }
+    }
+
+    fn check_prompt(&self, ids: &[u32]) -> Result<(), Error> {
+        if ids.is_empty() {
+            return Err(Error::Invalid("the prompt has no tokens".into()));
+        }
+        if ids.len() as u64 > u64::from(self.capacity) {
+            return Err(Error::PromptTooLong {
+                tokens: ids.len(),
+                capacity: self.capacity,
+            });
+        }
+        if let Some(&bad) = ids.iter().find(|&&id| id >= self.spec.vocab) {
+            return Err(Error::Invalid(format!(
+                "token id {bad} is outside the vocabulary of {} tokens",
+                self.spec.vocab
+            )));
+        }
+        Ok(())
+    }
+
+    /// Runs the prompt through the model (all tokens of a chunk at once) and samples the first
+    /// new token, which is returned. Starts a new sequence.
+    pub fn prefill(&mut self, ids: &[u32]) -> Result<u32, Error> {
+        self.check_prompt(ids)?;
+        self.seq_len = 0;
+        let gpu = self.gpu.clone();
+        gpu.queue()
+            .write_buffer(&self.acts.history.buffer, 0, bytemuck::cast_slice(ids));
+        let total = ids.len() as u32;
+        let mut pos = 0;
+        while pos < total {
+            let n = (total - pos).min(self.chunk);
+            self.step.write(&gpu, &StepParams::new(pos, n));
+            let mut rec = Recorder::new(&gpu);
+            if pos == 0 {
+                rec.clear(&self.acts.seen.buffer);
+            }
+            self.encode_prefill_layers(&mut rec, n);
+            pos += n;
+            if pos == total {
+                self.lm_head_mv.encode(&mut rec);
+                self.sample.encode(&mut rec);
+                self.copy_sampled(&mut rec, total);
+            }
+            rec.submit();
+        }
+        self.seq_len = total;
+        self.read_sampled()
+    }
+
+    /// Feeds the last sampled token and samples the next one.
+    pub fn decode(&mut self) -> Result<u32, Error> {
+        if self.seq_len >= self.capacity {
+            return Err(Error::ContextFull {
+                capacity: self.capacity,
+            });
+        }
+        if self.seq_len == 0 {
+            return Err(Error::Invalid("decode before prefill".into()));
+        }
+        let gpu = self.gpu.clone();
+        let started = std::time::Instant::now();
+        self.step.write(&gpu, &StepParams::new(self.seq_len, 1));
+        let mut rec = Recorder::new(&gpu);
+        self.encode_decode(&mut rec);
+        self.copy_sampled(&mut rec, self.seq_len + 1);
+        self.last_encode = started.elapsed();
+        rec.submit();
+        self.seq_len += 1;
+        self.read_sampled()
+    }
+
+    fn copy_sampled(&self, rec: &mut Recorder<'_>, index: u32) {
+        rec.copy(
+            &self.acts.history.buffer,
+            u64::from(index) * 4,
+            &self.staging,
+            0,
+            4,
+        );
+    }
+
+    fn read_sampled(&self) -> Result<u32, Error> {
+        let v: Vec<u32> = self.gpu.map_read(&self.staging, 4)?;
+        Ok(v[0])
+    }
+
+    /// The logits the last token was sampled from (after any penalty and temperature the
+    /// sampler applied in place). For tests and tools.
+    pub fn last_logits(&self) -> Result<Vec<f32>, Error> {
+        Ok(self
+            .gpu
+            .read(&self.acts.logits.buffer, 0, u64::from(self.spec.vocab))?)
+    }
+
+    /// Logits for every prompt position `[tokens][vocab]` through the prefill path. For tests
+    /// and tools; leaves the sequence reset.
+    pub fn prompt_logits(&mut self, ids: &[u32]) -> Result<Vec<f32>, Error> {
+        self.check_prompt(ids)?;
+        let gpu = self.gpu.clone();
+        let vocab = self.spec.vocab;
+        let all = gpu.storage(
+            "prompt logits",
+            u64::from(self.chunk) * u64::from(vocab) * 4,
+        )?;
+        let d = self.spec.hidden;
+        let norm = Norm::new(
+            &gpu,
+            self.spec.norm,
+            d,
+            self.spec.norm_eps,
+            &self.final_norm.0,
+            self.final_norm.1.as_ref(),
+            &self.acts.x,
+            &self.acts.xn,
+            &self.step,
+        )?;
+        let head = MatMul::new(
+            &gpu,
+            &self.lm_head,
+            &self.acts.xn,
+            &all,
+            &self.step,
+            MatMulOptions::default(),
+        )?;
+        gpu.queue()
+            .write_buffer(&self.acts.history.buffer, 0, bytemuck::cast_slice(ids));
+        let total = ids.len() as u32;
+        let mut out = Vec::with_capacity(ids.len() * vocab as usize);
+        let mut pos = 0;
+        while pos < total {
+            let n = (total - pos).min(self.chunk);
+            self.step.write(&gpu, &StepParams::new(pos, n));
+            let mut rec = Recorder::new(&gpu);
+            self.encode_prefill_layers(&mut rec, n);
+            norm.encode(&mut rec, n);
+            head.encode(&mut rec, n);
+            rec.submit();
+            out.extend(gpu.read::<f32>(&all.buffer, 0, u64::from(n) * u64::from(vocab))?);
+            pos += n;
+        }
+        self.seq_len = 0;
+        Ok(out)
+    }
+
+    /// Per-kernel GPU time of one decode step at the current position (timestamp queries).
+    pub fn profile_decode(&mut self) -> Result<Vec<crate::gpu::KernelTiming>, Error> {
+        if !self.gpu.caps().timestamps {
+            return Err(Error::Invalid(
+                "this GPU does not support timestamp queries".into(),
+            ));
+        }
+        if self.seq_len == 0 || self.seq_len >= self.capacity {
+            return Err(Error::Invalid("profile needs a prompt and room for one token".into()));
+        }
+        let gpu = self.gpu.clone();
+        let mut profiler = crate::gpu::Profiler::new(&gpu, self.decode_dispatches + 8);
+        self.step.write(&gpu, &StepParams::new(self.seq_len, 1));
+        let mut rec = Recorder::with_profiler(&gpu, Some(&mut profiler));
+        self.encode_decode(&mut rec);
+        rec.submit();
+        gpu.wait()?;
+        Ok(profiler.read(&gpu)?)
+    }
+}
+
+/// The tied LM head reads the embedding table: same buffer, same layout.
+fn embedding_clone(m: &Matrix) -> Matrix {
+    Matrix {
+        buffer: StorageBuffer {
+            buffer: m.buffer.buffer.clone(),
+            size: m.buffer.size,
+        },
+        rows: m.rows,
+        cols: m.cols,
+        dtype: m.dtype,
+    }
+}

@@ -1,0 +1,11 @@
+//! Model families and the text model that ties a decoder to its tokenizer. Llama (Llama 2/3.x,
+//! SmolLM2, TinyLlama, Mistral), Qwen2/Qwen2.5 and GPT-2 share one GPU decoder; their
+//! differences (weight names, norms, biases, positions, MLP) are resolved while loading.
+
+mod decoder;
+mod text;
+mod weights;
+
+pub use decoder::{DecoderModel, ModelOptions};
+pub use text::{GenerateParams, GenerationStats, ModelInfo, Prompt, StopReason, TextModel};
+pub use weights::WeightSource;

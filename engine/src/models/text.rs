@@ -1,0 +1,221 @@
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+
+use super::decoder::{DecoderModel, ModelOptions};
+use super::weights::WeightSource;
+use crate::Error;
+use crate::gpu::Gpu;
+use crate::load::{
+    ChatMessage, DecoderSpec, GenerationConfig, LoadError, SafeTensors, StreamDecoder,
+    TextTokenizer,
+};
+use crate::ops::SamplerParams;
+
+/// What to generate from.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub enum Prompt {
+    /// Text fed as-is (special tokens written in it are recognised; BOS is added if the
+    /// tokenizer's post-processor adds one).
+    Raw(String),
+    /// Messages put through the model's chat template, with the assistant turn opened.
+    Chat(Vec<ChatMessage>),
+    Tokens(Vec<u32>),
+}
+
+#[derive(Clone, Debug)]
+pub struct GenerateParams {
+    pub max_tokens: u32,
+    pub sampler: SamplerParams,
+}
+
+impl Default for GenerateParams {
+    fn default() -> Self {
+        Self {
+            max_tokens: 256,
+            sampler: SamplerParams::default(),
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum StopReason {
+    EndOfText,
+    MaxTokens,
+    ContextFull,
+    Cancelled,
+}
+
+#[derive(Clone, Debug)]
+pub struct GenerationStats {
+    pub prompt_tokens: Vec<u32>,
+    /// Generated ids, including the end-of-text token when one ended the answer.
+    pub tokens: Vec<u32>,
+    pub text: String,
+    pub ttft: Duration,
+    /// Decode speed after the first token.
+    pub tokens_per_s: f64,
+    pub stop: StopReason,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct ModelInfo {
+    pub name: String,
+    pub architecture: String,
+    pub parameters: u64,
+    pub weight_bytes: u64,
+    pub cache_bytes: u64,
+    pub context: u32,
+    pub dtype: String,
+    pub dispatches_per_token: u32,
+    pub has_chat_template: bool,
+}
+
+/// A decoder on the GPU with its tokenizer: text in, token ids and text deltas out.
+pub struct TextModel {
+    pub model: DecoderModel,
+    pub tokenizer: TextTokenizer,
+    pub generation: GenerationConfig,
+    eos_ids: Vec<u32>,
+    name: String,
+}
+
+impl TextModel {
+    /// Loads an HF model folder (`config.json`, safetensors, `tokenizer.json`, …).
+    pub fn load(gpu: &Gpu, path: &Path, opts: &ModelOptions) -> Result<Self, Error> {
+        if !path.exists() {
+            return Err(LoadError::Missing {
+                path: path.to_owned(),
+            }
+            .into());
+        }
+        if !path.is_dir() {
+            return Err(Error::Invalid(format!(
+                "{}: expected a model folder (config.json, *.safetensors, tokenizer.json)",
+                path.display()
+            )));
+        }
+        let spec = DecoderSpec::from_file(&path.join("config.json"))?;
+        let tokenizer = TextTokenizer::from_dir(path)?;
+        let generation = GenerationConfig::from_dir(path)?;
+        let weights = SafeTensors::open_dir(path)?;
+        let model = DecoderModel::build(gpu, &spec, WeightSource::Files(&weights), opts)?;
+        // transformers stops on the generation config's eos ids, which default to the model's.
+        let mut eos_ids = generation.eos_token_ids.clone();
+        if eos_ids.is_empty() {
+            eos_ids = spec.eos_token_ids.clone();
+        }
+        if eos_ids.is_empty() {
+            eos_ids.extend(tokenizer.eos_token_id());
+        }
+        let name = path
+            .file_name()
+            .map_or_else(|| path.display().to_string(), |n| n.to_string_lossy().into_owned());
+        Ok(Self {
+            model,
+            tokenizer,
+            generation,
+            eos_ids,
+            name,
+        })
+    }
+
+    pub fn info(&self) -> ModelInfo {
+        let spec = self.model.spec();
+        ModelInfo {
+            name: self.name.clone(),
+            architecture: format!("{:?}", spec.arch),
+            parameters: spec.parameters(),
+            weight_bytes: self.model.weight_bytes(),
+            cache_bytes: self.model.cache_bytes(),
+            context: self.model.capacity(),
+            dtype: format!("{:?}", self.model.dtype()).to_lowercase(),
+            dispatches_per_token: self.model.dispatches_per_token(),
+            has_chat_template: self.tokenizer.has_chat_template(),
+        }
+    }
+
+    pub fn eos_ids(&self) -> &[u32] {
+        &self.eos_ids
+    }
+
+    pub fn tokenize(&self, prompt: &Prompt) -> Result<Vec<u32>, Error> {
+        Ok(match prompt {
+            Prompt::Raw(text) => self.tokenizer.encode(text, true)?,
+            Prompt::Chat(messages) => self.tokenizer.encode_chat(messages, true)?,
+            Prompt::Tokens(ids) => ids.clone(),
+        })
+    }
+
+    /// Generates until an end-of-text token, `max_tokens`, a full context, or `cancel`
+    /// reaching `request` (checked before every token). `on_token` gets each id with its text
+    /// delta, which is always whole UTF-8 characters.
+    pub fn generate(
+        &mut self,
+        prompt: &Prompt,
+        params: &GenerateParams,
+        request: u64,
+        cancel: &AtomicU64,
+        mut on_token: impl FnMut(u32, &str),
+    ) -> Result<GenerationStats, Error> {
+        let start = Instant::now();
+        let prompt_tokens = self.tokenize(prompt)?;
+        let mut stats = GenerationStats {
+            prompt_tokens,
+            tokens: Vec::new(),
+            text: String::new(),
+            ttft: Duration::ZERO,
+            tokens_per_s: 0.0,
+            stop: StopReason::MaxTokens,
+        };
+        let cancelled = || cancel.load(Ordering::Acquire) >= request;
+        if params.max_tokens == 0 {
+            return Ok(stats);
+        }
+        if cancelled() {
+            stats.stop = StopReason::Cancelled;
+            return Ok(stats);
+        }
+        self.model.set_sampler(&params.sampler);
+        let mut stream = StreamDecoder::default();
+        let mut token = self.model.prefill(&stats.prompt_tokens)?;
+        stats.ttft = start.elapsed();
+        let first_at = Instant::now();
+        loop {
+            stats.tokens.push(token);
+            let eos = self.eos_ids.contains(&token);
+            let delta = stream.push(&self.tokenizer, token)?;
+            stats.text.push_str(&delta);
+            on_token(token, &delta);
+            if eos {
+                stats.stop = StopReason::EndOfText;
+                break;
+            }
+            if stats.tokens.len() as u32 >= params.max_tokens {
+                stats.stop = StopReason::MaxTokens;
+                break;
+            }
+            if self.model.seq_len() >= self.model.capacity() {
+                stats.stop = StopReason::ContextFull;
+                break;
+            }
+            if cancelled() {
+                stats.stop = StopReason::Cancelled;
+                break;
+            }
+            token = self.model.decode()?;
+        }
+        // A character left incomplete at the end decodes as U+FFFD in the final text only.
+        stats.text.push_str(&stream.finish(&self.tokenizer)?);
+        let decoded = stats.tokens.len().saturating_sub(1);
+        let secs = first_at.elapsed().as_secs_f64();
+        stats.tokens_per_s = if decoded > 0 && secs > 0.0 {
+            decoded as f64 / secs
+        } else {
+            0.0
+        };
+        Ok(stats)
+    }
+}

@@ -1,0 +1,181 @@
+//! Getting weight tensors onto the GPU in the kernels' layout: matrices row-major with padded
+//! rows in the chosen dtype (GPT-2's Conv1D `[in, out]` transposed on the way), norms and
+//! biases as f32 vectors. Random weights for benchmarks are generated on the GPU.
+
+use crate::Error;
+use crate::gpu::{Gpu, StorageBuffer};
+use crate::load::{LoadError, SafeTensors, TensorView};
+use crate::ops::{Matrix, WeightDType, encode_row, fill_random};
+
+/// Where a model's weights come from.
+pub enum WeightSource<'a> {
+    Files(&'a SafeTensors),
+    /// Random values on the GPU (benchmarks at real shapes).
+    Random { seed: u32 },
+}
+
+/// One tensor that contributes rows to a matrix, with the shape it must have.
+pub struct Part<'n> {
+    pub name: &'n str,
+    pub rows: u32,
+    pub cols: u32,
+}
+
+pub struct Uploader<'a> {
+    pub gpu: &'a Gpu,
+    pub source: WeightSource<'a>,
+    pub dtype: WeightDType,
+    /// Bytes of weights placed on the GPU so far.
+    pub bytes: u64,
+    counter: u32,
+}
+
+const ROWS_PER_CHUNK: usize = 256;
+
+impl<'a> Uploader<'a> {
+    pub fn new(gpu: &'a Gpu, source: WeightSource<'a>, dtype: WeightDType) -> Self {
+        Self {
+            gpu,
+            source,
+            dtype,
+            bytes: 0,
+            counter: 0,
+        }
+    }
+
+    pub fn has(&self, name: &str) -> bool {
+        match &self.source {
+            WeightSource::Files(st) => st.contains(name),
+            WeightSource::Random { .. } => true,
+        }
+    }
+
+    fn next_seed(&mut self) -> u32 {
+        self.counter += 1;
+        match self.source {
+            WeightSource::Random { seed } => seed.wrapping_mul(7919).wrapping_add(self.counter),
+            WeightSource::Files(_) => self.counter,
+        }
+    }
+
+    fn tensor(&self, name: &str, shape: &[usize]) -> Result<TensorView<'a>, Error> {
+        let WeightSource::Files(st) = self.source else {
+            unreachable!("tensor() is only called for file-backed weights")
+        };
+        let view = st.get(name)?;
+        if view.shape != shape {
+            return Err(LoadError::ShapeMismatch {
+                name: name.to_owned(),
+                actual: view.shape.to_vec(),
+                expected: shape.to_vec(),
+            }
+            .into());
+        }
+        Ok(view)
+    }
+
+    /// A matrix made of the rows of `parts` in order. With `transposed`, each part is stored
+    /// `[cols][rows]` (Conv1D) and is transposed while uploading.
+    pub fn matrix(&mut self, label: &str, parts: &[Part<'_>], transposed: bool) -> Result<Matrix, Error> {
+        let cols = parts.first().map_or(0, |p| p.cols);
+        let rows: u32 = parts.iter().map(|p| p.rows).sum();
+        let size = Matrix::byte_size(rows, cols, self.dtype);
+        self.gpu.check_binding_size(label, size)?;
+        let buffer = match self.source {
+            WeightSource::Random { .. } => {
+                let seed = self.next_seed();
+                let buffer = self.gpu.storage(label, size)?;
+                // Scaled like a trained model's weights so activations stay finite.
+                let scale = 1.0 / (cols.max(1) as f32).sqrt();
+                fill_random(self.gpu, &buffer, self.dtype, seed, scale, false)?;
+                buffer
+            }
+            WeightSource::Files(_) => {
+                let mut chunks: Vec<Vec<u8>> = Vec::new();
+                let stride = Matrix::padded_cols(cols) as usize;
+                for part in parts {
+                    let (r, c) = (part.rows as usize, part.cols as usize);
+                    let shape = if transposed { [c, r] } else { [r, c] };
+                    let view = self.tensor(part.name, &shape)?;
+                    let dense = if transposed { Some(view.to_f32()) } else { None };
+                    let mut row = vec![0.0f32; c];
+                    for start in (0..r).step_by(ROWS_PER_CHUNK) {
+                        let end = (start + ROWS_PER_CHUNK).min(r);
+                        let mut bytes = Vec::with_capacity((end - start) * stride * 4);
+                        for i in start..end {
+                            match &dense {
+                                Some(d) => {
+                                    for (j, v) in row.iter_mut().enumerate() {
+                                        *v = d[j * r + i];
+                                    }
+                                }
+                                None => view.read_f32(i * c, &mut row),
+                            }
+                            encode_row(&row, stride, self.dtype, &mut bytes);
+                        }
+                        chunks.push(bytes);
+                    }
+                }
+                self.gpu.storage_from_chunks(label, size, chunks)?
+            }
+        };
+        self.bytes += buffer.size;
+        Ok(Matrix {
+            buffer,
+            rows,
+            cols,
+            dtype: self.dtype,
+        })
+    }
+
+    /// An f32 vector: the named tensors concatenated (norm weights, biases). Random weights
+    /// use `random_fill`: Some(c) for a constant (norm gains), None for small random values.
+    pub fn vector(
+        &mut self,
+        label: &str,
+        parts: &[(&str, u32)],
+        random_fill: Option<f32>,
+    ) -> Result<StorageBuffer, Error> {
+        let len: u32 = parts.iter().map(|p| p.1).sum();
+        let buffer = match self.source {
+            WeightSource::Random { .. } => {
+                let seed = self.next_seed();
+                let buffer = self.gpu.storage(label, u64::from(len) * 4)?;
+                let (value, constant) = match random_fill {
+                    Some(c) => (c, true),
+                    None => (0.02, false),
+                };
+                fill_random(self.gpu, &buffer, WeightDType::F32, seed, value, constant)?;
+                buffer
+            }
+            WeightSource::Files(_) => {
+                let mut data = Vec::with_capacity(len as usize);
+                for (name, n) in parts {
+                    let view = self.tensor(name, &[*n as usize])?;
+                    data.extend(view.to_f32());
+                }
+                self.gpu.storage_from(label, &data)?
+            }
+        };
+        self.bytes += buffer.size;
+        Ok(buffer)
+    }
+
+    /// A plain f32 matrix `[rows][cols]` without padding (learned position embeddings).
+    pub fn dense(&mut self, label: &str, name: &str, rows: u32, cols: u32) -> Result<StorageBuffer, Error> {
+        let buffer = match self.source {
+            WeightSource::Random { .. } => {
+                let seed = self.next_seed();
+                let buffer = self.gpu.storage(label, u64::from(rows) * u64::from(cols) * 4)?;
+                fill_random(self.gpu, &buffer, WeightDType::F32, seed, 0.02, false)?;
+                buffer
+            }
+            WeightSource::Files(_) => {
+                let view = self.tensor(name, &[rows as usize, cols as usize])?;
+                self.gpu.storage_from(label, &view.to_f32())?
+            }
+        };
+        self.bytes += buffer.size;
+        Ok(buffer)
+    }
+}

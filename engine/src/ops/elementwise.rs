@@ -1,0 +1,134 @@
+use bytemuck::{Pod, Zeroable};
+
+use super::{Matrix, bind, flag, groups_of_64};
+use crate::gpu::{Gpu, GpuError, Kernel, Recorder, StorageBuffer, UniformBuffer};
+
+const EMBED_SOURCE: &str = include_str!("../../../shaders/embed.wgsl");
+const GLU_SOURCE: &str = include_str!("../../../shaders/glu.wgsl");
+
+#[repr(C)]
+#[derive(Clone, Copy, Pod, Zeroable)]
+struct EmbedParams {
+    dim: u32,
+    row_stride: u32,
+    vocab: u32,
+    _pad: u32,
+}
+
+/// Gathers embedding rows for the step's tokens from the history buffer (plus learned
+/// positions when given) and marks the tokens as seen.
+pub struct Embed {
+    kernel: Kernel,
+    bind_group: wgpu::BindGroup,
+    dim: u32,
+    _params: UniformBuffer,
+}
+
+impl Embed {
+    pub fn new(
+        gpu: &Gpu,
+        table: &Matrix,
+        positions: Option<&StorageBuffer>,
+        history: &StorageBuffer,
+        seen: &StorageBuffer,
+        x: &StorageBuffer,
+        step: &UniformBuffer,
+    ) -> Result<Self, GpuError> {
+        let mut defines = table.dtype.defines();
+        defines.push(flag("POSITIONS", positions.is_some()));
+        let kernel = gpu.kernel("embed", EMBED_SOURCE, "main", &defines)?;
+        let params = gpu.uniform(
+            "embed params",
+            &EmbedParams {
+                dim: table.cols,
+                row_stride: table.row_stride(),
+                vocab: table.rows,
+                _pad: 0,
+            },
+        );
+        let mut entries = vec![
+            (0, &params.buffer),
+            (1, &step.buffer),
+            (2, &history.buffer),
+            (3, &table.buffer.buffer),
+            (4, &x.buffer),
+            (5, &seen.buffer),
+        ];
+        if let Some(p) = positions {
+            entries.push((6, &p.buffer));
+        }
+        let bind_group = bind(gpu, &kernel, &entries);
+        Ok(Self {
+            kernel,
+            bind_group,
+            dim: table.cols,
+            _params: params,
+        })
+    }
+
+    pub fn encode(&self, rec: &mut Recorder<'_>, n_tokens: u32) {
+        rec.dispatch(
+            &self.kernel,
+            &self.bind_group,
+            groups_of_64(n_tokens * self.dim),
+        );
+    }
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Pod, Zeroable)]
+struct GluParams {
+    width: u32,
+    _pad: [u32; 3],
+}
+
+/// silu(gate) * up over the fused gate/up product of a prompt.
+pub struct Glu {
+    kernel: Kernel,
+    bind_group: wgpu::BindGroup,
+    width: u32,
+    _params: UniformBuffer,
+}
+
+impl Glu {
+    pub fn new(
+        gpu: &Gpu,
+        width: u32,
+        gate_up: &StorageBuffer,
+        h: &StorageBuffer,
+        step: &UniformBuffer,
+    ) -> Result<Self, GpuError> {
+        let kernel = gpu.kernel("glu", GLU_SOURCE, "main", &[])?;
+        let params = gpu.uniform(
+            "glu params",
+            &GluParams {
+                width,
+                _pad: [0; 3],
+            },
+        );
+        let bind_group = bind(
+            gpu,
+            &kernel,
+            &[
+                (0, &params.buffer),
+                (1, &step.buffer),
+                (2, &gate_up.buffer),
+                (3, &h.buffer),
+            ],
+        );
+        Ok(Self {
+            kernel,
+            bind_group,
+            width,
+            _params: params,
+        })
+    }
+
+    pub fn encode(&self, rec: &mut Recorder<'_>, n_tokens: u32) {
+        rec.dispatch(
+            &self.kernel,
+            &self.bind_group,
+            groups_of_64(n_tokens * self.width),
+        );
+    }
+}

@@ -1,0 +1,181 @@
+//! Kernels: one Rust owner per WGSL family in `shaders/`. Each op compiles (or fetches from the
+//! cache) its specialised pipeline, binds its buffers once, and records dispatches.
+
+mod attention;
+mod elementwise;
+mod fill;
+mod matmul;
+mod matvec;
+mod norm;
+mod rope;
+mod sample;
+
+pub use attention::Attention;
+pub use elementwise::{Embed, Glu};
+pub use fill::{fill_random, fill_value};
+pub use matmul::{MatMul, MatMulOptions};
+pub use matvec::{MatVec, MatVecOptions};
+pub use norm::{Norm, NormKind};
+pub use rope::{RopeKv, RopeTable};
+pub use sample::{Sample, SamplerParams};
+
+use bytemuck::{Pod, Zeroable};
+
+use crate::gpu::{Gpu, GpuError, Kernel, StorageBuffer};
+
+/// Per-submission position state shared by every kernel of a forward pass: the absolute
+/// position of the first token, how many tokens this step processes, and the sequence length
+/// after it (where the sampler writes the next token).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, Pod, Zeroable)]
+pub struct StepParams {
+    pub pos0: u32,
+    pub n_tokens: u32,
+    pub seq_len: u32,
+    pub _pad: u32,
+}
+
+impl StepParams {
+    pub fn new(pos0: u32, n_tokens: u32) -> Self {
+        Self {
+            pos0,
+            n_tokens,
+            seq_len: pos0 + n_tokens,
+            _pad: 0,
+        }
+    }
+}
+
+/// How weights (and the KV cache) are stored on the GPU. Arithmetic is f32 either way.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WeightDType {
+    F32,
+    F16,
+}
+
+impl WeightDType {
+    pub fn bytes(self) -> u64 {
+        match self {
+            Self::F32 => 4,
+            Self::F16 => 2,
+        }
+    }
+
+    /// Elements per 16-byte vec4 word in the kernels.
+    pub fn per_vec4(self) -> u32 {
+        match self {
+            Self::F32 => 4,
+            Self::F16 => 8,
+        }
+    }
+
+    pub(crate) fn defines(self) -> Vec<(&'static str, String)> {
+        vec![
+            ("F16", u32::from(self == Self::F16).to_string()),
+            ("EPV", self.per_vec4().to_string()),
+        ]
+    }
+}
+
+/// Row padding shared by every weight matrix: whole 16-byte words for both dtypes, so kernels
+/// read vec4 words with no tail handling in the weights.
+pub const ROW_ALIGN: usize = 8;
+
+/// A weight matrix `[rows][cols]` on the GPU, rows padded to [`ROW_ALIGN`] elements.
+pub struct Matrix {
+    pub buffer: StorageBuffer,
+    pub rows: u32,
+    pub cols: u32,
+    pub dtype: WeightDType,
+}
+
+impl Matrix {
+    pub fn padded_cols(cols: u32) -> u32 {
+        cols.div_ceil(ROW_ALIGN as u32) * ROW_ALIGN as u32
+    }
+
+    pub fn row_stride(&self) -> u32 {
+        Self::padded_cols(self.cols)
+    }
+
+    /// Row stride in vec4 words.
+    pub fn row_vecs(&self) -> u32 {
+        self.row_stride() / self.dtype.per_vec4()
+    }
+
+    pub fn byte_size(rows: u32, cols: u32, dtype: WeightDType) -> u64 {
+        u64::from(rows) * u64::from(Self::padded_cols(cols)) * dtype.bytes()
+    }
+
+    /// Uploads f32 host data `[rows][cols]`, converting and padding rows.
+    pub fn from_f32(
+        gpu: &Gpu,
+        label: &str,
+        data: &[f32],
+        rows: u32,
+        cols: u32,
+        dtype: WeightDType,
+    ) -> Result<Self, GpuError> {
+        let stride = Self::padded_cols(cols) as usize;
+        let chunks = data.chunks(cols.max(1) as usize).map(|row| {
+            let mut bytes = Vec::with_capacity(stride * dtype.bytes() as usize);
+            encode_row(row, stride, dtype, &mut bytes);
+            bytes
+        });
+        let buffer =
+            gpu.storage_from_chunks(label, Self::byte_size(rows, cols, dtype), chunks)?;
+        Ok(Self {
+            buffer,
+            rows,
+            cols,
+            dtype,
+        })
+    }
+}
+
+/// Appends one row in `dtype`, zero-padded to `stride` elements.
+pub fn encode_row(row: &[f32], stride: usize, dtype: WeightDType, out: &mut Vec<u8>) {
+    match dtype {
+        WeightDType::F32 => {
+            for &v in row {
+                out.extend_from_slice(&v.to_le_bytes());
+            }
+            out.resize(out.len() + (stride - row.len()) * 4, 0);
+        }
+        WeightDType::F16 => {
+            for &v in row {
+                out.extend_from_slice(&half::f16::from_f32(v).to_le_bytes());
+            }
+            out.resize(out.len() + (stride - row.len()) * 2, 0);
+        }
+    }
+}
+
+/// Creates a bind group for `kernel` from (binding, buffer) pairs.
+pub(crate) fn bind(
+    gpu: &Gpu,
+    kernel: &Kernel,
+    entries: &[(u32, &wgpu::Buffer)],
+) -> wgpu::BindGroup {
+    let entries: Vec<wgpu::BindGroupEntry<'_>> = entries
+        .iter()
+        .map(|(binding, buffer)| wgpu::BindGroupEntry {
+            binding: *binding,
+            resource: buffer.as_entire_binding(),
+        })
+        .collect();
+    gpu.device().create_bind_group(&wgpu::BindGroupDescriptor {
+        label: Some(&kernel.label),
+        layout: &kernel.layout,
+        entries: &entries,
+    })
+}
+
+pub(crate) fn flag(name: &'static str, on: bool) -> (&'static str, String) {
+    (name, u32::from(on).to_string())
+}
+
+/// Workgroups for `n` invocations of a 64-wide 1-D kernel.
+pub(crate) fn groups_of_64(n: u32) -> u32 {
+    n.div_ceil(64)
+}

@@ -1,0 +1,74 @@
+use bytemuck::{Pod, Zeroable};
+
+use super::{bind, flag};
+use crate::gpu::{Gpu, GpuError, Kernel, Recorder, StorageBuffer, UniformBuffer};
+
+const SOURCE: &str = include_str!("../../../shaders/norm.wgsl");
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NormKind {
+    Rms,
+    Layer,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Pod, Zeroable)]
+struct Params {
+    k: u32,
+    eps: f32,
+    _pad: [u32; 2],
+}
+
+/// Row-wise RMSNorm / LayerNorm of the step's tokens into a separate buffer.
+pub struct Norm {
+    kernel: Kernel,
+    bind_group: wgpu::BindGroup,
+    _params: UniformBuffer,
+}
+
+impl Norm {
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        gpu: &Gpu,
+        kind: NormKind,
+        width: u32,
+        eps: f32,
+        weight: &StorageBuffer,
+        bias: Option<&StorageBuffer>,
+        x: &StorageBuffer,
+        y: &StorageBuffer,
+        step: &UniformBuffer,
+    ) -> Result<Self, GpuError> {
+        let layer = kind == NormKind::Layer;
+        let kernel = gpu.kernel("norm", SOURCE, "main", &[flag("LAYER", layer)])?;
+        let params = gpu.uniform(
+            "norm params",
+            &Params {
+                k: width,
+                eps,
+                _pad: [0; 2],
+            },
+        );
+        let mut entries = vec![
+            (0, &params.buffer),
+            (1, &step.buffer),
+            (2, &x.buffer),
+            (3, &y.buffer),
+            (4, &weight.buffer),
+        ];
+        if layer {
+            let bias = bias.ok_or_else(|| GpuError::Device("LayerNorm needs a bias".into()))?;
+            entries.push((5, &bias.buffer));
+        }
+        let bind_group = bind(gpu, &kernel, &entries);
+        Ok(Self {
+            kernel,
+            bind_group,
+            _params: params,
+        })
+    }
+
+    pub fn encode(&self, rec: &mut Recorder<'_>, n_tokens: u32) {
+        rec.dispatch_xyz(&self.kernel, &self.bind_group, [n_tokens, 1, 1]);
+    }
+}

@@ -1,0 +1,126 @@
+use bytemuck::{Pod, Zeroable};
+
+use super::{bind, flag, groups_of_64, WeightDType};
+use crate::gpu::{Gpu, GpuError, Kernel, Recorder, StorageBuffer, UniformBuffer};
+
+const SOURCE: &str = include_str!("../../../shaders/rope_kv.wgsl");
+
+#[repr(C)]
+#[derive(Clone, Copy, Pod, Zeroable)]
+struct Params {
+    heads: u32,
+    kv_heads: u32,
+    head_dim: u32,
+    capacity: u32,
+}
+
+/// cos/sin of position × inverse frequency for every cached position, computed on the host the
+/// way transformers does (f32 product, then cos/sin): large angles lose nothing to GPU
+/// approximations of sin and cos.
+pub struct RopeTable {
+    pub cos: StorageBuffer,
+    pub sin: StorageBuffer,
+}
+
+impl RopeTable {
+    pub fn new(gpu: &Gpu, inv_freq: &[f32], positions: u32) -> Result<Self, GpuError> {
+        let (cos, sin) = Self::host(inv_freq, positions);
+        Ok(Self {
+            cos: gpu.storage_from("rope cos", &cos)?,
+            sin: gpu.storage_from("rope sin", &sin)?,
+        })
+    }
+
+    pub fn host(inv_freq: &[f32], positions: u32) -> (Vec<f32>, Vec<f32>) {
+        let n = positions as usize * inv_freq.len();
+        let mut cos = Vec::with_capacity(n);
+        let mut sin = Vec::with_capacity(n);
+        for pos in 0..positions {
+            for &f in inv_freq {
+                let angle = pos as f32 * f;
+                cos.push(f64::from(angle).cos() as f32);
+                sin.push(f64::from(angle).sin() as f32);
+            }
+        }
+        (cos, sin)
+    }
+}
+
+/// RoPE on Q and K of the fused QKV output, Q to the attention input, K/V into the cache.
+pub struct RopeKv {
+    kernel: Kernel,
+    bind_group: wgpu::BindGroup,
+    slots: u32,
+    quads: u32,
+    _params: UniformBuffer,
+}
+
+impl RopeKv {
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        gpu: &Gpu,
+        heads: u32,
+        kv_heads: u32,
+        head_dim: u32,
+        capacity: u32,
+        cache_dtype: WeightDType,
+        table: Option<&RopeTable>,
+        qkv: &StorageBuffer,
+        q: &StorageBuffer,
+        k_cache: &StorageBuffer,
+        v_cache: &StorageBuffer,
+        step: &UniformBuffer,
+    ) -> Result<Self, GpuError> {
+        if head_dim % 4 != 0 {
+            return Err(GpuError::Device(format!(
+                "head_dim {head_dim} is not a multiple of 4"
+            )));
+        }
+        let kernel = gpu.kernel(
+            "rope_kv",
+            SOURCE,
+            "main",
+            &[
+                flag("F16", cache_dtype == WeightDType::F16),
+                flag("NO_ROPE", table.is_none()),
+            ],
+        )?;
+        let params = gpu.uniform(
+            "rope params",
+            &Params {
+                heads,
+                kv_heads,
+                head_dim,
+                capacity,
+            },
+        );
+        let mut entries = vec![
+            (0, &params.buffer),
+            (1, &step.buffer),
+            (2, &qkv.buffer),
+            (3, &q.buffer),
+            (4, &k_cache.buffer),
+            (5, &v_cache.buffer),
+        ];
+        if let Some(t) = table {
+            entries.push((6, &t.cos.buffer));
+            entries.push((7, &t.sin.buffer));
+        }
+        let bind_group = bind(gpu, &kernel, &entries);
+        Ok(Self {
+            kernel,
+            bind_group,
+            slots: heads + 2 * kv_heads,
+            quads: head_dim / 4,
+            _params: params,
+        })
+    }
+
+    pub fn encode(&self, rec: &mut Recorder<'_>, n_tokens: u32) {
+        rec.dispatch(
+            &self.kernel,
+            &self.bind_group,
+            groups_of_64(n_tokens * self.slots * self.quads),
+        );
+    }
+}

@@ -1,0 +1,110 @@
+use bytemuck::{Pod, Zeroable};
+
+use super::bind;
+use crate::gpu::{Gpu, GpuError, Kernel, Recorder, StorageBuffer, UniformBuffer};
+
+const SOURCE: &str = include_str!("../../../shaders/sample.wgsl");
+const WG: u32 = 256;
+
+/// Sampling settings, with transformers' meaning: temperature 0 is greedy, top_k 0 and
+/// top_p 1 are off, repeat_penalty 1 is off.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct SamplerParams {
+    pub temperature: f32,
+    pub top_k: u32,
+    pub top_p: f32,
+    pub repeat_penalty: f32,
+    pub seed: u64,
+}
+
+impl Default for SamplerParams {
+    fn default() -> Self {
+        Self {
+            temperature: 0.0,
+            top_k: 0,
+            top_p: 1.0,
+            repeat_penalty: 1.0,
+            seed: 0,
+        }
+    }
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Pod, Zeroable)]
+struct Params {
+    vocab: u32,
+    top_k: u32,
+    seed: u32,
+    greedy: u32,
+    temperature: f32,
+    top_p: f32,
+    repeat_penalty: f32,
+    _pad: u32,
+}
+
+/// Picks the next token from the logits and appends it to the history buffer.
+pub struct Sample {
+    kernel: Kernel,
+    bind_group: wgpu::BindGroup,
+    params: UniformBuffer,
+    vocab: u32,
+}
+
+impl Sample {
+    pub fn new(
+        gpu: &Gpu,
+        vocab: u32,
+        logits: &StorageBuffer,
+        history: &StorageBuffer,
+        seen: &StorageBuffer,
+        step: &UniformBuffer,
+    ) -> Result<Self, GpuError> {
+        let kernel = gpu.kernel("sample", SOURCE, "main", &[("WG", WG.to_string())])?;
+        let params = gpu.uniform("sampler params", &Self::pack(vocab, &SamplerParams::default()));
+        let bind_group = bind(
+            gpu,
+            &kernel,
+            &[
+                (0, &params.buffer),
+                (1, &step.buffer),
+                (2, &logits.buffer),
+                (3, &history.buffer),
+                (4, &seen.buffer),
+            ],
+        );
+        Ok(Self {
+            kernel,
+            bind_group,
+            params,
+            vocab,
+        })
+    }
+
+    fn pack(vocab: u32, s: &SamplerParams) -> Params {
+        let greedy = s.temperature <= 0.0 || !s.temperature.is_finite();
+        Params {
+            vocab,
+            top_k: s.top_k,
+            // Fold the 64-bit seed so every bit matters.
+            seed: (s.seed ^ (s.seed >> 32)) as u32,
+            greedy: u32::from(greedy),
+            temperature: if greedy { 1.0 } else { s.temperature },
+            top_p: if s.top_p > 0.0 && s.top_p < 1.0 { s.top_p } else { 1.0 },
+            repeat_penalty: if s.repeat_penalty > 0.0 {
+                s.repeat_penalty
+            } else {
+                1.0
+            },
+            _pad: 0,
+        }
+    }
+
+    /// Sets the sampling settings for the following submissions.
+    pub fn set(&self, gpu: &Gpu, s: &SamplerParams) {
+        self.params.write(gpu, &Self::pack(self.vocab, s));
+    }
+
+    pub fn encode(&self, rec: &mut Recorder<'_>) {
+        rec.dispatch_xyz(&self.kernel, &self.bind_group, [1, 1, 1]);
+    }
+}

@@ -1,0 +1,157 @@
+//! The engine as a background task: requests go in over a channel, events come out over
+//! another, and an optional wake callback tells a UI to repaint. Generation runs on a blocking
+//! tokio task, since every token waits on the GPU.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use tokio::sync::mpsc;
+
+use crate::gpu::Gpu;
+use crate::models::{GenerateParams, ModelInfo, ModelOptions, Prompt, StopReason, TextModel};
+
+pub type WakeFn = Arc<dyn Fn() + Send + Sync>;
+
+pub enum Request {
+    Load {
+        path: PathBuf,
+        options: ModelOptions,
+    },
+    Generate {
+        id: u64,
+        prompt: Prompt,
+        params: GenerateParams,
+    },
+    Unload,
+}
+
+#[derive(Clone, Debug)]
+pub enum Event {
+    Loaded(ModelInfo),
+    Token {
+        request: u64,
+        id: u32,
+        text_delta: String,
+    },
+    Done {
+        request: u64,
+        prompt_ids: Vec<u32>,
+        prompt_tokens: usize,
+        generated_tokens: usize,
+        ttft: Duration,
+        tokens_per_s: f64,
+        stop: StopReason,
+    },
+    Error {
+        request: Option<u64>,
+        message: String,
+    },
+}
+
+/// The caller's side of a running engine.
+#[derive(Clone)]
+pub struct EngineHandle {
+    requests: mpsc::UnboundedSender<Request>,
+    next_id: Arc<AtomicU64>,
+    cancelled_through: Arc<AtomicU64>,
+}
+
+impl EngineHandle {
+    pub fn load(&self, path: PathBuf, options: ModelOptions) {
+        let _ = self.requests.send(Request::Load { path, options });
+    }
+
+    /// Queues a generation and returns its request id.
+    pub fn generate(&self, prompt: Prompt, params: GenerateParams) -> u64 {
+        let id = self.next_id.fetch_add(1, Ordering::AcqRel) + 1;
+        let _ = self.requests.send(Request::Generate { id, prompt, params });
+        id
+    }
+
+    /// Cancels request `id` and any earlier one; a running generation stops before its next
+    /// token.
+    pub fn cancel(&self, id: u64) {
+        self.cancelled_through.fetch_max(id, Ordering::AcqRel);
+    }
+
+    pub fn unload(&self) {
+        let _ = self.requests.send(Request::Unload);
+    }
+}
+
+pub struct Engine;
+
+impl Engine {
+    /// Starts the engine on the current tokio runtime.
+    pub fn spawn(gpu: Gpu, wake: Option<WakeFn>) -> (EngineHandle, mpsc::UnboundedReceiver<Event>) {
+        let (req_tx, mut req_rx) = mpsc::unbounded_channel::<Request>();
+        let (ev_tx, ev_rx) = mpsc::unbounded_channel::<Event>();
+        let cancelled_through = Arc::new(AtomicU64::new(0));
+        let handle = EngineHandle {
+            requests: req_tx,
+            next_id: Arc::new(AtomicU64::new(0)),
+            cancelled_through: cancelled_through.clone(),
+        };
+        tokio::task::spawn_blocking(move || {
+            let send = |event: Event| {
+                let _ = ev_tx.send(event);
+                if let Some(w) = &wake {
+                    w();
+                }
+            };
+            let mut model: Option<TextModel> = None;
+            while let Some(request) = req_rx.blocking_recv() {
+                match request {
+                    Request::Load { path, options } => {
+                        model = None;
+                        match TextModel::load(&gpu, &path, &options) {
+                            Ok(m) => {
+                                send(Event::Loaded(m.info()));
+                                model = Some(m);
+                            }
+                            Err(e) => send(Event::Error {
+                                request: None,
+                                message: e.to_string(),
+                            }),
+                        }
+                    }
+                    Request::Unload => model = None,
+                    Request::Generate { id, prompt, params } => {
+                        let Some(m) = model.as_mut() else {
+                            send(Event::Error {
+                                request: Some(id),
+                                message: crate::Error::NoModel.to_string(),
+                            });
+                            continue;
+                        };
+                        let result = m.generate(&prompt, &params, id, &cancelled_through, |tok, delta| {
+                            send(Event::Token {
+                                request: id,
+                                id: tok,
+                                text_delta: delta.to_owned(),
+                            });
+                        });
+                        match result {
+                            Ok(stats) => send(Event::Done {
+                                request: id,
+                                prompt_tokens: stats.prompt_tokens.len(),
+                                prompt_ids: stats.prompt_tokens,
+                                generated_tokens: stats.tokens.len(),
+                                ttft: stats.ttft,
+                                tokens_per_s: stats.tokens_per_s,
+                                stop: stats.stop,
+                            }),
+                            Err(e) => send(Event::Error {
+                                request: Some(id),
+                                message: e.to_string(),
+                            }),
+                        }
+                    }
+                }
+            }
+        });
+        (handle, ev_rx)
+    }
+}

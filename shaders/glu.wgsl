@@ -1,0 +1,34 @@
+// SwiGLU for prompts: h[t][i] = silu(gate[t][i]) * up[t][i], where each row of the fused
+// gate/up product holds the gate block then the up block.
+
+struct Params {
+    width: u32,
+    _pad0: u32,
+    _pad1: u32,
+    _pad2: u32,
+}
+
+struct Step {
+    pos0: u32,
+    n_tokens: u32,
+    seq_len: u32,
+    _pad: u32,
+}
+
+@group(0) @binding(0) var<uniform> p: Params;
+@group(0) @binding(1) var<uniform> step: Step;
+@group(0) @binding(2) var<storage, read> gate_up: array<f32>;
+@group(0) @binding(3) var<storage, read_write> h: array<f32>;
+
+@compute @workgroup_size(64)
+fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let id = gid.y * nwg.x * 64u + gid.x;
+    if (id >= step.n_tokens * p.width) {
+        return;
+    }
+    let t = id / p.width;
+    let i = id % p.width;
+    let g = gate_up[t * 2u * p.width + i];
+    let u = gate_up[t * 2u * p.width + p.width + i];
+    h[id] = g / (1.0 + exp(-g)) * u;
+}

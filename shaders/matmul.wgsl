@@ -1,0 +1,138 @@
+// Tiled matrix-matrix product for prompts: Y[m][n] = Σ_k X[m][k] · W[n][k] for the
+// step's n_tokens rows. 64×64 output tiles, 16-wide k slices staged in workgroup memory,
+// 4×4 outputs per invocation. W rows are padded to whole vec4 words (f16 packed in u32 pairs).
+//
+// Defines: F16, EPV (4 for f32, 8 for f16), BIAS, GELU, RESIDUAL (Y += ...).
+
+struct Params {
+    n: u32,
+    k: u32,
+    row_vecs: u32,
+    _pad0: u32,
+}
+
+struct Step {
+    pos0: u32,
+    n_tokens: u32,
+    seq_len: u32,
+    _pad: u32,
+}
+
+@group(0) @binding(0) var<uniform> p: Params;
+@group(0) @binding(1) var<uniform> step: Step;
+@group(0) @binding(2) var<storage, read> x: array<f32>;
+#if F16
+@group(0) @binding(3) var<storage, read> w: array<vec4<u32>>;
+#else
+@group(0) @binding(3) var<storage, read> w: array<vec4<f32>>;
+#endif
+@group(0) @binding(4) var<storage, read_write> y: array<f32>;
+#if BIAS
+@group(0) @binding(5) var<storage, read> bias: array<f32>;
+#endif
+
+const TILE: u32 = 64u;
+const BK: u32 = 16u;
+
+// [k][m/4] and [k][n/4]: each invocation reads one vec4 of each per k.
+var<workgroup> xs: array<vec4<f32>, 256>;
+var<workgroup> ws: array<vec4<f32>, 256>;
+
+fn gelu_tanh(v: f32) -> f32 {
+    let c = 0.7978845608028654;
+    let inner = clamp(c * (v + 0.044715 * v * v * v), -15.0, 15.0);
+    return 0.5 * v * (1.0 + tanh(inner));
+}
+
+@compute @workgroup_size(256)
+fn main(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id) wid: vec3<u32>) {
+    let m_rows = step.n_tokens;
+    let m0 = wid.y * TILE;
+    let n0 = wid.x * TILE;
+    let tx = tid % 16u;
+    let ty = tid / 16u;
+    var acc: array<vec4<f32>, 4>;
+    for (var i = 0u; i < 4u; i++) {
+        acc[i] = vec4<f32>(0.0);
+    }
+    for (var k0 = 0u; k0 < p.k; k0 += BK) {
+        // X tile: 64 rows × 16 k, four values per invocation.
+        for (var i = 0u; i < 4u; i++) {
+            let idx = tid + i * 256u;
+            let mm = idx / BK;
+            let kk = idx % BK;
+            let row = m0 + mm;
+            let col = k0 + kk;
+            var v = 0.0;
+            if (row < m_rows && col < p.k) {
+                v = x[row * p.k + col];
+            }
+            xs[kk * 16u + mm / 4u][mm % 4u] = v;
+        }
+        // W tile: 64 rows × 16 k.
+#if F16
+        if (tid < 128u) {
+            let nn = tid / 2u;
+            let kv = tid % 2u;
+            let vec_index = k0 / 8u + kv;
+            var word = vec4<u32>(0u);
+            if (n0 + nn < p.n && vec_index < p.row_vecs) {
+                word = w[(n0 + nn) * p.row_vecs + vec_index];
+            }
+            let vals = array<vec2<f32>, 4>(
+                unpack2x16float(word.x), unpack2x16float(word.y),
+                unpack2x16float(word.z), unpack2x16float(word.w));
+            for (var j = 0u; j < 8u; j++) {
+                ws[(kv * 8u + j) * 16u + nn / 4u][nn % 4u] = vals[j / 2u][j % 2u];
+            }
+        }
+#else
+        {
+            let nn = tid / 4u;
+            let kv = tid % 4u;
+            let vec_index = k0 / 4u + kv;
+            var vals = vec4<f32>(0.0);
+            if (n0 + nn < p.n && vec_index < p.row_vecs) {
+                vals = w[(n0 + nn) * p.row_vecs + vec_index];
+            }
+            for (var j = 0u; j < 4u; j++) {
+                ws[(kv * 4u + j) * 16u + nn / 4u][nn % 4u] = vals[j];
+            }
+        }
+#endif
+        workgroupBarrier();
+        for (var kk = 0u; kk < BK; kk++) {
+            let a = xs[kk * 16u + ty];
+            let b = ws[kk * 16u + tx];
+            acc[0] += a.x * b;
+            acc[1] += a.y * b;
+            acc[2] += a.z * b;
+            acc[3] += a.w * b;
+        }
+        workgroupBarrier();
+    }
+    for (var i = 0u; i < 4u; i++) {
+        let row = m0 + ty * 4u + i;
+        if (row >= m_rows) {
+            continue;
+        }
+        for (var j = 0u; j < 4u; j++) {
+            let col = n0 + tx * 4u + j;
+            if (col >= p.n) {
+                continue;
+            }
+            var v = acc[i][j];
+#if BIAS
+            v += bias[col];
+#endif
+#if GELU
+            v = gelu_tanh(v);
+#endif
+            let out = row * p.n + col;
+#if RESIDUAL
+            v += y[out];
+#endif
+            y[out] = v;
+        }
+    }
+}

@@ -1,0 +1,232 @@
+// Matrix-vector product for decoding: y = W·x̂ for one token, where x̂ is the last row of x,
+// optionally normalised on the fly (RMSNorm / LayerNorm fused in front of the product).
+// W is row-major [n][k] with rows padded to whole vec4 words; f16 weights are read as packed
+// u32 pairs, so no shader-f16 support is needed. Each workgroup computes WG/TPR rows, TPR lanes
+// per row striding over k, then reduces each row (subgroups where available).
+//
+// Defines: WG, TPR, EPV (elements per vec4 word: 4 for f32, 8 for f16), F16, NORM, NORM_LAYER,
+// BIAS, GLU (y = silu(W_gate·x̂) * (W_up·x̂), the up block at glu_offset), GELU, RESIDUAL
+// (y += ...), SUBGROUP.
+
+struct Params {
+    n: u32,
+    k: u32,
+    row_vecs: u32,
+    glu_offset: u32,
+    eps: f32,
+    _pad0: u32,
+    _pad1: u32,
+    _pad2: u32,
+}
+
+struct Step {
+    pos0: u32,
+    n_tokens: u32,
+    seq_len: u32,
+    _pad: u32,
+}
+
+@group(0) @binding(0) var<uniform> p: Params;
+@group(0) @binding(1) var<uniform> step: Step;
+@group(0) @binding(2) var<storage, read> x: array<f32>;
+#if F16
+@group(0) @binding(3) var<storage, read> w: array<vec4<u32>>;
+#else
+@group(0) @binding(3) var<storage, read> w: array<vec4<f32>>;
+#endif
+@group(0) @binding(4) var<storage, read_write> y: array<f32>;
+#if BIAS
+@group(0) @binding(5) var<storage, read> bias: array<f32>;
+#endif
+#if NORM
+@group(0) @binding(6) var<storage, read> norm_w: array<f32>;
+#endif
+#if NORM_LAYER
+@group(0) @binding(7) var<storage, read> norm_b: array<f32>;
+#endif
+
+var<workgroup> red: array<f32, {{WG}}>;
+var<workgroup> norm_stats: vec2<f32>;
+
+fn wg_sum(tid: u32, v: f32) -> f32 {
+    red[tid] = v;
+    workgroupBarrier();
+    for (var s = {{WG}}u / 2u; s > 0u; s = s >> 1u) {
+        if (tid < s) {
+            red[tid] += red[tid + s];
+        }
+        workgroupBarrier();
+    }
+    let total = red[0];
+    workgroupBarrier();
+    return total;
+}
+
+// Sum of `v` over the TPR lanes of each row; the result is valid in lane 0.
+fn row_sum(tid: u32, lane: u32, v: f32, sg_lane: u32, sg_size: u32) -> f32 {
+#if SUBGROUP
+    // TPR is a multiple of the subgroup size, so a subgroup never spans two rows.
+    let s = subgroupAdd(v);
+    if (sg_lane == 0u) {
+        red[tid / sg_size] = s;
+    }
+    workgroupBarrier();
+    var total = 0.0;
+    if (lane == 0u) {
+        let first = tid / sg_size;
+        for (var i = 0u; i < {{TPR}}u / sg_size; i++) {
+            total += red[first + i];
+        }
+    }
+    workgroupBarrier();
+    return total;
+#else
+    red[tid] = v;
+    workgroupBarrier();
+    for (var s = {{TPR}}u / 2u; s > 0u; s = s >> 1u) {
+        if (lane < s) {
+            red[tid] += red[tid + s];
+        }
+        workgroupBarrier();
+    }
+    let total = red[tid];
+    workgroupBarrier();
+    return total;
+#endif
+}
+
+// Four inputs starting at k0 (zero past the end), normalised if a norm is fused.
+fn x4(base: u32, k0: u32) -> vec4<f32> {
+    var v: vec4<f32>;
+    if (k0 + 4u <= p.k) {
+        v = vec4<f32>(x[base + k0], x[base + k0 + 1u], x[base + k0 + 2u], x[base + k0 + 3u]);
+    } else {
+        for (var i = 0u; i < 4u; i++) {
+            v[i] = select(0.0, x[base + min(k0 + i, p.k - 1u)], k0 + i < p.k);
+        }
+    }
+#if NORM
+    var g: vec4<f32>;
+    var b = vec4<f32>(0.0);
+    for (var i = 0u; i < 4u; i++) {
+        let kk = min(k0 + i, p.k - 1u);
+        g[i] = select(0.0, norm_w[kk], k0 + i < p.k);
+#if NORM_LAYER
+        b[i] = select(0.0, norm_b[kk], k0 + i < p.k);
+#endif
+    }
+    v = (v - norm_stats.x) * norm_stats.y * g + b;
+#endif
+    return v;
+}
+
+#if F16
+fn dot_row(word: vec4<u32>, xa: vec4<f32>, xb: vec4<f32>) -> f32 {
+    let lo = vec4<f32>(unpack2x16float(word.x), unpack2x16float(word.y));
+    let hi = vec4<f32>(unpack2x16float(word.z), unpack2x16float(word.w));
+    return dot(lo, xa) + dot(hi, xb);
+}
+#endif
+
+fn silu(v: f32) -> f32 {
+    return v / (1.0 + exp(-v));
+}
+
+fn gelu_tanh(v: f32) -> f32 {
+    let c = 0.7978845608028654;
+    let inner = clamp(c * (v + 0.044715 * v * v * v), -15.0, 15.0);
+    return 0.5 * v * (1.0 + tanh(inner));
+}
+
+@compute @workgroup_size({{WG}})
+fn main(
+    @builtin(local_invocation_index) tid: u32,
+    @builtin(workgroup_id) wid: vec3<u32>,
+    @builtin(num_workgroups) nwg: vec3<u32>,
+#if SUBGROUP
+    @builtin(subgroup_invocation_id) sg_lane: u32,
+    @builtin(subgroup_size) sg_size: u32,
+#endif
+) {
+#if !SUBGROUP
+    let sg_lane = 0u;
+    let sg_size = 1u;
+#endif
+    let group = wid.y * nwg.x + wid.x;
+    // Decoding has one token; for a prompt only the last token's output is wanted.
+    let base = (step.n_tokens - 1u) * p.k;
+#if NORM
+    var s = 0.0;
+#if NORM_LAYER
+    for (var k = tid; k < p.k; k += {{WG}}u) {
+        s += x[base + k];
+    }
+    let mean = wg_sum(tid, s) / f32(p.k);
+    var sq = 0.0;
+    for (var k = tid; k < p.k; k += {{WG}}u) {
+        let d = x[base + k] - mean;
+        sq += d * d;
+    }
+    let variance = wg_sum(tid, sq) / f32(p.k);
+    if (tid == 0u) {
+        norm_stats = vec2<f32>(mean, inverseSqrt(variance + p.eps));
+    }
+#else
+    for (var k = tid; k < p.k; k += {{WG}}u) {
+        let v = x[base + k];
+        s += v * v;
+    }
+    let mean_sq = wg_sum(tid, s) / f32(p.k);
+    if (tid == 0u) {
+        norm_stats = vec2<f32>(0.0, inverseSqrt(mean_sq + p.eps));
+    }
+#endif
+    workgroupBarrier();
+#endif
+    let lane = tid % {{TPR}}u;
+    let row = group * ({{WG}}u / {{TPR}}u) + tid / {{TPR}}u;
+    let live = row < p.n;
+    var acc = 0.0;
+    var acc_up = 0.0;
+    if (live) {
+        let wrow = row * p.row_vecs;
+        for (var v = lane; v < p.row_vecs; v += {{TPR}}u) {
+            let k0 = v * {{EPV}}u;
+            let xa = x4(base, k0);
+#if F16
+            let xb = x4(base, k0 + 4u);
+            acc += dot_row(w[wrow + v], xa, xb);
+#if GLU
+            acc_up += dot_row(w[p.glu_offset + wrow + v], xa, xb);
+#endif
+#else
+            acc += dot(w[wrow + v], xa);
+#if GLU
+            acc_up += dot(w[p.glu_offset + wrow + v], xa);
+#endif
+#endif
+        }
+    }
+    var r = row_sum(tid, lane, acc, sg_lane, sg_size);
+#if GLU
+    var up = row_sum(tid, lane, acc_up, sg_lane, sg_size);
+#endif
+    if (live && lane == 0u) {
+#if BIAS
+        r += bias[row];
+#endif
+#if GLU
+#if BIAS
+        up += bias[row + p.n];
+#endif
+        r = silu(r) * up;
+#endif
+#if GELU
+        r = gelu_tanh(r);
+#endif
+#if RESIDUAL
+        r += y[row];
+#endif
+        y[row] = r;
+    }
+}

@@ -1,0 +1,107 @@
+// Splits the fused QKV product of the step's tokens: rotates Q and K with RoPE (HF
+// rotate-half layout: dim i pairs with i + head_dim/2) unless NO_ROPE, writes Q for
+// attention, and stores K and V into this layer's cache at their absolute positions.
+// Each invocation handles dims (2j, 2j+1) and their rotation partners, so f16 caches are
+// written as whole packed u32 words.
+//
+// Defines: F16 (f16 cache), NO_ROPE (learned positions, e.g. GPT-2).
+
+struct Params {
+    heads: u32,
+    kv_heads: u32,
+    head_dim: u32,
+    capacity: u32,
+}
+
+struct Step {
+    pos0: u32,
+    n_tokens: u32,
+    seq_len: u32,
+    _pad: u32,
+}
+
+@group(0) @binding(0) var<uniform> p: Params;
+@group(0) @binding(1) var<uniform> step: Step;
+@group(0) @binding(2) var<storage, read> qkv: array<f32>;
+@group(0) @binding(3) var<storage, read_write> q: array<f32>;
+#if F16
+@group(0) @binding(4) var<storage, read_write> k_cache: array<u32>;
+@group(0) @binding(5) var<storage, read_write> v_cache: array<u32>;
+#else
+@group(0) @binding(4) var<storage, read_write> k_cache: array<f32>;
+@group(0) @binding(5) var<storage, read_write> v_cache: array<f32>;
+#endif
+#if !NO_ROPE
+// cos and sin of position × frequency, [position][head_dim / 2].
+@group(0) @binding(6) var<storage, read> rope_cos: array<f32>;
+@group(0) @binding(7) var<storage, read> rope_sin: array<f32>;
+#endif
+
+fn store(is_k: bool, index: u32, a: f32, b: f32) {
+#if F16
+    let word = pack2x16float(vec2<f32>(a, b));
+    if (is_k) {
+        k_cache[index / 2u] = word;
+    } else {
+        v_cache[index / 2u] = word;
+    }
+#else
+    if (is_k) {
+        k_cache[index] = a;
+        k_cache[index + 1u] = b;
+    } else {
+        v_cache[index] = a;
+        v_cache[index + 1u] = b;
+    }
+#endif
+}
+
+@compute @workgroup_size(64)
+fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let id = gid.y * nwg.x * 64u + gid.x;
+    let quads = p.head_dim / 4u;
+    let slots = p.heads + 2u * p.kv_heads;
+    if (id >= step.n_tokens * slots * quads) {
+        return;
+    }
+    let j = id % quads;
+    let slot = (id / quads) % slots;
+    let t = id / (quads * slots);
+    let half_dim = p.head_dim / 2u;
+    let pos = step.pos0 + t;
+    let src = (t * slots + slot) * p.head_dim;
+    let d = 2u * j;
+    var a0 = qkv[src + d];
+    var a1 = qkv[src + d + 1u];
+    var b0 = qkv[src + d + half_dim];
+    var b1 = qkv[src + d + half_dim + 1u];
+#if !NO_ROPE
+    if (slot < p.heads + p.kv_heads) {
+        let c0 = rope_cos[pos * half_dim + d];
+        let s0 = rope_sin[pos * half_dim + d];
+        let c1 = rope_cos[pos * half_dim + d + 1u];
+        let s1 = rope_sin[pos * half_dim + d + 1u];
+        let ra0 = a0 * c0 - b0 * s0;
+        let rb0 = b0 * c0 + a0 * s0;
+        let ra1 = a1 * c1 - b1 * s1;
+        let rb1 = b1 * c1 + a1 * s1;
+        a0 = ra0;
+        b0 = rb0;
+        a1 = ra1;
+        b1 = rb1;
+    }
+#endif
+    if (slot < p.heads) {
+        let dst = (t * p.heads + slot) * p.head_dim;
+        q[dst + d] = a0;
+        q[dst + d + 1u] = a1;
+        q[dst + d + half_dim] = b0;
+        q[dst + d + half_dim + 1u] = b1;
+        return;
+    }
+    let is_k = slot < p.heads + p.kv_heads;
+    let kv_head = select(slot - p.heads - p.kv_heads, slot - p.heads, is_k);
+    let dst = (kv_head * p.capacity + pos) * p.head_dim;
+    store(is_k, dst + d, a0, a1);
+    store(is_k, dst + d + half_dim, b0, b1);
+}

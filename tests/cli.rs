@@ -1,0 +1,117 @@
+//! The `backpack` binary end to end: `generate --json` reproduces transformers' greedy tokens,
+//! and bad input exits non-zero with a message that says what is wrong.
+
+use std::path::PathBuf;
+use std::process::{Command, Output};
+
+fn fixtures() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures")
+}
+
+fn backpack(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_backpack"))
+        .args(args)
+        .output()
+        .expect("the binary runs")
+}
+
+fn golden_case(model: &str, index: usize) -> serde_json::Value {
+    let path = fixtures().join("goldens").join(format!("{model}.json"));
+    let golden: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(path).expect("golden")).expect("json");
+    golden["cases"][index].clone()
+}
+
+#[test]
+fn generate_json_reproduces_greedy_tokens() {
+    for (model, dtype) in [("tiny-llama", "f32"), ("tiny-gpt2", "f16"), ("tiny-qwen2", "f32")] {
+        let case = golden_case(model, 0);
+        let prompt = case["prompt"].as_str().expect("raw prompt");
+        let want: Vec<u64> = case["greedy_tokens"]
+            .as_array()
+            .expect("tokens")
+            .iter()
+            .filter_map(|v| v.as_u64())
+            .collect();
+        let dir = fixtures().join("models").join(model);
+        let max = want.len().to_string();
+        let out = backpack(&[
+            "generate", "--model", dir.to_str().expect("utf-8 path"), "--raw", "--prompt", prompt,
+            "--temperature", "0", "--max-tokens", &max, "--dtype", dtype, "--json",
+        ]);
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "{model}: {}", String::from_utf8_lossy(&out.stderr));
+        let last = stdout.lines().last().expect("a JSON line");
+        let json: serde_json::Value = serde_json::from_str(last).expect("last line is JSON");
+        let got: Vec<u64> = json["tokens"]
+            .as_array()
+            .expect("tokens")
+            .iter()
+            .filter_map(|v| v.as_u64())
+            .collect();
+        assert_eq!(got, want, "{model} {dtype}");
+        assert_eq!(json["prompt_tokens"], case["prompt_ids"], "{model}");
+        assert!(json["dispatches_per_token"].as_u64().expect("dispatches") > 0);
+        assert!(json["ttft_ms"].as_f64().expect("ttft") > 0.0);
+        // The streamed text precedes the JSON line.
+        let text = json["text"].as_str().expect("text");
+        assert!(stdout.starts_with(text), "{model}: stdout {stdout:?} should start with {text:?}");
+    }
+}
+
+#[test]
+fn chat_prompts_use_the_template() {
+    let case = golden_case("tiny-qwen2", 2);
+    assert_eq!(case["mode"], "chat");
+    let messages = case["messages"].as_array().expect("messages");
+    let system = messages[0]["content"].as_str().expect("system");
+    let user = messages[1]["content"].as_str().expect("user");
+    let dir = fixtures().join("models/tiny-qwen2");
+    let out = backpack(&[
+        "generate", "--model", dir.to_str().expect("path"), "--system", system, "--prompt", user,
+        "--temperature", "0", "--max-tokens", "2", "--json",
+    ]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let json: serde_json::Value =
+        serde_json::from_str(stdout.lines().last().expect("line")).expect("json");
+    assert_eq!(json["prompt_tokens"], case["prompt_ids"]);
+}
+
+#[test]
+fn bad_input_exits_nonzero_with_a_reason() {
+    let out = backpack(&["generate", "--model", "/no/such/model", "--prompt", "hi"]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("/no/such/model") && err.contains("does not exist"), "{err}");
+
+    let dir = std::env::temp_dir().join(format!("backpack-cli-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("dir");
+    for entry in std::fs::read_dir(fixtures().join("models/tiny-gpt2")).expect("fixture") {
+        let path = entry.expect("entry").path();
+        std::fs::copy(&path, dir.join(path.file_name().expect("name"))).expect("copy");
+    }
+    let weights = dir.join("model.safetensors");
+    let len = std::fs::metadata(&weights).expect("meta").len();
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&weights)
+        .expect("open")
+        .set_len(len - 100)
+        .expect("truncate");
+    let out = backpack(&["generate", "--model", dir.to_str().expect("path"), "--raw", "--prompt", "hi"]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("model.safetensors") && err.contains("truncated"), "{err}");
+
+    let long = "the fox ".repeat(40);
+    let good = fixtures().join("models/tiny-gpt2");
+    let out = backpack(&[
+        "generate", "--model", good.to_str().expect("path"), "--raw", "--prompt", &long,
+        "--context", "8",
+    ]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("context holds 8"), "{err}");
+    let _ = std::fs::remove_dir_all(dir);
+}

@@ -1,0 +1,79 @@
+//! Shared helpers for the GPU tests: one device per test binary, a seeded generator, and
+//! tolerance checks.
+#![allow(dead_code)]
+
+use std::sync::OnceLock;
+
+use backpack_engine::gpu::Gpu;
+
+/// One device shared by every test in the binary (opening lavapipe costs ~100 ms and each
+/// device holds its own pipeline cache).
+pub fn gpu() -> Gpu {
+    static GPU: OnceLock<Gpu> = OnceLock::new();
+    GPU.get_or_init(|| {
+        Gpu::headless(None).expect("a GPU adapter (lavapipe in CI) is required for these tests")
+    })
+    .clone()
+}
+
+/// xorshift64*: tiny, seeded, good enough for test data.
+pub struct Rng(u64);
+
+impl Rng {
+    pub fn new(seed: u64) -> Self {
+        Self(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
+    }
+
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+
+    /// Uniform in [-1, 1).
+    pub fn uniform(&mut self) -> f32 {
+        (self.next_u64() >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0
+    }
+
+    pub fn vec(&mut self, n: usize, scale: f32) -> Vec<f32> {
+        (0..n).map(|_| self.uniform() * scale).collect()
+    }
+
+    pub fn below(&mut self, n: u32) -> u32 {
+        (self.next_u64() % u64::from(n)) as u32
+    }
+}
+
+pub fn round_f16(v: &[f32]) -> Vec<f32> {
+    v.iter()
+        .map(|&x| half::f16::from_f32(x).to_f32())
+        .collect()
+}
+
+/// Asserts |a - b| <= atol + rtol * scale[i] elementwise, reporting the worst element.
+pub fn assert_close(what: &str, got: &[f32], want: &[f32], scale: &[f32], atol: f32, rtol: f32) {
+    assert_eq!(got.len(), want.len(), "{what}: length");
+    let mut worst = (0usize, 0.0f32);
+    for i in 0..got.len() {
+        let err = (got[i] - want[i]).abs();
+        let allowed = atol + rtol * scale[i];
+        assert!(
+            err.is_finite() || (got[i] == want[i]),
+            "{what}: element {i} is {} (want {})",
+            got[i],
+            want[i]
+        );
+        if err - allowed > worst.1 {
+            worst = (i, err - allowed);
+        }
+    }
+    assert!(
+        worst.1 <= 0.0,
+        "{what}: element {} is {} but should be {} (beyond tolerance by {})",
+        worst.0,
+        got[worst.0],
+        want[worst.0],
+        worst.1
+    );
+}

@@ -1,0 +1,667 @@
+//! Every WGSL kernel against a plain CPU reference on random inputs of awkward sizes (odd
+//! lengths, not multiples of any workgroup size), with f32 and f16 storage.
+//!
+//! Tolerances: both sides accumulate in f32 from identical inputs (f16 weights are rounded on
+//! the host before the reference runs), so the only difference is summation order, bounded by
+//! about k·2⁻²⁴·Σ|wᵢxᵢ|; we allow 2·10⁻⁵·Σ|wᵢxᵢ| (k ≤ 4100 makes the worst case 2.4·10⁻⁴ but
+//! random-sign terms give √k behaviour) plus 10⁻⁵ absolute. f16 caches round values written
+//! by the kernel, so those tests compare against a reference that rounds the same values.
+
+mod common;
+
+use backpack_engine::gpu::{Gpu, Recorder, StorageBuffer, UniformBuffer};
+use backpack_engine::load::{RopeScaling, RopeSpec};
+use backpack_engine::ops::*;
+use common::{Rng, assert_close, gpu, round_f16};
+
+const DTYPES: [WeightDType; 2] = [WeightDType::F32, WeightDType::F16];
+
+fn step(gpu: &Gpu, pos0: u32, n: u32) -> UniformBuffer {
+    gpu.uniform("step", &StepParams::new(pos0, n))
+}
+
+fn buf(gpu: &Gpu, data: &[f32]) -> StorageBuffer {
+    gpu.storage_from("test", data).expect("buffer")
+}
+
+fn read(gpu: &Gpu, b: &StorageBuffer, n: usize) -> Vec<f32> {
+    gpu.read(&b.buffer, 0, n as u64).expect("read back")
+}
+
+fn host_weights(w: &[f32], dtype: WeightDType) -> Vec<f32> {
+    match dtype {
+        WeightDType::F32 => w.to_vec(),
+        WeightDType::F16 => round_f16(w),
+    }
+}
+
+fn silu(v: f32) -> f32 {
+    v / (1.0 + (-v).exp())
+}
+
+fn gelu_tanh(v: f32) -> f32 {
+    let c = (2.0f64 / std::f64::consts::PI).sqrt();
+    let v = f64::from(v);
+    (0.5 * v * (1.0 + (c * (v + 0.044715 * v * v * v)).tanh())) as f32
+}
+
+fn rms_norm(x: &[f32], w: &[f32], eps: f32) -> Vec<f32> {
+    let ms = x.iter().map(|v| f64::from(*v).powi(2)).sum::<f64>() / x.len() as f64;
+    let inv = 1.0 / (ms + f64::from(eps)).sqrt();
+    x.iter().zip(w).map(|(v, g)| (f64::from(*v) * inv) as f32 * g).collect()
+}
+
+fn layer_norm(x: &[f32], w: &[f32], b: &[f32], eps: f32) -> Vec<f32> {
+    let n = x.len() as f64;
+    let mean = x.iter().map(|v| f64::from(*v)).sum::<f64>() / n;
+    let var = x.iter().map(|v| (f64::from(*v) - mean).powi(2)).sum::<f64>() / n;
+    let inv = 1.0 / (var + f64::from(eps)).sqrt();
+    x.iter()
+        .zip(w.iter().zip(b))
+        .map(|(v, (g, bb))| ((f64::from(*v) - mean) * inv) as f32 * g + bb)
+        .collect()
+}
+
+/// (values, Σ|terms|) of W·x for each row.
+fn matvec_ref(w: &[f32], x: &[f32], rows: usize, cols: usize) -> (Vec<f32>, Vec<f32>) {
+    let mut out = Vec::with_capacity(rows);
+    let mut mag = Vec::with_capacity(rows);
+    for r in 0..rows {
+        let (mut s, mut m) = (0.0f64, 0.0f64);
+        for c in 0..cols {
+            let t = f64::from(w[r * cols + c]) * f64::from(x[c]);
+            s += t;
+            m += t.abs();
+        }
+        out.push(s as f32);
+        mag.push(m as f32);
+    }
+    (out, mag)
+}
+
+#[derive(Clone, Copy, Debug)]
+enum Variant {
+    Plain,
+    Bias,
+    Rms,
+    LayerBias,
+    Glu,
+    GeluBias,
+    Residual,
+}
+
+#[test]
+fn matvec_matches_cpu() {
+    let gpu = gpu();
+    let mut rng = Rng::new(1);
+    let shapes = [(1, 1), (7, 13), (33, 100), (65, 257), (130, 1001), (5, 4100)];
+    let variants = [
+        Variant::Plain,
+        Variant::Bias,
+        Variant::Rms,
+        Variant::LayerBias,
+        Variant::Glu,
+        Variant::GeluBias,
+        Variant::Residual,
+    ];
+    for dtype in DTYPES {
+        for &(n, k) in &shapes {
+            for variant in variants {
+                let glu = matches!(variant, Variant::Glu);
+                let rows = if glu { 2 * n } else { n };
+                let w = rng.vec(rows * k, 1.0);
+                // Three token rows: the kernel must use the last.
+                let tokens = 3;
+                let x = rng.vec(tokens * k, 2.0);
+                let last = &x[(tokens - 1) * k..];
+                let bias = rng.vec(rows, 1.0);
+                let gain = rng.vec(k, 1.0);
+                let shift = rng.vec(k, 0.5);
+                let y0 = rng.vec(n, 1.0);
+                let eps = 1e-5;
+                let wm = Matrix::from_f32(&gpu, "w", &w, rows as u32, k as u32, dtype).expect("w");
+                let (xb, yb) = (buf(&gpu, &x), buf(&gpu, &y0));
+                let (bb, gb, sb) = (buf(&gpu, &bias), buf(&gpu, &gain), buf(&gpu, &shift));
+                let st = step(&gpu, 0, tokens as u32);
+                let opts = MatVecOptions {
+                    norm: match variant {
+                        Variant::Rms => Some((NormKind::Rms, &gb, None, eps)),
+                        Variant::LayerBias => Some((NormKind::Layer, &gb, Some(&sb), eps)),
+                        _ => None,
+                    },
+                    bias: matches!(variant, Variant::Bias | Variant::LayerBias | Variant::GeluBias)
+                        .then_some(&bb),
+                    glu,
+                    gelu: matches!(variant, Variant::GeluBias),
+                    residual: matches!(variant, Variant::Residual),
+                };
+                let op = MatVec::new(&gpu, &wm, &xb, &yb, &st, opts).expect("matvec");
+                let mut rec = Recorder::new(&gpu);
+                op.encode(&mut rec);
+                rec.submit();
+                let got = read(&gpu, &yb, n);
+
+                let hw = host_weights(&w, dtype);
+                let xin = match variant {
+                    Variant::Rms => rms_norm(last, &gain, eps),
+                    Variant::LayerBias => layer_norm(last, &gain, &shift, eps),
+                    _ => last.to_vec(),
+                };
+                let (mut want, mag) = matvec_ref(&hw, &xin, rows, k);
+                let mut scale = mag[..n].to_vec();
+                match variant {
+                    Variant::Bias | Variant::LayerBias => {
+                        want.iter_mut().zip(&bias).for_each(|(v, b)| *v += b)
+                    }
+                    Variant::GeluBias => want
+                        .iter_mut()
+                        .zip(&bias)
+                        .for_each(|(v, b)| *v = gelu_tanh(*v + b)),
+                    Variant::Residual => want.iter_mut().zip(&y0).for_each(|(v, r)| *v += r),
+                    Variant::Glu => {
+                        let (gate, up) = want.split_at(n);
+                        let combined: Vec<f32> =
+                            gate.iter().zip(up).map(|(g, u)| silu(*g) * u).collect();
+                        // Error of silu(g)·u: |u|·δg + |silu(g)|·δu, δ ∝ Σ|terms|.
+                        scale = (0..n)
+                            .map(|i| up[i].abs() * mag[i] + silu(gate[i]).abs() * mag[n + i])
+                            .collect();
+                        want = combined;
+                    }
+                    _ => {}
+                }
+                want.truncate(n);
+                let what = format!("matvec {dtype:?} {variant:?} n={n} k={k}");
+                assert_close(&what, &got, &want, &scale, 1e-5, 2e-5);
+            }
+        }
+    }
+}
+
+#[test]
+fn matmul_matches_cpu() {
+    let gpu = gpu();
+    let mut rng = Rng::new(2);
+    let shapes = [(1, 1, 1), (3, 5, 7), (65, 67, 130), (130, 33, 257), (7, 200, 24)];
+    for dtype in DTYPES {
+        for &(m, n, k) in &shapes {
+            for (bias_on, gelu, residual) in
+                [(false, false, false), (true, false, false), (true, true, false), (false, false, true)]
+            {
+                let w = rng.vec(n * k, 1.0);
+                let x = rng.vec(m * k, 1.0);
+                let bias = rng.vec(n, 1.0);
+                let y0 = rng.vec(m * n, 1.0);
+                let wm = Matrix::from_f32(&gpu, "w", &w, n as u32, k as u32, dtype).expect("w");
+                let (xb, yb, bb) = (buf(&gpu, &x), buf(&gpu, &y0), buf(&gpu, &bias));
+                let st = step(&gpu, 0, m as u32);
+                let op = MatMul::new(&gpu, &wm, &xb, &yb, &st, MatMulOptions {
+                    bias: bias_on.then_some(&bb),
+                    gelu,
+                    residual,
+                })
+                .expect("matmul");
+                let mut rec = Recorder::new(&gpu);
+                op.encode(&mut rec, m as u32);
+                rec.submit();
+                let got = read(&gpu, &yb, m * n);
+                let hw = host_weights(&w, dtype);
+                let mut want = Vec::with_capacity(m * n);
+                let mut scale = Vec::with_capacity(m * n);
+                for row in 0..m {
+                    let (v, mag) = matvec_ref(&hw, &x[row * k..(row + 1) * k], n, k);
+                    for j in 0..n {
+                        let mut r = v[j];
+                        if bias_on {
+                            r += bias[j];
+                        }
+                        if gelu {
+                            r = gelu_tanh(r);
+                        }
+                        if residual {
+                            r += y0[row * n + j];
+                        }
+                        want.push(r);
+                        scale.push(mag[j]);
+                    }
+                }
+                let what = format!("matmul {dtype:?} m={m} n={n} k={k} bias={bias_on} gelu={gelu} residual={residual}");
+                assert_close(&what, &got, &want, &scale, 1e-5, 2e-5);
+            }
+        }
+    }
+}
+
+#[test]
+fn norms_match_cpu() {
+    let gpu = gpu();
+    let mut rng = Rng::new(3);
+    for kind in [NormKind::Rms, NormKind::Layer] {
+        for &width in &[1usize, 7, 300, 1001] {
+            let rows = 3;
+            let x: Vec<f32> = rng.vec(rows * width, 3.0).iter().map(|v| v + 0.5).collect();
+            let w = rng.vec(width, 1.0);
+            let b = rng.vec(width, 1.0);
+            let (xb, yb, wb, bb) = (
+                buf(&gpu, &x),
+                gpu.storage("y", (rows * width * 4) as u64).expect("y"),
+                buf(&gpu, &w),
+                buf(&gpu, &b),
+            );
+            let st = step(&gpu, 0, rows as u32);
+            let eps = 1e-5;
+            let op = Norm::new(&gpu, kind, width as u32, eps, &wb, Some(&bb), &xb, &yb, &st)
+                .expect("norm");
+            let mut rec = Recorder::new(&gpu);
+            op.encode(&mut rec, rows as u32);
+            rec.submit();
+            let got = read(&gpu, &yb, rows * width);
+            let mut want = Vec::new();
+            for r in 0..rows {
+                let row = &x[r * width..(r + 1) * width];
+                want.extend(match kind {
+                    NormKind::Rms => rms_norm(row, &w, eps),
+                    NormKind::Layer => layer_norm(row, &w, &b, eps),
+                });
+            }
+            let scale: Vec<f32> = want.iter().map(|v| v.abs() + 1.0).collect();
+            assert_close(&format!("{kind:?} width {width}"), &got, &want, &scale, 1e-5, 1e-5);
+        }
+    }
+}
+
+struct RopeCase {
+    heads: u32,
+    kv_heads: u32,
+    head_dim: u32,
+    tokens: u32,
+    pos0: u32,
+    capacity: u32,
+}
+
+#[test]
+fn rope_and_cache_store_match_cpu() {
+    let gpu = gpu();
+    let mut rng = Rng::new(4);
+    let cases = [
+        RopeCase { heads: 4, kv_heads: 2, head_dim: 8, tokens: 5, pos0: 3, capacity: 16 },
+        RopeCase { heads: 3, kv_heads: 1, head_dim: 12, tokens: 1, pos0: 10, capacity: 11 },
+        RopeCase { heads: 2, kv_heads: 2, head_dim: 20, tokens: 7, pos0: 0, capacity: 9 },
+    ];
+    let spec = RopeSpec {
+        theta: 10000.0,
+        scaling: RopeScaling::None,
+    };
+    for dtype in DTYPES {
+        for with_rope in [true, false] {
+            for c in &cases {
+                let hd = c.head_dim as usize;
+                let slots = (c.heads + 2 * c.kv_heads) as usize;
+                let qkv = rng.vec(c.tokens as usize * slots * hd, 2.0);
+                let inv_freq = spec.inv_freq(c.head_dim);
+                let table = RopeTable::new(&gpu, &inv_freq, c.capacity).expect("table");
+                let cache_elems = (c.kv_heads * c.capacity) as usize * hd;
+                let cache_bytes = cache_elems as u64 * dtype.bytes();
+                let (qkvb, qb) = (
+                    buf(&gpu, &qkv),
+                    gpu.storage("q", (c.tokens * c.heads) as u64 * hd as u64 * 4).expect("q"),
+                );
+                let kc = gpu.storage("k", cache_bytes).expect("k");
+                let vc = gpu.storage("v", cache_bytes).expect("v");
+                let st = step(&gpu, c.pos0, c.tokens);
+                let op = RopeKv::new(
+                    &gpu, c.heads, c.kv_heads, c.head_dim, c.capacity, dtype,
+                    with_rope.then_some(&table), &qkvb, &qb, &kc, &vc, &st,
+                )
+                .expect("rope");
+                let mut rec = Recorder::new(&gpu);
+                op.encode(&mut rec, c.tokens);
+                rec.submit();
+
+                let rotate = |v: &[f32], pos: u32| -> Vec<f32> {
+                    if !with_rope {
+                        return v.to_vec();
+                    }
+                    let h = hd / 2;
+                    let mut out = v.to_vec();
+                    for i in 0..h {
+                        let angle = f64::from(pos as f32 * inv_freq[i]);
+                        let (s, co) = angle.sin_cos();
+                        let (a, b) = (f64::from(v[i]), f64::from(v[i + h]));
+                        out[i] = (a * co - b * s) as f32;
+                        out[i + h] = (b * co + a * s) as f32;
+                    }
+                    out
+                };
+                let read_cache = |b: &StorageBuffer| -> Vec<f32> {
+                    match dtype {
+                        WeightDType::F32 => read(&gpu, b, cache_elems),
+                        WeightDType::F16 => {
+                            let words: Vec<u32> =
+                                gpu.read(&b.buffer, 0, cache_elems as u64 / 2).expect("read");
+                            words
+                                .iter()
+                                .flat_map(|w| {
+                                    [
+                                        half::f16::from_bits(*w as u16).to_f32(),
+                                        half::f16::from_bits((*w >> 16) as u16).to_f32(),
+                                    ]
+                                })
+                                .collect()
+                        }
+                    }
+                };
+                let (gq, gk, gv) = (
+                    read(&gpu, &qb, (c.tokens * c.heads) as usize * hd),
+                    read_cache(&kc),
+                    read_cache(&vc),
+                );
+                let cache_round = |v: Vec<f32>| match dtype {
+                    WeightDType::F32 => v,
+                    WeightDType::F16 => round_f16(&v),
+                };
+                for t in 0..c.tokens as usize {
+                    let pos = c.pos0 + t as u32;
+                    for s in 0..slots {
+                        let src = &qkv[(t * slots + s) * hd..(t * slots + s + 1) * hd];
+                        let is_q = s < c.heads as usize;
+                        let is_k = !is_q && s < (c.heads + c.kv_heads) as usize;
+                        let want = if is_q || is_k { rotate(src, pos) } else { src.to_vec() };
+                        let (got, want) = if is_q {
+                            let at = (t * c.heads as usize + s) * hd;
+                            (gq[at..at + hd].to_vec(), want)
+                        } else {
+                            let g = if is_k { s - c.heads as usize } else { s - (c.heads + c.kv_heads) as usize };
+                            let at = (g * c.capacity as usize + pos as usize) * hd;
+                            let cache = if is_k { &gk } else { &gv };
+                            (cache[at..at + hd].to_vec(), cache_round(want))
+                        };
+                        let scale = vec![1.0; hd];
+                        let tol = if !is_q && dtype == WeightDType::F16 { 2e-3 } else { 1e-5 };
+                        assert_close(
+                            &format!("rope {dtype:?} rope={with_rope} hd={hd} t={t} slot={s}"),
+                            &got, &want, &scale, tol, 1e-5,
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn attention_matches_cpu() {
+    let gpu = gpu();
+    let mut rng = Rng::new(5);
+    // (heads, kv_heads, head_dim, tokens, pos0, capacity): GQA, MHA, long contexts that span
+    // several 128-key chunks, and a single decode token.
+    let cases = [(4u32, 2u32, 16u32, 4u32, 5u32, 12u32), (3, 3, 8, 1, 300, 310), (6, 2, 12, 3, 130, 140), (2, 1, 64, 2, 0, 2)];
+    for dtype in DTYPES {
+        for &(heads, kv_heads, hd, tokens, pos0, capacity) in &cases {
+            let hdu = hd as usize;
+            let q = rng.vec((tokens * heads * hd) as usize, 1.0);
+            let cache_elems = (kv_heads * capacity * hd) as usize;
+            // Positions past each query must be masked: give them values that would dominate.
+            let mut k = rng.vec(cache_elems, 1.0);
+            let mut v = rng.vec(cache_elems, 1.0);
+            let visible = (pos0 + tokens) as usize;
+            for g in 0..kv_heads as usize {
+                for p in visible..capacity as usize {
+                    for d in 0..hdu {
+                        let at = (g * capacity as usize + p) * hdu + d;
+                        k[at] = 50.0;
+                        v[at] = 1000.0;
+                    }
+                }
+            }
+            let upload = |data: &[f32]| -> StorageBuffer {
+                match dtype {
+                    WeightDType::F32 => buf(&gpu, data),
+                    WeightDType::F16 => {
+                        let halves: Vec<u16> =
+                            data.iter().map(|x| half::f16::from_f32(*x).to_bits()).collect();
+                        gpu.storage_from("cache", &halves).expect("cache")
+                    }
+                }
+            };
+            let (kb, vb) = (upload(&k), upload(&v));
+            let (k, v) = match dtype {
+                WeightDType::F32 => (k, v),
+                WeightDType::F16 => (round_f16(&k), round_f16(&v)),
+            };
+            let qb = buf(&gpu, &q);
+            let out = gpu.storage("out", q.len() as u64 * 4).expect("out");
+            let st = step(&gpu, pos0, tokens);
+            let op = Attention::new(&gpu, heads, kv_heads, hd, capacity, dtype, &qb, &kb, &vb, &out, &st)
+                .expect("attention");
+            let mut rec = Recorder::new(&gpu);
+            op.encode(&mut rec, tokens);
+            rec.submit();
+            let got = read(&gpu, &out, q.len());
+            let mut want = Vec::with_capacity(q.len());
+            let scale = 1.0 / f64::from(hd).sqrt();
+            for t in 0..tokens as usize {
+                for h in 0..heads as usize {
+                    let g = h / (heads / kv_heads) as usize;
+                    let qrow = &q[(t * heads as usize + h) * hdu..][..hdu];
+                    let n_keys = pos0 as usize + t + 1;
+                    let scores: Vec<f64> = (0..n_keys)
+                        .map(|j| {
+                            let krow = &k[(g * capacity as usize + j) * hdu..][..hdu];
+                            qrow.iter().zip(krow).map(|(a, b)| f64::from(*a) * f64::from(*b)).sum::<f64>() * scale
+                        })
+                        .collect();
+                    let m = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+                    let e: Vec<f64> = scores.iter().map(|s| (s - m).exp()).collect();
+                    let z: f64 = e.iter().sum();
+                    for d in 0..hdu {
+                        let o: f64 = (0..n_keys)
+                            .map(|j| e[j] * f64::from(v[(g * capacity as usize + j) * hdu + d]))
+                            .sum::<f64>()
+                            / z;
+                        want.push(o as f32);
+                    }
+                }
+            }
+            let ones = vec![1.0; want.len()];
+            assert_close(
+                &format!("attention {dtype:?} heads={heads}/{kv_heads} hd={hd} tokens={tokens} pos0={pos0}"),
+                &got, &want, &ones, 2e-5, 0.0,
+            );
+        }
+    }
+}
+
+#[test]
+fn embedding_gather_matches_cpu_and_marks_seen() {
+    let gpu = gpu();
+    let mut rng = Rng::new(6);
+    let (vocab, dim) = (53u32, 13u32);
+    for dtype in DTYPES {
+        for with_positions in [false, true] {
+            let table = rng.vec((vocab * dim) as usize, 1.0);
+            let positions = rng.vec((20 * dim) as usize, 1.0);
+            let tm = Matrix::from_f32(&gpu, "table", &table, vocab, dim, dtype).expect("table");
+            let history: Vec<u32> = (0..20).map(|_| rng.below(vocab)).collect();
+            let (pos0, tokens) = (4u32, 9u32);
+            let hb = gpu.storage_from("history", &history).expect("history");
+            let pb = buf(&gpu, &positions);
+            let seen = gpu.storage("seen", u64::from(vocab.div_ceil(32)) * 4).expect("seen");
+            let x = gpu.storage("x", u64::from(tokens * dim) * 4).expect("x");
+            let st = step(&gpu, pos0, tokens);
+            let op = Embed::new(&gpu, &tm, with_positions.then_some(&pb), &hb, &seen, &x, &st)
+                .expect("embed");
+            let mut rec = Recorder::new(&gpu);
+            op.encode(&mut rec, tokens);
+            rec.submit();
+            let got = read(&gpu, &x, (tokens * dim) as usize);
+            let hw = host_weights(&table, dtype);
+            let mut want = Vec::new();
+            let mut bits = vec![0u32; vocab.div_ceil(32) as usize];
+            for t in 0..tokens as usize {
+                let id = history[pos0 as usize + t] as usize;
+                bits[id / 32] |= 1 << (id % 32);
+                for d in 0..dim as usize {
+                    let mut v = hw[id * dim as usize + d];
+                    if with_positions {
+                        v += positions[(pos0 as usize + t) * dim as usize + d];
+                    }
+                    want.push(v);
+                }
+            }
+            let ones = vec![1.0; want.len()];
+            assert_close(&format!("embed {dtype:?}"), &got, &want, &ones, 1e-6, 0.0);
+            let got_bits: Vec<u32> = gpu.read(&seen.buffer, 0, bits.len() as u64).expect("bits");
+            assert_eq!(got_bits, bits, "seen bits");
+        }
+    }
+}
+
+#[test]
+fn glu_matches_cpu() {
+    let gpu = gpu();
+    let mut rng = Rng::new(7);
+    let (tokens, width) = (3u32, 37u32);
+    let gu = rng.vec((tokens * 2 * width) as usize, 4.0);
+    let (gub, h) = (buf(&gpu, &gu), gpu.storage("h", u64::from(tokens * width) * 4).expect("h"));
+    let st = step(&gpu, 0, tokens);
+    let op = Glu::new(&gpu, width, &gub, &h, &st).expect("glu");
+    let mut rec = Recorder::new(&gpu);
+    op.encode(&mut rec, tokens);
+    rec.submit();
+    let got = read(&gpu, &h, (tokens * width) as usize);
+    let w = width as usize;
+    let want: Vec<f32> = (0..tokens as usize)
+        .flat_map(|t| (0..w).map(move |i| (t, i)))
+        .map(|(t, i)| silu(gu[t * 2 * w + i]) * gu[t * 2 * w + w + i])
+        .collect();
+    let scale: Vec<f32> = want.iter().map(|v| v.abs()).collect();
+    assert_close("glu", &got, &want, &scale, 1e-6, 1e-5);
+}
+
+#[test]
+fn fill_matches_its_host_formula() {
+    let gpu = gpu();
+    for dtype in DTYPES {
+        let elems = 1001u32;
+        let b = gpu.storage("fill", u64::from(elems) * dtype.bytes()).expect("buffer");
+        fill_random(&gpu, &b, dtype, 42, 0.5, false).expect("fill");
+        let got: Vec<f32> = match dtype {
+            WeightDType::F32 => read(&gpu, &b, elems as usize),
+            WeightDType::F16 => {
+                let halves: Vec<u16> = gpu.read(&b.buffer, 0, u64::from(elems)).expect("read");
+                halves.iter().take(elems as usize).map(|h| half::f16::from_bits(*h).to_f32()).collect()
+            }
+        };
+        let want: Vec<f32> = (0..elems).map(|i| fill_value(42, i, 0.5)).collect();
+        let want = match dtype {
+            WeightDType::F32 => want,
+            WeightDType::F16 => round_f16(&want),
+        };
+        assert_eq!(got, want, "fill {dtype:?}");
+        assert!(got.iter().all(|v| v.abs() <= 0.5));
+    }
+}
+
+/// Runs the sampler once over `logits` with the given history and settings.
+fn sample_once(gpu: &Gpu, logits: &[f32], history: &[u32], params: &SamplerParams) -> u32 {
+    let vocab = logits.len() as u32;
+    let lb = buf(gpu, logits);
+    let mut hist = history.to_vec();
+    hist.push(0);
+    let hb = gpu.storage_from("history", &hist).expect("history");
+    let mut bits = vec![0u32; vocab.div_ceil(32) as usize];
+    for &id in history {
+        bits[id as usize / 32] |= 1 << (id % 32);
+    }
+    let seen = gpu.storage_from("seen", &bits).expect("seen");
+    let st = step(gpu, 0, history.len() as u32);
+    let op = Sample::new(gpu, vocab, &lb, &hb, &seen, &st).expect("sample");
+    op.set(gpu, params);
+    let mut rec = Recorder::new(gpu);
+    op.encode(&mut rec);
+    rec.submit();
+    let out: Vec<u32> = gpu.read(&hb.buffer, history.len() as u64, 1).expect("read");
+    out[0]
+}
+
+#[test]
+fn greedy_sampling_is_argmax_with_lowest_index_on_ties() {
+    let gpu = gpu();
+    let mut rng = Rng::new(8);
+    for &vocab in &[1usize, 7, 1000, 50_257] {
+        let mut logits = rng.vec(vocab, 5.0);
+        let top = rng.below(vocab as u32) as usize;
+        logits[top] = 10.0;
+        if vocab > 10 {
+            // A tie later in the vocabulary must lose.
+            logits[vocab - 1] = 10.0;
+        }
+        assert_eq!(
+            sample_once(&gpu, &logits, &[0], &SamplerParams::default()),
+            top as u32,
+            "vocab {vocab}"
+        );
+    }
+}
+
+#[test]
+fn repetition_penalty_follows_transformers() {
+    let gpu = gpu();
+    // Token 2 leads but was seen; with penalty 2 its logit 3.0 → 1.5 < 2.0 of token 1.
+    // Token 0 is negative and seen: −1 → −2 (multiplied, not divided).
+    let logits = [-1.0, 2.0, 3.0, 0.5];
+    let params = SamplerParams { repeat_penalty: 2.0, ..Default::default() };
+    assert_eq!(sample_once(&gpu, &logits, &[2, 0, 2], &params), 1);
+    assert_eq!(sample_once(&gpu, &logits, &[3], &params), 2);
+}
+
+fn softmax(l: &[f32], t: f32) -> Vec<f64> {
+    let m = l.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
+    let e: Vec<f64> = l.iter().map(|v| f64::from((v - m) / t).exp()).collect();
+    let z: f64 = e.iter().sum();
+    e.iter().map(|v| v / z).collect()
+}
+
+#[test]
+fn sampling_follows_the_filtered_distribution() {
+    let gpu = gpu();
+    let logits = [1.0f32, 2.0, 0.5, 3.0, -1.0, 2.5, 0.0];
+    let draws = 600u64;
+    let count = |params: SamplerParams| -> Vec<u32> {
+        let mut counts = vec![0u32; logits.len()];
+        for s in 0..draws {
+            let p = SamplerParams { seed: s * 7919 + 1, ..params };
+            counts[sample_once(&gpu, &logits, &[6], &p) as usize] += 1;
+        }
+        counts
+    };
+    // Plain temperature sampling: frequencies within 5 standard errors of softmax(l / T).
+    let t = 1.5;
+    let counts = count(SamplerParams { temperature: t, ..Default::default() });
+    let probs = softmax(&logits, t);
+    for (i, (&c, &p)) in counts.iter().zip(&probs).enumerate() {
+        let n = draws as f64;
+        let sd = (n * p * (1.0 - p)).sqrt().max(1.0);
+        assert!(
+            (f64::from(c) - n * p).abs() <= 5.0 * sd,
+            "token {i}: {c} draws, expected {:.1} ± {:.1}",
+            n * p,
+            sd
+        );
+    }
+    // Top-k 3 keeps only tokens 3, 5, 1.
+    let counts = count(SamplerParams { temperature: 1.0, top_k: 3, ..Default::default() });
+    for (i, &c) in counts.iter().enumerate() {
+        assert_eq!(c > 0, [1, 3, 5].contains(&i), "top-k token {i}: {c}");
+    }
+    // Top-p 0.5: at T=1 token 3 has 0.44 and token 5 0.27 of the mass: the nucleus is {3, 5}.
+    let counts = count(SamplerParams { temperature: 1.0, top_p: 0.5, ..Default::default() });
+    for (i, &c) in counts.iter().enumerate() {
+        assert_eq!(c > 0, [3, 5].contains(&i), "top-p token {i}: {c}");
+    }
+    // The same seed gives the same token.
+    let p = SamplerParams { temperature: 1.0, seed: 99, ..Default::default() };
+    let first = sample_once(&gpu, &logits, &[6], &p);
+    assert!((0..5).all(|_| sample_once(&gpu, &logits, &[6], &p) == first));
+}

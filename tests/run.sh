@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# The whole test suite, from a fresh Debian/Ubuntu machine: installs what is missing (as root),
+# then checks formatting and lints and runs every test. GPU tests run on whatever Vulkan device
+# exists, lavapipe (Mesa's software driver) when there is no GPU.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+source tests/setup.sh
+backpack_setup
+
+cargo fmt --all -- --check
+cargo clippy --workspace --all-targets --locked -- -D warnings
+cargo test --workspace --locked "$@"
