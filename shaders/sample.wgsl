@@ -177,7 +177,7 @@ fn main(@builtin(local_invocation_index) tid: u32) {
         }
         let total = mass_above(tid, cut, top);
         let r = hash(hash(p.seed) ^ (step.seq_len * 0x9E3779B9u));
-        let target = f32(r >> 8u) / 16777216.0 * total;
+        let wanted_mass = f32(r >> 8u) / 16777216.0 * total;
         // Inverse CDF in token-id order: contiguous chunks per invocation, a scan over the
         // chunk sums, then one invocation walks its chunk.
         let chunk = (vocab + {{WG}}u - 1u) / {{WG}}u;
@@ -202,7 +202,7 @@ fn main(@builtin(local_invocation_index) tid: u32) {
                 if (cm > 0.0) {
                     pick = c;
                     offset = acc;
-                    if (acc + cm > target) {
+                    if (acc + cm > wanted_mass) {
                         found = true;
                         break;
                     }
@@ -222,7 +222,7 @@ fn main(@builtin(local_invocation_index) tid: u32) {
                 if (key(l) >= cut) {
                     acc += exp(l - top);
                     last = v;
-                    if (acc > target) {
+                    if (acc > wanted_mass) {
                         chosen_token = v;
                         picked = true;
                         break;

@@ -92,7 +92,20 @@ enum Variant {
 
 #[test]
 fn matvec_matches_cpu() {
+    matvec_parity(&gpu());
+}
+
+#[test]
+fn matvec_without_subgroups_matches_cpu() {
     let gpu = gpu();
+    if !gpu.caps().subgroups {
+        eprintln!("this adapter has no subgroups: the fallback already ran in matvec_matches_cpu");
+    }
+    matvec_parity(&gpu.without_subgroups());
+}
+
+fn matvec_parity(gpu: &Gpu) {
+    let gpu = gpu.clone();
     let mut rng = Rng::new(1);
     let shapes = [(1, 1), (7, 13), (33, 100), (65, 257), (130, 1001), (5, 4100)];
     let variants = [

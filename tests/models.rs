@@ -61,13 +61,13 @@ fn load(name: &str, dtype: WeightDType) -> TextModel {
         .unwrap_or_else(|e| panic!("loading {name}: {e}"))
 }
 
-/// Logit tolerance per storage type. f32: weights are exact (the fixtures' values are
-/// representable) and only summation order differs: 1e-3 covers it with margin. f16: weights,
-/// and K/V in the cache, are rounded to 11 significant bits (relative 2⁻¹¹ ≈ 5·10⁻⁴) at every
-/// layer; measured differences on these models stay below a third of this bound.
+/// Logit tolerance per storage type. f32: the fixtures' weights are exact in f32 and only
+/// summation order differs; measured worst 2.3·10⁻⁵, allowed 2·10⁻⁴. f16: weights and cached
+/// K/V are rounded to 11 significant bits (relative 2⁻¹¹ ≈ 4.9·10⁻⁴) in every layer; measured
+/// worst 1.15·10⁻² on logits of standard deviation ~2, allowed 3·10⁻².
 fn tolerance(dtype: WeightDType) -> f32 {
     match dtype {
-        WeightDType::F32 => 1e-3,
+        WeightDType::F32 => 2e-4,
         WeightDType::F16 => 3e-2,
     }
 }
@@ -106,11 +106,13 @@ fn prompt_logits_match_transformers() {
             let g = golden(name);
             let mut m = load(name, dtype);
             let vocab = m.model.spec().vocab as usize;
+            let mut worst = 0.0f32;
             for c in &g.cases {
                 let got = m.model.prompt_logits(&c.prompt_ids).expect("prompt logits");
                 for (pos, want) in c.prompt_logits.iter().enumerate() {
                     let row = &got[pos * vocab..(pos + 1) * vocab];
                     let diff = max_diff(row, want);
+                    worst = worst.max(diff);
                     assert!(
                         diff <= tolerance(dtype),
                         "{name}/{} {dtype:?}: position {pos} differs by {diff}",
@@ -118,6 +120,7 @@ fn prompt_logits_match_transformers() {
                     );
                 }
             }
+            eprintln!("{name} {dtype:?}: largest prompt-logit difference {worst}");
         }
     }
 }

@@ -16,8 +16,9 @@ pub struct BenchArgs {
     config: PathBuf,
     #[arg(long, default_value_t = 128)]
     prompt_len: u32,
-    #[arg(long, default_value_t = 128)]
-    gen: u32,
+    /// Tokens to generate.
+    #[arg(long = "gen", default_value_t = 128)]
+    generate: u32,
     #[arg(long, value_enum, default_value = "f16")]
     dtype: DTypeArg,
     /// Timed repetitions (the best is reported).
@@ -41,7 +42,7 @@ pub fn run(args: BenchArgs, adapter: Option<&str>) -> Result<()> {
     let spec = DecoderSpec::from_file(&args.config)
         .with_context(|| format!("reading {}", args.config.display()))?;
     let gpu = crate::open_gpu(adapter)?;
-    let context = args.prompt_len + args.gen + 1;
+    let context = args.prompt_len + args.generate + 1;
     let build_start = Instant::now();
     let mut model = DecoderModel::build(
         &gpu,
@@ -58,15 +59,15 @@ pub fn run(args: BenchArgs, adapter: Option<&str>) -> Result<()> {
     model.set_sampler(&SamplerParams::default());
     // Deterministic pseudo-random prompt.
     let prompt: Vec<u32> = (0..args.prompt_len.max(1))
-        .map(|i| (i.wrapping_mul(2_654_435_761) >> 7) % spec.vocab)
+        .map(|i: u32| (i.wrapping_mul(2_654_435_761) >> 7) % spec.vocab)
         .collect();
-    let mut one_run = |model: &mut DecoderModel| -> Result<Run> {
+    let one_run = |model: &mut DecoderModel| -> Result<Run> {
         let t = Instant::now();
         model.prefill(&prompt)?;
         let prefill = t.elapsed();
         let t = Instant::now();
         let mut encode = Duration::ZERO;
-        for _ in 1..args.gen.max(1) {
+        for _ in 1..args.generate.max(1) {
             model.decode()?;
             encode += model.last_encode_time();
         }
@@ -93,7 +94,7 @@ pub fn run(args: BenchArgs, adapter: Option<&str>) -> Result<()> {
         });
     }
     let best = best.context("no runs")?;
-    let decoded = f64::from(args.gen.max(1) - 1);
+    let decoded = f64::from(args.generate.max(1) - 1);
     let prefill_tps = f64::from(prompt.len() as u32) / best.prefill.as_secs_f64();
     let decode_tps = decoded / best.decode.as_secs_f64();
     let encode_us = best.encode.as_secs_f64() * 1e6 / decoded.max(1.0);
@@ -109,7 +110,7 @@ pub fn run(args: BenchArgs, adapter: Option<&str>) -> Result<()> {
                 "parameters": spec.parameters(),
                 "weight_bytes": model.weight_bytes(),
                 "prompt_len": prompt.len(),
-                "gen": args.gen,
+                "gen": args.generate,
                 "prefill_tok_s": prefill_tps,
                 "ttft_ms": best.prefill.as_secs_f64() * 1e3,
                 "decode_tok_s": decode_tps,

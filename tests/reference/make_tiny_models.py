@@ -20,7 +20,7 @@ safetensors):
     python3 tests/reference/make_tiny_models.py
 
 Running it again regenerates byte-identical files. Seeds are pinned in SPECS; they
-were chosen with `--search-seeds 200`, which keeps the seed whose greedy decoding has
+were chosen with `--search-seeds 1000`, which keeps the seed whose greedy decoding has
 the largest minimum gap between the top two logits, so that small numerical
 differences in the engine cannot flip a greedy choice.
 
@@ -30,18 +30,15 @@ A single model of any shape (for a model the tests never saw) can be written wit
         --hidden 96 --layers 3 --heads 6 --kv-heads 2 --intermediate 256 \\
         --no-tie --seed 7 --dtype float16
 
-which writes the model files and DIR/golden.json.
+which writes the model files and golden.json into the --out folder.
 """
 
 import argparse
-import copy
 import inspect
 import json
 import math
 import os
 import shutil
-import sys
-import tempfile
 
 import torch
 import transformers
@@ -187,14 +184,15 @@ def legacy_merges(text):
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
-# Default fixtures. `seed` values come from `--search-seeds 200`.
+# Default fixtures. `seed` values come from `--search-seeds 1000` (min top-2 margins
+# 0.1035 / 0.0859 / 0.1165 logits).
 SPECS = {
     "tiny-llama": dict(arch="llama", hidden=64, intermediate=176, layers=2, heads=4, kv_heads=2,
-                       tie=False, dtype="bfloat16", seed=0),
+                       tie=False, dtype="bfloat16", seed=269),
     "tiny-qwen2": dict(arch="qwen2", hidden=48, intermediate=136, layers=2, heads=6, kv_heads=2,
-                       tie=True, dtype="float16", seed=0),
+                       tie=True, dtype="float16", seed=21),
     "tiny-gpt2": dict(arch="gpt2", hidden=64, intermediate=None, layers=2, heads=4, kv_heads=4,
-                      tie=True, dtype="float32", seed=0),
+                      tie=True, dtype="float32", seed=623),
 }
 
 # Std of the random weight matrices; much larger than the usual 0.02 so the logits are

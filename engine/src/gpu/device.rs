@@ -123,6 +123,22 @@ impl Gpu {
         }
     }
 
+    /// The same device with subgroup operations left unused, so the shared-memory fallback of
+    /// every reduction (the path of adapters without subgroups) can run and be tested anywhere.
+    pub fn without_subgroups(&self) -> Self {
+        let mut caps = self.inner.caps.clone();
+        caps.subgroups = false;
+        Self {
+            inner: Arc::new(GpuInner {
+                device: self.inner.device.clone(),
+                queue: self.inner.queue.clone(),
+                info: self.inner.info.clone(),
+                caps,
+                pipelines: PipelineCache::default(),
+            }),
+        }
+    }
+
     pub fn device(&self) -> &wgpu::Device {
         &self.inner.device
     }

@@ -327,7 +327,7 @@ impl DecoderModel {
         } else {
             norm_pair(&mut up, "final norm", "model.norm.weight", None, d)?
         };
-        let separate_head = !spec.tied_embeddings && !gpt2 && up.has("lm_head.weight");
+        let separate_head = !spec.tied_embeddings && up.has("lm_head.weight");
         let lm_head = if separate_head {
             Some(up.matrix(
                 "lm head",
@@ -375,12 +375,9 @@ impl DecoderModel {
             let v_cache = gpu.storage(&format!("layer {i} v cache"), cache_len)?;
             cache_bytes += k_cache.size + v_cache.size;
             let a = &acts;
-            let fused = |n: &(StorageBuffer, Option<StorageBuffer>)| {
-                (norm_kind, &n.0 as &StorageBuffer, n.1.as_ref(), eps)
-            };
             let layer = Layer {
                 qkv_mv: MatVec::new(gpu, &w.qkv, &a.x, &a.qkv, &step, MatVecOptions {
-                    norm: Some(fused(&w.attn_norm)),
+                    norm: Some(fused(norm_kind, &w.attn_norm, eps)),
                     bias: w.qkv_bias.as_ref(),
                     ..Default::default()
                 })?,
@@ -390,7 +387,7 @@ impl DecoderModel {
                     ..Default::default()
                 })?,
                 up_mv: MatVec::new(gpu, &w.up, &a.x, &a.h, &step, MatVecOptions {
-                    norm: Some(fused(&w.mlp_norm)),
+                    norm: Some(fused(norm_kind, &w.mlp_norm, eps)),
                     bias: w.up_bias.as_ref(),
                     glu,
                     gelu: !glu,
@@ -733,6 +730,12 @@ impl DecoderModel {
         gpu.wait()?;
         Ok(profiler.read(&gpu)?)
     }
+}
+
+type FusedNorm<'a> = (NormKind, &'a StorageBuffer, Option<&'a StorageBuffer>, f32);
+
+fn fused(kind: NormKind, n: &(StorageBuffer, Option<StorageBuffer>), eps: f32) -> FusedNorm<'_> {
+    (kind, &n.0, n.1.as_ref(), eps)
 }
 
 /// The tied LM head reads the embedding table: same buffer, same layout.

@@ -185,30 +185,30 @@ impl TextModel {
         let first_at = Instant::now();
         loop {
             stats.tokens.push(token);
-            let eos = self.eos_ids.contains(&token);
-            let delta = stream.push(&self.tokenizer, token)?;
+            let stop = if self.eos_ids.contains(&token) {
+                Some(StopReason::EndOfText)
+            } else if stats.tokens.len() as u32 >= params.max_tokens {
+                Some(StopReason::MaxTokens)
+            } else if self.model.seq_len() >= self.model.capacity() {
+                Some(StopReason::ContextFull)
+            } else if cancelled() {
+                Some(StopReason::Cancelled)
+            } else {
+                None
+            };
+            let mut delta = stream.push(&self.tokenizer, token)?;
+            if stop.is_some() {
+                // Flush what was held back; an incomplete character becomes U+FFFD.
+                delta.push_str(&stream.finish(&self.tokenizer)?);
+            }
             stats.text.push_str(&delta);
             on_token(token, &delta);
-            if eos {
-                stats.stop = StopReason::EndOfText;
-                break;
-            }
-            if stats.tokens.len() as u32 >= params.max_tokens {
-                stats.stop = StopReason::MaxTokens;
-                break;
-            }
-            if self.model.seq_len() >= self.model.capacity() {
-                stats.stop = StopReason::ContextFull;
-                break;
-            }
-            if cancelled() {
-                stats.stop = StopReason::Cancelled;
+            if let Some(stop) = stop {
+                stats.stop = stop;
                 break;
             }
             token = self.model.decode()?;
         }
-        // A character left incomplete at the end decodes as U+FFFD in the final text only.
-        stats.text.push_str(&stream.finish(&self.tokenizer)?);
         let decoded = stats.tokens.len().saturating_sub(1);
         let secs = first_at.elapsed().as_secs_f64();
         stats.tokens_per_s = if decoded > 0 && secs > 0.0 {
