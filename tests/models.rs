@@ -53,6 +53,8 @@ fn golden(name: &str) -> Golden {
 fn load(name: &str, dtype: WeightDType) -> TextModel {
     let opts = ModelOptions {
         dtype,
+        // Every step completes before decode returns, so its logits can be read.
+        lookahead: false,
         // Small chunks so prompts cross chunk boundaries.
         prefill_chunk: 5,
         ..Default::default()

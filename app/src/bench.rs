@@ -27,6 +27,9 @@ pub struct BenchArgs {
     /// Also print per-kernel GPU time of one decode step (timestamp queries).
     #[arg(long)]
     profile: bool,
+    /// Wait for every decode step before submitting the next (no lookahead).
+    #[arg(long)]
+    sync: bool,
     /// Print the result as one JSON line.
     #[arg(long)]
     json: bool,
@@ -52,6 +55,7 @@ pub fn run(args: BenchArgs, adapter: Option<&str>) -> Result<()> {
             dtype: args.dtype.into(),
             context: Some(context),
             prefill_chunk: args.prompt_len.max(1),
+            lookahead: !args.sync,
         },
     )?;
     gpu.wait()?;
@@ -111,6 +115,7 @@ pub fn run(args: BenchArgs, adapter: Option<&str>) -> Result<()> {
                 "weight_bytes": model.weight_bytes(),
                 "prompt_len": prompt.len(),
                 "gen": args.generate,
+                "lookahead": !args.sync,
                 "prefill_tok_s": prefill_tps,
                 "ttft_ms": best.prefill.as_secs_f64() * 1e3,
                 "decode_tok_s": decode_tps,

@@ -119,11 +119,35 @@ impl Gpu {
 
     /// Maps `staging` (after the copy into it was submitted), waits, and returns its contents.
     pub fn map_read<T: Pod>(&self, staging: &wgpu::Buffer, bytes: u64) -> Result<Vec<T>, GpuError> {
+        self.map_read_inner(staging, bytes, None)
+    }
+
+    /// Like [`Gpu::map_read`], waiting only for `submission` so later work keeps running.
+    pub fn map_read_after<T: Pod>(
+        &self,
+        staging: &wgpu::Buffer,
+        bytes: u64,
+        submission: wgpu::SubmissionIndex,
+    ) -> Result<Vec<T>, GpuError> {
+        self.map_read_inner(staging, bytes, Some(submission))
+    }
+
+    fn map_read_inner<T: Pod>(
+        &self,
+        staging: &wgpu::Buffer,
+        bytes: u64,
+        submission: Option<wgpu::SubmissionIndex>,
+    ) -> Result<Vec<T>, GpuError> {
         let (tx, rx) = std::sync::mpsc::channel();
         staging.map_async(wgpu::MapMode::Read, 0..padded(bytes), move |r| {
             let _ = tx.send(r);
         });
-        self.wait()?;
+        self.device()
+            .poll(wgpu::PollType::Wait {
+                submission_index: submission,
+                timeout: None,
+            })
+            .map_err(|e| GpuError::Poll(e.to_string()))?;
         rx.recv()
             .map_err(|e| GpuError::Poll(e.to_string()))?
             .map_err(|e| GpuError::Poll(e.to_string()))?;

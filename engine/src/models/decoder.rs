@@ -24,6 +24,9 @@ pub struct ModelOptions {
     pub context: Option<u32>,
     /// Tokens processed per prompt submission.
     pub prefill_chunk: u32,
+    /// Submit the next decode step before reading the current one (faster). Off makes every
+    /// step finish before `decode` returns, so per-step state such as logits can be read.
+    pub lookahead: bool,
 }
 
 impl Default for ModelOptions {
@@ -32,11 +35,22 @@ impl Default for ModelOptions {
             dtype: WeightDType::F16,
             context: None,
             prefill_chunk: 512,
+            lookahead: true,
         }
     }
 }
 
 const DEFAULT_CONTEXT: u32 = 4096;
+
+/// Decode steps kept submitted ahead of the one being read: the GPU starts the next token
+/// while the host reads the last and records the one after, hiding submit and readback
+/// latency. The step after the last wanted token is computed and discarded.
+const PIPELINE_DEPTH: usize = 2;
+
+struct InFlight {
+    slot: usize,
+    submission: wgpu::SubmissionIndex,
+}
 
 struct LayerWeights {
     attn_norm: (StorageBuffer, Option<StorageBuffer>),
@@ -96,8 +110,15 @@ pub struct DecoderModel {
     final_norm: (StorageBuffer, Option<StorageBuffer>),
     sample: Sample,
     acts: Activations,
-    staging: wgpu::Buffer,
+    /// One readback slot per step that can be in flight.
+    staging: [wgpu::Buffer; PIPELINE_DEPTH],
+    /// Submitted steps whose token has not been read yet, oldest first.
+    in_flight: std::collections::VecDeque<InFlight>,
+    /// Tokens in the cache whose output has been returned.
     seq_len: u32,
+    /// Tokens in the cache once every submitted step has run.
+    submitted_len: u32,
+    depth: usize,
     weight_bytes: u64,
     cache_bytes: u64,
     decode_dispatches: u32,
@@ -463,7 +484,10 @@ impl DecoderModel {
             &step,
         )?;
         let sample = Sample::new(gpu, spec.vocab, &acts.logits, &acts.history, &acts.seen, &step)?;
-        let staging = gpu.readback_buffer("sampled token", 4);
+        let staging = [
+            gpu.readback_buffer("sampled token", 4),
+            gpu.readback_buffer("sampled token", 4),
+        ];
         let mut model = Self {
             gpu: gpu.clone(),
             spec: spec.clone(),
@@ -479,7 +503,10 @@ impl DecoderModel {
             sample,
             acts,
             staging,
+            in_flight: Default::default(),
             seq_len: 0,
+            submitted_len: 0,
+            depth: if opts.lookahead { PIPELINE_DEPTH } else { 1 },
             weight_bytes,
             cache_bytes,
             decode_dispatches: 0,
@@ -590,6 +617,7 @@ impl DecoderModel {
     /// new token, which is returned. Starts a new sequence.
     pub fn prefill(&mut self, ids: &[u32]) -> Result<u32, Error> {
         self.check_prompt(ids)?;
+        self.drain()?;
         self.seq_len = 0;
         let gpu = self.gpu.clone();
         gpu.queue()
@@ -608,53 +636,87 @@ impl DecoderModel {
             if pos == total {
                 self.lm_head_mv.encode(&mut rec);
                 self.sample.encode(&mut rec);
-                self.copy_sampled(&mut rec, total);
+                self.copy_sampled(&mut rec, total, 0);
+                let submission = rec.submit();
+                self.in_flight.push_back(InFlight {
+                    slot: 0,
+                    submission,
+                });
+            } else {
+                rec.submit();
             }
-            rec.submit();
         }
         self.seq_len = total;
-        self.read_sampled()
+        self.submitted_len = total;
+        self.read_oldest()
     }
 
-    /// Feeds the last sampled token and samples the next one.
+    /// Feeds the last sampled token and returns the next one.
     pub fn decode(&mut self) -> Result<u32, Error> {
+        if self.seq_len == 0 {
+            return Err(Error::Invalid("decode before prefill".into()));
+        }
         if self.seq_len >= self.capacity {
             return Err(Error::ContextFull {
                 capacity: self.capacity,
             });
         }
-        if self.seq_len == 0 {
-            return Err(Error::Invalid("decode before prefill".into()));
+        while self.in_flight.len() < self.depth && self.submitted_len < self.capacity {
+            self.submit_decode_step(self.submitted_len);
+            self.submitted_len += 1;
         }
-        let gpu = self.gpu.clone();
-        let started = std::time::Instant::now();
-        self.step.write(&gpu, &StepParams::new(self.seq_len, 1));
-        let mut rec = Recorder::new(&gpu);
-        self.encode_decode(&mut rec);
-        self.copy_sampled(&mut rec, self.seq_len + 1);
-        self.last_encode = started.elapsed();
-        rec.submit();
+        let token = self.read_oldest()?;
         self.seq_len += 1;
-        self.read_sampled()
+        Ok(token)
     }
 
-    fn copy_sampled(&self, rec: &mut Recorder<'_>, index: u32) {
+    /// Records and submits the step that feeds the token at `pos`.
+    fn submit_decode_step(&mut self, pos: u32) {
+        let gpu = self.gpu.clone();
+        let started = std::time::Instant::now();
+        self.step.write(&gpu, &StepParams::new(pos, 1));
+        let mut rec = Recorder::new(&gpu);
+        self.encode_decode(&mut rec);
+        let slot = pos as usize % PIPELINE_DEPTH;
+        self.copy_sampled(&mut rec, pos + 1, slot);
+        self.last_encode = started.elapsed();
+        let submission = rec.submit();
+        self.in_flight.push_back(InFlight { slot, submission });
+    }
+
+    fn copy_sampled(&self, rec: &mut Recorder<'_>, index: u32, slot: usize) {
         rec.copy(
             &self.acts.history.buffer,
             u64::from(index) * 4,
-            &self.staging,
+            &self.staging[slot],
             0,
             4,
         );
     }
 
-    fn read_sampled(&self) -> Result<u32, Error> {
-        let v: Vec<u32> = self.gpu.map_read(&self.staging, 4)?;
+    fn read_oldest(&mut self) -> Result<u32, Error> {
+        let Some(step) = self.in_flight.pop_front() else {
+            return Err(Error::Invalid("no step in flight".into()));
+        };
+        let v: Vec<u32> = self
+            .gpu
+            .map_read_after(&self.staging[step.slot], 4, step.submission)?;
         Ok(v[0])
     }
 
+    /// Waits for steps submitted ahead and forgets their tokens (a new sequence starts).
+    fn drain(&mut self) -> Result<(), Error> {
+        if !self.in_flight.is_empty() {
+            self.in_flight.clear();
+            self.gpu.wait()?;
+        }
+        self.submitted_len = self.seq_len;
+        Ok(())
+    }
+
     /// The logits the last token was sampled from (after any penalty and temperature the
-    /// sampler applied in place). For tests and tools.
+    /// sampler applied in place). For tests and tools; needs `lookahead` off, or a later step
+    /// may already have replaced them.
     pub fn last_logits(&self) -> Result<Vec<f32>, Error> {
         Ok(self
             .gpu
@@ -665,6 +727,7 @@ impl DecoderModel {
     /// and tools; leaves the sequence reset.
     pub fn prompt_logits(&mut self, ids: &[u32]) -> Result<Vec<f32>, Error> {
         self.check_prompt(ids)?;
+        self.drain()?;
         let gpu = self.gpu.clone();
         let vocab = self.spec.vocab;
         let all = gpu.storage(
@@ -721,6 +784,7 @@ impl DecoderModel {
         if self.seq_len == 0 || self.seq_len >= self.capacity {
             return Err(Error::Invalid("profile needs a prompt and room for one token".into()));
         }
+        self.drain()?;
         let gpu = self.gpu.clone();
         let mut profiler = crate::gpu::Profiler::new(&gpu, self.decode_dispatches + 8);
         self.step.write(&gpu, &StepParams::new(self.seq_len, 1));
