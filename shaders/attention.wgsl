@@ -1,8 +1,11 @@
 // Causal attention over the KV cache for the step's tokens, with grouped-query heads.
-// One workgroup per (head, token): keys are processed in chunks of WG positions with an
-// online softmax (running max and sum), so any context length fits in fixed workgroup memory.
+// One workgroup per (head, token). Keys are taken in chunks of WG: first every invocation
+// scores one key, then the value sum runs with each invocation owning four dims of the head
+// and a share of the chunk's keys; an online softmax (running max and sum) carries across
+// chunks, so any context length fits in fixed workgroup memory. HD is a specialisation
+// constant so the per-key loops have fixed trip counts.
 //
-// Defines: WG, HD_MAX (largest head_dim supported), F16 (f16 cache).
+// Defines: WG, HD (head_dim, a multiple of 4), F16 (f16 cache).
 
 struct Params {
     heads: u32,
@@ -22,37 +25,46 @@ struct Step {
     _pad: u32,
 }
 
+const QUADS: u32 = {{HD}}u / 4u;
+// Keys summed side by side in the value pass.
+const KEY_GROUPS: u32 = {{WG}}u / QUADS;
+
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<uniform> step: Step;
 @group(0) @binding(2) var<storage, read> q: array<f32>;
 #if F16
-@group(0) @binding(3) var<storage, read> k_cache: array<u32>;
-@group(0) @binding(4) var<storage, read> v_cache: array<u32>;
+@group(0) @binding(3) var<storage, read> k_cache: array<vec2<u32>>;
+@group(0) @binding(4) var<storage, read> v_cache: array<vec2<u32>>;
 #else
-@group(0) @binding(3) var<storage, read> k_cache: array<f32>;
-@group(0) @binding(4) var<storage, read> v_cache: array<f32>;
+@group(0) @binding(3) var<storage, read> k_cache: array<vec4<f32>>;
+@group(0) @binding(4) var<storage, read> v_cache: array<vec4<f32>>;
 #endif
 @group(0) @binding(5) var<storage, read_write> out: array<f32>;
 
-var<workgroup> qs: array<f32, {{HD_MAX}}>;
-var<workgroup> acc: array<f32, {{HD_MAX}}>;
+var<workgroup> qs: array<vec4<f32>, QUADS>;
 var<workgroup> probs: array<f32, {{WG}}>;
 var<workgroup> red: array<f32, {{WG}}>;
+var<workgroup> partial: array<vec4<f32>, {{WG}}>;
 
 // A finite stand-in for -inf: exp() of it minus any real score is exactly zero.
 const NEG_BIG: f32 = -3.0e38;
 
-fn load_pair(is_k: bool, index: u32) -> vec2<f32> {
+// Four consecutive dims starting at quad index `index` (in units of 4 elements).
+fn k_quad(index: u32) -> vec4<f32> {
 #if F16
-    if (is_k) {
-        return unpack2x16float(k_cache[index / 2u]);
-    }
-    return unpack2x16float(v_cache[index / 2u]);
+    let w = k_cache[index];
+    return vec4<f32>(unpack2x16float(w.x), unpack2x16float(w.y));
 #else
-    if (is_k) {
-        return vec2<f32>(k_cache[index], k_cache[index + 1u]);
-    }
-    return vec2<f32>(v_cache[index], v_cache[index + 1u]);
+    return k_cache[index];
+#endif
+}
+
+fn v_quad(index: u32) -> vec4<f32> {
+#if F16
+    let w = v_cache[index];
+    return vec4<f32>(unpack2x16float(w.x), unpack2x16float(w.y));
+#else
+    return v_cache[index];
 #endif
 }
 
@@ -88,52 +100,61 @@ fn wg_sum(tid: u32, v: f32) -> f32 {
 fn main(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id) wid: vec3<u32>) {
     let head = wid.x;
     let t = wid.y;
-    let hd = p.head_dim;
     let kv_head = head / (p.heads / p.kv_heads);
     let n_keys = step.pos0 + t + 1u;
-    let q_base = (t * p.heads + head) * hd;
-    for (var d = tid; d < hd; d += {{WG}}u) {
-        qs[d] = q[q_base + d];
-        acc[d] = 0.0;
+    let q_base = (t * p.heads + head) * {{HD}}u;
+    // The softmax scale is folded into q.
+    for (var i = tid; i < QUADS; i += {{WG}}u) {
+        let b = q_base + 4u * i;
+        qs[i] = vec4<f32>(q[b], q[b + 1u], q[b + 2u], q[b + 3u]) * p.scale;
     }
     workgroupBarrier();
-    let cache_base = kv_head * p.capacity * hd;
+    // Cache rows in quads: head kv_head starts at kv_head·capacity rows.
+    let cache_base = kv_head * p.capacity * QUADS;
+    let quad = tid % QUADS;
+    let group = tid / QUADS;
+    let sums_values = group < KEY_GROUPS;
     var running_max = NEG_BIG;
     var running_sum = 0.0;
+    var acc = vec4<f32>(0.0);
     for (var c0 = 0u; c0 < n_keys; c0 += {{WG}}u) {
         let j = c0 + tid;
         var score = NEG_BIG;
         if (j < n_keys) {
+            let row = cache_base + j * QUADS;
             var s = 0.0;
-            let row = cache_base + j * hd;
-            for (var d = 0u; d < hd; d += 2u) {
-                let kv = load_pair(true, row + d);
-                s += qs[d] * kv.x + qs[d + 1u] * kv.y;
+            for (var i = 0u; i < QUADS; i++) {
+                s += dot(qs[i], k_quad(row + i));
             }
-            score = s * p.scale;
+            score = s;
         }
-        let chunk_max = wg_max(tid, score);
-        let new_max = max(running_max, chunk_max);
+        let new_max = max(running_max, wg_max(tid, score));
         let correction = exp(running_max - new_max);
         let prob = select(0.0, exp(score - new_max), j < n_keys);
         probs[tid] = prob;
-        let chunk_sum = wg_sum(tid, prob);
-        running_sum = running_sum * correction + chunk_sum;
+        running_sum = running_sum * correction + wg_sum(tid, prob);
+        acc *= correction;
         let chunk_len = min({{WG}}u, n_keys - c0);
-        for (var d2 = tid; d2 < hd / 2u; d2 += {{WG}}u) {
-            let d = 2u * d2;
-            var a = vec2<f32>(acc[d], acc[d + 1u]) * correction;
-            for (var jj = 0u; jj < chunk_len; jj++) {
-                a += probs[jj] * load_pair(false, cache_base + (c0 + jj) * hd + d);
+        if (sums_values) {
+            for (var jj = group; jj < chunk_len; jj += KEY_GROUPS) {
+                acc += probs[jj] * v_quad(cache_base + (c0 + jj) * QUADS + quad);
             }
-            acc[d] = a.x;
-            acc[d + 1u] = a.y;
         }
         running_max = new_max;
         workgroupBarrier();
     }
-    let inv = 1.0 / running_sum;
-    for (var d = tid; d < hd; d += {{WG}}u) {
-        out[q_base + d] = acc[d] * inv;
+    partial[tid] = acc;
+    workgroupBarrier();
+    if (tid < QUADS) {
+        var total = vec4<f32>(0.0);
+        for (var g = 0u; g < KEY_GROUPS; g++) {
+            total += partial[g * QUADS + tid];
+        }
+        let o = total / running_sum;
+        let b = q_base + 4u * tid;
+        out[b] = o.x;
+        out[b + 1u] = o.y;
+        out[b + 2u] = o.z;
+        out[b + 3u] = o.w;
     }
 }

@@ -4,9 +4,11 @@
 // u32 pairs, so no shader-f16 support is needed. Each workgroup computes WG/TPR rows, TPR lanes
 // per row striding over k, then reduces each row (subgroups where available).
 //
-// Defines: WG, TPR, EPV (elements per vec4 word: 4 for f32, 8 for f16), F16, NORM, NORM_LAYER,
-// BIAS, GLU (y = silu(W_gate·x̂) * (W_up·x̂), the up block at glu_offset), GELU, RESIDUAL
-// (y += ...), SUBGROUP.
+// Defines: WG, TPR, EPV (elements per vec4 word: 4 for f32, 8 for f16), ROW_VECS (the row
+// stride in vec4 words, fixed per pipeline so the loop over a row has a known trip count),
+// F16, NORM, NORM_LAYER, BIAS, GLU (y = silu(W_gate·x̂) * (W_up·x̂), the up block at
+// glu_offset), GELU, RESIDUAL (y += ...), SUBGROUP, XCACHE (x̂ staged once in workgroup memory,
+// when it fits).
 
 struct Params {
     n: u32,
@@ -47,6 +49,9 @@ struct Step {
 
 var<workgroup> red: array<f32, {{WG}}>;
 var<workgroup> norm_stats: vec2<f32>;
+#if XCACHE
+var<workgroup> xs: array<vec4<f32>, {{ROW_VECS}}u * {{EPV}}u / 4u>;
+#endif
 
 fn wg_sum(tid: u32, v: f32) -> f32 {
     red[tid] = v;
@@ -183,18 +188,35 @@ fn main(
 #endif
     workgroupBarrier();
 #endif
+#if XCACHE
+    for (var i = tid; i < {{ROW_VECS}}u * {{EPV}}u / 4u; i += {{WG}}u) {
+        xs[i] = x4(base, 4u * i);
+    }
+    workgroupBarrier();
+#endif
     let lane = tid % {{TPR}}u;
     let row = group * ({{WG}}u / {{TPR}}u) + tid / {{TPR}}u;
     let live = row < p.n;
     var acc = 0.0;
     var acc_up = 0.0;
     if (live) {
-        let wrow = row * p.row_vecs;
-        for (var v = lane; v < p.row_vecs; v += {{TPR}}u) {
+        let wrow = row * {{ROW_VECS}}u;
+        for (var v = lane; v < {{ROW_VECS}}u; v += {{TPR}}u) {
+#if XCACHE
+#if F16
+            let xa = xs[2u * v];
+            let xb = xs[2u * v + 1u];
+#else
+            let xa = xs[v];
+#endif
+#else
             let k0 = v * {{EPV}}u;
             let xa = x4(base, k0);
 #if F16
             let xb = x4(base, k0 + 4u);
+#endif
+#endif
+#if F16
             acc += dot_row(w[wrow + v], xa, xb);
 #if GLU
             acc_up += dot_row(w[p.glu_offset + wrow + v], xa, xb);

@@ -110,22 +110,42 @@ fn main(@builtin(local_invocation_index) tid: u32) {
     let vocab = p.vocab;
     var local_max = NEG_BIG;
     var best = 0u;
-    for (var v = tid; v < vocab; v += {{WG}}u) {
-        var l = logits[v];
-        if (p.repeat_penalty != 1.0) {
-            let bits = atomicLoad(&seen[v / 32u]);
-            if ((bits & (1u << (v % 32u))) != 0u) {
-                l = select(l * p.repeat_penalty, l / p.repeat_penalty, l > 0.0);
+    if (p.greedy != 0u && p.repeat_penalty == 1.0) {
+        // Plain argmax, the common case: read only, four independent loads in flight.
+        let stride = 4u * {{WG}}u;
+        for (var base = tid; base < vocab; base += stride) {
+            var vals: array<f32, 4>;
+            for (var u = 0u; u < 4u; u++) {
+                let v = base + u * {{WG}}u;
+                vals[u] = select(NEG_BIG, logits[min(v, vocab - 1u)], v < vocab);
+            }
+            for (var u = 0u; u < 4u; u++) {
+                // Strictly greater, in increasing index order per invocation: the lowest
+                // index wins a tie, as torch.argmax does.
+                let v = base + u * {{WG}}u;
+                if (vals[u] > local_max) {
+                    local_max = vals[u];
+                    best = v;
+                }
             }
         }
-        if (p.greedy == 0u) {
-            l = l / p.temperature;
-        }
-        logits[v] = l;
-        // Strictly greater: the lowest index wins a tie, as torch.argmax does.
-        if (l > local_max) {
-            local_max = l;
-            best = v;
+    } else {
+        for (var v = tid; v < vocab; v += {{WG}}u) {
+            var l = logits[v];
+            if (p.repeat_penalty != 1.0) {
+                let bits = atomicLoad(&seen[v / 32u]);
+                if ((bits & (1u << (v % 32u))) != 0u) {
+                    l = select(l * p.repeat_penalty, l / p.repeat_penalty, l > 0.0);
+                }
+            }
+            if (p.greedy == 0u) {
+                l = l / p.temperature;
+            }
+            logits[v] = l;
+            if (l > local_max) {
+                local_max = l;
+                best = v;
+            }
         }
     }
     if (p.greedy != 0u) {

@@ -136,13 +136,15 @@ pub fn run(args: BenchArgs, adapter: Option<&str>) -> Result<()> {
         println!("weight read  {:.0} GB/s", weights_gb * decode_tps);
     }
     if args.profile {
-        model.prefill(&prompt)?;
-        let timings = model.profile_decode()?;
-        let total: f64 = timings.iter().map(|t| t.total_ns).sum();
-        println!("per-kernel GPU time of one decode step ({:.1} µs in all):", total / 1e3);
-        for t in timings {
-            println!("  {:>9.1} µs  {:>4} calls  {}", t.total_ns / 1e3, t.calls, t.label);
-        }
+        let show = |what: &str, timings: Vec<backpack_engine::gpu::KernelTiming>| {
+            let total: f64 = timings.iter().map(|t| t.total_ns).sum();
+            println!("per-kernel GPU time of {what} ({:.1} µs in all):", total / 1e3);
+            for t in timings {
+                println!("  {:>9.1} µs  {:>4} calls  {}", t.total_ns / 1e3, t.calls, t.label);
+            }
+        };
+        show("the prompt", model.profile_prefill(&prompt)?);
+        show("one decode step", model.profile_decode()?);
     }
     Ok(())
 }

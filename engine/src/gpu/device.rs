@@ -40,6 +40,7 @@ pub struct GpuCaps {
     pub max_buffer: u64,
     pub max_workgroup_storage: u32,
     pub max_workgroup_invocations: u32,
+    pub max_workgroup_size_x: u32,
 }
 
 pub(crate) struct GpuInner {
@@ -111,6 +112,7 @@ impl Gpu {
             max_buffer: limits.max_buffer_size,
             max_workgroup_storage: limits.max_compute_workgroup_storage_size,
             max_workgroup_invocations: limits.max_compute_invocations_per_workgroup,
+            max_workgroup_size_x: limits.max_compute_workgroup_size_x,
         };
         Self {
             inner: Arc::new(GpuInner {

@@ -774,6 +774,32 @@ impl DecoderModel {
         Ok(out)
     }
 
+    /// Per-kernel GPU time of processing `ids` as a prompt in one chunk (timestamp queries).
+    pub fn profile_prefill(&mut self, ids: &[u32]) -> Result<Vec<crate::gpu::KernelTiming>, Error> {
+        self.check_prompt(ids)?;
+        if ids.len() as u32 > self.chunk || !self.gpu.caps().timestamps {
+            return Err(Error::Invalid(
+                "profiling needs timestamp queries and a prompt of at most one chunk".into(),
+            ));
+        }
+        self.drain()?;
+        let gpu = self.gpu.clone();
+        let n = ids.len() as u32;
+        gpu.queue()
+            .write_buffer(&self.acts.history.buffer, 0, bytemuck::cast_slice(ids));
+        self.step.write(&gpu, &StepParams::new(0, n));
+        let mut profiler = crate::gpu::Profiler::new(&gpu, 12 * self.spec.layers + 8);
+        let mut rec = Recorder::with_profiler(&gpu, Some(&mut profiler));
+        self.encode_prefill_layers(&mut rec, n);
+        self.lm_head_mv.encode(&mut rec);
+        self.sample.encode(&mut rec);
+        rec.submit();
+        gpu.wait()?;
+        self.seq_len = n;
+        self.submitted_len = n;
+        Ok(profiler.read(&gpu)?)
+    }
+
     /// Per-kernel GPU time of one decode step at the current position (timestamp queries).
     pub fn profile_decode(&mut self) -> Result<Vec<crate::gpu::KernelTiming>, Error> {
         if !self.gpu.caps().timestamps {

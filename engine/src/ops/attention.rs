@@ -4,7 +4,7 @@ use super::{bind, flag, WeightDType};
 use crate::gpu::{Gpu, GpuError, Kernel, Recorder, StorageBuffer, UniformBuffer};
 
 const SOURCE: &str = include_str!("../../../shaders/attention.wgsl");
-const WG: u32 = 128;
+const WG: u32 = 256;
 /// Largest head dimension the kernel's workgroup arrays hold.
 pub const MAX_HEAD_DIM: u32 = 256;
 
@@ -42,9 +42,9 @@ impl Attention {
         out: &StorageBuffer,
         step: &UniformBuffer,
     ) -> Result<Self, GpuError> {
-        if head_dim > MAX_HEAD_DIM || head_dim % 2 != 0 {
+        if head_dim > MAX_HEAD_DIM || head_dim % 4 != 0 || head_dim == 0 {
             return Err(GpuError::Device(format!(
-                "head_dim {head_dim} is unsupported (even, at most {MAX_HEAD_DIM})"
+                "head_dim {head_dim} is unsupported (a multiple of 4, at most {MAX_HEAD_DIM})"
             )));
         }
         if kv_heads == 0 || heads % kv_heads != 0 {
@@ -58,7 +58,7 @@ impl Attention {
             "main",
             &[
                 ("WG", WG.to_string()),
-                ("HD_MAX", MAX_HEAD_DIM.to_string()),
+                ("HD", head_dim.to_string()),
                 flag("F16", cache_dtype == WeightDType::F16),
             ],
         )?;

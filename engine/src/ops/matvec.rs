@@ -51,9 +51,14 @@ impl MatVec {
         let tpr: u32 = if w.cols >= 4096 { 64 } else { 32 };
         let caps = gpu.caps();
         let subgroups = caps.subgroups && caps.subgroup_max_size <= tpr;
+        // Stage x̂ in workgroup memory when it fits beside the reduction scratch.
+        let x_bytes = u64::from(w.row_stride()) * 4;
+        let xcache = x_bytes + u64::from(WG) * 4 + 64 <= u64::from(caps.max_workgroup_storage);
         let mut defines = w.dtype.defines();
         defines.extend([
             ("WG", WG.to_string()),
+            ("ROW_VECS", w.row_vecs().to_string()),
+            flag("XCACHE", xcache),
             ("TPR", tpr.to_string()),
             flag("SUBGROUP", subgroups),
             flag("NORM", opts.norm.is_some()),

@@ -4,7 +4,6 @@ use super::bind;
 use crate::gpu::{Gpu, GpuError, Kernel, Recorder, StorageBuffer, UniformBuffer};
 
 const SOURCE: &str = include_str!("../../../shaders/sample.wgsl");
-const WG: u32 = 256;
 
 /// Sampling settings, with transformers' meaning: temperature 0 is greedy, top_k 0 and
 /// top_p 1 are off, repeat_penalty 1 is off.
@@ -59,7 +58,14 @@ impl Sample {
         seen: &StorageBuffer,
         step: &UniformBuffer,
     ) -> Result<Self, GpuError> {
-        let kernel = gpu.kernel("sample", SOURCE, "main", &[("WG", WG.to_string())])?;
+        // One workgroup does all the work: make it as wide as the device allows.
+        let caps = gpu.caps();
+        let wg = if caps.max_workgroup_invocations >= 1024 && caps.max_workgroup_size_x >= 1024 {
+            1024
+        } else {
+            256
+        };
+        let kernel = gpu.kernel("sample", SOURCE, "main", &[("WG", wg.to_string())])?;
         let params = gpu.uniform("sampler params", &Self::pack(vocab, &SamplerParams::default()));
         let bind_group = bind(
             gpu,
