@@ -8,7 +8,7 @@
 // stride in vec4 words, fixed per pipeline so the loop over a row has a known trip count),
 // F16, NORM, NORM_LAYER, BIAS, GLU (y = silu(W_gate·x̂) * (W_up·x̂), the up block at
 // glu_offset), GELU, RESIDUAL (y += ...), SUBGROUP, XCACHE (x̂ staged once in workgroup memory,
-// when it fits).
+// for short rows), XVEC4 (k is a multiple of 4: x is also read through a vec4 view).
 
 struct Params {
     n: u32,
@@ -37,6 +37,9 @@ struct Step {
 @group(0) @binding(3) var<storage, read> w: array<vec4<f32>>;
 #endif
 @group(0) @binding(4) var<storage, read_write> y: array<f32>;
+#if XVEC4
+@group(0) @binding(8) var<storage, read> xv: array<vec4<f32>>;
+#endif
 #if BIAS
 @group(0) @binding(5) var<storage, read> bias: array<f32>;
 #endif
@@ -104,7 +107,11 @@ fn row_sum(tid: u32, lane: u32, v: f32, sg_lane: u32, sg_size: u32) -> f32 {
 fn x4(base: u32, k0: u32) -> vec4<f32> {
     var v: vec4<f32>;
     if (k0 + 4u <= p.k) {
+#if XVEC4
+        v = xv[(base + k0) / 4u];
+#else
         v = vec4<f32>(x[base + k0], x[base + k0 + 1u], x[base + k0 + 2u], x[base + k0 + 3u]);
+#endif
     } else {
         for (var i = 0u; i < 4u; i++) {
             v[i] = select(0.0, x[base + min(k0 + i, p.k - 1u)], k0 + i < p.k);

@@ -24,7 +24,11 @@ fn golden_case(model: &str, index: usize) -> serde_json::Value {
 
 #[test]
 fn generate_json_reproduces_greedy_tokens() {
-    for (model, dtype) in [("tiny-llama", "f32"), ("tiny-gpt2", "f16"), ("tiny-qwen2", "f32")] {
+    for (model, dtype) in [
+        ("tiny-llama", "f32"),
+        ("tiny-gpt2", "f16"),
+        ("tiny-qwen2", "f32"),
+    ] {
         let case = golden_case(model, 0);
         let prompt = case["prompt"].as_str().expect("raw prompt");
         let want: Vec<u64> = case["greedy_tokens"]
@@ -36,11 +40,26 @@ fn generate_json_reproduces_greedy_tokens() {
         let dir = fixtures().join("models").join(model);
         let max = want.len().to_string();
         let out = backpack(&[
-            "generate", "--model", dir.to_str().expect("utf-8 path"), "--raw", "--prompt", prompt,
-            "--temperature", "0", "--max-tokens", &max, "--dtype", dtype, "--json",
+            "generate",
+            "--model",
+            dir.to_str().expect("utf-8 path"),
+            "--raw",
+            "--prompt",
+            prompt,
+            "--temperature",
+            "0",
+            "--max-tokens",
+            &max,
+            "--dtype",
+            dtype,
+            "--json",
         ]);
         let stdout = String::from_utf8_lossy(&out.stdout);
-        assert!(out.status.success(), "{model}: {}", String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.status.success(),
+            "{model}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
         let last = stdout.lines().last().expect("a JSON line");
         let json: serde_json::Value = serde_json::from_str(last).expect("last line is JSON");
         let got: Vec<u64> = json["tokens"]
@@ -55,7 +74,10 @@ fn generate_json_reproduces_greedy_tokens() {
         assert!(json["ttft_ms"].as_f64().expect("ttft") > 0.0);
         // The streamed text precedes the JSON line.
         let text = json["text"].as_str().expect("text");
-        assert!(stdout.starts_with(text), "{model}: stdout {stdout:?} should start with {text:?}");
+        assert!(
+            stdout.starts_with(text),
+            "{model}: stdout {stdout:?} should start with {text:?}"
+        );
     }
 }
 
@@ -68,10 +90,24 @@ fn chat_prompts_use_the_template() {
     let user = messages[1]["content"].as_str().expect("user");
     let dir = fixtures().join("models/tiny-qwen2");
     let out = backpack(&[
-        "generate", "--model", dir.to_str().expect("path"), "--system", system, "--prompt", user,
-        "--temperature", "0", "--max-tokens", "2", "--json",
+        "generate",
+        "--model",
+        dir.to_str().expect("path"),
+        "--system",
+        system,
+        "--prompt",
+        user,
+        "--temperature",
+        "0",
+        "--max-tokens",
+        "2",
+        "--json",
     ]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let stdout = String::from_utf8_lossy(&out.stdout);
     let json: serde_json::Value =
         serde_json::from_str(stdout.lines().last().expect("line")).expect("json");
@@ -83,7 +119,10 @@ fn bad_input_exits_nonzero_with_a_reason() {
     let out = backpack(&["generate", "--model", "/no/such/model", "--prompt", "hi"]);
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("/no/such/model") && err.contains("does not exist"), "{err}");
+    assert!(
+        err.contains("/no/such/model") && err.contains("does not exist"),
+        "{err}"
+    );
 
     let dir = std::env::temp_dir().join(format!("backpack-cli-{}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("dir");
@@ -99,16 +138,32 @@ fn bad_input_exits_nonzero_with_a_reason() {
         .expect("open")
         .set_len(len - 100)
         .expect("truncate");
-    let out = backpack(&["generate", "--model", dir.to_str().expect("path"), "--raw", "--prompt", "hi"]);
+    let out = backpack(&[
+        "generate",
+        "--model",
+        dir.to_str().expect("path"),
+        "--raw",
+        "--prompt",
+        "hi",
+    ]);
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("model.safetensors") && err.contains("truncated"), "{err}");
+    assert!(
+        err.contains("model.safetensors") && err.contains("truncated"),
+        "{err}"
+    );
 
     let long = "the fox ".repeat(40);
     let good = fixtures().join("models/tiny-gpt2");
     let out = backpack(&[
-        "generate", "--model", good.to_str().expect("path"), "--raw", "--prompt", &long,
-        "--context", "8",
+        "generate",
+        "--model",
+        good.to_str().expect("path"),
+        "--raw",
+        "--prompt",
+        &long,
+        "--context",
+        "8",
     ]);
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);

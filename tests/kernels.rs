@@ -48,13 +48,20 @@ fn gelu_tanh(v: f32) -> f32 {
 fn rms_norm(x: &[f32], w: &[f32], eps: f32) -> Vec<f32> {
     let ms = x.iter().map(|v| f64::from(*v).powi(2)).sum::<f64>() / x.len() as f64;
     let inv = 1.0 / (ms + f64::from(eps)).sqrt();
-    x.iter().zip(w).map(|(v, g)| (f64::from(*v) * inv) as f32 * g).collect()
+    x.iter()
+        .zip(w)
+        .map(|(v, g)| (f64::from(*v) * inv) as f32 * g)
+        .collect()
 }
 
 fn layer_norm(x: &[f32], w: &[f32], b: &[f32], eps: f32) -> Vec<f32> {
     let n = x.len() as f64;
     let mean = x.iter().map(|v| f64::from(*v)).sum::<f64>() / n;
-    let var = x.iter().map(|v| (f64::from(*v) - mean).powi(2)).sum::<f64>() / n;
+    let var = x
+        .iter()
+        .map(|v| (f64::from(*v) - mean).powi(2))
+        .sum::<f64>()
+        / n;
     let inv = 1.0 / (var + f64::from(eps)).sqrt();
     x.iter()
         .zip(w.iter().zip(b))
@@ -107,8 +114,16 @@ fn matvec_without_subgroups_matches_cpu() {
 fn matvec_parity(gpu: &Gpu) {
     let gpu = gpu.clone();
     let mut rng = Rng::new(1);
-    // k = 8200 does not fit in 32 KiB of workgroup memory: the uncached path.
-    let shapes = [(1, 1), (7, 13), (33, 100), (65, 257), (130, 1001), (5, 4100), (3, 8200)];
+    // Rows past 16 KiB (k = 4100, 8200, 4999) stream x instead of staging it; 4999 is odd.
+    let shapes = [
+        (1, 1),
+        (7, 13),
+        (33, 100),
+        (65, 257),
+        (130, 1001),
+        (5, 4100),
+        (3, 8200),
+    ];
     let variants = [
         Variant::Plain,
         Variant::Bias,
@@ -143,8 +158,11 @@ fn matvec_parity(gpu: &Gpu) {
                         Variant::LayerBias => Some((NormKind::Layer, &gb, Some(&sb), eps)),
                         _ => None,
                     },
-                    bias: matches!(variant, Variant::Bias | Variant::LayerBias | Variant::GeluBias)
-                        .then_some(&bb),
+                    bias: matches!(
+                        variant,
+                        Variant::Bias | Variant::LayerBias | Variant::GeluBias
+                    )
+                    .then_some(&bb),
                     glu,
                     gelu: matches!(variant, Variant::GeluBias),
                     residual: matches!(variant, Variant::Residual),
@@ -196,12 +214,21 @@ fn matvec_parity(gpu: &Gpu) {
 fn matmul_matches_cpu() {
     let gpu = gpu();
     let mut rng = Rng::new(2);
-    let shapes = [(1, 1, 1), (3, 5, 7), (65, 67, 130), (130, 33, 257), (7, 200, 24)];
+    let shapes = [
+        (1, 1, 1),
+        (3, 5, 7),
+        (65, 67, 130),
+        (130, 33, 257),
+        (7, 200, 24),
+    ];
     for dtype in DTYPES {
         for &(m, n, k) in &shapes {
-            for (bias_on, gelu, residual) in
-                [(false, false, false), (true, false, false), (true, true, false), (false, false, true)]
-            {
+            for (bias_on, gelu, residual) in [
+                (false, false, false),
+                (true, false, false),
+                (true, true, false),
+                (false, false, true),
+            ] {
                 let w = rng.vec(n * k, 1.0);
                 let x = rng.vec(m * k, 1.0);
                 let bias = rng.vec(n, 1.0);
@@ -209,11 +236,18 @@ fn matmul_matches_cpu() {
                 let wm = Matrix::from_f32(&gpu, "w", &w, n as u32, k as u32, dtype).expect("w");
                 let (xb, yb, bb) = (buf(&gpu, &x), buf(&gpu, &y0), buf(&gpu, &bias));
                 let st = step(&gpu, 0, m as u32);
-                let op = MatMul::new(&gpu, &wm, &xb, &yb, &st, MatMulOptions {
-                    bias: bias_on.then_some(&bb),
-                    gelu,
-                    residual,
-                })
+                let op = MatMul::new(
+                    &gpu,
+                    &wm,
+                    &xb,
+                    &yb,
+                    &st,
+                    MatMulOptions {
+                        bias: bias_on.then_some(&bb),
+                        gelu,
+                        residual,
+                    },
+                )
                 .expect("matmul");
                 let mut rec = Recorder::new(&gpu);
                 op.encode(&mut rec, m as u32);
@@ -239,7 +273,9 @@ fn matmul_matches_cpu() {
                         scale.push(mag[j]);
                     }
                 }
-                let what = format!("matmul {dtype:?} m={m} n={n} k={k} bias={bias_on} gelu={gelu} residual={residual}");
+                let what = format!(
+                    "matmul {dtype:?} m={m} n={n} k={k} bias={bias_on} gelu={gelu} residual={residual}"
+                );
                 assert_close(&what, &got, &want, &scale, 1e-5, 2e-5);
             }
         }
@@ -279,7 +315,14 @@ fn norms_match_cpu() {
                 });
             }
             let scale: Vec<f32> = want.iter().map(|v| v.abs() + 1.0).collect();
-            assert_close(&format!("{kind:?} width {width}"), &got, &want, &scale, 1e-5, 1e-5);
+            assert_close(
+                &format!("{kind:?} width {width}"),
+                &got,
+                &want,
+                &scale,
+                1e-5,
+                1e-5,
+            );
         }
     }
 }
@@ -298,9 +341,30 @@ fn rope_and_cache_store_match_cpu() {
     let gpu = gpu();
     let mut rng = Rng::new(4);
     let cases = [
-        RopeCase { heads: 4, kv_heads: 2, head_dim: 8, tokens: 5, pos0: 3, capacity: 16 },
-        RopeCase { heads: 3, kv_heads: 1, head_dim: 12, tokens: 1, pos0: 10, capacity: 11 },
-        RopeCase { heads: 2, kv_heads: 2, head_dim: 20, tokens: 7, pos0: 0, capacity: 9 },
+        RopeCase {
+            heads: 4,
+            kv_heads: 2,
+            head_dim: 8,
+            tokens: 5,
+            pos0: 3,
+            capacity: 16,
+        },
+        RopeCase {
+            heads: 3,
+            kv_heads: 1,
+            head_dim: 12,
+            tokens: 1,
+            pos0: 10,
+            capacity: 11,
+        },
+        RopeCase {
+            heads: 2,
+            kv_heads: 2,
+            head_dim: 20,
+            tokens: 7,
+            pos0: 0,
+            capacity: 9,
+        },
     ];
     let spec = RopeSpec {
         theta: 10000.0,
@@ -318,14 +382,25 @@ fn rope_and_cache_store_match_cpu() {
                 let cache_bytes = cache_elems as u64 * dtype.bytes();
                 let (qkvb, qb) = (
                     buf(&gpu, &qkv),
-                    gpu.storage("q", (c.tokens * c.heads) as u64 * hd as u64 * 4).expect("q"),
+                    gpu.storage("q", (c.tokens * c.heads) as u64 * hd as u64 * 4)
+                        .expect("q"),
                 );
                 let kc = gpu.storage("k", cache_bytes).expect("k");
                 let vc = gpu.storage("v", cache_bytes).expect("v");
                 let st = step(&gpu, c.pos0, c.tokens);
                 let op = RopeKv::new(
-                    &gpu, c.heads, c.kv_heads, c.head_dim, c.capacity, dtype,
-                    with_rope.then_some(&table), &qkvb, &qb, &kc, &vc, &st,
+                    &gpu,
+                    c.heads,
+                    c.kv_heads,
+                    c.head_dim,
+                    c.capacity,
+                    dtype,
+                    with_rope.then_some(&table),
+                    &qkvb,
+                    &qb,
+                    &kc,
+                    &vc,
+                    &st,
                 )
                 .expect("rope");
                 let mut rec = Recorder::new(&gpu);
@@ -351,8 +426,9 @@ fn rope_and_cache_store_match_cpu() {
                     match dtype {
                         WeightDType::F32 => read(&gpu, b, cache_elems),
                         WeightDType::F16 => {
-                            let words: Vec<u32> =
-                                gpu.read(&b.buffer, 0, cache_elems as u64 / 2).expect("read");
+                            let words: Vec<u32> = gpu
+                                .read(&b.buffer, 0, cache_elems as u64 / 2)
+                                .expect("read");
                             words
                                 .iter()
                                 .flat_map(|w| {
@@ -380,21 +456,37 @@ fn rope_and_cache_store_match_cpu() {
                         let src = &qkv[(t * slots + s) * hd..(t * slots + s + 1) * hd];
                         let is_q = s < c.heads as usize;
                         let is_k = !is_q && s < (c.heads + c.kv_heads) as usize;
-                        let want = if is_q || is_k { rotate(src, pos) } else { src.to_vec() };
+                        let want = if is_q || is_k {
+                            rotate(src, pos)
+                        } else {
+                            src.to_vec()
+                        };
                         let (got, want) = if is_q {
                             let at = (t * c.heads as usize + s) * hd;
                             (gq[at..at + hd].to_vec(), want)
                         } else {
-                            let g = if is_k { s - c.heads as usize } else { s - (c.heads + c.kv_heads) as usize };
+                            let g = if is_k {
+                                s - c.heads as usize
+                            } else {
+                                s - (c.heads + c.kv_heads) as usize
+                            };
                             let at = (g * c.capacity as usize + pos as usize) * hd;
                             let cache = if is_k { &gk } else { &gv };
                             (cache[at..at + hd].to_vec(), cache_round(want))
                         };
                         let scale = vec![1.0; hd];
-                        let tol = if !is_q && dtype == WeightDType::F16 { 2e-3 } else { 1e-5 };
+                        let tol = if !is_q && dtype == WeightDType::F16 {
+                            2e-3
+                        } else {
+                            1e-5
+                        };
                         assert_close(
                             &format!("rope {dtype:?} rope={with_rope} hd={hd} t={t} slot={s}"),
-                            &got, &want, &scale, tol, 1e-5,
+                            &got,
+                            &want,
+                            &scale,
+                            tol,
+                            1e-5,
                         );
                     }
                 }
@@ -439,8 +531,10 @@ fn attention_matches_cpu() {
                 match dtype {
                     WeightDType::F32 => buf(&gpu, data),
                     WeightDType::F16 => {
-                        let halves: Vec<u16> =
-                            data.iter().map(|x| half::f16::from_f32(*x).to_bits()).collect();
+                        let halves: Vec<u16> = data
+                            .iter()
+                            .map(|x| half::f16::from_f32(*x).to_bits())
+                            .collect();
                         gpu.storage_from("cache", &halves).expect("cache")
                     }
                 }
@@ -453,8 +547,10 @@ fn attention_matches_cpu() {
             let qb = buf(&gpu, &q);
             let out = gpu.storage("out", q.len() as u64 * 4).expect("out");
             let st = step(&gpu, pos0, tokens);
-            let op = Attention::new(&gpu, heads, kv_heads, hd, capacity, dtype, &qb, &kb, &vb, &out, &st)
-                .expect("attention");
+            let op = Attention::new(
+                &gpu, heads, kv_heads, hd, capacity, dtype, &qb, &kb, &vb, &out, &st,
+            )
+            .expect("attention");
             let mut rec = Recorder::new(&gpu);
             op.encode(&mut rec, tokens);
             rec.submit();
@@ -469,7 +565,11 @@ fn attention_matches_cpu() {
                     let scores: Vec<f64> = (0..n_keys)
                         .map(|j| {
                             let krow = &k[(g * capacity as usize + j) * hdu..][..hdu];
-                            qrow.iter().zip(krow).map(|(a, b)| f64::from(*a) * f64::from(*b)).sum::<f64>() * scale
+                            qrow.iter()
+                                .zip(krow)
+                                .map(|(a, b)| f64::from(*a) * f64::from(*b))
+                                .sum::<f64>()
+                                * scale
                         })
                         .collect();
                     let m = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
@@ -486,8 +586,14 @@ fn attention_matches_cpu() {
             }
             let ones = vec![1.0; want.len()];
             assert_close(
-                &format!("attention {dtype:?} heads={heads}/{kv_heads} hd={hd} tokens={tokens} pos0={pos0}"),
-                &got, &want, &ones, 2e-5, 0.0,
+                &format!(
+                    "attention {dtype:?} heads={heads}/{kv_heads} hd={hd} tokens={tokens} pos0={pos0}"
+                ),
+                &got,
+                &want,
+                &ones,
+                2e-5,
+                0.0,
             );
         }
     }
@@ -507,11 +613,21 @@ fn embedding_gather_matches_cpu_and_marks_seen() {
             let (pos0, tokens) = (4u32, 9u32);
             let hb = gpu.storage_from("history", &history).expect("history");
             let pb = buf(&gpu, &positions);
-            let seen = gpu.storage("seen", u64::from(vocab.div_ceil(32)) * 4).expect("seen");
+            let seen = gpu
+                .storage("seen", u64::from(vocab.div_ceil(32)) * 4)
+                .expect("seen");
             let x = gpu.storage("x", u64::from(tokens * dim) * 4).expect("x");
             let st = step(&gpu, pos0, tokens);
-            let op = Embed::new(&gpu, &tm, with_positions.then_some(&pb), &hb, &seen, &x, &st)
-                .expect("embed");
+            let op = Embed::new(
+                &gpu,
+                &tm,
+                with_positions.then_some(&pb),
+                &hb,
+                &seen,
+                &x,
+                &st,
+            )
+            .expect("embed");
             let mut rec = Recorder::new(&gpu);
             op.encode(&mut rec, tokens);
             rec.submit();
@@ -544,7 +660,10 @@ fn glu_matches_cpu() {
     let mut rng = Rng::new(7);
     let (tokens, width) = (3u32, 37u32);
     let gu = rng.vec((tokens * 2 * width) as usize, 4.0);
-    let (gub, h) = (buf(&gpu, &gu), gpu.storage("h", u64::from(tokens * width) * 4).expect("h"));
+    let (gub, h) = (
+        buf(&gpu, &gu),
+        gpu.storage("h", u64::from(tokens * width) * 4).expect("h"),
+    );
     let st = step(&gpu, 0, tokens);
     let op = Glu::new(&gpu, width, &gub, &h, &st).expect("glu");
     let mut rec = Recorder::new(&gpu);
@@ -565,13 +684,19 @@ fn fill_matches_its_host_formula() {
     let gpu = gpu();
     for dtype in DTYPES {
         let elems = 1001u32;
-        let b = gpu.storage("fill", u64::from(elems) * dtype.bytes()).expect("buffer");
+        let b = gpu
+            .storage("fill", u64::from(elems) * dtype.bytes())
+            .expect("buffer");
         fill_random(&gpu, &b, dtype, 42, 0.5, false).expect("fill");
         let got: Vec<f32> = match dtype {
             WeightDType::F32 => read(&gpu, &b, elems as usize),
             WeightDType::F16 => {
                 let halves: Vec<u16> = gpu.read(&b.buffer, 0, u64::from(elems)).expect("read");
-                halves.iter().take(elems as usize).map(|h| half::f16::from_bits(*h).to_f32()).collect()
+                halves
+                    .iter()
+                    .take(elems as usize)
+                    .map(|h| half::f16::from_bits(*h).to_f32())
+                    .collect()
             }
         };
         let want: Vec<f32> = (0..elems).map(|i| fill_value(42, i, 0.5)).collect();
@@ -632,7 +757,10 @@ fn repetition_penalty_follows_transformers() {
     // Token 2 leads but was seen; with penalty 2 its logit 3.0 → 1.5 < 2.0 of token 1.
     // Token 0 is negative and seen: −1 → −2 (multiplied, not divided).
     let logits = [-1.0, 2.0, 3.0, 0.5];
-    let params = SamplerParams { repeat_penalty: 2.0, ..Default::default() };
+    let params = SamplerParams {
+        repeat_penalty: 2.0,
+        ..Default::default()
+    };
     assert_eq!(sample_once(&gpu, &logits, &[2, 0, 2], &params), 1);
     assert_eq!(sample_once(&gpu, &logits, &[3], &params), 2);
 }
@@ -652,14 +780,20 @@ fn sampling_follows_the_filtered_distribution() {
     let count = |params: SamplerParams| -> Vec<u32> {
         let mut counts = vec![0u32; logits.len()];
         for s in 0..draws {
-            let p = SamplerParams { seed: s * 7919 + 1, ..params };
+            let p = SamplerParams {
+                seed: s * 7919 + 1,
+                ..params
+            };
             counts[sample_once(&gpu, &logits, &[6], &p) as usize] += 1;
         }
         counts
     };
     // Plain temperature sampling: frequencies within 5 standard errors of softmax(l / T).
     let t = 1.5;
-    let counts = count(SamplerParams { temperature: t, ..Default::default() });
+    let counts = count(SamplerParams {
+        temperature: t,
+        ..Default::default()
+    });
     let probs = softmax(&logits, t);
     for (i, (&c, &p)) in counts.iter().zip(&probs).enumerate() {
         let n = draws as f64;
@@ -672,17 +806,29 @@ fn sampling_follows_the_filtered_distribution() {
         );
     }
     // Top-k 3 keeps only tokens 3, 5, 1.
-    let counts = count(SamplerParams { temperature: 1.0, top_k: 3, ..Default::default() });
+    let counts = count(SamplerParams {
+        temperature: 1.0,
+        top_k: 3,
+        ..Default::default()
+    });
     for (i, &c) in counts.iter().enumerate() {
         assert_eq!(c > 0, [1, 3, 5].contains(&i), "top-k token {i}: {c}");
     }
     // Top-p 0.5: at T=1 token 3 has 0.44 and token 5 0.27 of the mass: the nucleus is {3, 5}.
-    let counts = count(SamplerParams { temperature: 1.0, top_p: 0.5, ..Default::default() });
+    let counts = count(SamplerParams {
+        temperature: 1.0,
+        top_p: 0.5,
+        ..Default::default()
+    });
     for (i, &c) in counts.iter().enumerate() {
         assert_eq!(c > 0, [3, 5].contains(&i), "top-p token {i}: {c}");
     }
     // The same seed gives the same token.
-    let p = SamplerParams { temperature: 1.0, seed: 99, ..Default::default() };
+    let p = SamplerParams {
+        temperature: 1.0,
+        seed: 99,
+        ..Default::default()
+    };
     let first = sample_once(&gpu, &logits, &[6], &p);
     assert!((0..5).all(|_| sample_once(&gpu, &logits, &[6], &p) == first));
 }

@@ -76,7 +76,10 @@ fn tolerance(dtype: WeightDType) -> f32 {
 
 fn max_diff(a: &[f32], b: &[f32]) -> f32 {
     assert_eq!(a.len(), b.len());
-    a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max)
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f32::max)
 }
 
 #[test]
@@ -96,7 +99,12 @@ fn tokenizers_and_chat_templates_match_transformers() {
                 "chat" => Prompt::Chat(c.messages.clone().expect("chat case has messages")),
                 other => panic!("unknown mode {other}"),
             };
-            assert_eq!(m.tokenize(&prompt).expect("tokenize"), c.prompt_ids, "{name}/{}", c.name);
+            assert_eq!(
+                m.tokenize(&prompt).expect("tokenize"),
+                c.prompt_ids,
+                "{name}/{}",
+                c.name
+            );
         }
     }
 }
@@ -151,7 +159,11 @@ fn greedy_decoding_matches_transformers() {
                     if c.top2_margins[step] < 2.0 * tolerance(dtype) {
                         break;
                     }
-                    assert_eq!(token, want, "{name}/{} {dtype:?}: greedy token {step}", c.name);
+                    assert_eq!(
+                        token, want,
+                        "{name}/{} {dtype:?}: greedy token {step}",
+                        c.name
+                    );
                     if step + 1 < c.greedy_tokens.len() {
                         token = m.model.decode().expect("decode");
                     }
@@ -174,12 +186,19 @@ fn text_generation_reproduces_the_greedy_continuation() {
         };
         let mut streamed = String::new();
         let stats = m
-            .generate(&Prompt::Tokens(c.prompt_ids.clone()), &params, 1, &cancel, |_, d| {
-                streamed.push_str(d)
-            })
+            .generate(
+                &Prompt::Tokens(c.prompt_ids.clone()),
+                &params,
+                1,
+                &cancel,
+                |_, d| streamed.push_str(d),
+            )
             .expect("generate");
         assert_eq!(stats.tokens, c.greedy_tokens, "{name}");
-        assert_eq!(streamed, stats.text, "{name}: streamed deltas add up to the text");
+        assert_eq!(
+            streamed, stats.text,
+            "{name}: streamed deltas add up to the text"
+        );
         let decoded = m.tokenizer.decode(&stats.tokens, true).expect("decode");
         assert_eq!(stats.text, decoded, "{name}");
     }

@@ -16,7 +16,9 @@ use common::gpu;
 use tokio::sync::mpsc::UnboundedReceiver;
 
 fn model_dir(name: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/models").join(name)
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../tests/fixtures/models")
+        .join(name)
 }
 
 /// A scratch copy of a fixture model that a test may damage.
@@ -38,7 +40,12 @@ async fn next(events: &mut UnboundedReceiver<Event>) -> Event {
         .expect("engine alive")
 }
 
-async fn load(engine: &EngineHandle, events: &mut UnboundedReceiver<Event>, path: &Path, options: ModelOptions) -> Result<(), String> {
+async fn load(
+    engine: &EngineHandle,
+    events: &mut UnboundedReceiver<Event>,
+    path: &Path,
+    options: ModelOptions,
+) -> Result<(), String> {
     engine.load(path.to_owned(), options);
     match next(events).await {
         Event::Loaded(_) => Ok(()),
@@ -50,7 +57,12 @@ async fn load(engine: &EngineHandle, events: &mut UnboundedReceiver<Event>, path
 fn sampling(max_tokens: u32) -> GenerateParams {
     GenerateParams {
         max_tokens,
-        sampler: SamplerParams { temperature: 0.8, top_p: 0.95, seed: 3, ..Default::default() },
+        sampler: SamplerParams {
+            temperature: 0.8,
+            top_p: 0.95,
+            seed: 3,
+            ..Default::default()
+        },
     }
 }
 
@@ -58,10 +70,20 @@ fn sampling(max_tokens: u32) -> GenerateParams {
 async fn tokens_stream_and_wake_the_ui() {
     let wakes = Arc::new(AtomicUsize::new(0));
     let counter = wakes.clone();
-    let (engine, mut events) = Engine::spawn(gpu(), Some(Arc::new(move || {
-        counter.fetch_add(1, Ordering::Relaxed);
-    })));
-    load(&engine, &mut events, &model_dir("tiny-qwen2"), ModelOptions::default()).await.expect("loads");
+    let (engine, mut events) = Engine::spawn(
+        gpu(),
+        Some(Arc::new(move || {
+            counter.fetch_add(1, Ordering::Relaxed);
+        })),
+    );
+    load(
+        &engine,
+        &mut events,
+        &model_dir("tiny-qwen2"),
+        ModelOptions::default(),
+    )
+    .await
+    .expect("loads");
     let request = engine.generate(Prompt::Raw("The fox".into()), sampling(12));
     let mut tokens = 0;
     loop {
@@ -70,7 +92,13 @@ async fn tokens_stream_and_wake_the_ui() {
                 assert_eq!(r, request);
                 tokens += 1;
             }
-            Event::Done { request: r, generated_tokens, prompt_tokens, tokens_per_s, .. } => {
+            Event::Done {
+                request: r,
+                generated_tokens,
+                prompt_tokens,
+                tokens_per_s,
+                ..
+            } => {
                 assert_eq!(r, request);
                 assert_eq!(generated_tokens, tokens);
                 assert!(prompt_tokens > 0);
@@ -81,15 +109,28 @@ async fn tokens_stream_and_wake_the_ui() {
         }
     }
     assert!(tokens > 0);
-    assert!(wakes.load(Ordering::Relaxed) >= tokens + 2, "every event wakes the UI");
+    assert!(
+        wakes.load(Ordering::Relaxed) >= tokens + 2,
+        "every event wakes the UI"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cancel_stops_within_one_token() {
     let (engine, mut events) = Engine::spawn(gpu(), None);
-    load(&engine, &mut events, &model_dir("tiny-llama"), ModelOptions::default()).await.expect("loads");
+    load(
+        &engine,
+        &mut events,
+        &model_dir("tiny-llama"),
+        ModelOptions::default(),
+    )
+    .await
+    .expect("loads");
     // Greedy on a random model rarely hits end-of-text; allow the whole context.
-    let params = GenerateParams { max_tokens: 200, sampler: SamplerParams::default() };
+    let params = GenerateParams {
+        max_tokens: 200,
+        sampler: SamplerParams::default(),
+    };
     let request = engine.generate(Prompt::Raw("Once upon a time".into()), params);
     let mut seen = 0;
     let stop = loop {
@@ -100,14 +141,24 @@ async fn cancel_stops_within_one_token() {
                     engine.cancel(request);
                 }
             }
-            Event::Done { generated_tokens, stop, .. } => {
-                assert!(generated_tokens <= 4, "stopped after {generated_tokens} tokens");
+            Event::Done {
+                generated_tokens,
+                stop,
+                ..
+            } => {
+                assert!(
+                    generated_tokens <= 4,
+                    "stopped after {generated_tokens} tokens"
+                );
                 break stop;
             }
             other => panic!("unexpected {other:?}"),
         }
     };
-    assert!(matches!(stop, StopReason::Cancelled | StopReason::EndOfText), "{stop:?}");
+    assert!(
+        matches!(stop, StopReason::Cancelled | StopReason::EndOfText),
+        "{stop:?}"
+    );
     // The engine takes the next request normally.
     let next_request = engine.generate(Prompt::Raw("Again".into()), sampling(3));
     loop {
@@ -123,12 +174,18 @@ fn utf8_deltas_are_whole_characters() {
     let tokenizer = TextTokenizer::from_dir(&model_dir("tiny-gpt2")).expect("tokenizer");
     let text = "Café 日本語 🦀🎒 naïve — 🙂 über";
     let ids = tokenizer.encode(text, false).expect("encode");
-    assert!(ids.len() > text.chars().count() / 2, "the emoji split into byte-level tokens");
+    assert!(
+        ids.len() > text.chars().count() / 2,
+        "the emoji split into byte-level tokens"
+    );
     let mut decoder = StreamDecoder::default();
     let mut out = String::new();
     for id in ids {
         let delta = decoder.push(&tokenizer, id).expect("push");
-        assert!(!delta.contains('\u{FFFD}'), "delta {delta:?} holds a broken character");
+        assert!(
+            !delta.contains('\u{FFFD}'),
+            "delta {delta:?} holds a broken character"
+        );
         out.push_str(&delta);
     }
     out.push_str(&decoder.finish(&tokenizer).expect("finish"));
@@ -139,44 +196,87 @@ fn utf8_deltas_are_whole_characters() {
 async fn bad_input_gives_clear_errors_and_the_engine_keeps_working() {
     let (engine, mut events) = Engine::spawn(gpu(), None);
 
-    let err = load(&engine, &mut events, Path::new("/nonexistent/model"), ModelOptions::default()).await.expect_err("missing");
-    assert!(err.contains("/nonexistent/model") && err.contains("no such file"), "{err}");
+    let err = load(
+        &engine,
+        &mut events,
+        Path::new("/nonexistent/model"),
+        ModelOptions::default(),
+    )
+    .await
+    .expect_err("missing");
+    assert!(
+        err.contains("/nonexistent/model") && err.contains("no such file"),
+        "{err}"
+    );
 
     let truncated = scratch_copy("tiny-qwen2", "truncated");
     let weights = truncated.join("model.safetensors");
     let len = std::fs::metadata(&weights).expect("meta").len();
-    let file = std::fs::OpenOptions::new().write(true).open(&weights).expect("open");
+    let file = std::fs::OpenOptions::new()
+        .write(true)
+        .open(&weights)
+        .expect("open");
     file.set_len(len / 2).expect("truncate");
-    let err = load(&engine, &mut events, &truncated, ModelOptions::default()).await.expect_err("truncated");
-    assert!(err.contains("model.safetensors") && err.contains("truncated"), "{err}");
+    let err = load(&engine, &mut events, &truncated, ModelOptions::default())
+        .await
+        .expect_err("truncated");
+    assert!(
+        err.contains("model.safetensors") && err.contains("truncated"),
+        "{err}"
+    );
 
     let garbage = scratch_copy("tiny-qwen2", "garbage");
-    std::fs::write(garbage.join("model.safetensors"), b"\xff\xff\xff\xff\xff\xff\xff\x7fnot a model").expect("write");
-    let err = load(&engine, &mut events, &garbage, ModelOptions::default()).await.expect_err("garbage");
-    assert!(err.contains("model.safetensors") && err.contains("corrupt"), "{err}");
+    std::fs::write(
+        garbage.join("model.safetensors"),
+        b"\xff\xff\xff\xff\xff\xff\xff\x7fnot a model",
+    )
+    .expect("write");
+    let err = load(&engine, &mut events, &garbage, ModelOptions::default())
+        .await
+        .expect_err("garbage");
+    assert!(
+        err.contains("model.safetensors") && err.contains("corrupt"),
+        "{err}"
+    );
 
     let unsupported = scratch_copy("tiny-qwen2", "arch");
     let config = std::fs::read_to_string(unsupported.join("config.json")).expect("config");
     let config = config.replace("\"qwen2\"", "\"mamba\"");
     std::fs::write(unsupported.join("config.json"), config).expect("write");
-    let err = load(&engine, &mut events, &unsupported, ModelOptions::default()).await.expect_err("arch");
-    assert!(err.contains("mamba") && err.contains("unsupported"), "{err}");
+    let err = load(&engine, &mut events, &unsupported, ModelOptions::default())
+        .await
+        .expect_err("arch");
+    assert!(
+        err.contains("mamba") && err.contains("unsupported"),
+        "{err}"
+    );
 
     let request = engine.generate(Prompt::Raw("hi".into()), sampling(2));
     match next(&mut events).await {
-        Event::Error { request: r, message } => {
+        Event::Error {
+            request: r,
+            message,
+        } => {
             assert_eq!(r, Some(request));
             assert!(message.contains("no model"), "{message}");
         }
         other => panic!("unexpected {other:?}"),
     }
 
-    let small = ModelOptions { context: Some(16), ..Default::default() };
-    load(&engine, &mut events, &model_dir("tiny-qwen2"), small).await.expect("loads");
+    let small = ModelOptions {
+        context: Some(16),
+        ..Default::default()
+    };
+    load(&engine, &mut events, &model_dir("tiny-qwen2"), small)
+        .await
+        .expect("loads");
     let long = "The quick brown fox jumps over the lazy dog. ".repeat(10);
     let request = engine.generate(Prompt::Raw(long), sampling(2));
     match next(&mut events).await {
-        Event::Error { request: r, message } => {
+        Event::Error {
+            request: r,
+            message,
+        } => {
             assert_eq!(r, Some(request));
             assert!(message.contains("context holds 16"), "{message}");
         }
@@ -186,10 +286,18 @@ async fn bad_input_gives_clear_errors_and_the_engine_keeps_working() {
     loop {
         match next(&mut events).await {
             Event::Token { .. } => {}
-            Event::Done { request: r, stop, generated_tokens, .. } => {
+            Event::Done {
+                request: r,
+                stop,
+                generated_tokens,
+                ..
+            } => {
                 assert_eq!(r, request);
                 assert!(generated_tokens <= 16);
-                assert!(matches!(stop, StopReason::ContextFull | StopReason::EndOfText | StopReason::MaxTokens));
+                assert!(matches!(
+                    stop,
+                    StopReason::ContextFull | StopReason::EndOfText | StopReason::MaxTokens
+                ));
                 break;
             }
             other => panic!("unexpected {other:?}"),

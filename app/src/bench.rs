@@ -27,6 +27,13 @@ pub struct BenchArgs {
     /// Also print per-kernel GPU time of one decode step (timestamp queries).
     #[arg(long)]
     profile: bool,
+    /// Sampling temperature (0: greedy argmax).
+    #[arg(long, default_value_t = 0.0)]
+    temperature: f32,
+    #[arg(long, default_value_t = 0)]
+    top_k: u32,
+    #[arg(long, default_value_t = 1.0)]
+    top_p: f32,
     /// Wait for every decode step before submitting the next (no lookahead).
     #[arg(long)]
     sync: bool,
@@ -60,7 +67,12 @@ pub fn run(args: BenchArgs, adapter: Option<&str>) -> Result<()> {
     )?;
     gpu.wait()?;
     let build = build_start.elapsed();
-    model.set_sampler(&SamplerParams::default());
+    model.set_sampler(&SamplerParams {
+        temperature: args.temperature,
+        top_k: args.top_k,
+        top_p: args.top_p,
+        ..Default::default()
+    });
     // Deterministic pseudo-random prompt.
     let prompt: Vec<u32> = (0..args.prompt_len.max(1))
         .map(|i: u32| (i.wrapping_mul(2_654_435_761) >> 7) % spec.vocab)
@@ -116,6 +128,9 @@ pub fn run(args: BenchArgs, adapter: Option<&str>) -> Result<()> {
                 "prompt_len": prompt.len(),
                 "gen": args.generate,
                 "lookahead": !args.sync,
+                "temperature": args.temperature,
+                "top_k": args.top_k,
+                "top_p": args.top_p,
                 "prefill_tok_s": prefill_tps,
                 "ttft_ms": best.prefill.as_secs_f64() * 1e3,
                 "decode_tok_s": decode_tps,
@@ -126,21 +141,53 @@ pub fn run(args: BenchArgs, adapter: Option<&str>) -> Result<()> {
             })
         );
     } else {
-        println!("model        {} ({:.0}M params, {} layers)", args.config.display(), spec.parameters() as f64 / 1e6, spec.layers);
+        println!(
+            "model        {} ({:.0}M params, {} layers)",
+            args.config.display(),
+            spec.parameters() as f64 / 1e6,
+            spec.layers
+        );
         println!("adapter      {}", gpu.describe());
-        println!("weights      {:.1} MiB {:?} (built in {:.2} s)", model.weight_bytes() as f64 / (1 << 20) as f64, model.dtype(), build.as_secs_f64());
-        println!("prefill      {:.0} tok/s ({} tokens, TTFT {:.2} ms)", prefill_tps, prompt.len(), best.prefill.as_secs_f64() * 1e3);
-        println!("decode       {:.1} tok/s ({:.3} ms/token, {} tokens)", decode_tps, 1e3 / decode_tps, decoded);
-        println!("dispatches   {} per token ({:.2} per layer)", dispatches, f64::from(dispatches) / f64::from(spec.layers));
+        println!(
+            "weights      {:.1} MiB {:?} (built in {:.2} s)",
+            model.weight_bytes() as f64 / (1 << 20) as f64,
+            model.dtype(),
+            build.as_secs_f64()
+        );
+        println!(
+            "prefill      {:.0} tok/s ({} tokens, TTFT {:.2} ms)",
+            prefill_tps,
+            prompt.len(),
+            best.prefill.as_secs_f64() * 1e3
+        );
+        println!(
+            "decode       {:.1} tok/s ({:.3} ms/token, {} tokens)",
+            decode_tps,
+            1e3 / decode_tps,
+            decoded
+        );
+        println!(
+            "dispatches   {} per token ({:.2} per layer)",
+            dispatches,
+            f64::from(dispatches) / f64::from(spec.layers)
+        );
         println!("encode       {:.1} µs CPU per token", encode_us);
         println!("weight read  {:.0} GB/s", weights_gb * decode_tps);
     }
     if args.profile {
         let show = |what: &str, timings: Vec<backpack_engine::gpu::KernelTiming>| {
             let total: f64 = timings.iter().map(|t| t.total_ns).sum();
-            println!("per-kernel GPU time of {what} ({:.1} µs in all):", total / 1e3);
+            println!(
+                "per-kernel GPU time of {what} ({:.1} µs in all):",
+                total / 1e3
+            );
             for t in timings {
-                println!("  {:>9.1} µs  {:>4} calls  {}", t.total_ns / 1e3, t.calls, t.label);
+                println!(
+                    "  {:>9.1} µs  {:>4} calls  {}",
+                    t.total_ns / 1e3,
+                    t.calls,
+                    t.label
+                );
             }
         };
         show("the prompt", model.profile_prefill(&prompt)?);

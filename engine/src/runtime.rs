@@ -126,13 +126,14 @@ impl Engine {
                             });
                             continue;
                         };
-                        let result = m.generate(&prompt, &params, id, &cancelled_through, |tok, delta| {
-                            send(Event::Token {
-                                request: id,
-                                id: tok,
-                                text_delta: delta.to_owned(),
+                        let result =
+                            m.generate(&prompt, &params, id, &cancelled_through, |tok, delta| {
+                                send(Event::Token {
+                                    request: id,
+                                    id: tok,
+                                    text_delta: delta.to_owned(),
+                                });
                             });
-                        });
                         match result {
                             Ok(stats) => send(Event::Done {
                                 request: id,

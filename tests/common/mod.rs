@@ -46,9 +46,7 @@ impl Rng {
 }
 
 pub fn round_f16(v: &[f32]) -> Vec<f32> {
-    v.iter()
-        .map(|&x| half::f16::from_f32(x).to_f32())
-        .collect()
+    v.iter().map(|&x| half::f16::from_f32(x).to_f32()).collect()
 }
 
 /// Asserts |a - b| <= atol + rtol * scale[i] elementwise, reporting the worst element.

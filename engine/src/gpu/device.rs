@@ -87,12 +87,13 @@ impl Gpu {
             .filter(|f| !f.is_empty());
         let adapter = pick_adapter(adapters, filter.as_deref())?;
         let (features, limits) = required_features_and_limits(&adapter);
-        let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
-            label: Some("backpack"),
-            required_features: features,
-            required_limits: limits,
-            ..Default::default()
-        }))?;
+        let (device, queue) =
+            pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
+                label: Some("backpack"),
+                required_features: features,
+                required_limits: limits,
+                ..Default::default()
+            }))?;
         Ok(Self::from_device(device, queue, adapter.get_info()))
     }
 

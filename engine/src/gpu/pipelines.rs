@@ -49,10 +49,7 @@ impl Gpu {
             return Ok(k.clone());
         }
         let kernel = self.compile(&key, source)?;
-        cache
-            .lock()
-            .map_err(poisoned)?
-            .insert(key, kernel.clone());
+        cache.lock().map_err(poisoned)?.insert(key, kernel.clone());
         Ok(kernel)
     }
 

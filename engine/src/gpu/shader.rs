@@ -5,11 +5,7 @@
 /// Expands `source` for the given defines. Unbalanced directives are programming errors in
 /// the shipped shaders and are reported as such.
 pub fn preprocess(source: &str, defines: &[(&str, String)]) -> Result<String, String> {
-    let is_set = |name: &str| {
-        defines
-            .iter()
-            .any(|(k, v)| *k == name && v.as_str() != "0")
-    };
+    let is_set = |name: &str| defines.iter().any(|(k, v)| *k == name && v.as_str() != "0");
     let mut out = String::with_capacity(source.len());
     // Each entry: (this branch active, any enclosing branch inactive).
     let mut stack: Vec<(bool, bool)> = Vec::new();

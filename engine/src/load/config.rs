@@ -229,11 +229,8 @@ fn rope_spec(c: &Value) -> Result<RopeSpec, SpecError> {
             factor: factor()?,
             low_freq_factor: opt_f32(&scaling, "low_freq_factor").unwrap_or(1.0),
             high_freq_factor: opt_f32(&scaling, "high_freq_factor").unwrap_or(4.0),
-            original_max_position_embeddings: opt_f32(
-                &scaling,
-                "original_max_position_embeddings",
-            )
-            .unwrap_or(8192.0),
+            original_max_position_embeddings: opt_f32(&scaling, "original_max_position_embeddings")
+                .unwrap_or(8192.0),
         },
         other => {
             return Err(SpecError::Invalid(format!(

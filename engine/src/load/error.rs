@@ -15,9 +15,7 @@ pub enum LoadError {
     Json { path: PathBuf, message: String },
     #[error("{path}: {message}")]
     Config { path: PathBuf, message: String },
-    #[error(
-        "unsupported model architecture {name:?} (supported: llama, mistral, qwen2, gpt2)"
-    )]
+    #[error("unsupported model architecture {name:?} (supported: llama, mistral, qwen2, gpt2)")]
     UnsupportedArchitecture { name: String },
     #[error("{path}: corrupt safetensors file: {message}")]
     CorruptWeights { path: PathBuf, message: String },

@@ -35,9 +35,12 @@ impl ChatTemplate {
         env.set_trim_blocks(true);
         env.set_lstrip_blocks(true);
         env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
-        env.add_function("raise_exception", |message: String| -> Result<Value, JinjaError> {
-            Err(JinjaError::new(ErrorKind::InvalidOperation, message))
-        });
+        env.add_function(
+            "raise_exception",
+            |message: String| -> Result<Value, JinjaError> {
+                Err(JinjaError::new(ErrorKind::InvalidOperation, message))
+            },
+        );
         env.add_function("strftime_now", |format: String| -> String {
             strftime_now(&format)
         });
@@ -85,8 +88,18 @@ fn strftime_now(format: &str) -> String {
     let days = (secs / 86_400) as i64;
     let (year, month, day) = civil_from_days(days);
     const MONTHS: [&str; 12] = [
-        "January", "February", "March", "April", "May", "June", "July", "August", "September",
-        "October", "November", "December",
+        "January",
+        "February",
+        "March",
+        "April",
+        "May",
+        "June",
+        "July",
+        "August",
+        "September",
+        "October",
+        "November",
+        "December",
     ];
     let month_name = MONTHS[(month - 1) as usize];
     let mut out = String::new();
@@ -139,13 +152,16 @@ mod tests {
         let out = t
             .render(&[ChatMessage::new("user", "  hi  ")], true)
             .expect("renders");
-        assert_eq!(out, "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n");
+        assert_eq!(
+            out,
+            "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
+        );
     }
 
     #[test]
     fn raise_exception_becomes_an_error() {
-        let t = ChatTemplate::new("{{ raise_exception('no system role') }}", "", "")
-            .expect("compiles");
+        let t =
+            ChatTemplate::new("{{ raise_exception('no system role') }}", "", "").expect("compiles");
         let err = t.render(&[], false).expect_err("must fail");
         assert!(err.to_string().contains("no system role"), "{err}");
     }

@@ -196,8 +196,7 @@ impl StreamDecoder {
         // spaces or merge across tokens decode the same as the full sequence would.
         let prefix = tokenizer.decode(&self.ids[self.prefix_offset..self.read_offset], true)?;
         let full = tokenizer.decode(&self.ids[self.prefix_offset..], true)?;
-        if full.len() > prefix.len() && !full.ends_with('\u{FFFD}') && full.starts_with(&prefix)
-        {
+        if full.len() > prefix.len() && !full.ends_with('\u{FFFD}') && full.starts_with(&prefix) {
             let delta = full[prefix.len()..].to_owned();
             self.prefix_offset = self.read_offset;
             self.read_offset = self.ids.len();

@@ -155,9 +155,21 @@ fn llama_layer(up: &mut Uploader<'_>, spec: &DecoderSpec, i: u32) -> Result<Laye
     let qkv = up.matrix(
         &format!("{label} qkv"),
         &[
-            Part { name: &q, rows: qr, cols: d },
-            Part { name: &k, rows: kvr, cols: d },
-            Part { name: &v, rows: kvr, cols: d },
+            Part {
+                name: &q,
+                rows: qr,
+                cols: d,
+            },
+            Part {
+                name: &k,
+                rows: kvr,
+                cols: d,
+            },
+            Part {
+                name: &v,
+                rows: kvr,
+                cols: d,
+            },
         ],
         false,
     )?;
@@ -177,7 +189,11 @@ fn llama_layer(up: &mut Uploader<'_>, spec: &DecoderSpec, i: u32) -> Result<Laye
     let o_name = n("self_attn.o_proj.weight");
     let o = up.matrix(
         &format!("{label} o"),
-        &[Part { name: &o_name, rows: d, cols: qr }],
+        &[Part {
+            name: &o_name,
+            rows: d,
+            cols: qr,
+        }],
         false,
     )?;
     let o_bias = if spec.out_bias {
@@ -194,21 +210,36 @@ fn llama_layer(up: &mut Uploader<'_>, spec: &DecoderSpec, i: u32) -> Result<Laye
     let upm = up.matrix(
         &format!("{label} gate_up"),
         &[
-            Part { name: &gate, rows: inter, cols: d },
-            Part { name: &upn, rows: inter, cols: d },
+            Part {
+                name: &gate,
+                rows: inter,
+                cols: d,
+            },
+            Part {
+                name: &upn,
+                rows: inter,
+                cols: d,
+            },
         ],
         false,
     )?;
     let down_m = up.matrix(
         &format!("{label} down"),
-        &[Part { name: &down, rows: d, cols: inter }],
+        &[Part {
+            name: &down,
+            rows: d,
+            cols: inter,
+        }],
         false,
     )?;
     let (up_bias, down_bias) = if spec.mlp_bias {
         (
             Some(up.vector(
                 &label,
-                &[(&n("mlp.gate_proj.bias"), inter), (&n("mlp.up_proj.bias"), inter)],
+                &[
+                    (&n("mlp.gate_proj.bias"), inter),
+                    (&n("mlp.up_proj.bias"), inter),
+                ],
                 None,
             )?),
             Some(up.vector(&label, &[(&n("mlp.down_proj.bias"), d)], None)?),
@@ -247,14 +278,22 @@ fn gpt2_layer(up: &mut Uploader<'_>, spec: &DecoderSpec, i: u32) -> Result<Layer
     let c_attn = n("attn.c_attn.weight");
     let qkv = up.matrix(
         &format!("{label} qkv"),
-        &[Part { name: &c_attn, rows: 3 * d, cols: d }],
+        &[Part {
+            name: &c_attn,
+            rows: 3 * d,
+            cols: d,
+        }],
         true,
     )?;
     let qkv_bias = Some(up.vector(&label, &[(&n("attn.c_attn.bias"), 3 * d)], None)?);
     let c_proj = n("attn.c_proj.weight");
     let o = up.matrix(
         &format!("{label} o"),
-        &[Part { name: &c_proj, rows: d, cols: d }],
+        &[Part {
+            name: &c_proj,
+            rows: d,
+            cols: d,
+        }],
         true,
     )?;
     let o_bias = Some(up.vector(&label, &[(&n("attn.c_proj.bias"), d)], None)?);
@@ -262,14 +301,22 @@ fn gpt2_layer(up: &mut Uploader<'_>, spec: &DecoderSpec, i: u32) -> Result<Layer
     let fc = n("mlp.c_fc.weight");
     let upm = up.matrix(
         &format!("{label} fc"),
-        &[Part { name: &fc, rows: inter, cols: d }],
+        &[Part {
+            name: &fc,
+            rows: inter,
+            cols: d,
+        }],
         true,
     )?;
     let up_bias = Some(up.vector(&label, &[(&n("mlp.c_fc.bias"), inter)], None)?);
     let proj = n("mlp.c_proj.weight");
     let down = up.matrix(
         &format!("{label} proj"),
-        &[Part { name: &proj, rows: d, cols: inter }],
+        &[Part {
+            name: &proj,
+            rows: d,
+            cols: inter,
+        }],
         true,
     )?;
     let down_bias = Some(up.vector(&label, &[(&n("mlp.c_proj.bias"), d)], None)?);
@@ -316,7 +363,11 @@ impl DecoderModel {
         };
         let embedding = up.matrix(
             "token embedding",
-            &[Part { name: &embed_name, rows: spec.vocab, cols: d }],
+            &[Part {
+                name: &embed_name,
+                rows: spec.vocab,
+                cols: d,
+            }],
             false,
         )?;
         let positions = if gpt2 {
@@ -352,7 +403,11 @@ impl DecoderModel {
         let lm_head = if separate_head {
             Some(up.matrix(
                 "lm head",
-                &[Part { name: "lm_head.weight", rows: spec.vocab, cols: d }],
+                &[Part {
+                    name: "lm_head.weight",
+                    rows: spec.vocab,
+                    cols: d,
+                }],
                 false,
             )?)
         } else {
@@ -397,43 +452,99 @@ impl DecoderModel {
             cache_bytes += k_cache.size + v_cache.size;
             let a = &acts;
             let layer = Layer {
-                qkv_mv: MatVec::new(gpu, &w.qkv, &a.x, &a.qkv, &step, MatVecOptions {
-                    norm: Some(fused(norm_kind, &w.attn_norm, eps)),
-                    bias: w.qkv_bias.as_ref(),
-                    ..Default::default()
-                })?,
-                o_mv: MatVec::new(gpu, &w.o, &a.attn, &a.x, &step, MatVecOptions {
-                    bias: w.o_bias.as_ref(),
-                    residual: true,
-                    ..Default::default()
-                })?,
-                up_mv: MatVec::new(gpu, &w.up, &a.x, &a.h, &step, MatVecOptions {
-                    norm: Some(fused(norm_kind, &w.mlp_norm, eps)),
-                    bias: w.up_bias.as_ref(),
-                    glu,
-                    gelu: !glu,
-                    ..Default::default()
-                })?,
-                down_mv: MatVec::new(gpu, &w.down, &a.h, &a.x, &step, MatVecOptions {
-                    bias: w.down_bias.as_ref(),
-                    residual: true,
-                    ..Default::default()
-                })?,
+                qkv_mv: MatVec::new(
+                    gpu,
+                    &w.qkv,
+                    &a.x,
+                    &a.qkv,
+                    &step,
+                    MatVecOptions {
+                        norm: Some(fused(norm_kind, &w.attn_norm, eps)),
+                        bias: w.qkv_bias.as_ref(),
+                        ..Default::default()
+                    },
+                )?,
+                o_mv: MatVec::new(
+                    gpu,
+                    &w.o,
+                    &a.attn,
+                    &a.x,
+                    &step,
+                    MatVecOptions {
+                        bias: w.o_bias.as_ref(),
+                        residual: true,
+                        ..Default::default()
+                    },
+                )?,
+                up_mv: MatVec::new(
+                    gpu,
+                    &w.up,
+                    &a.x,
+                    &a.h,
+                    &step,
+                    MatVecOptions {
+                        norm: Some(fused(norm_kind, &w.mlp_norm, eps)),
+                        bias: w.up_bias.as_ref(),
+                        glu,
+                        gelu: !glu,
+                        ..Default::default()
+                    },
+                )?,
+                down_mv: MatVec::new(
+                    gpu,
+                    &w.down,
+                    &a.h,
+                    &a.x,
+                    &step,
+                    MatVecOptions {
+                        bias: w.down_bias.as_ref(),
+                        residual: true,
+                        ..Default::default()
+                    },
+                )?,
                 attn_norm: Norm::new(
-                    gpu, norm_kind, d, eps, &w.attn_norm.0, w.attn_norm.1.as_ref(), &a.x, &a.xn,
+                    gpu,
+                    norm_kind,
+                    d,
+                    eps,
+                    &w.attn_norm.0,
+                    w.attn_norm.1.as_ref(),
+                    &a.x,
+                    &a.xn,
                     &step,
                 )?,
-                qkv_mm: MatMul::new(gpu, &w.qkv, &a.xn, &a.qkv, &step, MatMulOptions {
-                    bias: w.qkv_bias.as_ref(),
-                    ..Default::default()
-                })?,
-                o_mm: MatMul::new(gpu, &w.o, &a.attn, &a.x, &step, MatMulOptions {
-                    bias: w.o_bias.as_ref(),
-                    residual: true,
-                    ..Default::default()
-                })?,
+                qkv_mm: MatMul::new(
+                    gpu,
+                    &w.qkv,
+                    &a.xn,
+                    &a.qkv,
+                    &step,
+                    MatMulOptions {
+                        bias: w.qkv_bias.as_ref(),
+                        ..Default::default()
+                    },
+                )?,
+                o_mm: MatMul::new(
+                    gpu,
+                    &w.o,
+                    &a.attn,
+                    &a.x,
+                    &step,
+                    MatMulOptions {
+                        bias: w.o_bias.as_ref(),
+                        residual: true,
+                        ..Default::default()
+                    },
+                )?,
                 mlp_norm: Norm::new(
-                    gpu, norm_kind, d, eps, &w.mlp_norm.0, w.mlp_norm.1.as_ref(), &a.x, &a.xn,
+                    gpu,
+                    norm_kind,
+                    d,
+                    eps,
+                    &w.mlp_norm.0,
+                    w.mlp_norm.1.as_ref(),
+                    &a.x,
+                    &a.xn,
                     &step,
                 )?,
                 up_mm: MatMul::new(
@@ -452,14 +563,31 @@ impl DecoderModel {
                     Some(gu) => Some(Glu::new(gpu, spec.intermediate, gu, &a.h, &step)?),
                     None => None,
                 },
-                down_mm: MatMul::new(gpu, &w.down, &a.h, &a.x, &step, MatMulOptions {
-                    bias: w.down_bias.as_ref(),
-                    residual: true,
-                    ..Default::default()
-                })?,
+                down_mm: MatMul::new(
+                    gpu,
+                    &w.down,
+                    &a.h,
+                    &a.x,
+                    &step,
+                    MatMulOptions {
+                        bias: w.down_bias.as_ref(),
+                        residual: true,
+                        ..Default::default()
+                    },
+                )?,
                 rope: RopeKv::new(
-                    gpu, heads, kv_heads, hd, capacity, dtype, rope.as_ref(), &a.qkv, &a.q,
-                    &k_cache, &v_cache, &step,
+                    gpu,
+                    heads,
+                    kv_heads,
+                    hd,
+                    capacity,
+                    dtype,
+                    rope.as_ref(),
+                    &a.qkv,
+                    &a.q,
+                    &k_cache,
+                    &v_cache,
+                    &step,
                 )?,
                 attention: Attention::new(
                     gpu, heads, kv_heads, hd, capacity, dtype, &a.q, &k_cache, &v_cache, &a.attn,
@@ -470,10 +598,17 @@ impl DecoderModel {
             kept.push(w);
         }
         let lm_head = lm_head.unwrap_or(embedding_clone(&embedding));
-        let lm_head_mv = MatVec::new(gpu, &lm_head, &acts.x, &acts.logits, &step, MatVecOptions {
-            norm: Some((norm_kind, &final_norm.0, final_norm.1.as_ref(), eps)),
-            ..Default::default()
-        })?;
+        let lm_head_mv = MatVec::new(
+            gpu,
+            &lm_head,
+            &acts.x,
+            &acts.logits,
+            &step,
+            MatVecOptions {
+                norm: Some((norm_kind, &final_norm.0, final_norm.1.as_ref(), eps)),
+                ..Default::default()
+            },
+        )?;
         let embed = Embed::new(
             gpu,
             &embedding,
@@ -483,7 +618,14 @@ impl DecoderModel {
             &acts.x,
             &step,
         )?;
-        let sample = Sample::new(gpu, spec.vocab, &acts.logits, &acts.history, &acts.seen, &step)?;
+        let sample = Sample::new(
+            gpu,
+            spec.vocab,
+            &acts.logits,
+            &acts.history,
+            &acts.seen,
+            &step,
+        )?;
         let staging = [
             gpu.readback_buffer("sampled token", 4),
             gpu.readback_buffer("sampled token", 4),
@@ -808,7 +950,9 @@ impl DecoderModel {
             ));
         }
         if self.seq_len == 0 || self.seq_len >= self.capacity {
-            return Err(Error::Invalid("profile needs a prompt and room for one token".into()));
+            return Err(Error::Invalid(
+                "profile needs a prompt and room for one token".into(),
+            ));
         }
         self.drain()?;
         let gpu = self.gpu.clone();

@@ -110,9 +110,10 @@ impl TextModel {
         if eos_ids.is_empty() {
             eos_ids.extend(tokenizer.eos_token_id());
         }
-        let name = path
-            .file_name()
-            .map_or_else(|| path.display().to_string(), |n| n.to_string_lossy().into_owned());
+        let name = path.file_name().map_or_else(
+            || path.display().to_string(),
+            |n| n.to_string_lossy().into_owned(),
+        );
         Ok(Self {
             model,
             tokenizer,

@@ -11,7 +11,9 @@ use crate::ops::{Matrix, WeightDType, encode_row, fill_random};
 pub enum WeightSource<'a> {
     Files(&'a SafeTensors),
     /// Random values on the GPU (benchmarks at real shapes).
-    Random { seed: u32 },
+    Random {
+        seed: u32,
+    },
 }
 
 /// One tensor that contributes rows to a matrix, with the shape it must have.
@@ -76,7 +78,12 @@ impl<'a> Uploader<'a> {
 
     /// A matrix made of the rows of `parts` in order. With `transposed`, each part is stored
     /// `[cols][rows]` (Conv1D) and is transposed while uploading.
-    pub fn matrix(&mut self, label: &str, parts: &[Part<'_>], transposed: bool) -> Result<Matrix, Error> {
+    pub fn matrix(
+        &mut self,
+        label: &str,
+        parts: &[Part<'_>],
+        transposed: bool,
+    ) -> Result<Matrix, Error> {
         let cols = parts.first().map_or(0, |p| p.cols);
         let rows: u32 = parts.iter().map(|p| p.rows).sum();
         let size = Matrix::byte_size(rows, cols, self.dtype);
@@ -97,7 +104,11 @@ impl<'a> Uploader<'a> {
                     let (r, c) = (part.rows as usize, part.cols as usize);
                     let shape = if transposed { [c, r] } else { [r, c] };
                     let view = self.tensor(part.name, &shape)?;
-                    let dense = if transposed { Some(view.to_f32()) } else { None };
+                    let dense = if transposed {
+                        Some(view.to_f32())
+                    } else {
+                        None
+                    };
                     let mut row = vec![0.0f32; c];
                     for start in (0..r).step_by(ROWS_PER_CHUNK) {
                         let end = (start + ROWS_PER_CHUNK).min(r);
@@ -162,11 +173,19 @@ impl<'a> Uploader<'a> {
     }
 
     /// A plain f32 matrix `[rows][cols]` without padding (learned position embeddings).
-    pub fn dense(&mut self, label: &str, name: &str, rows: u32, cols: u32) -> Result<StorageBuffer, Error> {
+    pub fn dense(
+        &mut self,
+        label: &str,
+        name: &str,
+        rows: u32,
+        cols: u32,
+    ) -> Result<StorageBuffer, Error> {
         let buffer = match self.source {
             WeightSource::Random { .. } => {
                 let seed = self.next_seed();
-                let buffer = self.gpu.storage(label, u64::from(rows) * u64::from(cols) * 4)?;
+                let buffer = self
+                    .gpu
+                    .storage(label, u64::from(rows) * u64::from(cols) * 4)?;
                 fill_random(self.gpu, &buffer, WeightDType::F32, seed, 0.02, false)?;
                 buffer
             }

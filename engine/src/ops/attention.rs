@@ -1,6 +1,6 @@
 use bytemuck::{Pod, Zeroable};
 
-use super::{bind, flag, WeightDType};
+use super::{WeightDType, bind, flag};
 use crate::gpu::{Gpu, GpuError, Kernel, Recorder, StorageBuffer, UniformBuffer};
 
 const SOURCE: &str = include_str!("../../../shaders/attention.wgsl");
@@ -42,12 +42,12 @@ impl Attention {
         out: &StorageBuffer,
         step: &UniformBuffer,
     ) -> Result<Self, GpuError> {
-        if head_dim > MAX_HEAD_DIM || head_dim % 4 != 0 || head_dim == 0 {
+        if head_dim > MAX_HEAD_DIM || !head_dim.is_multiple_of(4) || head_dim == 0 {
             return Err(GpuError::Device(format!(
                 "head_dim {head_dim} is unsupported (a multiple of 4, at most {MAX_HEAD_DIM})"
             )));
         }
-        if kv_heads == 0 || heads % kv_heads != 0 {
+        if kv_heads == 0 || !heads.is_multiple_of(kv_heads) {
             return Err(GpuError::Device(format!(
                 "{heads} attention heads cannot share {kv_heads} key/value heads"
             )));

@@ -1,6 +1,6 @@
 use bytemuck::{Pod, Zeroable};
 
-use super::{bind, flag, groups_of_64, WeightDType};
+use super::{WeightDType, bind, flag, groups_of_64};
 use crate::gpu::{Gpu, GpuError, Recorder, StorageBuffer};
 
 const SOURCE: &str = include_str!("../../../shaders/fill.wgsl");

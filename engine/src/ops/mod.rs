@@ -122,8 +122,7 @@ impl Matrix {
             encode_row(row, stride, dtype, &mut bytes);
             bytes
         });
-        let buffer =
-            gpu.storage_from_chunks(label, Self::byte_size(rows, cols, dtype), chunks)?;
+        let buffer = gpu.storage_from_chunks(label, Self::byte_size(rows, cols, dtype), chunks)?;
         Ok(Self {
             buffer,
             rows,

@@ -1,6 +1,6 @@
 use bytemuck::{Pod, Zeroable};
 
-use super::{bind, flag, groups_of_64, WeightDType};
+use super::{WeightDType, bind, flag, groups_of_64};
 use crate::gpu::{Gpu, GpuError, Kernel, Recorder, StorageBuffer, UniformBuffer};
 
 const SOURCE: &str = include_str!("../../../shaders/rope_kv.wgsl");
@@ -71,7 +71,7 @@ impl RopeKv {
         v_cache: &StorageBuffer,
         step: &UniformBuffer,
     ) -> Result<Self, GpuError> {
-        if head_dim % 4 != 0 {
+        if !head_dim.is_multiple_of(4) {
             return Err(GpuError::Device(format!(
                 "head_dim {head_dim} is not a multiple of 4"
             )));

@@ -66,7 +66,10 @@ impl Sample {
             256
         };
         let kernel = gpu.kernel("sample", SOURCE, "main", &[("WG", wg.to_string())])?;
-        let params = gpu.uniform("sampler params", &Self::pack(vocab, &SamplerParams::default()));
+        let params = gpu.uniform(
+            "sampler params",
+            &Self::pack(vocab, &SamplerParams::default()),
+        );
         let bind_group = bind(
             gpu,
             &kernel,
@@ -95,7 +98,11 @@ impl Sample {
             seed: (s.seed ^ (s.seed >> 32)) as u32,
             greedy: u32::from(greedy),
             temperature: if greedy { 1.0 } else { s.temperature },
-            top_p: if s.top_p > 0.0 && s.top_p < 1.0 { s.top_p } else { 1.0 },
+            top_p: if s.top_p > 0.0 && s.top_p < 1.0 {
+                s.top_p
+            } else {
+                1.0
+            },
             repeat_penalty: if s.repeat_penalty > 0.0 {
                 s.repeat_penalty
             } else {
