@@ -1,11 +1,19 @@
 // Picks the next token on the GPU from the logits of the last position, in the order HF
 // transformers applies its processors: repetition penalty (over every token seen in prompt and
-// output), then greedy argmax, or temperature, top-k, top-p and a seeded draw. Thresholds are
-// found by bisection over an order-preserving integer key of the f32 logits, so no sort is
-// needed. One workgroup; the chosen id is appended to the history buffer, where the next
-// step's embedding reads it, and marked as seen.
+// output), then greedy argmax, or temperature, top-k, top-p and a seeded draw. One workgroup;
+// the chosen id is appended to the history buffer, where the next step's embedding reads it,
+// and marked as seen.
 //
-// Defines: WG.
+// Top-k / top-p usually concern a few hundred tokens near the maximum: those within WINDOW
+// (scaled) logits of it are compacted in token order into workgroup memory, sorted, and
+// filtered there. When they cannot decide the answer (too many near-ties, or a nucleus that
+// reaches further down), thresholds are found exactly by bisection over an order-preserving
+// integer key of the f32 logits across the whole vocabulary.
+//
+// The logits are read as vec4 words (the buffer is padded to a multiple of 4) so that one
+// workgroup keeps enough bytes in flight to stream a large vocabulary.
+//
+// Defines: WG (a power of two; also the candidate capacity).
 
 struct Params {
     vocab: u32,
@@ -27,22 +35,32 @@ struct Step {
 
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<uniform> step: Step;
-@group(0) @binding(2) var<storage, read_write> logits: array<f32>;
+@group(0) @binding(2) var<storage, read_write> logits: array<vec4<f32>>;
 @group(0) @binding(3) var<storage, read_write> history: array<u32>;
 @group(0) @binding(4) var<storage, read_write> seen: array<atomic<u32>>;
 
+const NEG_BIG: f32 = -3.0e38;
+// Tokens more than this many (scaled) logits below the best have relative probability
+// below e^-16 ≈ 1.1e-7 each.
+const WINDOW: f32 = 16.0;
+
 var<workgroup> red_f: array<f32, {{WG}}>;
 var<workgroup> red_u: array<u32, {{WG}}>;
+var<workgroup> cand_key: array<u32, {{WG}}>;
+var<workgroup> cand_idx: array<u32, {{WG}}>;
+var<workgroup> cand_p: array<f32, {{WG}}>;
 var<workgroup> chosen_chunk: u32;
 var<workgroup> chosen_offset: f32;
 var<workgroup> chosen_token: u32;
-
-const NEG_BIG: f32 = -3.0e38;
 
 // Monotone map from f32 to u32: a < b  <=>  key(a) < key(b).
 fn key(v: f32) -> u32 {
     let b = bitcast<u32>(v);
     return select(b | 0x80000000u, ~b, (b >> 31u) == 1u);
+}
+
+fn unkey(k: u32) -> f32 {
+    return bitcast<f32>(select(~k, k & 0x7fffffffu, (k >> 31u) == 1u));
 }
 
 fn hash(v: u32) -> u32 {
@@ -93,165 +111,352 @@ fn sum_u(tid: u32, v: u32) -> u32 {
     return r;
 }
 
-// Probability mass (unnormalised, relative to the max) of logits whose key is >= threshold.
+fn words() -> u32 {
+    return (p.vocab + 3u) / 4u;
+}
+
+// Logit `c` of word `w`, or NEG_BIG past the vocabulary.
+fn lane(w: vec4<f32>, word: u32, c: u32) -> f32 {
+    return select(NEG_BIG, w[c], word * 4u + c < p.vocab);
+}
+
+// Probability mass (relative to the max) of logits whose key is >= threshold.
 fn mass_above(tid: u32, threshold: u32, top: f32) -> f32 {
     var m = 0.0;
-    for (var v = tid; v < p.vocab; v += {{WG}}u) {
-        let l = logits[v];
-        if (key(l) >= threshold) {
-            m += exp(l - top);
+    for (var w = tid; w < words(); w += {{WG}}u) {
+        let l4 = logits[w];
+        for (var c = 0u; c < 4u; c++) {
+            let l = lane(l4, w, c);
+            if (key(l) >= threshold && l > NEG_BIG) {
+                m += exp(l - top);
+            }
         }
     }
     return sum_f(tid, m);
 }
 
-@compute @workgroup_size({{WG}})
-fn main(@builtin(local_invocation_index) tid: u32) {
-    let vocab = p.vocab;
-    var local_max = NEG_BIG;
-    var best = 0u;
-    if (p.greedy != 0u && p.repeat_penalty == 1.0) {
-        // Plain argmax, the common case: read only, four independent loads in flight.
-        let stride = 4u * {{WG}}u;
-        for (var base = tid; base < vocab; base += stride) {
-            var vals: array<f32, 4>;
-            for (var u = 0u; u < 4u; u++) {
-                let v = base + u * {{WG}}u;
-                vals[u] = select(NEG_BIG, logits[min(v, vocab - 1u)], v < vocab);
-            }
-            for (var u = 0u; u < 4u; u++) {
-                // Strictly greater, in increasing index order per invocation: the lowest
-                // index wins a tie, as torch.argmax does.
-                let v = base + u * {{WG}}u;
-                if (vals[u] > local_max) {
-                    local_max = vals[u];
-                    best = v;
-                }
+fn uniform01() -> f32 {
+    let r = hash(hash(p.seed) ^ (step.seq_len * 0x9E3779B9u));
+    return f32(r >> 8u) / 16777216.0;
+}
+
+// Greedy: argmax, the lowest index winning a tie as torch.argmax does.
+fn pick_greedy(tid: u32, local_max: f32, best: u32) {
+    red_f[tid] = local_max;
+    red_u[tid] = best;
+    workgroupBarrier();
+    for (var s = {{WG}}u / 2u; s > 0u; s = s >> 1u) {
+        if (tid < s) {
+            let a = red_f[tid];
+            let b = red_f[tid + s];
+            if (b > a || (b == a && red_u[tid + s] < red_u[tid])) {
+                red_f[tid] = b;
+                red_u[tid] = red_u[tid + s];
             }
         }
-    } else {
-        for (var v = tid; v < vocab; v += {{WG}}u) {
-            var l = logits[v];
-            if (p.repeat_penalty != 1.0) {
-                let bits = atomicLoad(&seen[v / 32u]);
-                if ((bits & (1u << (v % 32u))) != 0u) {
-                    l = select(l * p.repeat_penalty, l / p.repeat_penalty, l > 0.0);
-                }
-            }
-            if (p.greedy == 0u) {
-                l = l / p.temperature;
-            }
-            logits[v] = l;
-            if (l > local_max) {
-                local_max = l;
-                best = v;
-            }
-        }
-    }
-    if (p.greedy != 0u) {
-        red_f[tid] = local_max;
-        red_u[tid] = best;
         workgroupBarrier();
-        for (var s = {{WG}}u / 2u; s > 0u; s = s >> 1u) {
-            if (tid < s) {
-                let a = red_f[tid];
-                let b = red_f[tid + s];
-                if (b > a || (b == a && red_u[tid + s] < red_u[tid])) {
-                    red_f[tid] = b;
-                    red_u[tid] = red_u[tid + s];
+    }
+    if (tid == 0u) {
+        chosen_token = red_u[0];
+    }
+}
+
+// Candidates (count of them given) are in workgroup memory in token order: sort them by logit
+// (ties by token id, so the order is fully determined), apply top-k and top-p, and draw.
+fn pick_from_candidates(tid: u32, count: u32, top: f32) {
+    // Bitonic sort, descending key, ascending id on ties; empty slots hold key 0.
+    for (var k = 2u; k <= {{WG}}u; k = k << 1u) {
+        for (var j = k >> 1u; j > 0u; j = j >> 1u) {
+            let i = tid;
+            let l = i ^ j;
+            if (l > i) {
+                let ki = cand_key[i];
+                let kl = cand_key[l];
+                let ii = cand_idx[i];
+                let il = cand_idx[l];
+                // Does element l belong before element i?
+                let l_first = kl > ki || (kl == ki && il < ii);
+                let descending = (i & k) == 0u;
+                if (l_first == descending) {
+                    cand_key[i] = kl;
+                    cand_key[l] = ki;
+                    cand_idx[i] = il;
+                    cand_idx[l] = ii;
                 }
             }
             workgroupBarrier();
         }
-        if (tid == 0u) {
-            chosen_token = red_u[0];
+    }
+    // Top-k keeps every candidate at or above the k-th value (ties included, as transformers).
+    var kept = count;
+    if (p.top_k > 0u && p.top_k < count) {
+        let kth = cand_key[p.top_k - 1u];
+        kept = sum_u(tid, select(0u, 1u, tid < count && cand_key[tid] >= kth));
+    }
+    // Inclusive prefix sums of the kept probabilities, in sorted order.
+    var prob = 0.0;
+    if (tid < kept) {
+        prob = exp(unkey(cand_key[tid]) - top);
+    }
+    cand_p[tid] = prob;
+    workgroupBarrier();
+    for (var offset = 1u; offset < {{WG}}u; offset = offset << 1u) {
+        var add = 0.0;
+        if (tid >= offset) {
+            add = cand_p[tid - offset];
         }
-    } else {
-        let top = max_f(tid, local_max);
-        // Top-k: the largest key with at least k logits at or above it.
-        var kth = 0u;
-        if (p.top_k > 0u && p.top_k < vocab) {
-            for (var i = 0u; i < 32u; i++) {
-                let candidate = kth | (1u << (31u - i));
-                var count = 0u;
-                for (var v = tid; v < vocab; v += {{WG}}u) {
-                    count += select(0u, 1u, key(logits[v]) >= candidate);
-                }
-                if (sum_u(tid, count) >= p.top_k) {
-                    kth = candidate;
+        workgroupBarrier();
+        cand_p[tid] += add;
+        workgroupBarrier();
+    }
+    var n = kept;
+    if (p.top_p < 1.0 && kept > 0u) {
+        // Keep a token while the mass ranked above it is below top_p of the whole.
+        let wanted = p.top_p * cand_p[kept - 1u];
+        n = sum_u(tid, select(0u, 1u, tid < kept && cand_p[tid] - prob < wanted));
+        n = max(n, 1u);
+    }
+    let goal = uniform01() * cand_p[n - 1u];
+    // The first kept position whose inclusive sum passes the goal.
+    let hit = tid < n && cand_p[tid] > goal && (tid == 0u || cand_p[tid - 1u] <= goal);
+    red_u[tid] = select(0xffffffffu, tid, hit);
+    workgroupBarrier();
+    for (var s = {{WG}}u / 2u; s > 0u; s = s >> 1u) {
+        if (tid < s) {
+            red_u[tid] = min(red_u[tid], red_u[tid + s]);
+        }
+        workgroupBarrier();
+    }
+    if (tid == 0u) {
+        let at = select(red_u[0], n - 1u, red_u[0] == 0xffffffffu);
+        chosen_token = cand_idx[at];
+    }
+}
+
+// Exact thresholds over the whole vocabulary by bisection, then a draw in token order.
+fn pick_by_bisection(tid: u32, top: f32) {
+    // Top-k: the largest key with at least k logits at or above it.
+    var kth = 0u;
+    if (p.top_k > 0u && p.top_k < p.vocab) {
+        for (var i = 0u; i < 32u; i++) {
+            let candidate = kth | (1u << (31u - i));
+            var count = 0u;
+            for (var w = tid; w < words(); w += {{WG}}u) {
+                let l4 = logits[w];
+                for (var c = 0u; c < 4u; c++) {
+                    let l = lane(l4, w, c);
+                    count += select(0u, 1u, key(l) >= candidate && l > NEG_BIG);
                 }
             }
-        }
-        // Top-p: the largest key whose tokens at or above it hold at least top_p of the
-        // top-k mass (the smallest such set of most likely tokens).
-        var cut = kth;
-        if (p.top_p < 1.0) {
-            let wanted = p.top_p * mass_above(tid, kth, top);
-            cut = 0u;
-            for (var i = 0u; i < 32u; i++) {
-                let candidate = cut | (1u << (31u - i));
-                if (mass_above(tid, candidate, top) >= wanted) {
-                    cut = candidate;
-                }
+            if (sum_u(tid, count) >= p.top_k) {
+                kth = candidate;
             }
         }
-        let total = mass_above(tid, cut, top);
-        let r = hash(hash(p.seed) ^ (step.seq_len * 0x9E3779B9u));
-        let wanted_mass = f32(r >> 8u) / 16777216.0 * total;
-        // Inverse CDF in token-id order: contiguous chunks per invocation, a scan over the
-        // chunk sums, then one invocation walks its chunk.
-        let chunk = (vocab + {{WG}}u - 1u) / {{WG}}u;
-        let lo = min(tid * chunk, vocab);
-        let hi = min(lo + chunk, vocab);
-        var m = 0.0;
-        for (var v = lo; v < hi; v++) {
-            let l = logits[v];
-            if (key(l) >= cut) {
+    }
+    // Top-p: the largest key whose tokens at or above it hold at least top_p of the top-k
+    // mass (the smallest such set of most likely tokens).
+    var cut = kth;
+    if (p.top_p < 1.0) {
+        let wanted = p.top_p * mass_above(tid, kth, top);
+        cut = 0u;
+        for (var i = 0u; i < 32u; i++) {
+            let candidate = cut | (1u << (31u - i));
+            if (mass_above(tid, candidate, top) >= wanted) {
+                cut = candidate;
+            }
+        }
+    }
+    let total = mass_above(tid, cut, top);
+    let goal = uniform01() * total;
+    // Inverse CDF in token order: contiguous chunks of words per invocation, a scan over the
+    // chunk sums, then one invocation walks its chunk.
+    let chunk = (words() + {{WG}}u - 1u) / {{WG}}u;
+    let lo = min(tid * chunk, words());
+    let hi = min(lo + chunk, words());
+    var m = 0.0;
+    for (var w = lo; w < hi; w++) {
+        let l4 = logits[w];
+        for (var c = 0u; c < 4u; c++) {
+            let l = lane(l4, w, c);
+            if (key(l) >= cut && l > NEG_BIG) {
                 m += exp(l - top);
             }
         }
-        red_f[tid] = m;
-        workgroupBarrier();
-        if (tid == 0u) {
-            var acc = 0.0;
-            var pick = 0u;
-            var offset = 0.0;
-            var found = false;
-            for (var c = 0u; c < {{WG}}u; c++) {
-                let cm = red_f[c];
-                if (cm > 0.0) {
-                    pick = c;
-                    offset = acc;
-                    if (acc + cm > wanted_mass) {
-                        found = true;
-                        break;
-                    }
+    }
+    red_f[tid] = m;
+    workgroupBarrier();
+    if (tid == 0u) {
+        var acc = 0.0;
+        var pick = 0u;
+        var offset = 0.0;
+        for (var c = 0u; c < {{WG}}u; c++) {
+            let cm = red_f[c];
+            if (cm > 0.0) {
+                pick = c;
+                offset = acc;
+                if (acc + cm > goal) {
+                    break;
                 }
-                acc += cm;
             }
-            chosen_chunk = pick;
-            chosen_offset = offset;
+            acc += cm;
         }
-        workgroupBarrier();
-        if (tid == chosen_chunk) {
-            var acc = chosen_offset;
-            var last = lo;
-            var picked = false;
-            for (var v = lo; v < hi; v++) {
-                let l = logits[v];
-                if (key(l) >= cut) {
+        chosen_chunk = pick;
+        chosen_offset = offset;
+    }
+    workgroupBarrier();
+    if (tid == chosen_chunk) {
+        var acc = chosen_offset;
+        var last = lo * 4u;
+        var picked = false;
+        for (var w = lo; w < hi && !picked; w++) {
+            let l4 = logits[w];
+            for (var c = 0u; c < 4u; c++) {
+                let l = lane(l4, w, c);
+                if (key(l) >= cut && l > NEG_BIG) {
                     acc += exp(l - top);
-                    last = v;
-                    if (acc > wanted_mass) {
-                        chosen_token = v;
+                    last = w * 4u + c;
+                    if (acc > goal) {
+                        chosen_token = last;
                         picked = true;
                         break;
                     }
                 }
             }
-            if (!picked) {
-                chosen_token = last;
+        }
+        if (!picked) {
+            chosen_token = last;
+        }
+    }
+}
+
+@compute @workgroup_size({{WG}})
+fn main(@builtin(local_invocation_index) tid: u32) {
+    var local_max = NEG_BIG;
+    var best = 0u;
+    let n_words = words();
+    if (p.greedy != 0u && p.repeat_penalty == 1.0) {
+        // Plain argmax, the common case: read only, two words in flight per invocation.
+        for (var base = tid; base < n_words; base += 2u * {{WG}}u) {
+            let second = base + {{WG}}u;
+            let a = logits[base];
+            let b = logits[min(second, n_words - 1u)];
+            // Increasing token order per invocation: strictly greater keeps the lowest index.
+            for (var c = 0u; c < 4u; c++) {
+                let l = lane(a, base, c);
+                if (l > local_max) {
+                    local_max = l;
+                    best = base * 4u + c;
+                }
             }
+            if (second < n_words) {
+                for (var c = 0u; c < 4u; c++) {
+                    let l = lane(b, second, c);
+                    if (l > local_max) {
+                        local_max = l;
+                        best = second * 4u + c;
+                    }
+                }
+            }
+        }
+    } else {
+        for (var w = tid; w < n_words; w += {{WG}}u) {
+            var l4 = logits[w];
+            for (var c = 0u; c < 4u; c++) {
+                let v = w * 4u + c;
+                if (v >= p.vocab) {
+                    l4[c] = NEG_BIG;
+                    continue;
+                }
+                var l = l4[c];
+                if (p.repeat_penalty != 1.0) {
+                    let bits = atomicLoad(&seen[v / 32u]);
+                    if ((bits & (1u << (v % 32u))) != 0u) {
+                        l = select(l * p.repeat_penalty, l / p.repeat_penalty, l > 0.0);
+                    }
+                }
+                if (p.greedy == 0u) {
+                    l = l / p.temperature;
+                }
+                l4[c] = l;
+                if (l > local_max) {
+                    local_max = l;
+                    best = v;
+                }
+            }
+            logits[w] = l4;
+        }
+    }
+    if (p.greedy != 0u) {
+        pick_greedy(tid, local_max, best);
+    } else {
+        let top = max_f(tid, local_max);
+        // How many logits lie within the window, and how much of the mass they hold.
+        var count = 0u;
+        var near_mass = 0.0;
+        var all_mass = 0.0;
+        for (var w = tid; w < n_words; w += {{WG}}u) {
+            let l4 = logits[w];
+            for (var c = 0u; c < 4u; c++) {
+                let l = lane(l4, w, c);
+                let e = select(0.0, exp(l - top), l > NEG_BIG);
+                all_mass += e;
+                if (l >= top - WINDOW) {
+                    count += 1u;
+                    near_mass += e;
+                }
+            }
+        }
+        let near = sum_u(tid, count);
+        let near_total = sum_f(tid, near_mass);
+        let total = sum_f(tid, all_mass);
+        let filtered = p.top_k > 0u || p.top_p < 1.0;
+        // The window decides the answer when it holds the whole top-k set (top_k <= near)
+        // or, without top-k, the whole nucleus.
+        let k_inside = p.top_k > 0u && p.top_k <= near;
+        let p_inside = p.top_k == 0u && p.top_p < 1.0 && near_total >= p.top_p * total;
+        if (filtered && near <= {{WG}}u && (k_inside || p_inside)) {
+            // Compact the window's tokens in token order: contiguous chunks per invocation,
+            // offsets from a scan of the per-chunk counts.
+            let chunk = (n_words + {{WG}}u - 1u) / {{WG}}u;
+            let lo = min(tid * chunk, n_words);
+            let hi = min(lo + chunk, n_words);
+            var mine = 0u;
+            for (var w = lo; w < hi; w++) {
+                let l4 = logits[w];
+                for (var c = 0u; c < 4u; c++) {
+                    mine += select(0u, 1u, lane(l4, w, c) >= top - WINDOW);
+                }
+            }
+            red_u[tid] = mine;
+            workgroupBarrier();
+            for (var offset = 1u; offset < {{WG}}u; offset = offset << 1u) {
+                var add = 0u;
+                if (tid >= offset) {
+                    add = red_u[tid - offset];
+                }
+                workgroupBarrier();
+                red_u[tid] += add;
+                workgroupBarrier();
+            }
+            var at = red_u[tid] - mine;
+            cand_key[tid] = 0u;
+            cand_idx[tid] = 0xffffffffu;
+            workgroupBarrier();
+            for (var w = lo; w < hi; w++) {
+                let l4 = logits[w];
+                for (var c = 0u; c < 4u; c++) {
+                    let l = lane(l4, w, c);
+                    if (l >= top - WINDOW) {
+                        cand_key[at] = key(l);
+                        cand_idx[at] = w * 4u + c;
+                        at += 1u;
+                    }
+                }
+            }
+            workgroupBarrier();
+            pick_from_candidates(tid, near, top);
+        } else {
+            pick_by_bisection(tid, top);
         }
     }
     workgroupBarrier();

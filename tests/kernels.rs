@@ -712,7 +712,10 @@ fn fill_matches_its_host_formula() {
 /// Runs the sampler once over `logits` with the given history and settings.
 fn sample_once(gpu: &Gpu, logits: &[f32], history: &[u32], params: &SamplerParams) -> u32 {
     let vocab = logits.len() as u32;
-    let lb = buf(gpu, logits);
+    // Pad to whole vec4 words with values that would win if the padding were read.
+    let mut padded = logits.to_vec();
+    padded.resize(logits.len().div_ceil(4) * 4, 1e30);
+    let lb = buf(gpu, &padded);
     let mut hist = history.to_vec();
     hist.push(0);
     let hb = gpu.storage_from("history", &hist).expect("history");
@@ -823,6 +826,16 @@ fn sampling_follows_the_filtered_distribution() {
     for (i, &c) in counts.iter().enumerate() {
         assert_eq!(c > 0, [3, 5].contains(&i), "top-p token {i}: {c}");
     }
+    // Top-k 3 then top-p 0.6: the top three hold 0.51, 0.31, 0.19 of their mass: {3, 5}.
+    let counts = count(SamplerParams {
+        temperature: 1.0,
+        top_k: 3,
+        top_p: 0.6,
+        ..Default::default()
+    });
+    for (i, &c) in counts.iter().enumerate() {
+        assert_eq!(c > 0, [3, 5].contains(&i), "top-k + top-p token {i}: {c}");
+    }
     // The same seed gives the same token.
     let p = SamplerParams {
         temperature: 1.0,
@@ -831,4 +844,55 @@ fn sampling_follows_the_filtered_distribution() {
     };
     let first = sample_once(&gpu, &logits, &[6], &p);
     assert!((0..5).all(|_| sample_once(&gpu, &logits, &[6], &p) == first));
+}
+
+/// Near-flat distributions put more tokens near the maximum than the sampler keeps in
+/// workgroup memory; thresholds then come from bisection over the whole vocabulary.
+#[test]
+fn sampling_with_many_near_ties_uses_exact_thresholds() {
+    let gpu = gpu();
+    let vocab = 3001usize;
+    // Slowly decreasing logits: every token is within a few logits of the best.
+    let logits: Vec<f32> = (0..vocab).map(|i| -(i as f32) * 0.001).collect();
+    // Top-k 5: only the first five tokens can come out.
+    for seed in 0..40u64 {
+        let p = SamplerParams {
+            temperature: 1.0,
+            top_k: 5,
+            seed,
+            ..Default::default()
+        };
+        let t = sample_once(&gpu, &logits, &[0], &p);
+        assert!(t < 5, "top-k 5 gave token {t}");
+    }
+    // Top-p 0.3: the smallest prefix holding 30% of the mass.
+    let probs = softmax(&logits, 1.0);
+    let mut cum = 0.0;
+    let mut last = 0;
+    for (i, p) in probs.iter().enumerate() {
+        if cum >= 0.3 {
+            break;
+        }
+        cum += p;
+        last = i;
+    }
+    let mut highest = 0;
+    for seed in 0..60u64 {
+        let p = SamplerParams {
+            temperature: 1.0,
+            top_p: 0.3,
+            seed,
+            ..Default::default()
+        };
+        let t = sample_once(&gpu, &logits, &[0], &p) as usize;
+        assert!(
+            t <= last,
+            "top-p 0.3 gave token {t}, nucleus ends at {last}"
+        );
+        highest = highest.max(t);
+    }
+    assert!(
+        highest > last / 2,
+        "draws spread over the nucleus (highest {highest} of {last})"
+    );
 }

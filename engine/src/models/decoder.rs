@@ -432,7 +432,8 @@ impl DecoderModel {
                 None
             },
             h: gpu.storage("mlp hidden", f(t * spec.intermediate))?,
-            logits: gpu.storage("logits", f(spec.vocab))?,
+            // Padded to whole vec4 words for the sampler.
+            logits: gpu.storage("logits", f(spec.vocab.div_ceil(4) * 4))?,
             history: gpu.storage("token history", f(capacity + 1))?,
             seen: gpu.storage("seen tokens", f(spec.vocab.div_ceil(32)))?,
         };

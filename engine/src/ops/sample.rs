@@ -58,6 +58,13 @@ impl Sample {
         seen: &StorageBuffer,
         step: &UniformBuffer,
     ) -> Result<Self, GpuError> {
+        let needed = u64::from(vocab.div_ceil(4)) * 16;
+        if logits.size < needed {
+            return Err(GpuError::Device(format!(
+                "the logits buffer holds {} bytes; the sampler reads {needed} (vocabulary padded to whole vec4 words)",
+                logits.size
+            )));
+        }
         // One workgroup does all the work: make it as wide as the device allows.
         let caps = gpu.caps();
         let wg = if caps.max_workgroup_invocations >= 1024 && caps.max_workgroup_size_x >= 1024 {
