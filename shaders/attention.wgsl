@@ -5,7 +5,12 @@
 // chunks, so any context length fits in fixed workgroup memory. HD is a specialisation
 // constant so the per-key loops have fixed trip counts.
 //
-// Defines: WG, HD (head_dim, a multiple of 4), F16 (f16 cache).
+// With SPLIT (decoding one token), the keys are divided among workgroups instead: workgroup
+// (head, s) takes the s-th run of split_len keys and writes its unnormalised output with its
+// running max and sum; the next product (the output projection, see matvec.wgsl COMBINE)
+// merges the runs. That keeps long contexts parallel without another dispatch.
+//
+// Defines: WG, HD (head_dim, a multiple of 4), F16 (f16 cache), SPLIT, MIN_SPLIT, MAX_SPLITS.
 
 struct Params {
     heads: u32,
@@ -40,6 +45,10 @@ const KEY_GROUPS: u32 = {{WG}}u / QUADS;
 @group(0) @binding(4) var<storage, read> v_cache: array<vec4<f32>>;
 #endif
 @group(0) @binding(5) var<storage, read_write> out: array<f32>;
+#if SPLIT
+// (running max, running sum) per (split, head).
+@group(0) @binding(6) var<storage, read_write> split_stats: array<vec2<f32>>;
+#endif
 
 var<workgroup> qs: array<vec4<f32>, QUADS>;
 var<workgroup> probs: array<f32, {{WG}}>;
@@ -99,9 +108,19 @@ fn wg_sum(tid: u32, v: f32) -> f32 {
 @compute @workgroup_size({{WG}})
 fn main(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id) wid: vec3<u32>) {
     let head = wid.x;
+#if SPLIT
+    let t = 0u;
+    let split = wid.y;
+    let all_keys = step.pos0 + 1u;
+    let split_len = max({{MIN_SPLIT}}u, (all_keys + {{MAX_SPLITS}}u - 1u) / {{MAX_SPLITS}}u);
+    let first_key = min(split * split_len, all_keys);
+    let n_keys = min(first_key + split_len, all_keys);
+#else
     let t = wid.y;
-    let kv_head = head / (p.heads / p.kv_heads);
+    let first_key = 0u;
     let n_keys = step.pos0 + t + 1u;
+#endif
+    let kv_head = head / (p.heads / p.kv_heads);
     let q_base = (t * p.heads + head) * {{HD}}u;
     // The softmax scale is folded into q.
     for (var i = tid; i < QUADS; i += {{WG}}u) {
@@ -117,7 +136,7 @@ fn main(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id) wid: v
     var running_max = NEG_BIG;
     var running_sum = 0.0;
     var acc = vec4<f32>(0.0);
-    for (var c0 = 0u; c0 < n_keys; c0 += {{WG}}u) {
+    for (var c0 = first_key; c0 < n_keys; c0 += {{WG}}u) {
         let j = c0 + tid;
         var score = NEG_BIG;
         if (j < n_keys) {
@@ -150,8 +169,16 @@ fn main(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id) wid: v
         for (var g = 0u; g < KEY_GROUPS; g++) {
             total += partial[g * QUADS + tid];
         }
+#if SPLIT
+        let o = total;
+        let b = (split * p.heads + head) * {{HD}}u + 4u * tid;
+        if (tid == 0u) {
+            split_stats[split * p.heads + head] = vec2<f32>(running_max, running_sum);
+        }
+#else
         let o = total / running_sum;
         let b = q_base + 4u * tid;
+#endif
         out[b] = o.x;
         out[b + 1u] = o.y;
         out[b + 2u] = o.z;

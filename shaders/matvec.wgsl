@@ -8,7 +8,9 @@
 // stride in vec4 words, fixed per pipeline so the loop over a row has a known trip count),
 // F16, NORM, NORM_LAYER, BIAS, GLU (y = silu(W_gate·x̂) * (W_up·x̂), the up block at
 // glu_offset), GELU, RESIDUAL (y += ...), SUBGROUP, XCACHE (x̂ staged once in workgroup memory,
-// for short rows), XVEC4 (k is a multiple of 4: x is also read through a vec4 view).
+// for short rows), XVEC4 (k is a multiple of 4: x is also read through a vec4 view), COMBINE
+// (x is the attention output of one token, split over runs of keys as attention.wgsl SPLIT
+// leaves it: the runs are merged while staging; needs XCACHE), HEADS, MIN_SPLIT, MAX_SPLITS.
 
 struct Params {
     n: u32,
@@ -16,9 +18,9 @@ struct Params {
     row_vecs: u32,
     glu_offset: u32,
     eps: f32,
-    _pad0: u32,
-    _pad1: u32,
-    _pad2: u32,
+    heads: u32,
+    head_dim: u32,
+    _pad: u32,
 }
 
 struct Step {
@@ -39,6 +41,12 @@ struct Step {
 @group(0) @binding(4) var<storage, read_write> y: array<f32>;
 #if XVEC4
 @group(0) @binding(8) var<storage, read> xv: array<vec4<f32>>;
+#endif
+#if COMBINE
+@group(0) @binding(9) var<storage, read> partials: array<vec4<f32>>;
+@group(0) @binding(10) var<storage, read> split_stats: array<vec2<f32>>;
+// Per head: (overall max, 1 / overall sum).
+var<workgroup> head_scale: array<vec2<f32>, {{HEADS}}>;
 #endif
 #if BIAS
 @group(0) @binding(5) var<storage, read> bias: array<f32>;
@@ -195,11 +203,44 @@ fn main(
 #endif
     workgroupBarrier();
 #endif
+#if COMBINE
+    let all_keys = step.pos0 + 1u;
+    let split_len = max({{MIN_SPLIT}}u, (all_keys + {{MAX_SPLITS}}u - 1u) / {{MAX_SPLITS}}u);
+    let splits = (all_keys + split_len - 1u) / split_len;
+    for (var h = tid; h < p.heads; h += {{WG}}u) {
+        var top = -3.0e38;
+        for (var s = 0u; s < splits; s++) {
+            top = max(top, split_stats[s * p.heads + h].x);
+        }
+        var total = 0.0;
+        for (var s = 0u; s < splits; s++) {
+            let st = split_stats[s * p.heads + h];
+            total += st.y * exp(st.x - top);
+        }
+        head_scale[h] = vec2<f32>(top, 1.0 / total);
+    }
+    workgroupBarrier();
+    let quads = p.k / 4u;
+    for (var i = tid; i < {{ROW_VECS}}u * {{EPV}}u / 4u; i += {{WG}}u) {
+        var merged = vec4<f32>(0.0);
+        if (i < quads) {
+            let h = (4u * i) / p.head_dim;
+            let hs = head_scale[h];
+            for (var s = 0u; s < splits; s++) {
+                merged += partials[s * quads + i] * exp(split_stats[s * p.heads + h].x - hs.x);
+            }
+            merged *= hs.y;
+        }
+        xs[i] = merged;
+    }
+    workgroupBarrier();
+#else
 #if XCACHE
     for (var i = tid; i < {{ROW_VECS}}u * {{EPV}}u / 4u; i += {{WG}}u) {
         xs[i] = x4(base, 4u * i);
     }
     workgroupBarrier();
+#endif
 #endif
     let lane = tid % {{TPR}}u;
     let row = group * ({{WG}}u / {{TPR}}u) + tid / {{TPR}}u;

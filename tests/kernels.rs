@@ -166,6 +166,7 @@ fn matvec_parity(gpu: &Gpu) {
                     glu,
                     gelu: matches!(variant, Variant::GeluBias),
                     residual: matches!(variant, Variant::Residual),
+                    combine: None,
                 };
                 let op = MatVec::new(&gpu, &wm, &xb, &yb, &st, opts).expect("matvec");
                 let mut rec = Recorder::new(&gpu);
@@ -495,12 +496,115 @@ fn rope_and_cache_store_match_cpu() {
     }
 }
 
+/// Inputs of one attention case on the host (cache values as the GPU holds them) and GPU.
+struct AttentionInputs {
+    q: Vec<f32>,
+    k: Vec<f32>,
+    v: Vec<f32>,
+    qb: StorageBuffer,
+    kb: StorageBuffer,
+    vb: StorageBuffer,
+}
+
+#[derive(Clone, Copy, Debug)]
+struct AttentionCase {
+    heads: u32,
+    kv_heads: u32,
+    hd: u32,
+    tokens: u32,
+    pos0: u32,
+    capacity: u32,
+}
+
+fn attention_inputs(
+    gpu: &Gpu,
+    rng: &mut Rng,
+    dtype: WeightDType,
+    c: AttentionCase,
+) -> AttentionInputs {
+    let hdu = c.hd as usize;
+    let q = rng.vec((c.tokens * c.heads * c.hd) as usize, 1.0);
+    let cache_elems = (c.kv_heads * c.capacity * c.hd) as usize;
+    // Positions past each query must be masked: give them values that would dominate.
+    let mut k = rng.vec(cache_elems, 1.0);
+    let mut v = rng.vec(cache_elems, 1.0);
+    for g in 0..c.kv_heads as usize {
+        for p in (c.pos0 + c.tokens) as usize..c.capacity as usize {
+            for d in 0..hdu {
+                let at = (g * c.capacity as usize + p) * hdu + d;
+                k[at] = 50.0;
+                v[at] = 1000.0;
+            }
+        }
+    }
+    let upload = |data: &[f32]| -> StorageBuffer {
+        match dtype {
+            WeightDType::F32 => buf(gpu, data),
+            WeightDType::F16 => {
+                let halves: Vec<u16> = data
+                    .iter()
+                    .map(|x| half::f16::from_f32(*x).to_bits())
+                    .collect();
+                gpu.storage_from("cache", &halves).expect("cache")
+            }
+        }
+    };
+    let (kb, vb) = (upload(&k), upload(&v));
+    let (k, v) = match dtype {
+        WeightDType::F32 => (k, v),
+        WeightDType::F16 => (round_f16(&k), round_f16(&v)),
+    };
+    let qb = buf(gpu, &q);
+    AttentionInputs {
+        q,
+        k,
+        v,
+        qb,
+        kb,
+        vb,
+    }
+}
+
+/// Softmax attention in f64, `[tokens][heads][hd]`.
+fn attention_ref(inp: &AttentionInputs, c: AttentionCase) -> Vec<f32> {
+    let (hdu, cap) = (c.hd as usize, c.capacity as usize);
+    let scale = 1.0 / f64::from(c.hd).sqrt();
+    let mut want = Vec::with_capacity(inp.q.len());
+    for t in 0..c.tokens as usize {
+        for h in 0..c.heads as usize {
+            let g = h / (c.heads / c.kv_heads) as usize;
+            let qrow = &inp.q[(t * c.heads as usize + h) * hdu..][..hdu];
+            let n_keys = c.pos0 as usize + t + 1;
+            let scores: Vec<f64> = (0..n_keys)
+                .map(|j| {
+                    let krow = &inp.k[(g * cap + j) * hdu..][..hdu];
+                    qrow.iter()
+                        .zip(krow)
+                        .map(|(a, b)| f64::from(*a) * f64::from(*b))
+                        .sum::<f64>()
+                        * scale
+                })
+                .collect();
+            let m = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+            let e: Vec<f64> = scores.iter().map(|s| (s - m).exp()).collect();
+            let z: f64 = e.iter().sum();
+            for d in 0..hdu {
+                let o: f64 = (0..n_keys)
+                    .map(|j| e[j] * f64::from(inp.v[(g * cap + j) * hdu + d]))
+                    .sum::<f64>()
+                    / z;
+                want.push(o as f32);
+            }
+        }
+    }
+    want
+}
+
 #[test]
 fn attention_matches_cpu() {
     let gpu = gpu();
     let mut rng = Rng::new(5);
-    // (heads, kv_heads, head_dim, tokens, pos0, capacity): GQA, MHA, long contexts that span
-    // several 128-key chunks, and a single decode token.
+    // GQA, MHA, long contexts that span several 256-key chunks, odd head sizes, one token.
     let cases = [
         (4u32, 2u32, 16u32, 4u32, 5u32, 12u32),
         (3, 3, 8, 1, 300, 310),
@@ -511,89 +615,115 @@ fn attention_matches_cpu() {
     ];
     for dtype in DTYPES {
         for &(heads, kv_heads, hd, tokens, pos0, capacity) in &cases {
-            let hdu = hd as usize;
-            let q = rng.vec((tokens * heads * hd) as usize, 1.0);
-            let cache_elems = (kv_heads * capacity * hd) as usize;
-            // Positions past each query must be masked: give them values that would dominate.
-            let mut k = rng.vec(cache_elems, 1.0);
-            let mut v = rng.vec(cache_elems, 1.0);
-            let visible = (pos0 + tokens) as usize;
-            for g in 0..kv_heads as usize {
-                for p in visible..capacity as usize {
-                    for d in 0..hdu {
-                        let at = (g * capacity as usize + p) * hdu + d;
-                        k[at] = 50.0;
-                        v[at] = 1000.0;
-                    }
-                }
-            }
-            let upload = |data: &[f32]| -> StorageBuffer {
-                match dtype {
-                    WeightDType::F32 => buf(&gpu, data),
-                    WeightDType::F16 => {
-                        let halves: Vec<u16> = data
-                            .iter()
-                            .map(|x| half::f16::from_f32(*x).to_bits())
-                            .collect();
-                        gpu.storage_from("cache", &halves).expect("cache")
-                    }
-                }
+            let c = AttentionCase {
+                heads,
+                kv_heads,
+                hd,
+                tokens,
+                pos0,
+                capacity,
             };
-            let (kb, vb) = (upload(&k), upload(&v));
-            let (k, v) = match dtype {
-                WeightDType::F32 => (k, v),
-                WeightDType::F16 => (round_f16(&k), round_f16(&v)),
-            };
-            let qb = buf(&gpu, &q);
-            let out = gpu.storage("out", q.len() as u64 * 4).expect("out");
+            let inp = attention_inputs(&gpu, &mut rng, dtype, c);
+            let out = gpu.storage("out", inp.q.len() as u64 * 4).expect("out");
             let st = step(&gpu, pos0, tokens);
             let op = Attention::new(
-                &gpu, heads, kv_heads, hd, capacity, dtype, &qb, &kb, &vb, &out, &st,
+                &gpu, heads, kv_heads, hd, capacity, dtype, &inp.qb, &inp.kb, &inp.vb, &out, &st,
             )
             .expect("attention");
             let mut rec = Recorder::new(&gpu);
-            op.encode(&mut rec, tokens);
+            op.encode(&mut rec, pos0, tokens);
             rec.submit();
-            let got = read(&gpu, &out, q.len());
-            let mut want = Vec::with_capacity(q.len());
-            let scale = 1.0 / f64::from(hd).sqrt();
-            for t in 0..tokens as usize {
-                for h in 0..heads as usize {
-                    let g = h / (heads / kv_heads) as usize;
-                    let qrow = &q[(t * heads as usize + h) * hdu..][..hdu];
-                    let n_keys = pos0 as usize + t + 1;
-                    let scores: Vec<f64> = (0..n_keys)
-                        .map(|j| {
-                            let krow = &k[(g * capacity as usize + j) * hdu..][..hdu];
-                            qrow.iter()
-                                .zip(krow)
-                                .map(|(a, b)| f64::from(*a) * f64::from(*b))
-                                .sum::<f64>()
-                                * scale
-                        })
-                        .collect();
-                    let m = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
-                    let e: Vec<f64> = scores.iter().map(|s| (s - m).exp()).collect();
-                    let z: f64 = e.iter().sum();
-                    for d in 0..hdu {
-                        let o: f64 = (0..n_keys)
-                            .map(|j| e[j] * f64::from(v[(g * capacity as usize + j) * hdu + d]))
-                            .sum::<f64>()
-                            / z;
-                        want.push(o as f32);
-                    }
-                }
-            }
+            let got = read(&gpu, &out, inp.q.len());
+            let want = attention_ref(&inp, c);
             let ones = vec![1.0; want.len()];
             assert_close(
-                &format!(
-                    "attention {dtype:?} heads={heads}/{kv_heads} hd={hd} tokens={tokens} pos0={pos0}"
-                ),
+                &format!("attention {dtype:?} {c:?}"),
                 &got,
                 &want,
                 &ones,
                 2e-5,
                 0.0,
+            );
+        }
+    }
+}
+
+/// Decoding splits the keys over workgroups; the output product merges the runs while it
+/// stages its input. Checked end to end: y = W · attention(q, K, V).
+#[test]
+fn split_attention_merged_by_the_output_product_matches_cpu() {
+    let gpu = gpu();
+    let mut rng = Rng::new(15);
+    // 1 run, 5 runs of 64 keys, 16 runs of 125 keys, and GQA with head_dim 128.
+    let cases = [
+        (4u32, 2u32, 16u32, 0u32, 8u32),
+        (4, 2, 16, 300, 310),
+        (2, 1, 64, 1999, 2001),
+        (4, 1, 128, 700, 701),
+    ];
+    for dtype in DTYPES {
+        for &(heads, kv_heads, hd, pos0, capacity) in &cases {
+            let c = AttentionCase {
+                heads,
+                kv_heads,
+                hd,
+                tokens: 1,
+                pos0,
+                capacity,
+            };
+            let inp = attention_inputs(&gpu, &mut rng, dtype, c);
+            let width = heads * hd;
+            let partials = gpu
+                .storage("runs", u64::from(MAX_SPLITS * width) * 4)
+                .expect("runs");
+            let stats = gpu
+                .storage("stats", u64::from(MAX_SPLITS * heads) * 8)
+                .expect("stats");
+            let st = step(&gpu, pos0, 1);
+            let att = Attention::new_split(
+                &gpu, heads, kv_heads, hd, capacity, dtype, &inp.qb, &inp.kb, &inp.vb, &partials,
+                &stats, &st,
+            )
+            .expect("split attention");
+            let rows = 37u32;
+            let w = rng.vec((rows * width) as usize, 1.0);
+            let wm = Matrix::from_f32(&gpu, "w", &w, rows, width, WeightDType::F32).expect("w");
+            let unused_x = gpu.storage("x", u64::from(width) * 4).expect("x");
+            let y = gpu.storage("y", u64::from(rows) * 4).expect("y");
+            let merge = MatVec::new(
+                &gpu,
+                &wm,
+                &unused_x,
+                &y,
+                &st,
+                MatVecOptions {
+                    combine: Some(SplitAttention {
+                        partials: &partials,
+                        stats: &stats,
+                        heads,
+                        head_dim: hd,
+                    }),
+                    ..Default::default()
+                },
+            )
+            .expect("merging product");
+            let mut rec = Recorder::new(&gpu);
+            att.encode(&mut rec, pos0, 1);
+            merge.encode(&mut rec);
+            rec.submit();
+            let got = read(&gpu, &y, rows as usize);
+            let attn = attention_ref(&inp, c);
+            let (want, mag) = matvec_ref(&w, &attn, rows as usize, width as usize);
+            assert_close(
+                &format!(
+                    "split attention {dtype:?} {c:?} ({} runs)",
+                    splits_for(pos0 + 1)
+                ),
+                &got,
+                &want,
+                &mag,
+                1e-5,
+                1e-4,
             );
         }
     }

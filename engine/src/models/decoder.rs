@@ -11,8 +11,8 @@ use crate::Error;
 use crate::gpu::{Gpu, Recorder, StorageBuffer, UniformBuffer};
 use crate::load::{Arch, DecoderSpec, MlpKind};
 use crate::ops::{
-    Attention, Embed, Glu, MatMul, MatMulOptions, MatVec, MatVecOptions, Matrix, Norm, NormKind,
-    RopeKv, RopeTable, Sample, SamplerParams, StepParams, WeightDType,
+    Attention, Embed, Glu, MAX_SPLITS, MatMul, MatMulOptions, MatVec, MatVecOptions, Matrix, Norm,
+    NormKind, RopeKv, RopeTable, Sample, SamplerParams, SplitAttention, StepParams, WeightDType,
 };
 
 use super::weights::{Part, Uploader, WeightSource};
@@ -79,6 +79,8 @@ struct Layer {
     down_mm: MatMul,
     rope: RopeKv,
     attention: Attention,
+    /// Decoding's attention: split over runs of keys when the output product can merge them.
+    decode_attention: Attention,
 }
 
 /// Buffers shared by all layers, sized for one prompt chunk.
@@ -93,6 +95,8 @@ struct Activations {
     logits: StorageBuffer,
     history: StorageBuffer,
     seen: StorageBuffer,
+    split_partials: StorageBuffer,
+    split_stats: StorageBuffer,
 }
 
 /// A model resident on the GPU with its KV cache and sampling state.
@@ -436,7 +440,10 @@ impl DecoderModel {
             logits: gpu.storage("logits", f(spec.vocab.div_ceil(4) * 4))?,
             history: gpu.storage("token history", f(capacity + 1))?,
             seen: gpu.storage("seen tokens", f(spec.vocab.div_ceil(32)))?,
+            split_partials: gpu.storage("attention runs", f(MAX_SPLITS * heads * hd))?,
+            split_stats: gpu.storage("attention run stats", f(2 * MAX_SPLITS * heads))?,
         };
+        let split_attention = MatVec::stages_input(gpu, heads * hd);
         let rope = match &spec.rope {
             Some(r) => Some(RopeTable::new(gpu, &r.inv_freq(hd), capacity)?),
             None => None,
@@ -474,6 +481,12 @@ impl DecoderModel {
                     MatVecOptions {
                         bias: w.o_bias.as_ref(),
                         residual: true,
+                        combine: split_attention.then_some(SplitAttention {
+                            partials: &a.split_partials,
+                            stats: &a.split_stats,
+                            heads,
+                            head_dim: hd,
+                        }),
                         ..Default::default()
                     },
                 )?,
@@ -594,6 +607,27 @@ impl DecoderModel {
                     gpu, heads, kv_heads, hd, capacity, dtype, &a.q, &k_cache, &v_cache, &a.attn,
                     &step,
                 )?,
+                decode_attention: if split_attention {
+                    Attention::new_split(
+                        gpu,
+                        heads,
+                        kv_heads,
+                        hd,
+                        capacity,
+                        dtype,
+                        &a.q,
+                        &k_cache,
+                        &v_cache,
+                        &a.split_partials,
+                        &a.split_stats,
+                        &step,
+                    )?
+                } else {
+                    Attention::new(
+                        gpu, heads, kv_heads, hd, capacity, dtype, &a.q, &k_cache, &v_cache,
+                        &a.attn, &step,
+                    )?
+                },
             };
             layers.push(layer);
             kept.push(w);
@@ -701,17 +735,18 @@ impl DecoderModel {
 
     fn count_decode_dispatches(&self) -> u32 {
         let mut rec = Recorder::new(&self.gpu);
-        self.encode_decode(&mut rec);
+        self.encode_decode(&mut rec, 0);
         // Encoded but never submitted: only the count is wanted.
         rec.dispatches()
     }
 
-    fn encode_decode(&self, rec: &mut Recorder<'_>) {
+    /// Records the decode step that feeds the token at `pos`.
+    fn encode_decode(&self, rec: &mut Recorder<'_>, pos: u32) {
         self.embed.encode(rec, 1);
         for l in &self.layers {
             l.qkv_mv.encode(rec);
             l.rope.encode(rec, 1);
-            l.attention.encode(rec, 1);
+            l.decode_attention.encode(rec, pos, 1);
             l.o_mv.encode(rec);
             l.up_mv.encode(rec);
             l.down_mv.encode(rec);
@@ -720,13 +755,14 @@ impl DecoderModel {
         self.sample.encode(rec);
     }
 
-    fn encode_prefill_layers(&self, rec: &mut Recorder<'_>, n: u32) {
+    /// Records the layers for the `n` prompt tokens starting at `pos0`.
+    fn encode_prefill_layers(&self, rec: &mut Recorder<'_>, pos0: u32, n: u32) {
         self.embed.encode(rec, n);
         for l in &self.layers {
             l.attn_norm.encode(rec, n);
             l.qkv_mm.encode(rec, n);
             l.rope.encode(rec, n);
-            l.attention.encode(rec, n);
+            l.attention.encode(rec, pos0, n);
             l.o_mm.encode(rec, n);
             l.mlp_norm.encode(rec, n);
             l.up_mm.encode(rec, n);
@@ -774,7 +810,7 @@ impl DecoderModel {
             if pos == 0 {
                 rec.clear(&self.acts.seen.buffer);
             }
-            self.encode_prefill_layers(&mut rec, n);
+            self.encode_prefill_layers(&mut rec, pos, n);
             pos += n;
             if pos == total {
                 self.lm_head_mv.encode(&mut rec);
@@ -819,7 +855,7 @@ impl DecoderModel {
         let started = std::time::Instant::now();
         self.step.write(&gpu, &StepParams::new(pos, 1));
         let mut rec = Recorder::new(&gpu);
-        self.encode_decode(&mut rec);
+        self.encode_decode(&mut rec, pos);
         let slot = pos as usize % PIPELINE_DEPTH;
         self.copy_sampled(&mut rec, pos + 1, slot);
         self.last_encode = started.elapsed();
@@ -906,7 +942,7 @@ impl DecoderModel {
             let n = (total - pos).min(self.chunk);
             self.step.write(&gpu, &StepParams::new(pos, n));
             let mut rec = Recorder::new(&gpu);
-            self.encode_prefill_layers(&mut rec, n);
+            self.encode_prefill_layers(&mut rec, pos, n);
             norm.encode(&mut rec, n);
             head.encode(&mut rec, n);
             rec.submit();
@@ -933,7 +969,7 @@ impl DecoderModel {
         self.step.write(&gpu, &StepParams::new(0, n));
         let mut profiler = crate::gpu::Profiler::new(&gpu, 12 * self.spec.layers + 8);
         let mut rec = Recorder::with_profiler(&gpu, Some(&mut profiler));
-        self.encode_prefill_layers(&mut rec, n);
+        self.encode_prefill_layers(&mut rec, 0, n);
         self.lm_head_mv.encode(&mut rec);
         self.sample.encode(&mut rec);
         rec.submit();
@@ -960,7 +996,7 @@ impl DecoderModel {
         let mut profiler = crate::gpu::Profiler::new(&gpu, self.decode_dispatches + 8);
         self.step.write(&gpu, &StepParams::new(self.seq_len, 1));
         let mut rec = Recorder::with_profiler(&gpu, Some(&mut profiler));
-        self.encode_decode(&mut rec);
+        self.encode_decode(&mut rec, self.seq_len);
         rec.submit();
         gpu.wait()?;
         Ok(profiler.read(&gpu)?)

@@ -7,6 +7,15 @@ const SOURCE: &str = include_str!("../../../shaders/attention.wgsl");
 const WG: u32 = 256;
 /// Largest head dimension the kernel's workgroup arrays hold.
 pub const MAX_HEAD_DIM: u32 = 256;
+/// Decoding splits the keys into at most MAX_SPLITS runs of at least MIN_SPLIT keys.
+pub const MIN_SPLIT: u32 = 64;
+pub const MAX_SPLITS: u32 = 16;
+
+/// Number of key runs a decode step over `keys` keys uses.
+pub fn splits_for(keys: u32) -> u32 {
+    let len = MIN_SPLIT.max(keys.div_ceil(MAX_SPLITS));
+    keys.div_ceil(len).max(1)
+}
 
 #[repr(C)]
 #[derive(Clone, Copy, Pod, Zeroable)]
@@ -24,6 +33,7 @@ pub struct Attention {
     kernel: Kernel,
     bind_group: wgpu::BindGroup,
     heads: u32,
+    split: bool,
     _params: UniformBuffer,
 }
 
@@ -40,6 +50,71 @@ impl Attention {
         k_cache: &StorageBuffer,
         v_cache: &StorageBuffer,
         out: &StorageBuffer,
+        step: &UniformBuffer,
+    ) -> Result<Self, GpuError> {
+        Self::build(
+            gpu,
+            heads,
+            kv_heads,
+            head_dim,
+            capacity,
+            cache_dtype,
+            q,
+            k_cache,
+            v_cache,
+            out,
+            None,
+            step,
+        )
+    }
+
+    /// Attention for one decoded token with its keys split into runs across workgroups:
+    /// `partials` receives `[MAX_SPLITS][heads][head_dim]` unnormalised outputs and `stats`
+    /// `[MAX_SPLITS][heads]` (max, sum) pairs, merged by a [`super::MatVec`] with `combine`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn new_split(
+        gpu: &Gpu,
+        heads: u32,
+        kv_heads: u32,
+        head_dim: u32,
+        capacity: u32,
+        cache_dtype: WeightDType,
+        q: &StorageBuffer,
+        k_cache: &StorageBuffer,
+        v_cache: &StorageBuffer,
+        partials: &StorageBuffer,
+        stats: &StorageBuffer,
+        step: &UniformBuffer,
+    ) -> Result<Self, GpuError> {
+        Self::build(
+            gpu,
+            heads,
+            kv_heads,
+            head_dim,
+            capacity,
+            cache_dtype,
+            q,
+            k_cache,
+            v_cache,
+            partials,
+            Some(stats),
+            step,
+        )
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn build(
+        gpu: &Gpu,
+        heads: u32,
+        kv_heads: u32,
+        head_dim: u32,
+        capacity: u32,
+        cache_dtype: WeightDType,
+        q: &StorageBuffer,
+        k_cache: &StorageBuffer,
+        v_cache: &StorageBuffer,
+        out: &StorageBuffer,
+        stats: Option<&StorageBuffer>,
         step: &UniformBuffer,
     ) -> Result<Self, GpuError> {
         if head_dim > MAX_HEAD_DIM || !head_dim.is_multiple_of(4) || head_dim == 0 {
@@ -60,6 +135,9 @@ impl Attention {
                 ("WG", WG.to_string()),
                 ("HD", head_dim.to_string()),
                 flag("F16", cache_dtype == WeightDType::F16),
+                flag("SPLIT", stats.is_some()),
+                ("MIN_SPLIT", MIN_SPLIT.to_string()),
+                ("MAX_SPLITS", MAX_SPLITS.to_string()),
             ],
         )?;
         let params = gpu.uniform(
@@ -73,27 +151,35 @@ impl Attention {
                 _pad: [0; 3],
             },
         );
-        let bind_group = bind(
-            gpu,
-            &kernel,
-            &[
-                (0, &params.buffer),
-                (1, &step.buffer),
-                (2, &q.buffer),
-                (3, &k_cache.buffer),
-                (4, &v_cache.buffer),
-                (5, &out.buffer),
-            ],
-        );
+        let mut entries = vec![
+            (0, &params.buffer),
+            (1, &step.buffer),
+            (2, &q.buffer),
+            (3, &k_cache.buffer),
+            (4, &v_cache.buffer),
+            (5, &out.buffer),
+        ];
+        if let Some(stats) = stats {
+            entries.push((6, &stats.buffer));
+        }
+        let bind_group = bind(gpu, &kernel, &entries);
         Ok(Self {
             kernel,
             bind_group,
             heads,
+            split: stats.is_some(),
             _params: params,
         })
     }
 
-    pub fn encode(&self, rec: &mut Recorder<'_>, n_tokens: u32) {
-        rec.dispatch_xyz(&self.kernel, &self.bind_group, [self.heads, n_tokens, 1]);
+    /// Records attention for `n_tokens` queries starting at position `pos0` (which must match
+    /// the step uniform). A split attention handles one token.
+    pub fn encode(&self, rec: &mut Recorder<'_>, pos0: u32, n_tokens: u32) {
+        let y = if self.split {
+            splits_for(pos0 + 1)
+        } else {
+            n_tokens
+        };
+        rec.dispatch_xyz(&self.kernel, &self.bind_group, [self.heads, y, 1]);
     }
 }

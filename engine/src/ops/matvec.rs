@@ -15,7 +15,17 @@ struct Params {
     row_vecs: u32,
     glu_offset: u32,
     eps: f32,
-    _pad: [u32; 3],
+    heads: u32,
+    head_dim: u32,
+    _pad: u32,
+}
+
+/// Where the split attention of one token left its runs (see [`super::Attention::new_split`]).
+pub struct SplitAttention<'a> {
+    pub partials: &'a StorageBuffer,
+    pub stats: &'a StorageBuffer,
+    pub heads: u32,
+    pub head_dim: u32,
 }
 
 /// Options of the decode product. A fused norm normalises the input row in each workgroup.
@@ -28,6 +38,8 @@ pub struct MatVecOptions<'a> {
     pub gelu: bool,
     /// Add into the output instead of overwriting it (the residual stream).
     pub residual: bool,
+    /// The input is split attention output, merged while staging (`x` is then unused).
+    pub combine: Option<SplitAttention<'a>>,
 }
 
 /// `y = W · x̂` for the last token of the step (decoding, and the LM head after a prompt).
@@ -52,19 +64,25 @@ impl MatVec {
         let tpr: u32 = if w.cols >= 4096 { 64 } else { 32 };
         let caps = gpu.caps();
         let subgroups = caps.subgroups && caps.subgroup_max_size <= tpr;
-        // Short rows: stage x̂ once in workgroup memory. Long rows: stream x alongside the
-        // weights instead, since a large staging prologue delays every weight load (measured
-        // on an H100: K = 8960 ran at 0.7 TB/s staged against 1.2 TB/s streamed).
-        let x_bytes = u64::from(w.row_stride()) * 4;
-        let xcache = x_bytes <= XCACHE_MAX_BYTES
-            && x_bytes + u64::from(WG) * 4 + 64 <= u64::from(caps.max_workgroup_storage);
+        let xcache = Self::stages_input(gpu, w.cols);
+        if opts.combine.is_some() && !xcache {
+            return Err(GpuError::Device(format!(
+                "merging split attention needs rows of at most {XCACHE_MAX_BYTES} bytes of f32 input; this has {}",
+                w.cols
+            )));
+        }
         let xvec4 = w.cols.is_multiple_of(4);
+        let heads = opts.combine.as_ref().map_or(1, |c| c.heads);
         let mut defines = w.dtype.defines();
         defines.extend([
             ("WG", WG.to_string()),
             ("ROW_VECS", w.row_vecs().to_string()),
             flag("XCACHE", xcache),
             flag("XVEC4", xvec4 && !xcache),
+            flag("COMBINE", opts.combine.is_some()),
+            ("HEADS", heads.to_string()),
+            ("MIN_SPLIT", super::attention::MIN_SPLIT.to_string()),
+            ("MAX_SPLITS", super::attention::MAX_SPLITS.to_string()),
             ("TPR", tpr.to_string()),
             flag("SUBGROUP", subgroups),
             flag("NORM", opts.norm.is_some()),
@@ -86,21 +104,35 @@ impl MatVec {
                 row_vecs: w.row_vecs(),
                 glu_offset: n * w.row_vecs(),
                 eps: opts.norm.map_or(0.0, |n| n.3),
-                _pad: [0; 3],
+                heads,
+                head_dim: opts.combine.as_ref().map_or(1, |c| c.head_dim),
+                _pad: 0,
             },
         );
+        if opts.combine.is_some() && opts.norm.is_some() {
+            return Err(GpuError::Device(
+                "a norm cannot be fused into a product that merges split attention".into(),
+            ));
+        }
         let mut entries = vec![
             (0, &params.buffer),
             (1, &step.buffer),
-            (2, &x.buffer),
             (3, &w.buffer.buffer),
             (4, &y.buffer),
         ];
+        // Merged attention runs replace x entirely.
+        if opts.combine.is_none() {
+            entries.push((2, &x.buffer));
+        }
         if let Some(b) = opts.bias {
             entries.push((5, &b.buffer));
         }
         if xvec4 && !xcache {
             entries.push((8, &x.buffer));
+        }
+        if let Some(c) = &opts.combine {
+            entries.push((9, &c.partials.buffer));
+            entries.push((10, &c.stats.buffer));
         }
         if let Some((kind, weight, bias, _)) = opts.norm {
             entries.push((6, &weight.buffer));
@@ -118,6 +150,17 @@ impl MatVec {
             workgroups: n.div_ceil(WG / tpr),
             _params: params,
         })
+    }
+
+    /// Whether rows of `cols` inputs are staged in workgroup memory on this device (short rows
+    /// are; long rows stream their input alongside the weights instead, since a large staging
+    /// prologue delays every weight load: on an H100, k = 8960 ran at 0.7 TB/s staged against
+    /// 1.2 TB/s streamed).
+    pub fn stages_input(gpu: &Gpu, cols: u32) -> bool {
+        let x_bytes = u64::from(Matrix::padded_cols(cols)) * 4;
+        x_bytes <= XCACHE_MAX_BYTES
+            && x_bytes + u64::from(WG) * 4 + 64 + 8 * 1024
+                <= u64::from(gpu.caps().max_workgroup_storage)
     }
 
     pub fn encode(&self, rec: &mut Recorder<'_>) {

@@ -10,11 +10,11 @@ mod norm;
 mod rope;
 mod sample;
 
-pub use attention::Attention;
+pub use attention::{Attention, MAX_SPLITS, MIN_SPLIT, splits_for};
 pub use elementwise::{Embed, Glu};
 pub use fill::{fill_random, fill_value};
 pub use matmul::{MatMul, MatMulOptions};
-pub use matvec::{MatVec, MatVecOptions};
+pub use matvec::{MatVec, MatVecOptions, SplitAttention};
 pub use norm::{Norm, NormKind};
 pub use rope::{RopeKv, RopeTable};
 pub use sample::{Sample, SamplerParams};
