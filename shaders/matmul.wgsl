@@ -2,13 +2,18 @@
 // step's n_tokens rows. 64×64 output tiles, 16-wide k slices staged in workgroup memory,
 // 4×4 outputs per invocation. W rows are padded to whole vec4 words (f16 packed in u32 pairs).
 //
-// Defines: F16, EPV (4 for f32, 8 for f16), BIAS, GELU, RESIDUAL (Y += ...).
+// With SPLIT_K, workgroup z of the grid takes the z-th slice of k and writes its partial tile
+// to a scratch buffer; `reduce` then sums the slices and applies the epilogue. Prompts of a
+// few hundred tokens give too few output tiles to fill a large GPU otherwise.
+//
+// Defines: F16, EPV (4 for f32, 8 for f16), BIAS, GELU, RESIDUAL (Y += ...), SPLIT_K.
 
 struct Params {
     n: u32,
     k: u32,
     row_vecs: u32,
-    _pad0: u32,
+    // k slices of the split product (the reduce pass reads them all).
+    slices: u32,
 }
 
 struct Step {
@@ -30,6 +35,10 @@ struct Step {
 #if BIAS
 @group(0) @binding(5) var<storage, read> bias: array<f32>;
 #endif
+#if SPLIT_K
+// [slice][m][n] partial sums.
+@group(0) @binding(6) var<storage, read_write> scratch: array<f32>;
+#endif
 
 const TILE: u32 = 64u;
 const BK: u32 = 16u;
@@ -45,8 +54,16 @@ fn gelu_tanh(v: f32) -> f32 {
 }
 
 @compute @workgroup_size(256)
-fn main(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id) wid: vec3<u32>) {
+fn main(
+    @builtin(local_invocation_index) tid: u32,
+    @builtin(workgroup_id) wid: vec3<u32>,
+    @builtin(num_workgroups) nwg: vec3<u32>,
+) {
     let m_rows = step.n_tokens;
+    // This workgroup's slice of k, whole BK steps (all of k without SPLIT_K).
+    let slice = (((p.k + nwg.z - 1u) / nwg.z + BK - 1u) / BK) * BK;
+    let k_begin = min(wid.z * slice, p.k);
+    let k_end = min(k_begin + slice, p.k);
     let m0 = wid.y * TILE;
     let n0 = wid.x * TILE;
     let tx = tid % 16u;
@@ -55,7 +72,7 @@ fn main(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id) wid: v
     for (var i = 0u; i < 4u; i++) {
         acc[i] = vec4<f32>(0.0);
     }
-    for (var k0 = 0u; k0 < p.k; k0 += BK) {
+    for (var k0 = k_begin; k0 < k_end; k0 += BK) {
         // X tile: 64 rows × 16 k, four values per invocation.
         for (var i = 0u; i < 4u; i++) {
             let idx = tid + i * 256u;
@@ -64,7 +81,7 @@ fn main(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id) wid: v
             let row = m0 + mm;
             let col = k0 + kk;
             var v = 0.0;
-            if (row < m_rows && col < p.k) {
+            if (row < m_rows && col < k_end) {
                 v = x[row * p.k + col];
             }
             xs[kk * 16u + mm / 4u][mm % 4u] = v;
@@ -76,7 +93,7 @@ fn main(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id) wid: v
             let kv = tid % 2u;
             let vec_index = k0 / 8u + kv;
             var word = vec4<u32>(0u);
-            if (n0 + nn < p.n && vec_index < p.row_vecs) {
+            if (n0 + nn < p.n && vec_index < p.row_vecs && vec_index * 8u < k_end) {
                 word = w[(n0 + nn) * p.row_vecs + vec_index];
             }
             let vals = array<vec2<f32>, 4>(
@@ -92,7 +109,7 @@ fn main(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id) wid: v
             let kv = tid % 4u;
             let vec_index = k0 / 4u + kv;
             var vals = vec4<f32>(0.0);
-            if (n0 + nn < p.n && vec_index < p.row_vecs) {
+            if (n0 + nn < p.n && vec_index < p.row_vecs && vec_index * 4u < k_end) {
                 vals = w[(n0 + nn) * p.row_vecs + vec_index];
             }
             for (var j = 0u; j < 4u; j++) {
@@ -121,18 +138,42 @@ fn main(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id) wid: v
             if (col >= p.n) {
                 continue;
             }
-            var v = acc[i][j];
-#if BIAS
-            v += bias[col];
+#if SPLIT_K
+            scratch[(wid.z * m_rows + row) * p.n + col] = acc[i][j];
+#else
+            y[row * p.n + col] = epilogue(acc[i][j], row, col);
 #endif
-#if GELU
-            v = gelu_tanh(v);
-#endif
-            let out = row * p.n + col;
-#if RESIDUAL
-            v += y[out];
-#endif
-            y[out] = v;
         }
     }
 }
+
+fn epilogue(sum: f32, row: u32, col: u32) -> f32 {
+    var v = sum;
+#if BIAS
+    v += bias[col];
+#endif
+#if GELU
+    v = gelu_tanh(v);
+#endif
+#if RESIDUAL
+    v += y[row * p.n + col];
+#endif
+    return v;
+}
+
+#if SPLIT_K
+// Sums the k slices of each output and applies the epilogue.
+@compute @workgroup_size(64)
+fn reduce(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let id = gid.y * nwg.x * 64u + gid.x;
+    let total = step.n_tokens * p.n;
+    if (id >= total) {
+        return;
+    }
+    var sum = 0.0;
+    for (var z = 0u; z < p.slices; z++) {
+        sum += scratch[z * total + id];
+    }
+    y[id] = epilogue(sum, id / p.n, id % p.n);
+}
+#endif

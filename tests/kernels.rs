@@ -215,12 +215,17 @@ fn matvec_parity(gpu: &Gpu) {
 fn matmul_matches_cpu() {
     let gpu = gpu();
     let mut rng = Rng::new(2);
+    // The last three are split along k (few output tiles, long rows): partial sums go through
+    // scratch and a reduce pass that applies the epilogue.
     let shapes = [
         (1, 1, 1),
         (3, 5, 7),
         (65, 67, 130),
         (130, 33, 257),
         (7, 200, 24),
+        (70, 40, 1100),
+        (5, 130, 700),
+        (66, 3, 4099),
     ];
     for dtype in DTYPES {
         for &(m, n, k) in &shapes {
@@ -236,6 +241,8 @@ fn matmul_matches_cpu() {
                 let y0 = rng.vec(m * n, 1.0);
                 let wm = Matrix::from_f32(&gpu, "w", &w, n as u32, k as u32, dtype).expect("w");
                 let (xb, yb, bb) = (buf(&gpu, &x), buf(&gpu, &y0), buf(&gpu, &bias));
+                let scratch_bytes = MatMul::scratch_bytes(n as u32, k as u32, m as u32);
+                let scratch = gpu.storage("scratch", scratch_bytes).expect("scratch");
                 let st = step(&gpu, 0, m as u32);
                 let op = MatMul::new(
                     &gpu,
@@ -247,6 +254,7 @@ fn matmul_matches_cpu() {
                         bias: bias_on.then_some(&bb),
                         gelu,
                         residual,
+                        split_scratch: Some((&scratch, m as u32)),
                     },
                 )
                 .expect("matmul");
@@ -275,7 +283,8 @@ fn matmul_matches_cpu() {
                     }
                 }
                 let what = format!(
-                    "matmul {dtype:?} m={m} n={n} k={k} bias={bias_on} gelu={gelu} residual={residual}"
+                    "matmul {dtype:?} m={m} n={n} k={k} slices={} bias={bias_on} gelu={gelu} residual={residual}",
+                    k_slices(n as u32, k as u32)
                 );
                 assert_close(&what, &got, &want, &scale, 1e-5, 2e-5);
             }

@@ -444,6 +444,14 @@ impl DecoderModel {
             split_stats: gpu.storage("attention run stats", f(2 * MAX_SPLITS * heads))?,
         };
         let split_attention = MatVec::stages_input(gpu, heads * hd);
+        // One scratch serves every k-split prompt product (they run one after another).
+        let split_bytes = layer_weights
+            .iter()
+            .flat_map(|w| [&w.qkv, &w.o, &w.up, &w.down])
+            .map(|m| MatMul::scratch_bytes(m.rows, m.cols, chunk))
+            .max()
+            .unwrap_or(0);
+        let split_scratch = gpu.storage("k-split scratch", split_bytes)?;
         let rope = match &spec.rope {
             Some(r) => Some(RopeTable::new(gpu, &r.inv_freq(hd), capacity)?),
             None => None,
@@ -534,6 +542,7 @@ impl DecoderModel {
                     &a.qkv,
                     &step,
                     MatMulOptions {
+                        split_scratch: Some((&split_scratch, chunk)),
                         bias: w.qkv_bias.as_ref(),
                         ..Default::default()
                     },
@@ -545,6 +554,7 @@ impl DecoderModel {
                     &a.x,
                     &step,
                     MatMulOptions {
+                        split_scratch: Some((&split_scratch, chunk)),
                         bias: w.o_bias.as_ref(),
                         residual: true,
                         ..Default::default()
@@ -568,6 +578,7 @@ impl DecoderModel {
                     a.gate_up.as_ref().unwrap_or(&a.h),
                     &step,
                     MatMulOptions {
+                        split_scratch: Some((&split_scratch, chunk)),
                         bias: w.up_bias.as_ref(),
                         gelu: !glu,
                         ..Default::default()
@@ -584,6 +595,7 @@ impl DecoderModel {
                     &a.x,
                     &step,
                     MatMulOptions {
+                        split_scratch: Some((&split_scratch, chunk)),
                         bias: w.down_bias.as_ref(),
                         residual: true,
                         ..Default::default()

@@ -12,7 +12,22 @@ struct Params {
     n: u32,
     k: u32,
     row_vecs: u32,
-    _pad: u32,
+    slices: u32,
+}
+
+/// Output tiles wanted in flight: enough to occupy a large GPU (an H100 has 132 SMs).
+const TARGET_WORKGROUPS: u32 = 256;
+/// Smallest k slice worth a workgroup of its own.
+const MIN_SLICE: u32 = 256;
+
+/// k slices for an `n`-wide product over `k` of at most one row tile: few output tiles are
+/// split along k so the GPU fills up.
+pub fn k_slices(n: u32, k: u32) -> u32 {
+    let tiles = n.div_ceil(TILE);
+    TARGET_WORKGROUPS
+        .div_ceil(tiles)
+        .min(k / MIN_SLICE)
+        .clamp(1, 16)
 }
 
 #[derive(Default)]
@@ -20,13 +35,19 @@ pub struct MatMulOptions<'a> {
     pub bias: Option<&'a StorageBuffer>,
     pub gelu: bool,
     pub residual: bool,
+    /// Scratch for k-split partial sums with room for `rows` rows (see
+    /// [`MatMul::scratch_bytes`]); without it the product is never split.
+    pub split_scratch: Option<(&'a StorageBuffer, u32)>,
 }
 
 /// `Y = X · Wᵀ` over all tokens of a step (prompt processing).
 pub struct MatMul {
     kernel: Kernel,
     bind_group: wgpu::BindGroup,
+    /// The pass that sums k slices, when the product is split.
+    reduce: Option<(Kernel, wgpu::BindGroup)>,
     n: u32,
+    slices: u32,
     _params: UniformBuffer,
 }
 
@@ -39,11 +60,22 @@ impl MatMul {
         step: &UniformBuffer,
         opts: MatMulOptions<'_>,
     ) -> Result<Self, GpuError> {
+        let wanted = k_slices(w.rows, w.cols);
+        let slices = match opts.split_scratch {
+            Some((scratch, rows))
+                if wanted > 1 && scratch.size >= Self::scratch_bytes(w.rows, w.cols, rows) =>
+            {
+                wanted
+            }
+            _ => 1,
+        };
+        let split = slices > 1;
         let mut defines = w.dtype.defines();
         defines.extend([
             flag("BIAS", opts.bias.is_some()),
             flag("GELU", opts.gelu),
             flag("RESIDUAL", opts.residual),
+            flag("SPLIT_K", split),
         ]);
         let kernel = gpu.kernel("matmul", SOURCE, "main", &defines)?;
         let params = gpu.uniform(
@@ -52,7 +84,7 @@ impl MatMul {
                 n: w.rows,
                 k: w.cols,
                 row_vecs: w.row_vecs(),
-                _pad: 0,
+                slices,
             },
         );
         let mut entries = vec![
@@ -65,13 +97,47 @@ impl MatMul {
         if let Some(b) = opts.bias {
             entries.push((5, &b.buffer));
         }
+        let reduce = match opts.split_scratch {
+            Some((scratch, _)) if split => {
+                entries.push((6, &scratch.buffer));
+                let reduce = gpu.kernel("matmul", SOURCE, "reduce", &defines)?;
+                let mut reduce_entries = vec![
+                    (0, &params.buffer),
+                    (1, &step.buffer),
+                    (4, &y.buffer),
+                    (6, &scratch.buffer),
+                ];
+                if let Some(b) = opts.bias {
+                    reduce_entries.push((5, &b.buffer));
+                }
+                let group = bind(gpu, &reduce, &reduce_entries);
+                Some((reduce, group))
+            }
+            _ => None,
+        };
+        // The split product writes only scratch; y is touched by the reduce pass.
+        let entries: Vec<_> = entries
+            .into_iter()
+            .filter(|(b, _)| !(split && *b == 4) && !(split && *b == 5))
+            .collect();
         let bind_group = bind(gpu, &kernel, &entries);
         Ok(Self {
             kernel,
             bind_group,
+            reduce,
             n: w.rows,
+            slices,
             _params: params,
         })
+    }
+
+    /// Scratch a split `n`×`k` product needs for `rows` rows.
+    pub fn scratch_bytes(n: u32, k: u32, rows: u32) -> u64 {
+        let slices = k_slices(n, k);
+        if slices <= 1 {
+            return 0;
+        }
+        u64::from(slices) * u64::from(rows) * u64::from(n) * 4
     }
 
     /// Records the product for `n_tokens` rows (which must match the step uniform).
@@ -79,7 +145,10 @@ impl MatMul {
         rec.dispatch_xyz(
             &self.kernel,
             &self.bind_group,
-            [self.n.div_ceil(TILE), n_tokens.div_ceil(TILE), 1],
+            [self.n.div_ceil(TILE), n_tokens.div_ceil(TILE), self.slices],
         );
+        if let Some((kernel, group)) = &self.reduce {
+            rec.dispatch(kernel, group, (n_tokens * self.n).div_ceil(64));
+        }
     }
 }

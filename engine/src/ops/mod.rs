@@ -13,7 +13,7 @@ mod sample;
 pub use attention::{Attention, MAX_SPLITS, MIN_SPLIT, splits_for};
 pub use elementwise::{Embed, Glu};
 pub use fill::{fill_random, fill_value};
-pub use matmul::{MatMul, MatMulOptions};
+pub use matmul::{MatMul, MatMulOptions, k_slices};
 pub use matvec::{MatVec, MatVecOptions, SplitAttention};
 pub use norm::{Norm, NormKind};
 pub use rope::{RopeKv, RopeTable};
