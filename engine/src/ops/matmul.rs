@@ -118,7 +118,7 @@ impl MatMul {
         // The split product writes only scratch; y is touched by the reduce pass.
         let entries: Vec<_> = entries
             .into_iter()
-            .filter(|(b, _)| !(split && *b == 4) && !(split && *b == 5))
+            .filter(|(b, _)| !split || (*b != 4 && *b != 5))
             .collect();
         let bind_group = bind(gpu, &kernel, &entries);
         Ok(Self {
