@@ -8,9 +8,13 @@
 // With SPLIT (decoding one token), the keys are divided among workgroups instead: workgroup
 // (head, s) takes the s-th run of split_len keys and writes its unnormalised output with its
 // running max and sum; the next product (the output projection, see matvec.wgsl COMBINE)
-// merges the runs. That keeps long contexts parallel without another dispatch.
+// merges the runs. That keeps long contexts parallel without another dispatch. The split
+// kernel also takes the token's q, k and v straight from the fused QKV product, applies RoPE
+// itself, and stores the new key and value in the cache (one workgroup per KV head), so
+// decoding needs no separate RoPE pass.
 //
-// Defines: WG, HD (head_dim, a multiple of 4), F16 (f16 cache), SPLIT, MIN_SPLIT, MAX_SPLITS.
+// Defines: WG, HD (head_dim, a multiple of 4), F16 (f16 cache), SPLIT, MIN_SPLIT, MAX_SPLITS,
+// NO_ROPE (learned positions).
 
 struct Params {
     heads: u32,
@@ -36,13 +40,28 @@ const KEY_GROUPS: u32 = {{WG}}u / QUADS;
 
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<uniform> step: Step;
+// Rotated queries [token][head][HD]; with SPLIT, the token's fused QKV row instead.
 @group(0) @binding(2) var<storage, read> q: array<f32>;
+#if SPLIT
+#if F16
+@group(0) @binding(3) var<storage, read_write> k_cache: array<vec2<u32>>;
+@group(0) @binding(4) var<storage, read_write> v_cache: array<vec2<u32>>;
+#else
+@group(0) @binding(3) var<storage, read_write> k_cache: array<vec4<f32>>;
+@group(0) @binding(4) var<storage, read_write> v_cache: array<vec4<f32>>;
+#endif
+#if !NO_ROPE
+@group(0) @binding(7) var<storage, read> rope_cos: array<f32>;
+@group(0) @binding(8) var<storage, read> rope_sin: array<f32>;
+#endif
+#else
 #if F16
 @group(0) @binding(3) var<storage, read> k_cache: array<vec2<u32>>;
 @group(0) @binding(4) var<storage, read> v_cache: array<vec2<u32>>;
 #else
 @group(0) @binding(3) var<storage, read> k_cache: array<vec4<f32>>;
 @group(0) @binding(4) var<storage, read> v_cache: array<vec4<f32>>;
+#endif
 #endif
 @group(0) @binding(5) var<storage, read_write> out: array<f32>;
 #if SPLIT
@@ -54,6 +73,39 @@ var<workgroup> qs: array<vec4<f32>, QUADS>;
 var<workgroup> probs: array<f32, {{WG}}>;
 var<workgroup> red: array<f32, {{WG}}>;
 var<workgroup> partial: array<vec4<f32>, {{WG}}>;
+#if SPLIT
+// The decoded token's own key and value (rotated key), taken from the QKV row.
+var<workgroup> cur_k: array<vec4<f32>, QUADS>;
+var<workgroup> cur_v: array<vec4<f32>, QUADS>;
+
+// Element d of the head vector at `base` in the QKV row, rotated (HF rotate-half) for `pos`.
+fn rotated(base: u32, d: u32, pos: u32) -> f32 {
+#if NO_ROPE
+    return q[base + d];
+#else
+    let half = {{HD}}u / 2u;
+    if (d < half) {
+        let i = pos * half + d;
+        return q[base + d] * rope_cos[i] - q[base + d + half] * rope_sin[i];
+    }
+    let i = pos * half + d - half;
+    return q[base + d] * rope_cos[i] + q[base + d - half] * rope_sin[i];
+#endif
+}
+
+fn store_quad(is_k: bool, index: u32, v: vec4<f32>) {
+#if F16
+    let w = vec2<u32>(pack2x16float(v.xy), pack2x16float(v.zw));
+#else
+    let w = v;
+#endif
+    if (is_k) {
+        k_cache[index] = w;
+    } else {
+        v_cache[index] = w;
+    }
+}
+#endif
 
 // A finite stand-in for -inf: exp() of it minus any real score is exactly zero.
 const NEG_BIG: f32 = -3.0e38;
@@ -121,6 +173,28 @@ fn main(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id) wid: v
     let n_keys = step.pos0 + t + 1u;
 #endif
     let kv_head = head / (p.heads / p.kv_heads);
+    // Cache rows in quads: head kv_head starts at kv_head·capacity rows.
+    let cache_base = kv_head * p.capacity * QUADS;
+#if SPLIT
+    let pos = step.pos0;
+    let k_src = (p.heads + kv_head) * {{HD}}u;
+    let v_src = (p.heads + p.kv_heads + kv_head) * {{HD}}u;
+    // The softmax scale is folded into q.
+    for (var d = tid; d < {{HD}}u; d += {{WG}}u) {
+        qs[d / 4u][d % 4u] = rotated(head * {{HD}}u, d, pos) * p.scale;
+        cur_k[d / 4u][d % 4u] = rotated(k_src, d, pos);
+        cur_v[d / 4u][d % 4u] = q[v_src + d];
+    }
+    workgroupBarrier();
+    // The first head of each KV group stores the new key and value, from the run holding
+    // the position; every workgroup reads them from workgroup memory, never from the cache.
+    if (head % (p.heads / p.kv_heads) == 0u && pos >= first_key && pos < n_keys) {
+        for (var i = tid; i < QUADS; i += {{WG}}u) {
+            store_quad(true, cache_base + pos * QUADS + i, cur_k[i]);
+            store_quad(false, cache_base + pos * QUADS + i, cur_v[i]);
+        }
+    }
+#else
     let q_base = (t * p.heads + head) * {{HD}}u;
     // The softmax scale is folded into q.
     for (var i = tid; i < QUADS; i += {{WG}}u) {
@@ -128,8 +202,7 @@ fn main(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id) wid: v
         qs[i] = vec4<f32>(q[b], q[b + 1u], q[b + 2u], q[b + 3u]) * p.scale;
     }
     workgroupBarrier();
-    // Cache rows in quads: head kv_head starts at kv_head·capacity rows.
-    let cache_base = kv_head * p.capacity * QUADS;
+#endif
     let quad = tid % QUADS;
     let group = tid / QUADS;
     let sums_values = group < KEY_GROUPS;
@@ -142,9 +215,21 @@ fn main(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id) wid: v
         if (j < n_keys) {
             let row = cache_base + j * QUADS;
             var s = 0.0;
+#if SPLIT
+            if (j == pos) {
+                for (var i = 0u; i < QUADS; i++) {
+                    s += dot(qs[i], cur_k[i]);
+                }
+            } else {
+                for (var i = 0u; i < QUADS; i++) {
+                    s += dot(qs[i], k_quad(row + i));
+                }
+            }
+#else
             for (var i = 0u; i < QUADS; i++) {
                 s += dot(qs[i], k_quad(row + i));
             }
+#endif
             score = s;
         }
         let new_max = max(running_max, wg_max(tid, score));
@@ -156,6 +241,12 @@ fn main(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id) wid: v
         let chunk_len = min({{WG}}u, n_keys - c0);
         if (sums_values) {
             for (var jj = group; jj < chunk_len; jj += KEY_GROUPS) {
+#if SPLIT
+                if (c0 + jj == pos) {
+                    acc += probs[jj] * cur_v[quad];
+                    continue;
+                }
+#endif
                 acc += probs[jj] * v_quad(cache_base + (c0 + jj) * QUADS + quad);
             }
         }

@@ -657,83 +657,173 @@ fn attention_matches_cpu() {
     }
 }
 
-/// Decoding splits the keys over workgroups; the output product merges the runs while it
-/// stages its input. Checked end to end: y = W · attention(q, K, V).
+/// Decoding splits the keys over workgroups, takes the token's q/k/v from the fused QKV row
+/// (rotating q and k itself, and storing k and v in the cache), and the output product merges
+/// the runs while it stages its input. Checked end to end: y = W · attention, and the cache.
 #[test]
 fn split_attention_merged_by_the_output_product_matches_cpu() {
     let gpu = gpu();
     let mut rng = Rng::new(15);
-    // 1 run, 5 runs of 64 keys, 16 runs of 125 keys, and GQA with head_dim 128.
+    // 1 run, 5 runs of 64 keys, 16 runs of 125 keys, GQA with head_dim 128, head_dim 12.
     let cases = [
         (4u32, 2u32, 16u32, 0u32, 8u32),
         (4, 2, 16, 300, 310),
         (2, 1, 64, 1999, 2001),
         (4, 1, 128, 700, 701),
+        (3, 1, 12, 70, 90),
     ];
+    let spec = RopeSpec {
+        theta: 10000.0,
+        scaling: RopeScaling::None,
+    };
     for dtype in DTYPES {
-        for &(heads, kv_heads, hd, pos0, capacity) in &cases {
-            let c = AttentionCase {
-                heads,
-                kv_heads,
-                hd,
-                tokens: 1,
-                pos0,
-                capacity,
-            };
-            let inp = attention_inputs(&gpu, &mut rng, dtype, c);
-            let width = heads * hd;
-            let partials = gpu
-                .storage("runs", u64::from(MAX_SPLITS * width) * 4)
-                .expect("runs");
-            let stats = gpu
-                .storage("stats", u64::from(MAX_SPLITS * heads) * 8)
-                .expect("stats");
-            let st = step(&gpu, pos0, 1);
-            let att = Attention::new_split(
-                &gpu, heads, kv_heads, hd, capacity, dtype, &inp.qb, &inp.kb, &inp.vb, &partials,
-                &stats, &st,
-            )
-            .expect("split attention");
-            let rows = 37u32;
-            let w = rng.vec((rows * width) as usize, 1.0);
-            let wm = Matrix::from_f32(&gpu, "w", &w, rows, width, WeightDType::F32).expect("w");
-            let unused_x = gpu.storage("x", u64::from(width) * 4).expect("x");
-            let y = gpu.storage("y", u64::from(rows) * 4).expect("y");
-            let merge = MatVec::new(
-                &gpu,
-                &wm,
-                &unused_x,
-                &y,
-                &st,
-                MatVecOptions {
-                    combine: Some(SplitAttention {
-                        partials: &partials,
-                        stats: &stats,
-                        heads,
-                        head_dim: hd,
-                    }),
-                    ..Default::default()
-                },
-            )
-            .expect("merging product");
-            let mut rec = Recorder::new(&gpu);
-            att.encode(&mut rec, pos0, 1);
-            merge.encode(&mut rec);
-            rec.submit();
-            let got = read(&gpu, &y, rows as usize);
-            let attn = attention_ref(&inp, c);
-            let (want, mag) = matvec_ref(&w, &attn, rows as usize, width as usize);
-            assert_close(
-                &format!(
-                    "split attention {dtype:?} {c:?} ({} runs)",
+        for with_rope in [true, false] {
+            for &(heads, kv_heads, hd, pos0, capacity) in &cases {
+                let c = AttentionCase {
+                    heads,
+                    kv_heads,
+                    hd,
+                    tokens: 1,
+                    pos0,
+                    capacity,
+                };
+                let mut inp = attention_inputs(&gpu, &mut rng, dtype, c);
+                let hdu = hd as usize;
+                // The token's QKV row; rotated copies are what the reference attends with.
+                let slots = (heads + 2 * kv_heads) as usize;
+                let qkv = rng.vec(slots * hdu, 1.0);
+                let inv_freq = spec.inv_freq(hd);
+                let rotate = |v: &[f32]| -> Vec<f32> {
+                    if !with_rope {
+                        return v.to_vec();
+                    }
+                    let h = hdu / 2;
+                    let mut out = v.to_vec();
+                    for i in 0..h {
+                        let (s, co) = f64::from(pos0 as f32 * inv_freq[i]).sin_cos();
+                        let (a, b) = (f64::from(v[i]), f64::from(v[i + h]));
+                        out[i] = (a * co - b * s) as f32;
+                        out[i + h] = (b * co + a * s) as f32;
+                    }
+                    out
+                };
+                inp.q = (0..heads as usize)
+                    .flat_map(|h| rotate(&qkv[h * hdu..(h + 1) * hdu]))
+                    .collect();
+                for g in 0..kv_heads as usize {
+                    let k_src = (heads as usize + g) * hdu;
+                    let v_src = (heads as usize + kv_heads as usize + g) * hdu;
+                    let at = (g * capacity as usize + pos0 as usize) * hdu;
+                    inp.k[at..at + hdu].copy_from_slice(&rotate(&qkv[k_src..k_src + hdu]));
+                    inp.v[at..at + hdu].copy_from_slice(&qkv[v_src..v_src + hdu]);
+                }
+                let qkv_b = buf(&gpu, &qkv);
+                let table = RopeTable::new(&gpu, &inv_freq, capacity).expect("table");
+                let width = heads * hd;
+                let partials = gpu
+                    .storage("runs", u64::from(MAX_SPLITS * width) * 4)
+                    .expect("runs");
+                let stats = gpu
+                    .storage("stats", u64::from(MAX_SPLITS * heads) * 8)
+                    .expect("stats");
+                let st = step(&gpu, pos0, 1);
+                let att = Attention::new_split(
+                    &gpu,
+                    heads,
+                    kv_heads,
+                    hd,
+                    capacity,
+                    dtype,
+                    &qkv_b,
+                    with_rope.then_some(&table),
+                    &inp.kb,
+                    &inp.vb,
+                    &partials,
+                    &stats,
+                    &st,
+                )
+                .expect("split attention");
+                let rows = 37u32;
+                let w = rng.vec((rows * width) as usize, 1.0);
+                let wm = Matrix::from_f32(&gpu, "w", &w, rows, width, WeightDType::F32).expect("w");
+                let unused_x = gpu.storage("x", u64::from(width) * 4).expect("x");
+                let y = gpu.storage("y", u64::from(rows) * 4).expect("y");
+                let merge = MatVec::new(
+                    &gpu,
+                    &wm,
+                    &unused_x,
+                    &y,
+                    &st,
+                    MatVecOptions {
+                        combine: Some(SplitAttention {
+                            partials: &partials,
+                            stats: &stats,
+                            heads,
+                            head_dim: hd,
+                        }),
+                        ..Default::default()
+                    },
+                )
+                .expect("merging product");
+                let mut rec = Recorder::new(&gpu);
+                att.encode(&mut rec, pos0, 1);
+                merge.encode(&mut rec);
+                rec.submit();
+                let got = read(&gpu, &y, rows as usize);
+                let attn = attention_ref(&inp, c);
+                let (want, mag) = matvec_ref(&w, &attn, rows as usize, width as usize);
+                let what = format!(
+                    "split attention {dtype:?} rope={with_rope} {c:?} ({} runs)",
                     splits_for(pos0 + 1)
-                ),
-                &got,
-                &want,
-                &mag,
-                1e-5,
-                1e-4,
-            );
+                );
+                // The token's own k/v enter in f32 here but are stored rounded: allow f16 error.
+                let rtol = if dtype == WeightDType::F16 {
+                    2e-3
+                } else {
+                    1e-4
+                };
+                assert_close(&what, &got, &want, &mag, 1e-5, rtol);
+                // The cache now holds the token's rotated key and its value.
+                let cache_at = |b: &StorageBuffer, g: usize| -> Vec<f32> {
+                    let at = ((g * capacity as usize + pos0 as usize) * hdu) as u64;
+                    match dtype {
+                        WeightDType::F32 => gpu.read(&b.buffer, at, hd as u64).expect("read"),
+                        WeightDType::F16 => {
+                            let halves: Vec<u16> =
+                                gpu.read(&b.buffer, at, hd as u64).expect("read");
+                            halves
+                                .iter()
+                                .map(|h| half::f16::from_bits(*h).to_f32())
+                                .collect()
+                        }
+                    }
+                };
+                for g in 0..kv_heads as usize {
+                    let at = (g * capacity as usize + pos0 as usize) * hdu;
+                    let ones = vec![1.0; hdu];
+                    let tol = if dtype == WeightDType::F16 {
+                        2e-3
+                    } else {
+                        1e-6
+                    };
+                    assert_close(
+                        &format!("{what}: k cache"),
+                        &cache_at(&inp.kb, g),
+                        &inp.k[at..at + hdu],
+                        &ones,
+                        tol,
+                        0.0,
+                    );
+                    assert_close(
+                        &format!("{what}: v cache"),
+                        &cache_at(&inp.vb, g),
+                        &inp.v[at..at + hdu],
+                        &ones,
+                        tol,
+                        0.0,
+                    );
+                }
+            }
         }
     }
 }

@@ -3,9 +3,11 @@
 //! activations, the KV cache and the token history live in buffers made at load time, so a
 //! decoded token allocates nothing and reads back only its id.
 //!
-//! Decode, per layer (6 dispatches): norm+QKV product, RoPE+cache store, attention,
-//! output product+residual, norm+gate/up product+SwiGLU (or +GELU), down product+residual.
-//! Then norm+LM head and the sampler: 6·layers + 3 dispatches and one submit per token.
+//! Decode, per layer (5 dispatches): norm+QKV product; attention (RoPE, cache store and the
+//! keys split over workgroups); output product merging the attention runs + residual;
+//! norm+gate/up product+SwiGLU (or +GELU); down product+residual. Then norm+LM head and the
+//! sampler: 5·layers + 3 dispatches and one submit per token. (Where the output product
+//! cannot stage its input, attention runs whole after a separate RoPE pass: 6 per layer.)
 
 use crate::Error;
 use crate::gpu::{Gpu, Recorder, StorageBuffer, UniformBuffer};
@@ -126,6 +128,8 @@ pub struct DecoderModel {
     weight_bytes: u64,
     cache_bytes: u64,
     decode_dispatches: u32,
+    /// Decoding uses split attention (merged by the output product).
+    split_attention: bool,
     /// Host time spent recording the last decode step's commands.
     last_encode: std::time::Duration,
 }
@@ -627,7 +631,8 @@ impl DecoderModel {
                         hd,
                         capacity,
                         dtype,
-                        &a.q,
+                        &a.qkv,
+                        rope.as_ref(),
                         &k_cache,
                         &v_cache,
                         &a.split_partials,
@@ -699,6 +704,7 @@ impl DecoderModel {
             weight_bytes,
             cache_bytes,
             decode_dispatches: 0,
+            split_attention,
             last_encode: std::time::Duration::ZERO,
         };
         model.decode_dispatches = model.count_decode_dispatches();
@@ -757,7 +763,10 @@ impl DecoderModel {
         self.embed.encode(rec, 1);
         for l in &self.layers {
             l.qkv_mv.encode(rec);
-            l.rope.encode(rec, 1);
+            // The split attention applies RoPE and fills the cache itself.
+            if !self.split_attention {
+                l.rope.encode(rec, 1);
+            }
             l.decode_attention.encode(rec, pos, 1);
             l.o_mv.encode(rec);
             l.up_mv.encode(rec);

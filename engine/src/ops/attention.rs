@@ -1,6 +1,6 @@
 use bytemuck::{Pod, Zeroable};
 
-use super::{WeightDType, bind, flag};
+use super::{RopeTable, WeightDType, bind, flag};
 use crate::gpu::{Gpu, GpuError, Kernel, Recorder, StorageBuffer, UniformBuffer};
 
 const SOURCE: &str = include_str!("../../../shaders/attention.wgsl");
@@ -68,9 +68,11 @@ impl Attention {
         )
     }
 
-    /// Attention for one decoded token with its keys split into runs across workgroups:
-    /// `partials` receives `[MAX_SPLITS][heads][head_dim]` unnormalised outputs and `stats`
-    /// `[MAX_SPLITS][heads]` (max, sum) pairs, merged by a [`super::MatVec`] with `combine`.
+    /// Attention for one decoded token with its keys split into runs across workgroups. It
+    /// reads the token's q, k and v from the fused QKV row `qkv`, applies RoPE from `table`
+    /// (none: learned positions), and stores k and v in the caches. `partials` receives
+    /// `[MAX_SPLITS][heads][head_dim]` unnormalised outputs and `stats` `[MAX_SPLITS][heads]`
+    /// (max, sum) pairs, merged by a [`super::MatVec`] with `combine`.
     #[allow(clippy::too_many_arguments)]
     pub fn new_split(
         gpu: &Gpu,
@@ -79,7 +81,8 @@ impl Attention {
         head_dim: u32,
         capacity: u32,
         cache_dtype: WeightDType,
-        q: &StorageBuffer,
+        qkv: &StorageBuffer,
+        table: Option<&RopeTable>,
         k_cache: &StorageBuffer,
         v_cache: &StorageBuffer,
         partials: &StorageBuffer,
@@ -93,11 +96,11 @@ impl Attention {
             head_dim,
             capacity,
             cache_dtype,
-            q,
+            qkv,
             k_cache,
             v_cache,
             partials,
-            Some(stats),
+            Some((stats, table)),
             step,
         )
     }
@@ -114,7 +117,7 @@ impl Attention {
         k_cache: &StorageBuffer,
         v_cache: &StorageBuffer,
         out: &StorageBuffer,
-        stats: Option<&StorageBuffer>,
+        split: Option<(&StorageBuffer, Option<&RopeTable>)>,
         step: &UniformBuffer,
     ) -> Result<Self, GpuError> {
         if head_dim > MAX_HEAD_DIM || !head_dim.is_multiple_of(4) || head_dim == 0 {
@@ -135,7 +138,8 @@ impl Attention {
                 ("WG", WG.to_string()),
                 ("HD", head_dim.to_string()),
                 flag("F16", cache_dtype == WeightDType::F16),
-                flag("SPLIT", stats.is_some()),
+                flag("SPLIT", split.is_some()),
+                flag("NO_ROPE", matches!(split, Some((_, None)))),
                 ("MIN_SPLIT", MIN_SPLIT.to_string()),
                 ("MAX_SPLITS", MAX_SPLITS.to_string()),
             ],
@@ -159,15 +163,19 @@ impl Attention {
             (4, &v_cache.buffer),
             (5, &out.buffer),
         ];
-        if let Some(stats) = stats {
+        if let Some((stats, table)) = split {
             entries.push((6, &stats.buffer));
+            if let Some(t) = table {
+                entries.push((7, &t.cos.buffer));
+                entries.push((8, &t.sin.buffer));
+            }
         }
         let bind_group = bind(gpu, &kernel, &entries);
         Ok(Self {
             kernel,
             bind_group,
             heads,
-            split: stats.is_some(),
+            split: split.is_some(),
             _params: params,
         })
     }
