@@ -27,13 +27,6 @@ struct Params {
     _pad2: u32,
 }
 
-struct Step {
-    pos0: u32,
-    n_tokens: u32,
-    seq_len: u32,
-    _pad: u32,
-}
-
 const QUADS: u32 = {{HD}}u / 4u;
 // Keys summed side by side in the value pass.
 const KEY_GROUPS: u32 = {{WG}}u / QUADS;

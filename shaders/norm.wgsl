@@ -8,13 +8,6 @@ struct Params {
     _pad1: u32,
 }
 
-struct Step {
-    pos0: u32,
-    n_tokens: u32,
-    seq_len: u32,
-    _pad: u32,
-}
-
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<uniform> step: Step;
 @group(0) @binding(2) var<storage, read> x: array<f32>;

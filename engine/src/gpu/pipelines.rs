@@ -4,6 +4,9 @@ use std::sync::{Arc, Mutex};
 use super::device::{Gpu, GpuError};
 use super::shader::preprocess;
 
+/// Declarations every kernel shares (the step uniform's layout).
+const COMMON: &str = include_str!("../../../shaders/common.wgsl");
+
 /// Identifies one compiled pipeline: the shader family, its entry point, and the defines it
 /// was specialised with.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -59,7 +62,10 @@ impl Gpu {
             entry: key.entry.to_owned(),
             message,
         };
-        let text = preprocess(source, &key.defines).map_err(shader_error)?;
+        let text = format!(
+            "{COMMON}\n{}",
+            preprocess(source, &key.defines).map_err(shader_error)?
+        );
         let label: Arc<str> = format!(
             "{}::{}[{}]",
             key.family,

@@ -62,7 +62,9 @@ impl<'a> Uploader<'a> {
 
     fn tensor(&self, name: &str, shape: &[usize]) -> Result<TensorView<'a>, Error> {
         let WeightSource::Files(st) = self.source else {
-            unreachable!("tensor() is only called for file-backed weights")
+            return Err(Error::Invalid(format!(
+                "tensor {name:?} requested from random weights"
+            )));
         };
         let view = st.get(name)?;
         if view.shape != shape {
