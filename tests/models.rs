@@ -203,3 +203,30 @@ fn text_generation_reproduces_the_greedy_continuation() {
         assert_eq!(stats.text, decoded, "{name}");
     }
 }
+
+#[test]
+fn a_model_too_big_for_the_gpu_is_refused_with_numbers() {
+    // A 10 GB embedding table exceeds any GPU's largest buffer binding.
+    let config = serde_json::json!({
+        "model_type": "llama", "hidden_size": 128, "intermediate_size": 256,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "num_hidden_layers": 1,
+        "vocab_size": 20_000_000, "max_position_embeddings": 64
+    });
+    let spec = backpack_engine::load::DecoderSpec::from_json(&config).expect("valid config");
+    let err = backpack_engine::models::DecoderModel::build(
+        &gpu(),
+        &spec,
+        backpack_engine::models::WeightSource::Random { seed: 1 },
+        &ModelOptions {
+            dtype: WeightDType::F32,
+            ..Default::default()
+        },
+    )
+    .err()
+    .expect("too big");
+    let message = err.to_string();
+    assert!(
+        message.contains("token embedding") && message.contains("10240000000 byte"),
+        "{message}"
+    );
+}

@@ -343,7 +343,29 @@ fn gpt2_layer(up: &mut Uploader<'_>, spec: &DecoderSpec, i: u32) -> Result<Layer
 }
 
 impl DecoderModel {
+    /// Uploads the weights and allocates the state. Running out of GPU memory is an error
+    /// (with the sizes), not a crash.
     pub fn build(
+        gpu: &Gpu,
+        spec: &DecoderSpec,
+        source: WeightSource<'_>,
+        opts: &ModelOptions,
+    ) -> Result<Self, Error> {
+        let device = gpu.device();
+        let oom = device.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
+        let result = Self::build_inner(gpu, spec, source, opts);
+        if let Some(err) = pollster::block_on(oom.pop()) {
+            let needed = spec.parameters() * opts.dtype.bytes();
+            return Err(Error::Invalid(format!(
+                "the GPU ran out of memory loading this model (its weights need about {:.1} GiB as {:?}, plus the KV cache): {err}",
+                needed as f64 / f64::from(1u32 << 30),
+                opts.dtype
+            )));
+        }
+        result
+    }
+
+    fn build_inner(
         gpu: &Gpu,
         spec: &DecoderSpec,
         source: WeightSource<'_>,

@@ -142,7 +142,9 @@ pub fn encode_row(row: &[f32], stride: usize, dtype: WeightDType, out: &mut Vec<
             out.resize(out.len() + (stride - row.len()) * 4, 0);
         }
         WeightDType::F16 => {
+            // Saturate rather than turn the rare weight beyond f16's range into infinity.
             for &v in row {
+                let v = v.clamp(-65504.0, 65504.0);
                 out.extend_from_slice(&half::f16::from_f32(v).to_le_bytes());
             }
             out.resize(out.len() + (stride - row.len()) * 2, 0);
