@@ -9,3 +9,25 @@ struct Step {
     seq_len: u32,
     _pad: u32,
 }
+
+// GELU with the tanh approximation (GPT-2's "gelu_new"); tanh's argument is clamped so large
+// inputs cannot overflow inside tanh.
+fn gelu_tanh(v: f32) -> f32 {
+    let c = 0.7978845608028654;
+    let inner = clamp(c * (v + 0.044715 * v * v * v), -15.0, 15.0);
+    return 0.5 * v * (1.0 + tanh(inner));
+}
+
+// erf to within 1.5e-7 (Abramowitz & Stegun 7.1.26): WGSL has no erf.
+fn erf_approx(x: f32) -> f32 {
+    let t = 1.0 / (1.0 + 0.3275911 * abs(x));
+    let poly = ((((1.061405429 * t - 1.453152027) * t + 1.421413741) * t - 0.284496736) * t
+        + 0.254829592) * t;
+    let y = 1.0 - poly * exp(-x * x);
+    return select(-y, y, x >= 0.0);
+}
+
+// Exact GELU, x·Φ(x) (PyTorch's default "gelu").
+fn gelu_erf(v: f32) -> f32 {
+    return 0.5 * v * (1.0 + erf_approx(v * 0.7071067811865476));
+}

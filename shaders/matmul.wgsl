@@ -6,7 +6,7 @@
 // to a scratch buffer; `reduce` then sums the slices and applies the epilogue. Prompts of a
 // few hundred tokens give too few output tiles to fill a large GPU otherwise.
 //
-// Defines: F16, EPV (4 for f32, 8 for f16), BIAS, GELU, RESIDUAL (Y += ...), SPLIT_K.
+// Defines: F16, EPV (4 for f32, 8 for f16), BIAS, GELU (tanh form), GELU_ERF, RESIDUAL (Y += ...), SPLIT_K.
 
 struct Params {
     n: u32,
@@ -39,12 +39,6 @@ const BK: u32 = 16u;
 // [k][m/4] and [k][n/4]: each invocation reads one vec4 of each per k.
 var<workgroup> xs: array<vec4<f32>, 256>;
 var<workgroup> ws: array<vec4<f32>, 256>;
-
-fn gelu_tanh(v: f32) -> f32 {
-    let c = 0.7978845608028654;
-    let inner = clamp(c * (v + 0.044715 * v * v * v), -15.0, 15.0);
-    return 0.5 * v * (1.0 + tanh(inner));
-}
 
 @compute @workgroup_size(256)
 fn main(
@@ -147,6 +141,9 @@ fn epilogue(sum: f32, row: u32, col: u32) -> f32 {
 #endif
 #if GELU
     v = gelu_tanh(v);
+#endif
+#if GELU_ERF
+    v = gelu_erf(v);
 #endif
 #if RESIDUAL
     v += y[row * p.n + col];

@@ -7,7 +7,7 @@
 // Defines: WG, TPR, EPV (elements per vec4 word: 4 for f32, 8 for f16), ROW_VECS (the row
 // stride in vec4 words, fixed per pipeline so the loop over a row has a known trip count),
 // F16, NORM, NORM_LAYER, BIAS, GLU (y = silu(W_gate·x̂) * (W_up·x̂), the up block at
-// glu_offset), GELU, RESIDUAL (y += ...), SUBGROUP, XCACHE (x̂ staged once in workgroup memory,
+// glu_offset), GELU (tanh form), GELU_ERF, RESIDUAL (y += ...), SUBGROUP, XCACHE (x̂ staged once in workgroup memory,
 // for short rows), XVEC4 (k is a multiple of 4: x is also read through a vec4 view), COMBINE
 // (x is the attention output of one token, split over runs of keys as attention.wgsl SPLIT
 // leaves it: the runs are merged while staging; needs XCACHE), HEADS, MIN_SPLIT, MAX_SPLITS.
@@ -145,12 +145,6 @@ fn silu(v: f32) -> f32 {
     return v / (1.0 + exp(-v));
 }
 
-fn gelu_tanh(v: f32) -> f32 {
-    let c = 0.7978845608028654;
-    let inner = clamp(c * (v + 0.044715 * v * v * v), -15.0, 15.0);
-    return 0.5 * v * (1.0 + tanh(inner));
-}
-
 @compute @workgroup_size({{WG}})
 fn main(
     @builtin(local_invocation_index) tid: u32,
@@ -286,6 +280,9 @@ fn main(
 #endif
 #if GELU
         r = gelu_tanh(r);
+#endif
+#if GELU_ERF
+        r = gelu_erf(r);
 #endif
 #if RESIDUAL
         r += y[row];

@@ -45,6 +45,36 @@ fn gelu_tanh(v: f32) -> f32 {
     (0.5 * v * (1.0 + (c * (v + 0.044715 * v * v * v)).tanh())) as f32
 }
 
+/// erf in f64: Taylor series near zero, asymptotic erfc beyond (both far below f32 precision
+/// over the ranges used).
+fn erf(x: f64) -> f64 {
+    let a = x.abs();
+    let r = if a < 3.0 {
+        let mut term = a;
+        let mut sum = a;
+        for n in 1..200 {
+            term *= -a * a / f64::from(n);
+            let add = term / f64::from(2 * n + 1);
+            sum += add;
+            if add.abs() < 1e-17 {
+                break;
+            }
+        }
+        sum * 2.0 / std::f64::consts::PI.sqrt()
+    } else {
+        let x2 = a * a;
+        let series = 1.0 - 1.0 / (2.0 * x2) + 3.0 / (4.0 * x2 * x2) - 15.0 / (8.0 * x2 * x2 * x2)
+            + 105.0 / (16.0 * x2.powi(4));
+        1.0 - (-x2).exp() / (a * std::f64::consts::PI.sqrt()) * series
+    };
+    r.copysign(x)
+}
+
+fn gelu_erf(v: f32) -> f32 {
+    let v = f64::from(v);
+    (0.5 * v * (1.0 + erf(v / std::f64::consts::SQRT_2))) as f32
+}
+
 fn rms_norm(x: &[f32], w: &[f32], eps: f32) -> Vec<f32> {
     let ms = x.iter().map(|v| f64::from(*v).powi(2)).sum::<f64>() / x.len() as f64;
     let inv = 1.0 / (ms + f64::from(eps)).sqrt();
@@ -94,6 +124,7 @@ enum Variant {
     LayerBias,
     Glu,
     GeluBias,
+    GeluErfBias,
     Residual,
 }
 
@@ -131,6 +162,7 @@ fn matvec_parity(gpu: &Gpu) {
         Variant::LayerBias,
         Variant::Glu,
         Variant::GeluBias,
+        Variant::GeluErfBias,
         Variant::Residual,
     ];
     for dtype in DTYPES {
@@ -160,11 +192,18 @@ fn matvec_parity(gpu: &Gpu) {
                     },
                     bias: matches!(
                         variant,
-                        Variant::Bias | Variant::LayerBias | Variant::GeluBias
+                        Variant::Bias
+                            | Variant::LayerBias
+                            | Variant::GeluBias
+                            | Variant::GeluErfBias
                     )
                     .then_some(&bb),
                     glu,
-                    gelu: matches!(variant, Variant::GeluBias),
+                    gelu: match variant {
+                        Variant::GeluBias => Some(Gelu::Tanh),
+                        Variant::GeluErfBias => Some(Gelu::Erf),
+                        _ => None,
+                    },
                     residual: matches!(variant, Variant::Residual),
                     combine: None,
                 };
@@ -186,6 +225,10 @@ fn matvec_parity(gpu: &Gpu) {
                     Variant::Bias | Variant::LayerBias => {
                         want.iter_mut().zip(&bias).for_each(|(v, b)| *v += b)
                     }
+                    Variant::GeluErfBias => want
+                        .iter_mut()
+                        .zip(&bias)
+                        .for_each(|(v, b)| *v = gelu_erf(*v + b)),
                     Variant::GeluBias => want
                         .iter_mut()
                         .zip(&bias)
@@ -230,10 +273,11 @@ fn matmul_matches_cpu() {
     for dtype in DTYPES {
         for &(m, n, k) in &shapes {
             for (bias_on, gelu, residual) in [
-                (false, false, false),
-                (true, false, false),
-                (true, true, false),
-                (false, false, true),
+                (false, None, false),
+                (true, None, false),
+                (true, Some(Gelu::Tanh), false),
+                (true, Some(Gelu::Erf), false),
+                (false, None, true),
             ] {
                 let w = rng.vec(n * k, 1.0);
                 let x = rng.vec(m * k, 1.0);
@@ -272,8 +316,10 @@ fn matmul_matches_cpu() {
                         if bias_on {
                             r += bias[j];
                         }
-                        if gelu {
-                            r = gelu_tanh(r);
+                        match gelu {
+                            Some(Gelu::Tanh) => r = gelu_tanh(r),
+                            Some(Gelu::Erf) => r = gelu_erf(r),
+                            None => {}
                         }
                         if residual {
                             r += y0[row * n + j];
@@ -283,12 +329,26 @@ fn matmul_matches_cpu() {
                     }
                 }
                 let what = format!(
-                    "matmul {dtype:?} m={m} n={n} k={k} slices={} bias={bias_on} gelu={gelu} residual={residual}",
+                    "matmul {dtype:?} m={m} n={n} k={k} slices={} bias={bias_on} gelu={gelu:?} residual={residual}",
                     k_slices(n as u32, k as u32)
                 );
                 assert_close(&what, &got, &want, &scale, 1e-5, 2e-5);
             }
         }
+    }
+}
+
+#[test]
+fn reference_erf_is_accurate() {
+    // Values from tables of erf.
+    for (x, want) in [
+        (0.5, 0.520_499_877_813_046_5),
+        (1.0, 0.842_700_792_949_714_9),
+        (2.5, 0.999_593_047_982_555),
+        (3.5, 0.999_999_256_901_628),
+        (-1.0, -0.842_700_792_949_714_9),
+    ] {
+        assert!((erf(x) - want).abs() < 1e-9, "erf({x}) = {}", erf(x));
     }
 }
 

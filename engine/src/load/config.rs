@@ -6,7 +6,7 @@ use std::path::Path;
 use serde_json::Value;
 
 use super::error::{LoadError, read_json};
-use crate::ops::NormKind;
+use crate::ops::{Gelu, NormKind};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Arch {
@@ -22,8 +22,8 @@ pub enum Arch {
 pub enum MlpKind {
     /// down(silu(gate(x)) * up(x))
     SwiGlu,
-    /// down(gelu_tanh(fc(x)))
-    GeluTanh,
+    /// down(gelu(fc(x))), tanh or erf form.
+    Gelu(Gelu),
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -151,7 +151,7 @@ impl DecoderSpec {
         let i = u64::from(self.intermediate);
         let mlp = match self.mlp {
             MlpKind::SwiGlu => 3 * d * i,
-            MlpKind::GeluTanh => 2 * d * i,
+            MlpKind::Gelu(_) => 2 * d * i,
         };
         let per_layer = d * (q + 2 * kv) + q * d + mlp + 4 * d;
         let embed = u64::from(self.vocab) * d;
@@ -285,11 +285,15 @@ fn gpt2(c: &Value) -> Result<DecoderSpec, SpecError> {
         .get("activation_function")
         .and_then(Value::as_str)
         .unwrap_or("gelu_new");
-    if !matches!(act, "gelu_new" | "gelu_pytorch_tanh" | "gelu_fast") {
-        return Err(SpecError::Invalid(format!(
-            "GPT-2 activation {act:?} is not supported (supported: gelu_new)"
-        )));
-    }
+    let gelu = match act {
+        "gelu_new" | "gelu_pytorch_tanh" | "gelu_fast" => Gelu::Tanh,
+        "gelu" => Gelu::Erf,
+        other => {
+            return Err(SpecError::Invalid(format!(
+                "GPT-2 activation {other:?} is not supported (supported: gelu_new, gelu)"
+            )));
+        }
+    };
     Ok(DecoderSpec {
         arch: Arch::Gpt2,
         vocab: get_u32(c, "vocab_size")?,
@@ -301,7 +305,7 @@ fn gpt2(c: &Value) -> Result<DecoderSpec, SpecError> {
         intermediate: opt_u32(c, "n_inner").unwrap_or(4 * hidden),
         norm: NormKind::Layer,
         norm_eps: opt_f32(c, "layer_norm_epsilon").unwrap_or(1e-5),
-        mlp: MlpKind::GeluTanh,
+        mlp: MlpKind::Gelu(gelu),
         rope: None,
         max_positions: opt_u32(c, "n_positions")
             .or_else(|| opt_u32(c, "n_ctx"))

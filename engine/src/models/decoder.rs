@@ -450,6 +450,10 @@ impl DecoderModel {
         let f = |n: u32| u64::from(n) * 4;
         let t = chunk;
         let glu = spec.mlp == MlpKind::SwiGlu;
+        let gelu = match spec.mlp {
+            MlpKind::Gelu(g) => Some(g),
+            MlpKind::SwiGlu => None,
+        };
         let acts = Activations {
             x: gpu.storage("x", f(t * d))?,
             xn: gpu.storage("x normed", f(t * d))?,
@@ -534,7 +538,7 @@ impl DecoderModel {
                         norm: Some(fused(norm_kind, &w.mlp_norm, eps)),
                         bias: w.up_bias.as_ref(),
                         glu,
-                        gelu: !glu,
+                        gelu,
                         ..Default::default()
                     },
                 )?,
@@ -606,7 +610,7 @@ impl DecoderModel {
                     MatMulOptions {
                         split_scratch: Some((&split_scratch, chunk)),
                         bias: w.up_bias.as_ref(),
-                        gelu: !glu,
+                        gelu,
                         ..Default::default()
                     },
                 )?,

@@ -1,6 +1,6 @@
 use bytemuck::{Pod, Zeroable};
 
-use super::{Matrix, bind, flag};
+use super::{Gelu, Matrix, bind, flag, gelu_flags};
 use crate::gpu::{Gpu, GpuError, Kernel, Recorder, StorageBuffer, UniformBuffer};
 
 const SOURCE: &str = include_str!("../../../shaders/matmul.wgsl");
@@ -33,7 +33,7 @@ pub fn k_slices(n: u32, k: u32) -> u32 {
 #[derive(Default)]
 pub struct MatMulOptions<'a> {
     pub bias: Option<&'a StorageBuffer>,
-    pub gelu: bool,
+    pub gelu: Option<Gelu>,
     pub residual: bool,
     /// Scratch for k-split partial sums with room for `rows` rows (see
     /// [`MatMul::scratch_bytes`]); without it the product is never split.
@@ -71,9 +71,9 @@ impl MatMul {
         };
         let split = slices > 1;
         let mut defines = w.dtype.defines();
+        defines.extend(gelu_flags(opts.gelu));
         defines.extend([
             flag("BIAS", opts.bias.is_some()),
-            flag("GELU", opts.gelu),
             flag("RESIDUAL", opts.residual),
             flag("SPLIT_K", split),
         ]);

@@ -1,6 +1,6 @@
 use bytemuck::{Pod, Zeroable};
 
-use super::{Matrix, NormKind, bind, flag};
+use super::{Gelu, Matrix, NormKind, bind, flag, gelu_flags};
 use crate::gpu::{Gpu, GpuError, Kernel, Recorder, StorageBuffer, UniformBuffer};
 
 const SOURCE: &str = include_str!("../../../shaders/matvec.wgsl");
@@ -35,7 +35,7 @@ pub struct MatVecOptions<'a> {
     pub bias: Option<&'a StorageBuffer>,
     /// The matrix holds the gate rows then the up rows; the output is silu(gate) * up.
     pub glu: bool,
-    pub gelu: bool,
+    pub gelu: Option<Gelu>,
     /// Add into the output instead of overwriting it (the residual stream).
     pub residual: bool,
     /// The input is split attention output, merged while staging (`x` is then unused).
@@ -74,6 +74,7 @@ impl MatVec {
         let xvec4 = w.cols.is_multiple_of(4);
         let heads = opts.combine.as_ref().map_or(1, |c| c.heads);
         let mut defines = w.dtype.defines();
+        defines.extend(gelu_flags(opts.gelu));
         defines.extend([
             ("WG", WG.to_string()),
             ("ROW_VECS", w.row_vecs().to_string()),
@@ -92,7 +93,6 @@ impl MatVec {
             ),
             flag("BIAS", opts.bias.is_some()),
             flag("GLU", opts.glu),
-            flag("GELU", opts.gelu),
             flag("RESIDUAL", opts.residual),
         ]);
         let kernel = gpu.kernel("matvec", SOURCE, "main", &defines)?;

@@ -16,6 +16,7 @@ pub use fill::{fill_random, fill_value};
 pub use matmul::{MatMul, MatMulOptions, k_slices};
 pub use matvec::{MatVec, MatVecOptions, SplitAttention};
 pub use norm::{Norm, NormKind};
+
 pub use rope::{RopeKv, RopeTable};
 pub use sample::{Sample, SamplerParams};
 
@@ -44,6 +45,21 @@ impl StepParams {
             _pad: 0,
         }
     }
+}
+
+/// The two GELU forms models use: the tanh approximation (GPT-2's `gelu_new`) and the exact
+/// erf form (PyTorch's `gelu`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Gelu {
+    Tanh,
+    Erf,
+}
+
+pub(crate) fn gelu_flags(gelu: Option<Gelu>) -> [(&'static str, String); 2] {
+    [
+        flag("GELU", gelu == Some(Gelu::Tanh)),
+        flag("GELU_ERF", gelu == Some(Gelu::Erf)),
+    ]
 }
 
 /// How weights (and the KV cache) are stored on the GPU. Arithmetic is f32 either way.
