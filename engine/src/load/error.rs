@@ -19,6 +19,8 @@ pub enum LoadError {
     UnsupportedArchitecture { name: String },
     #[error("{path}: corrupt safetensors file: {message}")]
     CorruptWeights { path: PathBuf, message: String },
+    #[error("{path}: corrupt GGUF file: {message}")]
+    CorruptGguf { path: PathBuf, message: String },
     #[error("tensor {name:?} is missing from the model's weights")]
     MissingTensor { name: String },
     #[error("tensor {name:?} has shape {actual:?}, expected {expected:?}")]

@@ -3,12 +3,14 @@
 
 mod config;
 mod error;
+mod gguf;
 mod safetensors;
 mod template;
 mod tokenizer;
 
 pub use config::{Arch, DecoderSpec, MlpKind, RopeScaling, RopeSpec};
 pub use error::LoadError;
+pub use gguf::{GgmlType, GgufFile, GgufTensor, GgufValue, write_gguf};
 pub use safetensors::{DType, SafeTensors, TensorView};
 pub use template::{ChatMessage, ChatTemplate};
 pub use tokenizer::{GenerationConfig, StreamDecoder, TextTokenizer};
