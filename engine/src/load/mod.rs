@@ -4,6 +4,7 @@
 mod config;
 mod error;
 mod gguf;
+pub mod quant;
 mod safetensors;
 mod template;
 mod tokenizer;

@@ -1,0 +1,192 @@
+//! CPU reference dequantizers (and quantizers) for the GGML block formats, bit for bit as
+//! ggml defines them. They are the ground truth the GPU kernels are tested against, and the
+//! path for tensors that are read on the host (norm weights, biases).
+
+use super::gguf::GgmlType;
+
+fn f16_at(b: &[u8], at: usize) -> f32 {
+    half::f16::from_le_bytes([b[at], b[at + 1]]).to_f32()
+}
+
+/// Scale and minimum of sub-block `j` from the 12 packed 6-bit values of a Q4_K/Q5_K block.
+fn scale_min_k4(j: usize, q: &[u8]) -> (u8, u8) {
+    if j < 4 {
+        (q[j] & 63, q[j + 4] & 63)
+    } else {
+        (
+            (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4),
+            (q[j + 4] >> 4) | ((q[j] >> 6) << 4),
+        )
+    }
+}
+
+/// Dequantizes whole blocks of `ty` from `data` into `out` (`out.len()` elements; `data` must
+/// hold exactly the corresponding blocks).
+pub fn dequantize(ty: GgmlType, data: &[u8], out: &mut [f32]) {
+    let be = ty.block_elems();
+    let bb = ty.block_bytes();
+    debug_assert_eq!(data.len() / bb * be, out.len());
+    for (block, y) in data.chunks_exact(bb).zip(out.chunks_exact_mut(be)) {
+        dequantize_block(ty, block, y);
+    }
+}
+
+fn dequantize_block(ty: GgmlType, b: &[u8], y: &mut [f32]) {
+    match ty {
+        GgmlType::F32 => y[0] = f32::from_le_bytes([b[0], b[1], b[2], b[3]]),
+        GgmlType::F16 => y[0] = f16_at(b, 0),
+        GgmlType::BF16 => y[0] = half::bf16::from_le_bytes([b[0], b[1]]).to_f32(),
+        GgmlType::Q8_0 => {
+            let d = f16_at(b, 0);
+            for (i, v) in y.iter_mut().enumerate() {
+                *v = f32::from(b[2 + i] as i8) * d;
+            }
+        }
+        GgmlType::Q4_0 | GgmlType::Q4_1 => {
+            let d = f16_at(b, 0);
+            let (m, qs, offset) = if ty == GgmlType::Q4_1 {
+                (f16_at(b, 2), &b[4..20], 0.0)
+            } else {
+                (0.0, &b[2..18], 8.0)
+            };
+            for j in 0..16 {
+                y[j] = (f32::from(qs[j] & 0xF) - offset) * d + m;
+                y[j + 16] = (f32::from(qs[j] >> 4) - offset) * d + m;
+            }
+        }
+        GgmlType::Q5_0 | GgmlType::Q5_1 => {
+            let d = f16_at(b, 0);
+            let (m, qh_at, offset) = if ty == GgmlType::Q5_1 {
+                (f16_at(b, 2), 4, 0.0)
+            } else {
+                (0.0, 2, 16.0)
+            };
+            let qh = u32::from_le_bytes([b[qh_at], b[qh_at + 1], b[qh_at + 2], b[qh_at + 3]]);
+            let qs = &b[qh_at + 4..qh_at + 20];
+            for j in 0..16 {
+                let h0 = ((qh >> j) << 4) & 0x10;
+                let h1 = (qh >> (j + 12)) & 0x10;
+                let x0 = u32::from(qs[j] & 0xF) | h0;
+                let x1 = u32::from(qs[j] >> 4) | h1;
+                y[j] = (x0 as f32 - offset) * d + m;
+                y[j + 16] = (x1 as f32 - offset) * d + m;
+            }
+        }
+        GgmlType::Q4K => {
+            let d = f16_at(b, 0);
+            let dmin = f16_at(b, 2);
+            let scales = &b[4..16];
+            let qs = &b[16..144];
+            for chunk in 0..4 {
+                let (sc1, m1) = scale_min_k4(2 * chunk, scales);
+                let (sc2, m2) = scale_min_k4(2 * chunk + 1, scales);
+                let (d1, min1) = (d * f32::from(sc1), dmin * f32::from(m1));
+                let (d2, min2) = (d * f32::from(sc2), dmin * f32::from(m2));
+                let q = &qs[32 * chunk..32 * chunk + 32];
+                for l in 0..32 {
+                    y[64 * chunk + l] = d1 * f32::from(q[l] & 0xF) - min1;
+                    y[64 * chunk + 32 + l] = d2 * f32::from(q[l] >> 4) - min2;
+                }
+            }
+        }
+        GgmlType::Q5K => {
+            let d = f16_at(b, 0);
+            let dmin = f16_at(b, 2);
+            let scales = &b[4..16];
+            let qh = &b[16..48];
+            let qs = &b[48..176];
+            for chunk in 0..4 {
+                let (sc1, m1) = scale_min_k4(2 * chunk, scales);
+                let (sc2, m2) = scale_min_k4(2 * chunk + 1, scales);
+                let (d1, min1) = (d * f32::from(sc1), dmin * f32::from(m1));
+                let (d2, min2) = (d * f32::from(sc2), dmin * f32::from(m2));
+                let (u1, u2) = (1u8 << (2 * chunk), 2u8 << (2 * chunk));
+                let q = &qs[32 * chunk..32 * chunk + 32];
+                for l in 0..32 {
+                    let hi1 = if qh[l] & u1 != 0 { 16.0 } else { 0.0 };
+                    let hi2 = if qh[l] & u2 != 0 { 16.0 } else { 0.0 };
+                    y[64 * chunk + l] = d1 * (f32::from(q[l] & 0xF) + hi1) - min1;
+                    y[64 * chunk + 32 + l] = d2 * (f32::from(q[l] >> 4) + hi2) - min2;
+                }
+            }
+        }
+        GgmlType::Q6K => {
+            let ql = &b[0..128];
+            let qh = &b[128..192];
+            let sc = &b[192..208];
+            let d = f16_at(b, 208);
+            for half in 0..2 {
+                let (ql, qh, sc) = (&ql[64 * half..], &qh[32 * half..], &sc[8 * half..]);
+                let y = &mut y[128 * half..];
+                for l in 0..32 {
+                    let is = l / 16;
+                    let q1 = i32::from((ql[l] & 0xF) | ((qh[l] & 3) << 4)) - 32;
+                    let q2 = i32::from((ql[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4)) - 32;
+                    let q3 = i32::from((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) - 32;
+                    let q4 = i32::from((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) - 32;
+                    let s = |k: usize| d * f32::from(sc[is + k] as i8);
+                    y[l] = s(0) * q1 as f32;
+                    y[l + 32] = s(2) * q2 as f32;
+                    y[l + 64] = s(4) * q3 as f32;
+                    y[l + 96] = s(6) * q4 as f32;
+                }
+            }
+        }
+    }
+}
+
+/// Quantizes `x` (a whole number of blocks) to Q8_0 as ggml does: per block of 32,
+/// d = max|x| / 127 and q = round(x / d).
+pub fn quantize_q8_0(x: &[f32], out: &mut Vec<u8>) {
+    for block in x.chunks(32) {
+        let amax = block.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+        let d = amax / 127.0;
+        let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+        out.extend_from_slice(&half::f16::from_f32(d).to_le_bytes());
+        for &v in block {
+            out.push((v * id).round() as i8 as u8);
+        }
+    }
+}
+
+/// Quantizes `x` (a whole number of blocks) to Q4_0 as ggml's reference does: the value of
+/// largest magnitude maps to -8, d = max / -8, q = min(15, trunc(x / d + 8.5)).
+pub fn quantize_q4_0(x: &[f32], out: &mut Vec<u8>) {
+    for block in x.chunks(32) {
+        let max = block
+            .iter()
+            .fold(0.0f32, |m, &v| if v.abs() > m.abs() { v } else { m });
+        let d = max / -8.0;
+        let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+        out.extend_from_slice(&half::f16::from_f32(d).to_le_bytes());
+        let q = |v: f32| ((v * id + 8.5) as i32).clamp(0, 15) as u8;
+        for j in 0..16 {
+            out.push(q(block[j]) | (q(block[j + 16]) << 4));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn q8_0_and_q4_0_round_trip_within_their_steps() {
+        let x: Vec<f32> = (0..64).map(|i| ((i * 37 % 64) as f32 - 31.5) / 10.0).collect();
+        let mut q8 = Vec::new();
+        quantize_q8_0(&x, &mut q8);
+        let mut y = vec![0.0; 64];
+        dequantize(GgmlType::Q8_0, &q8, &mut y);
+        for (a, b) in x.iter().zip(&y) {
+            assert!((a - b).abs() <= 3.15 / 127.0 * 0.51 + 1e-3, "{a} vs {b}");
+        }
+        let mut q4 = Vec::new();
+        quantize_q4_0(&x, &mut q4);
+        dequantize(GgmlType::Q4_0, &q4, &mut y);
+        // Q4_0 spans [-8, 7]·d: the extreme of the opposite sign to the block's largest
+        // magnitude is off by up to one whole step.
+        for (a, b) in x.iter().zip(&y) {
+            assert!((a - b).abs() <= 3.15 / 8.0 * 1.01, "{a} vs {b}");
+        }
+    }
+}
