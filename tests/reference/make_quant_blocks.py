@@ -42,6 +42,7 @@ also the most direct description of each layout for the Rust implementation.
 
 import argparse
 import json
+import math
 import os
 import struct
 import sys
@@ -322,8 +323,8 @@ def deq_scalar(name, b):
 
 
 def roundf(x):
-    """C roundf: halves away from zero."""
-    return float(np.sign(x) * np.floor(abs(x) + 0.5)) if abs(x) % 1 != 0.5 else float(np.sign(x) * (abs(x) + 0.5))
+    """C roundf: halves away from zero. x is a float32 value, so |x| + 0.5 is exact in f64."""
+    return math.copysign(math.floor(abs(float(x)) + 0.5), float(x))
 
 
 def quant_scalar(name, x):

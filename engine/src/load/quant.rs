@@ -43,23 +43,28 @@ fn dequantize_block(ty: GgmlType, b: &[u8], y: &mut [f32]) {
             }
         }
         GgmlType::Q4_0 | GgmlType::Q4_1 => {
+            // Exactly ggml's expressions, signed zeros included.
             let d = f16_at(b, 0);
-            let (m, qs, offset) = if ty == GgmlType::Q4_1 {
-                (f16_at(b, 2), &b[4..20], 0.0)
+            if ty == GgmlType::Q4_1 {
+                let (m, qs) = (f16_at(b, 2), &b[4..20]);
+                for j in 0..16 {
+                    y[j] = f32::from(qs[j] & 0xF) * d + m;
+                    y[j + 16] = f32::from(qs[j] >> 4) * d + m;
+                }
             } else {
-                (0.0, &b[2..18], 8.0)
-            };
-            for j in 0..16 {
-                y[j] = (f32::from(qs[j] & 0xF) - offset) * d + m;
-                y[j + 16] = (f32::from(qs[j] >> 4) - offset) * d + m;
+                let qs = &b[2..18];
+                for j in 0..16 {
+                    y[j] = f32::from(i16::from(qs[j] & 0xF) - 8) * d;
+                    y[j + 16] = f32::from(i16::from(qs[j] >> 4) - 8) * d;
+                }
             }
         }
         GgmlType::Q5_0 | GgmlType::Q5_1 => {
             let d = f16_at(b, 0);
             let (m, qh_at, offset) = if ty == GgmlType::Q5_1 {
-                (f16_at(b, 2), 4, 0.0)
+                (f16_at(b, 2), 4, 0)
             } else {
-                (0.0, 2, 16.0)
+                (0.0, 2, 16)
             };
             let qh = u32::from_le_bytes([b[qh_at], b[qh_at + 1], b[qh_at + 2], b[qh_at + 3]]);
             let qs = &b[qh_at + 4..qh_at + 20];
@@ -68,8 +73,13 @@ fn dequantize_block(ty: GgmlType, b: &[u8], y: &mut [f32]) {
                 let h1 = (qh >> (j + 12)) & 0x10;
                 let x0 = u32::from(qs[j] & 0xF) | h0;
                 let x1 = u32::from(qs[j] >> 4) | h1;
-                y[j] = (x0 as f32 - offset) * d + m;
-                y[j + 16] = (x1 as f32 - offset) * d + m;
+                if ty == GgmlType::Q5_1 {
+                    y[j] = x0 as f32 * d + m;
+                    y[j + 16] = x1 as f32 * d + m;
+                } else {
+                    y[j] = (x0 as i32 - offset) as f32 * d;
+                    y[j + 16] = (x1 as i32 - offset) as f32 * d;
+                }
             }
         }
         GgmlType::Q4K => {
@@ -172,7 +182,9 @@ mod tests {
 
     #[test]
     fn q8_0_and_q4_0_round_trip_within_their_steps() {
-        let x: Vec<f32> = (0..64).map(|i| ((i * 37 % 64) as f32 - 31.5) / 10.0).collect();
+        let x: Vec<f32> = (0..64)
+            .map(|i| ((i * 37 % 64) as f32 - 31.5) / 10.0)
+            .collect();
         let mut q8 = Vec::new();
         quantize_q8_0(&x, &mut q8);
         let mut y = vec![0.0; 64];
