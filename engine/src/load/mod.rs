@@ -4,6 +4,7 @@
 mod config;
 mod error;
 mod gguf;
+mod gguf_model;
 pub mod quant;
 mod safetensors;
 mod template;
@@ -12,6 +13,7 @@ mod tokenizer;
 pub use config::{Arch, DecoderSpec, MlpKind, RopeScaling, RopeSpec};
 pub use error::LoadError;
 pub use gguf::{GgmlType, GgufFile, GgufTensor, GgufValue, write_gguf};
+pub use gguf_model::{gguf_spec, gguf_tensor_name, gguf_tokenizer, unpermuted_row};
 pub use safetensors::{DType, SafeTensors, TensorView};
 pub use template::{ChatMessage, ChatTemplate};
 pub use tokenizer::{GenerationConfig, StreamDecoder, TextTokenizer};

@@ -116,6 +116,19 @@ impl TextTokenizer {
         })
     }
 
+    /// A tokenizer assembled elsewhere (GGUF metadata) with its template and EOS token.
+    pub fn from_parts(
+        inner: tokenizers::Tokenizer,
+        template: Option<ChatTemplate>,
+        eos_token: Option<String>,
+    ) -> Self {
+        Self {
+            inner,
+            template,
+            eos_token,
+        }
+    }
+
     pub fn vocab_size(&self) -> u32 {
         self.inner.get_vocab_size(true) as u32
     }

@@ -9,9 +9,43 @@ use super::weights::WeightSource;
 use crate::Error;
 use crate::gpu::Gpu;
 use crate::load::{
-    ChatMessage, DecoderSpec, GenerationConfig, LoadError, SafeTensors, StreamDecoder,
-    TextTokenizer,
+    ChatMessage, DecoderSpec, GenerationConfig, GgufFile, LoadError, SafeTensors, StreamDecoder,
+    TextTokenizer, gguf_spec, gguf_tokenizer,
 };
+
+/// The GGUF file `path` names: the path itself, or the one `.gguf` in a folder without
+/// `config.json`.
+fn gguf_path(path: &Path) -> Result<Option<std::path::PathBuf>, Error> {
+    let is_gguf = |p: &Path| {
+        p.extension()
+            .is_some_and(|e| e.eq_ignore_ascii_case("gguf"))
+    };
+    if path.is_file() {
+        return Ok(is_gguf(path).then(|| path.to_owned()));
+    }
+    if !path.is_dir() || path.join("config.json").exists() {
+        return Ok(None);
+    }
+    let mut found: Vec<_> = std::fs::read_dir(path)
+        .map_err(|e| LoadError::io(path, e))?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.is_file() && is_gguf(p))
+        .collect();
+    found.sort();
+    match found.len() {
+        0 => Ok(None),
+        1 => Ok(found.pop()),
+        _ => Err(Error::Invalid(format!(
+            "{} holds several .gguf files ({}); pass the one to load",
+            path.display(),
+            found
+                .iter()
+                .filter_map(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()))
+                .collect::<Vec<_>>()
+                .join(", ")
+        ))),
+    }
+}
 use crate::ops::SamplerParams;
 
 /// What to generate from.
@@ -91,9 +125,12 @@ impl TextModel {
             }
             .into());
         }
+        if let Some(gguf) = gguf_path(path)? {
+            return Self::load_gguf(gpu, &gguf, opts);
+        }
         if !path.is_dir() {
             return Err(Error::Invalid(format!(
-                "{}: expected a model folder (config.json, *.safetensors, tokenizer.json)",
+                "{}: expected a model folder (config.json, *.safetensors, tokenizer.json) or a .gguf file",
                 path.display()
             )));
         }
@@ -102,6 +139,31 @@ impl TextModel {
         let generation = GenerationConfig::from_dir(path)?;
         let weights = SafeTensors::open_dir(path)?;
         let model = DecoderModel::build(gpu, &spec, WeightSource::Files(&weights), opts)?;
+        Ok(Self::assemble(path, spec, model, tokenizer, generation))
+    }
+
+    /// Loads a GGUF file: metadata, tokenizer and chat template from the file itself.
+    fn load_gguf(gpu: &Gpu, path: &Path, opts: &ModelOptions) -> Result<Self, Error> {
+        let file = GgufFile::open(path)?;
+        let spec = gguf_spec(&file)?;
+        let tokenizer = gguf_tokenizer(&file)?;
+        let model = DecoderModel::build(gpu, &spec, WeightSource::Gguf(&file, &spec), opts)?;
+        Ok(Self::assemble(
+            path,
+            spec,
+            model,
+            tokenizer,
+            GenerationConfig::default(),
+        ))
+    }
+
+    fn assemble(
+        path: &Path,
+        spec: DecoderSpec,
+        model: DecoderModel,
+        tokenizer: TextTokenizer,
+        generation: GenerationConfig,
+    ) -> Self {
         // transformers stops on the generation config's eos ids, which default to the model's.
         let mut eos_ids = generation.eos_token_ids.clone();
         if eos_ids.is_empty() {
@@ -114,13 +176,13 @@ impl TextModel {
             || path.display().to_string(),
             |n| n.to_string_lossy().into_owned(),
         );
-        Ok(Self {
+        Self {
             model,
             tokenizer,
             generation,
             eos_ids,
             name,
-        })
+        }
     }
 
     pub fn info(&self) -> ModelInfo {

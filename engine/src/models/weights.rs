@@ -4,12 +4,19 @@
 
 use crate::Error;
 use crate::gpu::{Gpu, StorageBuffer};
-use crate::load::{LoadError, SafeTensors, TensorView};
+use crate::load::quant::dequantize;
+use crate::load::{
+    DecoderSpec, GgmlType, GgufFile, LoadError, SafeTensors, TensorView, gguf_tensor_name,
+    unpermuted_row,
+};
 use crate::ops::{Matrix, WeightDType, encode_row, fill_random};
 
 /// Where a model's weights come from.
 pub enum WeightSource<'a> {
     Files(&'a SafeTensors),
+    /// A GGUF file; names are mapped from the engine's (HF) names, and quantized tensors are
+    /// dequantized on the host while uploading.
+    Gguf(&'a GgufFile, &'a DecoderSpec),
     /// Random values on the GPU (benchmarks at real shapes).
     Random {
         seed: u32,
@@ -48,6 +55,9 @@ impl<'a> Uploader<'a> {
     pub fn has(&self, name: &str) -> bool {
         match &self.source {
             WeightSource::Files(st) => st.contains(name),
+            WeightSource::Gguf(file, spec) => {
+                gguf_tensor_name(name, spec).is_some_and(|(gguf, _)| file.tensor(&gguf).is_some())
+            }
             WeightSource::Random { .. } => true,
         }
     }
@@ -56,26 +66,47 @@ impl<'a> Uploader<'a> {
         self.counter += 1;
         match self.source {
             WeightSource::Random { seed } => seed.wrapping_mul(7919).wrapping_add(self.counter),
-            WeightSource::Files(_) => self.counter,
+            WeightSource::Files(_) | WeightSource::Gguf(..) => self.counter,
         }
     }
 
-    fn tensor(&self, name: &str, shape: &[usize]) -> Result<TensorView<'a>, Error> {
-        let WeightSource::Files(st) = self.source else {
-            return Err(Error::Invalid(format!(
-                "tensor {name:?} requested from random weights"
-            )));
+    fn tensor(&self, name: &str, shape: &[usize]) -> Result<HostTensor<'a>, Error> {
+        let mismatch = |actual: Vec<usize>| LoadError::ShapeMismatch {
+            name: name.to_owned(),
+            actual,
+            expected: shape.to_vec(),
         };
-        let view = st.get(name)?;
-        if view.shape != shape {
-            return Err(LoadError::ShapeMismatch {
-                name: name.to_owned(),
-                actual: view.shape.to_vec(),
-                expected: shape.to_vec(),
+        match self.source {
+            WeightSource::Files(st) => {
+                let view = st.get(name)?;
+                if view.shape != shape {
+                    return Err(mismatch(view.shape.to_vec()).into());
+                }
+                Ok(HostTensor::Safe(view))
             }
-            .into());
+            WeightSource::Gguf(file, spec) => {
+                let missing = || LoadError::MissingTensor {
+                    name: name.to_owned(),
+                };
+                let (gguf, heads) = gguf_tensor_name(name, spec).ok_or_else(missing)?;
+                let t = file.tensor(&gguf).ok_or_else(missing)?;
+                // GGUF lists dimensions fastest first.
+                let dims: Vec<usize> = t.dims.iter().rev().map(|&d| d as usize).collect();
+                if dims != shape {
+                    return Err(mismatch(dims).into());
+                }
+                Ok(HostTensor::Gguf {
+                    ty: t.ggml_type,
+                    data: file.data(t),
+                    row_len: shape.last().copied().unwrap_or(1),
+                    rows: shape.first().copied().unwrap_or(1),
+                    heads,
+                })
+            }
+            WeightSource::Random { .. } => Err(Error::Invalid(format!(
+                "tensor {name:?} requested from random weights"
+            ))),
         }
-        Ok(view)
     }
 
     /// A matrix made of the rows of `parts` in order. With `transposed`, each part is stored
@@ -99,7 +130,7 @@ impl<'a> Uploader<'a> {
                 fill_random(self.gpu, &buffer, self.dtype, seed, scale, false)?;
                 buffer
             }
-            WeightSource::Files(_) => {
+            WeightSource::Files(_) | WeightSource::Gguf(..) => {
                 let mut chunks: Vec<Vec<u8>> = Vec::new();
                 let stride = Matrix::padded_cols(cols) as usize;
                 for part in parts {
@@ -122,7 +153,7 @@ impl<'a> Uploader<'a> {
                                         *v = d[j * r + i];
                                     }
                                 }
-                                None => view.read_f32(i * c, &mut row),
+                                None => view.read_row(i, c, &mut row),
                             }
                             encode_row(&row, stride, self.dtype, &mut bytes);
                         }
@@ -161,7 +192,7 @@ impl<'a> Uploader<'a> {
                 fill_random(self.gpu, &buffer, WeightDType::F32, seed, value, constant)?;
                 buffer
             }
-            WeightSource::Files(_) => {
+            WeightSource::Files(_) | WeightSource::Gguf(..) => {
                 let mut data = Vec::with_capacity(len as usize);
                 for (name, n) in parts {
                     let view = self.tensor(name, &[*n as usize])?;
@@ -191,12 +222,80 @@ impl<'a> Uploader<'a> {
                 fill_random(self.gpu, &buffer, WeightDType::F32, seed, 0.02, false)?;
                 buffer
             }
-            WeightSource::Files(_) => {
+            WeightSource::Files(_) | WeightSource::Gguf(..) => {
                 let view = self.tensor(name, &[rows as usize, cols as usize])?;
                 self.gpu.storage_from(label, &view.to_f32())?
             }
         };
         self.bytes += buffer.size;
         Ok(buffer)
+    }
+}
+
+/// A tensor on the host, in whatever form its file holds it.
+enum HostTensor<'a> {
+    Safe(TensorView<'a>),
+    Gguf {
+        ty: GgmlType,
+        data: &'a [u8],
+        row_len: usize,
+        rows: usize,
+        /// Q/K rows that llama.cpp's converter interleaved per head: undo while reading.
+        heads: Option<u32>,
+    },
+}
+
+impl HostTensor<'_> {
+    /// Row `i` of the tensor seen as `[rows][c]`.
+    fn read_row(&self, i: usize, c: usize, out: &mut [f32]) {
+        match self {
+            Self::Safe(view) => view.read_f32(i * c, out),
+            Self::Gguf {
+                ty,
+                data,
+                row_len,
+                rows,
+                heads,
+            } => {
+                let src = heads.map_or(i, |h| unpermuted_row(i, *rows, h));
+                let row_bytes = row_len / ty.block_elems() * ty.block_bytes();
+                dequantize(*ty, &data[src * row_bytes..(src + 1) * row_bytes], out);
+            }
+        }
+    }
+
+    fn to_f32(&self) -> Vec<f32> {
+        match self {
+            Self::Safe(view) => view.to_f32(),
+            Self::Gguf {
+                ty,
+                data,
+                row_len,
+                rows,
+                heads,
+            } => {
+                let mut flat = vec![0.0; data.len() / ty.block_bytes() * ty.block_elems()];
+                dequantize(*ty, data, &mut flat);
+                let Some(h) = heads else {
+                    return flat;
+                };
+                if self.is_vector() {
+                    // A Q/K bias: its elements follow the permuted rows.
+                    let n = flat.len();
+                    return (0..n).map(|i| flat[unpermuted_row(i, n, *h)]).collect();
+                }
+                let mut out = vec![0.0; flat.len()];
+                for (i, row) in out.chunks_mut(*row_len).enumerate() {
+                    let src = unpermuted_row(i, *rows, *h);
+                    row.copy_from_slice(&flat[src * row_len..(src + 1) * row_len]);
+                }
+                out
+            }
+        }
+    }
+
+    fn is_vector(&self) -> bool {
+        matches!(self, Self::Gguf { rows, row_len, data, ty, .. }
+            if rows == row_len && data.len() == row_len / ty.block_elems() * ty.block_bytes())
     }
 }

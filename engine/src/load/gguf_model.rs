@@ -1,0 +1,346 @@
+//! GGUF models: the decoder description from GGUF metadata (`llama.block_count`,
+//! `llama.rope.freq_base`, …), tensor names mapped to the engine's, and the tokenizer and chat
+//! template rebuilt from `tokenizer.ggml.*` metadata.
+
+use serde_json::{Value, json};
+
+use super::config::{Arch, DecoderSpec, MlpKind, RopeScaling, RopeSpec};
+use super::error::LoadError;
+use super::gguf::{GgufFile, GgufValue};
+use super::template::ChatTemplate;
+use super::tokenizer::TextTokenizer;
+use crate::ops::NormKind;
+
+fn invalid(file: &GgufFile, message: String) -> LoadError {
+    LoadError::Config {
+        path: file.path.clone(),
+        message,
+    }
+}
+
+fn req_u32(file: &GgufFile, key: &str) -> Result<u32, LoadError> {
+    file.metadata(key)
+        .and_then(GgufValue::as_u64)
+        .and_then(|v| u32::try_from(v).ok())
+        .filter(|&v| v > 0)
+        .ok_or_else(|| invalid(file, format!("metadata {key:?} is missing or invalid")))
+}
+
+fn opt_f32(file: &GgufFile, key: &str) -> Option<f32> {
+    file.metadata(key)
+        .and_then(GgufValue::as_f64)
+        .map(|v| v as f32)
+}
+
+/// The GGUF architecture name (`general.architecture`).
+pub fn gguf_architecture(file: &GgufFile) -> Result<Arch, LoadError> {
+    let name = file
+        .metadata("general.architecture")
+        .and_then(GgufValue::as_str)
+        .ok_or_else(|| invalid(file, "no general.architecture".into()))?;
+    match name {
+        "llama" => Ok(Arch::Llama),
+        "qwen2" => Ok(Arch::Qwen2),
+        other => Err(LoadError::UnsupportedArchitecture {
+            name: other.to_owned(),
+        }),
+    }
+}
+
+pub fn gguf_spec(file: &GgufFile) -> Result<DecoderSpec, LoadError> {
+    let arch = gguf_architecture(file)?;
+    let p = if arch == Arch::Qwen2 {
+        "qwen2"
+    } else {
+        "llama"
+    };
+    let key = |k: &str| format!("{p}.{k}");
+    let hidden = req_u32(file, &key("embedding_length"))?;
+    let heads = req_u32(file, &key("attention.head_count"))?;
+    let kv_heads = file
+        .metadata(&key("attention.head_count_kv"))
+        .and_then(GgufValue::as_u64)
+        .map_or(heads, |v| v as u32);
+    let head_dim = file
+        .metadata(&key("attention.key_length"))
+        .and_then(GgufValue::as_u64)
+        .map_or(hidden / heads, |v| v as u32);
+    let vocab = file
+        .metadata("tokenizer.ggml.tokens")
+        .and_then(GgufValue::as_array)
+        .map(|t| t.len() as u32)
+        .or_else(|| {
+            file.metadata(&key("vocab_size"))
+                .and_then(GgufValue::as_u64)
+                .map(|v| v as u32)
+        })
+        .ok_or_else(|| invalid(file, "no vocabulary size".into()))?;
+    let scaling = match file
+        .metadata(&key("rope.scaling.type"))
+        .and_then(GgufValue::as_str)
+    {
+        None | Some("none") => RopeScaling::None,
+        Some("linear") => RopeScaling::Linear {
+            factor: opt_f32(file, &key("rope.scaling.factor")).unwrap_or(1.0),
+        },
+        Some(other) => {
+            return Err(invalid(
+                file,
+                format!("rope scaling {other:?} is not supported (linear is)"),
+            ));
+        }
+    };
+    if file.tensor("rope_freqs.weight").is_some() {
+        return Err(invalid(
+            file,
+            "per-frequency RoPE factors (rope_freqs.weight, Llama 3.1+) are not supported yet"
+                .into(),
+        ));
+    }
+    let tied = file.tensor("output.weight").is_none();
+    let bos = file
+        .metadata("tokenizer.ggml.bos_token_id")
+        .and_then(GgufValue::as_u64)
+        .map(|v| v as u32);
+    let eos: Vec<u32> = file
+        .metadata("tokenizer.ggml.eos_token_id")
+        .and_then(GgufValue::as_u64)
+        .map(|v| vec![v as u32])
+        .unwrap_or_default();
+    Ok(DecoderSpec {
+        arch,
+        vocab,
+        hidden,
+        layers: req_u32(file, &key("block_count"))?,
+        heads,
+        kv_heads,
+        head_dim,
+        intermediate: req_u32(file, &key("feed_forward_length"))?,
+        norm: NormKind::Rms,
+        norm_eps: opt_f32(file, &key("attention.layer_norm_rms_epsilon")).unwrap_or(1e-6),
+        mlp: MlpKind::SwiGlu,
+        rope: Some(RopeSpec {
+            theta: opt_f32(file, &key("rope.freq_base")).unwrap_or(10_000.0),
+            scaling,
+        }),
+        max_positions: file
+            .metadata(&key("context_length"))
+            .and_then(GgufValue::as_u64)
+            .map_or(4096, |v| v as u32),
+        tied_embeddings: tied,
+        qkv_bias: file.tensor("blk.0.attn_q.bias").is_some(),
+        out_bias: file.tensor("blk.0.attn_output.bias").is_some(),
+        mlp_bias: false,
+        bos_token_id: bos,
+        eos_token_ids: eos,
+    })
+}
+
+/// The GGUF name of an engine (HF) tensor name, and for Q/K of the llama architecture the
+/// number of heads whose rows llama.cpp's converter interleaved for its rotary layout.
+pub fn gguf_tensor_name(hf: &str, spec: &DecoderSpec) -> Option<(String, Option<u32>)> {
+    let simple = match hf {
+        "model.embed_tokens.weight" => Some("token_embd.weight"),
+        "model.norm.weight" => Some("output_norm.weight"),
+        "lm_head.weight" => Some("output.weight"),
+        _ => None,
+    };
+    if let Some(s) = simple {
+        return Some((s.to_owned(), None));
+    }
+    let rest = hf.strip_prefix("model.layers.")?;
+    let (layer, field) = rest.split_once('.')?;
+    let permuted = spec.arch == Arch::Llama;
+    let (name, heads) = match field {
+        "input_layernorm.weight" => ("attn_norm.weight", None),
+        "self_attn.q_proj.weight" => ("attn_q.weight", permuted.then_some(spec.heads)),
+        "self_attn.k_proj.weight" => ("attn_k.weight", permuted.then_some(spec.kv_heads)),
+        "self_attn.v_proj.weight" => ("attn_v.weight", None),
+        "self_attn.q_proj.bias" => ("attn_q.bias", permuted.then_some(spec.heads)),
+        "self_attn.k_proj.bias" => ("attn_k.bias", permuted.then_some(spec.kv_heads)),
+        "self_attn.v_proj.bias" => ("attn_v.bias", None),
+        "self_attn.o_proj.weight" => ("attn_output.weight", None),
+        "self_attn.o_proj.bias" => ("attn_output.bias", None),
+        "post_attention_layernorm.weight" => ("ffn_norm.weight", None),
+        "mlp.gate_proj.weight" => ("ffn_gate.weight", None),
+        "mlp.up_proj.weight" => ("ffn_up.weight", None),
+        "mlp.down_proj.weight" => ("ffn_down.weight", None),
+        _ => return None,
+    };
+    Some((format!("blk.{layer}.{name}"), heads))
+}
+
+/// Source row of HF row `row` in a Q/K matrix whose rows llama.cpp's converter permuted
+/// (within each head, rows (j·hd/2 + i) were moved to (2i + j)).
+pub fn unpermuted_row(row: usize, rows: usize, heads: u32) -> usize {
+    let head_dim = rows / heads as usize;
+    let half = head_dim / 2;
+    let (h, r) = (row / head_dim, row % head_dim);
+    let (j, i) = (r / half, r % half);
+    h * head_dim + 2 * i + j
+}
+
+/// Pre-tokenizers of the `tokenizer.ggml.pre` names Backpack knows, as tokenizer.json values.
+fn pre_tokenizer(pre: &str) -> Option<Value> {
+    let byte_level = |use_regex: bool| json!({"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": use_regex});
+    let split = |pattern: &str| {
+        json!({"type": "Sequence", "pretokenizers": [
+            {"type": "Split", "pattern": {"Regex": pattern}, "behavior": "Isolated", "invert": false},
+            byte_level(false),
+        ]})
+    };
+    Some(match pre {
+        "gpt2" | "default" => byte_level(true),
+        // SmolLM: every digit on its own, then GPT-2's split.
+        "smollm" => json!({"type": "Sequence", "pretokenizers": [
+            {"type": "Digits", "individual_digits": true},
+            byte_level(true),
+        ]}),
+        "llama3" | "llama-bpe" => split(
+            r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+",
+        ),
+        "qwen2" => split(
+            r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+",
+        ),
+        _ => return None,
+    })
+}
+
+/// Rebuilds the tokenizer (byte-level BPE: `tokenizer.ggml.model` = gpt2) and chat template.
+pub fn gguf_tokenizer(file: &GgufFile) -> Result<TextTokenizer, LoadError> {
+    let model = file
+        .metadata("tokenizer.ggml.model")
+        .and_then(GgufValue::as_str)
+        .ok_or_else(|| invalid(file, "no tokenizer.ggml.model".into()))?;
+    if model != "gpt2" {
+        return Err(invalid(
+            file,
+            format!("tokenizer model {model:?} is not supported yet (byte-level BPE \"gpt2\" is)"),
+        ));
+    }
+    let strings = |key: &str| -> Result<Vec<&str>, LoadError> {
+        file.metadata(key)
+            .and_then(GgufValue::as_array)
+            .ok_or_else(|| invalid(file, format!("no {key}")))?
+            .iter()
+            .map(|v| {
+                v.as_str()
+                    .ok_or_else(|| invalid(file, format!("{key} holds a non-string")))
+            })
+            .collect()
+    };
+    let tokens = strings("tokenizer.ggml.tokens")?;
+    let merges = strings("tokenizer.ggml.merges")?;
+    let types: Vec<u64> = file
+        .metadata("tokenizer.ggml.token_type")
+        .and_then(GgufValue::as_array)
+        .map(|a| a.iter().filter_map(GgufValue::as_u64).collect())
+        .unwrap_or_default();
+    let pre = file
+        .metadata("tokenizer.ggml.pre")
+        .and_then(GgufValue::as_str)
+        .unwrap_or("default");
+    let pre_tokenizer = pre_tokenizer(pre).ok_or_else(|| {
+        invalid(
+            file,
+            format!(
+                "tokenizer pre-type {pre:?} is not supported (gpt2, smollm, llama3, qwen2 are)"
+            ),
+        )
+    })?;
+    let vocab: serde_json::Map<String, Value> = tokens
+        .iter()
+        .enumerate()
+        .map(|(i, t)| ((*t).to_owned(), json!(i)))
+        .collect();
+    // Control (3) and user-defined (4) tokens are matched whole in text, as in the original.
+    let added: Vec<Value> = types
+        .iter()
+        .enumerate()
+        .filter(|(_, t)| **t == 3 || **t == 4)
+        .filter_map(|(i, t)| {
+            tokens.get(i).map(|content| {
+                json!({"id": i, "content": content, "single_word": false, "lstrip": false,
+                       "rstrip": false, "normalized": *t == 4, "special": *t == 3})
+            })
+        })
+        .collect();
+    let token_of = |key: &str| {
+        file.metadata(key)
+            .and_then(GgufValue::as_u64)
+            .and_then(|id| tokens.get(id as usize))
+            .map(|s| (*s).to_owned())
+    };
+    let bos = token_of("tokenizer.ggml.bos_token_id");
+    let eos = token_of("tokenizer.ggml.eos_token_id");
+    let add_bos = file
+        .metadata("tokenizer.ggml.add_bos_token")
+        .is_some_and(|v| *v == GgufValue::Bool(true));
+    let post_processor = match (&bos, add_bos) {
+        (Some(bos), true) => {
+            let id = tokens.iter().position(|t| t == bos).unwrap_or(0);
+            json!({"type": "TemplateProcessing",
+                   "single": [{"SpecialToken": {"id": bos, "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}}],
+                   "pair": [{"SpecialToken": {"id": bos, "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}}, {"Sequence": {"id": "B", "type_id": 1}}],
+                   "special_tokens": {bos.as_str(): {"id": bos, "ids": [id], "tokens": [bos]}}})
+        }
+        _ => {
+            json!({"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": false, "use_regex": true})
+        }
+    };
+    let config = json!({
+        "version": "1.0",
+        "truncation": null,
+        "padding": null,
+        "added_tokens": added,
+        "normalizer": null,
+        "pre_tokenizer": pre_tokenizer,
+        "post_processor": post_processor,
+        "decoder": {"type": "ByteLevel", "add_prefix_space": true, "trim_offsets": true, "use_regex": true},
+        "model": {"type": "BPE", "dropout": null, "unk_token": null,
+                  "continuing_subword_prefix": null, "end_of_word_suffix": null,
+                  "fuse_unk": false, "byte_fallback": false, "ignore_merges": false,
+                  "vocab": vocab, "merges": merges},
+    });
+    let inner: tokenizers::Tokenizer = serde_json::from_value(config).map_err(|e| {
+        invalid(
+            file,
+            format!("the tokenizer in the metadata is invalid: {e}"),
+        )
+    })?;
+    let template = file
+        .metadata("tokenizer.chat_template")
+        .and_then(GgufValue::as_str)
+        .map(|s| {
+            ChatTemplate::new(
+                s,
+                bos.as_deref().unwrap_or_default(),
+                eos.as_deref().unwrap_or_default(),
+            )
+        })
+        .transpose()?;
+    Ok(TextTokenizer::from_parts(inner, template, eos))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::unpermuted_row;
+
+    #[test]
+    fn unpermuting_inverts_the_converter() {
+        // The converter: rows (h, j, i) -> (h, i, j) with j in 0..2 and i in 0..hd/2.
+        let (heads, hd) = (3usize, 8usize);
+        let rows = heads * hd;
+        let mut permuted = vec![0usize; rows];
+        for h in 0..heads {
+            for j in 0..2 {
+                for i in 0..hd / 2 {
+                    permuted[h * hd + 2 * i + j] = h * hd + j * hd / 2 + i;
+                }
+            }
+        }
+        for row in 0..rows {
+            assert_eq!(permuted[unpermuted_row(row, rows, heads as u32)], row);
+        }
+    }
+}

