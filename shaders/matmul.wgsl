@@ -14,15 +14,22 @@ struct Params {
     row_vecs: u32,
     // k slices of the split product (the reduce pass reads them all).
     slices: u32,
+    // Quantized weights: word offset of the block scales (see quant.wgsl).
+    q_scales: u32,
+    _pad0: u32,
+    _pad1: u32,
+    _pad2: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<uniform> step: Step;
 @group(0) @binding(2) var<storage, read> x: array<f32>;
+#if !QUANT
 #if F16
 @group(0) @binding(3) var<storage, read> w: array<vec4<u32>>;
 #else
 @group(0) @binding(3) var<storage, read> w: array<vec4<f32>>;
+#endif
 #endif
 @group(0) @binding(4) var<storage, read_write> y: array<f32>;
 #if BIAS
@@ -74,6 +81,26 @@ fn main(
             xs[kk * 16u + mm / 4u][mm % 4u] = v;
         }
         // W tile: 64 rows × 16 k.
+#if QUANT
+        if (tid < 128u) {
+            // Eight consecutive k of one row, from its 32-weight sub-block.
+            let nn = tid / 2u;
+            let hh = tid % 2u;
+            let kk = k0 + 8u * hh;
+            var a = vec4<f32>(0.0);
+            var b = vec4<f32>(0.0);
+            if (n0 + nn < p.n && kk < k_end) {
+                let sub = q_sub(n0 + nn, kk / 32u, p.q_scales);
+                let j = (kk % 32u) / 4u;
+                a = sub[j];
+                b = sub[j + 1u];
+            }
+            for (var c = 0u; c < 4u; c++) {
+                ws[(8u * hh + c) * 16u + nn / 4u][nn % 4u] = a[c];
+                ws[(8u * hh + 4u + c) * 16u + nn / 4u][nn % 4u] = b[c];
+            }
+        }
+#else
 #if F16
         if (tid < 128u) {
             let nn = tid / 2u;
@@ -103,6 +130,7 @@ fn main(
                 ws[(kv * 4u + j) * 16u + nn / 4u][nn % 4u] = vals[j];
             }
         }
+#endif
 #endif
         workgroupBarrier();
         for (var kk = 0u; kk < BK; kk++) {

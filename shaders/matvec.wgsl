@@ -20,16 +20,19 @@ struct Params {
     eps: f32,
     heads: u32,
     head_dim: u32,
-    _pad: u32,
+    // Quantized weights: word offset of the block scales (see quant.wgsl).
+    q_scales: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<uniform> step: Step;
 @group(0) @binding(2) var<storage, read> x: array<f32>;
+#if !QUANT
 #if F16
 @group(0) @binding(3) var<storage, read> w: array<vec4<u32>>;
 #else
 @group(0) @binding(3) var<storage, read> w: array<vec4<f32>>;
+#endif
 #endif
 @group(0) @binding(4) var<storage, read_write> y: array<f32>;
 #if XVEC4
@@ -131,6 +134,15 @@ fn x4(base: u32, k0: u32) -> vec4<f32> {
     v = (v - norm_stats.x) * norm_stats.y * g + b;
 #endif
     return v;
+}
+
+// Four normalised inputs at k0, from workgroup memory when staged.
+fn xin4(base: u32, k0: u32) -> vec4<f32> {
+#if XCACHE
+    return xs[k0 / 4u];
+#else
+    return x4(base, k0);
+#endif
 }
 
 #if F16
@@ -235,6 +247,21 @@ fn main(
     var acc = 0.0;
     var acc_up = 0.0;
     if (live) {
+#if QUANT
+        for (var sb = lane; sb < {{SUBS}}u; sb += {{TPR}}u) {
+            let wq = q_sub(row, sb, p.q_scales);
+#if GLU
+            let wu = q_sub(row + p.n, sb, p.q_scales);
+#endif
+            for (var j = 0u; j < 8u; j++) {
+                let xv = xin4(base, 32u * sb + 4u * j);
+                acc += dot(wq[j], xv);
+#if GLU
+                acc_up += dot(wu[j], xv);
+#endif
+            }
+        }
+#else
         let wrow = row * {{ROW_VECS}}u;
         for (var v = lane; v < {{ROW_VECS}}u; v += {{TPR}}u) {
 #if XCACHE
@@ -263,6 +290,7 @@ fn main(
 #endif
 #endif
         }
+#endif
     }
     var r = row_sum(tid, lane, acc, sg_lane, sg_size);
 #if GLU

@@ -10,7 +10,8 @@
 mod common;
 
 use backpack_engine::gpu::{Gpu, Recorder, StorageBuffer, UniformBuffer};
-use backpack_engine::load::{RopeScaling, RopeSpec};
+use backpack_engine::load::quant::dequantize;
+use backpack_engine::load::{GgmlType, RopeScaling, RopeSpec};
 use backpack_engine::ops::*;
 use common::{Rng, assert_close, gpu, round_f16};
 
@@ -1184,4 +1185,174 @@ fn sampling_with_many_near_ties_uses_exact_thresholds() {
         highest > last / 2,
         "draws spread over the nucleus (highest {highest} of {last})"
     );
+}
+
+/// Random GGML blocks of `ty` for a `[rows][cols]` matrix: random payload bytes, scale fields
+/// set to finite f16 values of either sign so every weight is finite.
+fn random_blocks(rng: &mut Rng, ty: GgmlType, rows: usize, cols: usize) -> Vec<u8> {
+    let (be, bb) = (ty.block_elems(), ty.block_bytes());
+    let mut out = Vec::with_capacity(rows * cols / be * bb);
+    for _ in 0..rows * cols / be {
+        let mut block: Vec<u8> = (0..bb).map(|_| rng.below(256) as u8).collect();
+        let mut put = |at: usize, v: f32| {
+            block[at..at + 2].copy_from_slice(&half::f16::from_f32(v).to_le_bytes());
+        };
+        let scale = |rng: &mut Rng| rng.uniform() * 0.05;
+        match ty {
+            GgmlType::Q8_0 | GgmlType::Q4_0 | GgmlType::Q5_0 => put(0, scale(rng)),
+            GgmlType::Q4_1 | GgmlType::Q5_1 | GgmlType::Q4K | GgmlType::Q5K => {
+                put(0, scale(rng));
+                put(2, scale(rng));
+            }
+            GgmlType::Q6K => put(208, scale(rng)),
+            _ => {}
+        }
+        out.extend(block);
+    }
+    out
+}
+
+const QUANT_TYPES: [GgmlType; 8] = [
+    GgmlType::Q8_0,
+    GgmlType::Q4_0,
+    GgmlType::Q4_1,
+    GgmlType::Q5_0,
+    GgmlType::Q5_1,
+    GgmlType::Q4K,
+    GgmlType::Q5K,
+    GgmlType::Q6K,
+];
+
+/// Fused dequantize + product (decode) for every block format, plain, with a fused RMSNorm,
+/// and as the gate/up pair of SwiGLU, against the CPU dequantizer and an f32 product.
+#[test]
+fn quantized_matvec_matches_cpu_dequantize() {
+    let gpu = gpu();
+    let mut rng = Rng::new(21);
+    for ty in QUANT_TYPES {
+        // Rows not a multiple of the rows per workgroup; 4864 columns stream x instead of staging.
+        for &(n, k) in &[(37usize, 256usize), (5, 768), (9, 4864)] {
+            for variant in [Variant::Plain, Variant::Rms, Variant::Glu] {
+                let glu = matches!(variant, Variant::Glu);
+                let rows = if glu { 2 * n } else { n };
+                let blocks = random_blocks(&mut rng, ty, rows, k);
+                let mut w = vec![0.0f32; rows * k];
+                dequantize(ty, &blocks, &mut w);
+                let x = rng.vec(k, 2.0);
+                let gain = rng.vec(k, 1.0);
+                let wm =
+                    Matrix::from_blocks(&gpu, "w", ty, &blocks, rows as u32, k as u32).expect("w");
+                let (xb, yb, gb) = (
+                    buf(&gpu, &x),
+                    gpu.storage("y", n as u64 * 4).expect("y"),
+                    buf(&gpu, &gain),
+                );
+                let st = step(&gpu, 0, 1);
+                let op = MatVec::new(
+                    &gpu,
+                    &wm,
+                    &xb,
+                    &yb,
+                    &st,
+                    MatVecOptions {
+                        norm: matches!(variant, Variant::Rms).then_some((
+                            NormKind::Rms,
+                            &gb,
+                            None,
+                            1e-5,
+                        )),
+                        glu,
+                        ..Default::default()
+                    },
+                )
+                .expect("matvec");
+                let mut rec = Recorder::new(&gpu);
+                op.encode(&mut rec);
+                rec.submit();
+                let got = read(&gpu, &yb, n);
+                let xin = if matches!(variant, Variant::Rms) {
+                    rms_norm(&x, &gain, 1e-5)
+                } else {
+                    x.clone()
+                };
+                let (all, mag) = matvec_ref(&w, &xin, rows, k);
+                let (want, scale): (Vec<f32>, Vec<f32>) = if glu {
+                    (0..n)
+                        .map(|i| {
+                            let (g, u) = (all[i], all[n + i]);
+                            (silu(g) * u, u.abs() * mag[i] + silu(g).abs() * mag[n + i])
+                        })
+                        .unzip()
+                } else {
+                    (all, mag)
+                };
+                assert_close(
+                    &format!("quantized matvec {ty:?} {variant:?} n={n} k={k}"),
+                    &got,
+                    &want,
+                    &scale,
+                    1e-5,
+                    2e-5,
+                );
+            }
+        }
+    }
+}
+
+/// Quantized weights in the prompt product: tiles dequantized into workgroup memory.
+#[test]
+fn quantized_matmul_matches_cpu_dequantize() {
+    let gpu = gpu();
+    let mut rng = Rng::new(22);
+    for ty in QUANT_TYPES {
+        for &(m, n, k) in &[(3usize, 37usize, 256usize), (70, 5, 1024)] {
+            let blocks = random_blocks(&mut rng, ty, n, k);
+            let mut w = vec![0.0f32; n * k];
+            dequantize(ty, &blocks, &mut w);
+            let x = rng.vec(m * k, 1.0);
+            let wm = Matrix::from_blocks(&gpu, "w", ty, &blocks, n as u32, k as u32).expect("w");
+            let (xb, yb) = (
+                buf(&gpu, &x),
+                gpu.storage("y", (m * n) as u64 * 4).expect("y"),
+            );
+            let scratch = gpu
+                .storage(
+                    "scratch",
+                    MatMul::scratch_bytes(n as u32, k as u32, m as u32),
+                )
+                .expect("scratch");
+            let st = step(&gpu, 0, m as u32);
+            let op = MatMul::new(
+                &gpu,
+                &wm,
+                &xb,
+                &yb,
+                &st,
+                MatMulOptions {
+                    split_scratch: Some((&scratch, m as u32)),
+                    ..Default::default()
+                },
+            )
+            .expect("matmul");
+            let mut rec = Recorder::new(&gpu);
+            op.encode(&mut rec, m as u32);
+            rec.submit();
+            let got = read(&gpu, &yb, m * n);
+            let mut want = Vec::new();
+            let mut scale = Vec::new();
+            for row in 0..m {
+                let (v, mag) = matvec_ref(&w, &x[row * k..(row + 1) * k], n, k);
+                want.extend(v);
+                scale.extend(mag);
+            }
+            assert_close(
+                &format!("quantized matmul {ty:?} m={m} n={n} k={k}"),
+                &got,
+                &want,
+                &scale,
+                1e-5,
+                2e-5,
+            );
+        }
+    }
 }

@@ -63,6 +63,7 @@ pub fn run(args: BenchArgs, adapter: Option<&str>) -> Result<()> {
             context: Some(context),
             prefill_chunk: args.prompt_len.max(1),
             lookahead: !args.sync,
+            ..Default::default()
         },
     )?;
     gpu.wait()?;

@@ -74,7 +74,7 @@ pub fn run(args: GenerateArgs, adapter: Option<&str>) -> Result<()> {
             _ => bail!("the engine stopped while loading the model"),
         };
         eprintln!(
-            "loaded {} ({}, {:.1}M parameters, {:.1} MiB of {} weights, context {})",
+            "loaded {} ({}, {:.1}M parameters, {:.1} MiB of weights on the GPU ({} where not block-quantized), context {})",
             info.name,
             info.architecture,
             info.parameters as f64 / 1e6,

@@ -145,6 +145,58 @@ fn dequantize_block(ty: GgmlType, b: &[u8], y: &mut [f32]) {
     }
 }
 
+/// For the GPU layout (shaders/quant.wgsl): which bytes of a block are payload (whole words)
+/// and which are its f16 scales, for each quantized type; None for unquantized types.
+fn gpu_split(ty: GgmlType) -> Option<([std::ops::Range<usize>; 2], std::ops::Range<usize>)> {
+    use GgmlType as T;
+    Some(match ty {
+        T::Q8_0 => ([2..34, 0..0], 0..2),
+        T::Q4_0 => ([2..18, 0..0], 0..2),
+        T::Q4_1 => ([4..20, 0..0], 0..4),
+        // Quants first, then the high bits, so the payload is qs words then the qh word.
+        T::Q5_0 => ([6..22, 2..6], 0..2),
+        T::Q5_1 => ([8..24, 4..8], 0..4),
+        T::Q4K => ([0..144, 0..0], 0..0),
+        T::Q5K => ([0..176, 0..0], 0..0),
+        T::Q6K => ([0..208, 0..0], 208..210),
+        T::F32 | T::F16 | T::BF16 => return None,
+    })
+}
+
+/// Repacks a quantized `[rows][cols]` matrix (row `i` taken from source row `src_row(i)`) into
+/// the GPU layout: every block's payload words, then all block scales. Returns the bytes and
+/// the word offset of the scales; None for unquantized types.
+pub fn repack_for_gpu(
+    ty: GgmlType,
+    data: &[u8],
+    rows: usize,
+    cols: usize,
+    src_row: impl Fn(usize) -> usize,
+) -> Option<(Vec<u8>, u32)> {
+    let (payload, scale) = gpu_split(ty)?;
+    let bb = ty.block_bytes();
+    let row_bytes = cols / ty.block_elems() * bb;
+    let payload_len: usize = payload.iter().map(|r| r.len()).sum();
+    let blocks = rows * (cols / ty.block_elems());
+    let mut out = Vec::with_capacity(blocks * bb + 4);
+    let mut scales = Vec::with_capacity(blocks * scale.len());
+    for i in 0..rows {
+        let src = src_row(i);
+        let row = &data[src * row_bytes..(src + 1) * row_bytes];
+        for block in row.chunks_exact(bb) {
+            for r in &payload {
+                out.extend_from_slice(&block[r.clone()]);
+            }
+            scales.extend_from_slice(&block[scale.clone()]);
+        }
+    }
+    debug_assert_eq!(out.len(), blocks * payload_len);
+    let offset = (out.len() / 4) as u32;
+    out.extend_from_slice(&scales);
+    out.resize(out.len().div_ceil(4) * 4, 0);
+    Some((out, offset))
+}
+
 /// Quantizes `x` (a whole number of blocks) to Q8_0 as ggml does: per block of 32,
 /// d = max|x| / 127 and q = round(x / d).
 pub fn quantize_q8_0(x: &[f32], out: &mut Vec<u8>) {

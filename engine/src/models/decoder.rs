@@ -26,6 +26,9 @@ pub struct ModelOptions {
     pub context: Option<u32>,
     /// Tokens processed per prompt submission.
     pub prefill_chunk: u32,
+    /// Keep GGUF block-quantized weights in their format (fused dequantizing kernels) rather
+    /// than expanding them to `dtype`.
+    pub quantized: bool,
     /// Submit the next decode step before reading the current one (faster). Off makes every
     /// step finish before `decode` returns, so per-step state such as logits can be read.
     pub lookahead: bool,
@@ -37,6 +40,7 @@ impl Default for ModelOptions {
             dtype: WeightDType::F16,
             context: None,
             prefill_chunk: 512,
+            quantized: true,
             lookahead: true,
         }
     }
@@ -382,6 +386,7 @@ impl DecoderModel {
         let (heads, kv_heads) = (spec.heads, spec.kv_heads);
         let qkv_width = (heads + 2 * kv_heads) * hd;
         let mut up = Uploader::new(gpu, source, dtype);
+        up.keep_quantized = opts.quantized;
 
         // Embeddings, final norm, LM head.
         let gpt2 = spec.arch == Arch::Gpt2;
@@ -391,7 +396,8 @@ impl DecoderModel {
         } else {
             format!("{prefix}embed_tokens.weight")
         };
-        let embedding = up.matrix(
+        // The embedding is gathered by row: it stays dense (and serves a tied LM head).
+        let embedding = up.dense_matrix(
             "token embedding",
             &[Part {
                 name: &embed_name,
@@ -1066,5 +1072,6 @@ fn embedding_clone(m: &Matrix) -> Matrix {
         rows: m.rows,
         cols: m.cols,
         dtype: m.dtype,
+        quant: m.quant,
     }
 }

@@ -36,6 +36,8 @@ pub struct Uploader<'a> {
     pub dtype: WeightDType,
     /// Bytes of weights placed on the GPU so far.
     pub bytes: u64,
+    /// Keep block-quantized tensors (GGUF) in their format rather than expanding them.
+    pub keep_quantized: bool,
     counter: u32,
 }
 
@@ -48,6 +50,7 @@ impl<'a> Uploader<'a> {
             source,
             dtype,
             bytes: 0,
+            keep_quantized: true,
             counter: 0,
         }
     }
@@ -117,6 +120,69 @@ impl<'a> Uploader<'a> {
         parts: &[Part<'_>],
         transposed: bool,
     ) -> Result<Matrix, Error> {
+        if self.keep_quantized
+            && let Some(m) = self.quantized_matrix(label, parts)?
+        {
+            self.bytes += m.buffer.size;
+            return Ok(m);
+        }
+        self.dense_matrix(label, parts, transposed)
+    }
+
+    /// A matrix whose parts are all GGUF tensors of one block format, kept in that format.
+    fn quantized_matrix(&self, label: &str, parts: &[Part<'_>]) -> Result<Option<Matrix>, Error> {
+        if !matches!(self.source, WeightSource::Gguf(..)) || parts.is_empty() {
+            return Ok(None);
+        }
+        let mut tensors = Vec::with_capacity(parts.len());
+        for part in parts {
+            let t = self.tensor(part.name, &[part.rows as usize, part.cols as usize])?;
+            tensors.push(t);
+        }
+        let ty = match &tensors[0] {
+            HostTensor::Gguf { ty, .. } if ty.block_elems() > 1 => *ty,
+            _ => return Ok(None),
+        };
+        if tensors
+            .iter()
+            .any(|t| !matches!(t, HostTensor::Gguf { ty: other, .. } if *other == ty))
+        {
+            return Ok(None);
+        }
+        let cols = parts[0].cols;
+        let rows: u32 = parts.iter().map(|p| p.rows).sum();
+        // Rows of all parts in order (undoing the Q/K interleave), then repacked.
+        let mut blocks = Vec::new();
+        for t in &tensors {
+            if let HostTensor::Gguf {
+                data,
+                row_len,
+                rows,
+                heads,
+                ..
+            } = t
+            {
+                let row_bytes = row_len / ty.block_elems() * ty.block_bytes();
+                for i in 0..*rows {
+                    let src = heads.map_or(i, |h| unpermuted_row(i, *rows, h));
+                    blocks.extend_from_slice(&data[src * row_bytes..(src + 1) * row_bytes]);
+                }
+            }
+        }
+        self.gpu
+            .check_binding_size(label, blocks.len() as u64 + blocks.len() as u64 / 8)?;
+        Ok(Some(Matrix::from_blocks(
+            self.gpu, label, ty, &blocks, rows, cols,
+        )?))
+    }
+
+    /// A matrix in the dense dtype; see [`Uploader::matrix`].
+    pub fn dense_matrix(
+        &mut self,
+        label: &str,
+        parts: &[Part<'_>],
+        transposed: bool,
+    ) -> Result<Matrix, Error> {
         let cols = parts.first().map_or(0, |p| p.cols);
         let rows: u32 = parts.iter().map(|p| p.rows).sum();
         let size = Matrix::byte_size(rows, cols, self.dtype);
@@ -169,6 +235,7 @@ impl<'a> Uploader<'a> {
             rows,
             cols,
             dtype: self.dtype,
+            quant: None,
         })
     }
 

@@ -4,6 +4,10 @@ use super::{Gelu, Matrix, bind, flag, gelu_flags};
 use crate::gpu::{Gpu, GpuError, Kernel, Recorder, StorageBuffer, UniformBuffer};
 
 const SOURCE: &str = include_str!("../../../shaders/matmul.wgsl");
+const QUANT_SOURCE: &str = concat!(
+    include_str!("../../../shaders/quant.wgsl"),
+    include_str!("../../../shaders/matmul.wgsl")
+);
 const TILE: u32 = 64;
 
 #[repr(C)]
@@ -13,6 +17,8 @@ struct Params {
     k: u32,
     row_vecs: u32,
     slices: u32,
+    q_scales: u32,
+    _pad: [u32; 3],
 }
 
 /// Output tiles wanted in flight: enough to occupy a large GPU (an H100 has 132 SMs).
@@ -70,14 +76,19 @@ impl MatMul {
             _ => 1,
         };
         let split = slices > 1;
-        let mut defines = w.dtype.defines();
+        let mut defines = w.defines();
         defines.extend(gelu_flags(opts.gelu));
         defines.extend([
             flag("BIAS", opts.bias.is_some()),
             flag("RESIDUAL", opts.residual),
             flag("SPLIT_K", split),
         ]);
-        let kernel = gpu.kernel("matmul", SOURCE, "main", &defines)?;
+        let (family, source) = if w.quant.is_some() {
+            ("matmul_q", QUANT_SOURCE)
+        } else {
+            ("matmul", SOURCE)
+        };
+        let kernel = gpu.kernel(family, source, "main", &defines)?;
         let params = gpu.uniform(
             "matmul params",
             &Params {
@@ -85,6 +96,8 @@ impl MatMul {
                 k: w.cols,
                 row_vecs: w.row_vecs(),
                 slices,
+                q_scales: w.q_scales(),
+                _pad: [0; 3],
             },
         );
         let mut entries = vec![
@@ -100,7 +113,7 @@ impl MatMul {
         let reduce = match opts.split_scratch {
             Some((scratch, _)) if split => {
                 entries.push((6, &scratch.buffer));
-                let reduce = gpu.kernel("matmul", SOURCE, "reduce", &defines)?;
+                let reduce = gpu.kernel(family, source, "reduce", &defines)?;
                 let mut reduce_entries = vec![
                     (0, &params.buffer),
                     (1, &step.buffer),

@@ -4,6 +4,10 @@ use super::{Gelu, Matrix, NormKind, bind, flag, gelu_flags};
 use crate::gpu::{Gpu, GpuError, Kernel, Recorder, StorageBuffer, UniformBuffer};
 
 const SOURCE: &str = include_str!("../../../shaders/matvec.wgsl");
+const QUANT_SOURCE: &str = concat!(
+    include_str!("../../../shaders/quant.wgsl"),
+    include_str!("../../../shaders/matvec.wgsl")
+);
 const WG: u32 = 256;
 const XCACHE_MAX_BYTES: u64 = 16 * 1024;
 
@@ -17,7 +21,7 @@ struct Params {
     eps: f32,
     heads: u32,
     head_dim: u32,
-    _pad: u32,
+    q_scales: u32,
 }
 
 /// Where the split attention of one token left its runs (see [`super::Attention::new_split`]).
@@ -65,6 +69,12 @@ impl MatVec {
         let caps = gpu.caps();
         let subgroups = caps.subgroups && caps.subgroup_max_size <= tpr;
         let xcache = Self::stages_input(gpu, w.cols);
+        // Row stride in vec4 words (dense) or the row's inputs in vec4s (quantized, for staging).
+        let row_vecs = if w.quant.is_some() {
+            w.cols / 4
+        } else {
+            w.row_vecs()
+        };
         if opts.combine.is_some() && !xcache {
             return Err(GpuError::Device(format!(
                 "merging split attention needs rows of at most {XCACHE_MAX_BYTES} bytes of f32 input; this has {}",
@@ -73,11 +83,11 @@ impl MatVec {
         }
         let xvec4 = w.cols.is_multiple_of(4);
         let heads = opts.combine.as_ref().map_or(1, |c| c.heads);
-        let mut defines = w.dtype.defines();
+        let mut defines = w.defines();
         defines.extend(gelu_flags(opts.gelu));
         defines.extend([
             ("WG", WG.to_string()),
-            ("ROW_VECS", w.row_vecs().to_string()),
+            ("ROW_VECS", row_vecs.to_string()),
             flag("XCACHE", xcache),
             flag("XVEC4", xvec4 && !xcache),
             flag("COMBINE", opts.combine.is_some()),
@@ -95,18 +105,22 @@ impl MatVec {
             flag("GLU", opts.glu),
             flag("RESIDUAL", opts.residual),
         ]);
-        let kernel = gpu.kernel("matvec", SOURCE, "main", &defines)?;
+        let kernel = if w.quant.is_some() {
+            gpu.kernel("matvec_q", QUANT_SOURCE, "main", &defines)?
+        } else {
+            gpu.kernel("matvec", SOURCE, "main", &defines)?
+        };
         let params = gpu.uniform(
             "matvec params",
             &Params {
                 n,
                 k: w.cols,
-                row_vecs: w.row_vecs(),
-                glu_offset: n * w.row_vecs(),
+                row_vecs,
+                glu_offset: n * row_vecs,
                 eps: opts.norm.map_or(0.0, |n| n.3),
                 heads,
                 head_dim: opts.combine.as_ref().map_or(1, |c| c.head_dim),
-                _pad: 0,
+                q_scales: w.q_scales(),
             },
         );
         if opts.combine.is_some() && opts.norm.is_some() {

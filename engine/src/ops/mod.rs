@@ -23,6 +23,8 @@ pub use sample::{Sample, SamplerParams};
 use bytemuck::{Pod, Zeroable};
 
 use crate::gpu::{Gpu, GpuError, Kernel, StorageBuffer};
+use crate::load::GgmlType;
+use crate::load::quant::repack_for_gpu;
 
 /// Per-submission position state shared by every kernel of a forward pass: the absolute
 /// position of the first token, how many tokens this step processes, and the sequence length
@@ -97,12 +99,15 @@ impl WeightDType {
 /// read vec4 words with no tail handling in the weights.
 pub const ROW_ALIGN: usize = 8;
 
-/// A weight matrix `[rows][cols]` on the GPU, rows padded to [`ROW_ALIGN`] elements.
+/// A weight matrix `[rows][cols]` on the GPU: dense rows padded to [`ROW_ALIGN`] elements, or
+/// GGML blocks in the layout of shaders/quant.wgsl.
 pub struct Matrix {
     pub buffer: StorageBuffer,
     pub rows: u32,
     pub cols: u32,
     pub dtype: WeightDType,
+    /// Quantized: the block format and the word offset of the block scales.
+    pub quant: Option<(GgmlType, u32)>,
 }
 
 impl Matrix {
@@ -144,7 +149,63 @@ impl Matrix {
             rows,
             cols,
             dtype,
+            quant: None,
         })
+    }
+
+    /// Uploads GGML blocks of `ty` (`[rows][cols]`, rows in order), repacked for the kernels.
+    pub fn from_blocks(
+        gpu: &Gpu,
+        label: &str,
+        ty: GgmlType,
+        blocks: &[u8],
+        rows: u32,
+        cols: u32,
+    ) -> Result<Self, GpuError> {
+        Self::from_blocks_reordered(gpu, label, ty, blocks, rows, cols, |i| i)
+    }
+
+    /// As [`Matrix::from_blocks`], taking row `i` from source row `src_row(i)`.
+    pub fn from_blocks_reordered(
+        gpu: &Gpu,
+        label: &str,
+        ty: GgmlType,
+        blocks: &[u8],
+        rows: u32,
+        cols: u32,
+        src_row: impl Fn(usize) -> usize,
+    ) -> Result<Self, GpuError> {
+        let (bytes, scales) = repack_for_gpu(ty, blocks, rows as usize, cols as usize, src_row)
+            .ok_or_else(|| {
+                GpuError::Device(format!("{label}: {} is not a block format", ty.name()))
+            })?;
+        let buffer = gpu.storage_from(label, &bytes)?;
+        Ok(Self {
+            buffer,
+            rows,
+            cols,
+            dtype: WeightDType::F32,
+            quant: Some((ty, scales)),
+        })
+    }
+
+    /// Defines of the kernels reading this matrix.
+    pub(crate) fn defines(&self) -> Vec<(&'static str, String)> {
+        match self.quant {
+            None => self.dtype.defines(),
+            Some((ty, _)) => vec![
+                ("QUANT", "1".into()),
+                (ty.name(), "1".into()),
+                ("SUBS", (self.cols / 32).to_string()),
+                ("F16", "0".into()),
+                ("EPV", "4".into()),
+            ],
+        }
+    }
+
+    /// Word offset of the block scales (quantized matrices; 0 otherwise).
+    pub fn q_scales(&self) -> u32 {
+        self.quant.map_or(0, |q| q.1)
     }
 }
 

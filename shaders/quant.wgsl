@@ -1,0 +1,163 @@
+// Dequantization of GGML block formats inside kernels. Weights keep their file's bits, repacked
+// at load into two u32-aligned regions of one buffer: every block's payload (quants, and for
+// the K formats their packed sub-block scales) as whole words, then the f16 block scales
+// (d, and m or dmin where the format has one) at word `scales`. A row is a whole number of
+// blocks; `q_sub` returns the 32 weights of one 32-element sub-block as eight vec4s.
+//
+// Defines: one of Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K; SUBS (sub-blocks per row).
+
+@group(0) @binding(3) var<storage, read> qw: array<u32>;
+
+fn nib_lo(w: u32) -> vec4<f32> {
+    return vec4<f32>(vec4<u32>(w & 0xFu, (w >> 8u) & 0xFu, (w >> 16u) & 0xFu, (w >> 24u) & 0xFu));
+}
+
+fn nib_hi(w: u32) -> vec4<f32> {
+    return vec4<f32>(vec4<u32>((w >> 4u) & 0xFu, (w >> 12u) & 0xFu, (w >> 20u) & 0xFu, w >> 28u));
+}
+
+fn bytes_i8(w: u32) -> vec4<f32> {
+    return vec4<f32>(vec4<i32>(
+        i32(w << 24u) >> 24u, i32(w << 16u) >> 24u, i32(w << 8u) >> 24u, i32(w) >> 24u));
+}
+
+// Bit `shift + 8c` of w for c = 0..3.
+fn bits4(w: u32, shift: u32) -> vec4<f32> {
+    return vec4<f32>(vec4<u32>(
+        (w >> shift) & 1u, (w >> (shift + 8u)) & 1u, (w >> (shift + 16u)) & 1u,
+        (w >> (shift + 24u)) & 1u));
+}
+
+fn scale_half(scales: u32, index: u32) -> f32 {
+    return unpack2x16float(qw[scales + index / 2u])[index % 2u];
+}
+
+// Byte k of the 12 packed 6-bit scales of the K block whose payload starts at word `base`.
+fn k_scale_byte(base: u32, k: u32) -> u32 {
+    return (qw[base + 1u + k / 4u] >> (8u * (k % 4u))) & 0xFFu;
+}
+
+// (scale, min) of sub-block j of a Q4_K / Q5_K block.
+fn scale_min_k4(base: u32, j: u32) -> vec2<f32> {
+    if (j < 4u) {
+        return vec2<f32>(f32(k_scale_byte(base, j) & 63u), f32(k_scale_byte(base, j + 4u) & 63u));
+    }
+    let sc = (k_scale_byte(base, j + 4u) & 0xFu) | ((k_scale_byte(base, j - 4u) >> 6u) << 4u);
+    let m = (k_scale_byte(base, j + 4u) >> 4u) | ((k_scale_byte(base, j) >> 6u) << 4u);
+    return vec2<f32>(f32(sc), f32(m));
+}
+
+// The 32 weights of sub-block `s` (0..SUBS) of matrix row `row`.
+fn q_sub(row: u32, s: u32, scales: u32) -> array<vec4<f32>, 8> {
+    var out: array<vec4<f32>, 8>;
+#if Q8_0
+    let blk = row * {{SUBS}}u + s;
+    let d = scale_half(scales, blk);
+    for (var j = 0u; j < 8u; j++) {
+        out[j] = bytes_i8(qw[blk * 8u + j]) * d;
+    }
+#endif
+#if Q4_0
+    let blk = row * {{SUBS}}u + s;
+    let d = scale_half(scales, blk);
+    for (var j = 0u; j < 4u; j++) {
+        let w = qw[blk * 4u + j];
+        out[j] = (nib_lo(w) - 8.0) * d;
+        out[j + 4u] = (nib_hi(w) - 8.0) * d;
+    }
+#endif
+#if Q4_1
+    let blk = row * {{SUBS}}u + s;
+    let d = scale_half(scales, 2u * blk);
+    let m = scale_half(scales, 2u * blk + 1u);
+    for (var j = 0u; j < 4u; j++) {
+        let w = qw[blk * 4u + j];
+        out[j] = nib_lo(w) * d + m;
+        out[j + 4u] = nib_hi(w) * d + m;
+    }
+#endif
+#if Q5_0
+    let blk = row * {{SUBS}}u + s;
+    let d = scale_half(scales, blk);
+    let qh = qw[blk * 5u + 4u];
+    for (var j = 0u; j < 4u; j++) {
+        let w = qw[blk * 5u + j];
+        // Element e takes bit e of qh as its fifth bit.
+        let h_lo = vec4<f32>(vec4<u32>((qh >> (4u * j)) & 1u, (qh >> (4u * j + 1u)) & 1u,
+                                      (qh >> (4u * j + 2u)) & 1u, (qh >> (4u * j + 3u)) & 1u));
+        let h_hi = vec4<f32>(vec4<u32>((qh >> (16u + 4u * j)) & 1u, (qh >> (17u + 4u * j)) & 1u,
+                                      (qh >> (18u + 4u * j)) & 1u, (qh >> (19u + 4u * j)) & 1u));
+        out[j] = (nib_lo(w) + 16.0 * h_lo - 16.0) * d;
+        out[j + 4u] = (nib_hi(w) + 16.0 * h_hi - 16.0) * d;
+    }
+#endif
+#if Q5_1
+    let blk = row * {{SUBS}}u + s;
+    let d = scale_half(scales, 2u * blk);
+    let m = scale_half(scales, 2u * blk + 1u);
+    let qh = qw[blk * 5u + 4u];
+    for (var j = 0u; j < 4u; j++) {
+        let w = qw[blk * 5u + j];
+        let h_lo = vec4<f32>(vec4<u32>((qh >> (4u * j)) & 1u, (qh >> (4u * j + 1u)) & 1u,
+                                      (qh >> (4u * j + 2u)) & 1u, (qh >> (4u * j + 3u)) & 1u));
+        let h_hi = vec4<f32>(vec4<u32>((qh >> (16u + 4u * j)) & 1u, (qh >> (17u + 4u * j)) & 1u,
+                                      (qh >> (18u + 4u * j)) & 1u, (qh >> (19u + 4u * j)) & 1u));
+        out[j] = (nib_lo(w) + 16.0 * h_lo) * d + m;
+        out[j + 4u] = (nib_hi(w) + 16.0 * h_hi) * d + m;
+    }
+#endif
+#if Q4_K
+    // 144-byte blocks = 36 words: d|dmin, 12 scale bytes, 128 quant bytes.
+    let base = (row * ({{SUBS}}u / 8u) + s / 8u) * 36u;
+    let sub = s % 8u;
+    let dd = unpack2x16float(qw[base]);
+    let sm = scale_min_k4(base, sub);
+    let scale = dd.x * sm.x;
+    let shift = dd.y * sm.y;
+    let qs = base + 4u + 8u * (sub / 2u);
+    for (var j = 0u; j < 8u; j++) {
+        let w = qw[qs + j];
+        let q = select(nib_hi(w), nib_lo(w), sub % 2u == 0u);
+        out[j] = scale * q - shift;
+    }
+#endif
+#if Q5_K
+    // 176-byte blocks = 44 words: d|dmin, 12 scale bytes, 32 high-bit bytes, 128 quant bytes.
+    let base = (row * ({{SUBS}}u / 8u) + s / 8u) * 44u;
+    let sub = s % 8u;
+    let dd = unpack2x16float(qw[base]);
+    let sm = scale_min_k4(base, sub);
+    let scale = dd.x * sm.x;
+    let shift = dd.y * sm.y;
+    let qs = base + 12u + 8u * (sub / 2u);
+    for (var j = 0u; j < 8u; j++) {
+        let w = qw[qs + j];
+        let q = select(nib_hi(w), nib_lo(w), sub % 2u == 0u) + 16.0 * bits4(qw[base + 4u + j], sub);
+        out[j] = scale * q - shift;
+    }
+#endif
+#if Q6_K
+    // 208 payload bytes = 52 words: 128 low-nibble bytes, 64 high-bit bytes, 16 i8 scales.
+    let blk = row * ({{SUBS}}u / 8u) + s / 8u;
+    let base = blk * 52u;
+    let sub = s % 8u;
+    let half_ = sub / 4u;
+    let part = sub % 4u;
+    let d = scale_half(scales, blk);
+    let ql = base + 16u * half_ + 8u * (part % 2u);
+    let qh = base + 32u + 8u * half_;
+    for (var j = 0u; j < 8u; j++) {
+        let lo = select(nib_hi(qw[ql + j]), nib_lo(qw[ql + j]), part < 2u);
+        let h = qw[qh + j];
+        let shift = 2u * part;
+        let hi = vec4<f32>(vec4<u32>((h >> shift) & 3u, (h >> (shift + 8u)) & 3u,
+                                     (h >> (shift + 16u)) & 3u, (h >> (shift + 24u)) & 3u));
+        // Scales: one i8 per 16 elements.
+        let sc_index = 8u * half_ + 2u * part + j / 4u;
+        let sc_word = qw[base + 48u + sc_index / 4u];
+        let sc = f32(i32(sc_word << (24u - 8u * (sc_index % 4u))) >> 24u);
+        out[j] = (d * sc) * (lo + 16.0 * hi - 32.0);
+    }
+#endif
+    return out;
+}
