@@ -230,3 +230,39 @@ fn a_model_too_big_for_the_gpu_is_refused_with_numbers() {
         "{message}"
     );
 }
+
+#[test]
+fn quantizing_while_loading_shrinks_weights_and_keeps_logits_close() {
+    let g = golden("tiny-llama");
+    let path = fixtures().join("models/tiny-llama");
+    let load = |quantize| {
+        let opts = ModelOptions {
+            dtype: WeightDType::F16,
+            quantize,
+            lookahead: false,
+            ..Default::default()
+        };
+        TextModel::load(&gpu(), &path, &opts).expect("loads")
+    };
+    let f16 = load(None).model.weight_bytes();
+    // Bounds from the rounding itself: transformers run with these weights rounded through
+    // gguf-py's Q8_0 moves the logits by 0.56 at worst (this model's weights are large:
+    // std 0.25); Q4_0 has 16× coarser steps.
+    for (ty, allowed) in [
+        (backpack_engine::load::GgmlType::Q8_0, 0.7f32),
+        (backpack_engine::load::GgmlType::Q4_0, 8.0),
+    ] {
+        let mut m = load(Some(ty));
+        assert!(m.model.weight_bytes() < f16, "{ty:?} {} vs f16 {f16}", m.model.weight_bytes());
+        let vocab = m.model.spec().vocab as usize;
+        let mut worst = 0.0f32;
+        for c in &g.cases {
+            let got = m.model.prompt_logits(&c.prompt_ids).expect("logits");
+            for (pos, want) in c.prompt_logits.iter().enumerate() {
+                worst = worst.max(max_diff(&got[pos * vocab..(pos + 1) * vocab], want));
+            }
+        }
+        eprintln!("{ty:?}: largest prompt-logit difference {worst}");
+        assert!(worst <= allowed, "{ty:?}: logits differ by {worst}");
+    }
+}

@@ -7,7 +7,7 @@ use backpack_engine::models::{DecoderModel, ModelOptions, WeightSource};
 use backpack_engine::ops::SamplerParams;
 use clap::Args;
 
-use crate::DTypeArg;
+use crate::{DTypeArg, QuantArg};
 
 #[derive(Args)]
 pub struct BenchArgs {
@@ -21,6 +21,9 @@ pub struct BenchArgs {
     generate: u32,
     #[arg(long, value_enum, default_value = "f16")]
     dtype: DTypeArg,
+    /// Block-quantize the weight matrices (q8_0, q4_0, q4_k) or use f16.
+    #[arg(long, value_enum)]
+    quant: Option<QuantArg>,
     /// Timed repetitions (the best is reported).
     #[arg(long, default_value_t = 3)]
     repeat: u32,
@@ -63,6 +66,7 @@ pub fn run(args: BenchArgs, adapter: Option<&str>) -> Result<()> {
             context: Some(context),
             prefill_chunk: args.prompt_len.max(1),
             lookahead: !args.sync,
+            quantize: args.quant.and_then(QuantArg::block_format),
             ..Default::default()
         },
     )?;
@@ -124,6 +128,7 @@ pub fn run(args: BenchArgs, adapter: Option<&str>) -> Result<()> {
                 "config": args.config.display().to_string(),
                 "adapter": gpu.info().name,
                 "dtype": format!("{:?}", model.dtype()).to_lowercase(),
+                "quant": args.quant.map(|q| format!("{q:?}").to_lowercase()),
                 "parameters": spec.parameters(),
                 "weight_bytes": model.weight_bytes(),
                 "prompt_len": prompt.len(),

@@ -8,7 +8,7 @@ use backpack_engine::ops::SamplerParams;
 use backpack_engine::runtime::{Engine, Event};
 use clap::Args;
 
-use crate::DTypeArg;
+use crate::{DTypeArg, QuantArg};
 
 #[derive(Args)]
 pub struct GenerateArgs {
@@ -41,6 +41,10 @@ pub struct GenerateArgs {
     /// Storage type of weights and KV cache on the GPU (arithmetic is f32 either way).
     #[arg(long, value_enum, default_value = "f16")]
     dtype: DTypeArg,
+    /// Quantize weight matrices while loading (q8_0, q4_0, q4_k) or store them as f16. GGUF
+    /// files keep their own quantization.
+    #[arg(long, value_enum)]
+    quant: Option<QuantArg>,
     /// Context length to allocate (default 4096, capped by the model).
     #[arg(long)]
     context: Option<u32>,
@@ -63,7 +67,11 @@ pub fn run(args: GenerateArgs, adapter: Option<&str>) -> Result<()> {
         engine.load(
             args.model.clone(),
             ModelOptions {
-                dtype: args.dtype.into(),
+                dtype: match args.quant {
+                    Some(QuantArg::F16) => backpack_engine::ops::WeightDType::F16,
+                    _ => args.dtype.into(),
+                },
+                quantize: args.quant.and_then(QuantArg::block_format),
                 context: args.context,
                 ..Default::default()
             },

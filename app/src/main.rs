@@ -39,6 +39,31 @@ impl From<DTypeArg> for backpack_engine::ops::WeightDType {
     }
 }
 
+/// `--quant`: block-quantize weight matrices while loading, or store them as f16.
+#[derive(Clone, Copy, Debug, ValueEnum)]
+pub enum QuantArg {
+    #[value(name = "q8_0")]
+    Q8_0,
+    #[value(name = "q4_0")]
+    Q4_0,
+    #[value(name = "q4_k")]
+    Q4K,
+    F16,
+}
+
+impl QuantArg {
+    /// The block format, if any (f16 is a plain dtype).
+    pub fn block_format(self) -> Option<backpack_engine::load::GgmlType> {
+        use backpack_engine::load::GgmlType;
+        match self {
+            Self::Q8_0 => Some(GgmlType::Q8_0),
+            Self::Q4_0 => Some(GgmlType::Q4_0),
+            Self::Q4K => Some(GgmlType::Q4K),
+            Self::F16 => None,
+        }
+    }
+}
+
 /// Opens the GPU, telling the user which adapter runs the work (and warning on a CPU one).
 pub fn open_gpu(adapter: Option<&str>) -> Result<backpack_engine::gpu::Gpu> {
     let gpu = backpack_engine::gpu::Gpu::headless(adapter)?;

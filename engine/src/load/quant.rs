@@ -197,6 +197,34 @@ pub fn repack_for_gpu(
     Some((out, offset))
 }
 
+/// `n` blocks of `ty` with pseudo-random quants and small finite scales (weights of
+/// benchmark models at real shapes).
+pub fn random_blocks(ty: GgmlType, n: usize, seed: u32) -> Vec<u8> {
+    let bb = ty.block_bytes();
+    let mut state = u64::from(seed).wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    let mut out = vec![0u8; n * bb];
+    for chunk in out.chunks_mut(8) {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        chunk.copy_from_slice(&state.to_le_bytes()[..chunk.len()]);
+    }
+    let scale = half::f16::from_f32(0.01).to_le_bytes();
+    let small = half::f16::from_f32(0.001).to_le_bytes();
+    for block in out.chunks_mut(bb) {
+        match ty {
+            GgmlType::Q8_0 | GgmlType::Q4_0 | GgmlType::Q5_0 => block[..2].copy_from_slice(&scale),
+            GgmlType::Q4_1 | GgmlType::Q5_1 | GgmlType::Q4K | GgmlType::Q5K => {
+                block[..2].copy_from_slice(&scale);
+                block[2..4].copy_from_slice(&small);
+            }
+            GgmlType::Q6K => block[208..210].copy_from_slice(&scale),
+            GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 => {}
+        }
+    }
+    out
+}
+
 /// Quantizes `x` (a whole number of blocks) to Q8_0 as ggml does: per block of 32,
 /// d = max|x| / 127 and q = round(x / d).
 pub fn quantize_q8_0(x: &[f32], out: &mut Vec<u8>) {
@@ -228,6 +256,64 @@ pub fn quantize_q4_0(x: &[f32], out: &mut Vec<u8>) {
     }
 }
 
+/// Quantizes `x` (a whole number of 256-element super-blocks) to Q4_K: per 32-element
+/// sub-block an affine 4-bit code (scale and minimum), the sub-block scales and minimums
+/// themselves 6-bit codes of the super-block's f16 `d` and `dmin`.
+pub fn quantize_q4_k(x: &[f32], out: &mut Vec<u8>) {
+    for block in x.chunks(256) {
+        let mut scales = [0.0f32; 8];
+        let mut mins = [0.0f32; 8];
+        for (j, sub) in block.chunks(32).enumerate() {
+            let lo = sub.iter().fold(0.0f32, |m, &v| m.min(v));
+            let hi = sub.iter().fold(f32::MIN, |m, &v| m.max(v));
+            scales[j] = (hi - lo).max(0.0) / 15.0;
+            mins[j] = -lo;
+        }
+        let max_scale = scales.iter().fold(0.0f32, |m, &v| m.max(v));
+        let max_min = mins.iter().fold(0.0f32, |m, &v| m.max(v));
+        let d = half::f16::from_f32(max_scale / 63.0);
+        let dmin = half::f16::from_f32(max_min / 63.0);
+        let (df, dminf) = (d.to_f32(), dmin.to_f32());
+        let code = |v: f32, unit: f32| {
+            if unit > 0.0 {
+                (v / unit).round().clamp(0.0, 63.0) as u8
+            } else {
+                0
+            }
+        };
+        let sc: Vec<u8> = scales.iter().map(|&v| code(v, df)).collect();
+        let mn: Vec<u8> = mins.iter().map(|&v| code(v, dminf)).collect();
+        out.extend_from_slice(&d.to_le_bytes());
+        out.extend_from_slice(&dmin.to_le_bytes());
+        // The 12-byte packing that dequantization's scale_min_k4 reads back.
+        let mut packed = [0u8; 12];
+        for j in 0..4 {
+            packed[j] = (sc[j] & 63) | ((sc[j + 4] >> 4) << 6);
+            packed[j + 4] = (mn[j] & 63) | ((mn[j + 4] >> 4) << 6);
+            packed[j + 8] = (sc[j + 4] & 0xF) | ((mn[j + 4] & 0xF) << 4);
+        }
+        out.extend_from_slice(&packed);
+        let mut q = [0u8; 256];
+        for (j, sub) in block.chunks(32).enumerate() {
+            let step = df * f32::from(sc[j]);
+            let offset = dminf * f32::from(mn[j]);
+            for (l, &v) in sub.iter().enumerate() {
+                q[32 * j + l] = if step > 0.0 {
+                    ((v + offset) / step).round().clamp(0.0, 15.0) as u8
+                } else {
+                    0
+                };
+            }
+        }
+        // Chunk c packs sub-block 2c in the low nibbles and 2c+1 in the high.
+        for c in 0..4 {
+            for l in 0..32 {
+                out.push(q[64 * c + l] | (q[64 * c + 32 + l] << 4));
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -251,6 +337,42 @@ mod tests {
         // magnitude is off by up to one whole step.
         for (a, b) in x.iter().zip(&y) {
             assert!((a - b).abs() <= 3.15 / 8.0 * 1.01, "{a} vs {b}");
+        }
+    }
+
+    #[test]
+    fn q4_k_round_trips_within_its_steps() {
+        // Sub-blocks of different ranges and offsets, including all-positive and constant.
+        let x: Vec<f32> = (0..512)
+            .map(|i| {
+                let sub = i / 32;
+                let t = ((i * 7919) % 97) as f32 / 96.0;
+                match sub % 4 {
+                    0 => t * 2.0 - 1.0,
+                    1 => t * 0.1 + 0.5,
+                    2 => 0.25,
+                    _ => (t - 0.5) * 8.0,
+                }
+            })
+            .collect();
+        let mut q = Vec::new();
+        quantize_q4_k(&x, &mut q);
+        assert_eq!(q.len(), 2 * 144);
+        let mut y = vec![0.0; 512];
+        dequantize(GgmlType::Q4K, &q, &mut y);
+        for sub in 0..16 {
+            let xs = &x[32 * sub..32 * sub + 32];
+            let range =
+                xs.iter().fold(0.0f32, |m, &v| m.max(v)) - xs.iter().fold(0.0f32, |m, &v| m.min(v));
+            // Half a 4-bit step, plus the 6-bit coding of the sub-block scale and minimum.
+            let allowed = range / 15.0 * 0.5 + range * 0.05 + 0.02;
+            for l in 0..32 {
+                let (a, b) = (xs[l], y[32 * sub + l]);
+                assert!(
+                    (a - b).abs() <= allowed,
+                    "sub {sub} element {l}: {a} vs {b}"
+                );
+            }
         }
     }
 }

@@ -26,6 +26,9 @@ pub struct ModelOptions {
     pub context: Option<u32>,
     /// Tokens processed per prompt submission.
     pub prefill_chunk: u32,
+    /// Quantize matrices to this block format while loading (Q8_0, Q4_0 or Q4_K); None keeps
+    /// `dtype`.
+    pub quantize: Option<crate::load::GgmlType>,
     /// Keep GGUF block-quantized weights in their format (fused dequantizing kernels) rather
     /// than expanding them to `dtype`.
     pub quantized: bool,
@@ -40,6 +43,7 @@ impl Default for ModelOptions {
             dtype: WeightDType::F16,
             context: None,
             prefill_chunk: 512,
+            quantize: None,
             quantized: true,
             lookahead: true,
         }
@@ -387,6 +391,7 @@ impl DecoderModel {
         let qkv_width = (heads + 2 * kv_heads) * hd;
         let mut up = Uploader::new(gpu, source, dtype);
         up.keep_quantized = opts.quantized;
+        up.quantize = opts.quantize;
 
         // Embeddings, final norm, LM head.
         let gpt2 = spec.arch == Arch::Gpt2;

@@ -4,7 +4,7 @@
 
 use crate::Error;
 use crate::gpu::{Gpu, StorageBuffer};
-use crate::load::quant::dequantize;
+use crate::load::quant::{dequantize, quantize_q4_0, quantize_q4_k, quantize_q8_0, random_blocks};
 use crate::load::{
     DecoderSpec, GgmlType, GgufFile, LoadError, SafeTensors, TensorView, gguf_tensor_name,
     unpermuted_row,
@@ -38,6 +38,9 @@ pub struct Uploader<'a> {
     pub bytes: u64,
     /// Keep block-quantized tensors (GGUF) in their format rather than expanding them.
     pub keep_quantized: bool,
+    /// Quantize other weight matrices to this block format while loading (rows that are not
+    /// whole blocks stay dense).
+    pub quantize: Option<GgmlType>,
     counter: u32,
 }
 
@@ -51,6 +54,7 @@ impl<'a> Uploader<'a> {
             dtype,
             bytes: 0,
             keep_quantized: true,
+            quantize: None,
             counter: 0,
         }
     }
@@ -126,6 +130,13 @@ impl<'a> Uploader<'a> {
             self.bytes += m.buffer.size;
             return Ok(m);
         }
+        let cols = parts.first().map_or(0, |p| p.cols);
+        if let Some(ty) = self.quantize
+            && !matches!(self.source, WeightSource::Gguf(..))
+            && cols as usize % ty.block_elems() == 0
+        {
+            return self.quantize_on_load(label, parts, transposed, ty);
+        }
         self.dense_matrix(label, parts, transposed)
     }
 
@@ -176,6 +187,71 @@ impl<'a> Uploader<'a> {
         )?))
     }
 
+    /// Calls `f` with every row of the matrix made of `parts`, as f32.
+    fn for_each_row(
+        &self,
+        parts: &[Part<'_>],
+        transposed: bool,
+        mut f: impl FnMut(&[f32]),
+    ) -> Result<(), Error> {
+        for part in parts {
+            let (r, c) = (part.rows as usize, part.cols as usize);
+            let shape = if transposed { [c, r] } else { [r, c] };
+            let view = self.tensor(part.name, &shape)?;
+            let dense = if transposed { Some(view.to_f32()) } else { None };
+            let mut row = vec![0.0f32; c];
+            for i in 0..r {
+                match &dense {
+                    Some(d) => {
+                        for (j, v) in row.iter_mut().enumerate() {
+                            *v = d[j * r + i];
+                        }
+                    }
+                    None => view.read_row(i, c, &mut row),
+                }
+                f(&row);
+            }
+        }
+        Ok(())
+    }
+
+    /// A matrix quantized while loading (`quantize`): from the file's rows, or random blocks.
+    fn quantize_on_load(
+        &mut self,
+        label: &str,
+        parts: &[Part<'_>],
+        transposed: bool,
+        ty: GgmlType,
+    ) -> Result<Matrix, Error> {
+        let cols = parts.first().map_or(0, |p| p.cols);
+        let rows: u32 = parts.iter().map(|p| p.rows).sum();
+        let blocks = if let WeightSource::Random { .. } = self.source {
+            let seed = self.next_seed();
+            random_blocks(ty, rows as usize * cols as usize / ty.block_elems(), seed)
+        } else {
+            let mut blocks = Vec::new();
+            let mut failed = None;
+            self.for_each_row(parts, transposed, |row| match ty {
+                GgmlType::Q8_0 => quantize_q8_0(row, &mut blocks),
+                GgmlType::Q4_0 => quantize_q4_0(row, &mut blocks),
+                GgmlType::Q4K => quantize_q4_k(row, &mut blocks),
+                other => failed = Some(other),
+            })?;
+            if let Some(other) = failed {
+                return Err(Error::Invalid(format!(
+                    "quantizing to {} while loading is not supported (q8_0, q4_0, q4_k are)",
+                    other.name()
+                )));
+            }
+            blocks
+        };
+        self.gpu
+            .check_binding_size(label, blocks.len() as u64 + blocks.len() as u64 / 8)?;
+        let m = Matrix::from_blocks(self.gpu, label, ty, &blocks, rows, cols)?;
+        self.bytes += m.buffer.size;
+        Ok(m)
+    }
+
     /// A matrix in the dense dtype; see [`Uploader::matrix`].
     pub fn dense_matrix(
         &mut self,
@@ -199,33 +275,14 @@ impl<'a> Uploader<'a> {
             WeightSource::Files(_) | WeightSource::Gguf(..) => {
                 let mut chunks: Vec<Vec<u8>> = Vec::new();
                 let stride = Matrix::padded_cols(cols) as usize;
-                for part in parts {
-                    let (r, c) = (part.rows as usize, part.cols as usize);
-                    let shape = if transposed { [c, r] } else { [r, c] };
-                    let view = self.tensor(part.name, &shape)?;
-                    let dense = if transposed {
-                        Some(view.to_f32())
-                    } else {
-                        None
-                    };
-                    let mut row = vec![0.0f32; c];
-                    for start in (0..r).step_by(ROWS_PER_CHUNK) {
-                        let end = (start + ROWS_PER_CHUNK).min(r);
-                        let mut bytes = Vec::with_capacity((end - start) * stride * 4);
-                        for i in start..end {
-                            match &dense {
-                                Some(d) => {
-                                    for (j, v) in row.iter_mut().enumerate() {
-                                        *v = d[j * r + i];
-                                    }
-                                }
-                                None => view.read_row(i, c, &mut row),
-                            }
-                            encode_row(&row, stride, self.dtype, &mut bytes);
-                        }
-                        chunks.push(bytes);
+                let mut bytes = Vec::new();
+                self.for_each_row(parts, transposed, |row| {
+                    encode_row(row, stride, self.dtype, &mut bytes);
+                    if bytes.len() >= ROWS_PER_CHUNK * stride * 4 {
+                        chunks.push(std::mem::take(&mut bytes));
                     }
-                }
+                })?;
+                chunks.push(bytes);
                 self.gpu.storage_from_chunks(label, size, chunks)?
             }
         };
