@@ -1356,3 +1356,28 @@ fn quantized_matmul_matches_cpu_dequantize() {
         }
     }
 }
+
+#[test]
+fn sum_reduce_matches_cpu() {
+    let gpu = gpu();
+    let mut rng = Rng::new(31);
+    // Lengths that are not multiples of the workgroup or of the four-load unroll.
+    for &(len, groups) in &[(4usize, 1u32), (1028, 3), (40_004, 7), (262_148, 64)] {
+        let x = rng.vec(len, 1.0);
+        let xb = buf(&gpu, &x);
+        let partials = gpu
+            .storage("partials", u64::from(groups) * 4)
+            .expect("partials");
+        let op = SumReduce::new(&gpu, &xb, &partials, groups).expect("reduce");
+        let mut rec = Recorder::new(&gpu);
+        op.encode(&mut rec);
+        rec.submit();
+        let got: f32 = read(&gpu, &partials, groups as usize).iter().sum();
+        let want: f64 = x.iter().map(|v| f64::from(*v)).sum();
+        let scale: f64 = x.iter().map(|v| f64::from(v.abs())).sum();
+        assert!(
+            (f64::from(got) - want).abs() <= 1e-5 * scale,
+            "len {len}: {got} vs {want}"
+        );
+    }
+}

@@ -253,7 +253,11 @@ fn quantizing_while_loading_shrinks_weights_and_keeps_logits_close() {
         (backpack_engine::load::GgmlType::Q4_0, 8.0),
     ] {
         let mut m = load(Some(ty));
-        assert!(m.model.weight_bytes() < f16, "{ty:?} {} vs f16 {f16}", m.model.weight_bytes());
+        assert!(
+            m.model.weight_bytes() < f16,
+            "{ty:?} {} vs f16 {f16}",
+            m.model.weight_bytes()
+        );
         let vocab = m.model.spec().vocab as usize;
         let mut worst = 0.0f32;
         for c in &g.cases {

@@ -37,6 +37,10 @@ pub struct BenchArgs {
     top_k: u32,
     #[arg(long, default_value_t = 1.0)]
     top_p: f32,
+    /// Also measure the GPU's read bandwidth with a plain streaming reduction and report the
+    /// fraction of it that decoding achieves.
+    #[arg(long)]
+    bandwidth: bool,
     /// Wait for every decode step before submitting the next (no lookahead).
     #[arg(long)]
     sync: bool,
@@ -120,6 +124,11 @@ pub fn run(args: BenchArgs, adapter: Option<&str>) -> Result<()> {
     let decode_tps = decoded / best.decode.as_secs_f64();
     let encode_us = best.encode.as_secs_f64() * 1e6 / decoded.max(1.0);
     let weights_gb = model.weight_bytes() as f64 / 1e9;
+    let bandwidth = if args.bandwidth {
+        Some(read_bandwidth(&gpu)?)
+    } else {
+        None
+    };
     let dispatches = model.dispatches_per_token();
     if args.json {
         println!(
@@ -144,6 +153,8 @@ pub fn run(args: BenchArgs, adapter: Option<&str>) -> Result<()> {
                 "dispatches_per_token": dispatches,
                 "encode_us_per_token": encode_us,
                 "weight_read_gb_s": weights_gb * decode_tps,
+                "read_bandwidth_gb_s": bandwidth,
+                "bandwidth_fraction": bandwidth.map(|b| weights_gb * decode_tps / b),
             })
         );
     } else {
@@ -179,6 +190,13 @@ pub fn run(args: BenchArgs, adapter: Option<&str>) -> Result<()> {
         );
         println!("encode       {:.1} µs CPU per token", encode_us);
         println!("weight read  {:.0} GB/s", weights_gb * decode_tps);
+        if let Some(b) = bandwidth {
+            println!(
+                "bandwidth    {:.0} GB/s streaming read; decode reads weights at {:.0}% of it",
+                b,
+                100.0 * weights_gb * decode_tps / b
+            );
+        }
     }
     if args.profile {
         let show = |what: &str, timings: Vec<backpack_engine::gpu::KernelTiming>| {
@@ -200,4 +218,36 @@ pub fn run(args: BenchArgs, adapter: Option<&str>) -> Result<()> {
         show("one decode step", model.profile_decode()?);
     }
     Ok(())
+}
+
+/// GB/s of a plain streaming read (a sum over the largest buffer the GPU binds, up to 1 GiB).
+fn read_bandwidth(gpu: &backpack_engine::gpu::Gpu) -> Result<f64> {
+    use backpack_engine::gpu::Recorder;
+    use backpack_engine::ops::{SumReduce, WeightDType, fill_random};
+    let bytes =
+        (1u64 << 30).min(gpu.caps().max_storage_binding.min(gpu.caps().max_buffer)) / 16 * 16;
+    let input = gpu.storage("bandwidth input", bytes)?;
+    fill_random(gpu, &input, WeightDType::F32, 7, 1.0, false)?;
+    let groups = 4096;
+    let partials = gpu.storage("bandwidth partials", u64::from(groups) * 4)?;
+    let op = SumReduce::new(gpu, &input, &partials, groups)?;
+    let run = |n: u32| -> Result<Duration> {
+        let t = Instant::now();
+        let mut rec = Recorder::new(gpu);
+        for _ in 0..n {
+            op.encode(&mut rec);
+        }
+        rec.submit();
+        gpu.wait()?;
+        Ok(t.elapsed())
+    };
+    run(3)?;
+    let n = 30;
+    let best = (0..3)
+        .map(|_| run(n))
+        .collect::<Result<Vec<_>>>()?
+        .into_iter()
+        .min()
+        .context("runs")?;
+    Ok(f64::from(n) * bytes as f64 / best.as_secs_f64() / 1e9)
 }

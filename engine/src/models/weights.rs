@@ -133,7 +133,7 @@ impl<'a> Uploader<'a> {
         let cols = parts.first().map_or(0, |p| p.cols);
         if let Some(ty) = self.quantize
             && !matches!(self.source, WeightSource::Gguf(..))
-            && cols as usize % ty.block_elems() == 0
+            && (cols as usize).is_multiple_of(ty.block_elems())
         {
             return self.quantize_on_load(label, parts, transposed, ty);
         }
@@ -198,7 +198,11 @@ impl<'a> Uploader<'a> {
             let (r, c) = (part.rows as usize, part.cols as usize);
             let shape = if transposed { [c, r] } else { [r, c] };
             let view = self.tensor(part.name, &shape)?;
-            let dense = if transposed { Some(view.to_f32()) } else { None };
+            let dense = if transposed {
+                Some(view.to_f32())
+            } else {
+                None
+            };
             let mut row = vec![0.0f32; c];
             for i in 0..r {
                 match &dense {

@@ -7,6 +7,7 @@ mod fill;
 mod matmul;
 mod matvec;
 mod norm;
+mod reduce;
 mod rope;
 mod sample;
 
@@ -16,6 +17,7 @@ pub use fill::{fill_random, fill_value};
 pub use matmul::{MatMul, MatMulOptions, k_slices};
 pub use matvec::{MatVec, MatVecOptions, SplitAttention};
 pub use norm::{Norm, NormKind};
+pub use reduce::SumReduce;
 
 pub use rope::{RopeKv, RopeTable};
 pub use sample::{Sample, SamplerParams};
