@@ -249,17 +249,10 @@ fn main(
     if (live) {
 #if QUANT
         for (var sb = lane; sb < {{SUBS}}u; sb += {{TPR}}u) {
-            let wq = q_sub(row, sb, p.q_scales);
+            acc += q_dot(row, sb, p.q_scales, base);
 #if GLU
-            let wu = q_sub(row + p.n, sb, p.q_scales);
+            acc_up += q_dot(row + p.n, sb, p.q_scales, base);
 #endif
-            for (var j = 0u; j < 8u; j++) {
-                let xv = xin4(base, 32u * sb + 4u * j);
-                acc += dot(wq[j], xv);
-#if GLU
-                acc_up += dot(wu[j], xv);
-#endif
-            }
         }
 #else
         let wrow = row * {{ROW_VECS}}u;

@@ -4,7 +4,9 @@
 // (d, and m or dmin where the format has one) at word `scales`. A row is a whole number of
 // blocks; `q_sub` returns the 32 weights of one 32-element sub-block as eight vec4s.
 //
-// Defines: one of Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K; SUBS (sub-blocks per row).
+// Defines: one of Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K; SUBS (sub-blocks per row);
+// QDOT (the including kernel provides xin4, and gets q_dot: decode fused into the product,
+// with no per-invocation array, which GPUs would keep in slow local memory).
 
 @group(0) @binding(3) var<storage, read> qw: array<u32>;
 
@@ -161,3 +163,121 @@ fn q_sub(row: u32, s: u32, scales: u32) -> array<vec4<f32>, 8> {
 #endif
     return out;
 }
+
+#if QDOT
+// The dot product of the 32 weights of sub-block `s` of row `row` with the matching inputs
+// (xin4 of the including kernel), without materialising the weights in an array.
+fn q_dot(row: u32, s: u32, scales: u32, xbase: u32) -> f32 {
+    var acc = 0.0;
+#if Q8_0
+    let blk = row * {{SUBS}}u + s;
+    let d = scale_half(scales, blk);
+    for (var j = 0u; j < 8u; j++) {
+        acc += dot(bytes_i8(qw[blk * 8u + j]) * d, xin4(xbase, 32u * s + 4u * (j)));
+    }
+#endif
+#if Q4_0
+    let blk = row * {{SUBS}}u + s;
+    let d = scale_half(scales, blk);
+    for (var j = 0u; j < 4u; j++) {
+        let w = qw[blk * 4u + j];
+        acc += dot((nib_lo(w) - 8.0) * d, xin4(xbase, 32u * s + 4u * (j)));
+        acc += dot((nib_hi(w) - 8.0) * d, xin4(xbase, 32u * s + 4u * (j + 4u)));
+    }
+#endif
+#if Q4_1
+    let blk = row * {{SUBS}}u + s;
+    let d = scale_half(scales, 2u * blk);
+    let m = scale_half(scales, 2u * blk + 1u);
+    for (var j = 0u; j < 4u; j++) {
+        let w = qw[blk * 4u + j];
+        acc += dot(nib_lo(w) * d + m, xin4(xbase, 32u * s + 4u * (j)));
+        acc += dot(nib_hi(w) * d + m, xin4(xbase, 32u * s + 4u * (j + 4u)));
+    }
+#endif
+#if Q5_0
+    let blk = row * {{SUBS}}u + s;
+    let d = scale_half(scales, blk);
+    let qh = qw[blk * 5u + 4u];
+    for (var j = 0u; j < 4u; j++) {
+        let w = qw[blk * 5u + j];
+        // Element e takes bit e of qh as its fifth bit.
+        let h_lo = vec4<f32>(vec4<u32>((qh >> (4u * j)) & 1u, (qh >> (4u * j + 1u)) & 1u,
+                                      (qh >> (4u * j + 2u)) & 1u, (qh >> (4u * j + 3u)) & 1u));
+        let h_hi = vec4<f32>(vec4<u32>((qh >> (16u + 4u * j)) & 1u, (qh >> (17u + 4u * j)) & 1u,
+                                      (qh >> (18u + 4u * j)) & 1u, (qh >> (19u + 4u * j)) & 1u));
+        acc += dot((nib_lo(w) + 16.0 * h_lo - 16.0) * d, xin4(xbase, 32u * s + 4u * (j)));
+        acc += dot((nib_hi(w) + 16.0 * h_hi - 16.0) * d, xin4(xbase, 32u * s + 4u * (j + 4u)));
+    }
+#endif
+#if Q5_1
+    let blk = row * {{SUBS}}u + s;
+    let d = scale_half(scales, 2u * blk);
+    let m = scale_half(scales, 2u * blk + 1u);
+    let qh = qw[blk * 5u + 4u];
+    for (var j = 0u; j < 4u; j++) {
+        let w = qw[blk * 5u + j];
+        let h_lo = vec4<f32>(vec4<u32>((qh >> (4u * j)) & 1u, (qh >> (4u * j + 1u)) & 1u,
+                                      (qh >> (4u * j + 2u)) & 1u, (qh >> (4u * j + 3u)) & 1u));
+        let h_hi = vec4<f32>(vec4<u32>((qh >> (16u + 4u * j)) & 1u, (qh >> (17u + 4u * j)) & 1u,
+                                      (qh >> (18u + 4u * j)) & 1u, (qh >> (19u + 4u * j)) & 1u));
+        acc += dot((nib_lo(w) + 16.0 * h_lo) * d + m, xin4(xbase, 32u * s + 4u * (j)));
+        acc += dot((nib_hi(w) + 16.0 * h_hi) * d + m, xin4(xbase, 32u * s + 4u * (j + 4u)));
+    }
+#endif
+#if Q4_K
+    // 144-byte blocks = 36 words: d|dmin, 12 scale bytes, 128 quant bytes.
+    let base = (row * ({{SUBS}}u / 8u) + s / 8u) * 36u;
+    let sub = s % 8u;
+    let dd = unpack2x16float(qw[base]);
+    let sm = scale_min_k4(base, sub);
+    let scale = dd.x * sm.x;
+    let shift = dd.y * sm.y;
+    let qs = base + 4u + 8u * (sub / 2u);
+    for (var j = 0u; j < 8u; j++) {
+        let w = qw[qs + j];
+        let q = select(nib_hi(w), nib_lo(w), sub % 2u == 0u);
+        acc += dot(scale * q - shift, xin4(xbase, 32u * s + 4u * (j)));
+    }
+#endif
+#if Q5_K
+    // 176-byte blocks = 44 words: d|dmin, 12 scale bytes, 32 high-bit bytes, 128 quant bytes.
+    let base = (row * ({{SUBS}}u / 8u) + s / 8u) * 44u;
+    let sub = s % 8u;
+    let dd = unpack2x16float(qw[base]);
+    let sm = scale_min_k4(base, sub);
+    let scale = dd.x * sm.x;
+    let shift = dd.y * sm.y;
+    let qs = base + 12u + 8u * (sub / 2u);
+    for (var j = 0u; j < 8u; j++) {
+        let w = qw[qs + j];
+        let q = select(nib_hi(w), nib_lo(w), sub % 2u == 0u) + 16.0 * bits4(qw[base + 4u + j], sub);
+        acc += dot(scale * q - shift, xin4(xbase, 32u * s + 4u * (j)));
+    }
+#endif
+#if Q6_K
+    // 208 payload bytes = 52 words: 128 low-nibble bytes, 64 high-bit bytes, 16 i8 scales.
+    let blk = row * ({{SUBS}}u / 8u) + s / 8u;
+    let base = blk * 52u;
+    let sub = s % 8u;
+    let half_ = sub / 4u;
+    let part = sub % 4u;
+    let d = scale_half(scales, blk);
+    let ql = base + 16u * half_ + 8u * (part % 2u);
+    let qh = base + 32u + 8u * half_;
+    for (var j = 0u; j < 8u; j++) {
+        let lo = select(nib_hi(qw[ql + j]), nib_lo(qw[ql + j]), part < 2u);
+        let h = qw[qh + j];
+        let shift = 2u * part;
+        let hi = vec4<f32>(vec4<u32>((h >> shift) & 3u, (h >> (shift + 8u)) & 3u,
+                                     (h >> (shift + 16u)) & 3u, (h >> (shift + 24u)) & 3u));
+        // Scales: one i8 per 16 elements.
+        let sc_index = 8u * half_ + 2u * part + j / 4u;
+        let sc_word = qw[base + 48u + sc_index / 4u];
+        let sc = f32(i32(sc_word << (24u - 8u * (sc_index % 4u))) >> 24u);
+        acc += dot((d * sc) * (lo + 16.0 * hi - 32.0), xin4(xbase, 32u * s + 4u * (j)));
+    }
+#endif
+    return acc;
+}
+#endif

@@ -84,6 +84,7 @@ impl MatVec {
         let xvec4 = w.cols.is_multiple_of(4);
         let heads = opts.combine.as_ref().map_or(1, |c| c.heads);
         let mut defines = w.defines();
+        defines.push(("QDOT", "1".into()));
         defines.extend(gelu_flags(opts.gelu));
         defines.extend([
             ("WG", WG.to_string()),
