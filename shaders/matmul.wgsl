@@ -90,10 +90,9 @@ fn main(
             var a = vec4<f32>(0.0);
             var b = vec4<f32>(0.0);
             if (n0 + nn < p.n && kk < k_end) {
-                let sub = q_sub(n0 + nn, kk / 32u, p.q_scales);
-                let j = (kk % 32u) / 4u;
-                a = sub[j];
-                b = sub[j + 1u];
+                let pair = q_pair(n0 + nn, kk / 32u, p.q_scales, (kk % 32u) / 4u);
+                a = pair.a;
+                b = pair.b;
             }
             for (var c = 0u; c < 4u; c++) {
                 ws[(8u * hh + c) * 16u + nn / 4u][nn % 4u] = a[c];

@@ -2,7 +2,8 @@
 // at load into two u32-aligned regions of one buffer: every block's payload (quants, and for
 // the K formats their packed sub-block scales) as whole words, then the f16 block scales
 // (d, and m or dmin where the format has one) at word `scales`. A row is a whole number of
-// blocks; `q_sub` returns the 32 weights of one 32-element sub-block as eight vec4s.
+// blocks, decoded in 32-element sub-blocks: `q_dot` (decode products) multiplies one with the
+// inputs as it decodes, `q_pair` (prompt products) yields eight of its weights.
 //
 // Defines: one of Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K; SUBS (sub-blocks per row);
 // QDOT (the including kernel provides xin4, and gets q_dot: decode fused into the product,
@@ -49,14 +50,24 @@ fn scale_min_k4(base: u32, j: u32) -> vec2<f32> {
     return vec2<f32>(f32(sc), f32(m));
 }
 
-// The 32 weights of sub-block `s` (0..SUBS) of matrix row `row`.
-fn q_sub(row: u32, s: u32, scales: u32) -> array<vec4<f32>, 8> {
-    var out: array<vec4<f32>, 8>;
+struct QPair {
+    a: vec4<f32>,
+    b: vec4<f32>,
+}
+
+// Weights 4·j0 .. 4·j0 + 8 of sub-block `s` of row `row` (j0 even): what one invocation
+// stages for a prompt-product tile, with no per-invocation array.
+fn q_pair(row: u32, s: u32, scales: u32, j0: u32) -> QPair {
+    var out: QPair;
 #if Q8_0
     let blk = row * {{SUBS}}u + s;
     let d = scale_half(scales, blk);
     for (var j = 0u; j < 8u; j++) {
-        out[j] = bytes_i8(qw[blk * 8u + j]) * d;
+        if ((j) == j0) {
+            out.a = bytes_i8(qw[blk * 8u + j]) * d;
+        } else if ((j) == j0 + 1u) {
+            out.b = bytes_i8(qw[blk * 8u + j]) * d;
+        }
     }
 #endif
 #if Q4_0
@@ -64,8 +75,16 @@ fn q_sub(row: u32, s: u32, scales: u32) -> array<vec4<f32>, 8> {
     let d = scale_half(scales, blk);
     for (var j = 0u; j < 4u; j++) {
         let w = qw[blk * 4u + j];
-        out[j] = (nib_lo(w) - 8.0) * d;
-        out[j + 4u] = (nib_hi(w) - 8.0) * d;
+        if ((j) == j0) {
+            out.a = (nib_lo(w) - 8.0) * d;
+        } else if ((j) == j0 + 1u) {
+            out.b = (nib_lo(w) - 8.0) * d;
+        }
+        if ((j + 4u) == j0) {
+            out.a = (nib_hi(w) - 8.0) * d;
+        } else if ((j + 4u) == j0 + 1u) {
+            out.b = (nib_hi(w) - 8.0) * d;
+        }
     }
 #endif
 #if Q4_1
@@ -74,8 +93,16 @@ fn q_sub(row: u32, s: u32, scales: u32) -> array<vec4<f32>, 8> {
     let m = scale_half(scales, 2u * blk + 1u);
     for (var j = 0u; j < 4u; j++) {
         let w = qw[blk * 4u + j];
-        out[j] = nib_lo(w) * d + m;
-        out[j + 4u] = nib_hi(w) * d + m;
+        if ((j) == j0) {
+            out.a = nib_lo(w) * d + m;
+        } else if ((j) == j0 + 1u) {
+            out.b = nib_lo(w) * d + m;
+        }
+        if ((j + 4u) == j0) {
+            out.a = nib_hi(w) * d + m;
+        } else if ((j + 4u) == j0 + 1u) {
+            out.b = nib_hi(w) * d + m;
+        }
     }
 #endif
 #if Q5_0
@@ -89,8 +116,16 @@ fn q_sub(row: u32, s: u32, scales: u32) -> array<vec4<f32>, 8> {
                                       (qh >> (4u * j + 2u)) & 1u, (qh >> (4u * j + 3u)) & 1u));
         let h_hi = vec4<f32>(vec4<u32>((qh >> (16u + 4u * j)) & 1u, (qh >> (17u + 4u * j)) & 1u,
                                       (qh >> (18u + 4u * j)) & 1u, (qh >> (19u + 4u * j)) & 1u));
-        out[j] = (nib_lo(w) + 16.0 * h_lo - 16.0) * d;
-        out[j + 4u] = (nib_hi(w) + 16.0 * h_hi - 16.0) * d;
+        if ((j) == j0) {
+            out.a = (nib_lo(w) + 16.0 * h_lo - 16.0) * d;
+        } else if ((j) == j0 + 1u) {
+            out.b = (nib_lo(w) + 16.0 * h_lo - 16.0) * d;
+        }
+        if ((j + 4u) == j0) {
+            out.a = (nib_hi(w) + 16.0 * h_hi - 16.0) * d;
+        } else if ((j + 4u) == j0 + 1u) {
+            out.b = (nib_hi(w) + 16.0 * h_hi - 16.0) * d;
+        }
     }
 #endif
 #if Q5_1
@@ -104,8 +139,16 @@ fn q_sub(row: u32, s: u32, scales: u32) -> array<vec4<f32>, 8> {
                                       (qh >> (4u * j + 2u)) & 1u, (qh >> (4u * j + 3u)) & 1u));
         let h_hi = vec4<f32>(vec4<u32>((qh >> (16u + 4u * j)) & 1u, (qh >> (17u + 4u * j)) & 1u,
                                       (qh >> (18u + 4u * j)) & 1u, (qh >> (19u + 4u * j)) & 1u));
-        out[j] = (nib_lo(w) + 16.0 * h_lo) * d + m;
-        out[j + 4u] = (nib_hi(w) + 16.0 * h_hi) * d + m;
+        if ((j) == j0) {
+            out.a = (nib_lo(w) + 16.0 * h_lo) * d + m;
+        } else if ((j) == j0 + 1u) {
+            out.b = (nib_lo(w) + 16.0 * h_lo) * d + m;
+        }
+        if ((j + 4u) == j0) {
+            out.a = (nib_hi(w) + 16.0 * h_hi) * d + m;
+        } else if ((j + 4u) == j0 + 1u) {
+            out.b = (nib_hi(w) + 16.0 * h_hi) * d + m;
+        }
     }
 #endif
 #if Q4_K
@@ -120,7 +163,11 @@ fn q_sub(row: u32, s: u32, scales: u32) -> array<vec4<f32>, 8> {
     for (var j = 0u; j < 8u; j++) {
         let w = qw[qs + j];
         let q = select(nib_hi(w), nib_lo(w), sub % 2u == 0u);
-        out[j] = scale * q - shift;
+        if ((j) == j0) {
+            out.a = scale * q - shift;
+        } else if ((j) == j0 + 1u) {
+            out.b = scale * q - shift;
+        }
     }
 #endif
 #if Q5_K
@@ -135,7 +182,11 @@ fn q_sub(row: u32, s: u32, scales: u32) -> array<vec4<f32>, 8> {
     for (var j = 0u; j < 8u; j++) {
         let w = qw[qs + j];
         let q = select(nib_hi(w), nib_lo(w), sub % 2u == 0u) + 16.0 * bits4(qw[base + 4u + j], sub);
-        out[j] = scale * q - shift;
+        if ((j) == j0) {
+            out.a = scale * q - shift;
+        } else if ((j) == j0 + 1u) {
+            out.b = scale * q - shift;
+        }
     }
 #endif
 #if Q6_K
@@ -158,7 +209,11 @@ fn q_sub(row: u32, s: u32, scales: u32) -> array<vec4<f32>, 8> {
         let sc_index = 8u * half_ + 2u * part + j / 4u;
         let sc_word = qw[base + 48u + sc_index / 4u];
         let sc = f32(i32(sc_word << (24u - 8u * (sc_index % 4u))) >> 24u);
-        out[j] = (d * sc) * (lo + 16.0 * hi - 32.0);
+        if ((j) == j0) {
+            out.a = (d * sc) * (lo + 16.0 * hi - 32.0);
+        } else if ((j) == j0 + 1u) {
+            out.b = (d * sc) * (lo + 16.0 * hi - 32.0);
+        }
     }
 #endif
     return out;
