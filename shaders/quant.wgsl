@@ -35,18 +35,24 @@ fn scale_half(scales: u32, index: u32) -> f32 {
     return unpack2x16float(qw[scales + index / 2u])[index % 2u];
 }
 
-// Byte k of the 12 packed 6-bit scales of the K block whose payload starts at word `base`.
-fn k_scale_byte(base: u32, k: u32) -> u32 {
-    return (qw[base + 1u + k / 4u] >> (8u * (k % 4u))) & 0xFFu;
+// Byte k of the 12 packed 6-bit scales of a Q4_K/Q5_K block, held in three words.
+fn k_scale_byte(w0: u32, w1: u32, w2: u32, k: u32) -> u32 {
+    let word = select(select(w2, w1, k < 8u), w0, k < 4u);
+    return (word >> (8u * (k % 4u))) & 0xFFu;
 }
 
-// (scale, min) of sub-block j of a Q4_K / Q5_K block.
+// (scale, min) of sub-block j of the Q4_K / Q5_K block whose payload starts at word `base`.
 fn scale_min_k4(base: u32, j: u32) -> vec2<f32> {
+    let w0 = qw[base + 1u];
+    let w1 = qw[base + 2u];
+    let w2 = qw[base + 3u];
     if (j < 4u) {
-        return vec2<f32>(f32(k_scale_byte(base, j) & 63u), f32(k_scale_byte(base, j + 4u) & 63u));
+        return vec2<f32>(f32(k_scale_byte(w0, w1, w2, j) & 63u),
+                         f32(k_scale_byte(w0, w1, w2, j + 4u) & 63u));
     }
-    let sc = (k_scale_byte(base, j + 4u) & 0xFu) | ((k_scale_byte(base, j - 4u) >> 6u) << 4u);
-    let m = (k_scale_byte(base, j + 4u) >> 4u) | ((k_scale_byte(base, j) >> 6u) << 4u);
+    let hi = k_scale_byte(w0, w1, w2, j + 4u);
+    let sc = (hi & 0xFu) | ((k_scale_byte(w0, w1, w2, j - 4u) >> 6u) << 4u);
+    let m = (hi >> 4u) | ((k_scale_byte(w0, w1, w2, j) >> 6u) << 4u);
     return vec2<f32>(f32(sc), f32(m));
 }
 
