@@ -56,185 +56,37 @@ fn scale_min_k4(base: u32, j: u32) -> vec2<f32> {
     return vec2<f32>(f32(sc), f32(m));
 }
 
+// The decoding of one 32-weight sub-block `s` of row `row`, written once: every
+// `EMIT(j; value);` line gives weights 4j..4j+3 as a vec4. The engine expands it into `q_dot`
+// (decode products: multiplied with the inputs as they are decoded, using the including
+// kernel's xin4) and `q_pair` (prompt-product tiles: weights 4·j0 .. 4·j0 + 8), so neither
+// keeps a per-invocation array, which GPUs would place in slow local memory.
 struct QPair {
     a: vec4<f32>,
     b: vec4<f32>,
 }
 
-// Weights 4·j0 .. 4·j0 + 8 of sub-block `s` of row `row` (j0 even): what one invocation
-// stages for a prompt-product tile, with no per-invocation array.
-fn q_pair(row: u32, s: u32, scales: u32, j0: u32) -> QPair {
-    var out: QPair;
-#if Q8_0
-    let blk = row * {{SUBS}}u + s;
-    let d = scale_half(scales, blk);
-    for (var j = 0u; j < 8u; j++) {
-        if ((j) == j0) {
-            out.a = bytes_i8(qw[blk * 8u + j]) * d;
-        } else if ((j) == j0 + 1u) {
-            out.b = bytes_i8(qw[blk * 8u + j]) * d;
-        }
-    }
-#endif
-#if Q4_0
-    let blk = row * {{SUBS}}u + s;
-    let d = scale_half(scales, blk);
-    for (var j = 0u; j < 4u; j++) {
-        let w = qw[blk * 4u + j];
-        if ((j) == j0) {
-            out.a = (nib_lo(w) - 8.0) * d;
-        } else if ((j) == j0 + 1u) {
-            out.b = (nib_lo(w) - 8.0) * d;
-        }
-        if ((j + 4u) == j0) {
-            out.a = (nib_hi(w) - 8.0) * d;
-        } else if ((j + 4u) == j0 + 1u) {
-            out.b = (nib_hi(w) - 8.0) * d;
-        }
-    }
-#endif
-#if Q4_1
-    let blk = row * {{SUBS}}u + s;
-    let d = scale_half(scales, 2u * blk);
-    let m = scale_half(scales, 2u * blk + 1u);
-    for (var j = 0u; j < 4u; j++) {
-        let w = qw[blk * 4u + j];
-        if ((j) == j0) {
-            out.a = nib_lo(w) * d + m;
-        } else if ((j) == j0 + 1u) {
-            out.b = nib_lo(w) * d + m;
-        }
-        if ((j + 4u) == j0) {
-            out.a = nib_hi(w) * d + m;
-        } else if ((j + 4u) == j0 + 1u) {
-            out.b = nib_hi(w) * d + m;
-        }
-    }
-#endif
-#if Q5_0
-    let blk = row * {{SUBS}}u + s;
-    let d = scale_half(scales, blk);
-    let qh = qw[blk * 5u + 4u];
-    for (var j = 0u; j < 4u; j++) {
-        let w = qw[blk * 5u + j];
-        // Element e takes bit e of qh as its fifth bit.
-        let h_lo = vec4<f32>(vec4<u32>((qh >> (4u * j)) & 1u, (qh >> (4u * j + 1u)) & 1u,
-                                      (qh >> (4u * j + 2u)) & 1u, (qh >> (4u * j + 3u)) & 1u));
-        let h_hi = vec4<f32>(vec4<u32>((qh >> (16u + 4u * j)) & 1u, (qh >> (17u + 4u * j)) & 1u,
-                                      (qh >> (18u + 4u * j)) & 1u, (qh >> (19u + 4u * j)) & 1u));
-        if ((j) == j0) {
-            out.a = (nib_lo(w) + 16.0 * h_lo - 16.0) * d;
-        } else if ((j) == j0 + 1u) {
-            out.b = (nib_lo(w) + 16.0 * h_lo - 16.0) * d;
-        }
-        if ((j + 4u) == j0) {
-            out.a = (nib_hi(w) + 16.0 * h_hi - 16.0) * d;
-        } else if ((j + 4u) == j0 + 1u) {
-            out.b = (nib_hi(w) + 16.0 * h_hi - 16.0) * d;
-        }
-    }
-#endif
-#if Q5_1
-    let blk = row * {{SUBS}}u + s;
-    let d = scale_half(scales, 2u * blk);
-    let m = scale_half(scales, 2u * blk + 1u);
-    let qh = qw[blk * 5u + 4u];
-    for (var j = 0u; j < 4u; j++) {
-        let w = qw[blk * 5u + j];
-        let h_lo = vec4<f32>(vec4<u32>((qh >> (4u * j)) & 1u, (qh >> (4u * j + 1u)) & 1u,
-                                      (qh >> (4u * j + 2u)) & 1u, (qh >> (4u * j + 3u)) & 1u));
-        let h_hi = vec4<f32>(vec4<u32>((qh >> (16u + 4u * j)) & 1u, (qh >> (17u + 4u * j)) & 1u,
-                                      (qh >> (18u + 4u * j)) & 1u, (qh >> (19u + 4u * j)) & 1u));
-        if ((j) == j0) {
-            out.a = (nib_lo(w) + 16.0 * h_lo) * d + m;
-        } else if ((j) == j0 + 1u) {
-            out.b = (nib_lo(w) + 16.0 * h_lo) * d + m;
-        }
-        if ((j + 4u) == j0) {
-            out.a = (nib_hi(w) + 16.0 * h_hi) * d + m;
-        } else if ((j + 4u) == j0 + 1u) {
-            out.b = (nib_hi(w) + 16.0 * h_hi) * d + m;
-        }
-    }
-#endif
-#if Q4_K
-    // 144-byte blocks = 36 words: d|dmin, 12 scale bytes, 128 quant bytes.
-    let base = (row * ({{SUBS}}u / 8u) + s / 8u) * 36u;
-    let sub = s % 8u;
-    let dd = unpack2x16float(qw[base]);
-    let sm = scale_min_k4(base, sub);
-    let scale = dd.x * sm.x;
-    let shift = dd.y * sm.y;
-    let qs = base + 4u + 8u * (sub / 2u);
-    for (var j = 0u; j < 8u; j++) {
-        let w = qw[qs + j];
-        let q = select(nib_hi(w), nib_lo(w), sub % 2u == 0u);
-        if ((j) == j0) {
-            out.a = scale * q - shift;
-        } else if ((j) == j0 + 1u) {
-            out.b = scale * q - shift;
-        }
-    }
-#endif
-#if Q5_K
-    // 176-byte blocks = 44 words: d|dmin, 12 scale bytes, 32 high-bit bytes, 128 quant bytes.
-    let base = (row * ({{SUBS}}u / 8u) + s / 8u) * 44u;
-    let sub = s % 8u;
-    let dd = unpack2x16float(qw[base]);
-    let sm = scale_min_k4(base, sub);
-    let scale = dd.x * sm.x;
-    let shift = dd.y * sm.y;
-    let qs = base + 12u + 8u * (sub / 2u);
-    for (var j = 0u; j < 8u; j++) {
-        let w = qw[qs + j];
-        let q = select(nib_hi(w), nib_lo(w), sub % 2u == 0u) + 16.0 * bits4(qw[base + 4u + j], sub);
-        if ((j) == j0) {
-            out.a = scale * q - shift;
-        } else if ((j) == j0 + 1u) {
-            out.b = scale * q - shift;
-        }
-    }
-#endif
-#if Q6_K
-    // 208 payload bytes = 52 words: 128 low-nibble bytes, 64 high-bit bytes, 16 i8 scales.
-    let blk = row * ({{SUBS}}u / 8u) + s / 8u;
-    let base = blk * 52u;
-    let sub = s % 8u;
-    let half_ = sub / 4u;
-    let part = sub % 4u;
-    let d = scale_half(scales, blk);
-    let ql = base + 16u * half_ + 8u * (part % 2u);
-    let qh = base + 32u + 8u * half_;
-    for (var j = 0u; j < 8u; j++) {
-        let lo = select(nib_hi(qw[ql + j]), nib_lo(qw[ql + j]), part < 2u);
-        let h = qw[qh + j];
-        let shift = 2u * part;
-        let hi = vec4<f32>(vec4<u32>((h >> shift) & 3u, (h >> (shift + 8u)) & 3u,
-                                     (h >> (shift + 16u)) & 3u, (h >> (shift + 24u)) & 3u));
-        // Scales: one i8 per 16 elements.
-        let sc_index = 8u * half_ + 2u * part + j / 4u;
-        let sc_word = qw[base + 48u + sc_index / 4u];
-        let sc = f32(i32(sc_word << (24u - 8u * (sc_index % 4u))) >> 24u);
-        if ((j) == j0) {
-            out.a = (d * sc) * (lo + 16.0 * hi - 32.0);
-        } else if ((j) == j0 + 1u) {
-            out.b = (d * sc) * (lo + 16.0 * hi - 32.0);
-        }
-    }
-#endif
-    return out;
-}
-
 #if QDOT
-// The dot product of the 32 weights of sub-block `s` of row `row` with the matching inputs
-// (xin4 of the including kernel), without materialising the weights in an array.
 fn q_dot(row: u32, s: u32, scales: u32, xbase: u32) -> f32 {
     var acc = 0.0;
+Q_DECODE_DOT
+    return acc;
+}
+#else
+fn q_pair(row: u32, s: u32, scales: u32, j0: u32) -> QPair {
+    var out: QPair;
+Q_DECODE_PAIR
+    return out;
+}
+#endif
+
+// Template of the sub-block decoding (see above).
+/*Q_DECODE_BEGIN
 #if Q8_0
     let blk = row * {{SUBS}}u + s;
     let d = scale_half(scales, blk);
     for (var j = 0u; j < 8u; j++) {
-        acc += dot(bytes_i8(qw[blk * 8u + j]) * d, xin4(xbase, 32u * s + 4u * (j)));
+        EMIT(j; bytes_i8(qw[blk * 8u + j]) * d);
     }
 #endif
 #if Q4_0
@@ -242,8 +94,8 @@ fn q_dot(row: u32, s: u32, scales: u32, xbase: u32) -> f32 {
     let d = scale_half(scales, blk);
     for (var j = 0u; j < 4u; j++) {
         let w = qw[blk * 4u + j];
-        acc += dot((nib_lo(w) - 8.0) * d, xin4(xbase, 32u * s + 4u * (j)));
-        acc += dot((nib_hi(w) - 8.0) * d, xin4(xbase, 32u * s + 4u * (j + 4u)));
+        EMIT(j; (nib_lo(w) - 8.0) * d);
+        EMIT(j + 4u; (nib_hi(w) - 8.0) * d);
     }
 #endif
 #if Q4_1
@@ -252,8 +104,8 @@ fn q_dot(row: u32, s: u32, scales: u32, xbase: u32) -> f32 {
     let m = scale_half(scales, 2u * blk + 1u);
     for (var j = 0u; j < 4u; j++) {
         let w = qw[blk * 4u + j];
-        acc += dot(nib_lo(w) * d + m, xin4(xbase, 32u * s + 4u * (j)));
-        acc += dot(nib_hi(w) * d + m, xin4(xbase, 32u * s + 4u * (j + 4u)));
+        EMIT(j; nib_lo(w) * d + m);
+        EMIT(j + 4u; nib_hi(w) * d + m);
     }
 #endif
 #if Q5_0
@@ -267,8 +119,8 @@ fn q_dot(row: u32, s: u32, scales: u32, xbase: u32) -> f32 {
                                       (qh >> (4u * j + 2u)) & 1u, (qh >> (4u * j + 3u)) & 1u));
         let h_hi = vec4<f32>(vec4<u32>((qh >> (16u + 4u * j)) & 1u, (qh >> (17u + 4u * j)) & 1u,
                                       (qh >> (18u + 4u * j)) & 1u, (qh >> (19u + 4u * j)) & 1u));
-        acc += dot((nib_lo(w) + 16.0 * h_lo - 16.0) * d, xin4(xbase, 32u * s + 4u * (j)));
-        acc += dot((nib_hi(w) + 16.0 * h_hi - 16.0) * d, xin4(xbase, 32u * s + 4u * (j + 4u)));
+        EMIT(j; (nib_lo(w) + 16.0 * h_lo - 16.0) * d);
+        EMIT(j + 4u; (nib_hi(w) + 16.0 * h_hi - 16.0) * d);
     }
 #endif
 #if Q5_1
@@ -282,8 +134,8 @@ fn q_dot(row: u32, s: u32, scales: u32, xbase: u32) -> f32 {
                                       (qh >> (4u * j + 2u)) & 1u, (qh >> (4u * j + 3u)) & 1u));
         let h_hi = vec4<f32>(vec4<u32>((qh >> (16u + 4u * j)) & 1u, (qh >> (17u + 4u * j)) & 1u,
                                       (qh >> (18u + 4u * j)) & 1u, (qh >> (19u + 4u * j)) & 1u));
-        acc += dot((nib_lo(w) + 16.0 * h_lo) * d + m, xin4(xbase, 32u * s + 4u * (j)));
-        acc += dot((nib_hi(w) + 16.0 * h_hi) * d + m, xin4(xbase, 32u * s + 4u * (j + 4u)));
+        EMIT(j; (nib_lo(w) + 16.0 * h_lo) * d + m);
+        EMIT(j + 4u; (nib_hi(w) + 16.0 * h_hi) * d + m);
     }
 #endif
 #if Q4_K
@@ -298,7 +150,7 @@ fn q_dot(row: u32, s: u32, scales: u32, xbase: u32) -> f32 {
     for (var j = 0u; j < 8u; j++) {
         let w = qw[qs + j];
         let q = select(nib_hi(w), nib_lo(w), sub % 2u == 0u);
-        acc += dot(scale * q - shift, xin4(xbase, 32u * s + 4u * (j)));
+        EMIT(j; scale * q - shift);
     }
 #endif
 #if Q5_K
@@ -313,7 +165,7 @@ fn q_dot(row: u32, s: u32, scales: u32, xbase: u32) -> f32 {
     for (var j = 0u; j < 8u; j++) {
         let w = qw[qs + j];
         let q = select(nib_hi(w), nib_lo(w), sub % 2u == 0u) + 16.0 * bits4(qw[base + 4u + j], sub);
-        acc += dot(scale * q - shift, xin4(xbase, 32u * s + 4u * (j)));
+        EMIT(j; scale * q - shift);
     }
 #endif
 #if Q6_K
@@ -336,9 +188,7 @@ fn q_dot(row: u32, s: u32, scales: u32, xbase: u32) -> f32 {
         let sc_index = 8u * half_ + 2u * part + j / 4u;
         let sc_word = qw[base + 48u + sc_index / 4u];
         let sc = f32(i32(sc_word << (24u - 8u * (sc_index % 4u))) >> 24u);
-        acc += dot((d * sc) * (lo + 16.0 * hi - 32.0), xin4(xbase, 32u * s + 4u * (j)));
+        EMIT(j; (d * sc) * (lo + 16.0 * hi - 32.0));
     }
 #endif
-    return acc;
-}
-#endif
+Q_DECODE_END*/

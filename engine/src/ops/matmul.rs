@@ -4,10 +4,6 @@ use super::{Gelu, Matrix, bind, flag, gelu_flags};
 use crate::gpu::{Gpu, GpuError, Kernel, Recorder, StorageBuffer, UniformBuffer};
 
 const SOURCE: &str = include_str!("../../../shaders/matmul.wgsl");
-const QUANT_SOURCE: &str = concat!(
-    include_str!("../../../shaders/quant.wgsl"),
-    include_str!("../../../shaders/matmul.wgsl")
-);
 const TILE: u32 = 64;
 
 #[repr(C)]
@@ -84,7 +80,7 @@ impl MatMul {
             flag("SPLIT_K", split),
         ]);
         let (family, source) = if w.quant.is_some() {
-            ("matmul_q", QUANT_SOURCE)
+            ("matmul_q", super::quant_source::QUANT_MATMUL.as_str())
         } else {
             ("matmul", SOURCE)
         };

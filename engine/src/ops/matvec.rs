@@ -4,10 +4,6 @@ use super::{Gelu, Matrix, NormKind, bind, flag, gelu_flags};
 use crate::gpu::{Gpu, GpuError, Kernel, Recorder, StorageBuffer, UniformBuffer};
 
 const SOURCE: &str = include_str!("../../../shaders/matvec.wgsl");
-const QUANT_SOURCE: &str = concat!(
-    include_str!("../../../shaders/quant.wgsl"),
-    include_str!("../../../shaders/matvec.wgsl")
-);
 const WG: u32 = 256;
 const XCACHE_MAX_BYTES: u64 = 16 * 1024;
 
@@ -107,7 +103,12 @@ impl MatVec {
             flag("RESIDUAL", opts.residual),
         ]);
         let kernel = if w.quant.is_some() {
-            gpu.kernel("matvec_q", QUANT_SOURCE, "main", &defines)?
+            gpu.kernel(
+                "matvec_q",
+                super::quant_source::QUANT_MATVEC.as_str(),
+                "main",
+                &defines,
+            )?
         } else {
             gpu.kernel("matvec", SOURCE, "main", &defines)?
         };

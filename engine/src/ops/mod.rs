@@ -7,6 +7,7 @@ mod fill;
 mod matmul;
 mod matvec;
 mod norm;
+mod quant_source;
 mod reduce;
 mod rope;
 mod sample;

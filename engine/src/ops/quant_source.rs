@@ -1,0 +1,70 @@
+//! Expands the sub-block decoding template of shaders/quant.wgsl (written once, with
+//! `EMIT(j; value);` lines) into the two functions kernels use: `q_dot` and `q_pair`.
+
+use std::sync::LazyLock;
+
+const QUANT: &str = include_str!("../../../shaders/quant.wgsl");
+
+fn expand(emit: impl Fn(&str, &str) -> String) -> String {
+    let begin = QUANT
+        .find("/*Q_DECODE_BEGIN")
+        .map(|i| i + "/*Q_DECODE_BEGIN".len());
+    let end = QUANT.find("Q_DECODE_END*/");
+    let (Some(begin), Some(end)) = (begin, end) else {
+        return String::new();
+    };
+    QUANT[begin..end]
+        .lines()
+        .map(|line| {
+            let trimmed = line.trim_start();
+            match trimmed
+                .strip_prefix("EMIT(")
+                .and_then(|rest| rest.strip_suffix(");"))
+                .and_then(|rest| rest.split_once("; "))
+            {
+                Some((index, value)) => {
+                    let indent = &line[..line.len() - trimmed.len()];
+                    format!("{indent}{}\n", emit(index, value))
+                }
+                None => format!("{line}\n"),
+            }
+        })
+        .collect()
+}
+
+/// quant.wgsl with its template expanded and the template itself removed.
+fn quant_source() -> String {
+    let dot = expand(|j, v| format!("acc += dot({v}, xin4(xbase, 32u * s + 4u * ({j})));"));
+    let pair = expand(|j, v| {
+        format!("if (({j}) == j0) {{ out.a = {v}; }} else if (({j}) == j0 + 1u) {{ out.b = {v}; }}")
+    });
+    let without_template = match QUANT.find("/*Q_DECODE_BEGIN") {
+        Some(i) => &QUANT[..i],
+        None => QUANT,
+    };
+    without_template
+        .replace("Q_DECODE_DOT\n", &dot)
+        .replace("Q_DECODE_PAIR\n", &pair)
+}
+
+/// The quantized decode product: quant.wgsl expanded, then matvec.wgsl.
+pub static QUANT_MATVEC: LazyLock<String> =
+    LazyLock::new(|| quant_source() + include_str!("../../../shaders/matvec.wgsl"));
+
+/// The quantized prompt product: quant.wgsl expanded, then matmul.wgsl.
+pub static QUANT_MATMUL: LazyLock<String> =
+    LazyLock::new(|| quant_source() + include_str!("../../../shaders/matmul.wgsl"));
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn every_emit_is_expanded() {
+        for source in [super::QUANT_MATVEC.as_str(), super::QUANT_MATMUL.as_str()] {
+            let starts = |prefix: &str| source.lines().any(|l| l.trim_start().starts_with(prefix));
+            assert!(!starts("EMIT("));
+            assert!(!starts("Q_DECODE") && !source.contains("/*Q_DECODE"));
+            assert!(source.contains("out.a = "));
+            assert!(source.contains("acc += dot("));
+        }
+    }
+}
