@@ -61,7 +61,13 @@ impl MatVec {
     ) -> Result<Self, GpuError> {
         let n = if opts.glu { w.rows / 2 } else { w.rows };
         // More lanes per row for long rows keeps enough loads in flight per row.
-        let tpr: u32 = if w.cols >= 4096 { 64 } else { 32 };
+        // Quantized rows: 64 lanes per row measured fastest on an H100 for every block format
+        // (Qwen2.5-1.5B Q4_K: 317 tok/s against 295 with 32 lanes and 263 with 128).
+        let tpr: u32 = if w.cols >= 4096 || w.quant.is_some() {
+            64
+        } else {
+            32
+        };
         let caps = gpu.caps();
         let subgroups = caps.subgroups && caps.subgroup_max_size <= tpr;
         let xcache = Self::stages_input(gpu, w.cols);
