@@ -60,12 +60,19 @@ fn scale_min_k4(base: u32, j: u32) -> vec2<f32> {
 // `EMIT(j; value);` line gives weights 4j..4j+3 as a vec4. The engine expands it into `q_dot`
 // (decode products: multiplied with the inputs as they are decoded, using the including
 // kernel's xin4) and `q_pair` (prompt-product tiles: weights 4·j0 .. 4·j0 + 8), so neither
-// keeps a per-invocation array, which GPUs would place in slow local memory.
+// keeps a per-invocation array, which GPUs would place in slow local memory; and `q_store`
+// (expansion to dense f16 for prompt products).
 struct QPair {
     a: vec4<f32>,
     b: vec4<f32>,
 }
 
+#if QSTORE
+// Writes the 32 weights of sub-block `s` of row `row` as f16 pairs from word `out` of `dense`.
+fn q_store(row: u32, s: u32, scales: u32, out: u32) {
+Q_DECODE_STORE
+}
+#else
 #if QDOT
 fn q_dot(row: u32, s: u32, scales: u32, xbase: u32) -> f32 {
     var acc = 0.0;
@@ -78,6 +85,7 @@ fn q_pair(row: u32, s: u32, scales: u32, j0: u32) -> QPair {
 Q_DECODE_PAIR
     return out;
 }
+#endif
 #endif
 
 // Template of the sub-block decoding (see above).

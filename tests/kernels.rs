@@ -1381,3 +1381,43 @@ fn sum_reduce_matches_cpu() {
         );
     }
 }
+
+/// Expansion of block-quantized matrices to dense f16 for prompt products.
+#[test]
+fn dequantize_to_f16_matches_cpu() {
+    let gpu = gpu();
+    let mut rng = Rng::new(41);
+    for ty in QUANT_TYPES {
+        let (rows, cols) = (7usize, 512usize);
+        let blocks = random_blocks(&mut rng, ty, rows, cols);
+        let mut want = vec![0.0f32; rows * cols];
+        dequantize(ty, &blocks, &mut want);
+        let wm = Matrix::from_blocks(&gpu, "w", ty, &blocks, rows as u32, cols as u32).expect("w");
+        let scratch = gpu
+            .storage("scratch", Dequantize::scratch_bytes(&wm))
+            .expect("scratch");
+        let (op, view) = Dequantize::new(&gpu, &wm, &scratch).expect("dequantize");
+        assert_eq!((view.rows, view.cols), (rows as u32, cols as u32));
+        let mut rec = Recorder::new(&gpu);
+        op.encode(&mut rec);
+        rec.submit();
+        let halves: Vec<u16> = gpu
+            .read(&scratch.buffer, 0, (rows * cols) as u64)
+            .expect("read");
+        let got: Vec<f32> = halves
+            .iter()
+            .map(|h| half::f16::from_bits(*h).to_f32())
+            .collect();
+        let want = round_f16(&want);
+        let scale: Vec<f32> = want.iter().map(|v| v.abs()).collect();
+        // f16 rounding of values the GPU may compute with another f32 operation order.
+        assert_close(
+            &format!("dequantize {ty:?}"),
+            &got,
+            &want,
+            &scale,
+            1e-7,
+            1e-3,
+        );
+    }
+}

@@ -13,8 +13,9 @@ use crate::Error;
 use crate::gpu::{Gpu, Recorder, StorageBuffer, UniformBuffer};
 use crate::load::{Arch, DecoderSpec, MlpKind};
 use crate::ops::{
-    Attention, Embed, Glu, MAX_SPLITS, MatMul, MatMulOptions, MatVec, MatVecOptions, Matrix, Norm,
-    NormKind, RopeKv, RopeTable, Sample, SamplerParams, SplitAttention, StepParams, WeightDType,
+    Attention, Dequantize, Embed, Glu, MAX_SPLITS, MatMul, MatMulOptions, MatVec, MatVecOptions,
+    Matrix, Norm, NormKind, RopeKv, RopeTable, Sample, SamplerParams, SplitAttention, StepParams,
+    WeightDType,
 };
 
 use super::weights::{Part, Uploader, WeightSource};
@@ -81,12 +82,12 @@ struct Layer {
     up_mv: MatVec,
     down_mv: MatVec,
     attn_norm: Norm,
-    qkv_mm: MatMul,
-    o_mm: MatMul,
+    qkv_mm: PromptProduct,
+    o_mm: PromptProduct,
     mlp_norm: Norm,
-    up_mm: MatMul,
+    up_mm: PromptProduct,
     glu: Option<Glu>,
-    down_mm: MatMul,
+    down_mm: PromptProduct,
     rope: RopeKv,
     attention: Attention,
     /// Decoding's attention: split over runs of keys when the output product can merge them.
@@ -493,6 +494,20 @@ impl DecoderModel {
             .max()
             .unwrap_or(0);
         let split_scratch = gpu.storage("k-split scratch", split_bytes)?;
+        // Block-quantized matrices are expanded to f16 here for prompt products (one at a
+        // time), when the largest fits in a binding; otherwise they are multiplied directly.
+        let dequant_bytes = layer_weights
+            .iter()
+            .flat_map(|w| [&w.qkv, &w.o, &w.up, &w.down])
+            .filter(|m| m.quant.is_some())
+            .map(Dequantize::scratch_bytes)
+            .max();
+        let dequant_scratch = match dequant_bytes {
+            Some(bytes) if gpu.check_binding_size("prompt weights", bytes).is_ok() => {
+                Some(gpu.storage("prompt weights (expanded)", bytes)?)
+            }
+            _ => None,
+        };
         let rope = match &spec.rope {
             Some(r) => Some(RopeTable::new(gpu, &r.inv_freq(hd), capacity)?),
             None => None,
@@ -576,8 +591,9 @@ impl DecoderModel {
                     &a.xn,
                     &step,
                 )?,
-                qkv_mm: MatMul::new(
+                qkv_mm: PromptProduct::new(
                     gpu,
+                    dequant_scratch.as_ref(),
                     &w.qkv,
                     &a.xn,
                     &a.qkv,
@@ -588,8 +604,9 @@ impl DecoderModel {
                         ..Default::default()
                     },
                 )?,
-                o_mm: MatMul::new(
+                o_mm: PromptProduct::new(
                     gpu,
+                    dequant_scratch.as_ref(),
                     &w.o,
                     &a.attn,
                     &a.x,
@@ -612,8 +629,9 @@ impl DecoderModel {
                     &a.xn,
                     &step,
                 )?,
-                up_mm: MatMul::new(
+                up_mm: PromptProduct::new(
                     gpu,
+                    dequant_scratch.as_ref(),
                     &w.up,
                     &a.xn,
                     a.gate_up.as_ref().unwrap_or(&a.h),
@@ -629,8 +647,9 @@ impl DecoderModel {
                     Some(gu) => Some(Glu::new(gpu, spec.intermediate, gu, &a.h, &step)?),
                     None => None,
                 },
-                down_mm: MatMul::new(
+                down_mm: PromptProduct::new(
                     gpu,
+                    dequant_scratch.as_ref(),
                     &w.down,
                     &a.h,
                     &a.x,
@@ -1058,6 +1077,43 @@ impl DecoderModel {
         rec.submit();
         gpu.wait()?;
         Ok(profiler.read(&gpu)?)
+    }
+}
+
+/// A prompt product; block-quantized weights are first expanded into the shared f16 scratch.
+struct PromptProduct {
+    expand: Option<Dequantize>,
+    product: MatMul,
+}
+
+impl PromptProduct {
+    fn new(
+        gpu: &Gpu,
+        scratch: Option<&StorageBuffer>,
+        w: &Matrix,
+        x: &StorageBuffer,
+        y: &StorageBuffer,
+        step: &UniformBuffer,
+        opts: MatMulOptions<'_>,
+    ) -> Result<Self, Error> {
+        if let (Some(_), Some(scratch)) = (w.quant, scratch) {
+            let (expand, dense) = Dequantize::new(gpu, w, scratch)?;
+            return Ok(Self {
+                expand: Some(expand),
+                product: MatMul::new(gpu, &dense, x, y, step, opts)?,
+            });
+        }
+        Ok(Self {
+            expand: None,
+            product: MatMul::new(gpu, w, x, y, step, opts)?,
+        })
+    }
+
+    fn encode(&self, rec: &mut Recorder<'_>, n_tokens: u32) {
+        if let Some(expand) = &self.expand {
+            expand.encode(rec);
+        }
+        self.product.encode(rec, n_tokens);
     }
 }
 

@@ -2,6 +2,7 @@
 //! cache) its specialised pipeline, binds its buffers once, and records dispatches.
 
 mod attention;
+mod dequant;
 mod elementwise;
 mod fill;
 mod matmul;
@@ -13,6 +14,7 @@ mod rope;
 mod sample;
 
 pub use attention::{Attention, MAX_SPLITS, MIN_SPLIT, splits_for};
+pub use dequant::Dequantize;
 pub use elementwise::{Embed, Glu};
 pub use fill::{fill_random, fill_value};
 pub use matmul::{MatMul, MatMulOptions, k_slices};

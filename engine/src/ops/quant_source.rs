@@ -38,6 +38,11 @@ fn quant_source() -> String {
     let pair = expand(|j, v| {
         format!("if (({j}) == j0) {{ out.a = {v}; }} else if (({j}) == j0 + 1u) {{ out.b = {v}; }}")
     });
+    let store = expand(|j, v| {
+        format!(
+            "{{ let q4 = {v}; dense[out + 2u * ({j})] = pack2x16float(q4.xy); dense[out + 2u * ({j}) + 1u] = pack2x16float(q4.zw); }}"
+        )
+    });
     let without_template = match QUANT.find("/*Q_DECODE_BEGIN") {
         Some(i) => &QUANT[..i],
         None => QUANT,
@@ -45,11 +50,16 @@ fn quant_source() -> String {
     without_template
         .replace("Q_DECODE_DOT\n", &dot)
         .replace("Q_DECODE_PAIR\n", &pair)
+        .replace("Q_DECODE_STORE\n", &store)
 }
 
 /// The quantized decode product: quant.wgsl expanded, then matvec.wgsl.
 pub static QUANT_MATVEC: LazyLock<String> =
     LazyLock::new(|| quant_source() + include_str!("../../../shaders/matvec.wgsl"));
+
+/// Expansion of a quantized matrix to dense f16: quant.wgsl expanded, then dequant.wgsl.
+pub static QUANT_DEQUANT: LazyLock<String> =
+    LazyLock::new(|| quant_source() + include_str!("../../../shaders/dequant.wgsl"));
 
 /// The quantized prompt product: quant.wgsl expanded, then matmul.wgsl.
 pub static QUANT_MATMUL: LazyLock<String> =
