@@ -60,8 +60,8 @@ fn scale_min_k4(base: u32, j: u32) -> vec2<f32> {
 // `EMIT(j; value);` line gives weights 4j..4j+3 as a vec4. The engine expands it into `q_dot`
 // (decode products: multiplied with the inputs as they are decoded, using the including
 // kernel's xin4) and `q_pair` (prompt-product tiles: weights 4·j0 .. 4·j0 + 8), so neither
-// keeps a per-invocation array, which GPUs would place in slow local memory; and `q_store`
-// (expansion to dense f16 for prompt products).
+// keeps a per-invocation array, which GPUs would place in slow local memory; `q_store`
+// (expansion to dense f16 for prompt products) and `q_gather` (embedding rows).
 struct QPair {
     a: vec4<f32>,
     b: vec4<f32>,
@@ -71,6 +71,12 @@ struct QPair {
 // Writes the 32 weights of sub-block `s` of row `row` as f16 pairs from word `out` of `dense`.
 fn q_store(row: u32, s: u32, scales: u32, out: u32) {
 Q_DECODE_STORE
+}
+#else
+#if QGATHER
+// Writes the 32 weights of sub-block `s` of row `row` as f32 from element `out` of `x`.
+fn q_gather(row: u32, s: u32, scales: u32, out: u32) {
+Q_DECODE_GATHER
 }
 #else
 #if QDOT
@@ -85,6 +91,7 @@ fn q_pair(row: u32, s: u32, scales: u32, j0: u32) -> QPair {
 Q_DECODE_PAIR
     return out;
 }
+#endif
 #endif
 #endif
 

@@ -1421,3 +1421,45 @@ fn dequantize_to_f16_matches_cpu() {
         );
     }
 }
+
+/// Embedding rows gathered from a block-quantized table (GGUF embeddings stay quantized).
+#[test]
+fn quantized_embedding_gather_matches_cpu() {
+    let gpu = gpu();
+    let mut rng = Rng::new(51);
+    for ty in QUANT_TYPES {
+        let (vocab, dim) = (37u32, 512u32);
+        let blocks = random_blocks(&mut rng, ty, vocab as usize, dim as usize);
+        let mut table = vec![0.0f32; (vocab * dim) as usize];
+        dequantize(ty, &blocks, &mut table);
+        let tm = Matrix::from_blocks(&gpu, "table", ty, &blocks, vocab, dim).expect("table");
+        let history: Vec<u32> = (0..12).map(|_| rng.below(vocab)).collect();
+        let (pos0, tokens) = (2u32, 9u32);
+        let hb = gpu.storage_from("history", &history).expect("history");
+        let seen = gpu
+            .storage("seen", u64::from(vocab.div_ceil(32)) * 4)
+            .expect("seen");
+        let x = gpu.storage("x", u64::from(tokens * dim) * 4).expect("x");
+        let st = step(&gpu, pos0, tokens);
+        let op = Embed::new(&gpu, &tm, None, &hb, &seen, &x, &st).expect("embed");
+        let mut rec = Recorder::new(&gpu);
+        op.encode(&mut rec, tokens);
+        rec.submit();
+        let got = read(&gpu, &x, (tokens * dim) as usize);
+        let want: Vec<f32> = (0..tokens as usize)
+            .flat_map(|t| {
+                let id = history[pos0 as usize + t] as usize;
+                table[id * dim as usize..(id + 1) * dim as usize].to_vec()
+            })
+            .collect();
+        let scale: Vec<f32> = want.iter().map(|v| v.abs()).collect();
+        assert_close(
+            &format!("quantized embedding {ty:?}"),
+            &got,
+            &want,
+            &scale,
+            1e-7,
+            1e-6,
+        );
+    }
+}

@@ -402,16 +402,18 @@ impl DecoderModel {
         } else {
             format!("{prefix}embed_tokens.weight")
         };
-        // The embedding is gathered by row: it stays dense (and serves a tied LM head).
-        let embedding = up.dense_matrix(
-            "token embedding",
-            &[Part {
-                name: &embed_name,
-                rows: spec.vocab,
-                cols: d,
-            }],
-            false,
-        )?;
+        // The embedding (which also serves a tied LM head) keeps a GGUF file's block format;
+        // GPT-2's, added to learned positions on gather, stays dense.
+        let embedding_parts = [Part {
+            name: &embed_name,
+            rows: spec.vocab,
+            cols: d,
+        }];
+        let embedding = if gpt2 {
+            up.dense_matrix("token embedding", &embedding_parts, false)?
+        } else {
+            up.matrix("token embedding", &embedding_parts, false)?
+        };
         let positions = if gpt2 {
             Some(up.dense(
                 "position embedding",

@@ -20,7 +20,7 @@ struct EmbedParams {
 pub struct Embed {
     kernel: Kernel,
     bind_group: wgpu::BindGroup,
-    dim: u32,
+    per_token: u32,
     _params: UniformBuffer,
 }
 
@@ -34,14 +34,35 @@ impl Embed {
         x: &StorageBuffer,
         step: &UniformBuffer,
     ) -> Result<Self, GpuError> {
-        let mut defines = table.dtype.defines();
+        let quantized = table.quant.is_some();
+        if quantized && positions.is_some() {
+            return Err(GpuError::Device(
+                "learned positions with a block-quantized embedding are not supported".into(),
+            ));
+        }
+        let mut defines = table.defines();
         defines.push(flag("POSITIONS", positions.is_some()));
-        let kernel = gpu.kernel("embed", EMBED_SOURCE, "main", &defines)?;
+        let kernel = if quantized {
+            defines.push(("QGATHER", "1".into()));
+            gpu.kernel(
+                "embed_q",
+                super::quant_source::QUANT_EMBED.as_str(),
+                "main",
+                &defines,
+            )?
+        } else {
+            gpu.kernel("embed", EMBED_SOURCE, "main", &defines)?
+        };
         let params = gpu.uniform(
             "embed params",
             &EmbedParams {
                 dim: table.cols,
-                row_stride: table.row_stride(),
+                // Quantized: this field carries the word offset of the block scales.
+                row_stride: if quantized {
+                    table.q_scales()
+                } else {
+                    table.row_stride()
+                },
                 vocab: table.rows,
                 _pad: 0,
             },
@@ -61,7 +82,12 @@ impl Embed {
         Ok(Self {
             kernel,
             bind_group,
-            dim: table.cols,
+            // Invocations per token: one per element, or one per 32-weight sub-block.
+            per_token: if quantized {
+                table.cols / 32
+            } else {
+                table.cols
+            },
             _params: params,
         })
     }
@@ -70,7 +96,7 @@ impl Embed {
         rec.dispatch(
             &self.kernel,
             &self.bind_group,
-            groups_of_64(n_tokens * self.dim),
+            groups_of_64(n_tokens * self.per_token),
         );
     }
 }

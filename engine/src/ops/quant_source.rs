@@ -43,6 +43,11 @@ fn quant_source() -> String {
             "{{ let q4 = {v}; dense[out + 2u * ({j})] = pack2x16float(q4.xy); dense[out + 2u * ({j}) + 1u] = pack2x16float(q4.zw); }}"
         )
     });
+    let gather = expand(|j, v| {
+        format!(
+            "{{ let q4 = {v}; let at = out + 4u * ({j}); x[at] = q4.x; x[at + 1u] = q4.y; x[at + 2u] = q4.z; x[at + 3u] = q4.w; }}"
+        )
+    });
     let without_template = match QUANT.find("/*Q_DECODE_BEGIN") {
         Some(i) => &QUANT[..i],
         None => QUANT,
@@ -51,6 +56,7 @@ fn quant_source() -> String {
         .replace("Q_DECODE_DOT\n", &dot)
         .replace("Q_DECODE_PAIR\n", &pair)
         .replace("Q_DECODE_STORE\n", &store)
+        .replace("Q_DECODE_GATHER\n", &gather)
 }
 
 /// The quantized decode product: quant.wgsl expanded, then matvec.wgsl.
@@ -60,6 +66,10 @@ pub static QUANT_MATVEC: LazyLock<String> =
 /// Expansion of a quantized matrix to dense f16: quant.wgsl expanded, then dequant.wgsl.
 pub static QUANT_DEQUANT: LazyLock<String> =
     LazyLock::new(|| quant_source() + include_str!("../../../shaders/dequant.wgsl"));
+
+/// Embedding gather from a block-quantized table: quant.wgsl expanded, then embed_q.wgsl.
+pub static QUANT_EMBED: LazyLock<String> =
+    LazyLock::new(|| quant_source() + include_str!("../../../shaders/embed_q.wgsl"));
 
 /// The quantized prompt product: quant.wgsl expanded, then matmul.wgsl.
 pub static QUANT_MATMUL: LazyLock<String> =
