@@ -38,6 +38,9 @@ pub enum RopeScaling {
         high_freq_factor: f32,
         original_max_position_embeddings: f32,
     },
+    /// One divisor per frequency (GGUF's `rope_freqs.weight`, how llama.cpp stores Llama 3.x
+    /// scaling).
+    Factors(Vec<f32>),
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -55,6 +58,11 @@ impl RopeSpec {
         match self.scaling {
             RopeScaling::None => base,
             RopeScaling::Linear { factor } => base.iter().map(|f| f / factor).collect(),
+            RopeScaling::Factors(ref factors) => base
+                .iter()
+                .zip(factors.iter().chain(std::iter::repeat(&1.0)))
+                .map(|(f, d)| f / d)
+                .collect(),
             RopeScaling::Llama3 {
                 factor,
                 low_freq_factor,

@@ -90,13 +90,27 @@ pub fn gguf_spec(file: &GgufFile) -> Result<DecoderSpec, LoadError> {
             ));
         }
     };
-    if file.tensor("rope_freqs.weight").is_some() {
-        return Err(invalid(
-            file,
-            "per-frequency RoPE factors (rope_freqs.weight, Llama 3.1+) are not supported yet"
-                .into(),
-        ));
-    }
+    // Llama 3.x scaling arrives as one divisor per frequency.
+    let scaling = match file.tensor("rope_freqs.weight") {
+        Some(t) if t.ggml_type == super::gguf::GgmlType::F32 => {
+            let mut factors = vec![0.0f32; t.elements() as usize];
+            super::quant::dequantize(t.ggml_type, file.data(t), &mut factors);
+            if factors.iter().any(|f| !f.is_finite() || *f <= 0.0) {
+                return Err(invalid(
+                    file,
+                    "rope_freqs.weight holds a non-positive factor".into(),
+                ));
+            }
+            RopeScaling::Factors(factors)
+        }
+        Some(t) => {
+            return Err(invalid(
+                file,
+                format!("rope_freqs.weight is {}, expected F32", t.ggml_type.name()),
+            ));
+        }
+        None => scaling,
+    };
     let tied = file.tensor("output.weight").is_none();
     let bos = file
         .metadata("tokenizer.ggml.bos_token_id")
@@ -324,7 +338,51 @@ pub fn gguf_tokenizer(file: &GgufFile) -> Result<TextTokenizer, LoadError> {
 
 #[cfg(test)]
 mod tests {
-    use super::unpermuted_row;
+    use super::super::gguf::{GgmlType, GgufFile, GgufValue, write_gguf};
+    use super::{gguf_spec, unpermuted_row};
+    use crate::load::RopeScaling;
+
+    #[test]
+    fn llama_metadata_and_rope_factors_become_a_spec() {
+        let factors: Vec<u8> = [1.0f32, 1.0, 2.0, 8.0]
+            .iter()
+            .flat_map(|f| f.to_le_bytes())
+            .collect();
+        let bytes = write_gguf(
+            &[
+                ("general.architecture", GgufValue::String("llama".into())),
+                ("llama.embedding_length", GgufValue::U32(32)),
+                ("llama.attention.head_count", GgufValue::U32(4)),
+                ("llama.attention.head_count_kv", GgufValue::U32(2)),
+                ("llama.block_count", GgufValue::U32(1)),
+                ("llama.feed_forward_length", GgufValue::U32(64)),
+                ("llama.rope.freq_base", GgufValue::F32(500000.0)),
+                ("llama.vocab_size", GgufValue::U32(10)),
+            ],
+            &[("rope_freqs.weight", &[4], GgmlType::F32, &factors)],
+        );
+        let path = std::env::temp_dir().join(format!("backpack-spec-{}.gguf", std::process::id()));
+        std::fs::write(&path, bytes).expect("write");
+        let file = GgufFile::open(&path).expect("opens");
+        let spec = gguf_spec(&file).expect("spec");
+        let _ = std::fs::remove_file(&path);
+        assert_eq!(
+            (spec.hidden, spec.heads, spec.kv_heads, spec.head_dim),
+            (32, 4, 2, 8)
+        );
+        assert!(spec.tied_embeddings);
+        let rope = spec.rope.expect("rope");
+        assert_eq!(rope.theta, 500000.0);
+        assert_eq!(rope.scaling, RopeScaling::Factors(vec![1.0, 1.0, 2.0, 8.0]));
+        let plain = crate::load::RopeSpec {
+            theta: 500000.0,
+            scaling: RopeScaling::None,
+        }
+        .inv_freq(8);
+        let scaled = rope.inv_freq(8);
+        assert_eq!(scaled[0], plain[0]);
+        assert_eq!(scaled[3], plain[3] / 8.0);
+    }
 
     #[test]
     fn unpermuting_inverts_the_converter() {
