@@ -5,7 +5,8 @@
 // blocks, decoded in 32-element sub-blocks: `q_dot` (decode products) multiplies one with the
 // inputs as it decodes, `q_pair` (prompt products) yields eight of its weights.
 //
-// Defines: one of Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K; SUBS (sub-blocks per row);
+// Defines: one of Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K, with Q5 also set for Q5_0/Q5_1
+// and KQ for Q4_K/Q5_K; SUBS (sub-blocks per row);
 // QDOT (the including kernel provides xin4, and gets q_dot: decode fused into the product,
 // with no per-invocation array, which GPUs would keep in slow local memory).
 
@@ -123,25 +124,16 @@ Q_DECODE_PAIR
         EMIT(j + 4u; nib_hi(w) * d + m);
     }
 #endif
-#if Q5_0
+#if Q5
+    // Q5_0: (q - 16)·d; Q5_1: q·d + m. Element e takes bit e of qh as its fifth bit.
     let blk = row * {{SUBS}}u + s;
-    let d = scale_half(scales, blk);
-    let qh = qw[blk * 5u + 4u];
-    for (var j = 0u; j < 4u; j++) {
-        let w = qw[blk * 5u + j];
-        // Element e takes bit e of qh as its fifth bit.
-        let h_lo = vec4<f32>(vec4<u32>((qh >> (4u * j)) & 1u, (qh >> (4u * j + 1u)) & 1u,
-                                      (qh >> (4u * j + 2u)) & 1u, (qh >> (4u * j + 3u)) & 1u));
-        let h_hi = vec4<f32>(vec4<u32>((qh >> (16u + 4u * j)) & 1u, (qh >> (17u + 4u * j)) & 1u,
-                                      (qh >> (18u + 4u * j)) & 1u, (qh >> (19u + 4u * j)) & 1u));
-        EMIT(j; (nib_lo(w) + 16.0 * h_lo - 16.0) * d);
-        EMIT(j + 4u; (nib_hi(w) + 16.0 * h_hi - 16.0) * d);
-    }
-#endif
 #if Q5_1
-    let blk = row * {{SUBS}}u + s;
     let d = scale_half(scales, 2u * blk);
     let m = scale_half(scales, 2u * blk + 1u);
+#else
+    let d = scale_half(scales, blk);
+    let m = -16.0 * d;
+#endif
     let qh = qw[blk * 5u + 4u];
     for (var j = 0u; j < 4u; j++) {
         let w = qw[blk * 5u + j];
@@ -153,33 +145,30 @@ Q_DECODE_PAIR
         EMIT(j + 4u; (nib_hi(w) + 16.0 * h_hi) * d + m);
     }
 #endif
-#if Q4_K
-    // 144-byte blocks = 36 words: d|dmin, 12 scale bytes, 128 quant bytes.
-    let base = (row * ({{SUBS}}u / 8u) + s / 8u) * 36u;
-    let sub = s % 8u;
-    let dd = unpack2x16float(qw[base]);
-    let sm = scale_min_k4(base, sub);
-    let scale = dd.x * sm.x;
-    let shift = dd.y * sm.y;
-    let qs = base + 4u + 8u * (sub / 2u);
-    for (var j = 0u; j < 8u; j++) {
-        let w = qw[qs + j];
-        let q = select(nib_hi(w), nib_lo(w), sub % 2u == 0u);
-        EMIT(j; scale * q - shift);
-    }
-#endif
+#if KQ
+    // Q4_K: 144-byte blocks = 36 words: d|dmin, 12 scale bytes, 128 quant bytes.
+    // Q5_K: 176-byte blocks = 44 words: the same with 32 high-bit bytes before the quants.
 #if Q5_K
-    // 176-byte blocks = 44 words: d|dmin, 12 scale bytes, 32 high-bit bytes, 128 quant bytes.
-    let base = (row * ({{SUBS}}u / 8u) + s / 8u) * 44u;
+    let words = 44u;
+    let quants = 12u;
+#else
+    let words = 36u;
+    let quants = 4u;
+#endif
+    let base = (row * ({{SUBS}}u / 8u) + s / 8u) * words;
     let sub = s % 8u;
     let dd = unpack2x16float(qw[base]);
     let sm = scale_min_k4(base, sub);
     let scale = dd.x * sm.x;
     let shift = dd.y * sm.y;
-    let qs = base + 12u + 8u * (sub / 2u);
+    let qs = base + quants + 8u * (sub / 2u);
     for (var j = 0u; j < 8u; j++) {
         let w = qw[qs + j];
+#if Q5_K
         let q = select(nib_hi(w), nib_lo(w), sub % 2u == 0u) + 16.0 * bits4(qw[base + 4u + j], sub);
+#else
+        let q = select(nib_hi(w), nib_lo(w), sub % 2u == 0u);
+#endif
         EMIT(j; scale * q - shift);
     }
 #endif

@@ -201,6 +201,15 @@ impl Matrix {
             Some((ty, _)) => vec![
                 ("QUANT", "1".into()),
                 (ty.name(), "1".into()),
+                // Families that share one decoding template in quant.wgsl.
+                (
+                    "Q5",
+                    u32::from(matches!(ty, GgmlType::Q5_0 | GgmlType::Q5_1)).to_string(),
+                ),
+                (
+                    "KQ",
+                    u32::from(matches!(ty, GgmlType::Q4K | GgmlType::Q5K)).to_string(),
+                ),
                 ("SUBS", (self.cols / 32).to_string()),
                 ("F16", "0".into()),
                 ("EPV", "4".into()),
