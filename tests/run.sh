@@ -5,7 +5,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source tests/setup.sh
-backpack_setup
+backpack_setup --tests
 
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets --locked -- -D warnings

@@ -263,9 +263,11 @@ async fn bad_input_gives_clear_errors_and_the_engine_keeps_working() {
         Event::Error {
             request: r,
             message,
+            prompt_too_long,
         } => {
             assert_eq!(r, Some(request));
             assert!(message.contains("no model"), "{message}");
+            assert_eq!(prompt_too_long, None);
         }
         other => panic!("unexpected {other:?}"),
     }
@@ -283,9 +285,12 @@ async fn bad_input_gives_clear_errors_and_the_engine_keeps_working() {
         Event::Error {
             request: r,
             message,
+            prompt_too_long,
         } => {
             assert_eq!(r, Some(request));
             assert!(message.contains("context holds 16"), "{message}");
+            let (tokens, capacity) = prompt_too_long.expect("overflow is reported");
+            assert!(tokens > 16 && capacity == 16, "{tokens} {capacity}");
         }
         other => panic!("unexpected {other:?}"),
     }

@@ -3,13 +3,20 @@
 # tests/run.sh and app/run.sh. The Vulkan loader and Mesa's drivers (lavapipe is the software
 # one used when there is no GPU) are loaded at run time; pkg-config and the ALSA headers are
 # needed to build audio support; python3 with pip fetches the real model a test runs (from PyPI).
+# `backpack_setup --tests` adds what only the tests use: Xvfb, xdotool and xwd drive the real
+# window in a virtual display.
 set -euo pipefail
 
 backpack_packages=(libvulkan1 mesa-vulkan-drivers pkg-config libasound2-dev python3 python3-pip)
+backpack_test_packages=(xvfb xdotool x11-apps)
 
 backpack_setup() {
+    local wanted=("${backpack_packages[@]}")
+    if [ "${1:-}" = "--tests" ]; then
+        wanted+=("${backpack_test_packages[@]}")
+    fi
     local missing=()
-    for p in "${backpack_packages[@]}"; do
+    for p in "${wanted[@]}"; do
         dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
     done
     if [ ${#missing[@]} -gt 0 ]; then

@@ -1,4 +1,5 @@
-//! `backpack`: the desktop app's binary. Subcommands run the engine from the command line.
+//! `backpack`: the desktop app's binary. Without a subcommand it opens the window; subcommands
+//! run the engine from the command line.
 
 mod bench;
 mod generate;
@@ -7,11 +8,23 @@ use anyhow::Result;
 use clap::{Parser, Subcommand, ValueEnum};
 
 #[derive(Parser)]
-#[command(name = "backpack", version, about = "Run AI models locally on any GPU")]
+#[command(
+    name = "backpack",
+    version,
+    about = "Run AI models locally on any GPU",
+    long_about = "Run AI models locally on any GPU. Without a subcommand, opens the app window."
+)]
 struct Cli {
     /// GPU adapter to use: a case-insensitive part of its name (also BACKPACK_ADAPTER).
     #[arg(long, global = true)]
     adapter: Option<String>,
+    /// Open the window with this model loaded (an HF folder, a .gguf file, or a folder with one).
+    #[arg(long)]
+    model: Option<std::path::PathBuf>,
+    /// Where settings and conversations are kept (default: the platform data dir, or
+    /// BACKPACK_DATA_DIR).
+    #[arg(long)]
+    data_dir: Option<std::path::PathBuf>,
     #[command(subcommand)]
     command: Option<Command>,
 }
@@ -84,9 +97,19 @@ fn main() -> Result<()> {
         Some(Command::Generate(args)) => generate::run(args, cli.adapter.as_deref()),
         Some(Command::Bench(args)) => bench::run(args, cli.adapter.as_deref()),
         None => {
-            use clap::CommandFactory;
-            Cli::command().print_help()?;
-            Ok(())
+            if let Some(model) = &cli.model
+                && !model.exists()
+            {
+                anyhow::bail!("model path {} does not exist", model.display());
+            }
+            let config = backpack_app::gui::AppConfig {
+                data_dir: cli
+                    .data_dir
+                    .unwrap_or_else(backpack_app::gui::store::default_data_dir),
+                model: cli.model,
+                frame_stats: std::env::var_os("BACKPACK_FRAME_STATS").is_some(),
+            };
+            backpack_app::run_gui(config, cli.adapter.as_deref())
         }
     }
 }

@@ -47,6 +47,9 @@ pub enum Event {
     Error {
         request: Option<u64>,
         message: String,
+        /// Set when the prompt did not fit the context: (prompt tokens, context length), so a
+        /// UI can offer to drop the oldest turns.
+        prompt_too_long: Option<(usize, u32)>,
     },
 }
 
@@ -114,6 +117,7 @@ impl Engine {
                             Err(e) => send(Event::Error {
                                 request: None,
                                 message: e.to_string(),
+                                prompt_too_long: None,
                             }),
                         }
                     }
@@ -123,6 +127,7 @@ impl Engine {
                             send(Event::Error {
                                 request: Some(id),
                                 message: crate::Error::NoModel.to_string(),
+                                prompt_too_long: None,
                             });
                             continue;
                         };
@@ -147,6 +152,12 @@ impl Engine {
                             Err(e) => send(Event::Error {
                                 request: Some(id),
                                 message: e.to_string(),
+                                prompt_too_long: match e {
+                                    crate::Error::PromptTooLong { tokens, capacity } => {
+                                        Some((tokens, capacity))
+                                    }
+                                    _ => None,
+                                },
                             }),
                         }
                     }

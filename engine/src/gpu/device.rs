@@ -80,12 +80,8 @@ impl Gpu {
         }
         let instance = wgpu::Instance::new(desc);
         let adapters = pollster::block_on(instance.enumerate_adapters(wgpu::Backends::all()));
-        let env_filter = std::env::var("BACKPACK_ADAPTER").ok();
-        let filter = adapter_filter
-            .map(str::to_owned)
-            .or(env_filter)
-            .filter(|f| !f.is_empty());
-        let adapter = pick_adapter(adapters, filter.as_deref())?;
+        let filter = self::adapter_filter(adapter_filter);
+        let adapter = pick_adapter(&adapters, filter.as_deref())?;
         let (features, limits) = required_features_and_limits(&adapter);
         let (device, queue) =
             pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
@@ -221,28 +217,39 @@ fn backend_rank(b: wgpu::Backend) -> u8 {
     }
 }
 
-fn pick_adapter(
-    adapters: Vec<wgpu::Adapter>,
+/// The `--adapter` filter, else `BACKPACK_ADAPTER`; empty means none.
+pub fn adapter_filter(explicit: Option<&str>) -> Option<String> {
+    explicit
+        .map(str::to_owned)
+        .or_else(|| std::env::var("BACKPACK_ADAPTER").ok())
+        .filter(|f| !f.is_empty())
+}
+
+/// Picks the adapter to run on: those whose name contains `filter` (case-insensitive) if given;
+/// among them a discrete GPU before an integrated one before a CPU, and Vulkan/Metal/D3D12
+/// before GL for the same device.
+pub fn pick_adapter(
+    adapters: &[wgpu::Adapter],
     filter: Option<&str>,
 ) -> Result<wgpu::Adapter, GpuError> {
     if adapters.is_empty() {
         return Err(GpuError::NoAdapter);
     }
-    let mut candidates: Vec<wgpu::Adapter> = match filter {
+    let mut candidates: Vec<&wgpu::Adapter> = match filter {
         Some(wanted) => {
             let needle = wanted.to_lowercase();
-            let names: Vec<String> = adapters
-                .iter()
-                .map(|a| {
-                    let i = a.get_info();
-                    format!("{} ({:?})", i.name, i.backend)
-                })
-                .collect();
             let matching: Vec<_> = adapters
-                .into_iter()
+                .iter()
                 .filter(|a| a.get_info().name.to_lowercase().contains(&needle))
                 .collect();
             if matching.is_empty() {
+                let names: Vec<String> = adapters
+                    .iter()
+                    .map(|a| {
+                        let i = a.get_info();
+                        format!("{} ({:?})", i.name, i.backend)
+                    })
+                    .collect();
                 return Err(GpuError::NoMatchingAdapter {
                     wanted: wanted.to_owned(),
                     available: names.join(", "),
@@ -250,11 +257,11 @@ fn pick_adapter(
             }
             matching
         }
-        None => adapters,
+        None => adapters.iter().collect(),
     };
     candidates.sort_by_key(|a| {
         let i = a.get_info();
         (device_rank(i.device_type), backend_rank(i.backend))
     });
-    Ok(candidates.remove(0))
+    Ok(candidates[0].clone())
 }

@@ -10,7 +10,9 @@ mod recorder;
 mod shader;
 
 pub use buffers::{StorageBuffer, UniformBuffer};
-pub use device::{Gpu, GpuCaps, GpuError, required_features_and_limits};
+pub use device::{
+    Gpu, GpuCaps, GpuError, adapter_filter, pick_adapter, required_features_and_limits,
+};
 pub use pipelines::{Kernel, KernelKey};
 pub use profile::KernelTiming;
 pub(crate) use profile::Profiler;

@@ -116,11 +116,16 @@ pub fn gguf_spec(file: &GgufFile) -> Result<DecoderSpec, LoadError> {
         .metadata("tokenizer.ggml.bos_token_id")
         .and_then(GgufValue::as_u64)
         .map(|v| v as u32);
-    let eos: Vec<u32> = file
-        .metadata("tokenizer.ggml.eos_token_id")
-        .and_then(GgufValue::as_u64)
-        .map(|v| vec![v as u32])
-        .unwrap_or_default();
+    // End-of-turn and end-of-message tokens (Llama 3 chats) stop generation like EOS does.
+    let mut eos: Vec<u32> = Vec::new();
+    for key in ["eos_token_id", "eot_token_id", "eom_token_id"] {
+        let id = file
+            .metadata(&format!("tokenizer.ggml.{key}"))
+            .and_then(GgufValue::as_u64);
+        if let Some(id) = id.map(|v| v as u32).filter(|id| !eos.contains(id)) {
+            eos.push(id);
+        }
+    }
     Ok(DecoderSpec {
         arch,
         vocab,
@@ -220,18 +225,64 @@ fn pre_tokenizer(pre: &str) -> Option<Value> {
     })
 }
 
-/// Rebuilds the tokenizer (byte-level BPE: `tokenizer.ggml.model` = gpt2) and chat template.
+/// `tokenizer.ggml.merges` as `[left, right]` pairs.
+fn merge_pairs(merges: &[&str]) -> Vec<Value> {
+    merges
+        .iter()
+        .map(|m| match m.split_once(' ') {
+            Some((l, r)) => json!([l, r]),
+            None => json!([m, ""]),
+        })
+        .collect()
+}
+
+/// The merges a SentencePiece BPE vocabulary implies when the file lists none: every split of a
+/// token into two tokens, best score first (ties: longer left piece, then longer right piece,
+/// then vocabulary order), as transformers rebuilds them. Merging the pair whose product scores
+/// highest is what SentencePiece's BPE does.
+fn merges_from_scores(tokens: &[&str], scores: &[f32]) -> Vec<Value> {
+    use std::collections::HashMap;
+    let mut id: HashMap<&str, usize> = HashMap::with_capacity(tokens.len());
+    for (i, t) in tokens.iter().enumerate() {
+        id.insert(t, i);
+    }
+    // A repeated token keeps its first position in the order and its last score.
+    let mut score: HashMap<&str, f32> = HashMap::with_capacity(tokens.len());
+    let mut order = Vec::with_capacity(tokens.len());
+    for (t, s) in tokens.iter().zip(scores) {
+        if score.insert(t, *s).is_none() {
+            order.push(*t);
+        }
+    }
+    let mut merges: Vec<(&str, &str, f32)> = Vec::new();
+    for token in order {
+        let start = merges.len();
+        for (at, _) in token.char_indices().skip(1) {
+            let (l, r) = token.split_at(at);
+            if id.contains_key(l) && id.contains_key(r) {
+                merges.push((l, r, score[token]));
+            }
+        }
+        merges[start..].sort_by_key(|(l, r, _)| (id[l], id[r]));
+    }
+    let chars = |s: &str| s.chars().count();
+    merges.sort_by(|a, b| {
+        b.2.partial_cmp(&a.2)
+            .unwrap_or(std::cmp::Ordering::Equal)
+            .then_with(|| chars(b.0).cmp(&chars(a.0)))
+            .then_with(|| chars(b.1).cmp(&chars(a.1)))
+    });
+    merges.into_iter().map(|(l, r, _)| json!([l, r])).collect()
+}
+
+/// Rebuilds the tokenizer and chat template from `tokenizer.ggml.*`: byte-level BPE
+/// (`tokenizer.ggml.model = gpt2`) or SentencePiece BPE with byte fallback (`llama`), the way
+/// transformers rebuilds them when it loads a GGUF.
 pub fn gguf_tokenizer(file: &GgufFile) -> Result<TextTokenizer, LoadError> {
     let model = file
         .metadata("tokenizer.ggml.model")
         .and_then(GgufValue::as_str)
         .ok_or_else(|| invalid(file, "no tokenizer.ggml.model".into()))?;
-    if model != "gpt2" {
-        return Err(invalid(
-            file,
-            format!("tokenizer model {model:?} is not supported yet (byte-level BPE \"gpt2\" is)"),
-        ));
-    }
     let strings = |key: &str| -> Result<Vec<&str>, LoadError> {
         file.metadata(key)
             .and_then(GgufValue::as_array)
@@ -244,64 +295,160 @@ pub fn gguf_tokenizer(file: &GgufFile) -> Result<TextTokenizer, LoadError> {
             .collect()
     };
     let tokens = strings("tokenizer.ggml.tokens")?;
-    let merges = strings("tokenizer.ggml.merges")?;
     let types: Vec<u64> = file
         .metadata("tokenizer.ggml.token_type")
         .and_then(GgufValue::as_array)
         .map(|a| a.iter().filter_map(GgufValue::as_u64).collect())
         .unwrap_or_default();
-    let pre = file
-        .metadata("tokenizer.ggml.pre")
-        .and_then(GgufValue::as_str)
-        .unwrap_or("default");
-    let pre_tokenizer = pre_tokenizer(pre).ok_or_else(|| {
-        invalid(
-            file,
-            format!(
-                "tokenizer pre-type {pre:?} is not supported (gpt2, smollm, llama3, qwen2 are)"
-            ),
-        )
-    })?;
+    let token_of = |key: &str| {
+        file.metadata(key)
+            .and_then(GgufValue::as_u64)
+            .and_then(|id| Some((id, *tokens.get(id as usize)?)))
+    };
+    let flag = |key: &str| file.metadata(key).map(|v| *v == GgufValue::Bool(true));
+    let bos = token_of("tokenizer.ggml.bos_token_id");
+    let eos = token_of("tokenizer.ggml.eos_token_id");
+
+    let (bpe, pre_tokenizer, decoder, add_bos) = match model {
+        "gpt2" => {
+            let pre = file
+                .metadata("tokenizer.ggml.pre")
+                .and_then(GgufValue::as_str)
+                .unwrap_or("default");
+            let pre_tokenizer = pre_tokenizer(pre).ok_or_else(|| {
+                invalid(
+                    file,
+                    format!(
+                        "tokenizer pre-type {pre:?} is not supported (gpt2, smollm, llama3, qwen2 are)"
+                    ),
+                )
+            })?;
+            let merges = merge_pairs(&strings("tokenizer.ggml.merges")?);
+            let bpe = json!({"fuse_unk": false, "byte_fallback": false, "merges": merges});
+            let decoder = json!({"type": "ByteLevel", "add_prefix_space": true, "trim_offsets": true, "use_regex": true});
+            (
+                bpe,
+                Some(pre_tokenizer),
+                decoder,
+                flag("tokenizer.ggml.add_bos_token") == Some(true),
+            )
+        }
+        "llama" => {
+            let merges = if file.metadata("tokenizer.ggml.merges").is_some() {
+                merge_pairs(&strings("tokenizer.ggml.merges")?)
+            } else {
+                let scores: Vec<f32> = file
+                    .metadata("tokenizer.ggml.scores")
+                    .and_then(GgufValue::as_array)
+                    .ok_or_else(|| {
+                        invalid(
+                            file,
+                            "a SentencePiece vocabulary without tokenizer.ggml.scores".into(),
+                        )
+                    })?
+                    .iter()
+                    .map(|v| v.as_f64().map(|s| s as f32))
+                    .collect::<Option<_>>()
+                    .ok_or_else(|| {
+                        invalid(file, "tokenizer.ggml.scores holds a non-number".into())
+                    })?;
+                if scores.len() != tokens.len() {
+                    return Err(invalid(
+                        file,
+                        format!("{} scores for {} tokens", scores.len(), tokens.len()),
+                    ));
+                }
+                merges_from_scores(&tokens, &scores)
+            };
+            let bpe = json!({"fuse_unk": true, "byte_fallback": true, "merges": merges});
+            // SentencePiece writes spaces as U+2581 and (by default) starts the text with one.
+            let space_prefix = flag("tokenizer.ggml.add_space_prefix") != Some(false);
+            let pre_tokenizer = json!({"type": "Metaspace", "replacement": "\u{2581}",
+                "prepend_scheme": if space_prefix { "first" } else { "never" }, "split": false});
+            let mut steps = vec![
+                json!({"type": "Replace", "pattern": {"String": "\u{2581}"}, "content": " "}),
+                json!({"type": "ByteFallback"}),
+                json!({"type": "Fuse"}),
+            ];
+            if space_prefix {
+                steps.push(json!({"type": "Strip", "content": " ", "start": 1, "stop": 0}));
+            }
+            // llama.cpp adds BOS to a SentencePiece vocabulary unless the file says otherwise.
+            let add_bos = flag("tokenizer.ggml.add_bos_token") != Some(false);
+            (
+                bpe,
+                Some(pre_tokenizer),
+                json!({"type": "Sequence", "decoders": steps}),
+                add_bos,
+            )
+        }
+        other => {
+            return Err(invalid(
+                file,
+                format!(
+                    "tokenizer model {other:?} is not supported (byte-level BPE \"gpt2\" and SentencePiece \"llama\" are)"
+                ),
+            ));
+        }
+    };
+
     let vocab: serde_json::Map<String, Value> = tokens
         .iter()
         .enumerate()
         .map(|(i, t)| ((*t).to_owned(), json!(i)))
         .collect();
-    // Control (3) and user-defined (4) tokens are matched whole in text, as in the original.
+    // Unknown (2) and control (3) tokens are special; user-defined (4) ones are plain added
+    // tokens. All are matched whole in text, as in the original.
     let added: Vec<Value> = types
         .iter()
         .enumerate()
-        .filter(|(_, t)| **t == 3 || **t == 4)
+        .filter(|(_, t)| matches!(**t, 2..=4))
         .filter_map(|(i, t)| {
             tokens.get(i).map(|content| {
                 json!({"id": i, "content": content, "single_word": false, "lstrip": false,
-                       "rstrip": false, "normalized": *t == 4, "special": *t == 3})
+                       "rstrip": false, "normalized": false, "special": *t != 4})
             })
         })
         .collect();
-    let token_of = |key: &str| {
-        file.metadata(key)
-            .and_then(GgufValue::as_u64)
-            .and_then(|id| tokens.get(id as usize))
-            .map(|s| (*s).to_owned())
+    let add_eos = flag("tokenizer.ggml.add_eos_token") == Some(true);
+    let mut specials = serde_json::Map::new();
+    let mut single = Vec::new();
+    let mut pair = Vec::new();
+    if let (Some((id, token)), true) = (bos, add_bos) {
+        specials.insert(
+            token.into(),
+            json!({"id": token, "ids": [id], "tokens": [token]}),
+        );
+        single.push(json!({"SpecialToken": {"id": token, "type_id": 0}}));
+    }
+    single.push(json!({"Sequence": {"id": "A", "type_id": 0}}));
+    pair.extend(single.iter().cloned());
+    if let (Some((id, token)), true) = (eos, add_eos) {
+        specials.insert(
+            token.into(),
+            json!({"id": token, "ids": [id], "tokens": [token]}),
+        );
+        single.push(json!({"SpecialToken": {"id": token, "type_id": 0}}));
+        pair.push(json!({"SpecialToken": {"id": token, "type_id": 0}}));
+    }
+    if let (Some((_, token)), true) = (bos, add_bos) {
+        pair.push(json!({"SpecialToken": {"id": token, "type_id": 1}}));
+    }
+    pair.push(json!({"Sequence": {"id": "B", "type_id": 1}}));
+    if let (Some((_, token)), true) = (eos, add_eos) {
+        pair.push(json!({"SpecialToken": {"id": token, "type_id": 1}}));
+    }
+    let post_processor = if specials.is_empty() && model == "gpt2" {
+        json!({"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": false, "use_regex": true})
+    } else {
+        json!({"type": "TemplateProcessing", "single": single, "pair": pair, "special_tokens": specials})
     };
-    let bos = token_of("tokenizer.ggml.bos_token_id");
-    let eos = token_of("tokenizer.ggml.eos_token_id");
-    let add_bos = file
-        .metadata("tokenizer.ggml.add_bos_token")
-        .is_some_and(|v| *v == GgufValue::Bool(true));
-    let post_processor = match (&bos, add_bos) {
-        (Some(bos), true) => {
-            let id = tokens.iter().position(|t| t == bos).unwrap_or(0);
-            json!({"type": "TemplateProcessing",
-                   "single": [{"SpecialToken": {"id": bos, "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}}],
-                   "pair": [{"SpecialToken": {"id": bos, "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}}, {"Sequence": {"id": "B", "type_id": 1}}],
-                   "special_tokens": {bos.as_str(): {"id": bos, "ids": [id], "tokens": [bos]}}})
-        }
-        _ => {
-            json!({"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": false, "use_regex": true})
-        }
-    };
+    let mut bpe_model = json!({"type": "BPE", "dropout": null, "unk_token": null,
+        "continuing_subword_prefix": null, "end_of_word_suffix": null, "ignore_merges": false,
+        "vocab": vocab});
+    if let (Value::Object(m), Value::Object(extra)) = (&mut bpe_model, bpe) {
+        m.extend(extra);
+    }
     let config = json!({
         "version": "1.0",
         "truncation": null,
@@ -310,11 +457,8 @@ pub fn gguf_tokenizer(file: &GgufFile) -> Result<TextTokenizer, LoadError> {
         "normalizer": null,
         "pre_tokenizer": pre_tokenizer,
         "post_processor": post_processor,
-        "decoder": {"type": "ByteLevel", "add_prefix_space": true, "trim_offsets": true, "use_regex": true},
-        "model": {"type": "BPE", "dropout": null, "unk_token": null,
-                  "continuing_subword_prefix": null, "end_of_word_suffix": null,
-                  "fuse_unk": false, "byte_fallback": false, "ignore_merges": false,
-                  "vocab": vocab, "merges": merges},
+        "decoder": decoder,
+        "model": bpe_model,
     });
     let inner: tokenizers::Tokenizer = serde_json::from_value(config).map_err(|e| {
         invalid(
@@ -325,15 +469,13 @@ pub fn gguf_tokenizer(file: &GgufFile) -> Result<TextTokenizer, LoadError> {
     let template = file
         .metadata("tokenizer.chat_template")
         .and_then(GgufValue::as_str)
-        .map(|s| {
-            ChatTemplate::new(
-                s,
-                bos.as_deref().unwrap_or_default(),
-                eos.as_deref().unwrap_or_default(),
-            )
-        })
+        .map(|s| ChatTemplate::new(s, bos.map_or("", |(_, t)| t), eos.map_or("", |(_, t)| t)))
         .transpose()?;
-    Ok(TextTokenizer::from_parts(inner, template, eos))
+    Ok(TextTokenizer::from_parts(
+        inner,
+        template,
+        eos.map(|(_, t)| t.to_owned()),
+    ))
 }
 
 #[cfg(test)]

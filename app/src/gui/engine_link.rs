@@ -1,0 +1,131 @@
+//! The UI's side of the engine: the shared GPU, a tokio runtime the engine runs on, and the
+//! event channel drained once per frame. The engine wakes the UI through a repaint request that
+//! is batched over a few milliseconds, so a fast token stream costs one frame per batch.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use backpack_engine::gpu::{Gpu, adapter_filter, pick_adapter, required_features_and_limits};
+use backpack_engine::runtime::{Engine, EngineHandle, Event};
+use eframe::{egui, egui_wgpu, wgpu};
+use tokio::sync::mpsc;
+
+/// Tokens arriving within this window share one repaint.
+const REPAINT_BATCH: Duration = Duration::from_millis(8);
+
+/// What the status bar and Settings show about the GPU.
+#[derive(Clone, Debug)]
+pub struct GpuSummary {
+    pub name: String,
+    pub backend: String,
+    pub device_type: String,
+    pub driver: String,
+    pub software: bool,
+    pub shader_f16: bool,
+    pub subgroups: bool,
+    pub max_buffer: u64,
+    pub max_binding: u64,
+}
+
+impl GpuSummary {
+    fn of(gpu: &Gpu) -> Self {
+        let info = gpu.info();
+        let caps = gpu.caps();
+        Self {
+            name: info.name.clone(),
+            backend: format!("{:?}", info.backend),
+            device_type: format!("{:?}", info.device_type),
+            driver: format!("{} {}", info.driver, info.driver_info)
+                .trim()
+                .to_owned(),
+            software: gpu.is_software(),
+            shader_f16: caps.shader_f16,
+            subgroups: caps.subgroups,
+            max_buffer: caps.max_buffer,
+            max_binding: caps.max_storage_binding,
+        }
+    }
+}
+
+pub struct EngineLink {
+    pub handle: EngineHandle,
+    events: mpsc::UnboundedReceiver<Event>,
+    pub gpu: GpuSummary,
+    // Dropped last: the engine task lives on it.
+    _runtime: tokio::runtime::Runtime,
+}
+
+impl EngineLink {
+    /// Starts the engine on `gpu` (the renderer's own device) and has it wake `ctx`.
+    pub fn start(gpu: Gpu, ctx: &egui::Context) -> anyhow::Result<Self> {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .thread_name("backpack-engine")
+            .enable_all()
+            .build()?;
+        let wake_ctx = ctx.clone();
+        let wake: backpack_engine::runtime::WakeFn =
+            Arc::new(move || wake_ctx.request_repaint_after(REPAINT_BATCH));
+        let summary = GpuSummary::of(&gpu);
+        let (handle, events) = {
+            let _inside = runtime.enter();
+            Engine::spawn(gpu, Some(wake))
+        };
+        Ok(Self {
+            handle,
+            events,
+            gpu: summary,
+            _runtime: runtime,
+        })
+    }
+
+    /// Everything the engine sent since the last call.
+    pub fn drain(&mut self) -> Vec<Event> {
+        let mut out = Vec::new();
+        while let Ok(e) = self.events.try_recv() {
+            out.push(e);
+        }
+        out
+    }
+}
+
+/// The device descriptor the renderer opens its device with: what the engine needs (f16,
+/// subgroups, timestamps where offered; the adapter's buffer limits), so the window and the
+/// engine share one device.
+pub fn device_descriptor(adapter: &wgpu::Adapter) -> wgpu::DeviceDescriptor<'static> {
+    let (features, limits) = required_features_and_limits(adapter);
+    wgpu::DeviceDescriptor {
+        label: Some("backpack"),
+        required_features: features,
+        required_limits: limits,
+        ..Default::default()
+    }
+}
+
+/// eframe's wgpu setup: the engine's device descriptor, and the adapter the engine would pick
+/// (`--adapter` / `BACKPACK_ADAPTER`, discrete before integrated before CPU) among those that
+/// can present to the window.
+pub fn wgpu_setup(adapter: Option<&str>) -> egui_wgpu::WgpuSetup {
+    let mut setup = egui_wgpu::WgpuSetupCreateNew::without_display_handle();
+    // Validation layers make software drivers several times slower; opt in with WGPU_DEBUG.
+    if std::env::var_os("WGPU_DEBUG").is_none() {
+        setup.instance_descriptor.flags = wgpu::InstanceFlags::empty();
+    }
+    let filter = adapter_filter(adapter);
+    setup.native_adapter_selector = Some(Arc::new(move |adapters, surface| {
+        let usable: Vec<wgpu::Adapter> = adapters
+            .iter()
+            .filter(|a| surface.is_none_or(|s| a.is_surface_supported(s)))
+            .cloned()
+            .collect();
+        pick_adapter(&usable, filter.as_deref()).map_err(|e| e.to_string())
+    }));
+    setup.device_descriptor = Arc::new(device_descriptor);
+    setup.into()
+}
+
+/// The engine's GPU handle for the renderer's device, when the renderer is wgpu.
+pub fn shared_gpu(render_state: Option<&egui_wgpu::RenderState>) -> Option<Gpu> {
+    render_state
+        .map(|rs| Gpu::from_device(rs.device.clone(), rs.queue.clone(), rs.adapter.get_info()))
+}

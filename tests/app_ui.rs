@@ -1,0 +1,328 @@
+//! The real app struct driven through its UI with egui_kittest on the GPU (lavapipe in CI):
+//! a tiny fixture model streams into the transcript, Stop, Regenerate and Edit work,
+//! conversations survive a restart, a broken model shows an error and the app keeps working,
+//! and the main views match committed snapshots (tests/snapshots).
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use backpack_app::gui::store::{AnswerStats, Conversation, Message, Preset, Store};
+use backpack_app::gui::{AppConfig, BackpackApp, ModelState, engine_link};
+use eframe::{egui, egui_wgpu, wgpu};
+use egui_kittest::kittest::Queryable;
+use egui_kittest::{Harness, SnapshotOptions};
+
+fn fixture_model(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../tests/fixtures/models")
+        .join(name)
+}
+
+fn fresh_dir(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("backpack-ui-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    dir
+}
+
+/// A harness around the real app, on a wgpu device created the way the app creates its own.
+/// `any_text`: the transcript holds whatever a random-weight model writes, including characters
+/// the fonts bundled for tests lack (the app itself falls back to system fonts).
+fn harness(
+    data_dir: &Path,
+    model: Option<PathBuf>,
+    any_text: bool,
+) -> Harness<'static, BackpackApp> {
+    let egui_wgpu::WgpuSetup::CreateNew(mut setup) = egui_kittest::wgpu::default_wgpu_setup()
+    else {
+        panic!("kittest's default setup creates a device");
+    };
+    setup.instance_descriptor.flags = wgpu::InstanceFlags::empty();
+    setup.device_descriptor = Arc::new(engine_link::device_descriptor);
+    let config = AppConfig {
+        data_dir: data_dir.to_owned(),
+        model,
+        frame_stats: false,
+    };
+    let mut builder = Harness::builder();
+    if any_text {
+        builder = builder.allow_missing_glyphs();
+    }
+    builder
+        .with_size(egui::vec2(1100.0, 720.0))
+        .with_render_cursor(false)
+        .wgpu_setup(setup.into())
+        .build_eframe(move |cc| BackpackApp::new(cc, config))
+}
+
+/// Runs frames until `done` holds (the engine works in the background meanwhile).
+fn wait_for(h: &mut Harness<'_, BackpackApp>, what: &str, done: impl Fn(&BackpackApp) -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(180);
+    while !done(h.state()) {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        h.step();
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    h.step();
+}
+
+fn model_ready(app: &BackpackApp) -> bool {
+    matches!(app.model, ModelState::Ready { .. })
+}
+
+fn idle(app: &BackpackApp) -> bool {
+    app.active.is_none()
+}
+
+fn selected(app: &BackpackApp) -> &Conversation {
+    app.selected().expect("a conversation is selected")
+}
+
+fn type_into(h: &mut Harness<'_, BackpackApp>, label: &str, text: &str) {
+    h.get_by_label(label).focus();
+    h.step();
+    h.get_by_label(label).type_text(text);
+    h.step();
+}
+
+#[test]
+fn chat_streams_stops_regenerates_edits_and_persists() {
+    let dir = fresh_dir("chat");
+    let mut h = harness(&dir, Some(fixture_model("tiny-qwen2")), true);
+    wait_for(&mut h, "the model to load", model_ready);
+    assert!(h.state().model_error.is_none());
+    // Greedy and short, so the run is quick and repeatable.
+    {
+        let app = h.state_mut();
+        let id = app.selected_id().expect("selected");
+        let conv = app.store.conversation_mut(id).expect("conversation");
+        conv.sampling = Preset::Precise.sampling();
+        conv.sampling.max_tokens = 24;
+    }
+
+    // Type a prompt and press Send: tokens stream into the transcript.
+    type_into(&mut h, "Message", "Hello, how are you?");
+    h.get_by_label("Send").click();
+    h.step();
+    assert!(h.state().active.is_some(), "Send starts an answer");
+    wait_for(&mut h, "the answer", idle);
+    {
+        let conv = selected(h.state());
+        assert_eq!(conv.messages.len(), 2);
+        assert_eq!(conv.messages[0].content, "Hello, how are you?");
+        assert_eq!(conv.title, "Hello, how are you?");
+        let answer = &conv.messages[1];
+        let stats = answer.stats.as_ref().expect("stats under the answer");
+        assert!(stats.tokens > 0 && !answer.content.is_empty());
+        assert!(stats.tokens_per_s > 0.0);
+        assert_eq!(conv.context_used, Some(stats.prompt_tokens + stats.tokens));
+    }
+    // The stats line is shown under the answer.
+    h.get_by_label_contains("tokens/s ·");
+
+    // A long answer, watched while it streams, then stopped.
+    {
+        let app = h.state_mut();
+        let id = app.selected_id().expect("selected");
+        app.store
+            .conversation_mut(id)
+            .expect("conversation")
+            .sampling
+            .max_tokens = 200;
+    }
+    type_into(&mut h, "Message", "Tell me a long story.");
+    h.key_press(egui::Key::Enter);
+    h.step();
+    assert!(h.state().active.is_some(), "Enter sends");
+    wait_for(&mut h, "streaming to start", |app| {
+        app.active.as_ref().is_some_and(|g| g.tokens >= 3)
+    });
+    let streamed = selected(h.state()).messages[3].content.len();
+    wait_for(&mut h, "the transcript to grow", |app| {
+        selected(app).messages[3].content.len() > streamed || idle(app)
+    });
+    assert!(
+        h.state().active.is_some(),
+        "the transcript grows while the answer streams"
+    );
+    h.get_by_label("Stop").click();
+    wait_for(&mut h, "the stop", idle);
+    {
+        let answer = &selected(h.state()).messages[3];
+        let stats = answer.stats.as_ref().expect("stats");
+        assert_eq!(stats.stop, "stopped");
+        assert!(stats.tokens < 200, "stopped early: {} tokens", stats.tokens);
+    }
+
+    // Regenerate replaces the stopped answer with a complete one.
+    h.get_by_label("Regenerate").click();
+    h.step();
+    assert!(h.state().active.is_some(), "Regenerate starts an answer");
+    wait_for(&mut h, "the regenerated answer", idle);
+    {
+        let conv = selected(h.state());
+        assert_eq!(conv.messages.len(), 4);
+        let stats = conv.messages[3].stats.as_ref().expect("stats");
+        assert_ne!(stats.stop, "stopped");
+    }
+
+    // Edit the first user message and resend from there: later turns are dropped.
+    h.get_all_by_label("Edit")
+        .next()
+        .expect("an Edit button")
+        .click();
+    h.run_steps(2);
+    h.get_by_label("Edit the message").focus();
+    h.step();
+    h.get_by_label("Edit the message").type_text(" Briefly.");
+    h.step();
+    h.get_by_label("Save & resend").click();
+    h.step();
+    wait_for(&mut h, "the answer to the edited message", idle);
+    let conversation = {
+        let conv = selected(h.state());
+        assert_eq!(conv.messages.len(), 2);
+        assert_eq!(conv.messages[0].content, "Hello, how are you? Briefly.");
+        assert!(conv.messages[1].stats.is_some());
+        conv.clone()
+    };
+    h.step();
+    drop(h);
+
+    // A new app instance over the same data dir has the conversation and the last model.
+    let mut h = harness(&dir, None, true);
+    assert_eq!(
+        h.state().store.conversation(conversation.id),
+        Some(&conversation)
+    );
+    wait_for(&mut h, "the last model to load again", model_ready);
+    h.get_by_label("Hello, how are you? Briefly.");
+
+    // A broken model file: the error shows up in the UI, and the app keeps working.
+    let broken = dir.join("broken.gguf");
+    std::fs::write(&broken, b"GGUF\x03\x00\x00\x00 not really a model").expect("write");
+    h.get_by_label("Models").click();
+    h.run_steps(2);
+    type_into(&mut h, "Model path", &broken.display().to_string());
+    h.get_by_label("Load").click();
+    wait_for(&mut h, "the load error", |app| app.model_error.is_some());
+    let error = h.state().model_error.clone().expect("error");
+    assert!(error.contains("broken.gguf"), "{error}");
+    h.get_by_label_contains(&error);
+    h.get_all_by_label("Use")
+        .next()
+        .expect("a recent model")
+        .click();
+    wait_for(&mut h, "the good model", model_ready);
+    h.get_by_label("Chat").click();
+    h.run_steps(2);
+    h.get_by_label("New chat").click();
+    h.run_steps(2);
+    {
+        let app = h.state_mut();
+        let id = app.selected_id().expect("selected");
+        let conv = app.store.conversation_mut(id).expect("conversation");
+        conv.sampling = Preset::Precise.sampling();
+        conv.sampling.max_tokens = 8;
+    }
+    type_into(&mut h, "Message", "Still there?");
+    h.get_by_label("Send").click();
+    h.step();
+    wait_for(&mut h, "an answer after the error", idle);
+    assert!(selected(h.state()).messages[1].stats.is_some());
+    assert_eq!(h.state().store.conversations.len(), 2);
+    drop(h);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn overflowing_prompt_offers_to_drop_old_turns() {
+    let dir = fresh_dir("overflow");
+    let mut h = harness(&dir, None, true);
+    h.state_mut().store.state.load.context = Some(48);
+    h.state_mut().load_model(&fixture_model("tiny-qwen2"));
+    wait_for(&mut h, "the model to load", model_ready);
+    {
+        let app = h.state_mut();
+        let id = app.selected_id().expect("selected");
+        let conv = app.store.conversation_mut(id).expect("conversation");
+        conv.sampling = Preset::Precise.sampling();
+        conv.sampling.max_tokens = 4;
+        for i in 0..3 {
+            conv.messages
+                .push(Message::user(&format!("The quick brown fox number {i}.")));
+            let mut answer = Message::assistant();
+            answer.content = "It jumps over the lazy dog again and again.".into();
+            conv.messages.push(answer);
+        }
+    }
+    type_into(&mut h, "Message", "And then?");
+    h.get_by_label("Send").click();
+    wait_for(&mut h, "the overflow", |app| {
+        app.overflow.is_some() && idle(app)
+    });
+    h.get_by_label_contains("context holds 48");
+    h.get_by_label("Drop oldest turns and retry").click();
+    h.step();
+    wait_for(&mut h, "the retried answer", |app| {
+        idle(app) && app.overflow.is_none()
+    });
+    let conv = selected(h.state());
+    assert!(conv.messages.len() < 8, "old turns were dropped");
+    assert_eq!(conv.messages[conv.messages.len() - 2].content, "And then?");
+    assert!(conv.messages.last().expect("answer").stats.is_some());
+    drop(h);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A data dir at a fixed path holding one finished conversation, so the images are the same
+/// on every run (no timings, no temp paths).
+fn snapshot_data_dir() -> PathBuf {
+    // A fixed path, since the Settings view shows it.
+    let dir = PathBuf::from("/tmp/backpack-ui-snapshots");
+    let _ = std::fs::remove_dir_all(&dir);
+    let mut store = Store::open(&dir);
+    let mut conv = Conversation::new(1, Preset::Balanced.sampling(), None);
+    conv.title = "Reverse a string in Rust".into();
+    conv.created = 0;
+    conv.messages
+        .push(Message::user("How do I reverse a string in Rust?"));
+    let mut answer = Message::assistant();
+    answer.content = "Collect the characters in reverse order:\n\n```rust\nfn reverse(s: &str) -> String {\n    s.chars().rev().collect()\n}\n```\n\nThis reverses **Unicode scalar values**; for grapheme clusters use the `unicode-segmentation` crate.".into();
+    answer.stats = Some(AnswerStats {
+        prompt_tokens: 31,
+        tokens: 58,
+        ttft_ms: 12.0,
+        tokens_per_s: 412.5,
+        stop: "end of text".into(),
+    });
+    conv.messages.push(answer);
+    conv.context_used = Some(89);
+    store.conversations.push(conv);
+    store.state.selected_conversation = Some(1);
+    store.save().expect("save");
+    dir
+}
+
+#[test]
+fn main_views_match_snapshots() {
+    let dir = snapshot_data_dir();
+    let mut h = harness(&dir, None, false);
+    let options = SnapshotOptions::new()
+        .output_path(concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/snapshots"));
+    h.run_steps(4);
+    h.snapshot_options("chat", &options);
+    h.get_by_label("Models").click();
+    h.run_steps(4);
+    h.snapshot_options("models", &options);
+    h.get_by_label("Settings").click();
+    h.run_steps(4);
+    h.snapshot_options("settings", &options);
+    h.state_mut().load_model(&fixture_model("tiny-qwen2"));
+    wait_for(&mut h, "the model to load", model_ready);
+    h.get_by_label("Models").click();
+    h.run_steps(4);
+    h.snapshot_options("models_loaded", &options);
+    drop(h);
+    let _ = std::fs::remove_dir_all(&dir);
+}

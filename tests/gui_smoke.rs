@@ -1,0 +1,203 @@
+//! The real binary in a real (virtual) X display: `backpack --model <fixture>` opens a window
+//! under Xvfb, draws it (checked on the X server's pixels with xwd), and exits cleanly with
+//! status 0 when closed with Ctrl+Q, saving its state. Needs Xvfb, xdotool and xwd
+//! (tests/setup.sh installs them).
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+struct KillOnDrop(Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn require(tool: &str) {
+    let found = Command::new("sh")
+        .args(["-c", &format!("command -v {tool}")])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    assert!(
+        found,
+        "{tool} is missing: install xvfb, xdotool and x11-apps (tests/setup.sh does when run as root)"
+    );
+}
+
+/// Starts Xvfb on a free display number.
+fn start_xvfb() -> (KillOnDrop, String) {
+    for n in 90..140 {
+        if Path::new(&format!("/tmp/.X11-unix/X{n}")).exists()
+            || Path::new(&format!("/tmp/.X{n}-lock")).exists()
+        {
+            continue;
+        }
+        let display = format!(":{n}");
+        let child = Command::new("Xvfb")
+            .args([
+                display.as_str(),
+                "-screen",
+                "0",
+                "1280x800x24",
+                "-nolisten",
+                "tcp",
+            ])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("Xvfb starts");
+        let guard = KillOnDrop(child);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < deadline {
+            if Path::new(&format!("/tmp/.X11-unix/X{n}")).exists() {
+                return (guard, display);
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+    panic!("could not start Xvfb");
+}
+
+fn x_tool(display: &str, tool: &str, args: &[&str]) -> std::process::Output {
+    Command::new(tool)
+        .args(args)
+        .env("DISPLAY", display)
+        .output()
+        .unwrap_or_else(|e| panic!("{tool}: {e}"))
+}
+
+/// Distinct pixel values in an XWD dump (ZPixmap): a drawn window has many, a blank one one.
+fn distinct_colors(xwd: &[u8]) -> usize {
+    let field = |i: usize| -> usize {
+        u32::from_be_bytes(xwd[i * 4..i * 4 + 4].try_into().expect("4 bytes")) as usize
+    };
+    assert!(xwd.len() > 100, "xwd output too short");
+    let header = field(0);
+    let height = field(5);
+    let bits_per_pixel = field(11);
+    let bytes_per_line = field(12);
+    let ncolors = field(19);
+    let start = header + ncolors * 12;
+    let pixels = &xwd[start..start + height * bytes_per_line];
+    let bytes = bits_per_pixel / 8;
+    let mut seen = std::collections::HashSet::new();
+    for chunk in pixels.chunks_exact(bytes) {
+        seen.insert(chunk.to_vec());
+    }
+    seen.len()
+}
+
+#[test]
+fn window_opens_renders_and_closes_cleanly() {
+    for tool in ["Xvfb", "xdotool", "xwd"] {
+        require(tool);
+    }
+    let (_xvfb, display) = start_xvfb();
+    let data_dir = std::env::temp_dir().join(format!("backpack-smoke-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&data_dir);
+    let model: PathBuf =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/models/tiny-qwen2");
+    let stderr_path = data_dir.with_extension("stderr");
+    let child = Command::new(env!("CARGO_BIN_EXE_backpack"))
+        .arg("--model")
+        .arg(&model)
+        .arg("--data-dir")
+        .arg(&data_dir)
+        .env("DISPLAY", &display)
+        .env_remove("WAYLAND_DISPLAY")
+        .env("BACKPACK_FRAME_STATS", "1")
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&stderr_path).expect("stderr file"))
+        .spawn()
+        .expect("backpack starts");
+    let mut app = KillOnDrop(child);
+    let log = || std::fs::read_to_string(&stderr_path).unwrap_or_default();
+
+    // The window appears.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let window = loop {
+        let out = x_tool(&display, "xdotool", &["search", "--name", "^Backpack$"]);
+        let ids = String::from_utf8_lossy(&out.stdout).to_string();
+        if let Some(id) = ids.split_whitespace().next() {
+            break id.to_owned();
+        }
+        if let Ok(Some(status)) = app.0.try_wait() {
+            panic!("backpack exited early with {status}:\n{}", log());
+        }
+        assert!(Instant::now() < deadline, "no window appeared:\n{}", log());
+        std::thread::sleep(Duration::from_millis(200));
+    };
+
+    // It draws: the window's pixels on the X server are not a blank fill.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let colors = loop {
+        std::thread::sleep(Duration::from_millis(500));
+        let dump = x_tool(&display, "xwd", &["-id", &window, "-silent"]);
+        let colors = if dump.status.success() {
+            distinct_colors(&dump.stdout)
+        } else {
+            0
+        };
+        if colors > 20 || Instant::now() > deadline {
+            break colors;
+        }
+    };
+    assert!(
+        colors > 20,
+        "the window looks blank ({colors} colors):\n{}",
+        log()
+    );
+    // Once the model has loaded, a typed message streams an answer (the composer has focus).
+    std::thread::sleep(Duration::from_secs(2));
+    x_tool(&display, "xdotool", &["windowfocus", "--sync", &window]);
+    x_tool(
+        &display,
+        "xdotool",
+        &["type", "--delay", "20", "Hello there"],
+    );
+    x_tool(&display, "xdotool", &["key", "Return"]);
+    std::thread::sleep(Duration::from_secs(4));
+
+    // Ctrl+Q closes it; the process exits with 0 and has saved its state.
+    x_tool(&display, "xdotool", &["windowfocus", "--sync", &window]);
+    x_tool(&display, "xdotool", &["key", "--clearmodifiers", "ctrl+q"]);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let status = loop {
+        if let Some(status) = app.0.try_wait().expect("wait") {
+            break status;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the app did not exit after Ctrl+Q:\n{}",
+            log()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let stderr = log();
+    assert!(status.success(), "exit status {status}:\n{stderr}");
+    assert!(!stderr.contains("panicked"), "the app panicked:\n{stderr}");
+    let stats = stderr
+        .lines()
+        .find(|l| l.starts_with("frame stats:"))
+        .unwrap_or_else(|| panic!("no frame stats:\n{stderr}"));
+    assert!(
+        !stats.contains("generating: no frames"),
+        "no frames were drawn while the answer streamed: {stats}"
+    );
+    let state = std::fs::read_to_string(data_dir.join("state.json")).expect("state saved on exit");
+    assert!(
+        state.contains("tiny-qwen2"),
+        "the loaded model is remembered: {state}"
+    );
+    let chats = std::fs::read_to_string(data_dir.join("conversations.json")).expect("chats saved");
+    assert!(
+        chats.contains("Hello there"),
+        "the typed message was sent: {chats}"
+    );
+    println!("{stats}");
+    let _ = std::fs::remove_dir_all(&data_dir);
+    let _ = std::fs::remove_file(&stderr_path);
+}
