@@ -78,6 +78,15 @@ fn selected(app: &BackpackApp) -> &Conversation {
     app.selected().expect("a conversation is selected")
 }
 
+/// Greedy sampling with at most `max_tokens` for the selected conversation: quick, repeatable.
+fn greedy(h: &mut Harness<'_, BackpackApp>, max_tokens: u32) {
+    let app = h.state_mut();
+    let id = app.selected_id().expect("selected");
+    let conv = app.store.conversation_mut(id).expect("conversation");
+    conv.sampling = Preset::Precise.sampling();
+    conv.sampling.max_tokens = max_tokens;
+}
+
 fn type_into(h: &mut Harness<'_, BackpackApp>, label: &str, text: &str) {
     h.get_by_label(label).focus();
     h.step();
@@ -91,14 +100,7 @@ fn chat_streams_stops_regenerates_edits_and_persists() {
     let mut h = harness(&dir, Some(fixture_model("tiny-qwen2")), true);
     wait_for(&mut h, "the model to load", model_ready);
     assert!(h.state().model_error.is_none());
-    // Greedy and short, so the run is quick and repeatable.
-    {
-        let app = h.state_mut();
-        let id = app.selected_id().expect("selected");
-        let conv = app.store.conversation_mut(id).expect("conversation");
-        conv.sampling = Preset::Precise.sampling();
-        conv.sampling.max_tokens = 24;
-    }
+    greedy(&mut h, 24);
 
     // Type a prompt and press Send: tokens stream into the transcript.
     type_into(&mut h, "Message", "Hello, how are you?");
@@ -121,15 +123,7 @@ fn chat_streams_stops_regenerates_edits_and_persists() {
     h.get_by_label_contains("tokens/s ·");
 
     // A long answer, watched while it streams, then stopped.
-    {
-        let app = h.state_mut();
-        let id = app.selected_id().expect("selected");
-        app.store
-            .conversation_mut(id)
-            .expect("conversation")
-            .sampling
-            .max_tokens = 200;
-    }
+    greedy(&mut h, 200);
     type_into(&mut h, "Message", "Tell me a long story.");
     h.key_press(egui::Key::Enter);
     h.step();
@@ -186,6 +180,23 @@ fn chat_streams_stops_regenerates_edits_and_persists() {
         assert!(conv.messages[1].stats.is_some());
         conv.clone()
     };
+    // Exports: Markdown with the transcript, JSON that reads back as the same conversation.
+    let md = dir.join("export/chat.md");
+    let json = dir.join("export/chat.json");
+    h.state()
+        .export_conversation(conversation.id, &md, false)
+        .expect("markdown");
+    h.state()
+        .export_conversation(conversation.id, &json, true)
+        .expect("json");
+    let text = std::fs::read_to_string(&md).expect("md");
+    assert!(
+        text.contains("## User\n\nHello, how are you? Briefly."),
+        "{text}"
+    );
+    let back: Conversation =
+        serde_json::from_str(&std::fs::read_to_string(&json).expect("json")).expect("parses");
+    assert_eq!(back, conversation);
     h.step();
     drop(h);
 
@@ -218,13 +229,7 @@ fn chat_streams_stops_regenerates_edits_and_persists() {
     h.run_steps(2);
     h.get_by_label("New chat").click();
     h.run_steps(2);
-    {
-        let app = h.state_mut();
-        let id = app.selected_id().expect("selected");
-        let conv = app.store.conversation_mut(id).expect("conversation");
-        conv.sampling = Preset::Precise.sampling();
-        conv.sampling.max_tokens = 8;
-    }
+    greedy(&mut h, 8);
     type_into(&mut h, "Message", "Still there?");
     h.get_by_label("Send").click();
     h.step();
@@ -242,12 +247,11 @@ fn overflowing_prompt_offers_to_drop_old_turns() {
     h.state_mut().store.state.load.context = Some(48);
     h.state_mut().load_model(&fixture_model("tiny-qwen2"));
     wait_for(&mut h, "the model to load", model_ready);
+    greedy(&mut h, 4);
     {
         let app = h.state_mut();
         let id = app.selected_id().expect("selected");
         let conv = app.store.conversation_mut(id).expect("conversation");
-        conv.sampling = Preset::Precise.sampling();
-        conv.sampling.max_tokens = 4;
         for i in 0..3 {
             conv.messages
                 .push(Message::user(&format!("The quick brown fox number {i}.")));

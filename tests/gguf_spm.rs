@@ -122,23 +122,15 @@ fn sentencepiece_gguf_generates_like_transformers() {
             let stats = model
                 .generate(&prompt, &params, 1, &AtomicU64::new(0), |_, _| {})
                 .expect("generate");
-            let comparable = case
-                .top2_margins
-                .iter()
-                .position(|&m| m < near_tie)
-                .unwrap_or(case.greedy_tokens.len());
-            let n = comparable.min(stats.tokens.len());
-            assert!(
-                n >= 4,
-                "{dtype:?} {:?}: only {n} comparable tokens",
-                case.prompt
+            let what = format!("{dtype:?} {:?}", case.prompt);
+            let n = common::assert_greedy_prefix(
+                &what,
+                &stats.tokens,
+                &case.greedy_tokens,
+                &case.top2_margins,
+                near_tie,
             );
-            assert_eq!(
-                &stats.tokens[..n],
-                &case.greedy_tokens[..n],
-                "{dtype:?} {:?}",
-                case.prompt
-            );
+            assert!(n >= 4, "{what}: only {n} comparable tokens");
         }
     }
 }

@@ -119,18 +119,12 @@ fn smollm2_gguf_chats_like_transformers() {
             let stats = model
                 .generate(&prompt, &params, 1, &AtomicU64::new(0), |_, _| {})
                 .expect("generate");
-            let comparable = case
-                .top2_margins
-                .iter()
-                .position(|&m| m < near_tie)
-                .unwrap_or(case.greedy_tokens.len());
-            let n = comparable.min(stats.tokens.len());
-            assert_eq!(
-                &stats.tokens[..n],
-                &case.greedy_tokens[..n],
-                "{dtype:?} {:?}: {:?}",
-                case.prompt,
-                stats.text
+            common::assert_greedy_prefix(
+                &format!("{dtype:?} {:?}: {:?}", case.prompt, stats.text),
+                &stats.tokens,
+                &case.greedy_tokens,
+                &case.top2_margins,
+                near_tie,
             );
             if case.prompt.contains("France") {
                 assert!(stats.text.contains("Paris"), "{}", stats.text);

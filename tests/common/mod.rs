@@ -75,3 +75,23 @@ pub fn assert_close(what: &str, got: &[f32], want: &[f32], scale: &[f32], atol: 
         worst.1
     );
 }
+
+/// Greedy tokens `got` against a golden continuation `want`, compared up to the first step
+/// whose top-2 logit margin (`margins`) is under `near_tie`: past a near-tie a different
+/// summation order may legitimately pick the other token. Returns how many were compared.
+#[allow(dead_code)]
+pub fn assert_greedy_prefix(
+    what: &str,
+    got: &[u32],
+    want: &[u32],
+    margins: &[f32],
+    near_tie: f32,
+) -> usize {
+    let comparable = margins
+        .iter()
+        .position(|&m| m < near_tie)
+        .unwrap_or(want.len());
+    let n = comparable.min(got.len());
+    assert_eq!(&got[..n], &want[..n], "{what}");
+    n
+}

@@ -622,27 +622,19 @@ impl BackpackApp {
                     self.load_model(&path);
                 }
                 DialogKind::ExportMarkdown(id) | DialogKind::ExportJson(id) => {
-                    let Some(conv) = self.store.conversation(id) else {
-                        continue;
-                    };
-                    let bytes = match kind {
-                        DialogKind::ExportMarkdown(_) => Ok(conv.to_markdown().into_bytes()),
-                        _ => serde_json::to_vec_pretty(conv),
-                    };
-                    let result = bytes
-                        .map_err(anyhow::Error::from)
-                        .and_then(|b| store::write_atomic(&path, &b));
-                    self.notices.push(match result {
-                        Ok(()) => format!("Exported to {}", path.display()),
-                        Err(e) => format!("Export failed: {e:#}"),
-                    });
+                    let json = matches!(kind, DialogKind::ExportJson(_));
+                    self.notices
+                        .push(match self.export_conversation(id, &path, json) {
+                            Ok(()) => format!("Exported to {}", path.display()),
+                            Err(e) => format!("Export failed: {e:#}"),
+                        });
                 }
             }
         }
     }
 
-    /// Writes a conversation export without a dialog (what the dialog does once a path is
-    /// chosen).
+    /// Writes conversation `id` to `path` as JSON or Markdown (what the export dialogs do once a
+    /// path is chosen).
     pub fn export_conversation(&self, id: u64, path: &Path, json: bool) -> anyhow::Result<()> {
         let conv = self
             .store
