@@ -2,9 +2,10 @@
 // optionally normalised on the fly (RMSNorm / LayerNorm fused in front of the product).
 // W is row-major [n][k] with rows padded to whole vec4 words; f16 weights are read as packed
 // u32 pairs, so no shader-f16 support is needed. Each workgroup computes WG/TPR rows, TPR lanes
-// per row striding over k, then reduces each row (subgroups where available).
+// per row striding over k, then reduces each row (subgroups where available); RB such blocks of
+// rows per workgroup share the staged input.
 //
-// Defines: WG, TPR, EPV (elements per vec4 word: 4 for f32, 8 for f16), ROW_VECS (the row
+// Defines: WG, TPR, RB, EPV (elements per vec4 word: 4 for f32, 8 for f16), ROW_VECS (the row
 // stride in vec4 words, fixed per pipeline so the loop over a row has a known trip count),
 // F16, NORM, NORM_LAYER, BIAS, GLU (y = silu(W_gate·x̂) * (W_up·x̂), the up block at
 // glu_offset), GELU (tanh form), GELU_ERF, RESIDUAL (y += ...), SUBGROUP, XCACHE (x̂ staged once in workgroup memory,
@@ -58,6 +59,17 @@ var<workgroup> red: array<f32, {{WG}}>;
 var<workgroup> norm_stats: vec2<f32>;
 #if XCACHE
 var<workgroup> xs: array<vec4<f32>, {{ROW_VECS}}u * {{EPV}}u / 4u>;
+
+// Where vec4 i of x̂ is staged. Quantized products give each lane whole 32-element sub-blocks,
+// so lanes read the same vec4 of consecutive sub-blocks at once: vec4 j of sub-block s sits at
+// j·(sub-blocks) + s, which puts those reads in consecutive words rather than in one bank.
+fn xs_slot(i: u32) -> u32 {
+#if QUANT
+    return (i % 8u) * ({{ROW_VECS}}u / 8u) + i / 8u;
+#else
+    return i;
+#endif
+}
 #endif
 
 fn wg_sum(tid: u32, v: f32) -> f32 {
@@ -139,7 +151,7 @@ fn x4(base: u32, k0: u32) -> vec4<f32> {
 // Four normalised inputs at k0, from workgroup memory when staged.
 fn xin4(base: u32, k0: u32) -> vec4<f32> {
 #if XCACHE
-    return xs[k0 / 4u];
+    return xs[xs_slot(k0 / 4u)];
 #else
     return x4(base, k0);
 #endif
@@ -230,84 +242,87 @@ fn main(
             }
             merged *= hs.y;
         }
-        xs[i] = merged;
+        xs[xs_slot(i)] = merged;
     }
     workgroupBarrier();
 #else
 #if XCACHE
     for (var i = tid; i < {{ROW_VECS}}u * {{EPV}}u / 4u; i += {{WG}}u) {
-        xs[i] = x4(base, 4u * i);
+        xs[xs_slot(i)] = x4(base, 4u * i);
     }
     workgroupBarrier();
 #endif
 #endif
     let lane = tid % {{TPR}}u;
-    let row = group * ({{WG}}u / {{TPR}}u) + tid / {{TPR}}u;
-    let live = row < p.n;
-    var acc = 0.0;
-    var acc_up = 0.0;
-    if (live) {
+    // RB blocks of WG/TPR rows share one staged (and normalised) input.
+    for (var rb = 0u; rb < {{RB}}u; rb++) {
+        let row = (group * {{RB}}u + rb) * ({{WG}}u / {{TPR}}u) + tid / {{TPR}}u;
+        let live = row < p.n;
+        var acc = 0.0;
+        var acc_up = 0.0;
+        if (live) {
 #if QUANT
-        for (var sb = lane; sb < {{SUBS}}u; sb += {{TPR}}u) {
-            acc += q_dot(row, sb, p.q_scales, base);
+            for (var sb = lane; sb < {{SUBS}}u; sb += {{TPR}}u) {
+                acc += q_dot(row, sb, p.q_scales, base);
 #if GLU
-            acc_up += q_dot(row + p.n, sb, p.q_scales, base);
+                acc_up += q_dot(row + p.n, sb, p.q_scales, base);
 #endif
-        }
+            }
 #else
-        let wrow = row * {{ROW_VECS}}u;
-        for (var v = lane; v < {{ROW_VECS}}u; v += {{TPR}}u) {
+            let wrow = row * {{ROW_VECS}}u;
+            for (var v = lane; v < {{ROW_VECS}}u; v += {{TPR}}u) {
 #if XCACHE
 #if F16
-            let xa = xs[2u * v];
-            let xb = xs[2u * v + 1u];
+                let xa = xs[2u * v];
+                let xb = xs[2u * v + 1u];
 #else
-            let xa = xs[v];
+                let xa = xs[v];
 #endif
 #else
-            let k0 = v * {{EPV}}u;
-            let xa = x4(base, k0);
+                let k0 = v * {{EPV}}u;
+                let xa = x4(base, k0);
 #if F16
-            let xb = x4(base, k0 + 4u);
+                let xb = x4(base, k0 + 4u);
 #endif
 #endif
 #if F16
-            acc += dot_row(w[wrow + v], xa, xb);
+                acc += dot_row(w[wrow + v], xa, xb);
 #if GLU
-            acc_up += dot_row(w[p.glu_offset + wrow + v], xa, xb);
+                acc_up += dot_row(w[p.glu_offset + wrow + v], xa, xb);
 #endif
 #else
-            acc += dot(w[wrow + v], xa);
+                acc += dot(w[wrow + v], xa);
 #if GLU
-            acc_up += dot(w[p.glu_offset + wrow + v], xa);
+                acc_up += dot(w[p.glu_offset + wrow + v], xa);
 #endif
+#endif
+            }
 #endif
         }
-#endif
-    }
-    var r = row_sum(tid, lane, acc, sg_lane, sg_size);
+        var r = row_sum(tid, lane, acc, sg_lane, sg_size);
 #if GLU
-    var up = row_sum(tid, lane, acc_up, sg_lane, sg_size);
+        var up = row_sum(tid, lane, acc_up, sg_lane, sg_size);
 #endif
-    if (live && lane == 0u) {
+        if (live && lane == 0u) {
 #if BIAS
-        r += bias[row];
+            r += bias[row];
 #endif
 #if GLU
 #if BIAS
-        up += bias[row + p.n];
+            up += bias[row + p.n];
 #endif
-        r = silu(r) * up;
+            r = silu(r) * up;
 #endif
 #if GELU
-        r = gelu_tanh(r);
+            r = gelu_tanh(r);
 #endif
 #if GELU_ERF
-        r = gelu_erf(r);
+            r = gelu_erf(r);
 #endif
 #if RESIDUAL
-        r += y[row];
+            r += y[row];
 #endif
-        y[row] = r;
+            y[row] = r;
+        }
     }
 }

@@ -6,6 +6,8 @@ use crate::gpu::{Gpu, GpuError, Kernel, Recorder, StorageBuffer, UniformBuffer};
 const SOURCE: &str = include_str!("../../../shaders/matvec.wgsl");
 const WG: u32 = 256;
 const XCACHE_MAX_BYTES: u64 = 16 * 1024;
+/// Workgroups a product keeps at least, before rows are grouped into fewer workgroups.
+const MIN_WORKGROUPS: u32 = 512;
 
 #[repr(C)]
 #[derive(Clone, Copy, Pod, Zeroable)]
@@ -83,6 +85,7 @@ impl MatVec {
                 w.cols
             )));
         }
+        let rb = Self::row_blocks_per_workgroup(n.div_ceil(WG / tpr));
         let xvec4 = w.cols.is_multiple_of(4);
         let heads = opts.combine.as_ref().map_or(1, |c| c.heads);
         let mut defines = w.defines();
@@ -98,6 +101,7 @@ impl MatVec {
             ("MIN_SPLIT", super::attention::MIN_SPLIT.to_string()),
             ("MAX_SPLITS", super::attention::MAX_SPLITS.to_string()),
             ("TPR", tpr.to_string()),
+            ("RB", rb.to_string()),
             flag("SUBGROUP", subgroups),
             flag("NORM", opts.norm.is_some()),
             flag(
@@ -169,9 +173,20 @@ impl MatVec {
         Ok(Self {
             kernel,
             bind_group,
-            workgroups: n.div_ceil(WG / tpr),
+            workgroups: n.div_ceil(WG / tpr * rb),
             _params: params,
         })
+    }
+
+    /// How many blocks of rows one workgroup computes. Each workgroup stages (and normalises)
+    /// the whole input row once, so a workgroup per few rows repeats that work thousands of
+    /// times on large matrices; but too few workgroups leave the GPU's cores idle.
+    fn row_blocks_per_workgroup(blocks: u32) -> u32 {
+        let target = std::env::var("BACKPACK_MATVEC_WG_TARGET")
+            .ok()
+            .and_then(|v| v.parse::<u32>().ok())
+            .unwrap_or(MIN_WORKGROUPS);
+        (blocks / target.max(1)).clamp(1, 16)
     }
 
     /// Whether rows of `cols` inputs are staged in workgroup memory on this device (short rows
