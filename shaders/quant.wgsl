@@ -20,6 +20,11 @@ fn nib_hi(w: u32) -> vec4<f32> {
     return vec4<f32>(vec4<u32>((w >> 4u) & 0xFu, (w >> 12u) & 0xFu, (w >> 20u) & 0xFu, w >> 28u));
 }
 
+// The nibble at bit `shift` (0 or 4) of each byte of w.
+fn nib_at(w: u32, shift: u32) -> vec4<f32> {
+    return vec4<f32>((vec4<u32>(w) >> vec4<u32>(shift, shift + 8u, shift + 16u, shift + 24u)) & vec4<u32>(0xFu));
+}
+
 fn bytes_i8(w: u32) -> vec4<f32> {
     return vec4<f32>(vec4<i32>(
         i32(w << 24u) >> 24u, i32(w << 16u) >> 24u, i32(w << 8u) >> 24u, i32(w) >> 24u));
@@ -162,12 +167,14 @@ Q_DECODE_PAIR
     let scale = dd.x * sm.x;
     let shift = dd.y * sm.y;
     let qs = base + quants + 8u * (sub / 2u);
+    // Even sub-blocks are the low nibbles of their 32 bytes, odd ones the high nibbles.
+    let nshift = 4u * (sub % 2u);
     for (var j = 0u; j < 8u; j++) {
         let w = qw[qs + j];
 #if Q5_K
-        let q = select(nib_hi(w), nib_lo(w), sub % 2u == 0u) + 16.0 * bits4(qw[base + 4u + j], sub);
+        let q = nib_at(w, nshift) + 16.0 * bits4(qw[base + 4u + j], sub);
 #else
-        let q = select(nib_hi(w), nib_lo(w), sub % 2u == 0u);
+        let q = nib_at(w, nshift);
 #endif
         EMIT(j; scale * q - shift);
     }
@@ -183,7 +190,7 @@ Q_DECODE_PAIR
     let ql = base + 16u * half_ + 8u * (part % 2u);
     let qh = base + 32u + 8u * half_;
     for (var j = 0u; j < 8u; j++) {
-        let lo = select(nib_hi(qw[ql + j]), nib_lo(qw[ql + j]), part < 2u);
+        let lo = nib_at(qw[ql + j], select(4u, 0u, part < 2u));
         let h = qw[qh + j];
         let shift = 2u * part;
         let hi = vec4<f32>(vec4<u32>((h >> shift) & 3u, (h >> (shift + 8u)) & 3u,

@@ -3,6 +3,9 @@
 //! conversations survive a restart, a broken model shows an error and the app keeps working,
 //! and the main views match committed snapshots (tests/snapshots).
 
+#[path = "support/fake_hub.rs"]
+mod fake_hub;
+
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -33,17 +36,27 @@ fn harness(
     model: Option<PathBuf>,
     any_text: bool,
 ) -> Harness<'static, BackpackApp> {
+    harness_with(
+        AppConfig {
+            data_dir: data_dir.to_owned(),
+            model,
+            // No test reaches the internet: the hub is a closed local port unless a test
+            // starts a stand-in.
+            hub_endpoint: Some("http://127.0.0.1:9".into()),
+            models_dir: Some(data_dir.join("models")),
+            frame_stats: false,
+        },
+        any_text,
+    )
+}
+
+fn harness_with(config: AppConfig, any_text: bool) -> Harness<'static, BackpackApp> {
     let egui_wgpu::WgpuSetup::CreateNew(mut setup) = egui_kittest::wgpu::default_wgpu_setup()
     else {
         panic!("kittest's default setup creates a device");
     };
     setup.instance_descriptor.flags = wgpu::InstanceFlags::empty();
     setup.device_descriptor = Arc::new(engine_link::device_descriptor);
-    let config = AppConfig {
-        data_dir: data_dir.to_owned(),
-        model,
-        frame_stats: false,
-    };
     let mut builder = Harness::builder();
     if any_text {
         builder = builder.allow_missing_glyphs();
@@ -319,6 +332,11 @@ fn main_views_match_snapshots() {
     h.get_by_label("Models").click();
     h.run_steps(4);
     h.snapshot_options("models", &options);
+    h.get_by_label("Catalog").click();
+    h.run_steps(4);
+    h.snapshot_options("models_catalog", &options);
+    h.get_by_label("Installed").click();
+    h.run_steps(2);
     h.get_by_label("Settings").click();
     h.run_steps(4);
     h.snapshot_options("settings", &options);
@@ -327,6 +345,95 @@ fn main_views_match_snapshots() {
     h.get_by_label("Models").click();
     h.run_steps(4);
     h.snapshot_options("models_loaded", &options);
+    drop(h);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn models_panel_searches_downloads_with_progress_and_uses_the_model() {
+    use fake_hub::{FakeFile, FakeHub, FakeRepo, Fault};
+    let gguf = std::fs::read(fixture_model("tiny-llama-spm.gguf")).expect("fixture");
+    let size = gguf.len();
+    let hub = FakeHub::start(vec![FakeRepo {
+        id: "tiny/spm-GGUF".into(),
+        commit: "5eed000000000000000000000000000000000003".into(),
+        gated: false,
+        files: vec![FakeFile::new("tiny-spm-Q8_0.gguf", gguf, true)],
+    }]);
+    // Slow enough to watch the progress bar, and one dropped connection to resume from.
+    hub.fault(Fault::Slow {
+        file: "tiny-spm-Q8_0.gguf".into(),
+        chunk: 8 << 10,
+        every: Duration::from_millis(15),
+    });
+    hub.fault(Fault::Drop {
+        file: "tiny-spm-Q8_0.gguf".into(),
+        after: 50_000,
+        times: 1,
+    });
+    let dir = fresh_dir("downloads");
+    let mut h = harness_with(
+        AppConfig {
+            data_dir: dir.clone(),
+            model: None,
+            hub_endpoint: Some(hub.url.clone()),
+            models_dir: Some(dir.join("models")),
+            frame_stats: false,
+        },
+        true,
+    );
+    h.get_by_label("Models").click();
+    h.run_steps(2);
+    h.get_by_label("Search the hub").click();
+    h.run_steps(2);
+    type_into(&mut h, "Search text", "spm");
+    h.get_by_label("Search").click();
+    wait_for(&mut h, "search results", |app| {
+        app.downloads
+            .as_ref()
+            .is_some_and(|d| d.results.as_ref().is_ok_and(|r| !r.is_empty()))
+    });
+    h.get_by_label("tiny/spm-GGUF").click();
+    wait_for(&mut h, "the repo listing", |app| {
+        app.downloads
+            .as_ref()
+            .is_some_and(|d| d.listing.as_ref().is_some_and(|l| l.is_ok()))
+    });
+    h.run_steps(2);
+    h.get_by_label("Download Q8_0").click();
+    wait_for(&mut h, "download progress", |app| {
+        app.downloads.as_ref().is_some_and(|d| {
+            d.jobs
+                .first()
+                .and_then(|j| j.progress.as_ref())
+                .is_some_and(|p| p.done > 0 && (p.done as usize) < size)
+        })
+    });
+    h.run_steps(2);
+    // The queue shows the bar with bytes, speed and the way to pause or cancel.
+    h.get_by_label_contains("KiB of");
+    h.get_by_label("Pause");
+    h.get_by_label("Cancel");
+    wait_for(&mut h, "the verified download", |app| {
+        app.downloads.as_ref().is_some_and(|d| {
+            d.jobs
+                .first()
+                .is_some_and(|j| matches!(j.state, backpack_app::gui::downloads::JobState::Done(_)))
+        })
+    });
+    h.run_steps(2);
+    h.get_by_label("Use").click();
+    wait_for(&mut h, "the downloaded model", model_ready);
+    assert!(h.state().model_error.is_none());
+    // Installed, and listed for the chat's model picker.
+    let installed = h
+        .state()
+        .downloads
+        .as_ref()
+        .map(|d| d.library.list())
+        .unwrap_or_default();
+    assert_eq!(installed.len(), 1);
+    assert_eq!(installed[0].repo, "tiny/spm-GGUF");
     drop(h);
     let _ = std::fs::remove_dir_all(&dir);
 }

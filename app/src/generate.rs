@@ -12,7 +12,8 @@ use crate::{DTypeArg, QuantArg};
 
 #[derive(Args)]
 pub struct GenerateArgs {
-    /// Model folder (HF layout: config.json, *.safetensors, tokenizer.json).
+    /// Model: a folder (HF layout: config.json, *.safetensors, tokenizer.json), a .gguf file, or
+    /// the repo id of an installed model (see `backpack models`).
     #[arg(long)]
     model: PathBuf,
     /// The prompt: one user message put through the model's chat template.
@@ -53,10 +54,28 @@ pub struct GenerateArgs {
     json: bool,
 }
 
-pub fn run(args: GenerateArgs, adapter: Option<&str>) -> Result<()> {
-    if !args.model.exists() {
-        bail!("model path {} does not exist", args.model.display());
+/// A path as given, or the installed model of that repo id.
+pub fn resolve_model(model: &std::path::Path) -> Result<PathBuf> {
+    if model.exists() {
+        return Ok(model.to_owned());
     }
+    let text = model.to_string_lossy();
+    if backpack_engine::hub::valid_repo_id(&text) {
+        let data = backpack_app::gui::store::default_data_dir();
+        let library =
+            backpack_engine::hub::Library::new(backpack_app::hubutil::default_models_dir(&data));
+        if let Some(installed) = library.find(&text) {
+            return Ok(installed.model_path());
+        }
+        bail!(
+            "{text} is neither a path nor an installed model; download it with `backpack models download {text}`"
+        );
+    }
+    bail!("model path {} does not exist", model.display())
+}
+
+pub fn run(args: GenerateArgs, adapter: Option<&str>) -> Result<()> {
+    let model = resolve_model(&args.model)?;
     let gpu = crate::open_gpu(adapter)?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
@@ -65,7 +84,7 @@ pub fn run(args: GenerateArgs, adapter: Option<&str>) -> Result<()> {
     runtime.block_on(async move {
         let (engine, mut events) = Engine::spawn(gpu, None);
         engine.load(
-            args.model.clone(),
+            model,
             ModelOptions {
                 dtype: match args.quant {
                     Some(QuantArg::F16) => backpack_engine::ops::WeightDType::F16,

@@ -2,6 +2,7 @@
 //! without a window.
 
 pub mod gui;
+pub mod hubutil;
 
 use anyhow::anyhow;
 use eframe::egui;

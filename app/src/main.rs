@@ -3,6 +3,7 @@
 
 mod bench;
 mod generate;
+mod models_cmd;
 
 use anyhow::Result;
 use clap::{Parser, Subcommand, ValueEnum};
@@ -18,7 +19,8 @@ struct Cli {
     /// GPU adapter to use: a case-insensitive part of its name (also BACKPACK_ADAPTER).
     #[arg(long, global = true)]
     adapter: Option<String>,
-    /// Open the window with this model loaded (an HF folder, a .gguf file, or a folder with one).
+    /// Open the window with this model loaded (an HF folder, a .gguf file, a folder with one, or
+    /// an installed repo id).
     #[arg(long)]
     model: Option<std::path::PathBuf>,
     /// Where settings and conversations are kept (default: the platform data dir, or
@@ -35,6 +37,8 @@ enum Command {
     Generate(generate::GenerateArgs),
     /// Measure prefill and decode speed of a model shape with random weights.
     Bench(bench::BenchArgs),
+    /// The model library: list, search the hub, download (verified, resumable), remove.
+    Models(models_cmd::ModelsArgs),
 }
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
@@ -96,18 +100,21 @@ fn main() -> Result<()> {
     match cli.command {
         Some(Command::Generate(args)) => generate::run(args, cli.adapter.as_deref()),
         Some(Command::Bench(args)) => bench::run(args, cli.adapter.as_deref()),
+        Some(Command::Models(args)) => models_cmd::run(args, cli.adapter.as_deref()),
         None => {
-            if let Some(model) = &cli.model
-                && !model.exists()
-            {
-                anyhow::bail!("model path {} does not exist", model.display());
-            }
+            let model = cli
+                .model
+                .as_deref()
+                .map(generate::resolve_model)
+                .transpose()?;
             let config = backpack_app::gui::AppConfig {
                 data_dir: cli
                     .data_dir
                     .unwrap_or_else(backpack_app::gui::store::default_data_dir),
-                model: cli.model,
+                model,
                 frame_stats: std::env::var_os("BACKPACK_FRAME_STATS").is_some(),
+                hub_endpoint: None,
+                models_dir: None,
             };
             backpack_app::run_gui(config, cli.adapter.as_deref())
         }

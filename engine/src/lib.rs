@@ -7,6 +7,7 @@
 //! out as an [`runtime::Event`].
 
 pub mod gpu;
+pub mod hub;
 pub mod load;
 pub mod models;
 pub mod ops;

@@ -177,6 +177,7 @@ fn header(app: &mut BackpackApp, ui: &mut egui::Ui, actions: &mut Vec<Action>) {
     let context = app.model_info().map(|i| i.context);
     let loaded = app.model_path().map(std::path::Path::to_owned);
     let recent = app.store.state.recent_models.clone();
+    let library = app.downloads.as_ref().map(|d| d.library.clone());
     let generating = app.active.as_ref().is_some_and(|g| g.conversation == id);
     let live_tokens = app
         .active
@@ -224,6 +225,8 @@ fn header(app: &mut BackpackApp, ui: &mut egui::Ui, actions: &mut Vec<Action>) {
             .selected_text(current)
             .width(260.0)
             .show_ui(ui, |ui| {
+                // Read only while the list is open.
+                let installed = library.as_ref().map(|l| l.list()).unwrap_or_default();
                 for path in &recent {
                     let is_loaded = loaded.as_deref() == Some(path.as_path());
                     if ui
@@ -236,6 +239,22 @@ fn header(app: &mut BackpackApp, ui: &mut egui::Ui, actions: &mut Vec<Action>) {
                         actions.push(Action::LoadModel(path.clone()));
                     }
                 }
+                let installed: Vec<_> = installed
+                    .iter()
+                    .map(|m| (m.repo.clone(), m.model_path()))
+                    .filter(|(_, p)| !recent.contains(p))
+                    .collect();
+                if !installed.is_empty() {
+                    ui.separator();
+                    ui.weak("Installed");
+                }
+                for (repo, path) in installed {
+                    if ui.selectable_label(false, repo).clicked() {
+                        conv.model = Some(path.clone());
+                        actions.push(Action::LoadModel(path));
+                    }
+                }
+                ui.separator();
                 if ui.button("Open model…").clicked() {
                     actions.push(Action::OpenModel);
                 }

@@ -10,6 +10,7 @@ use eframe::egui;
 pub enum DialogKind {
     OpenModelFile,
     OpenModelFolder,
+    ModelsFolder,
     ExportMarkdown(u64),
     ExportJson(u64),
 }
@@ -50,6 +51,9 @@ impl Dialogs {
                         .set_title("Open a model file")
                         .add_filter("GGUF model", &["gguf"])
                         .pick_file(),
+                    DialogKind::ModelsFolder => {
+                        dialog.set_title("Where downloaded models go").pick_folder()
+                    }
                     DialogKind::OpenModelFolder => dialog
                         .set_title(
                             "Open a model folder (config.json, *.safetensors, tokenizer.json)",

@@ -47,6 +47,23 @@ impl GpuSummary {
     }
 }
 
+impl GpuSummary {
+    /// What a model may use here; software and integrated adapters draw on system memory.
+    pub fn budget(&self) -> backpack_engine::hub::GpuBudget {
+        let shared = self.software || self.device_type == "IntegratedGpu";
+        backpack_engine::hub::GpuBudget {
+            adapter: self.name.clone(),
+            max_binding: self.max_binding,
+            max_buffer: self.max_buffer,
+            memory: if shared {
+                backpack_engine::hub::system_memory()
+            } else {
+                None
+            },
+        }
+    }
+}
+
 pub struct EngineLink {
     pub handle: EngineHandle,
     events: mpsc::UnboundedReceiver<Event>,

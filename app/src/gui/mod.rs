@@ -4,7 +4,9 @@
 
 mod chat;
 mod dialogs;
+pub mod downloads;
 pub mod engine_link;
+mod hub_views;
 mod models;
 mod settings;
 pub mod store;
@@ -33,6 +35,10 @@ pub struct AppConfig {
     pub model: Option<PathBuf>,
     /// Print frame-time statistics to stderr on exit.
     pub frame_stats: bool,
+    /// The hub to talk to (default: `HF_ENDPOINT`, else huggingface.co).
+    pub hub_endpoint: Option<String>,
+    /// Where downloads go (default: the saved choice, else `models` in the data dir).
+    pub models_dir: Option<PathBuf>,
 }
 
 pub enum ModelState {
@@ -151,6 +157,9 @@ pub struct BackpackApp {
     pub frames: FrameStats,
     config: AppConfig,
     last_tokens_per_s: Option<f64>,
+    pub downloads: Option<downloads::Downloads>,
+    pub models_tab: hub_views::ModelsTab,
+    token_input: String,
 }
 
 impl BackpackApp {
@@ -169,6 +178,19 @@ impl BackpackApp {
                 ),
             ),
         };
+        let models_dir = config
+            .models_dir
+            .clone()
+            .or_else(|| store.state.models_dir.clone())
+            .unwrap_or_else(|| crate::hubutil::default_models_dir(&config.data_dir));
+        let client = crate::hubutil::client_for(&config.data_dir, config.hub_endpoint.clone())
+            .map_err(|e| format!("{e:#}"));
+        let downloads = downloads::Downloads::new(
+            &cc.egui_ctx,
+            client,
+            backpack_engine::hub::Library::new(models_dir),
+        )
+        .ok();
         cc.egui_ctx.set_theme(if store.state.dark_mode {
             egui::Theme::Dark
         } else {
@@ -199,6 +221,9 @@ impl BackpackApp {
             },
             last_tokens_per_s: None,
             config,
+            downloads,
+            models_tab: hub_views::ModelsTab::default(),
+            token_input: String::new(),
         };
         if app.store.conversations.is_empty() {
             app.new_conversation();
@@ -221,6 +246,42 @@ impl BackpackApp {
         match &self.model {
             ModelState::Ready { info, .. } => Some(info),
             _ => None,
+        }
+    }
+
+    /// What the GPU offers models, for "will it fit" checks.
+    pub fn gpu_budget(&self) -> Option<backpack_engine::hub::GpuBudget> {
+        self.engine.as_ref().map(|e| e.gpu.budget())
+    }
+
+    /// Downloads go to `dir` from now on (models already there are listed; others stay where
+    /// they are).
+    pub fn set_models_dir(&mut self, dir: PathBuf) {
+        if let Some(d) = &mut self.downloads {
+            d.library = backpack_engine::hub::Library::new(dir.clone());
+        }
+        self.store.state.models_dir = Some(dir);
+        self.store.mark_dirty();
+    }
+
+    /// Saves a hub token (owner-only) and uses it from now on.
+    pub fn save_token(&mut self, token: &str) {
+        let path = crate::hubutil::token_path(&self.config.data_dir);
+        let result = backpack_engine::hub::store_token(&path, token)
+            .map_err(anyhow::Error::from)
+            .and_then(|()| {
+                crate::hubutil::client_for(&self.config.data_dir, self.config.hub_endpoint.clone())
+            });
+        match result {
+            Ok(client) => {
+                if let Some(d) = &mut self.downloads {
+                    d.set_client(Ok(client));
+                }
+                self.notices.push("Hub token saved.".into());
+            }
+            Err(e) => self
+                .notices
+                .push(format!("Could not save the token: {e:#}")),
         }
     }
 
@@ -605,7 +666,7 @@ impl BackpackApp {
         }
     }
 
-    fn open_dialog(&mut self, kind: DialogKind, ctx: &egui::Context) {
+    pub(crate) fn open_dialog(&mut self, kind: DialogKind, ctx: &egui::Context) {
         let name = self
             .selected()
             .map(|c| file_stem_for(&c.title))
@@ -617,6 +678,7 @@ impl BackpackApp {
         for (kind, path) in self.dialogs.finished() {
             let Some(path) = path else { continue };
             match kind {
+                DialogKind::ModelsFolder => self.set_models_dir(path),
                 DialogKind::OpenModelFile | DialogKind::OpenModelFolder => {
                     self.store.state.panel = Panel::Chat;
                     self.load_model(&path);
@@ -779,6 +841,9 @@ impl eframe::App for BackpackApp {
             .record(frame.info().cpu_usage, self.active.is_some());
         self.handle_events();
         self.handle_dialogs();
+        if let Some(d) = &mut self.downloads {
+            d.poll();
+        }
         let ctx = ui.ctx().clone();
         self.shortcuts(&ctx);
         self.remember_window(&ctx);

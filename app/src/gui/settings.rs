@@ -97,6 +97,31 @@ pub fn show(app: &mut BackpackApp, ui: &mut egui::Ui) {
             ui.add_space(8.0);
 
             ui.group(|ui| {
+                ui.label(egui::RichText::new("Hugging Face Hub").strong());
+                ui.weak("A token opens gated models (after you accept their license on the hub). It is kept readable by you only.");
+                let mut save = false;
+                ui.horizontal(|ui| {
+                    let r = ui
+                        .add(
+                            egui::TextEdit::singleline(&mut app.token_input)
+                                .password(true)
+                                .hint_text("hf_…")
+                                .desired_width(280.0),
+                        )
+                        .on_hover_text("Hub token");
+                    save = ui
+                        .add_enabled(!app.token_input.trim().is_empty(), egui::Button::new("Save token"))
+                        .clicked()
+                        || (r.lost_focus() && ui.input(|i| i.key_pressed(egui::Key::Enter)));
+                });
+                if save && !app.token_input.trim().is_empty() {
+                    let token = std::mem::take(&mut app.token_input);
+                    app.save_token(&token);
+                }
+            });
+            ui.add_space(8.0);
+
+            ui.group(|ui| {
                 ui.label(egui::RichText::new("Data").strong());
                 ui.label(format!(
                     "Settings and conversations are kept in {}",

@@ -255,6 +255,8 @@ pub struct AppState {
     pub selected_conversation: Option<u64>,
     /// Inner size of the window in points.
     pub window_size: Option<[f32; 2]>,
+    /// Where downloaded models go (default: `models` in the data dir).
+    pub models_dir: Option<PathBuf>,
 }
 
 impl Default for AppState {
@@ -268,6 +270,7 @@ impl Default for AppState {
             recent_models: Vec::new(),
             selected_conversation: None,
             window_size: None,
+            models_dir: None,
         }
     }
 }

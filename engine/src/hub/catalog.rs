@@ -1,0 +1,185 @@
+//! The curated catalog shipped in `assets/catalog.json`: models known to run well, each with the
+//! variants (repo, files, quantization) to fetch and the shape needed to say what it costs.
+
+use serde::Deserialize;
+
+use super::{FitCheck, HubError, RepoFile, RepoListing};
+
+const BUILTIN: &str = include_str!("../../../assets/catalog.json");
+/// Context length the memory estimates assume.
+pub const ESTIMATE_CONTEXT: u64 = 4096;
+
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+pub struct ModelShape {
+    pub layers: u64,
+    pub hidden: u64,
+    pub vocab: u64,
+    pub kv_heads: u64,
+    pub head_dim: u64,
+    pub tied: bool,
+    /// The model's own context limit, when below [`ESTIMATE_CONTEXT`].
+    #[serde(default)]
+    pub context: Option<u64>,
+}
+
+impl ModelShape {
+    /// f16 K and V for every layer at the estimate's context.
+    pub fn kv_cache_bytes(&self) -> u64 {
+        let context = self
+            .context
+            .unwrap_or(ESTIMATE_CONTEXT)
+            .min(ESTIMATE_CONTEXT);
+        2 * self.layers * self.kv_heads * self.head_dim * context * 2
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+pub struct CatalogVariant {
+    pub label: String,
+    pub repo: String,
+    #[serde(default = "main_branch")]
+    pub revision: String,
+    /// File names or `*` patterns (not crossing `/`, case-insensitive).
+    pub files: Vec<String>,
+    pub bits_per_weight: f64,
+}
+
+fn main_branch() -> String {
+    "main".into()
+}
+
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+pub struct CatalogEntry {
+    pub id: String,
+    pub name: String,
+    /// chat, speech or image.
+    pub task: String,
+    pub license: String,
+    pub parameters: u64,
+    /// The repo asks users to accept a license: downloading needs a token.
+    pub gated: bool,
+    pub shape: ModelShape,
+    pub variants: Vec<CatalogVariant>,
+}
+
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+pub struct Catalog {
+    pub models: Vec<CatalogEntry>,
+}
+
+/// `*` matches any run of characters except `/`; comparison ignores ASCII case.
+pub fn glob_match(pattern: &str, path: &str) -> bool {
+    fn go(p: &[u8], s: &[u8]) -> bool {
+        match p.split_first() {
+            None => s.is_empty(),
+            Some((b'*', rest)) => (0..=s.len())
+                .take_while(|&i| i == 0 || s[i - 1] != b'/')
+                .any(|i| go(rest, &s[i..])),
+            Some((c, rest)) => s
+                .split_first()
+                .is_some_and(|(d, srest)| c.eq_ignore_ascii_case(d) && go(rest, srest)),
+        }
+    }
+    go(pattern.as_bytes(), path.as_bytes())
+}
+
+impl CatalogVariant {
+    /// The files of `listing` this variant fetches.
+    pub fn select(&self, listing: &RepoListing) -> Vec<RepoFile> {
+        listing
+            .files
+            .iter()
+            .filter(|f| self.files.iter().any(|p| glob_match(p, &f.path)))
+            .cloned()
+            .collect()
+    }
+}
+
+impl CatalogEntry {
+    /// Sizes from the shape and the variant's bits per weight (before the repo is listed).
+    pub fn estimate(&self, variant: &CatalogVariant) -> FitCheck {
+        let weights = (self.parameters as f64 * variant.bits_per_weight / 8.0) as u64;
+        let embedding = self.shape.vocab * self.shape.hidden;
+        FitCheck {
+            download_bytes: weights,
+            weight_bytes: weights,
+            kv_cache_bytes: self.shape.kv_cache_bytes(),
+            largest_tensor: Some((embedding as f64 * variant.bits_per_weight / 8.0) as u64),
+        }
+    }
+
+    /// The estimate with the real download size once the files are known.
+    pub fn measured(&self, variant: &CatalogVariant, files: &[RepoFile]) -> FitCheck {
+        let bytes: u64 = files.iter().map(|f| f.size).sum();
+        let estimate = self.estimate(variant);
+        let scale = bytes as f64 / estimate.weight_bytes.max(1) as f64;
+        FitCheck {
+            download_bytes: bytes,
+            weight_bytes: bytes,
+            kv_cache_bytes: estimate.kv_cache_bytes,
+            largest_tensor: estimate
+                .largest_tensor
+                .map(|t| (t as f64 * scale.min(1.5)) as u64),
+        }
+    }
+}
+
+impl Catalog {
+    pub fn builtin() -> Self {
+        // The file is part of the build and checked by a test.
+        Self::parse(BUILTIN).unwrap_or(Catalog { models: Vec::new() })
+    }
+
+    pub fn parse(text: &str) -> Result<Self, HubError> {
+        serde_json::from_str(text).map_err(|e| HubError::Invalid(format!("catalog: {e}")))
+    }
+
+    pub fn entry(&self, id: &str) -> Option<&CatalogEntry> {
+        self.models.iter().find(|m| m.id == id)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn builtin_catalog_parses_and_is_complete() {
+        let catalog = Catalog::parse(BUILTIN).expect("assets/catalog.json parses");
+        for id in [
+            "smollm2-135m-instruct",
+            "smollm2-360m-instruct",
+            "smollm2-1.7b-instruct",
+            "qwen2.5-0.5b-instruct",
+            "qwen2.5-1.5b-instruct",
+            "llama-3.2-1b-instruct",
+            "gpt2",
+        ] {
+            let e = catalog
+                .entry(id)
+                .unwrap_or_else(|| panic!("{id} in the catalog"));
+            assert!(!e.variants.is_empty());
+            for v in &e.variants {
+                assert!(super::super::valid_repo_id(&v.repo), "{}", v.repo);
+            }
+        }
+        assert!(catalog.entry("llama-3.2-1b-instruct").expect("llama").gated);
+        // SmolLM2-135M Q8_0: ~143 MB of weights, 90 MiB of f16 KV cache at 4096 tokens.
+        let smol = catalog.entry("smollm2-135m-instruct").expect("smol");
+        let est = smol.estimate(&smol.variants[0]);
+        assert_eq!(est.kv_cache_bytes, 2 * 30 * 3 * 64 * 4096 * 2);
+        assert!((140_000_000..150_000_000).contains(&est.weight_bytes));
+    }
+
+    #[test]
+    fn patterns_match_names_not_folders() {
+        assert!(glob_match(
+            "*q4_k_m.gguf",
+            "qwen2.5-0.5b-instruct-Q4_K_M.gguf"
+        ));
+        assert!(glob_match("*.json", "config.json"));
+        assert!(!glob_match("*.json", "onnx/config.json"));
+        assert!(!glob_match("*-Q8_0.gguf", "model-Q8_0.gguf.part"));
+        assert!(glob_match("model.safetensors", "model.safetensors"));
+    }
+}

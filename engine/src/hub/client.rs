@@ -1,0 +1,477 @@
+//! Talking to the hub: search and repo info through `hf-hub`, the file listing (sizes and LFS
+//! hashes) and file bodies over plain HTTP.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::time::Duration;
+
+use futures_util::StreamExt;
+use serde::Deserialize;
+
+use super::{HubError, safe_relative_path, valid_repo_id};
+
+const DEFAULT_ENDPOINT: &str = "https://huggingface.co";
+
+/// One search result.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ModelSummary {
+    pub id: String,
+    pub downloads: Option<u64>,
+    pub likes: Option<u64>,
+    pub pipeline_tag: Option<String>,
+    pub gated: bool,
+}
+
+/// A file of a repo at one commit.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RepoFile {
+    pub path: String,
+    pub size: u64,
+    /// SHA-256 of the content, for files stored with Git LFS (every weight file).
+    pub sha256: Option<String>,
+    /// Git blob id (SHA-1 of "blob <size>\0" + content), for the other files.
+    pub git_oid: Option<String>,
+}
+
+/// What a repo holds at one commit.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RepoListing {
+    pub repo: String,
+    /// The commit the listing (and any download from it) is pinned to.
+    pub commit: String,
+    pub files: Vec<RepoFile>,
+    pub gated: bool,
+}
+
+impl RepoListing {
+    pub fn file(&self, path: &str) -> Option<&RepoFile> {
+        self.files.iter().find(|f| f.path == path)
+    }
+
+    pub fn total_size(&self) -> u64 {
+        self.files.iter().map(|f| f.size).sum()
+    }
+}
+
+/// The quantization a GGUF file name states (`…-Q4_K_M.gguf` → `Q4_K_M`), upper-cased.
+pub fn quant_label(path: &str) -> Option<String> {
+    let name = path.rsplit('/').next()?;
+    let stem = name
+        .strip_suffix(".gguf")
+        .or_else(|| name.strip_suffix(".GGUF"))?;
+    let is_quant = |seg: &str| {
+        let s = seg.to_ascii_uppercase();
+        let q = s.strip_prefix('I').unwrap_or(&s);
+        matches!(s.as_str(), "F16" | "BF16" | "F32" | "FP16" | "FP32")
+            || (q.starts_with('Q')
+                && q.len() >= 2
+                && q.as_bytes()[1].is_ascii_digit()
+                && q.chars().all(|c| c.is_ascii_alphanumeric() || c == '_'))
+    };
+    stem.split(['-', '.'])
+        .rev()
+        .find(|seg| is_quant(seg))
+        .map(str::to_ascii_uppercase)
+}
+
+/// GGUF files grouped by quantization (shards of one variant stay together), ordered by size.
+pub fn quant_variants(files: &[RepoFile]) -> Vec<(String, Vec<RepoFile>)> {
+    let mut groups: BTreeMap<String, Vec<RepoFile>> = BTreeMap::new();
+    for f in files {
+        if let Some(label) = quant_label(&f.path) {
+            groups.entry(label).or_default().push(f.clone());
+        }
+    }
+    let mut out: Vec<(String, Vec<RepoFile>)> = groups.into_iter().collect();
+    out.sort_by_key(|(_, files)| files.iter().map(|f| f.size).sum::<u64>());
+    out
+}
+
+#[derive(Deserialize)]
+struct TreeEntry {
+    #[serde(rename = "type")]
+    kind: String,
+    path: String,
+    #[serde(default)]
+    size: u64,
+    #[serde(default)]
+    oid: Option<String>,
+    #[serde(default)]
+    lfs: Option<TreeLfs>,
+}
+
+#[derive(Deserialize)]
+struct TreeLfs {
+    oid: String,
+}
+
+/// The hub: endpoint, token, and the HTTP clients for metadata and file bodies.
+#[derive(Clone)]
+pub struct HubClient {
+    endpoint: String,
+    token: Option<String>,
+    http: reqwest::Client,
+    hf: hf_hub::HFClient,
+}
+
+impl HubClient {
+    /// `endpoint` defaults to `HF_ENDPOINT`, then huggingface.co; `token` to `HF_TOKEN`.
+    pub fn new(endpoint: Option<String>, token: Option<String>) -> Result<Self, HubError> {
+        Self::with_read_timeout(endpoint, token, Duration::from_secs(30))
+    }
+
+    /// As [`Self::new`]; a transfer that receives nothing for `read_timeout` is retried.
+    pub fn with_read_timeout(
+        endpoint: Option<String>,
+        token: Option<String>,
+        read_timeout: Duration,
+    ) -> Result<Self, HubError> {
+        let endpoint = endpoint
+            .or_else(|| std::env::var("HF_ENDPOINT").ok())
+            .filter(|e| !e.trim().is_empty())
+            .unwrap_or_else(|| DEFAULT_ENDPOINT.to_owned())
+            .trim_end_matches('/')
+            .to_owned();
+        let token = token
+            .or_else(|| std::env::var("HF_TOKEN").ok())
+            .filter(|t| !t.trim().is_empty());
+        let invalid = |e: &dyn std::fmt::Display| HubError::Invalid(format!("HTTP client: {e}"));
+        let http = reqwest::Client::builder()
+            .user_agent(concat!("backpack/", env!("CARGO_PKG_VERSION")))
+            .connect_timeout(Duration::from_secs(15))
+            // A stalled transfer is noticed and retried (resuming), however large the file.
+            .read_timeout(read_timeout)
+            .build()
+            .map_err(|e| invalid(&e))?;
+        let mut builder = hf_hub::HFClient::builder()
+            .endpoint(endpoint.clone())
+            .client(http.clone())
+            .cache_enabled(false);
+        if let Some(t) = &token {
+            builder = builder.token(t.clone());
+        }
+        let hf = builder.build().map_err(|e| invalid(&e))?;
+        Ok(Self {
+            endpoint,
+            token,
+            http,
+            hf,
+        })
+    }
+
+    pub fn endpoint(&self) -> &str {
+        &self.endpoint
+    }
+
+    pub fn has_token(&self) -> bool {
+        self.token.is_some()
+    }
+
+    fn hf_error(&self, what: &str, e: hf_hub::HFError) -> HubError {
+        use hf_hub::HFError as E;
+        match e {
+            E::RepoNotFound { .. } | E::RevisionNotFound { .. } | E::EntryNotFound { .. } => {
+                HubError::NotFound { what: what.into() }
+            }
+            E::AuthRequired { .. } => HubError::Gated { repo: what.into() },
+            other => HubError::Http {
+                url: self.endpoint.clone(),
+                status: None,
+                message: other.to_string(),
+            },
+        }
+    }
+
+    /// Models whose id (or card) matches `text`, most downloaded first.
+    pub async fn search(&self, text: &str, limit: usize) -> Result<Vec<ModelSummary>, HubError> {
+        let stream = self
+            .hf
+            .list_models()
+            .search(text.to_owned())
+            .sort("downloads".to_owned())
+            .limit(limit)
+            .send()
+            .map_err(|e| self.hf_error("the search", e))?;
+        let mut stream = std::pin::pin!(stream);
+        let mut out = Vec::new();
+        while let Some(item) = stream.next().await {
+            let info = item.map_err(|e| self.hf_error("the search", e))?;
+            out.push(ModelSummary {
+                id: info.id,
+                downloads: info.downloads,
+                likes: info.likes,
+                pipeline_tag: info.pipeline_tag,
+                gated: info
+                    .gated
+                    .as_ref()
+                    .is_some_and(|g| !matches!(g, serde_json::Value::Bool(false))),
+            });
+            if out.len() >= limit {
+                break;
+            }
+        }
+        Ok(out)
+    }
+
+    /// The files of `repo` at `revision` (a branch, tag or commit), pinned to its commit.
+    pub async fn listing(&self, repo: &str, revision: &str) -> Result<RepoListing, HubError> {
+        if !valid_repo_id(repo) {
+            return Err(HubError::Invalid(format!(
+                "{repo:?} is not a repo id (expected owner/name)"
+            )));
+        }
+        let (owner, name) = repo.split_once('/').unwrap_or((repo, repo));
+        let info = self
+            .hf
+            .model(owner, name)
+            .info()
+            .revision(revision.to_owned())
+            .send()
+            .await
+            .map_err(|e| self.hf_error(repo, e))?;
+        let commit = info.sha.clone().ok_or_else(|| HubError::Http {
+            url: format!("{}/api/models/{repo}", self.endpoint),
+            status: None,
+            message: "the hub did not say which commit this is".into(),
+        })?;
+        let gated = info
+            .gated
+            .as_ref()
+            .is_some_and(|g| !matches!(g, serde_json::Value::Bool(false)));
+        let url = format!(
+            "{}/api/models/{repo}/tree/{commit}?recursive=true",
+            self.endpoint
+        );
+        let entries: Vec<TreeEntry> = self.get_json(&url, repo).await?;
+        let mut files = Vec::new();
+        for e in entries.into_iter().filter(|e| e.kind == "file") {
+            if !safe_relative_path(&e.path) {
+                return Err(HubError::Invalid(format!(
+                    "{repo} lists a file with an unsafe path: {:?}",
+                    e.path
+                )));
+            }
+            files.push(RepoFile {
+                path: e.path,
+                size: e.size,
+                sha256: e.lfs.map(|l| l.oid.to_ascii_lowercase()),
+                git_oid: e.oid.map(|o| o.to_ascii_lowercase()),
+            });
+        }
+        files.sort_by(|a, b| a.path.cmp(&b.path));
+        Ok(RepoListing {
+            repo: repo.to_owned(),
+            commit,
+            files,
+            gated,
+        })
+    }
+
+    async fn get_json<T: for<'de> Deserialize<'de>>(
+        &self,
+        url: &str,
+        repo: &str,
+    ) -> Result<T, HubError> {
+        let response = self
+            .request(url, None)
+            .send()
+            .await
+            .map_err(|e| http_error(url, &e))?;
+        let response = check_status(response, url, repo)?;
+        response.json().await.map_err(|e| http_error(url, &e))
+    }
+
+    pub(crate) fn request(&self, url: &str, range_from: Option<u64>) -> reqwest::RequestBuilder {
+        let mut r = self.http.get(url);
+        if let Some(t) = &self.token {
+            r = r.bearer_auth(t);
+        }
+        if let Some(from) = range_from {
+            r = r.header(reqwest::header::RANGE, format!("bytes={from}-"));
+        }
+        r
+    }
+
+    /// Where a file's body is served, pinned to a commit.
+    pub fn resolve_url(&self, repo: &str, commit: &str, path: &str) -> String {
+        let encoded: Vec<String> = path.split('/').map(percent_encode).collect();
+        format!(
+            "{}/{repo}/resolve/{commit}/{}",
+            self.endpoint,
+            encoded.join("/")
+        )
+    }
+
+    /// Fetches one small file (e.g. config.json) into memory.
+    pub async fn fetch_small(
+        &self,
+        repo: &str,
+        commit: &str,
+        path: &str,
+        max_bytes: u64,
+    ) -> Result<Vec<u8>, HubError> {
+        let url = self.resolve_url(repo, commit, path);
+        let response = self
+            .request(&url, None)
+            .send()
+            .await
+            .map_err(|e| http_error(&url, &e))?;
+        let response = check_status(response, &url, repo)?;
+        if response.content_length().is_some_and(|l| l > max_bytes) {
+            return Err(HubError::Invalid(format!(
+                "{path} is larger than {max_bytes} bytes"
+            )));
+        }
+        let bytes = response.bytes().await.map_err(|e| http_error(&url, &e))?;
+        Ok(bytes.to_vec())
+    }
+}
+
+fn percent_encode(segment: &str) -> String {
+    let mut out = String::new();
+    for b in segment.bytes() {
+        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b'~') {
+            out.push(b as char);
+        } else {
+            out += &format!("%{b:02X}");
+        }
+    }
+    out
+}
+
+pub(crate) fn http_error(url: &str, e: &reqwest::Error) -> HubError {
+    HubError::Http {
+        url: url.to_owned(),
+        status: e.status().map(|s| s.as_u16()),
+        message: if e.is_timeout() {
+            "the server stopped responding".into()
+        } else if e.is_connect() {
+            "could not connect".into()
+        } else if e.is_body() || e.is_decode() {
+            "the connection dropped during the transfer".into()
+        } else {
+            e.to_string()
+        },
+    }
+}
+
+/// Maps error statuses to errors the user can act on.
+pub(crate) fn check_status(
+    response: reqwest::Response,
+    url: &str,
+    repo: &str,
+) -> Result<reqwest::Response, HubError> {
+    let status = response.status();
+    if status.is_success() {
+        return Ok(response);
+    }
+    Err(match status.as_u16() {
+        401 | 403 => HubError::Gated { repo: repo.into() },
+        404 => HubError::NotFound { what: url.into() },
+        s => HubError::Http {
+            url: url.into(),
+            status: Some(s),
+            message: format!("the server answered {status}"),
+        },
+    })
+}
+
+/// Saves a hub token readable by its owner only.
+pub fn store_token(path: &Path, token: &str) -> Result<(), HubError> {
+    use std::io::Write;
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir).map_err(|e| HubError::io(dir, e))?;
+    }
+    let mut options = std::fs::OpenOptions::new();
+    options.write(true).create(true).truncate(true);
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::OpenOptionsExt;
+        options.mode(0o600);
+    }
+    let mut f = options.open(path).map_err(|e| HubError::io(path, e))?;
+    // The mode only applies to new files; tighten an existing one too.
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))
+            .map_err(|e| HubError::io(path, e))?;
+    }
+    f.write_all(token.trim().as_bytes())
+        .map_err(|e| HubError::io(path, e))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn file(path: &str, size: u64) -> RepoFile {
+        RepoFile {
+            path: path.into(),
+            size,
+            sha256: None,
+            git_oid: None,
+        }
+    }
+
+    #[test]
+    fn quant_labels_come_from_file_names() {
+        assert_eq!(
+            quant_label("qwen2.5-1.5b-instruct-q4_k_m.gguf").as_deref(),
+            Some("Q4_K_M")
+        );
+        assert_eq!(
+            quant_label("SmolLM2-135M-Instruct.Q4_1.gguf").as_deref(),
+            Some("Q4_1")
+        );
+        assert_eq!(quant_label("model-f16.gguf").as_deref(), Some("F16"));
+        assert_eq!(
+            quant_label("big-Q8_0-00001-of-00002.gguf").as_deref(),
+            Some("Q8_0")
+        );
+        assert_eq!(
+            quant_label("Llama-3.2-1B-IQ4_XS.gguf").as_deref(),
+            Some("IQ4_XS")
+        );
+        assert_eq!(quant_label("model.safetensors"), None);
+    }
+
+    #[test]
+    fn variants_group_shards_and_sort_by_size() {
+        let files = [
+            file("m-Q8_0.gguf", 800),
+            file("m-Q4_K_M-00001-of-00002.gguf", 200),
+            file("m-Q4_K_M-00002-of-00002.gguf", 200),
+            file("config.json", 1),
+        ];
+        let v = quant_variants(&files);
+        assert_eq!(v.len(), 2);
+        assert_eq!(v[0].0, "Q4_K_M");
+        assert_eq!(v[0].1.len(), 2);
+        assert_eq!(v[1].0, "Q8_0");
+    }
+
+    #[test]
+    fn resolve_urls_encode_path_segments() {
+        let c = HubClient::new(Some("http://127.0.0.1:9/".into()), None).expect("client");
+        assert_eq!(
+            c.resolve_url("o/n", "abc", "dir/a b+[1].gguf"),
+            "http://127.0.0.1:9/o/n/resolve/abc/dir/a%20b%2B%5B1%5D.gguf"
+        );
+    }
+
+    #[test]
+    fn tokens_are_stored_owner_only() {
+        let dir = std::env::temp_dir().join(format!("backpack-token-{}", std::process::id()));
+        let path = dir.join("hf_token");
+        store_token(&path, " hf_abc \n").expect("store");
+        assert_eq!(std::fs::read_to_string(&path).expect("read"), "hf_abc");
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::PermissionsExt;
+            let mode = std::fs::metadata(&path).expect("meta").permissions().mode();
+            assert_eq!(mode & 0o777, 0o600);
+        }
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
