@@ -170,3 +170,18 @@ fn bad_input_exits_nonzero_with_a_reason() {
     assert!(err.contains("context holds 8"), "{err}");
     let _ = std::fs::remove_dir_all(dir);
 }
+
+#[test]
+fn self_test_reports_the_gpu_and_checks_kernels() {
+    let out = backpack(&["--self-test"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(text.contains("GPU "), "{text}");
+    assert_eq!(text.matches("kernel       ok").count(), 3, "{text}");
+    assert!(text.contains("audio input"), "{text}");
+    assert!(text.trim_end().ends_with("all good"), "{text}");
+}

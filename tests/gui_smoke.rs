@@ -1,7 +1,8 @@
 //! The real binary in a real (virtual) X display: `backpack --model <fixture>` opens a window
 //! under Xvfb, draws it (checked on the X server's pixels with xwd), and exits cleanly with
 //! status 0 when closed with Ctrl+Q, saving its state. Needs Xvfb, xdotool and xwd
-//! (tests/setup.sh installs them).
+//! (tests/setup.sh installs them). BACKPACK_BIN points it at another binary, such as the one the
+//! .deb installs.
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -101,7 +102,10 @@ fn window_opens_renders_and_closes_cleanly() {
     let model: PathBuf =
         Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/models/tiny-qwen2");
     let stderr_path = data_dir.with_extension("stderr");
-    let child = Command::new(env!("CARGO_BIN_EXE_backpack"))
+    // BACKPACK_BIN runs an installed binary instead (tests/package.sh).
+    let bin =
+        std::env::var("BACKPACK_BIN").unwrap_or_else(|_| env!("CARGO_BIN_EXE_backpack").into());
+    let child = Command::new(bin)
         .arg("--model")
         .arg(&model)
         .arg("--data-dir")

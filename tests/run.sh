@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The whole test suite, from a fresh Debian/Ubuntu machine: installs what is missing (as root),
 # then checks formatting and lints and runs every test. GPU tests run on whatever Vulkan device
-# exists, lavapipe (Mesa's software driver) when there is no GPU.
+# exists, lavapipe (Mesa's software driver) when there is no GPU. Then the .deb is built,
+# installed, run and removed (tests/package.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source tests/setup.sh
@@ -10,3 +11,4 @@ backpack_setup --tests
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets --locked -- -D warnings
 cargo test --workspace --locked "$@"
+tests/package.sh

@@ -8,7 +8,7 @@
 set -euo pipefail
 
 backpack_packages=(libvulkan1 mesa-vulkan-drivers pkg-config libasound2-dev python3 python3-pip)
-backpack_test_packages=(xvfb xdotool x11-apps)
+backpack_test_packages=(xvfb xdotool x11-apps file)
 
 backpack_setup() {
     local wanted=("${backpack_packages[@]}")

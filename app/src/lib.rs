@@ -16,6 +16,12 @@ pub fn run_gui(config: AppConfig, adapter: Option<&str>) -> anyhow::Result<()> {
         .with_app_id("backpack")
         .with_inner_size(saved_size.unwrap_or([1100.0, 720.0]))
         .with_min_inner_size([640.0, 420.0]);
+    let viewport = match eframe::icon_data::from_png_bytes(include_bytes!(
+        "../../assets/icons/backpack-256.png"
+    )) {
+        Ok(icon) => viewport.with_icon(icon),
+        Err(_) => viewport,
+    };
     let mut options = eframe::NativeOptions {
         viewport,
         renderer: eframe::Renderer::Wgpu,

@@ -4,6 +4,7 @@
 mod bench;
 mod generate;
 mod models_cmd;
+mod selftest_cmd;
 
 use anyhow::Result;
 use clap::{Parser, Subcommand, ValueEnum};
@@ -23,6 +24,9 @@ struct Cli {
     /// an installed repo id).
     #[arg(long)]
     model: Option<std::path::PathBuf>,
+    /// Check the GPU (adapter, kernels against CPU references) and list audio inputs, then exit.
+    #[arg(long)]
+    self_test: bool,
     /// Where settings and conversations are kept (default: the platform data dir, or
     /// BACKPACK_DATA_DIR).
     #[arg(long)]
@@ -97,6 +101,9 @@ pub fn open_gpu(adapter: Option<&str>) -> Result<backpack_engine::gpu::Gpu> {
 
 fn main() -> Result<()> {
     let cli = Cli::parse();
+    if cli.self_test {
+        return selftest_cmd::run(cli.adapter.as_deref());
+    }
     match cli.command {
         Some(Command::Generate(args)) => generate::run(args, cli.adapter.as_deref()),
         Some(Command::Bench(args)) => bench::run(args, cli.adapter.as_deref()),

@@ -12,6 +12,7 @@ pub mod load;
 pub mod models;
 pub mod ops;
 pub mod runtime;
+pub mod selftest;
 
 use thiserror::Error;
 
