@@ -7,7 +7,8 @@
 //
 // Defines: WG, TPR, RB, EPV (elements per vec4 word: 4 for f32, 8 for f16), ROW_VECS (the row
 // stride in vec4 words, fixed per pipeline so the loop over a row has a known trip count),
-// F16, NORM, NORM_LAYER, BIAS, GLU (y = silu(W_gate·x̂) * (W_up·x̂), the up block at
+// SGX (each row's TPR lanes lie in one subgroup of fixed size: shuffle reduction), F16, NORM,
+// NORM_LAYER, BIAS, GLU (y = silu(W_gate·x̂) * (W_up·x̂), the up block at
 // glu_offset), GELU (tanh form), GELU_ERF, RESIDUAL (y += ...), SUBGROUP, XCACHE (x̂ staged once in workgroup memory,
 // for short rows), XVEC4 (k is a multiple of 4: x is also read through a vec4 view), COMBINE
 // (x is the attention output of one token, split over runs of keys as attention.wgsl SPLIT
@@ -88,6 +89,15 @@ fn wg_sum(tid: u32, v: f32) -> f32 {
 
 // Sum of `v` over the TPR lanes of each row; the result is valid in lane 0.
 fn row_sum(tid: u32, lane: u32, v: f32, sg_lane: u32, sg_size: u32) -> f32 {
+#if SGX
+    // A row's TPR lanes sit inside one subgroup: a butterfly of shuffles sums them, with no
+    // workgroup memory and no barrier.
+    var s = v;
+    for (var off = {{TPR}}u / 2u; off > 0u; off = off >> 1u) {
+        s += subgroupShuffleXor(s, off);
+    }
+    return s;
+#else
 #if SUBGROUP
     // TPR is a multiple of the subgroup size, so a subgroup never spans two rows.
     let s = subgroupAdd(v);
@@ -116,6 +126,7 @@ fn row_sum(tid: u32, lane: u32, v: f32, sg_lane: u32, sg_size: u32) -> f32 {
     let total = red[tid];
     workgroupBarrier();
     return total;
+#endif
 #endif
 }
 

@@ -1230,9 +1230,14 @@ fn quantized_matvec_matches_cpu_dequantize() {
     let gpu = gpu();
     let mut rng = Rng::new(21);
     for ty in QUANT_TYPES {
-        // Rows not a multiple of the rows per workgroup; 4864 columns stream x instead of staging.
-        for &(n, k) in &[(37usize, 256usize), (5, 768), (9, 4864)] {
+        // Rows not a multiple of the rows per workgroup; 4864 columns stream x instead of staging;
+        // 33,001 rows are enough for the few-lanes-per-row shuffle reduction (SGX) on adapters
+        // with a fixed subgroup size, lavapipe included.
+        for &(n, k) in &[(37usize, 256usize), (5, 768), (9, 4864), (33_001, 256)] {
             for variant in [Variant::Plain, Variant::Rms, Variant::Glu] {
+                if n > 1000 && !matches!(variant, Variant::Rms) {
+                    continue;
+                }
                 let glu = matches!(variant, Variant::Glu);
                 let rows = if glu { 2 * n } else { n };
                 let blocks = random_blocks(&mut rng, ty, rows, k);

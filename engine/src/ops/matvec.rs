@@ -64,15 +64,31 @@ impl MatVec {
         opts: MatVecOptions<'_>,
     ) -> Result<Self, GpuError> {
         let n = if opts.glu { w.rows / 2 } else { w.rows };
-        // More lanes per row for long rows keeps enough loads in flight per row.
-        // Quantized rows: 64 lanes per row measured fastest on an H100 for every block format
-        // (Qwen2.5-1.5B Q4_K: 317 tok/s against 295 with 32 lanes and 263 with 128).
-        let tpr: u32 = if w.quant.is_some() || w.cols >= 4096 {
-            64
-        } else {
-            32
-        };
         let caps = gpu.caps();
+        // A fixed subgroup size lets a row's lanes reduce with shuffles inside one subgroup.
+        let fixed_subgroup = (caps.subgroups
+            && caps.subgroup_min_size == caps.subgroup_max_size
+            && caps.subgroup_min_size.is_power_of_two()
+            && caps.subgroup_min_size >= 4)
+            .then_some(caps.subgroup_min_size);
+        // Quantized rows: a few 32-weight sub-blocks per lane, then a shuffle reduction, when
+        // the matrix has rows enough to keep MIN_WORKGROUPS busy that way (on an H200 the
+        // Qwen2.5-1.5B Q4_K gate/up product went from 43 to 31 µs); short matrices keep 64
+        // lanes per row, since fewer, fuller workgroups left the GPU idle (SmolLM2-135M Q4_0
+        // fell from 833 to 633 tok/s).
+        let quant_lanes = fixed_subgroup
+            .map(|sg| (w.cols / 32 / 4).next_power_of_two().clamp(4, sg))
+            .filter(|&lanes| n / (WG / lanes) >= MIN_WORKGROUPS);
+        let tpr: u32 = match (w.quant.is_some(), quant_lanes) {
+            (true, Some(lanes)) => lanes,
+            // Without that, 64 lanes per quantized row measured fastest on an H100 (Q4_K: 317
+            // tok/s against 295 with 32 lanes and 263 with 128).
+            (true, None) => 64,
+            // More lanes per row for long rows keeps enough loads in flight per row.
+            (false, _) if w.cols >= 4096 => 64,
+            (false, _) => 32,
+        };
+        let shuffle_reduce = fixed_subgroup.is_some_and(|sg| tpr <= sg);
         let subgroups = caps.subgroups && caps.subgroup_max_size <= tpr;
         let xcache = Self::stages_input(gpu, w.cols);
         // Row stride in vec4 words (dense) or the row's inputs in vec4s (quantized, for staging).
@@ -105,6 +121,7 @@ impl MatVec {
             ("TPR", tpr.to_string()),
             ("RB", rb.to_string()),
             flag("SUBGROUP", subgroups),
+            flag("SGX", shuffle_reduce),
             flag("NORM", opts.norm.is_some()),
             flag(
                 "NORM_LAYER",
