@@ -430,7 +430,7 @@ fn models_panel_searches_downloads_with_progress_and_uses_the_model() {
         .state()
         .downloads
         .as_ref()
-        .map(|d| d.library.list())
+        .map(|d| d.models.list())
         .unwrap_or_default();
     assert_eq!(installed.len(), 1);
     assert_eq!(installed[0].repo, "tiny/spm-GGUF");

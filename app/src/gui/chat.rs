@@ -177,7 +177,7 @@ fn header(app: &mut BackpackApp, ui: &mut egui::Ui, actions: &mut Vec<Action>) {
     let context = app.model_info().map(|i| i.context);
     let loaded = app.model_path().map(std::path::Path::to_owned);
     let recent = app.store.state.recent_models.clone();
-    let library = app.downloads.as_ref().map(|d| d.library.clone());
+    let models = app.downloads.as_ref().map(|d| d.models.clone());
     let generating = app.active.as_ref().is_some_and(|g| g.conversation == id);
     let live_tokens = app
         .active
@@ -226,7 +226,7 @@ fn header(app: &mut BackpackApp, ui: &mut egui::Ui, actions: &mut Vec<Action>) {
             .width(260.0)
             .show_ui(ui, |ui| {
                 // Read only while the list is open.
-                let installed = library.as_ref().map(|l| l.list()).unwrap_or_default();
+                let installed = models.as_ref().map(|l| l.list()).unwrap_or_default();
                 for path in &recent {
                     let is_loaded = loaded.as_deref() == Some(path.as_path());
                     if ui

@@ -6,7 +6,7 @@ use std::sync::mpsc;
 
 use backpack_engine::hub::{
     self, DownloadControl, DownloadEvent, DownloadPlan, DownloadProgress, FitCheck, GpuBudget,
-    HubClient, HubError, Library, ModelSummary, RepoFile, RepoListing,
+    HubClient, HubError, InstalledModel, Library, ModelSummary, RepoFile, RepoListing,
 };
 use eframe::egui;
 
@@ -63,7 +63,8 @@ pub struct Downloads {
     tx: mpsc::Sender<Update>,
     rx: mpsc::Receiver<Update>,
     client: Result<HubClient, String>,
-    pub library: Library,
+    /// The models folder downloads go into.
+    pub models: Library,
     pub jobs: Vec<Job>,
     next_id: u64,
     pub search_text: String,
@@ -71,8 +72,11 @@ pub struct Downloads {
     pub results: Result<Vec<ModelSummary>, String>,
     pub listing_pending: Option<String>,
     pub listing: Option<Result<(RepoListing, FitCheck), String>>,
-    /// Bumped whenever the installed set changes, so views can refresh.
+    /// Bumped whenever the installed set changes; `installed()` re-reads the folder then.
     pub installed_generation: u64,
+    /// The installed models as of `installed_generation` (reading the folder every frame would
+    /// walk every model's files).
+    installed_cache: Option<(u64, Vec<InstalledModel>)>,
     ctx: egui::Context,
 }
 
@@ -80,7 +84,7 @@ impl Downloads {
     pub fn new(
         ctx: &egui::Context,
         client: Result<HubClient, String>,
-        library: Library,
+        models: Library,
     ) -> anyhow::Result<Self> {
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(1)
@@ -93,7 +97,7 @@ impl Downloads {
             tx,
             rx,
             client,
-            library,
+            models,
             jobs: Vec::new(),
             next_id: 1,
             search_text: String::new(),
@@ -102,8 +106,36 @@ impl Downloads {
             listing_pending: None,
             listing: None,
             installed_generation: 0,
+            installed_cache: None,
             ctx: ctx.clone(),
         })
+    }
+
+    /// Installed models, re-read only after a download, a removal or a folder change.
+    pub fn installed(&mut self) -> &[InstalledModel] {
+        let generation = self.installed_generation;
+        if self
+            .installed_cache
+            .as_ref()
+            .is_none_or(|(g, _)| *g != generation)
+        {
+            self.installed_cache = Some((generation, self.models.list()));
+        }
+        self.installed_cache
+            .as_ref()
+            .map_or(&[], |(_, list)| list.as_slice())
+    }
+
+    /// Deletes an installed model.
+    pub fn remove(&mut self, repo: &str) -> Result<bool, HubError> {
+        self.installed_generation += 1;
+        self.models.remove(repo)
+    }
+
+    /// Downloads go to `models` from now on.
+    pub fn set_models(&mut self, models: Library) {
+        self.models = models;
+        self.installed_generation += 1;
     }
 
     pub fn set_client(&mut self, client: Result<HubClient, String>) {
@@ -179,14 +211,14 @@ impl Downloads {
                 return;
             }
         };
-        let dest = match self.library.dir_for(repo) {
+        let dest = match self.models.dir_for(repo) {
             Ok(d) => d,
             Err(e) => {
                 self.fail(id, e.to_string());
                 return;
             }
         };
-        let root = self.library.root.clone();
+        let root = self.models.root.clone();
         let (tx, ctx) = (self.tx.clone(), self.ctx.clone());
         let (repo, revision) = (repo.to_owned(), revision.to_owned());
         self.runtime.spawn(async move {

@@ -88,13 +88,13 @@ pub fn show(app: &mut BackpackApp, ui: &mut egui::Ui) {
             ui.horizontal(|ui| {
                 ui.label(format!(
                     "Models folder: {}",
-                    downloads.library.root.display()
+                    downloads.models.root.display()
                 ));
                 if ui.button("Change…").clicked() {
                     actions.push(Action::ChooseFolder);
                 }
             });
-            let installed = downloads.library.list();
+            let installed = downloads.installed().to_vec();
             if installed.is_empty() {
                 ui.weak("No models downloaded yet: see Catalog or Search the hub.");
             }
@@ -320,7 +320,7 @@ pub fn show(app: &mut BackpackApp, ui: &mut egui::Ui) {
                         }
                         JobState::Done(dir) if ui.button("Use").clicked() => {
                             let path = downloads
-                                .library
+                                .models
                                 .find(&job.repo)
                                 .map_or_else(|| dir.clone(), |m| m.model_path());
                             actions.push(Action::Load(path));
@@ -350,7 +350,7 @@ pub fn show(app: &mut BackpackApp, ui: &mut egui::Ui) {
                 app.store.state.panel = super::store::Panel::Chat;
             }
             Action::Delete(repo) => {
-                if let Err(e) = downloads.library.remove(&repo) {
+                if let Err(e) = downloads.remove(&repo) {
                     app.notices.push(format!("Could not delete {repo}: {e}"));
                 }
             }

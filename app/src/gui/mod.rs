@@ -258,7 +258,7 @@ impl BackpackApp {
     /// they are).
     pub fn set_models_dir(&mut self, dir: PathBuf) {
         if let Some(d) = &mut self.downloads {
-            d.library = backpack_engine::hub::Library::new(dir.clone());
+            d.set_models(backpack_engine::hub::Library::new(dir.clone()));
         }
         self.store.state.models_dir = Some(dir);
         self.store.mark_dirty();
