@@ -155,6 +155,8 @@ fn matvec_parity(gpu: &Gpu) {
         (130, 1001),
         (5, 4100),
         (3, 8200),
+        // Enough rows that one workgroup computes several row blocks (RB > 1), not a multiple.
+        (8203, 37),
     ];
     let variants = [
         Variant::Plain,
