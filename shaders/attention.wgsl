@@ -13,9 +13,27 @@
 // itself, and stores the new key and value in the cache (one workgroup per KV head), so
 // decoding needs no separate RoPE pass.
 //
+// With FULL, attention is not causal and reads keys and values from a token-major buffer
+// (`[key][...]` rows of kv_stride floats, k at k_off and v right after the kv heads' keys):
+// an encoder's self-attention over its fused QKV rows, or cross-attention of decoder queries
+// over an encoder's projected keys and values. Every query sees all `keys` keys.
+//
 // Defines: WG, HD (head_dim, a multiple of 4), F16 (f16 cache), SPLIT, MIN_SPLIT, MAX_SPLITS,
-// NO_ROPE (learned positions).
+// NO_ROPE (learned positions), FULL.
 
+#if FULL
+struct Params {
+    heads: u32,
+    kv_heads: u32,
+    keys: u32,
+    // Floats between consecutive queries (rows of q) and between consecutive keys.
+    q_stride: u32,
+    scale: f32,
+    kv_stride: u32,
+    k_off: u32,
+    _pad: u32,
+}
+#else
 struct Params {
     heads: u32,
     kv_heads: u32,
@@ -26,6 +44,7 @@ struct Params {
     _pad1: u32,
     _pad2: u32,
 }
+#endif
 
 const QUADS: u32 = {{HD}}u / 4u;
 // Keys summed side by side in the value pass.
@@ -35,6 +54,9 @@ const KEY_GROUPS: u32 = {{WG}}u / QUADS;
 @group(0) @binding(1) var<uniform> step: Step;
 // Rotated queries [token][head][HD]; with SPLIT, the token's fused QKV row instead.
 @group(0) @binding(2) var<storage, read> q: array<f32>;
+#if FULL
+@group(0) @binding(3) var<storage, read> kv: array<vec4<f32>>;
+#else
 #if SPLIT
 #if F16
 @group(0) @binding(3) var<storage, read_write> k_cache: array<vec2<u32>>;
@@ -54,6 +76,7 @@ const KEY_GROUPS: u32 = {{WG}}u / QUADS;
 #else
 @group(0) @binding(3) var<storage, read> k_cache: array<vec4<f32>>;
 @group(0) @binding(4) var<storage, read> v_cache: array<vec4<f32>>;
+#endif
 #endif
 #endif
 @group(0) @binding(5) var<storage, read_write> out: array<f32>;
@@ -105,20 +128,28 @@ const NEG_BIG: f32 = -3.0e38;
 
 // Four consecutive dims starting at quad index `index` (in units of 4 elements).
 fn k_quad(index: u32) -> vec4<f32> {
+#if FULL
+    return kv[index];
+#else
 #if F16
     let w = k_cache[index];
     return vec4<f32>(unpack2x16float(w.x), unpack2x16float(w.y));
 #else
     return k_cache[index];
 #endif
+#endif
 }
 
 fn v_quad(index: u32) -> vec4<f32> {
+#if FULL
+    return kv[index];
+#else
 #if F16
     let w = v_cache[index];
     return vec4<f32>(unpack2x16float(w.x), unpack2x16float(w.y));
 #else
     return v_cache[index];
+#endif
 #endif
 }
 
@@ -163,11 +194,25 @@ fn main(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id) wid: v
 #else
     let t = wid.y;
     let first_key = 0u;
+#if FULL
+    let n_keys = p.keys;
+#else
     let n_keys = step.pos0 + t + 1u;
 #endif
+#endif
     let kv_head = head / (p.heads / p.kv_heads);
+#if FULL
+    // Token-major rows: key j of this head at k_off + j·kv_stride + kv_head·HD; its value
+    // follows the keys of all kv heads.
+    let cache_base = (p.k_off + kv_head * {{HD}}u) / 4u;
+    let row_quads = p.kv_stride / 4u;
+    let v_base = cache_base + p.kv_heads * QUADS;
+#else
     // Cache rows in quads: head kv_head starts at kv_head·capacity rows.
     let cache_base = kv_head * p.capacity * QUADS;
+    let row_quads = QUADS;
+    let v_base = cache_base;
+#endif
 #if SPLIT
     let pos = step.pos0;
     let k_src = (p.heads + kv_head) * {{HD}}u;
@@ -188,7 +233,12 @@ fn main(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id) wid: v
         }
     }
 #else
+#if FULL
+    let q_base = t * p.q_stride + head * {{HD}}u;
+#else
     let q_base = (t * p.heads + head) * {{HD}}u;
+#endif
+    let out_base = (t * p.heads + head) * {{HD}}u;
     // The softmax scale is folded into q.
     for (var i = tid; i < QUADS; i += {{WG}}u) {
         let b = q_base + 4u * i;
@@ -206,7 +256,7 @@ fn main(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id) wid: v
         let j = c0 + tid;
         var score = NEG_BIG;
         if (j < n_keys) {
-            let row = cache_base + j * QUADS;
+            let row = cache_base + j * row_quads;
             var s = 0.0;
 #if SPLIT
             if (j == pos) {
@@ -240,7 +290,7 @@ fn main(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id) wid: v
                     continue;
                 }
 #endif
-                acc += probs[jj] * v_quad(cache_base + (c0 + jj) * QUADS + quad);
+                acc += probs[jj] * v_quad(v_base + (c0 + jj) * row_quads + quad);
             }
         }
         running_max = new_max;
@@ -261,7 +311,7 @@ fn main(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id) wid: v
         }
 #else
         let o = total / running_sum;
-        let b = q_base + 4u * tid;
+        let b = out_base + 4u * tid;
 #endif
         out[b] = o.x;
         out[b + 1u] = o.y;
@@ -269,3 +319,125 @@ fn main(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id) wid: v
         out[b + 3u] = o.w;
     }
 }
+
+#if FULL
+// Tiled form of FULL attention for many queries (an encoder's 1500 positions, a prompt's
+// cross-attention): a workgroup takes BQ queries of one head and walks the keys in tiles of
+// BK staged in workgroup memory, so each key and value is read once per query block instead
+// of once per query. Scores, then one invocation per query updates its running max and sum
+// (online softmax), then every invocation adds the tile's weighted values into the output
+// dims it owns.
+const BQ: u32 = {{BQ}}u;
+const BK: u32 = {{BK}}u;
+// Invocations per query, keys each scores, output dims each owns.
+const TPQ: u32 = {{WG}}u / BQ;
+const KPT: u32 = BK / TPQ;
+const DPT: u32 = ({{HD}}u + TPQ - 1u) / TPQ;
+
+var<workgroup> tq: array<vec4<f32>, BQ * QUADS>;
+var<workgroup> tk: array<vec4<f32>, BK * QUADS>;
+var<workgroup> tv: array<f32, BK * {{HD}}u>;
+var<workgroup> tp: array<f32, BQ * BK>;
+var<workgroup> t_max: array<f32, BQ>;
+var<workgroup> t_sum: array<f32, BQ>;
+var<workgroup> t_corr: array<f32, BQ>;
+
+@compute @workgroup_size({{WG}})
+fn tiled(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id) wid: vec3<u32>) {
+    let head = wid.x;
+    let q0 = wid.y * BQ;
+    let n_queries = step.n_tokens;
+    let kv_head = head / (p.heads / p.kv_heads);
+    let qi = tid / TPQ;
+    let lane = tid % TPQ;
+    for (var i = tid; i < BQ * QUADS; i += {{WG}}u) {
+        let row = q0 + i / QUADS;
+        var v = vec4<f32>(0.0);
+        if (row < n_queries) {
+            let b = row * p.q_stride + head * {{HD}}u + 4u * (i % QUADS);
+            v = vec4<f32>(q[b], q[b + 1u], q[b + 2u], q[b + 3u]) * p.scale;
+        }
+        tq[i] = v;
+    }
+    if (tid < BQ) {
+        t_max[tid] = NEG_BIG;
+        t_sum[tid] = 0.0;
+    }
+    let k_base = (p.k_off + kv_head * {{HD}}u) / 4u;
+    let row_quads = p.kv_stride / 4u;
+    let v_base = k_base + p.kv_heads * QUADS;
+    var acc: array<f32, DPT>;
+    for (var u = 0u; u < DPT; u++) {
+        acc[u] = 0.0;
+    }
+    for (var k0 = 0u; k0 < p.keys; k0 += BK) {
+        // The previous tile is no longer read.
+        workgroupBarrier();
+        for (var i = tid; i < BK * QUADS; i += {{WG}}u) {
+            let j = k0 + i / QUADS;
+            var kq = vec4<f32>(0.0);
+            var vq = vec4<f32>(0.0);
+            if (j < p.keys) {
+                kq = kv[k_base + j * row_quads + i % QUADS];
+                vq = kv[v_base + j * row_quads + i % QUADS];
+            }
+            tk[i] = kq;
+            let vb = (i / QUADS) * {{HD}}u + 4u * (i % QUADS);
+            tv[vb] = vq.x;
+            tv[vb + 1u] = vq.y;
+            tv[vb + 2u] = vq.z;
+            tv[vb + 3u] = vq.w;
+        }
+        workgroupBarrier();
+        for (var s = 0u; s < KPT; s++) {
+            let kj = lane * KPT + s;
+            var score = 0.0;
+            for (var c = 0u; c < QUADS; c++) {
+                score += dot(tq[qi * QUADS + c], tk[kj * QUADS + c]);
+            }
+            tp[qi * BK + kj] = select(NEG_BIG, score, k0 + kj < p.keys);
+        }
+        workgroupBarrier();
+        if (tid < BQ) {
+            let old_max = t_max[tid];
+            var m = old_max;
+            for (var j = 0u; j < BK; j++) {
+                m = max(m, tp[tid * BK + j]);
+            }
+            var sum = 0.0;
+            for (var j = 0u; j < BK; j++) {
+                let e = exp(tp[tid * BK + j] - m);
+                tp[tid * BK + j] = e;
+                sum += e;
+            }
+            let corr = exp(old_max - m);
+            t_corr[tid] = corr;
+            t_sum[tid] = t_sum[tid] * corr + sum;
+            t_max[tid] = m;
+        }
+        workgroupBarrier();
+        let corr = t_corr[qi];
+        for (var u = 0u; u < DPT; u++) {
+            let d = lane + u * TPQ;
+            if (d < {{HD}}u) {
+                var a = acc[u] * corr;
+                for (var j = 0u; j < BK; j++) {
+                    a += tp[qi * BK + j] * tv[j * {{HD}}u + d];
+                }
+                acc[u] = a;
+            }
+        }
+    }
+    let row = q0 + qi;
+    if (row < n_queries) {
+        let inv = 1.0 / t_sum[qi];
+        let b = (row * p.heads + head) * {{HD}}u;
+        for (var u = 0u; u < DPT; u++) {
+            let d = lane + u * TPQ;
+            if (d < {{HD}}u) {
+                out[b + d] = acc[u] * inv;
+            }
+        }
+    }
+}
+#endif

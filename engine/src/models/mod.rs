@@ -5,6 +5,7 @@
 mod decoder;
 mod text;
 mod weights;
+pub mod whisper;
 
 pub use decoder::{DecoderModel, ModelOptions};
 pub use text::{GenerateParams, GenerationStats, ModelInfo, Prompt, StopReason, TextModel};

@@ -333,6 +333,73 @@ impl<'a> Uploader<'a> {
         Ok(buffer)
     }
 
+    /// A dense matrix `[rows][cols]` read from one tensor of another shape with as many
+    /// elements in row-major order (a convolution's `[out][in][taps]` as `[out][in·taps]`).
+    pub fn reshaped_matrix(
+        &mut self,
+        label: &str,
+        name: &str,
+        file_shape: &[usize],
+        rows: u32,
+        cols: u32,
+    ) -> Result<Matrix, Error> {
+        let elems: usize = file_shape.iter().product();
+        if elems != rows as usize * cols as usize {
+            return Err(Error::Invalid(format!(
+                "{name}: {file_shape:?} cannot be read as [{rows}, {cols}]"
+            )));
+        }
+        let size = Matrix::byte_size(rows, cols, self.dtype);
+        self.gpu.check_binding_size(label, size)?;
+        let buffer = if let WeightSource::Random { .. } = self.source {
+            let seed = self.next_seed();
+            let buffer = self.gpu.storage(label, size)?;
+            let scale = 1.0 / (cols.max(1) as f32).sqrt();
+            fill_random(self.gpu, &buffer, self.dtype, seed, scale, false)?;
+            buffer
+        } else {
+            let view = self.tensor(name, file_shape)?;
+            let stride = Matrix::padded_cols(cols) as usize;
+            let mut bytes = Vec::with_capacity(rows as usize * stride * 4);
+            let mut row = vec![0.0f32; cols as usize];
+            for i in 0..rows as usize {
+                view.read_row(i, cols as usize, &mut row);
+                encode_row(&row, stride, self.dtype, &mut bytes);
+            }
+            self.gpu
+                .storage_from_chunks(label, size, std::iter::once(bytes))?
+        };
+        self.bytes += buffer.size;
+        Ok(Matrix {
+            buffer,
+            rows,
+            cols,
+            dtype: self.dtype,
+            quant: None,
+        })
+    }
+
+    /// An f32 vector on the GPU made of named tensors and runs of zeros (`None`): a fused
+    /// bias where one part has none. Random weights give zeros.
+    pub fn vector_with_zeros(
+        &mut self,
+        label: &str,
+        parts: &[(Option<&str>, u32)],
+    ) -> Result<StorageBuffer, Error> {
+        let mut data = Vec::new();
+        for (name, n) in parts {
+            match (name, &self.source) {
+                (Some(name), WeightSource::Files(_) | WeightSource::Gguf(..)) => {
+                    data.extend(self.tensor(name, &[*n as usize])?.to_f32());
+                }
+                _ => data.resize(data.len() + *n as usize, 0.0),
+            }
+        }
+        let buffer = self.gpu.storage_from(label, &data)?;
+        self.bytes += buffer.size;
+        Ok(buffer)
+    }
+
     /// A plain f32 matrix `[rows][cols]` without padding (learned position embeddings).
     pub fn dense(
         &mut self,

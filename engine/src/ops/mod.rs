@@ -2,6 +2,7 @@
 //! cache) its specialised pipeline, binds its buffers once, and records dispatches.
 
 mod attention;
+mod conv;
 mod dequant;
 mod elementwise;
 mod fill;
@@ -12,8 +13,10 @@ mod quant_source;
 mod reduce;
 mod rope;
 mod sample;
+mod speech_logits;
 
-pub use attention::{Attention, MAX_SPLITS, MIN_SPLIT, splits_for};
+pub use attention::{Attention, FullAttention, FullLayout, MAX_SPLITS, MIN_SPLIT, splits_for};
+pub use conv::{Conv1dShape, Im2Col};
 pub use dequant::Dequantize;
 pub use elementwise::{Embed, Glu};
 pub use fill::{fill_random, fill_value};
@@ -24,6 +27,7 @@ pub use reduce::SumReduce;
 
 pub use rope::{RopeKv, RopeTable};
 pub use sample::{Sample, SamplerParams};
+pub use speech_logits::{SpeechLogits, SpeechRules, SpeechTokenIds};
 
 use bytemuck::{Pod, Zeroable};
 

@@ -1,6 +1,5 @@
-//! The engine as a background task: requests go in over a channel, events come out over
-//! another, and an optional wake callback tells a UI to repaint. Generation runs on a blocking
-//! tokio task, since every token waits on the GPU.
+//! The text service: chat generation with one [`TextModel`], on its own blocking task (every
+//! token waits on the GPU).
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -9,10 +8,9 @@ use std::time::Duration;
 
 use tokio::sync::mpsc;
 
+use super::{WakeFn, guarded};
 use crate::gpu::Gpu;
 use crate::models::{GenerateParams, ModelInfo, ModelOptions, Prompt, StopReason, TextModel};
-
-pub type WakeFn = Arc<dyn Fn() + Send + Sync>;
 
 pub enum Request {
     Load {
@@ -109,7 +107,9 @@ impl Engine {
                 match request {
                     Request::Load { path, options } => {
                         model = None;
-                        match TextModel::load(&gpu, &path, &options) {
+                        match guarded("loading the model", || {
+                            TextModel::load(&gpu, &path, &options)
+                        }) {
                             Ok(m) => {
                                 send(Event::Loaded(m.info()));
                                 model = Some(m);
@@ -131,14 +131,19 @@ impl Engine {
                             });
                             continue;
                         };
-                        let result =
+                        let result = guarded("generating", || {
                             m.generate(&prompt, &params, id, &cancelled_through, |tok, delta| {
                                 send(Event::Token {
                                     request: id,
                                     id: tok,
                                     text_delta: delta.to_owned(),
                                 });
-                            });
+                            })
+                        });
+                        if matches!(result, Err(crate::Error::Crashed(_))) {
+                            // A model interrupted mid-step may hold half-written state.
+                            model = None;
+                        }
                         match result {
                             Ok(stats) => send(Event::Done {
                                 request: id,

@@ -1,0 +1,161 @@
+//! `backpack transcribe`: an audio file to text with a Whisper model.
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use anyhow::{Context, Result};
+use backpack_engine::models::whisper::{
+    Progress, Task, TranscribeOptions, Transcriber, WhisperModel, WhisperOptions, subtitles,
+};
+use clap::{Args, ValueEnum};
+
+use crate::DTypeArg;
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+pub enum TaskArg {
+    Transcribe,
+    Translate,
+}
+
+#[derive(Clone, Copy, Debug, ValueEnum, PartialEq)]
+pub enum FormatArg {
+    Txt,
+    Srt,
+    Vtt,
+    Json,
+}
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+pub enum SpeechQuantArg {
+    #[value(name = "q8_0")]
+    Q8_0,
+}
+
+#[derive(Args)]
+pub struct TranscribeArgs {
+    /// A Whisper model folder (HF layout) or the repo id of an installed one.
+    #[arg(long)]
+    model: PathBuf,
+    /// The audio file: WAV, FLAC, MP3, Ogg/Vorbis or M4A/AAC, any rate and channel count.
+    #[arg(long)]
+    audio: PathBuf,
+    /// Spoken language (code or name), or auto to detect it.
+    #[arg(long, default_value = "auto")]
+    language: String,
+    #[arg(long, value_enum, default_value = "transcribe")]
+    task: TaskArg,
+    /// Plain text without timestamp tokens (one segment per window).
+    #[arg(long)]
+    no_timestamps: bool,
+    /// Decode once at the given temperature; no retries at higher temperatures.
+    #[arg(long)]
+    no_fallback: bool,
+    /// First decoding temperature (0 = greedy).
+    #[arg(long, default_value_t = 0.0)]
+    temperature: f32,
+    /// Storage type of the weights (arithmetic is f32 either way).
+    #[arg(long, value_enum, default_value = "f16")]
+    dtype: DTypeArg,
+    /// Quantize weight matrices while loading.
+    #[arg(long, value_enum)]
+    quant: Option<SpeechQuantArg>,
+    /// Output format on stdout.
+    #[arg(long, value_enum, default_value = "txt")]
+    format: FormatArg,
+    /// Print one last JSON line with ids, text, segments and timings.
+    #[arg(long)]
+    json: bool,
+    /// Text that precedes the audio (names, spelling) given to the first window as context.
+    #[arg(long)]
+    prompt: Option<String>,
+}
+
+pub fn options(args: &TranscribeArgs) -> TranscribeOptions {
+    let mut temperatures = vec![args.temperature.max(0.0)];
+    let mut t = args.temperature.max(0.0);
+    while t < 1.0 - 1e-6 {
+        t = (t + 0.2).min(1.0);
+        temperatures.push((t * 10.0).round() / 10.0);
+    }
+    let opts = TranscribeOptions {
+        language: Some(args.language.clone()),
+        task: match args.task {
+            TaskArg::Transcribe => Task::Transcribe,
+            TaskArg::Translate => Task::Translate,
+        },
+        timestamps: !args.no_timestamps,
+        temperatures,
+        initial_prompt: args.prompt.clone(),
+        ..Default::default()
+    };
+    if args.no_fallback {
+        opts.without_fallback()
+    } else {
+        opts
+    }
+}
+
+pub fn run(args: TranscribeArgs, adapter: Option<&str>) -> Result<()> {
+    let model_dir = crate::generate::resolve_model(&args.model)?;
+    let gpu = crate::open_gpu(adapter)?;
+    let started = Instant::now();
+    let samples = backpack_engine::audio::load_file(&args.audio)?;
+    let load_opts = WhisperOptions {
+        dtype: args.dtype.into(),
+        quantize: args
+            .quant
+            .map(|SpeechQuantArg::Q8_0| backpack_engine::load::GgmlType::Q8_0),
+    };
+    let mut model = WhisperModel::load(&gpu, &model_dir, &load_opts)
+        .with_context(|| format!("loading {}", model_dir.display()))?;
+    let info = model.info();
+    eprintln!(
+        "loaded {} ({:.0} M parameters, {:.0} MiB of weights as {}) in {:.2} s",
+        info.name,
+        info.parameters as f64 / 1e6,
+        info.weight_bytes as f64 / f64::from(1u32 << 20),
+        info.dtype,
+        started.elapsed().as_secs_f64()
+    );
+    let began = Instant::now();
+    let mut transcriber = Transcriber::new(&mut model, options(&args))?;
+    let transcript = transcriber.run(&samples, &|| false, &mut |p| match p {
+        Progress::Language { code, probability } => {
+            eprintln!("detected language: {code} ({:.0} %)", probability * 100.0)
+        }
+        Progress::Segment(s) if args.format == FormatArg::Txt && !args.json => {
+            eprintln!("[{:8.2} → {:8.2}] {}", s.start, s.end, s.text)
+        }
+        _ => {}
+    })?;
+    let elapsed = began.elapsed().as_secs_f64();
+    match args.format {
+        FormatArg::Txt => println!("{}", transcript.text),
+        FormatArg::Srt => print!("{}", subtitles::to_srt(&transcript.segments)),
+        FormatArg::Vtt => print!("{}", subtitles::to_vtt(&transcript.segments)),
+        FormatArg::Json => println!("{}", subtitles::to_json(&transcript)),
+    }
+    let rtf = if transcript.audio_s > 0.0 {
+        elapsed / transcript.audio_s
+    } else {
+        0.0
+    };
+    eprintln!(
+        "{:.1} s of audio in {elapsed:.2} s (real-time factor {rtf:.3}), {} windows",
+        transcript.audio_s, transcript.windows
+    );
+    if args.json {
+        let line = serde_json::json!({
+            "prompt_tokens": transcript.prompt_tokens,
+            "tokens": transcript.tokens,
+            "text": transcript.text,
+            "segments": transcript.segments,
+            "language": transcript.language,
+            "audio_s": transcript.audio_s,
+            "elapsed_s": elapsed,
+            "rtf": rtf,
+        });
+        println!("{line}");
+    }
+    Ok(())
+}

