@@ -304,3 +304,86 @@ fn missing_and_broken_models_are_clear_errors() {
         .expect("not whisper");
     assert!(err.to_string().contains("Whisper"), "{err}");
 }
+
+/// Live captions through the speech service on a file played faster than real time: partial
+/// text comes and goes, committed text only grows, and the final text is all that was
+/// committed. (The tiny random model says nonsense; the policy is what is checked here.)
+#[test]
+fn live_captions_commit_text_that_never_changes() {
+    use backpack_engine::models::whisper::TranscribeOptions;
+    use backpack_engine::runtime::ListenOptions;
+    use backpack_engine::runtime::speech::{LiveSource, SpeechEvent, SpeechService};
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .build()
+        .expect("runtime");
+    let _guard = runtime.enter();
+    let (speech, mut events) = SpeechService::spawn(gpu(), None);
+    speech.load(model_dir(), WhisperOptions::default());
+    assert!(matches!(
+        events.blocking_recv(),
+        Some(SpeechEvent::Loaded(_))
+    ));
+    let id = speech.listen(
+        LiveSource::File {
+            path: root().join("tests/fixtures/audio/speech_short.wav"),
+            pace: 4.0,
+        },
+        ListenOptions {
+            transcribe: TranscribeOptions {
+                language: Some("en".into()),
+                // The random model never ends a window by itself.
+                max_new_tokens: Some(12),
+                ..Default::default()
+            },
+            interval: 0.5,
+            ..Default::default()
+        },
+    );
+    let (mut commits, mut partials, mut levels) = (Vec::new(), 0, 0);
+    let mut last_t = 0.0;
+    let done = loop {
+        match events.blocking_recv().expect("service alive") {
+            SpeechEvent::Commit {
+                request,
+                t,
+                start,
+                end,
+                text,
+            } => {
+                assert_eq!(request, id);
+                assert!(t >= last_t && end >= start, "{t} {start} {end}");
+                last_t = t;
+                commits.push(text);
+            }
+            SpeechEvent::Partial { t, .. } => {
+                assert!(t >= last_t);
+                last_t = t;
+                partials += 1;
+            }
+            SpeechEvent::Level { rms, lag_s, .. } => {
+                assert!(rms.is_finite() && lag_s >= 0.0);
+                levels += 1;
+            }
+            SpeechEvent::Done { request, text, .. } => {
+                assert_eq!(request, id);
+                break text;
+            }
+            SpeechEvent::Error { message, .. } => panic!("{message}"),
+            _ => {}
+        }
+    };
+    assert!(
+        levels > 0 && partials > 0 && !commits.is_empty(),
+        "{levels} {partials} {commits:?}"
+    );
+    let joined: String = commits
+        .iter()
+        .map(|c| c.split_whitespace().collect::<Vec<_>>().join(" "))
+        .collect::<Vec<_>>()
+        .join(" ");
+    assert_eq!(
+        done.split_whitespace().collect::<Vec<_>>().join(" "),
+        joined.split_whitespace().collect::<Vec<_>>().join(" ")
+    );
+}

@@ -205,3 +205,54 @@ fn silence_and_noise_give_no_words() {
         .expect("empty audio transcribes");
     assert!(empty.text.is_empty() && empty.segments.is_empty());
 }
+
+/// The live pipeline, given a whole recording at once, commits what `transcribe` says.
+#[test]
+fn live_pipeline_commits_the_transcript() {
+    use backpack_engine::runtime::ListenOptions;
+    use backpack_engine::runtime::speech::{LiveSource, SpeechEvent, SpeechService};
+    let golden = golden();
+    let case = golden
+        .short_form
+        .iter()
+        .find(|c| c.file == "speech_two.flac" && c.return_timestamps)
+        .expect("case");
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .build()
+        .expect("runtime");
+    let _guard = runtime.enter();
+    let (speech, mut events) = SpeechService::spawn(gpu(), None);
+    speech.load(
+        model_dir("f32"),
+        WhisperOptions {
+            dtype: WeightDType::F32,
+            quantize: None,
+        },
+    );
+    assert!(matches!(
+        events.blocking_recv(),
+        Some(SpeechEvent::Loaded(_))
+    ));
+    speech.listen(
+        LiveSource::File {
+            path: root().join("tests/fixtures/audio").join(&case.file),
+            pace: 0.0,
+        },
+        ListenOptions {
+            transcribe: TranscribeOptions {
+                language: Some("en".into()),
+                ..Default::default()
+            },
+            ..Default::default()
+        },
+    );
+    let text = loop {
+        match events.blocking_recv().expect("service alive") {
+            SpeechEvent::Done { text, .. } => break text,
+            SpeechEvent::Error { message, .. } => panic!("{message}"),
+            _ => {}
+        }
+    };
+    assert_eq!(text, case.text.trim());
+}

@@ -4,6 +4,7 @@
 mod bench;
 mod bench_speech;
 mod generate;
+mod listen;
 mod models_cmd;
 mod selftest_cmd;
 mod transcribe;
@@ -47,6 +48,8 @@ enum Command {
     Models(models_cmd::ModelsArgs),
     /// Measure a Whisper model's encoder and decoder speed (real or random weights).
     BenchSpeech(bench_speech::BenchSpeechArgs),
+    /// Live captions from a microphone (or an audio file played in real time).
+    Listen(listen::ListenArgs),
     /// Transcribe (or translate) an audio file with a Whisper model.
     Transcribe(transcribe::TranscribeArgs),
 }
@@ -115,6 +118,7 @@ fn main() -> Result<()> {
         Some(Command::Bench(args)) => bench::run(args, cli.adapter.as_deref()),
         Some(Command::Models(args)) => models_cmd::run(args, cli.adapter.as_deref()),
         Some(Command::BenchSpeech(args)) => bench_speech::run(args, cli.adapter.as_deref()),
+        Some(Command::Listen(args)) => listen::run(args, cli.adapter.as_deref()),
         Some(Command::Transcribe(args)) => transcribe::run(args, cli.adapter.as_deref()),
         None => {
             let model = cli

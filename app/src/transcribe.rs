@@ -17,6 +17,15 @@ pub enum TaskArg {
     Translate,
 }
 
+impl From<TaskArg> for Task {
+    fn from(t: TaskArg) -> Self {
+        match t {
+            TaskArg::Transcribe => Task::Transcribe,
+            TaskArg::Translate => Task::Translate,
+        }
+    }
+}
+
 #[derive(Clone, Copy, Debug, ValueEnum, PartialEq)]
 pub enum FormatArg {
     Txt,
@@ -79,10 +88,7 @@ pub fn options(args: &TranscribeArgs) -> TranscribeOptions {
     }
     let opts = TranscribeOptions {
         language: Some(args.language.clone()),
-        task: match args.task {
-            TaskArg::Transcribe => Task::Transcribe,
-            TaskArg::Translate => Task::Translate,
-        },
+        task: args.task.into(),
         timestamps: !args.no_timestamps,
         temperatures,
         initial_prompt: args.prompt.clone(),

@@ -1,12 +1,14 @@
 //! Audio in: files decoded with symphonia, downmixed and resampled to Whisper's 16 kHz mono
 //! (rubato), and the log-mel spectrogram Whisper's encoder reads (realfft).
 
+mod capture;
 mod decode;
 mod mel;
 mod resample;
 
 use std::path::PathBuf;
 
+pub use capture::{InputState, LiveInput, Microphone, VirtualMicrophone, input_devices};
 pub use decode::{DecodedAudio, MAX_SECONDS, decode_file, load_file};
 pub use mel::{HOP_LENGTH, LogMel, MelFeatures, N_FFT};
 pub use resample::{StreamResampler, resample_to_16k};
@@ -31,6 +33,8 @@ pub enum AudioError {
     NoTrack { path: PathBuf },
     #[error("{path} is longer than {hours} hours; split it into shorter files")]
     TooLong { path: PathBuf, hours: u64 },
+    #[error("audio input: {0}")]
+    Device(String),
     #[error("resampling the audio to 16 kHz failed: {0}")]
     Resample(String),
 }

@@ -7,12 +7,14 @@
 //! inside a dependency while loading or serving a request becomes an error event — the
 //! service keeps serving.
 
+mod live;
 pub mod speech;
 pub mod text;
 
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 
+pub use live::ListenOptions;
 pub use text::{Engine, EngineHandle, Event, Request};
 
 use crate::Error;

@@ -8,12 +8,23 @@ use std::time::Instant;
 
 use tokio::sync::mpsc;
 
+use super::live::{ListenOptions, listen};
 use super::{WakeFn, guarded};
 use crate::gpu::Gpu;
 use crate::models::whisper::{
     Progress, Segment, SpeechModelInfo, TranscribeOptions, Transcriber, WhisperModel,
     WhisperOptions,
 };
+
+/// Where live audio comes from.
+pub enum LiveSource {
+    /// An input device: a part of its name, or the default one.
+    Microphone(Option<String>),
+    /// A file played at `pace` × real time (0: all at once).
+    File { path: PathBuf, pace: f64 },
+    /// Samples (16 kHz mono) played at `pace` × real time.
+    Samples { samples: Vec<f32>, pace: f64 },
+}
 
 /// Where the audio of a transcription comes from.
 pub enum AudioSource {
@@ -31,6 +42,13 @@ pub enum SpeechRequest {
         id: u64,
         audio: AudioSource,
         options: TranscribeOptions,
+    },
+    /// Live captions until the input ends or the request is cancelled (Stop keeps what was
+    /// said: the last words are committed).
+    Listen {
+        id: u64,
+        source: LiveSource,
+        options: ListenOptions,
     },
     Unload,
 }
@@ -51,6 +69,34 @@ pub enum SpeechEvent {
         request: u64,
         done_s: f64,
         total_s: f64,
+    },
+    Listening {
+        request: u64,
+        input: String,
+    },
+    /// Loudness of the latest audio, time since listening began, and audio waiting to be
+    /// transcribed (how far captions lag behind).
+    Level {
+        request: u64,
+        rms: f32,
+        elapsed_s: f64,
+        lag_s: f64,
+    },
+    /// Text that may still change; replaces the previous partial text.
+    Partial {
+        request: u64,
+        t: f64,
+        start: f64,
+        end: f64,
+        text: String,
+    },
+    /// Text that will not change.
+    Commit {
+        request: u64,
+        t: f64,
+        start: f64,
+        end: f64,
+        text: String,
     },
     Done {
         request: u64,
@@ -85,6 +131,17 @@ impl SpeechHandle {
         let _ = self
             .requests
             .send(SpeechRequest::Transcribe { id, audio, options });
+        id
+    }
+
+    /// Starts live captions and returns the request id.
+    pub fn listen(&self, source: LiveSource, options: ListenOptions) -> u64 {
+        let id = self.next_id.fetch_add(1, Ordering::AcqRel) + 1;
+        let _ = self.requests.send(SpeechRequest::Listen {
+            id,
+            source,
+            options,
+        });
         id
     }
 
@@ -141,6 +198,44 @@ impl SpeechService {
                         }
                     }
                     SpeechRequest::Unload => model = None,
+                    SpeechRequest::Listen {
+                        id,
+                        source,
+                        options,
+                    } => {
+                        let Some(m) = model.as_mut() else {
+                            send(SpeechEvent::Error {
+                                request: Some(id),
+                                message: "no speech model is loaded".into(),
+                            });
+                            continue;
+                        };
+                        let cancelled = || cancelled_through.load(Ordering::Acquire) >= id;
+                        let started = Instant::now();
+                        let result = guarded("live transcription", || {
+                            let input = open_live(source)?;
+                            listen(m, id, input, &options, &cancelled, &send)
+                        });
+                        match result {
+                            Ok(text) => send(SpeechEvent::Done {
+                                request: id,
+                                text,
+                                language: None,
+                                audio_s: 0.0,
+                                elapsed_s: started.elapsed().as_secs_f64(),
+                                cancelled: cancelled(),
+                            }),
+                            Err(e) => {
+                                if matches!(e, crate::Error::Crashed(_)) {
+                                    model = None;
+                                }
+                                send(SpeechEvent::Error {
+                                    request: Some(id),
+                                    message: e.to_string(),
+                                });
+                            }
+                        }
+                    }
                     SpeechRequest::Transcribe { id, audio, options } => {
                         let Some(m) = model.as_mut() else {
                             send(SpeechEvent::Error {
@@ -168,6 +263,19 @@ impl SpeechService {
         });
         (handle, ev_rx)
     }
+}
+
+fn open_live(source: LiveSource) -> Result<crate::audio::LiveInput, crate::Error> {
+    use crate::audio::{LiveInput, Microphone, VirtualMicrophone};
+    Ok(match source {
+        LiveSource::Microphone(name) => LiveInput::Microphone(Microphone::open(name.as_deref())?),
+        LiveSource::File { path, pace } => LiveInput::File(VirtualMicrophone::open(&path, pace)?),
+        LiveSource::Samples { samples, pace } => LiveInput::File(VirtualMicrophone::from_samples(
+            samples,
+            pace,
+            "audio".into(),
+        )),
+    })
 }
 
 fn transcribe(

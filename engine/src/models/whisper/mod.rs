@@ -10,6 +10,7 @@
 mod config;
 mod decoder;
 mod encoder;
+pub mod streaming;
 pub mod subtitles;
 mod tokens;
 pub mod transcribe;

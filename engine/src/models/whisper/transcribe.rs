@@ -39,6 +39,8 @@ pub struct TranscribeOptions {
     pub condition_on_previous_text: bool,
     pub initial_prompt: Option<String>,
     pub seed: u64,
+    /// Most tokens a window may generate (None: as many as the decoder holds).
+    pub max_new_tokens: Option<u32>,
 }
 
 impl Default for TranscribeOptions {
@@ -54,6 +56,7 @@ impl Default for TranscribeOptions {
             condition_on_previous_text: true,
             initial_prompt: None,
             seed: 0,
+            max_new_tokens: None,
         }
     }
 }
@@ -340,7 +343,8 @@ impl<'m> Transcriber<'m> {
             .model
             .config
             .max_target_positions
-            .saturating_sub(prompt.len() as u32);
+            .saturating_sub(prompt.len() as u32)
+            .min(self.opts.max_new_tokens.unwrap_or(u32::MAX));
         let mut kept: Option<WindowResult> = None;
         let mut decoded = 0;
         let temperatures = if self.opts.temperatures.is_empty() {
