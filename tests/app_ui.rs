@@ -1,7 +1,8 @@
 //! The real app struct driven through its UI with egui_kittest on the GPU (lavapipe in CI):
 //! a tiny fixture model streams into the transcript, Stop, Regenerate and Edit work,
 //! conversations survive a restart, a broken model shows an error and the app keeps working,
-//! and the main views match committed snapshots (tests/snapshots).
+//! the status bar's items never overlap, and the main views match committed snapshots
+//! (tests/snapshots).
 
 #[path = "support/fake_hub.rs"]
 mod fake_hub;
@@ -80,22 +81,24 @@ fn wait_for(h: &mut Harness<'_, BackpackApp>, what: &str, done: impl Fn(&Backpac
 }
 
 fn model_ready(app: &BackpackApp) -> bool {
-    matches!(app.model, ModelState::Ready { .. })
+    matches!(app.shared.model, ModelState::Ready { .. })
 }
 
 fn idle(app: &BackpackApp) -> bool {
-    app.active.is_none()
+    !app.chat.is_busy()
 }
 
 fn selected(app: &BackpackApp) -> &Conversation {
-    app.selected().expect("a conversation is selected")
+    app.chat
+        .selected(&app.shared)
+        .expect("a conversation is selected")
 }
 
 /// Greedy sampling with at most `max_tokens` for the selected conversation: quick, repeatable.
 fn greedy(h: &mut Harness<'_, BackpackApp>, max_tokens: u32) {
     let app = h.state_mut();
-    let id = app.selected_id().expect("selected");
-    let conv = app.store.conversation_mut(id).expect("conversation");
+    let id = app.chat.selected_id().expect("selected");
+    let conv = app.shared.store.conversation_mut(id).expect("conversation");
     conv.sampling = Preset::Precise.sampling();
     conv.sampling.max_tokens = max_tokens;
 }
@@ -112,14 +115,14 @@ fn chat_streams_stops_regenerates_edits_and_persists() {
     let dir = fresh_dir("chat");
     let mut h = harness(&dir, Some(fixture_model("tiny-qwen2")), true);
     wait_for(&mut h, "the model to load", model_ready);
-    assert!(h.state().model_error.is_none());
+    assert!(h.state().shared.model_error.is_none());
     greedy(&mut h, 24);
 
     // Type a prompt and press Send: tokens stream into the transcript.
     type_into(&mut h, "Message", "Hello, how are you?");
     h.get_by_label("Send").click();
     h.step();
-    assert!(h.state().active.is_some(), "Send starts an answer");
+    assert!(h.state().chat.is_busy(), "Send starts an answer");
     wait_for(&mut h, "the answer", idle);
     {
         let conv = selected(h.state());
@@ -140,16 +143,16 @@ fn chat_streams_stops_regenerates_edits_and_persists() {
     type_into(&mut h, "Message", "Tell me a long story.");
     h.key_press(egui::Key::Enter);
     h.step();
-    assert!(h.state().active.is_some(), "Enter sends");
+    assert!(h.state().chat.is_busy(), "Enter sends");
     wait_for(&mut h, "streaming to start", |app| {
-        app.active.as_ref().is_some_and(|g| g.tokens >= 3)
+        app.chat.generation().is_some_and(|g| g.tokens >= 3)
     });
     let streamed = selected(h.state()).messages[3].content.len();
     wait_for(&mut h, "the transcript to grow", |app| {
         selected(app).messages[3].content.len() > streamed || idle(app)
     });
     assert!(
-        h.state().active.is_some(),
+        h.state().chat.is_busy(),
         "the transcript grows while the answer streams"
     );
     h.get_by_label("Stop").click();
@@ -164,7 +167,7 @@ fn chat_streams_stops_regenerates_edits_and_persists() {
     // Regenerate replaces the stopped answer with a complete one.
     h.get_by_label("Regenerate").click();
     h.step();
-    assert!(h.state().active.is_some(), "Regenerate starts an answer");
+    assert!(h.state().chat.is_busy(), "Regenerate starts an answer");
     wait_for(&mut h, "the regenerated answer", idle);
     {
         let conv = selected(h.state());
@@ -196,11 +199,12 @@ fn chat_streams_stops_regenerates_edits_and_persists() {
     // Exports: Markdown with the transcript, JSON that reads back as the same conversation.
     let md = dir.join("export/chat.md");
     let json = dir.join("export/chat.json");
-    h.state()
-        .export_conversation(conversation.id, &md, false)
+    let app = h.state();
+    app.chat
+        .export_conversation(&app.shared, conversation.id, &md, false)
         .expect("markdown");
-    h.state()
-        .export_conversation(conversation.id, &json, true)
+    app.chat
+        .export_conversation(&app.shared, conversation.id, &json, true)
         .expect("json");
     let text = std::fs::read_to_string(&md).expect("md");
     assert!(
@@ -216,7 +220,7 @@ fn chat_streams_stops_regenerates_edits_and_persists() {
     // A new app instance over the same data dir has the conversation and the last model.
     let mut h = harness(&dir, None, true);
     assert_eq!(
-        h.state().store.conversation(conversation.id),
+        h.state().shared.store.conversation(conversation.id),
         Some(&conversation)
     );
     wait_for(&mut h, "the last model to load again", model_ready);
@@ -229,8 +233,10 @@ fn chat_streams_stops_regenerates_edits_and_persists() {
     h.run_steps(2);
     type_into(&mut h, "Model path", &broken.display().to_string());
     h.get_by_label("Load").click();
-    wait_for(&mut h, "the load error", |app| app.model_error.is_some());
-    let error = h.state().model_error.clone().expect("error");
+    wait_for(&mut h, "the load error", |app| {
+        app.shared.model_error.is_some()
+    });
+    let error = h.state().shared.model_error.clone().expect("error");
     assert!(error.contains("broken.gguf"), "{error}");
     h.get_by_label_contains(&error);
     h.get_all_by_label("Use")
@@ -248,7 +254,7 @@ fn chat_streams_stops_regenerates_edits_and_persists() {
     h.step();
     wait_for(&mut h, "an answer after the error", idle);
     assert!(selected(h.state()).messages[1].stats.is_some());
-    assert_eq!(h.state().store.conversations.len(), 2);
+    assert_eq!(h.state().shared.store.conversations.len(), 2);
     drop(h);
     let _ = std::fs::remove_dir_all(&dir);
 }
@@ -257,14 +263,16 @@ fn chat_streams_stops_regenerates_edits_and_persists() {
 fn overflowing_prompt_offers_to_drop_old_turns() {
     let dir = fresh_dir("overflow");
     let mut h = harness(&dir, None, true);
-    h.state_mut().store.state.load.context = Some(48);
-    h.state_mut().load_model(&fixture_model("tiny-qwen2"));
+    h.state_mut().shared.store.state.load.context = Some(48);
+    h.state_mut()
+        .shared
+        .load_model(&fixture_model("tiny-qwen2"));
     wait_for(&mut h, "the model to load", model_ready);
     greedy(&mut h, 4);
     {
         let app = h.state_mut();
-        let id = app.selected_id().expect("selected");
-        let conv = app.store.conversation_mut(id).expect("conversation");
+        let id = app.chat.selected_id().expect("selected");
+        let conv = app.shared.store.conversation_mut(id).expect("conversation");
         for i in 0..3 {
             conv.messages
                 .push(Message::user(&format!("The quick brown fox number {i}.")));
@@ -276,13 +284,13 @@ fn overflowing_prompt_offers_to_drop_old_turns() {
     type_into(&mut h, "Message", "And then?");
     h.get_by_label("Send").click();
     wait_for(&mut h, "the overflow", |app| {
-        app.overflow.is_some() && idle(app)
+        app.chat.overflow().is_some() && idle(app)
     });
     h.get_by_label_contains("context holds 48");
     h.get_by_label("Drop oldest turns and retry").click();
     h.step();
     wait_for(&mut h, "the retried answer", |app| {
-        idle(app) && app.overflow.is_none()
+        idle(app) && app.chat.overflow().is_none()
     });
     let conv = selected(h.state());
     assert!(conv.messages.len() < 8, "old turns were dropped");
@@ -340,7 +348,9 @@ fn main_views_match_snapshots() {
     h.get_by_label("Settings").click();
     h.run_steps(4);
     h.snapshot_options("settings", &options);
-    h.state_mut().load_model(&fixture_model("tiny-qwen2"));
+    h.state_mut()
+        .shared
+        .load_model(&fixture_model("tiny-qwen2"));
     wait_for(&mut h, "the model to load", model_ready);
     h.get_by_label("Models").click();
     h.run_steps(4);
@@ -389,20 +399,22 @@ fn models_panel_searches_downloads_with_progress_and_uses_the_model() {
     type_into(&mut h, "Search text", "spm");
     h.get_by_label("Search").click();
     wait_for(&mut h, "search results", |app| {
-        app.downloads
+        app.shared
+            .downloads
             .as_ref()
             .is_some_and(|d| d.results.as_ref().is_ok_and(|r| !r.is_empty()))
     });
     h.get_by_label("tiny/spm-GGUF").click();
     wait_for(&mut h, "the repo listing", |app| {
-        app.downloads
+        app.shared
+            .downloads
             .as_ref()
             .is_some_and(|d| d.listing.as_ref().is_some_and(|l| l.is_ok()))
     });
     h.run_steps(2);
     h.get_by_label("Download Q8_0").click();
     wait_for(&mut h, "download progress", |app| {
-        app.downloads.as_ref().is_some_and(|d| {
+        app.shared.downloads.as_ref().is_some_and(|d| {
             d.jobs
                 .first()
                 .and_then(|j| j.progress.as_ref())
@@ -415,7 +427,7 @@ fn models_panel_searches_downloads_with_progress_and_uses_the_model() {
     h.get_by_label("Pause");
     h.get_by_label("Cancel");
     wait_for(&mut h, "the verified download", |app| {
-        app.downloads.as_ref().is_some_and(|d| {
+        app.shared.downloads.as_ref().is_some_and(|d| {
             d.jobs
                 .first()
                 .is_some_and(|j| matches!(j.state, backpack_app::gui::downloads::JobState::Done(_)))
@@ -424,16 +436,89 @@ fn models_panel_searches_downloads_with_progress_and_uses_the_model() {
     h.run_steps(2);
     h.get_by_label("Use").click();
     wait_for(&mut h, "the downloaded model", model_ready);
-    assert!(h.state().model_error.is_none());
+    assert!(h.state().shared.model_error.is_none());
     // Installed, and listed for the chat's model picker.
     let installed = h
         .state()
+        .shared
         .downloads
         .as_ref()
         .map(|d| d.models.list())
         .unwrap_or_default();
     assert_eq!(installed.len(), 1);
     assert_eq!(installed[0].repo, "tiny/spm-GGUF");
+    drop(h);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A copy of fixture `name` in `dir` under the name `as_name` (a model's name is its folder's).
+fn fixture_copy(name: &str, dir: &Path, as_name: &str) -> PathBuf {
+    let to = dir.join(as_name);
+    std::fs::create_dir_all(&to).expect("mkdir");
+    for entry in std::fs::read_dir(fixture_model(name)).expect("fixture") {
+        let entry = entry.expect("entry");
+        std::fs::copy(entry.path(), to.join(entry.file_name())).expect("copy");
+    }
+    to
+}
+
+/// The status bar's items never overlap: a long model name, its sizes and the last answer's
+/// speed on the left, the GPU (on a machine without one, a long warning) on the right. At
+/// 1400×900 the GPU text is elided where it used to be drawn over the speed; at 700 the left
+/// items are elided too, before they take the room kept for the GPU.
+#[test]
+fn status_bar_items_never_overlap() {
+    let dir = fresh_dir("status");
+    let model = fixture_copy(
+        "tiny-qwen2",
+        &dir.join("copies"),
+        "DeepSeek-R1-Distill-Llama-70B-Instruct-abliterated-v2-Q4_K_M-imatrix",
+    );
+    let mut h = harness(&dir, Some(model), true);
+    wait_for(&mut h, "the model to load", model_ready);
+    greedy(&mut h, 8);
+    type_into(&mut h, "Message", "Hi");
+    h.get_by_label("Send").click();
+    h.step();
+    wait_for(&mut h, "the answer", idle);
+    let gpu = {
+        let g = h.state().shared.gpu.as_ref().expect("a GPU");
+        format!("{} ({})", g.name, g.backend)
+    };
+    let mut whole_speed = None;
+    for width in [2400.0, 1400.0, 700.0] {
+        h.set_size(egui::vec2(width, 900.0));
+        h.run_steps(3);
+        let rect = |label: &str| h.query_by_label_contains(label).map(|n| n.rect());
+        let adapter = rect(&gpu).expect("the GPU is shown");
+        let speed = rect("Last answer");
+        let left = [
+            ("name", rect("DeepSeek-R1")),
+            ("sizes", rect("Weights ")),
+            ("speed", speed),
+        ];
+        for (what, r) in left {
+            // At 700 the last items may be left out for want of room.
+            let Some(r) = r else {
+                assert!(width < 1400.0 && what != "name", "at {width}: no {what}");
+                continue;
+            };
+            assert!(
+                !r.intersects(adapter),
+                "at {width}: the {what} {r:?} overlaps the GPU {adapter:?}"
+            );
+        }
+        assert!(
+            adapter.width() >= 100.0 && adapter.max.x <= width,
+            "at {width}: the GPU {adapter:?} is hidden or off the window"
+        );
+        // Nothing on the left gives way while there is room for it.
+        if width >= 1400.0 {
+            let speed = speed.expect("the speed").width();
+            let whole = *whole_speed.get_or_insert(speed);
+            assert_eq!(speed, whole, "at {width}: the speed is cut");
+        }
+    }
     drop(h);
     let _ = std::fs::remove_dir_all(&dir);
 }

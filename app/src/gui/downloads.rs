@@ -222,60 +222,7 @@ impl Downloads {
         let (tx, ctx) = (self.tx.clone(), self.ctx.clone());
         let (repo, revision) = (repo.to_owned(), revision.to_owned());
         self.runtime.spawn(async move {
-            let planned = async {
-                let listing = client
-                    .listing(&repo, &revision)
-                    .await
-                    .map_err(|e| e.to_string())?;
-                let files: Vec<RepoFile> = match &selection {
-                    Selection::Patterns(p) => listing
-                        .files
-                        .iter()
-                        .filter(|f| p.iter().any(|p| hub::glob_match(p, &f.path)))
-                        .cloned()
-                        .collect(),
-                    Selection::Quant(q) => crate::hubutil::select_files(&listing, &[], Some(q))
-                        .map_err(|e| e.to_string())?,
-                    Selection::Default => crate::hubutil::select_files(&listing, &[], None)
-                        .map_err(|e| e.to_string())?,
-                };
-                if files.is_empty() {
-                    return Err(format!("{repo} has no files for {selection:?}"));
-                }
-                let fit = crate::hubutil::fit_for(&client, &listing, &files).await;
-                let unlimited = GpuBudget {
-                    adapter: String::new(),
-                    max_binding: u64::MAX,
-                    max_buffer: u64::MAX,
-                    memory: None,
-                };
-                if let Err(problem) = fit.check(gpu.as_ref().unwrap_or(&unlimited), &root) {
-                    let mut message = format!("Not downloaded: {problem}.");
-                    if let Some(gpu) = &gpu {
-                        let smaller = crate::hubutil::smaller_variants(&listing, &files, &fit, gpu);
-                        if !smaller.is_empty() {
-                            message += &format!(
-                                " These would fit: {}.",
-                                smaller
-                                    .iter()
-                                    .map(|(q, s)| format!("{q} ({})", super::format_bytes(*s)))
-                                    .collect::<Vec<_>>()
-                                    .join(", ")
-                            );
-                        }
-                    }
-                    return Err(message);
-                }
-                Ok(DownloadPlan {
-                    repo: repo.clone(),
-                    revision,
-                    commit: listing.commit,
-                    files,
-                    dest,
-                })
-            }
-            .await;
-            match planned {
+            match plan(&client, repo, revision, &selection, gpu, root, dest).await {
                 Ok(plan) => {
                     Self::send(&tx, &ctx, Update::Planned(id, plan.clone()));
                     Self::run(client, plan, control, id, tx, ctx).await;
@@ -421,4 +368,69 @@ impl Downloads {
             }
         }
     }
+}
+
+/// What to fetch of `repo`: the selected files, refused (with smaller variants that would fit)
+/// when they cannot fit `gpu` or the disk under `root`.
+async fn plan(
+    client: &HubClient,
+    repo: String,
+    revision: String,
+    selection: &Selection,
+    gpu: Option<GpuBudget>,
+    root: PathBuf,
+    dest: PathBuf,
+) -> Result<DownloadPlan, String> {
+    let listing = client
+        .listing(&repo, &revision)
+        .await
+        .map_err(|e| e.to_string())?;
+    let files: Vec<RepoFile> = match selection {
+        Selection::Patterns(p) => listing
+            .files
+            .iter()
+            .filter(|f| p.iter().any(|p| hub::glob_match(p, &f.path)))
+            .cloned()
+            .collect(),
+        Selection::Quant(q) => {
+            crate::hubutil::select_files(&listing, &[], Some(q)).map_err(|e| e.to_string())?
+        }
+        Selection::Default => {
+            crate::hubutil::select_files(&listing, &[], None).map_err(|e| e.to_string())?
+        }
+    };
+    if files.is_empty() {
+        return Err(format!("{repo} has no files for {selection:?}"));
+    }
+    let fit = crate::hubutil::fit_for(client, &listing, &files).await;
+    let unlimited = GpuBudget {
+        adapter: String::new(),
+        max_binding: u64::MAX,
+        max_buffer: u64::MAX,
+        memory: None,
+    };
+    if let Err(problem) = fit.check(gpu.as_ref().unwrap_or(&unlimited), &root) {
+        let mut message = format!("Not downloaded: {problem}.");
+        if let Some(gpu) = &gpu {
+            let smaller = crate::hubutil::smaller_variants(&listing, &files, &fit, gpu);
+            if !smaller.is_empty() {
+                message += &format!(
+                    " These would fit: {}.",
+                    smaller
+                        .iter()
+                        .map(|(q, s)| format!("{q} ({})", super::format_bytes(*s)))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                );
+            }
+        }
+        return Err(message);
+    }
+    Ok(DownloadPlan {
+        repo,
+        revision,
+        commit: listing.commit,
+        files,
+        dest,
+    })
 }

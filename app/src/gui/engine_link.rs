@@ -2,10 +2,12 @@
 //! event channel drained once per frame. The engine wakes the UI through a repaint request that
 //! is batched over a few milliseconds, so a fast token stream costs one frame per batch.
 
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
 use backpack_engine::gpu::{Gpu, adapter_filter, pick_adapter, required_features_and_limits};
+use backpack_engine::models::{GenerateParams, ModelOptions, Prompt};
 use backpack_engine::runtime::{Engine, EngineHandle, Event};
 use eframe::{egui, egui_wgpu, wgpu};
 use tokio::sync::mpsc;
@@ -28,7 +30,7 @@ pub struct GpuSummary {
 }
 
 impl GpuSummary {
-    fn of(gpu: &Gpu) -> Self {
+    pub fn of(gpu: &Gpu) -> Self {
         let info = gpu.info();
         let caps = gpu.caps();
         Self {
@@ -64,10 +66,13 @@ impl GpuSummary {
     }
 }
 
+/// The text engine, running on its own runtime.
 pub struct EngineLink {
-    pub handle: EngineHandle,
+    handle: EngineHandle,
     events: mpsc::UnboundedReceiver<Event>,
-    pub gpu: GpuSummary,
+    /// The newest generation request, so loading or unloading can cancel whatever runs
+    /// without knowing which panel asked for it.
+    last_request: u64,
     // Dropped last: the engine task lives on it.
     _runtime: tokio::runtime::Runtime,
 }
@@ -83,7 +88,6 @@ impl EngineLink {
         let wake_ctx = ctx.clone();
         let wake: backpack_engine::runtime::WakeFn =
             Arc::new(move || wake_ctx.request_repaint_after(REPAINT_BATCH));
-        let summary = GpuSummary::of(&gpu);
         let (handle, events) = {
             let _inside = runtime.enter();
             Engine::spawn(gpu, Some(wake))
@@ -91,9 +95,33 @@ impl EngineLink {
         Ok(Self {
             handle,
             events,
-            gpu: summary,
+            last_request: 0,
             _runtime: runtime,
         })
+    }
+
+    pub fn load(&self, path: PathBuf, options: ModelOptions) {
+        self.handle.load(path, options);
+    }
+
+    pub fn unload(&self) {
+        self.handle.unload();
+    }
+
+    /// Queues a generation and returns its request id.
+    pub fn generate(&mut self, prompt: Prompt, params: GenerateParams) -> u64 {
+        self.last_request = self.handle.generate(prompt, params);
+        self.last_request
+    }
+
+    /// Cancels request `id`; it ends within one token.
+    pub fn cancel(&self, id: u64) {
+        self.handle.cancel(id);
+    }
+
+    /// Cancels every request sent so far.
+    pub fn cancel_all(&self) {
+        self.handle.cancel(self.last_request);
     }
 
     /// Everything the engine sent since the last call.

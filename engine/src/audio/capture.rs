@@ -42,7 +42,7 @@ fn device_name(d: &cpal::Device) -> String {
 
 /// A source of live 16 kHz mono audio.
 pub enum LiveInput {
-    Microphone(Microphone),
+    Microphone(Box<Microphone>),
     File(VirtualMicrophone),
 }
 
@@ -168,16 +168,16 @@ impl Microphone {
             .spawn(move || {
                 while !stop_drain.load(Ordering::Relaxed) {
                     let n = consumer.slots();
-                    if n > 0 {
-                        if let Ok(chunk) = consumer.read_chunk(n) {
-                            let (a, b) = chunk.as_slices();
-                            let mut v = Vec::with_capacity(n);
-                            v.extend_from_slice(a);
-                            v.extend_from_slice(b);
-                            chunk.commit_all();
-                            if tx.send(v).is_err() {
-                                break;
-                            }
+                    if n > 0
+                        && let Ok(chunk) = consumer.read_chunk(n)
+                    {
+                        let (a, b) = chunk.as_slices();
+                        let mut v = Vec::with_capacity(n);
+                        v.extend_from_slice(a);
+                        v.extend_from_slice(b);
+                        chunk.commit_all();
+                        if tx.send(v).is_err() {
+                            break;
                         }
                     }
                     std::thread::sleep(Duration::from_millis(10));

@@ -268,7 +268,9 @@ impl SpeechService {
 fn open_live(source: LiveSource) -> Result<crate::audio::LiveInput, crate::Error> {
     use crate::audio::{LiveInput, Microphone, VirtualMicrophone};
     Ok(match source {
-        LiveSource::Microphone(name) => LiveInput::Microphone(Microphone::open(name.as_deref())?),
+        LiveSource::Microphone(name) => {
+            LiveInput::Microphone(Box::new(Microphone::open(name.as_deref())?))
+        }
         LiveSource::File { path, pace } => LiveInput::File(VirtualMicrophone::open(&path, pace)?),
         LiveSource::Samples { samples, pace } => LiveInput::File(VirtualMicrophone::from_samples(
             samples,

@@ -1,0 +1,211 @@
+//! The transcript (Markdown answers, the one streaming, an inline editor for a user message)
+//! and the composer.
+
+use std::time::Instant;
+
+use eframe::egui;
+use egui_commonmark::{CommonMarkCache, CommonMarkViewer};
+
+use super::{Action, ChatPanel};
+use crate::gui::shared::{ModelState, Shared};
+use crate::gui::store::{Message, Role};
+
+/// Where a message stands, for its buttons and stats line.
+struct MessageView<'a> {
+    conversation: u64,
+    index: usize,
+    /// Its answer is streaming: (tokens, first token, started).
+    streaming: Option<(usize, Option<Instant>, Instant)>,
+    /// The last message, with no answer streaming anywhere: it may be regenerated.
+    can_regenerate: bool,
+    /// The text being edited, when this user message is.
+    editing: Option<&'a mut String>,
+}
+
+pub(super) fn show(
+    panel: &mut ChatPanel,
+    shared: &Shared,
+    ui: &mut egui::Ui,
+    actions: &mut Vec<Action>,
+) {
+    let Some(id) = panel.selected else {
+        return;
+    };
+    let Some(conv) = shared.store.conversation(id) else {
+        return;
+    };
+    let active = panel
+        .active
+        .as_ref()
+        .filter(|g| g.conversation == id)
+        .map(|g| (g.message, g.tokens, g.first_token, g.started));
+    let busy = panel.active.is_some();
+    let model_ready = matches!(shared.model, ModelState::Ready { .. });
+    let ChatPanel {
+        editing, md_cache, ..
+    } = panel;
+    let last = conv.messages.len().saturating_sub(1);
+    egui::ScrollArea::vertical()
+        .auto_shrink(false)
+        .stick_to_bottom(true)
+        .show(ui, |ui| {
+            if conv.messages.is_empty() {
+                ui.add_space(24.0);
+                ui.vertical_centered(|ui| {
+                    ui.weak(if model_ready {
+                        "Type a message below to start."
+                    } else {
+                        "Open a model in Models, then type a message below."
+                    });
+                });
+            }
+            for (i, m) in conv.messages.iter().enumerate() {
+                let view = MessageView {
+                    conversation: id,
+                    index: i,
+                    streaming: active.filter(|a| a.0 == i).map(|a| (a.1, a.2, a.3)),
+                    can_regenerate: i == last && !busy,
+                    editing: match editing {
+                        Some((eid, eindex, text)) if *eid == id && *eindex == i => Some(text),
+                        _ => None,
+                    },
+                };
+                message(ui, m, view, md_cache, actions);
+                ui.add_space(6.0);
+            }
+        });
+}
+
+fn message(
+    ui: &mut egui::Ui,
+    m: &Message,
+    view: MessageView<'_>,
+    md_cache: &mut CommonMarkCache,
+    actions: &mut Vec<Action>,
+) {
+    let fill = match m.role {
+        Role::User => ui.visuals().faint_bg_color,
+        Role::Assistant => ui.visuals().panel_fill,
+    };
+    egui::Frame::new()
+        .fill(fill)
+        .inner_margin(8.0)
+        .corner_radius(6.0)
+        .show(ui, |ui| {
+            ui.set_width(ui.available_width());
+            ui.label(
+                egui::RichText::new(match m.role {
+                    Role::User => "You",
+                    Role::Assistant => "Assistant",
+                })
+                .strong(),
+            );
+            let (id, i) = (view.conversation, view.index);
+            if let Some(text) = view.editing {
+                editor(ui, text, id, i, actions);
+                return;
+            }
+            match m.role {
+                Role::User => {
+                    ui.add(egui::Label::new(&m.content).selectable(true));
+                }
+                Role::Assistant if m.content.is_empty() && view.streaming.is_some() => {
+                    ui.weak("…");
+                }
+                Role::Assistant => {
+                    CommonMarkViewer::new().show_with_id(
+                        egui::Id::unique(("message", id, i)),
+                        ui,
+                        md_cache,
+                        &m.content,
+                    );
+                }
+            }
+            if let Some(error) = &m.error {
+                ui.colored_label(ui.visuals().error_fg_color, error);
+            }
+            ui.horizontal(|ui| footer(ui, m, &view, actions));
+        });
+}
+
+fn editor(ui: &mut egui::Ui, text: &mut String, id: u64, i: usize, actions: &mut Vec<Action>) {
+    ui.add(
+        egui::TextEdit::multiline(text)
+            .desired_width(f32::INFINITY)
+            .hint_text("Edit the message"),
+    )
+    .on_hover_text("Edit the message");
+    ui.horizontal(|ui| {
+        if ui.button("Save & resend").clicked() {
+            actions.push(Action::Resend(id, i));
+        }
+        if ui.button("Cancel").clicked() {
+            actions.push(Action::CancelEdit);
+        }
+    });
+}
+
+/// The stats line and the message's buttons.
+fn footer(ui: &mut egui::Ui, m: &Message, view: &MessageView<'_>, actions: &mut Vec<Action>) {
+    if let Some(s) = &m.stats {
+        ui.weak(format!(
+            "{} tokens · TTFT {:.0} ms · {:.1} tokens/s · {}",
+            s.tokens, s.ttft_ms, s.tokens_per_s, s.stop
+        ));
+    } else if let Some((tokens, first, started)) = view.streaming {
+        let ttft = first.map(|f| f.duration_since(started));
+        ui.weak(match ttft {
+            Some(t) => format!("{tokens} tokens · TTFT {:.0} ms", t.as_secs_f64() * 1e3),
+            None => "reading the prompt…".into(),
+        });
+    }
+    let streaming = view.streaming.is_some();
+    if !streaming && !m.content.is_empty() && ui.small_button("Copy").clicked() {
+        actions.push(Action::Copy(m.content.clone()));
+    }
+    if m.role == Role::User && !streaming && ui.small_button("Edit").clicked() {
+        actions.push(Action::StartEdit(view.conversation, view.index));
+    }
+    if m.role == Role::Assistant && view.can_regenerate && ui.small_button("Regenerate").clicked() {
+        actions.push(Action::Regenerate(view.conversation));
+    }
+}
+
+pub(super) fn composer(panel: &mut ChatPanel, ui: &mut egui::Ui, actions: &mut Vec<Action>) {
+    ui.add_space(6.0);
+    let busy = panel.active.is_some();
+    ui.horizontal(|ui| {
+        let button_width = 84.0;
+        let edit = egui::TextEdit::multiline(&mut panel.input)
+            .hint_text("Message the model (Enter sends, Shift+Enter adds a line)")
+            .desired_rows(2)
+            .desired_width(ui.available_width() - button_width - 8.0)
+            // Only Shift+Enter inserts a newline; plain Enter sends.
+            .return_key(egui::KeyboardShortcut::new(
+                egui::Modifiers::SHIFT,
+                egui::Key::Enter,
+            ))
+            .id_salt("composer");
+        let response = ui.add(edit).on_hover_text("Message");
+        if std::mem::take(&mut panel.focus_composer) {
+            response.request_focus();
+        }
+        let enter = response.has_focus()
+            && ui.input(|i| i.key_pressed(egui::Key::Enter) && !i.modifiers.shift);
+        if busy {
+            if ui
+                .add_sized([button_width, 36.0], egui::Button::new("Stop"))
+                .clicked()
+            {
+                actions.push(Action::Stop);
+            }
+        } else if ui
+            .add_sized([button_width, 36.0], egui::Button::new("Send"))
+            .clicked()
+            || enter
+        {
+            actions.push(Action::Send);
+        }
+    });
+    ui.add_space(6.0);
+}

@@ -1,0 +1,97 @@
+//! Small helpers and widgets more than one panel uses.
+
+use std::path::Path;
+
+use eframe::egui;
+
+use super::store::{Preset, Sampling};
+
+pub fn display_name(path: &Path) -> String {
+    path.file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_else(|| path.display().to_string())
+}
+
+pub fn format_bytes(bytes: u64) -> String {
+    let b = bytes as f64;
+    if b >= 1024.0 * 1024.0 * 1024.0 {
+        format!("{:.2} GiB", b / (1024.0 * 1024.0 * 1024.0))
+    } else if b >= 1024.0 * 1024.0 {
+        format!("{:.1} MiB", b / (1024.0 * 1024.0))
+    } else {
+        format!("{:.0} KiB", b / 1024.0)
+    }
+}
+
+/// One "key: value" row of a two-column grid.
+pub fn info_row(ui: &mut egui::Ui, key: &str, value: String) {
+    ui.label(key);
+    ui.label(value);
+    ui.end_row();
+}
+
+/// Preset buttons, then sliders for one set of sampling settings (a chat's, or the defaults
+/// for new chats). A preset keeps the max tokens and seed already chosen.
+pub fn sampling_editor(ui: &mut egui::Ui, s: &mut Sampling, context: Option<u32>) {
+    ui.horizontal(|ui| {
+        ui.label("Preset");
+        let current = Preset::matching(s);
+        for preset in Preset::ALL {
+            if ui
+                .selectable_label(current == Some(preset), preset.name())
+                .clicked()
+            {
+                let keep = (s.max_tokens, s.seed);
+                *s = preset.sampling();
+                (s.max_tokens, s.seed) = keep;
+            }
+        }
+    });
+    sampling_controls(ui, s, context);
+}
+
+fn sampling_controls(ui: &mut egui::Ui, s: &mut Sampling, context: Option<u32>) {
+    egui::Grid::new(ui.next_auto_id())
+        .num_columns(2)
+        .spacing([12.0, 4.0])
+        .show(ui, |ui| {
+            let l = ui.label("Temperature");
+            ui.add(egui::Slider::new(&mut s.temperature, 0.0..=2.0).step_by(0.05))
+                .labelled_by(l.id)
+                .on_hover_text("0 always picks the most likely token");
+            ui.end_row();
+            let l = ui.label("Top-p");
+            ui.add(egui::Slider::new(&mut s.top_p, 0.05..=1.0).step_by(0.01))
+                .labelled_by(l.id);
+            ui.end_row();
+            let l = ui.label("Top-k");
+            ui.add(egui::Slider::new(&mut s.top_k, 0..=200))
+                .labelled_by(l.id)
+                .on_hover_text("0 turns top-k off");
+            ui.end_row();
+            let l = ui.label("Repetition penalty");
+            ui.add(egui::Slider::new(&mut s.repeat_penalty, 1.0..=2.0).step_by(0.01))
+                .labelled_by(l.id);
+            ui.end_row();
+            let l = ui.label("Max new tokens");
+            ui.add(egui::Slider::new(
+                &mut s.max_tokens,
+                1..=context.unwrap_or(8192).max(16),
+            ))
+            .labelled_by(l.id);
+            ui.end_row();
+            let l = ui.label("Seed");
+            ui.horizontal(|ui| {
+                let mut fixed = s.seed.is_some();
+                if ui.checkbox(&mut fixed, "Fixed").changed() {
+                    s.seed = fixed.then_some(0);
+                }
+                if let Some(seed) = &mut s.seed {
+                    ui.add(egui::DragValue::new(seed)).labelled_by(l.id);
+                } else {
+                    ui.weak("new for every answer");
+                }
+            });
+            ui.end_row();
+        });
+}
