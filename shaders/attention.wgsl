@@ -324,23 +324,26 @@ fn main(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id) wid: v
 // Tiled form of FULL attention for many queries (an encoder's 1500 positions, a prompt's
 // cross-attention): a workgroup takes BQ queries of one head and walks the keys in tiles of
 // BK staged in workgroup memory, so each key and value is read once per query block instead
-// of once per query. Scores, then one invocation per query updates its running max and sum
-// (online softmax), then every invocation adds the tile's weighted values into the output
-// dims it owns.
+// of once per query. TPQ invocations share a query: each scores KPT keys of the tile, the
+// group combines their maxima and sums through workgroup memory (online softmax, the running
+// max and sum kept in registers by every invocation of the group), and each adds the tile's
+// weighted values into the output dims it owns.
 const BQ: u32 = {{BQ}}u;
 const BK: u32 = {{BK}}u;
 // Invocations per query, keys each scores, output dims each owns.
 const TPQ: u32 = {{WG}}u / BQ;
 const KPT: u32 = BK / TPQ;
-const DPT: u32 = ({{HD}}u + TPQ - 1u) / TPQ;
+// Quads (four output dims) each invocation owns: lane, lane + TPQ, ...
+const VPT: u32 = (QUADS + TPQ - 1u) / TPQ;
+// Key rows padded by one quad so the lanes of a query, which read different rows at once,
+// fall in different memory banks.
+const K_ROW: u32 = QUADS + 1u;
 
-var<workgroup> tq: array<vec4<f32>, BQ * QUADS>;
-var<workgroup> tk: array<vec4<f32>, BK * QUADS>;
-var<workgroup> tv: array<f32, BK * {{HD}}u>;
+var<workgroup> tk: array<vec4<f32>, BK * K_ROW>;
+var<workgroup> tv: array<vec4<f32>, BK * QUADS>;
 var<workgroup> tp: array<f32, BQ * BK>;
-var<workgroup> t_max: array<f32, BQ>;
-var<workgroup> t_sum: array<f32, BQ>;
-var<workgroup> t_corr: array<f32, BQ>;
+// Per invocation: its keys' maximum, then their sum.
+var<workgroup> t_red: array<f32, {{WG}}>;
 
 @compute @workgroup_size({{WG}})
 fn tiled(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id) wid: vec3<u32>) {
@@ -350,26 +353,27 @@ fn tiled(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id) wid: 
     let kv_head = head / (p.heads / p.kv_heads);
     let qi = tid / TPQ;
     let lane = tid % TPQ;
-    for (var i = tid; i < BQ * QUADS; i += {{WG}}u) {
-        let row = q0 + i / QUADS;
+    let group = qi * TPQ;
+    // The query, scaled, in registers.
+    var qv: array<vec4<f32>, QUADS>;
+    let row = q0 + qi;
+    for (var c = 0u; c < QUADS; c++) {
         var v = vec4<f32>(0.0);
         if (row < n_queries) {
-            let b = row * p.q_stride + head * {{HD}}u + 4u * (i % QUADS);
+            let b = row * p.q_stride + head * {{HD}}u + 4u * c;
             v = vec4<f32>(q[b], q[b + 1u], q[b + 2u], q[b + 3u]) * p.scale;
         }
-        tq[i] = v;
-    }
-    if (tid < BQ) {
-        t_max[tid] = NEG_BIG;
-        t_sum[tid] = 0.0;
+        qv[c] = v;
     }
     let k_base = (p.k_off + kv_head * {{HD}}u) / 4u;
     let row_quads = p.kv_stride / 4u;
     let v_base = k_base + p.kv_heads * QUADS;
-    var acc: array<f32, DPT>;
-    for (var u = 0u; u < DPT; u++) {
-        acc[u] = 0.0;
+    var acc: array<vec4<f32>, VPT>;
+    for (var u = 0u; u < VPT; u++) {
+        acc[u] = vec4<f32>(0.0);
     }
+    var run_max = NEG_BIG;
+    var run_sum = 0.0;
     for (var k0 = 0u; k0 < p.keys; k0 += BK) {
         // The previous tile is no longer read.
         workgroupBarrier();
@@ -381,61 +385,69 @@ fn tiled(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id) wid: 
                 kq = kv[k_base + j * row_quads + i % QUADS];
                 vq = kv[v_base + j * row_quads + i % QUADS];
             }
-            tk[i] = kq;
-            let vb = (i / QUADS) * {{HD}}u + 4u * (i % QUADS);
-            tv[vb] = vq.x;
-            tv[vb + 1u] = vq.y;
-            tv[vb + 2u] = vq.z;
-            tv[vb + 3u] = vq.w;
+            tk[(i / QUADS) * K_ROW + i % QUADS] = kq;
+            tv[i] = vq;
         }
         workgroupBarrier();
+        var scores: array<f32, KPT>;
+        var local_max = NEG_BIG;
         for (var s = 0u; s < KPT; s++) {
-            let kj = lane * KPT + s;
+            // Interleaved keys: neighbouring lanes read neighbouring rows.
+            let kj = s * TPQ + lane;
             var score = 0.0;
             for (var c = 0u; c < QUADS; c++) {
-                score += dot(tq[qi * QUADS + c], tk[kj * QUADS + c]);
+                score += dot(qv[c], tk[kj * K_ROW + c]);
             }
-            tp[qi * BK + kj] = select(NEG_BIG, score, k0 + kj < p.keys);
+            score = select(NEG_BIG, score, k0 + kj < p.keys);
+            scores[s] = score;
+            local_max = max(local_max, score);
         }
+        t_red[tid] = local_max;
         workgroupBarrier();
-        if (tid < BQ) {
-            let old_max = t_max[tid];
-            var m = old_max;
-            for (var j = 0u; j < BK; j++) {
-                m = max(m, tp[tid * BK + j]);
-            }
-            var sum = 0.0;
-            for (var j = 0u; j < BK; j++) {
-                let e = exp(tp[tid * BK + j] - m);
-                tp[tid * BK + j] = e;
-                sum += e;
-            }
-            let corr = exp(old_max - m);
-            t_corr[tid] = corr;
-            t_sum[tid] = t_sum[tid] * corr + sum;
-            t_max[tid] = m;
+        var tile_max = NEG_BIG;
+        for (var l = 0u; l < TPQ; l++) {
+            tile_max = max(tile_max, t_red[group + l]);
         }
+        let new_max = max(run_max, tile_max);
+        var local_sum = 0.0;
+        for (var s = 0u; s < KPT; s++) {
+            let e = exp(scores[s] - new_max);
+            tp[qi * BK + s * TPQ + lane] = e;
+            local_sum += e;
+        }
+        // Everyone has read the maxima before they are overwritten with sums.
         workgroupBarrier();
-        let corr = t_corr[qi];
-        for (var u = 0u; u < DPT; u++) {
-            let d = lane + u * TPQ;
-            if (d < {{HD}}u) {
+        t_red[tid] = local_sum;
+        workgroupBarrier();
+        var tile_sum = 0.0;
+        for (var l = 0u; l < TPQ; l++) {
+            tile_sum += t_red[group + l];
+        }
+        let corr = exp(run_max - new_max);
+        run_sum = run_sum * corr + tile_sum;
+        run_max = new_max;
+        for (var u = 0u; u < VPT; u++) {
+            let quad = lane + u * TPQ;
+            if (quad < QUADS) {
                 var a = acc[u] * corr;
                 for (var j = 0u; j < BK; j++) {
-                    a += tp[qi * BK + j] * tv[j * {{HD}}u + d];
+                    a += tp[qi * BK + j] * tv[j * QUADS + quad];
                 }
                 acc[u] = a;
             }
         }
     }
-    let row = q0 + qi;
     if (row < n_queries) {
-        let inv = 1.0 / t_sum[qi];
+        let inv = 1.0 / run_sum;
         let b = (row * p.heads + head) * {{HD}}u;
-        for (var u = 0u; u < DPT; u++) {
-            let d = lane + u * TPQ;
-            if (d < {{HD}}u) {
-                out[b + d] = acc[u] * inv;
+        for (var u = 0u; u < VPT; u++) {
+            let quad = lane + u * TPQ;
+            if (quad < QUADS) {
+                let o = acc[u] * inv;
+                out[b + 4u * quad] = o.x;
+                out[b + 4u * quad + 1u] = o.y;
+                out[b + 4u * quad + 2u] = o.z;
+                out[b + 4u * quad + 3u] = o.w;
             }
         }
     }

@@ -185,17 +185,35 @@ fn hypothesis(
         st.language = transcript.language.clone();
     }
     let eot = model.tokens.eot;
-    Ok(Hypothesis {
-        segments: transcript
-            .segments
+    let mut segments = Vec::with_capacity(transcript.segments.len());
+    for s in &transcript.segments {
+        let tokens: Vec<u32> = s.tokens.iter().copied().filter(|&t| t < eot).collect();
+        let keys = tokens
             .iter()
-            .map(|s| HypothesisSegment {
-                start: s.start,
-                end: s.end,
-                tokens: s.tokens.iter().copied().filter(|&t| t < eot).collect(),
-            })
-            .collect(),
-    })
+            .map(|&t| Ok(word_key(&model.tokenizer.decode(&[t], true)?)))
+            .collect::<Result<Vec<u64>, Error>>()?;
+        segments.push(HypothesisSegment {
+            start: s.start,
+            end: s.end,
+            tokens,
+            keys,
+        });
+    }
+    Ok(Hypothesis { segments })
+}
+
+/// A token's text without case, spacing or punctuation, so that passes which spell the same
+/// word differently agree on it.
+fn word_key(text: &str) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let normal: String = text
+        .chars()
+        .filter(|c| c.is_alphanumeric())
+        .flat_map(char::to_lowercase)
+        .collect();
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    normal.hash(&mut h);
+    h.finish()
 }
 
 fn finish_utterance(

@@ -19,6 +19,10 @@ pub struct HypothesisSegment {
     pub start: f64,
     pub end: f64,
     pub tokens: Vec<u32>,
+    /// What the tokens are compared by, one per token: a new pass may write the same word
+    /// with other tokens ("She" after a pause, "she" once it follows text), so the caller
+    /// passes a normalised form. Empty: the token ids themselves.
+    pub keys: Vec<u64>,
 }
 
 impl Hypothesis {
@@ -26,6 +30,19 @@ impl Hypothesis {
         self.segments
             .iter()
             .flat_map(|s| s.tokens.iter().copied())
+            .collect()
+    }
+
+    fn keys(&self) -> Vec<u64> {
+        self.segments
+            .iter()
+            .flat_map(|s| {
+                if s.keys.len() == s.tokens.len() {
+                    s.keys.clone()
+                } else {
+                    s.tokens.iter().map(|&t| u64::from(t)).collect()
+                }
+            })
             .collect()
     }
 
@@ -66,19 +83,21 @@ pub const MAX_BUFFER_SECONDS: f64 = 24.0;
 
 #[derive(Debug, Default)]
 pub struct LocalAgreement {
-    /// Committed tokens whose audio is still in the buffer.
-    in_buffer: Vec<u32>,
-    /// The uncommitted tail of the previous hypothesis.
-    previous: Vec<u32>,
+    /// Keys of the committed tokens whose audio is still in the buffer.
+    in_buffer: Vec<u64>,
+    /// Keys of the uncommitted tail of the previous hypothesis.
+    previous: Vec<u64>,
 }
 
 impl LocalAgreement {
     /// The new hypothesis of the buffer, with `buffer_seconds` of audio in it.
     pub fn update(&mut self, hyp: &Hypothesis, buffer_seconds: f64) -> Update {
         let tokens = hyp.tokens();
-        let skip = self.already_committed(&tokens);
+        let keys = hyp.keys();
+        let skip = self.already_committed(&keys);
         let fresh = &tokens[skip..];
-        let agreed = fresh
+        let fresh_keys = &keys[skip..];
+        let agreed = fresh_keys
             .iter()
             .zip(&self.previous)
             .take_while(|(a, b)| a == b)
@@ -90,12 +109,12 @@ impl LocalAgreement {
             commit_len = commit_len.max((tokens.len() - last).saturating_sub(skip));
         }
         let commit = fresh[..commit_len].to_vec();
-        self.in_buffer.extend(&commit);
-        self.previous = fresh[commit_len..].to_vec();
+        self.in_buffer.extend(&fresh_keys[..commit_len]);
+        self.previous = fresh_keys[commit_len..].to_vec();
         let committed_end = skip + commit_len;
         let mut update = Update {
             commit_span: hyp.span(skip, committed_end),
-            partial: self.previous.clone(),
+            partial: fresh[commit_len..].to_vec(),
             partial_span: hyp.span(committed_end, tokens.len()),
             commit,
             cut: None,
@@ -107,7 +126,7 @@ impl LocalAgreement {
     /// Commits the whole hypothesis: the speaker paused, or the input ended.
     pub fn finish(&mut self, hyp: &Hypothesis) -> Update {
         let tokens = hyp.tokens();
-        let skip = self.already_committed(&tokens);
+        let skip = self.already_committed(&hyp.keys());
         let update = Update {
             commit: tokens[skip..].to_vec(),
             commit_span: hyp.span(skip, tokens.len()),
@@ -128,7 +147,7 @@ impl LocalAgreement {
     /// How many leading tokens of a new hypothesis repeat text already committed: all of the
     /// buffer's committed tokens when the hypothesis starts with them, else the longest
     /// committed tail that starts it (the model may drop or reword the beginning).
-    fn already_committed(&self, tokens: &[u32]) -> usize {
+    fn already_committed(&self, tokens: &[u64]) -> usize {
         if tokens.starts_with(&self.in_buffer) {
             return self.in_buffer.len();
         }
@@ -168,6 +187,7 @@ mod tests {
             start,
             end,
             tokens: tokens.to_vec(),
+            keys: Vec::new(),
         }
     }
 
@@ -219,6 +239,24 @@ mod tests {
         let u = p.update(&hyp(vec![seg(0.0, 2.0, &[11, 12, 13])]), 2.0);
         assert!(u.commit.is_empty());
         assert_eq!(u.partial, vec![13]);
+    }
+
+    #[test]
+    fn the_same_words_in_other_tokens_are_not_committed_twice() {
+        let mut p = LocalAgreement::default();
+        let keyed = |tokens: &[u32], keys: &[u64]| HypothesisSegment {
+            start: 0.0,
+            end: 1.0,
+            tokens: tokens.to_vec(),
+            keys: keys.to_vec(),
+        };
+        let h = hyp(vec![keyed(&[7, 8], &[70, 80])]);
+        p.update(&h, 1.0);
+        assert_eq!(p.update(&h, 1.5).commit, vec![7, 8]);
+        // Token 9 is another spelling of the word 7 was ("she" for "She").
+        let u = p.update(&hyp(vec![keyed(&[9, 8, 5], &[70, 80, 50])]), 2.0);
+        assert!(u.commit.is_empty());
+        assert_eq!(u.partial, vec![5]);
     }
 
     #[test]
