@@ -139,6 +139,43 @@ fn log_mel_matches_the_feature_extractor() {
     }
 }
 
+/// Every container and codec the fixtures use decodes to the length and rate sox gave them.
+#[test]
+fn audio_files_of_every_format_decode() {
+    let dir = root().join("tests/fixtures/audio");
+    // (file, rate, channels, approximate seconds)
+    for (file, rate, channels, seconds) in [
+        ("speech_short.wav", 16_000, 1, 3.98),
+        ("speech_two.flac", 16_000, 1, 7.91),
+        ("speech_short.ogg", 22_050, 1, 3.98),
+        ("speech_short.mp3", 44_100, 1, 4.0),
+        ("chirp_44k_stereo.wav", 44_100, 2, 1.1),
+    ] {
+        let audio = decode_file(&dir.join(file)).expect(file);
+        assert_eq!(
+            (audio.sample_rate, audio.channels),
+            (rate, channels),
+            "{file}"
+        );
+        let secs = audio.samples.len() as f64 / f64::from(rate);
+        assert!((secs - seconds).abs() < 0.1, "{file}: {secs} s");
+        let loaded = backpack_engine::audio::load_file(&dir.join(file)).expect(file);
+        let want = (audio.samples.len() as f64 * 16_000.0 / f64::from(rate)).round() as usize;
+        assert!(
+            loaded.len().abs_diff(want) <= 1,
+            "{file}: {} samples at 16 kHz",
+            loaded.len()
+        );
+        let peak = loaded.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+        assert!(peak > 0.05 && peak <= 1.0, "{file}: peak {peak}");
+    }
+    let bad = std::env::temp_dir().join(format!("backpack-not-audio-{}.wav", std::process::id()));
+    std::fs::write(&bad, b"this is text, not audio").expect("write");
+    let err = decode_file(&bad).expect_err("text is not audio");
+    assert!(err.to_string().contains("not an audio format"), "{err}");
+    let _ = std::fs::remove_file(&bad);
+}
+
 fn model_dir() -> PathBuf {
     root().join("tests/fixtures/models/tiny-whisper")
 }

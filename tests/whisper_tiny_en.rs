@@ -183,7 +183,9 @@ fn long_form_seeks_on_timestamps_like_transformers() {
 fn lossy_files_in_f16_give_the_same_words() {
     let golden = golden();
     let mut model = load(WeightDType::F16);
-    for case in &golden.lossy {
+    // Ogg/Vorbis at 22.05 kHz: a lossy codec and a resampler in the path. (The MP3 decoder is
+    // checked without a model in tests/whisper.rs.)
+    for case in golden.lossy.iter().filter(|c| c.file.ends_with(".ogg")) {
         let t = transcribe(&mut model, &case.file, case.return_timestamps, false);
         assert_eq!(t.text, case.text.trim(), "{}", case.file);
     }
