@@ -424,3 +424,53 @@ fn live_captions_commit_text_that_never_changes() {
         joined.split_whitespace().collect::<Vec<_>>().join(" ")
     );
 }
+
+/// Matrices quantized to Q8_0 while loading: the encoder stays close to the f32 one and the
+/// decoder runs on the quantized kernels.
+#[test]
+fn q8_0_quantized_weights_stay_close() {
+    let g = golden();
+    let audio = chirp(&g);
+    let mut q8 = WhisperModel::load(
+        &gpu(),
+        &model_dir(),
+        &WhisperOptions {
+            dtype: WeightDType::F32,
+            quantize: Some(backpack_engine::load::GgmlType::Q8_0),
+        },
+    )
+    .expect("q8_0 loads");
+    q8.encode(&window(&q8, &audio)).expect("encode");
+    let out = q8.encoder_output().expect("output");
+    let d = q8.config.d_model as usize;
+    let mut worst = 0.0f32;
+    for (row, want) in g.encoder.rows.iter().zip(&g.encoder.values) {
+        let got = &out[row * d..(row + 1) * d];
+        let norm = want.iter().map(|v| v * v).sum::<f32>().sqrt();
+        let err = got
+            .iter()
+            .zip(want)
+            .map(|(a, b)| (a - b) * (a - b))
+            .sum::<f32>()
+            .sqrt();
+        worst = worst.max(err / norm);
+    }
+    assert!(
+        worst < 0.05,
+        "q8_0 encoder rows differ by {worst} (relative)"
+    );
+    let case = &g.greedy[0];
+    let r = rules(&q8, &case.prompt_ids, false);
+    let w = q8
+        .decode(
+            &case.prompt_ids,
+            &r,
+            &SamplerParams::default(),
+            6,
+            None,
+            |_| false,
+        )
+        .expect("decode");
+    assert_eq!(w.tokens.len(), 6);
+    assert!(w.tokens.iter().all(|&t| t < q8.config.vocab));
+}
