@@ -46,6 +46,7 @@ fn harness(
             hub_endpoint: Some("http://127.0.0.1:9".into()),
             models_dir: Some(data_dir.join("models")),
             frame_stats: false,
+            audio_input: None,
         },
         any_text,
     )
@@ -389,6 +390,7 @@ fn models_panel_searches_downloads_with_progress_and_uses_the_model() {
             hub_endpoint: Some(hub.url.clone()),
             models_dir: Some(dir.join("models")),
             frame_stats: false,
+            audio_input: None,
         },
         true,
     );

@@ -34,6 +34,10 @@ struct Cli {
     /// BACKPACK_DATA_DIR).
     #[arg(long)]
     data_dir: Option<std::path::PathBuf>,
+    /// Use this audio file, played in real time, as the window's only audio input (a virtual
+    /// microphone for recording and dictation).
+    #[arg(long, value_name = "FILE")]
+    audio_input: Option<std::path::PathBuf>,
     #[command(subcommand)]
     command: Option<Command>,
 }
@@ -121,6 +125,9 @@ fn main() -> Result<()> {
         Some(Command::Listen(args)) => listen::run(args, cli.adapter.as_deref()),
         Some(Command::Transcribe(args)) => transcribe::run(args, cli.adapter.as_deref()),
         None => {
+            if let Some(path) = cli.audio_input.as_deref().filter(|p| !p.is_file()) {
+                anyhow::bail!("--audio-input {}: no such audio file", path.display());
+            }
             let model = cli
                 .model
                 .as_deref()
@@ -134,6 +141,7 @@ fn main() -> Result<()> {
                 frame_stats: std::env::var_os("BACKPACK_FRAME_STATS").is_some(),
                 hub_endpoint: None,
                 models_dir: None,
+                audio_input: cli.audio_input,
             };
             backpack_app::run_gui(config, cli.adapter.as_deref())
         }

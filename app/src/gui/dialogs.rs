@@ -6,6 +6,8 @@ use std::sync::mpsc;
 
 use eframe::egui;
 
+use super::speech::TranscriptFormat;
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum DialogKind {
     OpenModelFile,
@@ -13,7 +15,13 @@ pub enum DialogKind {
     ModelsFolder,
     ExportMarkdown(u64),
     ExportJson(u64),
+    OpenSpeechModelFolder,
+    OpenAudioFile,
+    ExportTranscript(u64, TranscriptFormat),
 }
+
+/// What the audio decoder reads.
+const AUDIO_EXTENSIONS: &[&str] = &["wav", "flac", "mp3", "ogg", "oga", "m4a", "mp4", "aac"];
 
 pub struct Dialogs {
     done_tx: mpsc::Sender<(DialogKind, Option<PathBuf>)>,
@@ -69,6 +77,21 @@ impl Dialogs {
                         .add_filter("JSON", &["json"])
                         .set_file_name(format!("{name}.json"))
                         .save_file(),
+                    DialogKind::OpenSpeechModelFolder => dialog
+                        .set_title("Open a Whisper model folder")
+                        .pick_folder(),
+                    DialogKind::OpenAudioFile => dialog
+                        .set_title("Transcribe an audio file")
+                        .add_filter("Audio", AUDIO_EXTENSIONS)
+                        .pick_file(),
+                    DialogKind::ExportTranscript(_, format) => {
+                        let ext = format.extension();
+                        dialog
+                            .set_title("Export transcript")
+                            .add_filter(format.name(), &[ext])
+                            .set_file_name(format!("{name}.{ext}"))
+                            .save_file()
+                    }
                 };
                 let _ = tx.send((kind, path));
                 ctx.request_repaint();

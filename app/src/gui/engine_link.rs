@@ -1,6 +1,7 @@
-//! The UI's side of the engine: the shared GPU, a tokio runtime the engine runs on, and the
-//! event channel drained once per frame. The engine wakes the UI through a repaint request that
-//! is batched over a few milliseconds, so a fast token stream costs one frame per batch.
+//! The UI's side of the engine: the shared GPU, a tokio runtime the engine (and the speech
+//! service, see [`super::speech_link`]) runs on, and the event channel drained once per frame.
+//! The engine wakes the UI through a repaint request that is batched over a few milliseconds,
+//! so a fast token stream costs one frame per batch.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -8,9 +9,12 @@ use std::time::Duration;
 
 use backpack_engine::gpu::{Gpu, adapter_filter, pick_adapter, required_features_and_limits};
 use backpack_engine::models::{GenerateParams, ModelOptions, Prompt};
-use backpack_engine::runtime::{Engine, EngineHandle, Event};
+use backpack_engine::runtime::speech::SpeechService;
+use backpack_engine::runtime::{Engine, EngineHandle, Event, WakeFn};
 use eframe::{egui, egui_wgpu, wgpu};
 use tokio::sync::mpsc;
+
+use super::speech_link::SpeechLink;
 
 /// Tokens arriving within this window share one repaint.
 const REPAINT_BATCH: Duration = Duration::from_millis(8);
@@ -73,8 +77,14 @@ pub struct EngineLink {
     /// The newest generation request, so loading or unloading can cancel whatever runs
     /// without knowing which panel asked for it.
     last_request: u64,
-    // Dropped last: the engine task lives on it.
-    _runtime: tokio::runtime::Runtime,
+    // Dropped last: the engine task lives on it (shared with the speech service).
+    runtime: Arc<tokio::runtime::Runtime>,
+}
+
+/// Wakes `ctx`, batching wake-ups that come within [`REPAINT_BATCH`].
+fn wake_fn(ctx: &egui::Context) -> WakeFn {
+    let ctx = ctx.clone();
+    Arc::new(move || ctx.request_repaint_after(REPAINT_BATCH))
 }
 
 impl EngineLink {
@@ -85,19 +95,25 @@ impl EngineLink {
             .thread_name("backpack-engine")
             .enable_all()
             .build()?;
-        let wake_ctx = ctx.clone();
-        let wake: backpack_engine::runtime::WakeFn =
-            Arc::new(move || wake_ctx.request_repaint_after(REPAINT_BATCH));
         let (handle, events) = {
             let _inside = runtime.enter();
-            Engine::spawn(gpu, Some(wake))
+            Engine::spawn(gpu, Some(wake_fn(ctx)))
         };
         Ok(Self {
             handle,
             events,
             last_request: 0,
-            _runtime: runtime,
+            runtime: Arc::new(runtime),
         })
+    }
+
+    /// Starts the speech service on the engine's runtime, on the same GPU.
+    pub fn start_speech(&self, gpu: Gpu, ctx: &egui::Context) -> SpeechLink {
+        let (handle, events) = {
+            let _inside = self.runtime.enter();
+            SpeechService::spawn(gpu, Some(wake_fn(ctx)))
+        };
+        SpeechLink::new(handle, events, self.runtime.clone())
     }
 
     pub fn load(&self, path: PathBuf, options: ModelOptions) {

@@ -1,8 +1,9 @@
-//! The desktop app: a left rail routing to the Chat, Models and Settings panels, and a status
-//! bar. Each panel owns its state and actions; what they share (the engine, the store, the
-//! GPU, dialogs, notices) lives in [`Shared`], lent to the panel being drawn. The window's
-//! wgpu device is the engine's device; the engine runs on a background tokio runtime and its
-//! events are drained at the start of every frame and handed to the panel they concern.
+//! The desktop app: a left rail routing to the Chat, Speech, Models and Settings panels, and a
+//! status bar. Each panel owns its state and actions; what they share (the engines, the store,
+//! the GPU, dialogs, notices) lives in [`Shared`], lent to the panel being drawn. The window's
+//! wgpu device is the engine's device; the text engine and the speech service run on a
+//! background tokio runtime and their events are drained at the start of every frame and
+//! handed to the panel they concern.
 
 pub mod chat;
 mod common;
@@ -13,12 +14,15 @@ mod frame_stats;
 pub mod models;
 pub mod settings;
 pub mod shared;
+pub mod speech;
+pub mod speech_link;
 mod status_bar;
 pub mod store;
 
 use std::path::PathBuf;
 
 use backpack_engine::runtime::Event;
+use backpack_engine::runtime::speech::SpeechEvent;
 use eframe::egui;
 
 use chat::ChatPanel;
@@ -28,6 +32,8 @@ use frame_stats::FrameStats;
 use models::ModelsPanel;
 use settings::SettingsPanel;
 pub use shared::{ModelState, Shared};
+use speech::SpeechPanel;
+pub use speech_link::SpeechModelState;
 use store::Panel;
 
 /// How the app was started.
@@ -43,11 +49,15 @@ pub struct AppConfig {
     pub hub_endpoint: Option<String>,
     /// Where downloads go (default: the saved choice, else `models` in the data dir).
     pub models_dir: Option<PathBuf>,
+    /// An audio file played in real time as the only live input (a virtual microphone),
+    /// for machines without one, demos and tests.
+    pub audio_input: Option<PathBuf>,
 }
 
 pub struct BackpackApp {
     pub shared: Shared,
     pub chat: ChatPanel,
+    pub speech: SpeechPanel,
     pub models: ModelsPanel,
     pub settings: SettingsPanel,
     frames: FrameStats,
@@ -70,9 +80,17 @@ impl BackpackApp {
         if let Some(path) = start_model {
             shared.load_model(&path);
         }
+        let speech = SpeechPanel::new(&shared);
+        let last_speech = shared.store.state.speech.last_model.clone();
+        if let Some(path) = last_speech.filter(|p| p.exists())
+            && shared.speech_model_path().is_none()
+        {
+            shared.load_speech_model(&path);
+        }
         Self {
             shared,
             chat,
+            speech,
             models: ModelsPanel::default(),
             settings: SettingsPanel::default(),
             frames,
@@ -106,6 +124,49 @@ impl BackpackApp {
         }
     }
 
+    /// Hands each speech event to the panel whose request it is: chat dictation's to chat,
+    /// the rest to Speech.
+    fn handle_speech_events(&mut self) {
+        let events = match &mut self.shared.speech {
+            Some(s) => s.drain(),
+            None => return,
+        };
+        for event in events {
+            let request = speech_link::event_request(&event);
+            if let (SpeechEvent::Done { .. } | SpeechEvent::Error { .. }, Some(id)) =
+                (&event, request)
+                && let Some(s) = &mut self.shared.speech
+            {
+                s.finished(id);
+            }
+            match event {
+                SpeechEvent::Loaded(info) => self.shared.speech_loaded(info),
+                // Only loading reports errors without a request.
+                SpeechEvent::Error {
+                    request: None,
+                    message,
+                } => self.shared.speech_failed(message),
+                event if request.is_some() && request == self.chat.dictation_request() => {
+                    self.chat.on_speech_event(event);
+                }
+                event => self.speech.on_event(&mut self.shared, event),
+            }
+        }
+    }
+
+    /// Files dropped on the window go to Speech (audio to transcribe, or a Whisper folder).
+    fn handle_dropped_files(&mut self, ctx: &egui::Context) {
+        let dropped: Vec<PathBuf> = ctx.input(|i| {
+            let files = i.raw.dropped_files.iter();
+            files.map(|f| f.path().to_owned()).collect()
+        });
+        if dropped.is_empty() {
+            return;
+        }
+        self.shared.go_to(Panel::Speech);
+        self.speech.open_dropped(&mut self.shared, dropped);
+    }
+
     /// Applies the file dialogs answered since the last frame.
     fn handle_dialogs(&mut self) {
         for (kind, path) in self.shared.dialogs.finished() {
@@ -122,6 +183,12 @@ impl BackpackApp {
                 DialogKind::ExportJson(id) => {
                     self.chat.finish_export(&mut self.shared, id, &path, true);
                 }
+                DialogKind::OpenSpeechModelFolder => self.speech.load_model(&mut self.shared, path),
+                DialogKind::OpenAudioFile => self.speech.transcribe_file(&mut self.shared, &path),
+                DialogKind::ExportTranscript(id, format) => {
+                    self.speech
+                        .finish_export(&mut self.shared, id, &path, format);
+                }
             }
         }
     }
@@ -134,6 +201,7 @@ impl BackpackApp {
         ui.add_space(8.0);
         for (panel, label) in [
             (Panel::Chat, "Chat"),
+            (Panel::Speech, "Speech"),
             (Panel::Models, "Models"),
             (Panel::Settings, "Settings"),
         ] {
@@ -195,11 +263,13 @@ impl eframe::App for BackpackApp {
         self.frames
             .record(frame.info().cpu_usage, self.chat.is_busy());
         self.handle_events();
+        self.handle_speech_events();
         self.handle_dialogs();
         if let Some(d) = &mut self.shared.downloads {
             d.poll();
         }
         let ctx = ui.ctx().clone();
+        self.handle_dropped_files(&ctx);
         self.shortcuts(&ctx);
         self.remember_window(&ctx);
         // Tokens wake the UI; this keeps the live tokens/s figure moving between them.
@@ -221,17 +291,41 @@ impl eframe::App for BackpackApp {
         }
         match self.shared.store.state.panel {
             Panel::Chat => self.chat.show(&mut self.shared, ui),
+            Panel::Speech => self.speech.show(&mut self.shared, ui),
             Panel::Models => self.models.show(&mut self.shared, ui),
             Panel::Settings => self.settings.show(&mut self.shared, ui),
         }
+        drop_hint(&ctx);
         self.shared.save_if_due();
     }
 
     fn on_exit(&mut self) {
         self.chat.stop(&self.shared);
+        self.chat.stop_dictation(&self.shared);
+        self.speech.stop(&self.shared);
         self.shared.save_now();
         if self.shared.config.frame_stats {
             eprintln!("{}", self.frames.report());
         }
     }
+}
+
+/// While files are dragged over the window, says what dropping them does.
+fn drop_hint(ctx: &egui::Context) {
+    if ctx.input(|i| i.raw.hovered_files.is_empty()) {
+        return;
+    }
+    let painter = ctx.layer_painter(egui::LayerId::new(
+        egui::Order::Foreground,
+        egui::Id::unique("drop-hint"),
+    ));
+    let rect = ctx.content_rect();
+    painter.rect_filled(rect, 0.0, egui::Color32::from_black_alpha(160));
+    painter.text(
+        rect.center(),
+        egui::Align2::CENTER_CENTER,
+        "Drop audio files to transcribe them",
+        egui::FontId::proportional(22.0),
+        egui::Color32::WHITE,
+    );
 }

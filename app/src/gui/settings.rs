@@ -49,7 +49,7 @@ impl SettingsPanel {
                     ui.group(|ui| {
                         ui.label(egui::RichText::new("Data").strong());
                         ui.label(format!(
-                            "Settings and conversations are kept in {}",
+                            "Settings, conversations and transcripts are kept in {}",
                             shared.store.dir().display()
                         ));
                     });

@@ -1,6 +1,7 @@
-//! What the panels share: the text engine and the model it holds, the GPU, the store, the hub
-//! and its downloads, file dialogs and notices. The app owns one and lends it to the panel
-//! being drawn; each panel keeps its own state to itself.
+//! What the panels share: the text engine and the model it holds, the speech service and its
+//! model (see [`super::speech_link`]), the GPU, the store, the hub and its downloads, file
+//! dialogs and notices. The app owns one and lends it to the panel being drawn; each panel
+//! keeps its own state to itself.
 
 use std::path::{Path, PathBuf};
 
@@ -13,6 +14,7 @@ use super::AppConfig;
 use super::dialogs::{DialogKind, Dialogs};
 use super::downloads::Downloads;
 use super::engine_link::{self, EngineLink, GpuSummary};
+use super::speech_link::{SpeechLink, SpeechModelState};
 use super::store::{Panel, Store};
 
 pub enum ModelState {
@@ -31,6 +33,13 @@ pub struct Shared {
     pub model: ModelState,
     /// What went wrong with loading or using a model; Chat and Models show it.
     pub model_error: Option<String>,
+    pub speech: Option<SpeechLink>,
+    pub speech_model: SpeechModelState,
+    /// What went wrong loading the speech model; Speech shows it.
+    pub speech_error: Option<String>,
+    /// Most tokens a window of audio may produce (None: the model's limit). Tests cap it,
+    /// since random-weight fixtures never stop on their own.
+    pub speech_max_new_tokens: Option<u32>,
     /// The hub client, the models folder and the download queue.
     pub downloads: Option<Downloads>,
     pub dialogs: Dialogs,
@@ -45,7 +54,7 @@ impl Shared {
         let notices = store.notices.clone();
         let gpu = engine_link::shared_gpu(cc.wgpu_render_state.as_ref());
         let mut summary = gpu.as_ref().map(GpuSummary::of);
-        let (engine, engine_error) = match gpu {
+        let (engine, engine_error) = match gpu.clone() {
             Some(gpu) => match EngineLink::start(gpu, &cc.egui_ctx) {
                 Ok(link) => (Some(link), None),
                 Err(e) => (None, Some(format!("the engine could not start: {e}"))),
@@ -61,6 +70,10 @@ impl Shared {
             // No engine, no GPU for models, whatever draws the window.
             summary = None;
         }
+        let speech = engine
+            .as_ref()
+            .zip(gpu)
+            .map(|(link, gpu)| link.start_speech(gpu, &cc.egui_ctx));
         let models_dir = config
             .models_dir
             .clone()
@@ -76,6 +89,10 @@ impl Shared {
             gpu: summary,
             model: ModelState::None,
             model_error: None,
+            speech,
+            speech_model: SpeechModelState::None,
+            speech_error: None,
+            speech_max_new_tokens: None,
             downloads,
             dialogs: Dialogs::default(),
             notices,
@@ -125,8 +142,14 @@ impl Shared {
     }
 
     /// Starts loading `path` (an HF folder, a .gguf file, or a folder holding one); an answer
-    /// being streamed is stopped.
+    /// being streamed is stopped. A Whisper folder is loaded by the speech service instead.
     pub fn load_model(&mut self, path: &Path) {
+        // The library's "Use" and `--model` can name a Whisper folder too.
+        if backpack_engine::models::whisper::is_whisper_dir(path) {
+            self.load_speech_model(path);
+            self.go_to(Panel::Speech);
+            return;
+        }
         self.model_error = None;
         let Some(engine) = &self.engine else {
             self.model_error = self.engine_error.clone();

@@ -1,7 +1,7 @@
-//! What the app remembers across restarts: settings, the last model, the window size and every
-//! conversation. Kept as JSON in the platform data dir; every write goes to a temporary file
-//! that is synced and then renamed over the old one, so a crash mid-write leaves the previous
-//! version intact.
+//! What the app remembers across restarts: settings, the last model, the window size, every
+//! conversation and every speech transcript. Kept as JSON in the platform data dir; every write
+//! goes to a temporary file that is synced and then renamed over the old one, so a crash
+//! mid-write leaves the previous version intact.
 
 use std::fs;
 use std::io::Write;
@@ -11,8 +11,11 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use anyhow::{Context, Result};
 use serde::{Deserialize, Serialize};
 
+use super::speech::{SpeechSettings, Transcript};
+
 const STATE_FILE: &str = "state.json";
 const CONVERSATIONS_FILE: &str = "conversations.json";
+const TRANSCRIPTS_FILE: &str = "transcripts.json";
 /// How often unsaved changes are flushed while the app runs (also on exit and after answers).
 const SAVE_INTERVAL: Duration = Duration::from_secs(2);
 
@@ -216,6 +219,7 @@ impl Conversation {
 pub enum Panel {
     #[default]
     Chat,
+    Speech,
     Models,
     Settings,
 }
@@ -257,6 +261,8 @@ pub struct AppState {
     pub window_size: Option<[f32; 2]>,
     /// Where downloaded models go (default: `models` in the data dir).
     pub models_dir: Option<PathBuf>,
+    /// The speech model and options the Speech panel and chat dictation share.
+    pub speech: SpeechSettings,
 }
 
 impl Default for AppState {
@@ -271,6 +277,7 @@ impl Default for AppState {
             selected_conversation: None,
             window_size: None,
             models_dir: None,
+            speech: SpeechSettings::default(),
         }
     }
 }
@@ -289,6 +296,8 @@ pub struct Store {
     dir: PathBuf,
     pub state: AppState,
     pub conversations: Vec<Conversation>,
+    /// The Speech panel's recordings and transcribed files, oldest first.
+    pub transcripts: Vec<Transcript>,
     dirty: bool,
     last_save: Instant,
     /// Problems met while reading the files, for the UI to show once.
@@ -375,10 +384,12 @@ impl Store {
         let mut notices = Vec::new();
         let state = read_or_default(&dir.join(STATE_FILE), &mut notices);
         let conversations = read_or_default(&dir.join(CONVERSATIONS_FILE), &mut notices);
+        let transcripts = read_or_default(&dir.join(TRANSCRIPTS_FILE), &mut notices);
         Self {
             dir: dir.to_owned(),
             state,
             conversations,
+            transcripts,
             dirty: false,
             last_save: Instant::now(),
             notices,
@@ -406,6 +417,11 @@ impl Store {
             &self.dir.join(CONVERSATIONS_FILE),
             &serde_json::to_vec_pretty(&self.conversations)?,
         )?;
+        // Nobody who never used speech gets the file.
+        let transcripts = self.dir.join(TRANSCRIPTS_FILE);
+        if !self.transcripts.is_empty() || transcripts.exists() {
+            write_atomic(&transcripts, &serde_json::to_vec_pretty(&self.transcripts)?)?;
+        }
         self.dirty = false;
         self.last_save = Instant::now();
         Ok(())
@@ -430,6 +446,18 @@ impl Store {
 
     pub fn conversation_mut(&mut self, id: u64) -> Option<&mut Conversation> {
         self.conversations.iter_mut().find(|c| c.id == id)
+    }
+
+    pub fn next_transcript_id(&self) -> u64 {
+        self.transcripts.iter().map(|t| t.id).max().unwrap_or(0) + 1
+    }
+
+    pub fn transcript(&self, id: u64) -> Option<&Transcript> {
+        self.transcripts.iter().find(|t| t.id == id)
+    }
+
+    pub fn transcript_mut(&mut self, id: u64) -> Option<&mut Transcript> {
+        self.transcripts.iter_mut().find(|t| t.id == id)
     }
 }
 
@@ -490,6 +518,41 @@ mod tests {
             .filter_map(|e| e.ok())
             .any(|e| e.file_name().to_string_lossy().contains("unreadable"));
         assert!(kept, "the unreadable file is kept");
+        let _ = fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn older_state_files_and_transcripts_read() {
+        let dir = temp_dir("older");
+        fs::create_dir_all(&dir).expect("dir");
+        // Written before the Speech panel existed.
+        fs::write(
+            dir.join(STATE_FILE),
+            br#"{"panel": "Models", "dark_mode": false, "recent_models": ["/m"]}"#,
+        )
+        .expect("write");
+        let mut store = Store::open(&dir);
+        assert!(store.notices.is_empty(), "{:?}", store.notices);
+        assert_eq!(store.state.panel, Panel::Models);
+        assert_eq!(store.state.speech, SpeechSettings::default());
+        assert!(store.transcripts.is_empty());
+        store.state.panel = Panel::Speech;
+        let mut t = Transcript::new(1, "Call".into(), crate::gui::speech::Origin::File);
+        t.segments.push(crate::gui::speech::Line {
+            start: 0.0,
+            end: 1.0,
+            text: "Hi.".into(),
+        });
+        store.transcripts.push(t.clone());
+        store.save().expect("save");
+        let again = Store::open(&dir);
+        assert_eq!(again.state.panel, Panel::Speech);
+        assert_eq!(again.transcripts, vec![t]);
+        // A damaged transcripts file is set aside like a damaged conversations file.
+        fs::write(dir.join(TRANSCRIPTS_FILE), b"[{").expect("write");
+        let damaged = Store::open(&dir);
+        assert!(damaged.transcripts.is_empty());
+        assert_eq!(damaged.notices.len(), 1, "{:?}", damaged.notices);
         let _ = fs::remove_dir_all(&dir);
     }
 

@@ -64,7 +64,16 @@ fn secs(samples: usize) -> f64 {
     samples as f64 / f64::from(SAMPLE_RATE)
 }
 
-/// Runs until the input ends or `cancelled()`; returns all committed text.
+/// What a live session heard.
+pub struct Heard {
+    /// All committed text.
+    pub text: String,
+    /// Seconds of audio received.
+    pub audio_s: f64,
+    pub language: Option<String>,
+}
+
+/// Runs until the input ends or `cancelled()`.
 pub fn listen(
     model: &mut WhisperModel,
     request: u64,
@@ -72,7 +81,7 @@ pub fn listen(
     opts: &ListenOptions,
     cancelled: &dyn Fn() -> bool,
     send: &dyn Fn(SpeechEvent),
-) -> Result<String, Error> {
+) -> Result<Heard, Error> {
     let started = Instant::now();
     let mut st = State {
         buffer: Vec::new(),
@@ -109,7 +118,11 @@ pub fn listen(
             if st.voiced {
                 finish_utterance(model, &mut st, opts, request, started, send)?;
             }
-            return Ok(st.committed.trim().to_owned());
+            return Ok(Heard {
+                text: st.committed.trim().to_owned(),
+                audio_s: secs(st.received),
+                language: st.language,
+            });
         }
         if st.voiced && st.silence >= opts.pause {
             finish_utterance(model, &mut st, opts, request, started, send)?;

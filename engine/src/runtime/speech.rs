@@ -217,11 +217,11 @@ impl SpeechService {
                             listen(m, id, input, &options, &cancelled, &send)
                         });
                         match result {
-                            Ok(text) => send(SpeechEvent::Done {
+                            Ok(heard) => send(SpeechEvent::Done {
                                 request: id,
-                                text,
-                                language: None,
-                                audio_s: 0.0,
+                                text: heard.text,
+                                language: heard.language,
+                                audio_s: heard.audio_s,
                                 elapsed_s: started.elapsed().as_secs_f64(),
                                 cancelled: cancelled(),
                             }),

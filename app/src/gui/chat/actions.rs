@@ -28,6 +28,9 @@ impl ChatPanel {
             pending_send: None,
             overflow: None,
             last_tokens_per_s: None,
+            dictation: None,
+            dictation_note: None,
+            dictation_line: false,
         };
         let store = &mut shared.store;
         panel.selected = store

@@ -1,8 +1,10 @@
 //! The Chat panel: conversation list with search, the transcript (Markdown, streaming), per
-//! conversation system prompt, model and sampling, a context meter, and the composer. It owns
-//! what is being typed and generated; conversations themselves live in the shared store.
+//! conversation system prompt, model and sampling, a context meter, and the composer (with
+//! dictation). It owns what is being typed and generated; conversations themselves live in the
+//! shared store.
 
 mod actions;
+mod dictation;
 mod events;
 mod header;
 mod list;
@@ -17,6 +19,7 @@ use egui_commonmark::CommonMarkCache;
 
 use super::dialogs::DialogKind;
 use super::shared::Shared;
+pub use dictation::Dictation;
 
 /// The answer being streamed.
 pub struct Generation {
@@ -55,6 +58,10 @@ pub struct ChatPanel {
     pending_send: Option<u64>,
     overflow: Option<Overflow>,
     last_tokens_per_s: Option<f64>,
+    dictation: Option<Dictation>,
+    dictation_note: Option<String>,
+    /// Whether the composer showed the dictation line last frame.
+    dictation_line: bool,
 }
 
 /// What a click asked for; applied after the frame's widgets are laid out.
@@ -76,6 +83,8 @@ enum Action {
     LoadModel(PathBuf),
     OpenModel,
     DismissError,
+    Dictate,
+    DismissDictationNote,
 }
 
 impl ChatPanel {
@@ -85,7 +94,9 @@ impl ChatPanel {
             .default_size(230.0)
             .min_size(160.0)
             .show(ui, |ui| list::show(self, shared, ui, &mut actions));
-        egui::Panel::bottom("composer").show(ui, |ui| transcript::composer(self, ui, &mut actions));
+        egui::Panel::bottom("composer").show(ui, |ui| {
+            transcript::composer(self, shared, ui, &mut actions);
+        });
         egui::CentralPanel::default().show(ui, |ui| {
             header::show(self, shared, ui, &mut actions);
             transcript::show(self, shared, ui, &mut actions);
@@ -135,6 +146,8 @@ impl ChatPanel {
             Action::LoadModel(path) => shared.load_model(&path),
             Action::OpenModel => shared.open_dialog(DialogKind::OpenModelFile, "", ctx),
             Action::DismissError => shared.model_error = None,
+            Action::Dictate => self.toggle_dictation(shared),
+            Action::DismissDictationNote => self.dictation_note = None,
         }
     }
 }

@@ -1,5 +1,5 @@
 //! The transcript (Markdown answers, the one streaming, an inline editor for a user message)
-//! and the composer.
+//! and the composer with its dictation button.
 
 use std::time::Instant;
 
@@ -171,15 +171,27 @@ fn footer(ui: &mut egui::Ui, m: &Message, view: &MessageView<'_>, actions: &mut 
     }
 }
 
-pub(super) fn composer(panel: &mut ChatPanel, ui: &mut egui::Ui, actions: &mut Vec<Action>) {
+pub(super) fn composer(
+    panel: &mut ChatPanel,
+    shared: &Shared,
+    ui: &mut egui::Ui,
+    actions: &mut Vec<Action>,
+) {
     ui.add_space(6.0);
+    let line = panel.dictation.is_some() || panel.dictation_note.is_some();
+    if line != std::mem::replace(&mut panel.dictation_line, line) {
+        // The panel takes its new height on the next frame; don't wait for input to draw it.
+        ui.ctx().request_repaint();
+    }
+    dictation_line(panel, ui, actions);
     let busy = panel.active.is_some();
     ui.horizontal(|ui| {
         let button_width = 84.0;
+        let mic_width = 36.0;
         let edit = egui::TextEdit::multiline(&mut panel.input)
             .hint_text("Message the model (Enter sends, Shift+Enter adds a line)")
             .desired_rows(2)
-            .desired_width(ui.available_width() - button_width - 8.0)
+            .desired_width(ui.available_width() - button_width - mic_width - 16.0)
             // Only Shift+Enter inserts a newline; plain Enter sends.
             .return_key(egui::KeyboardShortcut::new(
                 egui::Modifiers::SHIFT,
@@ -192,6 +204,7 @@ pub(super) fn composer(panel: &mut ChatPanel, ui: &mut egui::Ui, actions: &mut V
         }
         let enter = response.has_focus()
             && ui.input(|i| i.key_pressed(egui::Key::Enter) && !i.modifiers.shift);
+        mic_button(panel, shared, ui, mic_width, actions);
         if busy {
             if ui
                 .add_sized([button_width, 36.0], egui::Button::new("Stop"))
@@ -208,4 +221,56 @@ pub(super) fn composer(panel: &mut ChatPanel, ui: &mut egui::Ui, actions: &mut V
         }
     });
     ui.add_space(6.0);
+}
+
+/// Starts or stops dictation; lit while dictating.
+fn mic_button(
+    panel: &ChatPanel,
+    shared: &Shared,
+    ui: &mut egui::Ui,
+    width: f32,
+    actions: &mut Vec<Action>,
+) {
+    let dictating = panel.dictation.is_some();
+    let hint = if dictating {
+        "Stop dictating (the last words are kept)".to_owned()
+    } else if shared.speech_info().is_some() {
+        "Dictate: speak, and the words are added to the message".to_owned()
+    } else {
+        format!("Dictate: {}", shared.speech_not_ready())
+    };
+    let mic = egui::Button::new(egui::RichText::new("🎤").size(18.0)).selected(dictating);
+    if ui
+        .add_sized([width, 36.0], mic)
+        .on_hover_text(hint)
+        .clicked()
+    {
+        actions.push(Action::Dictate);
+    }
+}
+
+/// While dictating, the words not yet committed; otherwise why dictation stopped.
+fn dictation_line(panel: &ChatPanel, ui: &mut egui::Ui, actions: &mut Vec<Action>) {
+    if let Some(d) = &panel.dictation {
+        let status = if d.stopping {
+            "Finishing…"
+        } else {
+            "Listening…"
+        };
+        ui.horizontal(|ui| {
+            ui.colored_label(ui.visuals().error_fg_color, "⏺");
+            ui.weak(status);
+            if !d.partial.trim().is_empty() {
+                let partial = egui::RichText::new(d.partial.trim()).weak().italics();
+                ui.add(egui::Label::new(partial).truncate());
+            }
+        });
+    } else if let Some(note) = &panel.dictation_note {
+        ui.horizontal(|ui| {
+            ui.colored_label(ui.visuals().warn_fg_color, note);
+            if ui.small_button("Dismiss").clicked() {
+                actions.push(Action::DismissDictationNote);
+            }
+        });
+    }
 }
