@@ -15,7 +15,7 @@ use crate::ops::{
 };
 
 use super::config::WhisperConfig;
-use super::encoder::LN_EPS;
+use super::encoder::{LN_EPS, fused_qkv};
 
 type NormPair = (StorageBuffer, StorageBuffer);
 
@@ -136,40 +136,7 @@ fn layer_weights(
     let n = |s: &str| format!("model.decoder.layers.{i}.{s}");
     let (d, ffn) = (cfg.d_model, cfg.decoder_ffn);
     let label = format!("decoder layer {i}");
-    let (q, k, v) = (
-        n("self_attn.q_proj.weight"),
-        n("self_attn.k_proj.weight"),
-        n("self_attn.v_proj.weight"),
-    );
-    let qkv = up.matrix(
-        &format!("{label} qkv"),
-        &[
-            Part {
-                name: &q,
-                rows: d,
-                cols: d,
-            },
-            Part {
-                name: &k,
-                rows: d,
-                cols: d,
-            },
-            Part {
-                name: &v,
-                rows: d,
-                cols: d,
-            },
-        ],
-        false,
-    )?;
-    let qkv_b = up.vector_with_zeros(
-        &label,
-        &[
-            (Some(&n("self_attn.q_proj.bias")), d),
-            (None, d),
-            (Some(&n("self_attn.v_proj.bias")), d),
-        ],
-    )?;
+    let (qkv, qkv_b) = fused_qkv(up, &label, &format!("model.decoder.layers.{i}"), d)?;
     let (ck, cv) = (
         n("encoder_attn.k_proj.weight"),
         n("encoder_attn.v_proj.weight"),

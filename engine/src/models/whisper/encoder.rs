@@ -70,6 +70,36 @@ struct Buffers<'a> {
     step: &'a UniformBuffer,
 }
 
+/// The fused self-attention projection of the layer at `prefix` (`model.….layers.N`): the
+/// q, k and v rows and their bias, where Whisper's key projection has none.
+pub(super) fn fused_qkv(
+    up: &mut Uploader<'_>,
+    label: &str,
+    prefix: &str,
+    d: u32,
+) -> Result<(Matrix, StorageBuffer), Error> {
+    let n = |s: &str| format!("{prefix}.self_attn.{s}");
+    let names = [n("q_proj.weight"), n("k_proj.weight"), n("v_proj.weight")];
+    let parts: Vec<Part<'_>> = names
+        .iter()
+        .map(|name| Part {
+            name,
+            rows: d,
+            cols: d,
+        })
+        .collect();
+    let weight = up.matrix(&format!("{label} qkv"), &parts, false)?;
+    let bias = up.vector_with_zeros(
+        label,
+        &[
+            (Some(&n("q_proj.bias")), d),
+            (None, d),
+            (Some(&n("v_proj.bias")), d),
+        ],
+    )?;
+    Ok((weight, bias))
+}
+
 fn encoder_layer(
     gpu: &Gpu,
     up: &mut Uploader<'_>,
@@ -81,41 +111,7 @@ fn encoder_layer(
     let n = |s: &str| format!("{p}.{s}");
     let (d, ffn) = (cfg.d_model, cfg.encoder_ffn);
     let label = format!("encoder layer {i}");
-    let (q, k, v) = (
-        n("self_attn.q_proj.weight"),
-        n("self_attn.k_proj.weight"),
-        n("self_attn.v_proj.weight"),
-    );
-    let qkv_w = up.matrix(
-        &format!("{label} qkv"),
-        &[
-            Part {
-                name: &q,
-                rows: d,
-                cols: d,
-            },
-            Part {
-                name: &k,
-                rows: d,
-                cols: d,
-            },
-            Part {
-                name: &v,
-                rows: d,
-                cols: d,
-            },
-        ],
-        false,
-    )?;
-    // Whisper's key projection has no bias.
-    let qkv_b = up.vector_with_zeros(
-        &label,
-        &[
-            (Some(&n("self_attn.q_proj.bias")), d),
-            (None, d),
-            (Some(&n("self_attn.v_proj.bias")), d),
-        ],
-    )?;
+    let (qkv_w, qkv_b) = fused_qkv(up, &label, &p, d)?;
     let out_name = n("self_attn.out_proj.weight");
     let out_w = up.matrix(
         &format!("{label} out"),
