@@ -9,6 +9,7 @@
 
 mod config;
 mod decoder;
+mod decoder_layer;
 mod encoder;
 pub mod streaming;
 pub mod subtitles;
