@@ -14,8 +14,8 @@ use crate::ops::{
 };
 
 use super::config::WhisperConfig;
-use super::decoder_layer::{Acts, Binding, Layer, NormPair, build_layer, layer_weights, norm_pair};
-use super::encoder::LN_EPS;
+use super::decoder_layer::{Acts, Binding, Layer, NormPair, build_layer, layer_weights};
+use super::encoder::{LN_EPS, norm_pair};
 
 /// One decoded token: its id and log-probability under the processed logits.
 #[derive(Clone, Copy, Debug)]

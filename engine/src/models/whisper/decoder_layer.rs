@@ -12,7 +12,7 @@ use crate::ops::{
 };
 
 use super::config::WhisperConfig;
-use super::encoder::{LN_EPS, fused_qkv};
+use super::encoder::{LN_EPS, fused_qkv, norm_pair};
 
 pub(super) type NormPair = (StorageBuffer, StorageBuffer);
 
@@ -78,17 +78,6 @@ pub(super) struct Acts {
     pub(super) scores: StorageBuffer,
     pub(super) partials: StorageBuffer,
     pub(super) stats: StorageBuffer,
-}
-
-pub(super) fn norm_pair(
-    up: &mut Uploader<'_>,
-    label: &str,
-    prefix: &str,
-    d: u32,
-) -> Result<NormPair, Error> {
-    let w = up.vector(label, &[(&format!("{prefix}.weight"), d)], Some(1.0))?;
-    let b = up.vector(label, &[(&format!("{prefix}.bias"), d)], None)?;
-    Ok((w, b))
 }
 
 fn single(

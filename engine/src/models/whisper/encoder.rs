@@ -49,7 +49,8 @@ pub struct Encoder {
     pub positions_len: u32,
 }
 
-fn norm_vectors(
+/// A LayerNorm's weight and bias.
+pub(super) fn norm_pair(
     up: &mut Uploader<'_>,
     label: &str,
     prefix: &str,
@@ -144,8 +145,8 @@ fn encoder_layer(
         false,
     )?;
     let fc2_b = up.vector(&label, &[(&n("fc2.bias"), d)], None)?;
-    let (an_w, an_b) = norm_vectors(up, &label, &n("self_attn_layer_norm"), d)?;
-    let (mn_w, mn_b) = norm_vectors(up, &label, &n("final_layer_norm"), d)?;
+    let (an_w, an_b) = norm_pair(up, &label, &n("self_attn_layer_norm"), d)?;
+    let (mn_w, mn_b) = norm_pair(up, &label, &n("final_layer_norm"), d)?;
     let heads = cfg.encoder_heads;
     let layer = EncoderLayer {
         attn_norm: Norm::new(
@@ -341,7 +342,7 @@ impl Encoder {
         for i in 0..cfg.encoder_layers {
             layers.push(encoder_layer(gpu, up, cfg, i, &buffers)?);
         }
-        let (fw, fb) = norm_vectors(up, "encoder norm", "model.encoder.layer_norm", d)?;
+        let (fw, fb) = norm_pair(up, "encoder norm", "model.encoder.layer_norm", d)?;
         let final_norm = Norm::new(
             gpu,
             NormKind::Layer,
