@@ -195,7 +195,12 @@ fn main(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id) wid: v
     let t = wid.y;
     let first_key = 0u;
 #if FULL
+#if CAUSAL
+    // Query t sees keys 0..=t (a text encoder's causal mask).
+    let n_keys = min(p.keys, t + 1u);
+#else
     let n_keys = p.keys;
+#endif
 #else
     let n_keys = step.pos0 + t + 1u;
 #endif

@@ -1,5 +1,6 @@
 // SwiGLU for prompts: h[t][i] = silu(gate[t][i]) * up[t][i], where each row of the fused
-// gate/up product holds the gate block then the up block.
+// gate/up product holds the gate block then the up block. With GEGLU (diffusers' feed-forward):
+// h[t][i] = up[t][i] * gelu(gate[t][i]) with the up block first.
 
 struct Params {
     width: u32,
@@ -21,7 +22,14 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
     }
     let t = id / p.width;
     let i = id % p.width;
+#if GEGLU
+    // GEGLU (diffusers' feed-forward): the value block first, then the gate, exact GELU.
+    let u = gate_up[t * 2u * p.width + i];
+    let g = gate_up[t * 2u * p.width + p.width + i];
+    h[id] = gelu_erf(g) * u;
+#else
     let g = gate_up[t * 2u * p.width + i];
     let u = gate_up[t * 2u * p.width + p.width + i];
     h[id] = g / (1.0 + exp(-g)) * u;
+#endif
 }

@@ -6,7 +6,8 @@
 // to a scratch buffer; `reduce` then sums the slices and applies the epilogue. Prompts of a
 // few hundred tokens give too few output tiles to fill a large GPU otherwise.
 //
-// Defines: F16, EPV (4 for f32, 8 for f16), BIAS, GELU (tanh form), GELU_ERF, RESIDUAL (Y += ...), SPLIT_K.
+// Defines: F16, EPV (4 for f32, 8 for f16), BIAS, GELU (tanh form), GELU_ERF, QUICK_GELU,
+// RESIDUAL (Y += ...), SPLIT_K, CONV (X is a convolution's input, see `conv_input`).
 
 struct Params {
     n: u32,
@@ -38,6 +39,38 @@ struct Params {
 #if SPLIT_K
 // [slice][m][n] partial sums.
 @group(0) @binding(6) var<storage, read_write> scratch: array<f32>;
+#endif
+
+#if CONV
+// A 2-D convolution as an implicit product: row = output pixel, k = (tap y, tap x, input
+// channel) over a channel-last input, so no im2col matrix is ever written.
+struct Conv {
+    in_h: u32,
+    in_w: u32,
+    cin: u32,
+    out_w: u32,
+    ksize: u32,
+    stride: u32,
+    pad: u32,
+    // 1: the input is read as if upsampled 2× (nearest), fusing the UNet's upsampler.
+    up: u32,
+}
+@group(0) @binding(7) var<uniform> cv: Conv;
+
+fn conv_input(row: u32, col: u32) -> f32 {
+    let ci = col % cv.cin;
+    let tap = col / cv.cin;
+    let iy = i32((row / cv.out_w) * cv.stride + tap / cv.ksize) - i32(cv.pad);
+    let ix = i32((row % cv.out_w) * cv.stride + tap % cv.ksize) - i32(cv.pad);
+    // Beyond the edges reads zero: symmetric padding, and the right/bottom padding of a
+    // stride-2 convolution with pad 0.
+    if (iy < 0 || ix < 0 || iy >= i32(cv.in_h << cv.up) || ix >= i32(cv.in_w << cv.up)) {
+        return 0.0;
+    }
+    let sy = u32(iy) >> cv.up;
+    let sx = u32(ix) >> cv.up;
+    return x[(sy * cv.in_w + sx) * cv.cin + ci];
+}
 #endif
 
 const TILE: u32 = 64u;
@@ -76,7 +109,11 @@ fn main(
             let col = k0 + kk;
             var v = 0.0;
             if (row < m_rows && col < k_end) {
+#if CONV
+                v = conv_input(row, col);
+#else
                 v = x[row * p.k + col];
+#endif
             }
             xs[kk * 16u + mm / 4u][mm % 4u] = v;
         }
@@ -171,6 +208,10 @@ fn epilogue(sum: f32, row: u32, col: u32) -> f32 {
 #endif
 #if GELU_ERF
     v = gelu_erf(v);
+#endif
+#if QUICK_GELU
+    // CLIP's x·σ(1.702x).
+    v = v / (1.0 + exp(-1.702 * v));
 #endif
 #if RESIDUAL
     v += y[row * p.n + col];

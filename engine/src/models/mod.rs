@@ -3,6 +3,7 @@
 //! differences (weight names, norms, biases, positions, MLP) are resolved while loading.
 
 mod decoder;
+pub mod diffusion;
 mod text;
 mod weights;
 pub mod whisper;

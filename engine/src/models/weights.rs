@@ -379,6 +379,60 @@ impl<'a> Uploader<'a> {
         })
     }
 
+    /// A 2-D convolution's weight `[out][in][k][k]` as the `[out][ky·kx·in]` matrix the
+    /// implicit-product kernel reads (taps outermost, channels innermost, matching a
+    /// channel-last input).
+    pub fn conv_matrix(
+        &mut self,
+        label: &str,
+        name: &str,
+        out: u32,
+        cin: u32,
+        k: u32,
+    ) -> Result<Matrix, Error> {
+        let (taps, cin_us) = ((k * k) as usize, cin as usize);
+        let cols = cin * k * k;
+        let size = Matrix::byte_size(out, cols, self.dtype);
+        self.gpu.check_binding_size(label, size)?;
+        let buffer = if let WeightSource::Random { .. } = self.source {
+            let seed = self.next_seed();
+            let buffer = self.gpu.storage(label, size)?;
+            let scale = 1.0 / (cols.max(1) as f32).sqrt();
+            fill_random(self.gpu, &buffer, self.dtype, seed, scale, false)?;
+            buffer
+        } else {
+            let shape = [out as usize, cin_us, k as usize, k as usize];
+            let view = self.tensor(name, &shape)?;
+            let stride = Matrix::padded_cols(cols) as usize;
+            let mut chunks = Vec::new();
+            let mut bytes = Vec::new();
+            let mut row = vec![0.0f32; cols as usize];
+            let mut permuted = vec![0.0f32; cols as usize];
+            for o in 0..out as usize {
+                view.read_row(o, cols as usize, &mut row);
+                for ci in 0..cin_us {
+                    for t in 0..taps {
+                        permuted[t * cin_us + ci] = row[ci * taps + t];
+                    }
+                }
+                encode_row(&permuted, stride, self.dtype, &mut bytes);
+                if bytes.len() >= ROWS_PER_CHUNK * stride * 4 {
+                    chunks.push(std::mem::take(&mut bytes));
+                }
+            }
+            chunks.push(bytes);
+            self.gpu.storage_from_chunks(label, size, chunks)?
+        };
+        self.bytes += buffer.size;
+        Ok(Matrix {
+            buffer,
+            rows: out,
+            cols,
+            dtype: self.dtype,
+            quant: None,
+        })
+    }
+
     /// An f32 vector on the GPU made of named tensors and runs of zeros (`None`): a fused
     /// bias where one part has none. Random weights give zeros.
     pub fn vector_with_zeros(

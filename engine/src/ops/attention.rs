@@ -229,6 +229,7 @@ pub struct FullAttention {
     tiled: (Kernel, wgpu::BindGroup),
     heads: u32,
     head_dim: u32,
+    causal: bool,
     _params: UniformBuffer,
 }
 
@@ -250,6 +251,20 @@ impl FullAttention {
         kv: &StorageBuffer,
         out: &StorageBuffer,
         step: &UniformBuffer,
+    ) -> Result<Self, GpuError> {
+        Self::with_mask(gpu, layout, q, kv, out, step, false)
+    }
+
+    /// As [`FullAttention::new`]; with `causal`, query `t` sees keys `0..=t` only (a text
+    /// encoder's self-attention over a padded prompt).
+    pub fn with_mask(
+        gpu: &Gpu,
+        layout: FullLayout,
+        q: &StorageBuffer,
+        kv: &StorageBuffer,
+        out: &StorageBuffer,
+        step: &UniformBuffer,
+        causal: bool,
     ) -> Result<Self, GpuError> {
         let FullLayout {
             heads,
@@ -282,6 +297,7 @@ impl FullAttention {
             ("MAX_SPLITS", MAX_SPLITS.to_string()),
             ("BQ", bq.to_string()),
             ("BK", bk.to_string()),
+            flag("CAUSAL", causal),
         ];
         let kernel = gpu.kernel("attention", SOURCE, "main", &defines)?;
         let tiled = gpu.kernel("attention", SOURCE, "tiled", &defines)?;
@@ -327,13 +343,15 @@ impl FullAttention {
             tiled: (tiled, tiled_group),
             heads,
             head_dim,
+            causal,
             _params: params,
         })
     }
 
     /// Records attention for `n_queries` query rows (which must match the step's n_tokens).
     pub fn encode(&self, rec: &mut Recorder<'_>, n_queries: u32) {
-        self.encode_with(rec, n_queries, n_queries >= TILED_FROM);
+        // The tiled kernel has no mask; causal attention is for short prompts anyway.
+        self.encode_with(rec, n_queries, n_queries >= TILED_FROM && !self.causal);
     }
 
     fn block_queries(&self) -> u32 {

@@ -40,6 +40,64 @@ impl Conv1dShape {
     }
 }
 
+/// A 2-D convolution over a channel-last `[in_h·in_w][cin]` input, run by [`super::MatMul`]
+/// as an implicit product with the `[out][ky·kx·cin]` weight. Mirrors `Conv` in matmul.wgsl.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Pod, Zeroable)]
+pub struct Conv2dShape {
+    pub in_h: u32,
+    pub in_w: u32,
+    pub cin: u32,
+    pub out_w: u32,
+    pub ksize: u32,
+    pub stride: u32,
+    pub pad: u32,
+    /// 1: the input is read as if upsampled 2× (nearest neighbour).
+    pub upsample: u32,
+}
+
+impl Conv2dShape {
+    /// A `ksize`×`ksize` convolution with PyTorch's output size for `stride` and `pad`,
+    /// after an optional nearest 2× upsampling.
+    pub fn new(
+        in_h: u32,
+        in_w: u32,
+        cin: u32,
+        ksize: u32,
+        stride: u32,
+        pad: u32,
+        up: bool,
+    ) -> Self {
+        let w = in_w << u32::from(up);
+        let out_w = (w + 2 * pad).saturating_sub(ksize) / stride.max(1) + 1;
+        Self {
+            in_h,
+            in_w,
+            cin,
+            out_w,
+            ksize,
+            stride,
+            pad,
+            upsample: u32::from(up),
+        }
+    }
+
+    pub fn out_h(&self) -> u32 {
+        let h = self.in_h << self.upsample;
+        (h + 2 * self.pad).saturating_sub(self.ksize) / self.stride.max(1) + 1
+    }
+
+    /// Output pixels (the product's rows).
+    pub fn out_pixels(&self) -> u32 {
+        self.out_h() * self.out_w
+    }
+
+    /// The weight's row length.
+    pub fn width(&self) -> u32 {
+        self.ksize * self.ksize * self.cin
+    }
+}
+
 /// Unrolls a 1-D convolution's input into `[out_len][channels·taps]` rows (im2col), so the
 /// convolution runs as a matrix product with the `[out][in·taps]` weight.
 pub struct Im2Col {

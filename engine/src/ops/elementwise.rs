@@ -124,7 +124,20 @@ impl Glu {
         h: &StorageBuffer,
         step: &UniformBuffer,
     ) -> Result<Self, GpuError> {
-        let kernel = gpu.kernel("glu", GLU_SOURCE, "main", &[])?;
+        Self::with_gelu(gpu, width, gate_up, h, step, false)
+    }
+
+    /// With `gelu`, diffusers' GEGLU (value block first, exact GELU of the gate) instead of
+    /// SwiGLU.
+    pub fn with_gelu(
+        gpu: &Gpu,
+        width: u32,
+        gate_up: &StorageBuffer,
+        h: &StorageBuffer,
+        step: &UniformBuffer,
+        gelu: bool,
+    ) -> Result<Self, GpuError> {
+        let kernel = gpu.kernel("glu", GLU_SOURCE, "main", &[flag("GEGLU", gelu)])?;
         let params = gpu.uniform(
             "glu params",
             &GluParams {

@@ -1,6 +1,6 @@
 use bytemuck::{Pod, Zeroable};
 
-use super::{Gelu, Matrix, bind, flag, gelu_flags};
+use super::{Conv2dShape, Gelu, Matrix, bind, flag, gelu_flags};
 use crate::gpu::{Gpu, GpuError, Kernel, Recorder, StorageBuffer, UniformBuffer};
 
 const SOURCE: &str = include_str!("../../../shaders/matmul.wgsl");
@@ -40,6 +40,8 @@ pub struct MatMulOptions<'a> {
     /// Scratch for k-split partial sums with room for `rows` rows (see
     /// [`MatMul::scratch_bytes`]); without it the product is never split.
     pub split_scratch: Option<(&'a StorageBuffer, u32)>,
+    /// X is the input of this convolution rather than a `[rows][k]` matrix.
+    pub conv: Option<Conv2dShape>,
 }
 
 /// `Y = X · Wᵀ` over all tokens of a step (prompt processing).
@@ -51,6 +53,7 @@ pub struct MatMul {
     n: u32,
     slices: u32,
     _params: UniformBuffer,
+    _conv: Option<UniformBuffer>,
 }
 
 impl MatMul {
@@ -78,7 +81,18 @@ impl MatMul {
             flag("BIAS", opts.bias.is_some()),
             flag("RESIDUAL", opts.residual),
             flag("SPLIT_K", split),
+            flag("CONV", opts.conv.is_some()),
         ]);
+        if let Some(conv) = opts.conv
+            && conv.width() != w.cols
+        {
+            return Err(GpuError::Device(format!(
+                "convolution {conv:?} needs weight rows of {}, not {}",
+                conv.width(),
+                w.cols
+            )));
+        }
+        let conv_params = opts.conv.map(|c| gpu.uniform("conv params", &c));
         let (family, source) = if w.quant.is_some() {
             ("matmul_q", super::quant_source::QUANT_MATMUL.as_str())
         } else {
@@ -105,6 +119,9 @@ impl MatMul {
         ];
         if let Some(b) = opts.bias {
             entries.push((5, &b.buffer));
+        }
+        if let Some(c) = &conv_params {
+            entries.push((7, &c.buffer));
         }
         let reduce = match opts.split_scratch {
             Some((scratch, _)) if split => {
@@ -137,6 +154,7 @@ impl MatMul {
             n: w.rows,
             slices,
             _params: params,
+            _conv: conv_params,
         })
     }
 

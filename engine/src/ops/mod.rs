@@ -3,12 +3,16 @@
 
 mod attention;
 mod conv;
+mod denoise;
 mod dequant;
 mod elementwise;
 mod fill;
+mod group_norm;
 mod matmul;
 mod matvec;
 mod norm;
+mod pass;
+mod pixels;
 mod quant_source;
 mod reduce;
 mod rope;
@@ -16,13 +20,17 @@ mod sample;
 mod speech_logits;
 
 pub use attention::{Attention, FullAttention, FullLayout, MAX_SPLITS, MIN_SPLIT, splits_for};
-pub use conv::{Conv1dShape, Im2Col};
+pub use conv::{Conv1dShape, Conv2dShape, Im2Col};
+pub use denoise::{Denoise, DenoiseBuffers, DenoiseParams, Preview, PreviewSource};
 pub use dequant::Dequantize;
 pub use elementwise::{Embed, Glu};
 pub use fill::{fill_random, fill_value};
+pub use group_norm::{GroupNorm, GroupNormShape};
 pub use matmul::{MatMul, MatMulOptions, k_slices};
 pub use matvec::{MatVec, MatVecOptions, SplitAttention};
 pub use norm::{Norm, NormKind};
+pub use pass::{KernelSpec, Pass};
+pub use pixels::{affine, concat, silu, slice_channels, softmax_rows, transpose};
 pub use reduce::SumReduce;
 
 pub use rope::{RopeKv, RopeTable};
@@ -58,18 +66,21 @@ impl StepParams {
     }
 }
 
-/// The two GELU forms models use: the tanh approximation (GPT-2's `gelu_new`) and the exact
-/// erf form (PyTorch's `gelu`).
+/// The GELU forms models use: the tanh approximation (GPT-2's `gelu_new`), the exact erf form
+/// (PyTorch's `gelu`) and CLIP's sigmoid approximation.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Gelu {
     Tanh,
     Erf,
+    /// CLIP's `quick_gelu`, x·σ(1.702x) (matrix products only).
+    Quick,
 }
 
-pub(crate) fn gelu_flags(gelu: Option<Gelu>) -> [(&'static str, String); 2] {
+pub(crate) fn gelu_flags(gelu: Option<Gelu>) -> [(&'static str, String); 3] {
     [
         flag("GELU", gelu == Some(Gelu::Tanh)),
         flag("GELU_ERF", gelu == Some(Gelu::Erf)),
+        flag("QUICK_GELU", gelu == Some(Gelu::Quick)),
     ]
 }
 

@@ -1,0 +1,593 @@
+//! One image: text conditioning, the denoising loop (UNet, guidance and the scheduler's update
+//! on the GPU, one submission per step with a preview), then the VAE decoder.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use super::clip::{build_projection, build_text_encoder, pooled_position};
+use super::graph::{Builder, Plan};
+use super::pipeline::{Family, Parts, TextEncoder};
+use super::scheduler::{Schedule, SchedulerKind, gaussian_noise, schedule, step_noise, timestep_embedding};
+use super::unet::{UnetIo, UnetPlan, build_unet};
+use super::vae::{VaePlan, build_decoder, build_encoder};
+use crate::Error;
+use crate::gpu::{Gpu, Recorder, StorageBuffer};
+use crate::ops::{Denoise, DenoiseBuffers, DenoiseParams, Preview, PreviewSource};
+
+/// What to generate.
+#[derive(Clone, Debug)]
+pub struct ImageParams {
+    pub prompt: String,
+    pub negative: String,
+    pub steps: u32,
+    pub guidance: f32,
+    pub seed: u64,
+    pub width: u32,
+    pub height: u32,
+    pub scheduler: SchedulerKind,
+    /// Image-to-image: the start image `[height][width][3]` in 0..1 and the strength.
+    pub init_image: Option<(Vec<f32>, f32)>,
+    /// `[1][4][h/8][w/8]` (diffusers' layout) used in place of the seeded noise.
+    pub init_latents: Option<Vec<f32>>,
+}
+
+/// Where a step stands, for progress and previews.
+#[derive(Clone, Copy, Debug)]
+pub struct StepInfo {
+    pub step: u32,
+    pub steps: u32,
+    pub elapsed_ms: f64,
+}
+
+/// A finished image.
+#[derive(Clone, Debug)]
+pub struct Generated {
+    pub width: u32,
+    pub height: u32,
+    /// `[height][width][3]` sRGB bytes.
+    pub rgb: Vec<u8>,
+    pub timings: Timings,
+}
+
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Timings {
+    pub text_ms: f64,
+    pub steps_ms: f64,
+    pub ms_per_step: f64,
+    pub vae_ms: f64,
+    pub total_ms: f64,
+}
+
+/// The conditioning one UNet pass reads.
+struct Conditioning {
+    context: Vec<f32>,
+    added: Option<Vec<f32>>,
+}
+
+/// Plans and buffers for one image size, kept while the size stays.
+pub struct SizedPlans {
+    pub width: u32,
+    pub height: u32,
+    unet: UnetPlan,
+    decoder: VaePlan,
+    encoder: Option<VaePlan>,
+    io: UnetIo,
+    latents: Arc<StorageBuffer>,
+    uncond_out: Arc<StorageBuffer>,
+    denoised: Arc<StorageBuffer>,
+    prev_denoised: Arc<StorageBuffer>,
+    noise: Arc<StorageBuffer>,
+    image_in: Arc<StorageBuffer>,
+    denoise: Denoise,
+    context_cond: Arc<StorageBuffer>,
+    context_uncond: Arc<StorageBuffer>,
+    added_cond: Option<Arc<StorageBuffer>>,
+    added_uncond: Option<Arc<StorageBuffer>>,
+    preview: Option<(wgpu::Texture, Preview)>,
+    pub activation_bytes: u64,
+}
+
+const CONTEXT_TOKENS: u32 = 77;
+
+/// Approximate latent → RGB maps for previews without a decoder (least-squares fits of the
+/// SD and SDXL VAEs' outputs on their latents, widely used for sampler previews).
+const SD_PREVIEW: ([[f32; 3]; 4], [f32; 3]) = (
+    [
+        [0.3512, 0.2297, 0.3227],
+        [0.3250, 0.4974, 0.2350],
+        [-0.2829, 0.1762, 0.2721],
+        [-0.2120, -0.2616, -0.7177],
+    ],
+    [0.0, 0.0, 0.0],
+);
+const SDXL_PREVIEW: ([[f32; 3]; 4], [f32; 3]) = (
+    [
+        [0.3651, 0.4232, 0.4341],
+        [-0.2533, -0.0042, 0.1068],
+        [0.1076, 0.1111, -0.0362],
+        [-0.3165, -0.2492, -0.2188],
+    ],
+    [0.1084, -0.0175, -0.0011],
+);
+
+fn upload(gpu: &Gpu, label: &str, data: &[f32]) -> Result<Arc<StorageBuffer>, Error> {
+    Ok(Arc::new(gpu.storage_from(label, data)?))
+}
+
+fn zeros(gpu: &Gpu, label: &str, floats: u32) -> Result<Arc<StorageBuffer>, Error> {
+    Ok(Arc::new(gpu.storage(label, u64::from(floats.max(1)) * 4)?))
+}
+
+impl Parts {
+    fn added_width(&self) -> Option<u32> {
+        self.unet.config.text_time.map(|(_, input)| input)
+    }
+
+    /// Builds (or keeps) the plans for a `width`×`height` image.
+    pub fn plans_for(
+        &mut self,
+        gpu: &Gpu,
+        slot: &mut Option<SizedPlans>,
+        width: u32,
+        height: u32,
+    ) -> Result<(), Error> {
+        if slot
+            .as_ref()
+            .is_some_and(|p| p.width == width && p.height == height)
+        {
+            return Ok(());
+        }
+        *slot = None;
+        let f = self.downscale();
+        if width == 0 || height == 0 || width % (8 * f) != 0 || height % (8 * f) != 0 {
+            return Err(Error::Invalid(format!(
+                "{width}×{height}: width and height must be positive multiples of {}",
+                8 * f
+            )));
+        }
+        let (h, w) = (height / f, width / f);
+        let lc = self.unet.config.in_channels;
+        let n = h * w * lc;
+        let ctx_floats = CONTEXT_TOKENS * self.unet.config.cross_attention_dim;
+        let io = UnetIo {
+            sample: zeros(gpu, "unet sample", n)?,
+            time_proj: zeros(gpu, "time embedding", self.unet.config.levels[0].channels)?,
+            context: zeros(gpu, "context", ctx_floats)?,
+            context_tokens: CONTEXT_TOKENS,
+            added: self.added_width().map(|a| zeros(gpu, "added conditions", a)).transpose()?,
+        };
+        let dtype = self.dtype;
+        let unet = {
+            let mut up = self.unet.uploader(gpu, dtype);
+            let b = Builder::new(gpu, &mut up, &mut self.unet.weights);
+            build_unet(b, &self.unet.config, &io, (h, w))?
+        };
+        let latents = zeros(gpu, "latents", n)?;
+        let decoder = {
+            let mut up = self.vae.uploader(gpu, dtype);
+            let b = Builder::new(gpu, &mut up, &mut self.vae.weights);
+            build_decoder(b, &self.vae.config, &latents, (h, w))?
+        };
+        let uncond_out = zeros(gpu, "unconditional output", n)?;
+        let denoised = zeros(gpu, "denoised", n)?;
+        let prev_denoised = zeros(gpu, "previous denoised", n)?;
+        let noise = zeros(gpu, "step noise", n)?;
+        let denoise = Denoise::new(
+            gpu,
+            n,
+            &DenoiseBuffers {
+                latents: &latents,
+                model_out: &unet.out,
+                uncond: &uncond_out,
+                model_in: &io.sample,
+                denoised: &denoised,
+                prev_denoised: &prev_denoised,
+                noise: &noise,
+            },
+        )?;
+        let activation_bytes = unet.activation_bytes + decoder.activation_bytes;
+        *slot = Some(SizedPlans {
+            width,
+            height,
+            unet,
+            decoder,
+            encoder: None,
+            context_cond: zeros(gpu, "context", ctx_floats)?,
+            context_uncond: zeros(gpu, "negative context", ctx_floats)?,
+            added_cond: self.added_width().map(|a| zeros(gpu, "added", a)).transpose()?,
+            added_uncond: self.added_width().map(|a| zeros(gpu, "added", a)).transpose()?,
+            image_in: zeros(gpu, "init image", width * height * 3)?,
+            io,
+            latents,
+            uncond_out,
+            denoised,
+            prev_denoised,
+            noise,
+            denoise,
+            preview: None,
+            activation_bytes,
+        });
+        Ok(())
+    }
+
+    /// The texture previews are drawn into for the current size (created on first use).
+    pub fn preview_texture(
+        &self,
+        gpu: &Gpu,
+        plans: &mut SizedPlans,
+    ) -> Result<wgpu::Texture, Error> {
+        if let Some((t, _)) = &plans.preview {
+            return Ok(t.clone());
+        }
+        let f = self.downscale();
+        let (w, h) = (plans.width / f, plans.height / f);
+        let texture = gpu.device().create_texture(&wgpu::TextureDescriptor {
+            label: Some("image preview"),
+            size: wgpu::Extent3d {
+                width: w,
+                height: h,
+                depth_or_array_layers: 1,
+            },
+            mip_level_count: 1,
+            sample_count: 1,
+            dimension: wgpu::TextureDimension::D2,
+            format: wgpu::TextureFormat::Rgba8Unorm,
+            usage: wgpu::TextureUsages::STORAGE_BINDING
+                | wgpu::TextureUsages::TEXTURE_BINDING
+                | wgpu::TextureUsages::COPY_SRC,
+            view_formats: &[],
+        });
+        let view = texture.create_view(&wgpu::TextureViewDescriptor::default());
+        let (columns, bias) = match self.family {
+            Family::Sd => SD_PREVIEW,
+            Family::Sdxl => SDXL_PREVIEW,
+        };
+        let preview = Preview::new(
+            gpu,
+            &PreviewSource::Latent { columns, bias },
+            &plans.denoised,
+            &view,
+            w,
+            h,
+        )?;
+        plans.preview = Some((texture.clone(), preview));
+        Ok(texture)
+    }
+
+    /// Token ids → `[77][hidden]` states (last or penultimate) and the pooled state.
+    fn run_text_encoder(
+        gpu: &Gpu,
+        dtype: crate::ops::WeightDType,
+        enc: &mut TextEncoder,
+        prompt: &str,
+        penultimate: bool,
+    ) -> Result<(Vec<f32>, Option<Vec<f32>>), Error> {
+        let ids = enc.tokenizer.encode_padded(prompt)?;
+        let tokens = ids.len() as u32;
+        let ids_buf = Arc::new(gpu.storage_from("prompt ids", &ids)?);
+        let cfg = enc.net.config.clone();
+        let mut up = enc.net.uploader(gpu, dtype);
+        let b = Builder::new(gpu, &mut up, &mut enc.net.weights);
+        let plan = build_text_encoder(b, &cfg, &ids_buf, tokens, penultimate)?;
+        let mut rec = Recorder::new(gpu);
+        plan.plan.encode(&mut rec);
+        rec.submit();
+        let floats = u64::from(tokens * cfg.hidden);
+        let last: Vec<f32> = gpu.read(&plan.last.buffer, 0, floats)?;
+        let states = match &plan.penultimate {
+            Some(p) => gpu.read(&p.buffer, 0, floats)?,
+            None => last.clone(),
+        };
+        let pooled = if cfg.projection.is_some() {
+            let pos = pooled_position(&ids, cfg.eos_token_id);
+            let row = &last[pos * cfg.hidden as usize..(pos + 1) * cfg.hidden as usize];
+            let pooled_in = Arc::new(gpu.storage_from("pooled", row)?);
+            let mut up = enc.net.uploader(gpu, dtype);
+            let b = Builder::new(gpu, &mut up, &mut enc.net.weights);
+            let (plan, out): (Plan, _) = build_projection(b, &cfg, &pooled_in)?;
+            let mut rec = Recorder::new(gpu);
+            plan.encode(&mut rec);
+            rec.submit();
+            Some(gpu.read(&out.buffer, 0, u64::from(cfg.projection.unwrap_or(0)))?)
+        } else {
+            None
+        };
+        Ok((states, pooled))
+    }
+
+    /// The UNet's conditioning for one prompt (diffusers' `encode_prompt`).
+    fn condition(&mut self, gpu: &Gpu, prompt: &str, size: (u32, u32)) -> Result<Conditioning, Error> {
+        let dtype = self.dtype;
+        match self.family {
+            Family::Sd => {
+                let (context, _) = Self::run_text_encoder(gpu, dtype, &mut self.text, prompt, false)?;
+                Ok(Conditioning {
+                    context,
+                    added: None,
+                })
+            }
+            Family::Sdxl => {
+                let (a, _) = Self::run_text_encoder(gpu, dtype, &mut self.text, prompt, true)?;
+                let enc2 = self
+                    .text_2
+                    .as_mut()
+                    .ok_or_else(|| Error::Invalid("SDXL needs text_encoder_2".into()))?;
+                let (b, pooled) = Self::run_text_encoder(gpu, dtype, enc2, prompt, true)?;
+                let (da, db) = (a.len() / CONTEXT_TOKENS as usize, b.len() / CONTEXT_TOKENS as usize);
+                let mut context = Vec::with_capacity(a.len() + b.len());
+                for t in 0..CONTEXT_TOKENS as usize {
+                    context.extend_from_slice(&a[t * da..(t + 1) * da]);
+                    context.extend_from_slice(&b[t * db..(t + 1) * db]);
+                }
+                let pooled = pooled.unwrap_or_default();
+                Ok(Conditioning {
+                    context,
+                    added: Some(self.added_conditions(&pooled, size)),
+                })
+            }
+        }
+    }
+
+    /// SDXL's added conditions: the pooled text, then the embedded size ids
+    /// (original size, crop origin, target size).
+    fn added_conditions(&self, pooled: &[f32], (width, height): (u32, u32)) -> Vec<f32> {
+        let dim = self.unet.config.text_time.map_or(0, |(d, _)| d) as usize;
+        let cfg = &self.unet.config;
+        let mut out = pooled.to_vec();
+        for id in [height, width, 0, 0, height, width] {
+            out.extend(timestep_embedding(id as f32, dim, cfg.flip_sin_to_cos, cfg.freq_shift));
+        }
+        out
+    }
+
+    fn zero_conditioning(&self) -> Conditioning {
+        let ctx = (CONTEXT_TOKENS * self.unet.config.cross_attention_dim) as usize;
+        Conditioning {
+            context: vec![0.0; ctx],
+            added: None,
+        }
+    }
+
+    /// Generates one image. `on_step` hears after each step (with the preview drawn when
+    /// asked) and returns false to stop.
+    pub fn generate(
+        &mut self,
+        gpu: &Gpu,
+        slot: &mut Option<SizedPlans>,
+        params: &ImageParams,
+        preview: bool,
+        mut on_step: impl FnMut(StepInfo) -> bool,
+    ) -> Result<Option<Generated>, Error> {
+        let start = Instant::now();
+        self.plans_for(gpu, slot, params.width, params.height)?;
+        let plans = slot.as_mut().ok_or_else(|| Error::Invalid("no plans".into()))?;
+        let sched = schedule(
+            &self.scheduler,
+            params.scheduler,
+            params.steps,
+            params.init_image.as_ref().map(|(_, s)| *s),
+        )?;
+        let guided = params.guidance > 1.0;
+        let size = (params.width, params.height);
+        let cond = self.condition(gpu, &params.prompt, size)?;
+        let uncond = if guided {
+            if params.negative.is_empty() && self.force_zeros_for_empty_prompt {
+                let mut z = self.zero_conditioning();
+                if let Some((time_dim, input)) = self.unet.config.text_time {
+                    let pooled = vec![0.0; (input - 6 * time_dim) as usize];
+                    z.added = Some(self.added_conditions(&pooled, size));
+                }
+                Some(z)
+            } else {
+                Some(self.condition(gpu, &params.negative, size)?)
+            }
+        } else {
+            None
+        };
+        gpu.queue().write_buffer(&plans.context_cond.buffer, 0, bytemuck::cast_slice(&cond.context));
+        gpu.queue().write_buffer(&plans.io.context.buffer, 0, bytemuck::cast_slice(&cond.context));
+        if let (Some(a), Some(buf), Some(io)) = (&cond.added, &plans.added_cond, &plans.io.added) {
+            gpu.queue().write_buffer(&buf.buffer, 0, bytemuck::cast_slice(a));
+            gpu.queue().write_buffer(&io.buffer, 0, bytemuck::cast_slice(a));
+        }
+        if let Some(u) = &uncond {
+            gpu.queue().write_buffer(&plans.context_uncond.buffer, 0, bytemuck::cast_slice(&u.context));
+            if let (Some(a), Some(buf)) = (&u.added, &plans.added_uncond) {
+                gpu.queue().write_buffer(&buf.buffer, 0, bytemuck::cast_slice(a));
+            }
+        }
+        let text_ms = start.elapsed().as_secs_f64() * 1e3;
+        self.init_latents(gpu, plans, params, &sched)?;
+        if preview {
+            self.preview_texture(gpu, plans)?;
+        }
+        let steps_start = Instant::now();
+        let total_steps = sched.steps.len() as u32;
+        let n = plans.width / self.downscale() * (plans.height / self.downscale()) * self.unet.config.in_channels;
+        for (i, c) in sched.steps.iter().enumerate() {
+            let emb = timestep_embedding(
+                c.timestep,
+                self.unet.config.levels[0].channels as usize,
+                self.unet.config.flip_sin_to_cos,
+                self.unet.config.freq_shift,
+            );
+            gpu.queue().write_buffer(&plans.io.time_proj.buffer, 0, bytemuck::cast_slice(&emb));
+            if c.d != 0.0 {
+                let noise = nchw_to_nhwc(&step_noise(params.seed, i as u32, n as usize), self.unet.config.in_channels as usize);
+                gpu.queue().write_buffer(&plans.noise.buffer, 0, bytemuck::cast_slice(&noise));
+            }
+            plans.denoise.set(
+                gpu,
+                &DenoiseParams {
+                    n,
+                    c_in: c.c_in,
+                    guidance: params.guidance,
+                    p: c.p,
+                    q: c.q,
+                    a: c.a,
+                    b: c.b,
+                    c: c.c,
+                    d: c.d,
+                    ..Default::default()
+                },
+            );
+            let mut rec = Recorder::new(gpu);
+            plans.denoise.scale.encode(&mut rec);
+            if guided {
+                copy_all(&mut rec, &plans.context_uncond, &plans.io.context);
+                if let (Some(src), Some(dst)) = (&plans.added_uncond, &plans.io.added) {
+                    copy_all(&mut rec, src, dst);
+                }
+                plans.unet.plan.encode(&mut rec);
+                copy_all(&mut rec, &plans.unet.out, &plans.uncond_out);
+                copy_all(&mut rec, &plans.context_cond, &plans.io.context);
+                if let (Some(src), Some(dst)) = (&plans.added_cond, &plans.io.added) {
+                    copy_all(&mut rec, src, dst);
+                }
+            }
+            plans.unet.plan.encode(&mut rec);
+            if guided {
+                plans.denoise.guide.encode(&mut rec);
+            }
+            plans.denoise.step.encode(&mut rec);
+            if let Some((_, p)) = &plans.preview {
+                p.encode(&mut rec);
+            }
+            rec.submit();
+            gpu.wait()?;
+            let info = StepInfo {
+                step: i as u32 + 1,
+                steps: total_steps,
+                elapsed_ms: start.elapsed().as_secs_f64() * 1e3,
+            };
+            if !on_step(info) {
+                return Ok(None);
+            }
+        }
+        let steps_ms = steps_start.elapsed().as_secs_f64() * 1e3;
+        let vae_start = Instant::now();
+        let mut rec = Recorder::new(gpu);
+        plans.decoder.plan.encode(&mut rec);
+        rec.submit();
+        let pixels = u64::from(plans.width * plans.height * 3);
+        let image: Vec<f32> = gpu.read(&plans.decoder.out.buffer, 0, pixels)?;
+        let vae_ms = vae_start.elapsed().as_secs_f64() * 1e3;
+        let rgb = image
+            .iter()
+            .map(|v| ((v / 2.0 + 0.5).clamp(0.0, 1.0) * 255.0).round() as u8)
+            .collect();
+        Ok(Some(Generated {
+            width: plans.width,
+            height: plans.height,
+            rgb,
+            timings: Timings {
+                text_ms,
+                steps_ms,
+                ms_per_step: steps_ms / f64::from(total_steps.max(1)),
+                vae_ms,
+                total_ms: start.elapsed().as_secs_f64() * 1e3,
+            },
+        }))
+    }
+
+    /// Writes the starting latent: given latents or seeded noise times the initial sigma, or
+    /// for image-to-image the encoded image noised to the first kept step.
+    fn init_latents(
+        &mut self,
+        gpu: &Gpu,
+        plans: &mut SizedPlans,
+        params: &ImageParams,
+        sched: &Schedule,
+    ) -> Result<(), Error> {
+        let f = self.downscale();
+        let lc = self.unet.config.in_channels as usize;
+        let n = (plans.width / f * (plans.height / f)) as usize * lc;
+        let noise = match &params.init_latents {
+            Some(l) if l.len() == n => l.clone(),
+            Some(l) => {
+                return Err(Error::Invalid(format!(
+                    "init latents hold {} values; a {}×{} image needs [1, {lc}, {}, {}] = {n}",
+                    l.len(),
+                    plans.width,
+                    plans.height,
+                    plans.height / f,
+                    plans.width / f
+                )));
+            }
+            None => gaussian_noise(params.seed, n),
+        };
+        let noise = nchw_to_nhwc(&noise, lc);
+        let clear = |b: &StorageBuffer| gpu.queue().write_buffer(&b.buffer, 0, &vec![0u8; b.size as usize]);
+        clear(&plans.prev_denoised);
+        match (&params.init_image, sched.img2img) {
+            (Some((pixels, _)), Some((img_a, img_b))) => {
+                let expected = (plans.width * plans.height * 3) as usize;
+                if pixels.len() != expected {
+                    return Err(Error::Invalid(format!(
+                        "the init image has {} values, {expected} expected",
+                        pixels.len()
+                    )));
+                }
+                let scaled: Vec<f32> = pixels.iter().map(|v| v * 2.0 - 1.0).collect();
+                gpu.queue().write_buffer(&plans.image_in.buffer, 0, bytemuck::cast_slice(&scaled));
+                if plans.encoder.is_none() {
+                    let mut up = self.vae.uploader(gpu, self.dtype);
+                    let b = Builder::new(gpu, &mut up, &mut self.vae.weights);
+                    plans.encoder = Some(build_encoder(
+                        b,
+                        &self.vae.config,
+                        &plans.image_in,
+                        (plans.height, plans.width),
+                    )?);
+                }
+                let enc = plans.encoder.as_ref().ok_or_else(|| Error::Invalid("no encoder".into()))?;
+                let mut rec = Recorder::new(gpu);
+                enc.plan.encode(&mut rec);
+                rec.submit();
+                let latent: Vec<f32> = gpu.read(&enc.out.buffer, 0, n as u64)?;
+                let start: Vec<f32> = latent
+                    .iter()
+                    .zip(&noise)
+                    .map(|(l, e)| img_a * l + img_b * e)
+                    .collect();
+                gpu.queue().write_buffer(&plans.latents.buffer, 0, bytemuck::cast_slice(&start));
+            }
+            (Some(_), None) => {
+                return Err(Error::Invalid("this schedule has no image-to-image start".into()));
+            }
+            _ => {
+                let start: Vec<f32> = noise.iter().map(|e| e * sched.init_noise_sigma).collect();
+                gpu.queue().write_buffer(&plans.latents.buffer, 0, bytemuck::cast_slice(&start));
+            }
+        }
+        Ok(())
+    }
+}
+
+fn copy_all(rec: &mut Recorder<'_>, src: &StorageBuffer, dst: &StorageBuffer) {
+    rec.copy(&src.buffer, 0, &dst.buffer, 0, src.size.min(dst.size));
+}
+
+/// diffusers' `[1][c][h][w]` → channel-last `[h·w][c]`.
+pub fn nchw_to_nhwc(x: &[f32], c: usize) -> Vec<f32> {
+    let hw = x.len() / c.max(1);
+    let mut out = vec![0.0; x.len()];
+    for ch in 0..c {
+        for p in 0..hw {
+            out[p * c + ch] = x[ch * hw + p];
+        }
+    }
+    out
+}
+
+/// Channel-last `[h·w][c]` → `[1][c][h][w]`.
+pub fn nhwc_to_nchw(x: &[f32], c: usize) -> Vec<f32> {
+    let hw = x.len() / c.max(1);
+    let mut out = vec![0.0; x.len()];
+    for ch in 0..c {
+        for p in 0..hw {
+            out[ch * hw + p] = x[p * c + ch];
+        }
+    }
+    out
+}

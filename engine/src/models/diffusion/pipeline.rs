@@ -1,0 +1,295 @@
+//! Loading a Stable Diffusion pipeline — a diffusers folder or a single-file checkpoint — into
+//! networks whose weights stay on the GPU between images.
+
+use std::path::{Path, PathBuf};
+
+use serde_json::Value;
+
+use super::clip_tokenizer::ClipTokenizer;
+use super::config::{ClipConfig, UnetConfig, VaeConfig};
+use super::graph::WeightCache;
+use super::scheduler::SchedulerConfig;
+use super::single_file::{Family as FileFamily, open_single_file};
+use crate::Error;
+use crate::gpu::Gpu;
+use crate::load::{LoadError, SafeTensors, read_json};
+use crate::models::weights::{Uploader, WeightSource};
+use crate::ops::WeightDType;
+
+/// Which pipeline the weights belong to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Family {
+    /// SD 1.x, SD 2.x, SD-Turbo: one text encoder.
+    Sd,
+    /// SDXL, SDXL-Turbo: two text encoders, pooled text and size conditioning.
+    Sdxl,
+}
+
+/// One network: its config, where its weights come from, and those already on the GPU.
+pub struct Network<C> {
+    pub config: C,
+    /// None: random weights (benchmarks at real shapes).
+    pub files: Option<SafeTensors>,
+    pub weights: WeightCache,
+    pub seed: u32,
+}
+
+impl<C> Network<C> {
+    pub fn uploader<'a>(&'a self, gpu: &'a Gpu, dtype: WeightDType) -> Uploader<'a> {
+        let source = match &self.files {
+            Some(st) => WeightSource::Files(st),
+            None => WeightSource::Random { seed: self.seed },
+        };
+        Uploader::new(gpu, source, dtype)
+    }
+}
+
+pub struct TextEncoder {
+    pub tokenizer: ClipTokenizer,
+    pub net: Network<ClipConfig>,
+}
+
+/// A loaded pipeline's parts (its plans are built per image size, see `generate`).
+pub struct Parts {
+    pub family: Family,
+    pub text: TextEncoder,
+    pub text_2: Option<TextEncoder>,
+    pub unet: Network<UnetConfig>,
+    pub vae: Network<VaeConfig>,
+    pub scheduler: SchedulerConfig,
+    /// SDXL: an empty negative prompt conditions on zeros rather than on encoded "".
+    pub force_zeros_for_empty_prompt: bool,
+    pub dtype: WeightDType,
+    pub name: String,
+}
+
+fn invalid(path: &Path, message: impl std::fmt::Display) -> Error {
+    LoadError::Config {
+        path: path.to_owned(),
+        message: message.to_string(),
+    }
+    .into()
+}
+
+/// The weight files of one component folder: the `fp16` variant when present (half the
+/// bytes to read), else the full-precision files; sharded through an index either way.
+fn component_files(dir: &Path, stem: &str) -> Result<Vec<PathBuf>, Error> {
+    for variant in [format!("{stem}.fp16"), stem.to_owned()] {
+        let index = dir.join(format!("{variant}.safetensors.index.json"));
+        if index.is_file() {
+            let json = read_json(&index)?;
+            let map = json
+                .get("weight_map")
+                .and_then(Value::as_object)
+                .ok_or_else(|| invalid(&index, "no weight_map object"))?;
+            let mut names: Vec<&str> = map.values().filter_map(Value::as_str).collect();
+            names.sort_unstable();
+            names.dedup();
+            return Ok(names.into_iter().map(|n| dir.join(n)).collect());
+        }
+        let single = dir.join(format!("{variant}.safetensors"));
+        if single.is_file() {
+            return Ok(vec![single]);
+        }
+    }
+    Err(LoadError::Missing {
+        path: dir.join(format!("{stem}.safetensors")),
+    }
+    .into())
+}
+
+fn open_component(dir: &Path, stem: &str) -> Result<SafeTensors, Error> {
+    Ok(SafeTensors::open_files(&component_files(dir, stem)?)?)
+}
+
+fn text_encoder(root: &Path, which: &str, tokenizer: &str) -> Result<TextEncoder, Error> {
+    let dir = root.join(which);
+    let config = ClipConfig::from_json(&read_json(&dir.join("config.json"))?)?;
+    Ok(TextEncoder {
+        tokenizer: ClipTokenizer::from_dir(&root.join(tokenizer))?,
+        net: Network {
+            config,
+            files: Some(open_component(&dir, "model")?),
+            weights: WeightCache::default(),
+            seed: 0,
+        },
+    })
+}
+
+/// Pipeline classes this engine runs.
+const SD_CLASSES: &[&str] = &[
+    "StableDiffusionPipeline",
+    "StableDiffusionImg2ImgPipeline",
+    "StableDiffusionXLPipeline",
+    "StableDiffusionXLImg2ImgPipeline",
+];
+
+impl Parts {
+    /// Opens a diffusers folder (with `model_index.json`) or a single-file checkpoint.
+    /// `random` keeps the configs but gives random weights (benchmarks).
+    pub fn open(path: &Path, dtype: WeightDType, random: bool) -> Result<Self, Error> {
+        if path.is_file() {
+            return Self::open_single_file(path, dtype);
+        }
+        let index_path = path.join("model_index.json");
+        if !index_path.is_file() {
+            return Err(LoadError::Missing { path: index_path }.into());
+        }
+        let index = read_json(&index_path)?;
+        let class = index
+            .get("_class_name")
+            .and_then(Value::as_str)
+            .unwrap_or_default();
+        if !SD_CLASSES.contains(&class) {
+            return Err(invalid(
+                &index_path,
+                format!(
+                    "unsupported pipeline {class:?} (supported: Stable Diffusion 1.x/2.x, SD-Turbo, SDXL, SDXL-Turbo)"
+                ),
+            ));
+        }
+        let family = if path.join("text_encoder_2").is_dir() {
+            Family::Sdxl
+        } else {
+            Family::Sd
+        };
+        let mut text = text_encoder(path, "text_encoder", "tokenizer")?;
+        let mut text_2 = match family {
+            Family::Sdxl => Some(text_encoder(path, "text_encoder_2", "tokenizer_2")?),
+            Family::Sd => None,
+        };
+        let unet_config = UnetConfig::from_json(&read_json(&path.join("unet/config.json"))?)?;
+        let vae_config = VaeConfig::from_json(&read_json(&path.join("vae/config.json"))?)?;
+        let scheduler =
+            SchedulerConfig::from_file(&path.join("scheduler/scheduler_config.json"))?;
+        let (unet_files, vae_files) = if random {
+            text.net.files = None;
+            if let Some(t) = text_2.as_mut() {
+                t.net.files = None;
+            }
+            (None, None)
+        } else {
+            (
+                Some(open_component(&path.join("unet"), "diffusion_pytorch_model")?),
+                Some(open_component(&path.join("vae"), "diffusion_pytorch_model")?),
+            )
+        };
+        Ok(Self {
+            family,
+            text,
+            text_2,
+            unet: network(unet_config, unet_files, 3),
+            vae: network(vae_config, vae_files, 4),
+            scheduler,
+            force_zeros_for_empty_prompt: index
+                .get("force_zeros_for_empty_prompt")
+                .and_then(Value::as_bool)
+                .unwrap_or(family == Family::Sdxl),
+            dtype,
+            name: display_name(path),
+        })
+    }
+
+    fn open_single_file(path: &Path, dtype: WeightDType) -> Result<Self, Error> {
+        let file = open_single_file(path)?;
+        let dir = path.parent().unwrap_or(Path::new("."));
+        let tokenizer = |name: &str| {
+            ClipTokenizer::from_dir(&dir.join(name)).map_err(|e| {
+                invalid(
+                    path,
+                    format!(
+                        "a single-file checkpoint carries no tokenizer: put the CLIP tokenizer folder {name}/ (vocab.json, merges.txt) next to it ({e})"
+                    ),
+                )
+            })
+        };
+        let family = match file.family {
+            FileFamily::Sdxl => Family::Sdxl,
+            FileFamily::Sd1 | FileFamily::Sd2 => Family::Sd,
+        };
+        let text = TextEncoder {
+            tokenizer: tokenizer("tokenizer")?,
+            net: network(
+                ClipConfig::from_json(&file.text_encoder_config)?,
+                Some(file.text_encoder),
+                1,
+            ),
+        };
+        let text_2 = match (file.text_encoder_2, file.text_encoder_2_config) {
+            (Some(st), Some(config)) => Some(TextEncoder {
+                tokenizer: tokenizer("tokenizer_2")?,
+                net: network(ClipConfig::from_json(&config)?, Some(st), 2),
+            }),
+            _ => None,
+        };
+        let scheduler_path = dir.join("scheduler/scheduler_config.json");
+        let scheduler = if scheduler_path.is_file() {
+            SchedulerConfig::from_file(&scheduler_path)?
+        } else {
+            SchedulerConfig::from_json(&default_scheduler())?
+        };
+        Ok(Self {
+            family,
+            text,
+            text_2,
+            unet: network(UnetConfig::from_json(&file.unet_config)?, Some(file.unet), 3),
+            vae: network(VaeConfig::from_json(&file.vae_config)?, Some(file.vae), 4),
+            scheduler,
+            force_zeros_for_empty_prompt: family == Family::Sdxl,
+            dtype,
+            name: display_name(path),
+        })
+    }
+
+    /// Bytes the weights take on the GPU, from the files' tensor sizes.
+    pub fn weight_bytes(&self) -> u64 {
+        let per = self.dtype.bytes();
+        let count = |st: &Option<SafeTensors>| -> u64 {
+            st.as_ref().map_or(0, |st| {
+                st.names()
+                    .filter_map(|n| st.get(n).ok())
+                    .map(|v| v.len() as u64 * per)
+                    .sum()
+            })
+        };
+        count(&self.unet.files)
+            + count(&self.vae.files)
+            + count(&self.text.net.files)
+            + self.text_2.as_ref().map_or(0, |t| count(&t.net.files))
+    }
+
+    /// The VAE's image-to-latent factor (8 for every Stable Diffusion).
+    pub fn downscale(&self) -> u32 {
+        self.vae.config.downscale()
+    }
+}
+
+fn network<C>(config: C, files: Option<SafeTensors>, seed: u32) -> Network<C> {
+    Network {
+        config,
+        files,
+        weights: WeightCache::default(),
+        seed,
+    }
+}
+
+fn display_name(path: &Path) -> String {
+    path.file_stem()
+        .or_else(|| path.file_name())
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_else(|| path.display().to_string())
+}
+
+/// Stable Diffusion's training schedule, for checkpoints that come without a scheduler.
+fn default_scheduler() -> Value {
+    serde_json::json!({
+        "_class_name": "EulerDiscreteScheduler",
+        "num_train_timesteps": 1000,
+        "beta_start": 0.00085,
+        "beta_end": 0.012,
+        "beta_schedule": "scaled_linear",
+        "prediction_type": "epsilon",
+        "timestep_spacing": "leading",
+        "steps_offset": 1
+    })
+}
