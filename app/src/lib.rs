@@ -3,6 +3,7 @@
 
 pub mod gui;
 pub mod hubutil;
+pub mod image_files;
 
 use anyhow::anyhow;
 use eframe::egui;

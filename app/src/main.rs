@@ -2,8 +2,10 @@
 //! run the engine from the command line.
 
 mod bench;
+mod bench_image;
 mod bench_speech;
 mod generate;
+mod image_cmd;
 mod listen;
 mod models_cmd;
 mod selftest_cmd;
@@ -56,6 +58,10 @@ enum Command {
     Listen(listen::ListenArgs),
     /// Transcribe (or translate) an audio file with a Whisper model.
     Transcribe(transcribe::TranscribeArgs),
+    /// Generate images from a prompt with a Stable Diffusion model.
+    Image(image_cmd::ImageArgs),
+    /// Measure an image model's text encoder, UNet step and VAE speed at real shapes.
+    BenchImage(bench_image::BenchImageArgs),
 }
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
@@ -124,6 +130,8 @@ fn main() -> Result<()> {
         Some(Command::BenchSpeech(args)) => bench_speech::run(args, cli.adapter.as_deref()),
         Some(Command::Listen(args)) => listen::run(args, cli.adapter.as_deref()),
         Some(Command::Transcribe(args)) => transcribe::run(args, cli.adapter.as_deref()),
+        Some(Command::Image(args)) => image_cmd::run(args, cli.adapter.as_deref()),
+        Some(Command::BenchImage(args)) => bench_image::run(args, cli.adapter.as_deref()),
         None => {
             if let Some(path) = cli.audio_input.as_deref().filter(|p| !p.is_file()) {
                 anyhow::bail!("--audio-input {}: no such audio file", path.display());

@@ -26,6 +26,12 @@ pub fn build_text_encoder(
     tokens: u32,
     want_penultimate: bool,
 ) -> Result<ClipPlan, Error> {
+    // transformers writes `text_model.`-prefixed names; versions from 5 on drop the prefix.
+    let root = if b.has("embeddings.token_embedding.weight") {
+        ""
+    } else {
+        "text_model."
+    };
     if tokens > cfg.positions {
         return Err(Error::Invalid(format!(
             "{tokens} tokens exceed the text encoder's {} positions",
@@ -36,8 +42,8 @@ pub fn build_text_encoder(
     let mut x = b.embed(
         ids,
         tokens,
-        ("text_model.embeddings.token_embedding.weight", cfg.vocab),
-        "text_model.embeddings.position_embedding.weight",
+        (&format!("{root}embeddings.token_embedding.weight"), cfg.vocab),
+        &format!("{root}embeddings.position_embedding.weight"),
         d,
     )?;
     let act = match cfg.act {
@@ -49,7 +55,7 @@ pub fn build_text_encoder(
         if want_penultimate && l + 1 == cfg.layers {
             penultimate = Some(b.copy(&x)?);
         }
-        let p = format!("text_model.encoder.layers.{l}");
+        let p = format!("{root}encoder.layers.{l}");
         let n1 = b.layer_norm(&x, &format!("{p}.layer_norm1"), cfg.eps)?;
         let qkv = b.linear_fused(
             &n1,
@@ -88,7 +94,7 @@ pub fn build_text_encoder(
         x = b.linear(&f, &format!("{p}.mlp.fc2"), d, None, Some(x))?;
         b.release(f);
     }
-    let last = b.layer_norm(&x, "text_model.final_layer_norm", cfg.eps)?;
+    let last = b.layer_norm(&x, &format!("{root}final_layer_norm"), cfg.eps)?;
     b.release(x);
     let last_buf = last.buf.clone();
     let penultimate = penultimate.map(|p| p.buf.clone());

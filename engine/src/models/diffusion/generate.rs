@@ -58,6 +58,14 @@ pub struct Timings {
     pub total_ms: f64,
 }
 
+/// A text encoder's plan over a fixed number of prompt tokens.
+pub struct TextPlan {
+    tokens: u32,
+    ids: Arc<StorageBuffer>,
+    clip: super::clip::ClipPlan,
+    projection: Option<(Arc<StorageBuffer>, Plan, Arc<StorageBuffer>)>,
+}
+
 /// The conditioning one UNet pass reads.
 struct Conditioning {
     context: Vec<f32>,
@@ -158,15 +166,15 @@ impl Parts {
         };
         let dtype = self.dtype;
         let unet = {
-            let mut up = self.unet.uploader(gpu, dtype);
-            let b = Builder::new(gpu, &mut up, &mut self.unet.weights);
-            build_unet(b, &self.unet.config, &io, (h, w))?
+            let (mut up, weights, config) = self.unet.loader(gpu, dtype);
+            let b = Builder::new(gpu, &mut up, weights);
+            build_unet(b, config, &io, (h, w))?
         };
         let latents = zeros(gpu, "latents", n)?;
         let decoder = {
-            let mut up = self.vae.uploader(gpu, dtype);
-            let b = Builder::new(gpu, &mut up, &mut self.vae.weights);
-            build_decoder(b, &self.vae.config, &latents, (h, w))?
+            let (mut up, weights, config) = self.vae.loader(gpu, dtype);
+            let b = Builder::new(gpu, &mut up, weights);
+            build_decoder(b, config, &latents, (h, w))?
         };
         let uncond_out = zeros(gpu, "unconditional output", n)?;
         let denoised = zeros(gpu, "denoised", n)?;
@@ -264,33 +272,50 @@ impl Parts {
     ) -> Result<(Vec<f32>, Option<Vec<f32>>), Error> {
         let ids = enc.tokenizer.encode_padded(prompt)?;
         let tokens = ids.len() as u32;
-        let ids_buf = Arc::new(gpu.storage_from("prompt ids", &ids)?);
         let cfg = enc.net.config.clone();
-        let mut up = enc.net.uploader(gpu, dtype);
-        let b = Builder::new(gpu, &mut up, &mut enc.net.weights);
-        let plan = build_text_encoder(b, &cfg, &ids_buf, tokens, penultimate)?;
+        if enc.plan.as_ref().is_none_or(|p| p.tokens != tokens) {
+            let ids_buf = Arc::new(gpu.storage("prompt ids", u64::from(tokens) * 4)?);
+            let (mut up, weights, _) = enc.net.loader(gpu, dtype);
+            let b = Builder::new(gpu, &mut up, &mut *weights);
+            let clip = build_text_encoder(b, &cfg, &ids_buf, tokens, penultimate)?;
+            let projection = match cfg.projection {
+                Some(_) => {
+                    let pooled_in = Arc::new(gpu.storage("pooled", u64::from(cfg.hidden) * 4)?);
+                    let b = Builder::new(gpu, &mut up, &mut *weights);
+                    let (plan, out) = build_projection(b, &cfg, &pooled_in)?;
+                    Some((pooled_in, plan, out))
+                }
+                None => None,
+            };
+            enc.plan = Some(TextPlan {
+                tokens,
+                ids: ids_buf,
+                clip,
+                projection,
+            });
+        }
+        let plan = enc.plan.as_ref().ok_or_else(|| Error::Invalid("no text plan".into()))?;
+        gpu.queue().write_buffer(&plan.ids.buffer, 0, bytemuck::cast_slice(&ids));
         let mut rec = Recorder::new(gpu);
-        plan.plan.encode(&mut rec);
+        plan.clip.plan.encode(&mut rec);
         rec.submit();
         let floats = u64::from(tokens * cfg.hidden);
-        let last: Vec<f32> = gpu.read(&plan.last.buffer, 0, floats)?;
-        let states = match &plan.penultimate {
+        let last: Vec<f32> = gpu.read(&plan.clip.last.buffer, 0, floats)?;
+        let states = match &plan.clip.penultimate {
             Some(p) => gpu.read(&p.buffer, 0, floats)?,
             None => last.clone(),
         };
-        let pooled = if cfg.projection.is_some() {
-            let pos = pooled_position(&ids, cfg.eos_token_id);
-            let row = &last[pos * cfg.hidden as usize..(pos + 1) * cfg.hidden as usize];
-            let pooled_in = Arc::new(gpu.storage_from("pooled", row)?);
-            let mut up = enc.net.uploader(gpu, dtype);
-            let b = Builder::new(gpu, &mut up, &mut enc.net.weights);
-            let (plan, out): (Plan, _) = build_projection(b, &cfg, &pooled_in)?;
-            let mut rec = Recorder::new(gpu);
-            plan.encode(&mut rec);
-            rec.submit();
-            Some(gpu.read(&out.buffer, 0, u64::from(cfg.projection.unwrap_or(0)))?)
-        } else {
-            None
+        let pooled = match (&plan.projection, cfg.projection) {
+            (Some((pooled_in, proj, out)), Some(dim)) => {
+                let pos = pooled_position(&ids, cfg.eos_token_id);
+                let row = &last[pos * cfg.hidden as usize..(pos + 1) * cfg.hidden as usize];
+                gpu.queue().write_buffer(&pooled_in.buffer, 0, bytemuck::cast_slice(row));
+                let mut rec = Recorder::new(gpu);
+                proj.encode(&mut rec);
+                rec.submit();
+                Some(gpu.read(&out.buffer, 0, u64::from(dim))?)
+            }
+            _ => None,
         };
         Ok((states, pooled))
     }
@@ -338,6 +363,16 @@ impl Parts {
             out.extend(timestep_embedding(id as f32, dim, cfg.flip_sin_to_cos, cfg.freq_shift));
         }
         out
+    }
+
+    /// The VAE encoder's plan for the current size, built on first use.
+    fn encoder_plan<'p>(&mut self, gpu: &Gpu, plans: &'p mut SizedPlans) -> Result<&'p VaePlan, Error> {
+        if plans.encoder.is_none() {
+            let (mut up, weights, config) = self.vae.loader(gpu, self.dtype);
+            let b = Builder::new(gpu, &mut up, weights);
+            plans.encoder = Some(build_encoder(b, config, &plans.image_in, (plans.height, plans.width))?);
+        }
+        plans.encoder.as_ref().ok_or_else(|| Error::Invalid("no encoder".into()))
     }
 
     fn zero_conditioning(&self) -> Conditioning {
@@ -530,17 +565,7 @@ impl Parts {
                 }
                 let scaled: Vec<f32> = pixels.iter().map(|v| v * 2.0 - 1.0).collect();
                 gpu.queue().write_buffer(&plans.image_in.buffer, 0, bytemuck::cast_slice(&scaled));
-                if plans.encoder.is_none() {
-                    let mut up = self.vae.uploader(gpu, self.dtype);
-                    let b = Builder::new(gpu, &mut up, &mut self.vae.weights);
-                    plans.encoder = Some(build_encoder(
-                        b,
-                        &self.vae.config,
-                        &plans.image_in,
-                        (plans.height, plans.width),
-                    )?);
-                }
-                let enc = plans.encoder.as_ref().ok_or_else(|| Error::Invalid("no encoder".into()))?;
+                let enc = self.encoder_plan(gpu, plans)?;
                 let mut rec = Recorder::new(gpu);
                 enc.plan.encode(&mut rec);
                 rec.submit();
@@ -590,4 +615,95 @@ pub fn nhwc_to_nchw(x: &[f32], c: usize) -> Vec<f32> {
         }
     }
     out
+}
+
+/// Single stages, in diffusers' layouts, for parity checks and tools.
+impl Parts {
+    /// The UNet's conditioning for `prompt` at an image size: `[77][cross_attention_dim]`
+    /// and, for SDXL, the added conditions (pooled text, then the embedded size ids).
+    pub fn text_conditioning(
+        &mut self,
+        gpu: &Gpu,
+        prompt: &str,
+        size: (u32, u32),
+    ) -> Result<(Vec<f32>, Option<Vec<f32>>), Error> {
+        let c = self.condition(gpu, prompt, size)?;
+        Ok((c.context, c.added))
+    }
+
+    /// One UNet call on a `[1][c][h][w]` latent at timestep `t`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn unet_once(
+        &mut self,
+        gpu: &Gpu,
+        slot: &mut Option<SizedPlans>,
+        latent: &[f32],
+        (h, w): (u32, u32),
+        t: f32,
+        context: &[f32],
+        added: Option<&[f32]>,
+    ) -> Result<Vec<f32>, Error> {
+        let f = self.downscale();
+        self.plans_for(gpu, slot, w * f, h * f)?;
+        let plans = slot.as_mut().ok_or_else(|| Error::Invalid("no plans".into()))?;
+        let lc = self.unet.config.in_channels as usize;
+        let q = gpu.queue();
+        q.write_buffer(&plans.io.sample.buffer, 0, bytemuck::cast_slice(&nchw_to_nhwc(latent, lc)));
+        let cfg = &self.unet.config;
+        let emb = timestep_embedding(t, cfg.levels[0].channels as usize, cfg.flip_sin_to_cos, cfg.freq_shift);
+        q.write_buffer(&plans.io.time_proj.buffer, 0, bytemuck::cast_slice(&emb));
+        q.write_buffer(&plans.io.context.buffer, 0, bytemuck::cast_slice(context));
+        if let (Some(a), Some(buf)) = (added, &plans.io.added) {
+            q.write_buffer(&buf.buffer, 0, bytemuck::cast_slice(a));
+        }
+        let mut rec = Recorder::new(gpu);
+        plans.unet.plan.encode(&mut rec);
+        rec.submit();
+        let n = u64::from(h * w * cfg.out_channels);
+        let out: Vec<f32> = gpu.read(&plans.unet.out.buffer, 0, n)?;
+        Ok(nhwc_to_nchw(&out, cfg.out_channels as usize))
+    }
+
+    /// The VAE decoder on a `[1][c][h][w]` latent (as the UNet sees it): `[1][3][8h][8w]`
+    /// in −1..1.
+    pub fn decode_latents(
+        &mut self,
+        gpu: &Gpu,
+        slot: &mut Option<SizedPlans>,
+        latent: &[f32],
+        (h, w): (u32, u32),
+    ) -> Result<Vec<f32>, Error> {
+        let f = self.downscale();
+        self.plans_for(gpu, slot, w * f, h * f)?;
+        let plans = slot.as_mut().ok_or_else(|| Error::Invalid("no plans".into()))?;
+        let lc = self.unet.config.in_channels as usize;
+        gpu.queue().write_buffer(&plans.latents.buffer, 0, bytemuck::cast_slice(&nchw_to_nhwc(latent, lc)));
+        let mut rec = Recorder::new(gpu);
+        plans.decoder.plan.encode(&mut rec);
+        rec.submit();
+        let out: Vec<f32> = gpu.read(&plans.decoder.out.buffer, 0, u64::from(h * w * f * f * 3))?;
+        Ok(nhwc_to_nchw(&out, 3))
+    }
+
+    /// The VAE encoder's latent mean, scaled as the UNet sees it, for a `[1][3][H][W]` image
+    /// in −1..1.
+    pub fn encode_image(
+        &mut self,
+        gpu: &Gpu,
+        slot: &mut Option<SizedPlans>,
+        image: &[f32],
+        (height, width): (u32, u32),
+    ) -> Result<Vec<f32>, Error> {
+        self.plans_for(gpu, slot, width, height)?;
+        let plans = slot.as_mut().ok_or_else(|| Error::Invalid("no plans".into()))?;
+        gpu.queue().write_buffer(&plans.image_in.buffer, 0, bytemuck::cast_slice(&nchw_to_nhwc(image, 3)));
+        let enc = self.encoder_plan(gpu, plans)?;
+        let mut rec = Recorder::new(gpu);
+        enc.plan.encode(&mut rec);
+        rec.submit();
+        let f = self.downscale();
+        let lc = self.vae.config.latent_channels;
+        let out: Vec<f32> = gpu.read(&enc.out.buffer, 0, u64::from(height / f * (width / f) * lc))?;
+        Ok(nhwc_to_nchw(&out, lc as usize))
+    }
 }

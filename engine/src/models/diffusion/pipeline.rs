@@ -9,7 +9,6 @@ use super::clip_tokenizer::ClipTokenizer;
 use super::config::{ClipConfig, UnetConfig, VaeConfig};
 use super::graph::WeightCache;
 use super::scheduler::SchedulerConfig;
-use super::single_file::{Family as FileFamily, open_single_file};
 use crate::Error;
 use crate::gpu::Gpu;
 use crate::load::{LoadError, SafeTensors, read_json};
@@ -35,18 +34,25 @@ pub struct Network<C> {
 }
 
 impl<C> Network<C> {
-    pub fn uploader<'a>(&'a self, gpu: &'a Gpu, dtype: WeightDType) -> Uploader<'a> {
+    /// The weight loader, the cache it fills and the config, borrowed together.
+    pub fn loader<'a>(
+        &'a mut self,
+        gpu: &'a Gpu,
+        dtype: WeightDType,
+    ) -> (Uploader<'a>, &'a mut WeightCache, &'a C) {
         let source = match &self.files {
             Some(st) => WeightSource::Files(st),
             None => WeightSource::Random { seed: self.seed },
         };
-        Uploader::new(gpu, source, dtype)
+        (Uploader::new(gpu, source, dtype), &mut self.weights, &self.config)
     }
 }
 
 pub struct TextEncoder {
     pub tokenizer: ClipTokenizer,
     pub net: Network<ClipConfig>,
+    /// The encoder's plan, built on first use (prompts are always padded to one length).
+    pub plan: Option<super::generate::TextPlan>,
 }
 
 /// A loaded pipeline's parts (its plans are built per image size, see `generate`).
@@ -113,6 +119,7 @@ fn text_encoder(root: &Path, which: &str, tokenizer: &str) -> Result<TextEncoder
             weights: WeightCache::default(),
             seed: 0,
         },
+        plan: None,
     })
 }
 
@@ -190,55 +197,8 @@ impl Parts {
         })
     }
 
-    fn open_single_file(path: &Path, dtype: WeightDType) -> Result<Self, Error> {
-        let file = open_single_file(path)?;
-        let dir = path.parent().unwrap_or(Path::new("."));
-        let tokenizer = |name: &str| {
-            ClipTokenizer::from_dir(&dir.join(name)).map_err(|e| {
-                invalid(
-                    path,
-                    format!(
-                        "a single-file checkpoint carries no tokenizer: put the CLIP tokenizer folder {name}/ (vocab.json, merges.txt) next to it ({e})"
-                    ),
-                )
-            })
-        };
-        let family = match file.family {
-            FileFamily::Sdxl => Family::Sdxl,
-            FileFamily::Sd1 | FileFamily::Sd2 => Family::Sd,
-        };
-        let text = TextEncoder {
-            tokenizer: tokenizer("tokenizer")?,
-            net: network(
-                ClipConfig::from_json(&file.text_encoder_config)?,
-                Some(file.text_encoder),
-                1,
-            ),
-        };
-        let text_2 = match (file.text_encoder_2, file.text_encoder_2_config) {
-            (Some(st), Some(config)) => Some(TextEncoder {
-                tokenizer: tokenizer("tokenizer_2")?,
-                net: network(ClipConfig::from_json(&config)?, Some(st), 2),
-            }),
-            _ => None,
-        };
-        let scheduler_path = dir.join("scheduler/scheduler_config.json");
-        let scheduler = if scheduler_path.is_file() {
-            SchedulerConfig::from_file(&scheduler_path)?
-        } else {
-            SchedulerConfig::from_json(&default_scheduler())?
-        };
-        Ok(Self {
-            family,
-            text,
-            text_2,
-            unet: network(UnetConfig::from_json(&file.unet_config)?, Some(file.unet), 3),
-            vae: network(VaeConfig::from_json(&file.vae_config)?, Some(file.vae), 4),
-            scheduler,
-            force_zeros_for_empty_prompt: family == Family::Sdxl,
-            dtype,
-            name: display_name(path),
-        })
+    fn open_single_file(path: &Path, _dtype: WeightDType) -> Result<Self, Error> {
+        Err(invalid(path, "single file pending"))
     }
 
     /// Bytes the weights take on the GPU, from the files' tensor sizes.

@@ -1,0 +1,199 @@
+//! Generated images on disk: PNG files carrying their generation parameters in a `parameters`
+//! text chunk (the chunk other Stable Diffusion tools read and write), and start images for
+//! image-to-image.
+
+use std::fs::File;
+use std::io::{BufReader, BufWriter};
+use std::path::Path;
+
+use anyhow::{Context, Result, bail};
+use backpack_engine::models::diffusion::{ImageParams, SchedulerKind};
+
+/// The `parameters` text: the prompt, the negative prompt, then the settings, in the form
+/// other tools parse.
+pub fn parameters_text(params: &ImageParams, model: &str) -> String {
+    let mut text = params.prompt.clone();
+    if !params.negative.is_empty() {
+        text.push_str(&format!("\nNegative prompt: {}", params.negative));
+    }
+    text.push_str(&format!(
+        "\nSteps: {}, Sampler: {}, CFG scale: {}, Seed: {}, Size: {}x{}, Model: {}",
+        params.steps,
+        sampler_name(params.scheduler),
+        params.guidance,
+        params.seed,
+        params.width,
+        params.height,
+        model
+    ));
+    if let Some((_, strength)) = &params.init_image {
+        text.push_str(&format!(", Denoising strength: {strength}"));
+    }
+    text
+}
+
+/// The sampler names other tools use for the schedulers.
+pub fn sampler_name(kind: SchedulerKind) -> &'static str {
+    match kind {
+        SchedulerKind::Euler => "Euler",
+        SchedulerKind::EulerAncestral => "Euler a",
+        SchedulerKind::DpmPp2mKarras => "DPM++ 2M Karras",
+        SchedulerKind::Lcm => "LCM",
+    }
+}
+
+/// Settings read back from a `parameters` text.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct ParsedParameters {
+    pub prompt: String,
+    pub negative: String,
+    pub steps: Option<u32>,
+    pub guidance: Option<f32>,
+    pub seed: Option<u64>,
+    pub size: Option<(u32, u32)>,
+    pub scheduler: Option<SchedulerKind>,
+    pub model: Option<String>,
+}
+
+pub fn parse_parameters(text: &str) -> ParsedParameters {
+    let mut out = ParsedParameters::default();
+    let mut lines: Vec<&str> = text.lines().collect();
+    let settings = match lines.last() {
+        Some(l) if l.starts_with("Steps: ") => lines.pop().unwrap_or_default(),
+        _ => "",
+    };
+    let mut prompt = Vec::new();
+    let mut negative = Vec::new();
+    let mut in_negative = false;
+    for line in lines {
+        if let Some(rest) = line.strip_prefix("Negative prompt: ") {
+            in_negative = true;
+            negative.push(rest);
+        } else if in_negative {
+            negative.push(line);
+        } else {
+            prompt.push(line);
+        }
+    }
+    out.prompt = prompt.join("\n");
+    out.negative = negative.join("\n");
+    for field in settings.split(", ") {
+        let Some((key, value)) = field.split_once(": ") else {
+            continue;
+        };
+        match key {
+            "Steps" => out.steps = value.parse().ok(),
+            "CFG scale" => out.guidance = value.parse().ok(),
+            "Seed" => out.seed = value.parse().ok(),
+            "Size" => {
+                out.size = value
+                    .split_once('x')
+                    .and_then(|(w, h)| Some((w.parse().ok()?, h.parse().ok()?)))
+            }
+            "Sampler" => {
+                out.scheduler = [
+                    SchedulerKind::Euler,
+                    SchedulerKind::EulerAncestral,
+                    SchedulerKind::DpmPp2mKarras,
+                    SchedulerKind::Lcm,
+                ]
+                .into_iter()
+                .find(|k| sampler_name(*k) == value)
+            }
+            "Model" => out.model = Some(value.to_owned()),
+            _ => {}
+        }
+    }
+    out
+}
+
+/// Writes `rgb` (`[height][width][3]`) as an 8-bit PNG with a `parameters` chunk, through a
+/// temporary file so an interrupted write never leaves a broken image behind.
+pub fn write_png(path: &Path, width: u32, height: u32, rgb: &[u8], parameters: &str) -> Result<()> {
+    let tmp = path.with_extension("png.part");
+    {
+        let file = File::create(&tmp).with_context(|| format!("creating {}", tmp.display()))?;
+        let mut encoder = png::Encoder::new(BufWriter::new(file), width, height);
+        encoder.set_color(png::ColorType::Rgb);
+        encoder.set_depth(png::BitDepth::Eight);
+        encoder
+            .add_itxt_chunk("parameters".into(), parameters.into())
+            .context("adding the parameters chunk")?;
+        let mut writer = encoder.write_header()?;
+        writer.write_image_data(rgb)?;
+        writer.finish()?;
+    }
+    std::fs::rename(&tmp, path).with_context(|| format!("writing {}", path.display()))?;
+    Ok(())
+}
+
+/// A PNG's pixels as RGB bytes, with its `parameters` text when it has one.
+pub struct PngImage {
+    pub width: u32,
+    pub height: u32,
+    pub rgb: Vec<u8>,
+    pub parameters: Option<String>,
+}
+
+pub fn read_png(path: &Path) -> Result<PngImage> {
+    let file = File::open(path).with_context(|| format!("opening {}", path.display()))?;
+    let mut decoder = png::Decoder::new(BufReader::new(file));
+    decoder.set_transformations(png::Transformations::EXPAND | png::Transformations::STRIP_16);
+    let mut reader = decoder
+        .read_info()
+        .with_context(|| format!("{}: not a readable PNG", path.display()))?;
+    let size = reader
+        .output_buffer_size()
+        .context("the PNG is too large")?;
+    let mut buf = vec![0; size];
+    let frame = reader
+        .next_frame(&mut buf)
+        .with_context(|| format!("{}: corrupt PNG data", path.display()))?;
+    let (width, height) = (frame.width, frame.height);
+    let pixels = (width * height) as usize;
+    let rgb = match frame.color_type {
+        png::ColorType::Rgb => buf[..pixels * 3].to_vec(),
+        png::ColorType::Rgba => buf[..pixels * 4]
+            .chunks_exact(4)
+            .flat_map(|p| [p[0], p[1], p[2]])
+            .collect(),
+        png::ColorType::Grayscale => buf[..pixels].iter().flat_map(|&g| [g, g, g]).collect(),
+        png::ColorType::GrayscaleAlpha => buf[..pixels * 2]
+            .chunks_exact(2)
+            .flat_map(|p| [p[0], p[0], p[0]])
+            .collect(),
+        other => bail!("{}: unsupported PNG color type {other:?}", path.display()),
+    };
+    let info = reader.info();
+    let parameters = info
+        .utf8_text
+        .iter()
+        .find(|c| c.keyword == "parameters")
+        .and_then(|c| c.get_text().ok())
+        .or_else(|| {
+            info.uncompressed_latin1_text
+                .iter()
+                .find(|c| c.keyword == "parameters")
+                .map(|c| c.text.clone())
+        });
+    Ok(PngImage {
+        width,
+        height,
+        rgb,
+        parameters,
+    })
+}
+
+/// A start image for image-to-image: resized (nearest) to `width`×`height`, as 0..1 floats.
+pub fn init_image_floats(image: &PngImage, width: u32, height: u32) -> Vec<f32> {
+    let mut out = Vec::with_capacity((width * height * 3) as usize);
+    for y in 0..height {
+        let sy = (u64::from(y) * u64::from(image.height) / u64::from(height.max(1))) as u32;
+        for x in 0..width {
+            let sx = (u64::from(x) * u64::from(image.width) / u64::from(width.max(1))) as u32;
+            let i = ((sy * image.width + sx) * 3) as usize;
+            out.extend(image.rgb[i..i + 3].iter().map(|&v| f32::from(v) / 255.0));
+        }
+    }
+    out
+}

@@ -1,0 +1,220 @@
+//! A loaded image model: its networks on the GPU, the plans for the last image size, and the
+//! defaults its scheduler config implies.
+
+use std::path::{Path, PathBuf};
+
+use super::generate::{Generated, ImageParams, SizedPlans, StepInfo};
+use super::pipeline::{Family, Parts};
+use super::scheduler::SchedulerKind;
+use crate::Error;
+use crate::gpu::Gpu;
+use crate::ops::WeightDType;
+
+#[derive(Clone, Debug)]
+pub struct ImageModelOptions {
+    pub dtype: WeightDType,
+    /// Keep the configs, use random weights (benchmarks at real shapes).
+    pub random_weights: bool,
+}
+
+impl Default for ImageModelOptions {
+    fn default() -> Self {
+        Self {
+            dtype: WeightDType::F16,
+            random_weights: false,
+        }
+    }
+}
+
+/// What the model ships with, for the panel's and the CLI's defaults.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ImageDefaults {
+    pub steps: u32,
+    pub guidance: f32,
+    pub scheduler: SchedulerKind,
+    pub width: u32,
+    pub height: u32,
+}
+
+#[derive(Clone, Debug)]
+pub struct ImageModelInfo {
+    pub name: String,
+    pub path: PathBuf,
+    /// "sd" (1.x/2.x/Turbo) or "sdxl".
+    pub family: &'static str,
+    pub weight_bytes: u64,
+    pub defaults: ImageDefaults,
+    /// Image sides must be multiples of this.
+    pub size_step: u32,
+}
+
+pub struct DiffusionModel {
+    gpu: Gpu,
+    parts: Parts,
+    plans: Option<SizedPlans>,
+    info: ImageModelInfo,
+}
+
+impl DiffusionModel {
+    /// Loads every network's weights onto the GPU, after checking they fit its limits.
+    pub fn load(gpu: &Gpu, path: &Path, options: &ImageModelOptions) -> Result<Self, Error> {
+        let mut parts = Parts::open(path, options.dtype, options.random_weights)?;
+        check_fit(gpu, &parts)?;
+        let defaults = defaults(&parts);
+        let size_step = 8 * parts.downscale();
+        // Planning the smallest image loads every weight now, so a missing or malformed
+        // tensor is reported at load time, not at the first image.
+        let mut plans = None;
+        let halvings = parts.unet.config.levels.len().saturating_sub(1) as u32;
+        let smallest = (1u32 << halvings).max(8) * parts.downscale();
+        parts.plans_for(gpu, &mut plans, smallest, smallest)?;
+        drop(plans);
+        let info = ImageModelInfo {
+            name: parts.name.clone(),
+            path: path.to_owned(),
+            family: match parts.family {
+                Family::Sd => "sd",
+                Family::Sdxl => "sdxl",
+            },
+            weight_bytes: parts.unet.weights.bytes
+                + parts.vae.weights.bytes
+                + parts.text.net.weights.bytes
+                + parts.text_2.as_ref().map_or(0, |t| t.net.weights.bytes),
+            defaults,
+            size_step,
+        };
+        Ok(Self {
+            gpu: gpu.clone(),
+            parts,
+            plans: None,
+            info,
+        })
+    }
+
+    pub fn info(&self) -> &ImageModelInfo {
+        &self.info
+    }
+
+    /// Generates one image; `on_step` returns false to stop (then None is returned).
+    pub fn generate(
+        &mut self,
+        params: &ImageParams,
+        preview: bool,
+        on_step: impl FnMut(StepInfo) -> bool,
+    ) -> Result<Option<Generated>, Error> {
+        if params.width % self.info.size_step != 0 || params.height % self.info.size_step != 0 {
+            return Err(Error::Invalid(format!(
+                "{}×{}: width and height must be multiples of {}",
+                params.width, params.height, self.info.size_step
+            )));
+        }
+        self.parts
+            .generate(&self.gpu, &mut self.plans, params, preview, on_step)
+    }
+
+    /// The texture the previews of the current size are drawn into.
+    pub fn preview_texture(&mut self, width: u32, height: u32) -> Result<wgpu::Texture, Error> {
+        self.parts
+            .plans_for(&self.gpu, &mut self.plans, width, height)?;
+        let plans = self
+            .plans
+            .as_mut()
+            .ok_or_else(|| Error::Invalid("no plans".into()))?;
+        self.parts.preview_texture(&self.gpu, plans)
+    }
+
+    /// The UNet's conditioning for `prompt` (see [`Parts::text_conditioning`]).
+    pub fn text_conditioning(
+        &mut self,
+        prompt: &str,
+        size: (u32, u32),
+    ) -> Result<(Vec<f32>, Option<Vec<f32>>), Error> {
+        self.parts.text_conditioning(&self.gpu, prompt, size)
+    }
+
+    /// One UNet call on a `[1][c][h][w]` latent (see [`Parts::unet_once`]).
+    pub fn unet_once(
+        &mut self,
+        latent: &[f32],
+        hw: (u32, u32),
+        t: f32,
+        context: &[f32],
+        added: Option<&[f32]>,
+    ) -> Result<Vec<f32>, Error> {
+        self.parts
+            .unet_once(&self.gpu, &mut self.plans, latent, hw, t, context, added)
+    }
+
+    /// The VAE decoder on a `[1][c][h][w]` latent: `[1][3][8h][8w]` in −1..1.
+    pub fn decode_latents(&mut self, latent: &[f32], hw: (u32, u32)) -> Result<Vec<f32>, Error> {
+        self.parts
+            .decode_latents(&self.gpu, &mut self.plans, latent, hw)
+    }
+
+    /// The VAE encoder's scaled latent mean for a `[1][3][H][W]` image in −1..1.
+    pub fn encode_image(&mut self, image: &[f32], hw: (u32, u32)) -> Result<Vec<f32>, Error> {
+        self.parts
+            .encode_image(&self.gpu, &mut self.plans, image, hw)
+    }
+
+    /// Activation bytes of the current size's plans.
+    pub fn activation_bytes(&self) -> u64 {
+        self.plans.as_ref().map_or(0, |p| p.activation_bytes)
+    }
+}
+
+/// diffusers' defaults: the UNet's sample size; few-step models (trailing spacing, as
+/// SD-Turbo and SDXL-Turbo ship) one step without guidance, LCM four, others 50 steps with
+/// the pipeline's guidance.
+fn defaults(parts: &Parts) -> ImageDefaults {
+    let side = parts.unet.config.sample_size * parts.downscale();
+    let kind = parts.scheduler.default_kind();
+    let turbo = parts.scheduler.trailing_spacing();
+    let (steps, guidance) = match (kind, turbo, parts.family) {
+        (SchedulerKind::Lcm, _, _) => (4, 1.0),
+        (_, true, _) => (1, 0.0),
+        (_, false, Family::Sdxl) => (50, 5.0),
+        (_, false, Family::Sd) => (50, 7.5),
+    };
+    ImageDefaults {
+        steps,
+        guidance,
+        scheduler: kind,
+        width: side,
+        height: side,
+    }
+}
+
+fn gib(bytes: u64) -> String {
+    format!("{:.2} GiB", bytes as f64 / (1u64 << 30) as f64)
+}
+
+/// Refuses weights the adapter cannot hold: a tensor beyond its largest binding, or (on
+/// adapters that share system memory) more than the memory there is.
+fn check_fit(gpu: &Gpu, parts: &Parts) -> Result<(), Error> {
+    let caps = gpu.caps();
+    let needed = parts.weight_bytes();
+    let shared = matches!(
+        gpu.info().device_type,
+        wgpu::DeviceType::Cpu | wgpu::DeviceType::IntegratedGpu
+    );
+    if shared
+        && let Some(memory) = crate::hub::system_memory()
+        && needed > memory / 10 * 9
+    {
+        return Err(Error::Invalid(format!(
+            "the model needs {} for its weights, but {} has {} of memory",
+            gib(needed),
+            gpu.info().name,
+            gib(memory)
+        )));
+    }
+    if needed > caps.max_buffer.saturating_mul(64) {
+        return Err(Error::Invalid(format!(
+            "the model needs {} for its weights, beyond what {} can hold",
+            gib(needed),
+            gpu.info().name
+        )));
+    }
+    Ok(())
+}
