@@ -7,7 +7,8 @@
 // few hundred tokens give too few output tiles to fill a large GPU otherwise.
 //
 // Defines: F16, EPV (4 for f32, 8 for f16), BIAS, GELU (tanh form), GELU_ERF, QUICK_GELU,
-// RESIDUAL (Y += ...), SPLIT_K, CONV (X is a convolution's input, see `conv_input`).
+// RESIDUAL (Y += ...), RELU (after the residual), SPLIT_K, CONV (X is a convolution's input,
+// see `Conv`).
 
 struct Params {
     n: u32,
@@ -57,20 +58,6 @@ struct Conv {
 }
 @group(0) @binding(7) var<uniform> cv: Conv;
 
-fn conv_input(row: u32, col: u32) -> f32 {
-    let ci = col % cv.cin;
-    let tap = col / cv.cin;
-    let iy = i32((row / cv.out_w) * cv.stride + tap / cv.ksize) - i32(cv.pad);
-    let ix = i32((row % cv.out_w) * cv.stride + tap % cv.ksize) - i32(cv.pad);
-    // Beyond the edges reads zero: symmetric padding, and the right/bottom padding of a
-    // stride-2 convolution with pad 0.
-    if (iy < 0 || ix < 0 || iy >= i32(cv.in_h << cv.up) || ix >= i32(cv.in_w << cv.up)) {
-        return 0.0;
-    }
-    let sy = u32(iy) >> cv.up;
-    let sx = u32(ix) >> cv.up;
-    return x[(sy * cv.in_w + sx) * cv.cin + ci];
-}
 #endif
 
 const TILE: u32 = 64u;
@@ -99,8 +86,42 @@ fn main(
     for (var i = 0u; i < 4u; i++) {
         acc[i] = vec4<f32>(0.0);
     }
+#if CONV
+    // The top-left input pixel of each output row this invocation loads.
+    var conv_y: array<i32, 4>;
+    var conv_x: array<i32, 4>;
+    for (var i = 0u; i < 4u; i++) {
+        let row = m0 + (tid + i * 256u) / BK;
+        conv_y[i] = i32((row / cv.out_w) * cv.stride) - i32(cv.pad);
+        conv_x[i] = i32((row % cv.out_w) * cv.stride) - i32(cv.pad);
+    }
+#endif
     for (var k0 = k_begin; k0 < k_end; k0 += BK) {
         // X tile: 64 rows × 16 k, four values per invocation.
+#if CONV
+        {
+            // One k per invocation across its four rows: the tap and channel are worked out
+            // once per tile, the rows' corners once per product (above).
+            let kk = tid % BK;
+            let col = k0 + kk;
+            let ci = col % cv.cin;
+            let tap = col / cv.cin;
+            let ky = i32(tap / cv.ksize);
+            let kx = i32(tap % cv.ksize);
+            let in_h = i32(cv.in_h << cv.up);
+            let in_w = i32(cv.in_w << cv.up);
+            for (var i = 0u; i < 4u; i++) {
+                let mm = (tid + i * 256u) / BK;
+                let iy = conv_y[i] + ky;
+                let ix = conv_x[i] + kx;
+                var v = 0.0;
+                if (m0 + mm < m_rows && col < k_end && iy >= 0 && ix >= 0 && iy < in_h && ix < in_w) {
+                    v = x[((u32(iy) >> cv.up) * cv.in_w + (u32(ix) >> cv.up)) * cv.cin + ci];
+                }
+                xs[kk * 16u + mm / 4u][mm % 4u] = v;
+            }
+        }
+#else
         for (var i = 0u; i < 4u; i++) {
             let idx = tid + i * 256u;
             let mm = idx / BK;
@@ -109,14 +130,11 @@ fn main(
             let col = k0 + kk;
             var v = 0.0;
             if (row < m_rows && col < k_end) {
-#if CONV
-                v = conv_input(row, col);
-#else
                 v = x[row * p.k + col];
-#endif
             }
             xs[kk * 16u + mm / 4u][mm % 4u] = v;
         }
+#endif
         // W tile: 64 rows × 16 k.
 #if QUANT
         if (tid < 128u) {
@@ -215,6 +233,10 @@ fn epilogue(sum: f32, row: u32, col: u32) -> f32 {
 #endif
 #if RESIDUAL
     v += y[row * p.n + col];
+#endif
+#if RELU
+    // After the residual: TAESD's blocks apply it to the sum.
+    v = max(v, 0.0);
 #endif
     return v;
 }

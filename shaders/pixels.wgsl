@@ -132,3 +132,12 @@ fn slice(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups)
         y[id] = a[(id / p.cols) * p.extra + id % p.cols];
     }
 }
+
+// y = tanh(a / scale) · scale: a soft clamp to ±scale.
+@compute @workgroup_size(64)
+fn tanh_clamp(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let id = linear_id(gid, nwg);
+    if (id < p.rows * p.cols) {
+        y[id] = tanh(clamp(a[id] / p.scale, -15.0, 15.0)) * p.scale;
+    }
+}

@@ -31,6 +31,9 @@ pub struct BenchImageArgs {
     /// Print one JSON line per size.
     #[arg(long)]
     json: bool,
+    /// Print the GPU time of each kernel of one UNet call and one VAE decode.
+    #[arg(long)]
+    profile: bool,
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -43,6 +46,7 @@ pub fn run(args: BenchImageArgs, adapter: Option<&str>) -> Result<()> {
     let options = ImageModelOptions {
         dtype: args.dtype.into(),
         random_weights: !args.real,
+        preview_decoder: None,
     };
     let mut model = DiffusionModel::load(&gpu, &args.config, &options)
         .with_context(|| format!("loading {}", args.config.display()))?;
@@ -86,6 +90,16 @@ pub fn run(args: BenchImageArgs, adapter: Option<&str>) -> Result<()> {
             "{size}×{size}: text encoder {text:.1} ms, UNet step {step:.1} ms, VAE decode {vae:.1} ms, 1-step image {whole:.1} ms ({:.0} MiB of activations)",
             model.activation_bytes() as f64 / f64::from(1u32 << 20)
         );
+        if args.profile {
+            for (what, mut timings) in model.profile(size, size)? {
+                timings.sort_by(|a, b| b.total_ns.total_cmp(&a.total_ns));
+                let total: f64 = timings.iter().map(|t| t.total_ns).sum();
+                eprintln!("{what} kernels ({:.2} ms of GPU time):", total / 1e6);
+                for t in timings.iter().take(25) {
+                    eprintln!("{:>10.3} ms {:>5}×  {}", t.total_ns / 1e6, t.calls, t.label);
+                }
+            }
+        }
         if args.json {
             let line = serde_json::json!({
                 "model": info.name,

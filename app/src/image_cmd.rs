@@ -102,12 +102,19 @@ fn read_latents(path: &Path, downscale: u32) -> Result<(Vec<f32>, u32, u32)> {
 }
 
 fn output_path(out: Option<&Path>, seed: u64, index: u32) -> PathBuf {
-    let base = out.map_or_else(|| PathBuf::from(format!("backpack-{seed}.png")), Path::to_owned);
+    let base = out.map_or_else(
+        || PathBuf::from(format!("backpack-{seed}.png")),
+        Path::to_owned,
+    );
     if index == 0 {
         return base;
     }
-    let stem = base.file_stem().map_or_else(|| "image".into(), |s| s.to_string_lossy().into_owned());
-    let ext = base.extension().map_or_else(|| "png".into(), |e| e.to_string_lossy().into_owned());
+    let stem = base
+        .file_stem()
+        .map_or_else(|| "image".into(), |s| s.to_string_lossy().into_owned());
+    let ext = base
+        .extension()
+        .map_or_else(|| "png".into(), |e| e.to_string_lossy().into_owned());
     base.with_file_name(format!("{stem}-{}.{ext}", index + 1))
 }
 
@@ -121,6 +128,7 @@ pub fn run(args: ImageArgs, adapter: Option<&str>) -> Result<()> {
     let options = ImageModelOptions {
         dtype: args.dtype.into(),
         random_weights: false,
+        preview_decoder: None,
     };
     let mut model = DiffusionModel::load(&gpu, &model_path, &options)
         .with_context(|| format!("loading {}", model_path.display()))?;

@@ -4,7 +4,9 @@
 
 use std::collections::HashMap;
 use std::fs::File;
+use std::ops::Range;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use memmap2::Mmap;
 
@@ -74,21 +76,37 @@ impl TensorView<'_> {
 }
 
 struct Entry {
-    file: usize,
+    /// Index into `SafeTensors::blobs`.
+    blob: usize,
     dtype: DType,
     shape: Vec<usize>,
     start: usize,
     end: usize,
 }
 
-struct Mapped {
-    map: Mmap,
+/// Bytes behind tensors: a mapped file, or tensors a derived table had to materialise.
+enum Blob {
+    Map(Mmap),
+    Owned(Vec<u8>),
+}
+
+impl Blob {
+    fn bytes(&self) -> &[u8] {
+        match self {
+            Self::Map(map) => map,
+            Self::Owned(bytes) => bytes,
+        }
+    }
 }
 
 /// All safetensors files of a model folder, mapped read-only.
 pub struct SafeTensors {
-    files: Vec<Mapped>,
+    /// Shared with the tables derived from this one (see [`SafeTensors::remap`]).
+    blobs: Vec<Arc<Blob>>,
     tensors: HashMap<String, Entry>,
+    /// Tensors of dtypes this engine does not read (integer buffers such as CLIP's
+    /// `position_ids`): an error only when asked for, so checkpoints that carry them open.
+    unsupported: HashMap<String, String>,
 }
 
 /// Header larger than this is not a model header but a corrupt length field.
@@ -136,14 +154,19 @@ impl SafeTensors {
     }
 
     pub fn open_files(paths: &[PathBuf]) -> Result<Self, LoadError> {
-        let mut files = Vec::with_capacity(paths.len());
+        let mut blobs = Vec::with_capacity(paths.len());
         let mut tensors = HashMap::new();
+        let mut unsupported = HashMap::new();
         for (index, path) in paths.iter().enumerate() {
             let map = map_file(path)?;
-            parse_header(path, &map, index, &mut tensors)?;
-            files.push(Mapped { map });
+            parse_header(path, &map, index, &mut tensors, &mut unsupported)?;
+            blobs.push(Arc::new(Blob::Map(map)));
         }
-        Ok(Self { files, tensors })
+        Ok(Self {
+            blobs,
+            tensors,
+            unsupported,
+        })
     }
 
     pub fn contains(&self, name: &str) -> bool {
@@ -154,18 +177,107 @@ impl SafeTensors {
         self.tensors.keys().map(String::as_str)
     }
 
-    pub fn get(&self, name: &str) -> Result<TensorView<'_>, LoadError> {
-        let e = self
-            .tensors
+    fn entry(&self, name: &str) -> Result<&Entry, LoadError> {
+        self.tensors
             .get(name)
-            .ok_or_else(|| LoadError::MissingTensor {
-                name: name.to_owned(),
-            })?;
+            .ok_or_else(|| match self.unsupported.get(name) {
+                Some(dtype) => LoadError::UnsupportedDType {
+                    name: name.to_owned(),
+                    dtype: dtype.clone(),
+                },
+                None => LoadError::MissingTensor {
+                    name: name.to_owned(),
+                },
+            })
+    }
+
+    pub fn get(&self, name: &str) -> Result<TensorView<'_>, LoadError> {
+        let e = self.entry(name)?;
         Ok(TensorView {
             dtype: e.dtype,
             shape: &e.shape,
-            bytes: &self.files[e.file].map[e.start..e.end],
+            bytes: &self.blobs[e.blob].bytes()[e.start..e.end],
         })
+    }
+
+    /// A table of views into this one's tensors, sharing its memory maps (nothing is copied;
+    /// the files stay mapped while either table lives). Each `(name, source, rows, shape)`
+    /// becomes tensor `name`: rows `rows` of `source`'s first dimension (all when `None`), seen
+    /// with `shape` (the rows' own when `None`; the element count must agree). This renames
+    /// checkpoints' tensors, splits fused weights and squeezes 1×1 convolutions into matrices.
+    pub fn remap<'s>(
+        &self,
+        views: impl IntoIterator<Item = (String, &'s str, Option<Range<usize>>, Option<Vec<usize>>)>,
+    ) -> Result<Self, LoadError> {
+        let mut tensors = HashMap::new();
+        for (name, source, rows, shape) in views {
+            let e = self.entry(source)?;
+            let first = e.shape.first().copied().unwrap_or(1);
+            let rows = rows.unwrap_or(0..first);
+            let mut kept = e.shape.clone();
+            if let Some(d) = kept.first_mut() {
+                *d = rows.end.saturating_sub(rows.start);
+            }
+            if rows.start > rows.end || rows.end > first {
+                return Err(LoadError::ShapeMismatch {
+                    name: source.to_owned(),
+                    actual: e.shape.clone(),
+                    expected: kept,
+                });
+            }
+            let row_elements: usize = e.shape.iter().skip(1).product();
+            let shape = shape.unwrap_or_else(|| kept.clone());
+            if shape.iter().product::<usize>() != kept.iter().product::<usize>() {
+                return Err(LoadError::ShapeMismatch {
+                    name: source.to_owned(),
+                    actual: kept,
+                    expected: shape,
+                });
+            }
+            let row_bytes = row_elements * e.dtype.size();
+            let entry = Entry {
+                blob: e.blob,
+                dtype: e.dtype,
+                shape,
+                start: e.start + rows.start * row_bytes,
+                end: e.start + rows.end * row_bytes,
+            };
+            tensors.insert(name, entry);
+        }
+        Ok(Self {
+            blobs: self.blobs.clone(),
+            tensors,
+            unsupported: HashMap::new(),
+        })
+    }
+
+    /// Adds a tensor held in memory, for what a view cannot express (a transposed matrix).
+    pub fn insert_owned(
+        &mut self,
+        name: String,
+        dtype: DType,
+        shape: Vec<usize>,
+        bytes: Vec<u8>,
+    ) -> Result<(), LoadError> {
+        let elements: usize = shape.iter().product();
+        if elements * dtype.size() != bytes.len() {
+            return Err(LoadError::ShapeMismatch {
+                name,
+                actual: vec![bytes.len() / dtype.size()],
+                expected: shape,
+            });
+        }
+        let end = bytes.len();
+        self.blobs.push(Arc::new(Blob::Owned(bytes)));
+        let entry = Entry {
+            blob: self.blobs.len() - 1,
+            dtype,
+            shape,
+            start: 0,
+            end,
+        };
+        self.tensors.insert(name, entry);
+        Ok(())
     }
 }
 
@@ -182,6 +294,7 @@ fn parse_header(
     map: &Mmap,
     file: usize,
     tensors: &mut HashMap<String, Entry>,
+    unsupported: &mut HashMap<String, String>,
 ) -> Result<(), LoadError> {
     let corrupt = |message: String| LoadError::CorruptWeights {
         path: path.to_owned(),
@@ -218,15 +331,10 @@ fn parse_header(
             .and_then(|d| d.as_str())
             .ok_or_else(|| corrupt(format!("tensor {name:?} has no dtype")))?;
         let dtype = match dtype_name {
-            "F32" => DType::F32,
-            "F16" => DType::F16,
-            "BF16" => DType::BF16,
-            other => {
-                return Err(LoadError::UnsupportedDType {
-                    name: name.clone(),
-                    dtype: other.to_owned(),
-                });
-            }
+            "F32" => Some(DType::F32),
+            "F16" => Some(DType::F16),
+            "BF16" => Some(DType::BF16),
+            _ => None,
         };
         let shape: Vec<usize> = info
             .get("shape")
@@ -252,9 +360,13 @@ fn parse_header(
             .iter()
             .try_fold(1usize, |acc, &d| acc.checked_mul(d))
             .ok_or_else(|| corrupt(format!("tensor {name:?} shape overflows")))?;
-        let expected = elements
-            .checked_mul(dtype.size())
-            .ok_or_else(|| corrupt(format!("tensor {name:?} size overflows")))?;
+        // An unread dtype's element size is not known here: its range is only bounds-checked.
+        let expected = match dtype {
+            Some(dtype) => elements
+                .checked_mul(dtype.size())
+                .ok_or_else(|| corrupt(format!("tensor {name:?} size overflows")))?,
+            None => end.saturating_sub(start),
+        };
         if end < start || end - start != expected {
             return Err(corrupt(format!(
                 "tensor {name:?}: data_offsets {start}..{end} hold {} bytes, but {dtype_name} {shape:?} needs {expected}",
@@ -267,10 +379,14 @@ fn parse_header(
             )));
         }
         ranges.push((start, end, name));
+        let Some(dtype) = dtype else {
+            unsupported.insert(name.clone(), dtype_name.to_owned());
+            continue;
+        };
         tensors.insert(
             name.clone(),
             Entry {
-                file,
+                blob: file,
                 dtype,
                 shape,
                 start: data_start + start,

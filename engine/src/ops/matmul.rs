@@ -42,6 +42,8 @@ pub struct MatMulOptions<'a> {
     pub split_scratch: Option<(&'a StorageBuffer, u32)>,
     /// X is the input of this convolution rather than a `[rows][k]` matrix.
     pub conv: Option<Conv2dShape>,
+    /// max(0, ·) after the residual.
+    pub relu: bool,
 }
 
 /// `Y = X · Wᵀ` over all tokens of a step (prompt processing).
@@ -82,6 +84,7 @@ impl MatMul {
             flag("RESIDUAL", opts.residual),
             flag("SPLIT_K", split),
             flag("CONV", opts.conv.is_some()),
+            flag("RELU", opts.relu),
         ]);
         if let Some(conv) = opts.conv
             && conv.width() != w.cols

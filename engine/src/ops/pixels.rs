@@ -156,3 +156,26 @@ pub fn slice_channels(
         Pass::grid_of_64(rows * cols),
     )
 }
+
+/// `y = tanh(x / scale) · scale` over `n` values.
+pub fn tanh_clamp(
+    gpu: &Gpu,
+    n: u32,
+    scale: f32,
+    x: &StorageBuffer,
+    y: &StorageBuffer,
+) -> Result<Pass, GpuError> {
+    let params = Params {
+        rows: 1,
+        cols: n,
+        extra: 0,
+        scale,
+    };
+    Pass::new(
+        gpu,
+        spec("tanh_clamp"),
+        &params,
+        &[(1, x), (3, y)],
+        Pass::grid_of_64(n),
+    )
+}

@@ -98,7 +98,10 @@ pub struct ImageService;
 
 impl ImageService {
     /// Starts the service on the current tokio runtime.
-    pub fn spawn(gpu: Gpu, wake: Option<WakeFn>) -> (ImageHandle, mpsc::UnboundedReceiver<ImageEvent>) {
+    pub fn spawn(
+        gpu: Gpu,
+        wake: Option<WakeFn>,
+    ) -> (ImageHandle, mpsc::UnboundedReceiver<ImageEvent>) {
         let (req_tx, mut req_rx) = mpsc::unbounded_channel::<ImageRequest>();
         let (ev_tx, ev_rx) = mpsc::unbounded_channel::<ImageEvent>();
         let cancelled_through = Arc::new(AtomicU64::new(0));

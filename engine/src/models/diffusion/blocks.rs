@@ -1,7 +1,7 @@
 //! The layers the UNet and the VAE share: ResNet blocks, the UNet's spatial transformer and
 //! the VAE's single-head attention, in diffusers' weight names.
 
-use super::graph::{Act, Builder};
+use super::graph::{Act, Activation, Builder};
 use crate::Error;
 use crate::ops::FullLayout;
 
@@ -45,6 +45,7 @@ pub fn resnet(
                 false,
                 Some(buf),
                 None,
+                Activation::None,
             )?;
             b.release(v);
             h1

@@ -42,7 +42,10 @@ pub fn build_text_encoder(
     let mut x = b.embed(
         ids,
         tokens,
-        (&format!("{root}embeddings.token_embedding.weight"), cfg.vocab),
+        (
+            &format!("{root}embeddings.token_embedding.weight"),
+            cfg.vocab,
+        ),
         &format!("{root}embeddings.position_embedding.weight"),
         d,
     )?;

@@ -7,7 +7,9 @@ use std::time::Instant;
 use super::clip::{build_projection, build_text_encoder, pooled_position};
 use super::graph::{Builder, Plan};
 use super::pipeline::{Family, Parts, TextEncoder};
-use super::scheduler::{Schedule, SchedulerKind, gaussian_noise, schedule, step_noise, timestep_embedding};
+use super::scheduler::{
+    Schedule, SchedulerKind, gaussian_noise, schedule, step_noise, timestep_embedding,
+};
 use super::unet::{UnetIo, UnetPlan, build_unet};
 use super::vae::{VaePlan, build_decoder, build_encoder};
 use crate::Error;
@@ -91,7 +93,8 @@ pub struct SizedPlans {
     context_uncond: Arc<StorageBuffer>,
     added_cond: Option<Arc<StorageBuffer>>,
     added_uncond: Option<Arc<StorageBuffer>>,
-    preview: Option<(wgpu::Texture, Preview)>,
+    /// The preview texture, the pass that draws it, and the TAESD decoder feeding it.
+    preview: Option<(wgpu::Texture, Preview, Option<Plan>)>,
     pub activation_bytes: u64,
 }
 
@@ -162,7 +165,10 @@ impl Parts {
             time_proj: zeros(gpu, "time embedding", self.unet.config.levels[0].channels)?,
             context: zeros(gpu, "context", ctx_floats)?,
             context_tokens: CONTEXT_TOKENS,
-            added: self.added_width().map(|a| zeros(gpu, "added conditions", a)).transpose()?,
+            added: self
+                .added_width()
+                .map(|a| zeros(gpu, "added conditions", a))
+                .transpose()?,
         };
         let dtype = self.dtype;
         let unet = {
@@ -202,8 +208,14 @@ impl Parts {
             encoder: None,
             context_cond: zeros(gpu, "context", ctx_floats)?,
             context_uncond: zeros(gpu, "negative context", ctx_floats)?,
-            added_cond: self.added_width().map(|a| zeros(gpu, "added", a)).transpose()?,
-            added_uncond: self.added_width().map(|a| zeros(gpu, "added", a)).transpose()?,
+            added_cond: self
+                .added_width()
+                .map(|a| zeros(gpu, "added", a))
+                .transpose()?,
+            added_uncond: self
+                .added_width()
+                .map(|a| zeros(gpu, "added", a))
+                .transpose()?,
             image_in: zeros(gpu, "init image", width * height * 3)?,
             io,
             latents,
@@ -220,15 +232,24 @@ impl Parts {
 
     /// The texture previews are drawn into for the current size (created on first use).
     pub fn preview_texture(
-        &self,
+        &mut self,
         gpu: &Gpu,
         plans: &mut SizedPlans,
     ) -> Result<wgpu::Texture, Error> {
-        if let Some((t, _)) = &plans.preview {
+        if let Some((t, _, _)) = &plans.preview {
             return Ok(t.clone());
         }
         let f = self.downscale();
-        let (w, h) = (plans.width / f, plans.height / f);
+        let (lw, lh) = (plans.width / f, plans.height / f);
+        let taesd = match self.taesd.as_mut() {
+            Some(t) => Some(t.build(gpu, &plans.denoised, (lh, lw))?),
+            None => None,
+        };
+        let (w, h) = if taesd.is_some() {
+            (plans.width, plans.height)
+        } else {
+            (lw, lh)
+        };
         let texture = gpu.device().create_texture(&wgpu::TextureDescriptor {
             label: Some("image preview"),
             size: wgpu::Extent3d {
@@ -250,15 +271,24 @@ impl Parts {
             Family::Sd => SD_PREVIEW,
             Family::Sdxl => SDXL_PREVIEW,
         };
-        let preview = Preview::new(
-            gpu,
-            &PreviewSource::Latent { columns, bias },
-            &plans.denoised,
-            &view,
-            w,
-            h,
-        )?;
-        plans.preview = Some((texture.clone(), preview));
+        let (preview, decoder) = match taesd {
+            Some((plan, pixels)) => (
+                Preview::new(gpu, &PreviewSource::Pixels, &pixels, &view, w, h)?,
+                Some(plan),
+            ),
+            None => (
+                Preview::new(
+                    gpu,
+                    &PreviewSource::Latent { columns, bias },
+                    &plans.denoised,
+                    &view,
+                    w,
+                    h,
+                )?,
+                None,
+            ),
+        };
+        plans.preview = Some((texture.clone(), preview, decoder));
         Ok(texture)
     }
 
@@ -294,8 +324,12 @@ impl Parts {
                 projection,
             });
         }
-        let plan = enc.plan.as_ref().ok_or_else(|| Error::Invalid("no text plan".into()))?;
-        gpu.queue().write_buffer(&plan.ids.buffer, 0, bytemuck::cast_slice(&ids));
+        let plan = enc
+            .plan
+            .as_ref()
+            .ok_or_else(|| Error::Invalid("no text plan".into()))?;
+        gpu.queue()
+            .write_buffer(&plan.ids.buffer, 0, bytemuck::cast_slice(&ids));
         let mut rec = Recorder::new(gpu);
         plan.clip.plan.encode(&mut rec);
         rec.submit();
@@ -309,7 +343,8 @@ impl Parts {
             (Some((pooled_in, proj, out)), Some(dim)) => {
                 let pos = pooled_position(&ids, cfg.eos_token_id);
                 let row = &last[pos * cfg.hidden as usize..(pos + 1) * cfg.hidden as usize];
-                gpu.queue().write_buffer(&pooled_in.buffer, 0, bytemuck::cast_slice(row));
+                gpu.queue()
+                    .write_buffer(&pooled_in.buffer, 0, bytemuck::cast_slice(row));
                 let mut rec = Recorder::new(gpu);
                 proj.encode(&mut rec);
                 rec.submit();
@@ -321,11 +356,17 @@ impl Parts {
     }
 
     /// The UNet's conditioning for one prompt (diffusers' `encode_prompt`).
-    fn condition(&mut self, gpu: &Gpu, prompt: &str, size: (u32, u32)) -> Result<Conditioning, Error> {
+    fn condition(
+        &mut self,
+        gpu: &Gpu,
+        prompt: &str,
+        size: (u32, u32),
+    ) -> Result<Conditioning, Error> {
         let dtype = self.dtype;
         match self.family {
             Family::Sd => {
-                let (context, _) = Self::run_text_encoder(gpu, dtype, &mut self.text, prompt, false)?;
+                let (context, _) =
+                    Self::run_text_encoder(gpu, dtype, &mut self.text, prompt, false)?;
                 Ok(Conditioning {
                     context,
                     added: None,
@@ -338,7 +379,10 @@ impl Parts {
                     .as_mut()
                     .ok_or_else(|| Error::Invalid("SDXL needs text_encoder_2".into()))?;
                 let (b, pooled) = Self::run_text_encoder(gpu, dtype, enc2, prompt, true)?;
-                let (da, db) = (a.len() / CONTEXT_TOKENS as usize, b.len() / CONTEXT_TOKENS as usize);
+                let (da, db) = (
+                    a.len() / CONTEXT_TOKENS as usize,
+                    b.len() / CONTEXT_TOKENS as usize,
+                );
                 let mut context = Vec::with_capacity(a.len() + b.len());
                 for t in 0..CONTEXT_TOKENS as usize {
                     context.extend_from_slice(&a[t * da..(t + 1) * da]);
@@ -360,19 +404,36 @@ impl Parts {
         let cfg = &self.unet.config;
         let mut out = pooled.to_vec();
         for id in [height, width, 0, 0, height, width] {
-            out.extend(timestep_embedding(id as f32, dim, cfg.flip_sin_to_cos, cfg.freq_shift));
+            out.extend(timestep_embedding(
+                id as f32,
+                dim,
+                cfg.flip_sin_to_cos,
+                cfg.freq_shift,
+            ));
         }
         out
     }
 
     /// The VAE encoder's plan for the current size, built on first use.
-    fn encoder_plan<'p>(&mut self, gpu: &Gpu, plans: &'p mut SizedPlans) -> Result<&'p VaePlan, Error> {
+    fn encoder_plan<'p>(
+        &mut self,
+        gpu: &Gpu,
+        plans: &'p mut SizedPlans,
+    ) -> Result<&'p VaePlan, Error> {
         if plans.encoder.is_none() {
             let (mut up, weights, config) = self.vae.loader(gpu, self.dtype);
             let b = Builder::new(gpu, &mut up, weights);
-            plans.encoder = Some(build_encoder(b, config, &plans.image_in, (plans.height, plans.width))?);
+            plans.encoder = Some(build_encoder(
+                b,
+                config,
+                &plans.image_in,
+                (plans.height, plans.width),
+            )?);
         }
-        plans.encoder.as_ref().ok_or_else(|| Error::Invalid("no encoder".into()))
+        plans
+            .encoder
+            .as_ref()
+            .ok_or_else(|| Error::Invalid("no encoder".into()))
     }
 
     fn zero_conditioning(&self) -> Conditioning {
@@ -395,7 +456,9 @@ impl Parts {
     ) -> Result<Option<Generated>, Error> {
         let start = Instant::now();
         self.plans_for(gpu, slot, params.width, params.height)?;
-        let plans = slot.as_mut().ok_or_else(|| Error::Invalid("no plans".into()))?;
+        let plans = slot
+            .as_mut()
+            .ok_or_else(|| Error::Invalid("no plans".into()))?;
         let sched = schedule(
             &self.scheduler,
             params.scheduler,
@@ -419,16 +482,31 @@ impl Parts {
         } else {
             None
         };
-        gpu.queue().write_buffer(&plans.context_cond.buffer, 0, bytemuck::cast_slice(&cond.context));
-        gpu.queue().write_buffer(&plans.io.context.buffer, 0, bytemuck::cast_slice(&cond.context));
+        gpu.queue().write_buffer(
+            &plans.context_cond.buffer,
+            0,
+            bytemuck::cast_slice(&cond.context),
+        );
+        gpu.queue().write_buffer(
+            &plans.io.context.buffer,
+            0,
+            bytemuck::cast_slice(&cond.context),
+        );
         if let (Some(a), Some(buf), Some(io)) = (&cond.added, &plans.added_cond, &plans.io.added) {
-            gpu.queue().write_buffer(&buf.buffer, 0, bytemuck::cast_slice(a));
-            gpu.queue().write_buffer(&io.buffer, 0, bytemuck::cast_slice(a));
+            gpu.queue()
+                .write_buffer(&buf.buffer, 0, bytemuck::cast_slice(a));
+            gpu.queue()
+                .write_buffer(&io.buffer, 0, bytemuck::cast_slice(a));
         }
         if let Some(u) = &uncond {
-            gpu.queue().write_buffer(&plans.context_uncond.buffer, 0, bytemuck::cast_slice(&u.context));
+            gpu.queue().write_buffer(
+                &plans.context_uncond.buffer,
+                0,
+                bytemuck::cast_slice(&u.context),
+            );
             if let (Some(a), Some(buf)) = (&u.added, &plans.added_uncond) {
-                gpu.queue().write_buffer(&buf.buffer, 0, bytemuck::cast_slice(a));
+                gpu.queue()
+                    .write_buffer(&buf.buffer, 0, bytemuck::cast_slice(a));
             }
         }
         let text_ms = start.elapsed().as_secs_f64() * 1e3;
@@ -438,7 +516,9 @@ impl Parts {
         }
         let steps_start = Instant::now();
         let total_steps = sched.steps.len() as u32;
-        let n = plans.width / self.downscale() * (plans.height / self.downscale()) * self.unet.config.in_channels;
+        let n = plans.width / self.downscale()
+            * (plans.height / self.downscale())
+            * self.unet.config.in_channels;
         for (i, c) in sched.steps.iter().enumerate() {
             let emb = timestep_embedding(
                 c.timestep,
@@ -446,10 +526,15 @@ impl Parts {
                 self.unet.config.flip_sin_to_cos,
                 self.unet.config.freq_shift,
             );
-            gpu.queue().write_buffer(&plans.io.time_proj.buffer, 0, bytemuck::cast_slice(&emb));
+            gpu.queue()
+                .write_buffer(&plans.io.time_proj.buffer, 0, bytemuck::cast_slice(&emb));
             if c.d != 0.0 {
-                let noise = nchw_to_nhwc(&step_noise(params.seed, i as u32, n as usize), self.unet.config.in_channels as usize);
-                gpu.queue().write_buffer(&plans.noise.buffer, 0, bytemuck::cast_slice(&noise));
+                let noise = nchw_to_nhwc(
+                    &step_noise(params.seed, i as u32, n as usize),
+                    self.unet.config.in_channels as usize,
+                );
+                gpu.queue()
+                    .write_buffer(&plans.noise.buffer, 0, bytemuck::cast_slice(&noise));
             }
             plans.denoise.set(
                 gpu,
@@ -485,7 +570,10 @@ impl Parts {
                 plans.denoise.guide.encode(&mut rec);
             }
             plans.denoise.step.encode(&mut rec);
-            if let Some((_, p)) = &plans.preview {
+            if let Some((_, p, decoder)) = &plans.preview {
+                if let Some(d) = decoder {
+                    d.encode(&mut rec);
+                }
                 p.encode(&mut rec);
             }
             rec.submit();
@@ -552,7 +640,10 @@ impl Parts {
             None => gaussian_noise(params.seed, n),
         };
         let noise = nchw_to_nhwc(&noise, lc);
-        let clear = |b: &StorageBuffer| gpu.queue().write_buffer(&b.buffer, 0, &vec![0u8; b.size as usize]);
+        let clear = |b: &StorageBuffer| {
+            gpu.queue()
+                .write_buffer(&b.buffer, 0, &vec![0u8; b.size as usize])
+        };
         clear(&plans.prev_denoised);
         match (&params.init_image, sched.img2img) {
             (Some((pixels, _)), Some((img_a, img_b))) => {
@@ -564,7 +655,8 @@ impl Parts {
                     )));
                 }
                 let scaled: Vec<f32> = pixels.iter().map(|v| v * 2.0 - 1.0).collect();
-                gpu.queue().write_buffer(&plans.image_in.buffer, 0, bytemuck::cast_slice(&scaled));
+                gpu.queue()
+                    .write_buffer(&plans.image_in.buffer, 0, bytemuck::cast_slice(&scaled));
                 let enc = self.encoder_plan(gpu, plans)?;
                 let mut rec = Recorder::new(gpu);
                 enc.plan.encode(&mut rec);
@@ -575,14 +667,18 @@ impl Parts {
                     .zip(&noise)
                     .map(|(l, e)| img_a * l + img_b * e)
                     .collect();
-                gpu.queue().write_buffer(&plans.latents.buffer, 0, bytemuck::cast_slice(&start));
+                gpu.queue()
+                    .write_buffer(&plans.latents.buffer, 0, bytemuck::cast_slice(&start));
             }
             (Some(_), None) => {
-                return Err(Error::Invalid("this schedule has no image-to-image start".into()));
+                return Err(Error::Invalid(
+                    "this schedule has no image-to-image start".into(),
+                ));
             }
             _ => {
                 let start: Vec<f32> = noise.iter().map(|e| e * sched.init_noise_sigma).collect();
-                gpu.queue().write_buffer(&plans.latents.buffer, 0, bytemuck::cast_slice(&start));
+                gpu.queue()
+                    .write_buffer(&plans.latents.buffer, 0, bytemuck::cast_slice(&start));
             }
         }
         Ok(())
@@ -619,6 +715,30 @@ pub fn nhwc_to_nchw(x: &[f32], c: usize) -> Vec<f32> {
 
 /// Single stages, in diffusers' layouts, for parity checks and tools.
 impl Parts {
+    /// GPU time per kernel of one UNet call and one VAE decode at the plans' size.
+    pub fn profile(
+        &self,
+        gpu: &Gpu,
+        plans: &SizedPlans,
+    ) -> Result<Vec<(&'static str, Vec<crate::gpu::KernelTiming>)>, Error> {
+        if !gpu.caps().timestamps {
+            return Err(Error::Invalid("this GPU has no timestamp queries".into()));
+        }
+        let mut out = Vec::new();
+        for (what, plan) in [
+            ("unet", &plans.unet.plan),
+            ("vae decode", &plans.decoder.plan),
+        ] {
+            let mut profiler = crate::gpu::Profiler::new(gpu, plan.len() as u32 * 4 + 16);
+            let mut rec = Recorder::with_profiler(gpu, Some(&mut profiler));
+            plan.encode(&mut rec);
+            rec.submit();
+            gpu.wait()?;
+            out.push((what, profiler.read(gpu)?));
+        }
+        Ok(out)
+    }
+
     /// The UNet's conditioning for `prompt` at an image size: `[77][cross_attention_dim]`
     /// and, for SDXL, the added conditions (pooled text, then the embedded size ids).
     pub fn text_conditioning(
@@ -645,12 +765,23 @@ impl Parts {
     ) -> Result<Vec<f32>, Error> {
         let f = self.downscale();
         self.plans_for(gpu, slot, w * f, h * f)?;
-        let plans = slot.as_mut().ok_or_else(|| Error::Invalid("no plans".into()))?;
+        let plans = slot
+            .as_mut()
+            .ok_or_else(|| Error::Invalid("no plans".into()))?;
         let lc = self.unet.config.in_channels as usize;
         let q = gpu.queue();
-        q.write_buffer(&plans.io.sample.buffer, 0, bytemuck::cast_slice(&nchw_to_nhwc(latent, lc)));
+        q.write_buffer(
+            &plans.io.sample.buffer,
+            0,
+            bytemuck::cast_slice(&nchw_to_nhwc(latent, lc)),
+        );
         let cfg = &self.unet.config;
-        let emb = timestep_embedding(t, cfg.levels[0].channels as usize, cfg.flip_sin_to_cos, cfg.freq_shift);
+        let emb = timestep_embedding(
+            t,
+            cfg.levels[0].channels as usize,
+            cfg.flip_sin_to_cos,
+            cfg.freq_shift,
+        );
         q.write_buffer(&plans.io.time_proj.buffer, 0, bytemuck::cast_slice(&emb));
         q.write_buffer(&plans.io.context.buffer, 0, bytemuck::cast_slice(context));
         if let (Some(a), Some(buf)) = (added, &plans.io.added) {
@@ -675,9 +806,15 @@ impl Parts {
     ) -> Result<Vec<f32>, Error> {
         let f = self.downscale();
         self.plans_for(gpu, slot, w * f, h * f)?;
-        let plans = slot.as_mut().ok_or_else(|| Error::Invalid("no plans".into()))?;
+        let plans = slot
+            .as_mut()
+            .ok_or_else(|| Error::Invalid("no plans".into()))?;
         let lc = self.unet.config.in_channels as usize;
-        gpu.queue().write_buffer(&plans.latents.buffer, 0, bytemuck::cast_slice(&nchw_to_nhwc(latent, lc)));
+        gpu.queue().write_buffer(
+            &plans.latents.buffer,
+            0,
+            bytemuck::cast_slice(&nchw_to_nhwc(latent, lc)),
+        );
         let mut rec = Recorder::new(gpu);
         plans.decoder.plan.encode(&mut rec);
         rec.submit();
@@ -695,15 +832,22 @@ impl Parts {
         (height, width): (u32, u32),
     ) -> Result<Vec<f32>, Error> {
         self.plans_for(gpu, slot, width, height)?;
-        let plans = slot.as_mut().ok_or_else(|| Error::Invalid("no plans".into()))?;
-        gpu.queue().write_buffer(&plans.image_in.buffer, 0, bytemuck::cast_slice(&nchw_to_nhwc(image, 3)));
+        let plans = slot
+            .as_mut()
+            .ok_or_else(|| Error::Invalid("no plans".into()))?;
+        gpu.queue().write_buffer(
+            &plans.image_in.buffer,
+            0,
+            bytemuck::cast_slice(&nchw_to_nhwc(image, 3)),
+        );
         let enc = self.encoder_plan(gpu, plans)?;
         let mut rec = Recorder::new(gpu);
         enc.plan.encode(&mut rec);
         rec.submit();
         let f = self.downscale();
         let lc = self.vae.config.latent_channels;
-        let out: Vec<f32> = gpu.read(&enc.out.buffer, 0, u64::from(height / f * (width / f) * lc))?;
+        let out: Vec<f32> =
+            gpu.read(&enc.out.buffer, 0, u64::from(height / f * (width / f) * lc))?;
         Ok(nhwc_to_nchw(&out, lc as usize))
     }
 }

@@ -13,7 +13,7 @@ use crate::models::weights::{Part, Uploader};
 use crate::ops::{
     Conv2dShape, Embed, FullAttention, FullLayout, Gelu, Glu, GroupNorm, GroupNormShape, MatMul,
     MatMulOptions, Matrix, Norm, NormKind, StepParams, affine, concat, silu, slice_channels,
-    softmax_rows, transpose,
+    softmax_rows, tanh_clamp, transpose,
 };
 
 /// A channel-last activation `[h·w][channels]` (a token sequence is `h = 1`).
@@ -36,6 +36,14 @@ impl Act {
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
+}
+
+/// What a product applies after its bias (and, for ReLU, after its residual).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Activation {
+    None,
+    Gelu(Gelu),
+    Relu,
 }
 
 type Encoder = Box<dyn Fn(&mut Recorder<'_>) + Send + Sync>;
@@ -254,12 +262,17 @@ impl<'a, 'w> Builder<'a, 'w> {
         x: &Act,
         w: Arc<Matrix>,
         bias: Option<Arc<StorageBuffer>>,
-        gelu: Option<Gelu>,
+        activation: Activation,
         residual: Option<Act>,
         conv: Option<Conv2dShape>,
         (out_h, out_w): (u32, u32),
     ) -> Result<Act, Error> {
         let rows = out_h * out_w;
+        let (gelu, relu) = match activation {
+            Activation::None => (None, false),
+            Activation::Gelu(g) => (Some(g), false),
+            Activation::Relu => (None, true),
+        };
         let accumulate = residual.is_some();
         let y = match residual {
             Some(r) if r.channels == w.rows && r.pixels() == rows => r,
@@ -287,6 +300,7 @@ impl<'a, 'w> Builder<'a, 'w> {
                 residual: accumulate,
                 split_scratch: scratch.as_deref().map(|s| (s, rows)),
                 conv,
+                relu,
             },
         )?;
         self.push(move |rec| mm.encode(rec, rows));
@@ -351,7 +365,15 @@ impl<'a, 'w> Builder<'a, 'w> {
         } else {
             None
         };
-        self.product(x, w, bias, gelu, residual, None, (x.h, x.w))
+        self.product(
+            x,
+            w,
+            bias,
+            gelu.map_or(Activation::None, Activation::Gelu),
+            residual,
+            None,
+            (x.h, x.w),
+        )
     }
 
     /// A 2-D convolution `name` (`.weight` `[out][in][k][k]`, `.bias`) over a channel-last
@@ -369,7 +391,16 @@ impl<'a, 'w> Builder<'a, 'w> {
         residual: Option<Act>,
     ) -> Result<Act, Error> {
         let bias = self.bias(name, out)?;
-        self.conv_with_bias(x, name, out, (k, stride, pad), upsample, bias, residual)
+        self.conv_with_bias(
+            x,
+            name,
+            out,
+            (k, stride, pad),
+            upsample,
+            bias,
+            residual,
+            Activation::None,
+        )
     }
 
     /// As [`Builder::conv`] with `bias` in place of the layer's own.
@@ -383,6 +414,7 @@ impl<'a, 'w> Builder<'a, 'w> {
         upsample: bool,
         bias: Option<Arc<StorageBuffer>>,
         residual: Option<Act>,
+        activation: Activation,
     ) -> Result<Act, Error> {
         let weight = format!("{name}.weight");
         let cin = x.channels;
@@ -396,12 +428,12 @@ impl<'a, 'w> Builder<'a, 'w> {
                     cin,
                 )
             })?;
-            return self.product(x, w, bias, None, residual, None, (x.h, x.w));
+            return self.product(x, w, bias, activation, residual, None, (x.h, x.w));
         }
         let shape = Conv2dShape::new(x.h, x.w, cin, k, stride, pad, upsample);
         let w = self.matrix(&weight, |up| up.conv_matrix(&weight, &weight, out, cin, k))?;
         let out_hw = (shape.out_h(), shape.out_w);
-        self.product(x, w, bias, None, residual, Some(shape), out_hw)
+        self.product(x, w, bias, activation, residual, Some(shape), out_hw)
     }
 
     /// diffusers' VAE-encoder downsampler: pad right and bottom by one, then a stride-2
@@ -417,7 +449,7 @@ impl<'a, 'w> Builder<'a, 'w> {
             x,
             w,
             bias,
-            None,
+            Activation::None,
             None,
             Some(shape),
             (x.h.div_ceil(2), shape.out_w),
@@ -539,7 +571,15 @@ impl<'a, 'w> Builder<'a, 'w> {
             )));
         }
         let keys = as_matrix(k, n, c);
-        let scores = self.product(q, Arc::new(keys), None, None, None, None, (q.h, q.w))?;
+        let scores = self.product(
+            q,
+            Arc::new(keys),
+            None,
+            Activation::None,
+            None,
+            None,
+            (q.h, q.w),
+        )?;
         let softmax = softmax_rows(self.gpu, n, n, 1.0 / (c as f32).sqrt(), &scores.buf)?;
         self.push(move |rec| softmax.encode(rec));
         let stride = Matrix::padded_cols(n);
@@ -551,7 +591,7 @@ impl<'a, 'w> Builder<'a, 'w> {
             &scores,
             Arc::new(values),
             None,
-            None,
+            Activation::None,
             None,
             None,
             (q.h, q.w),
@@ -597,6 +637,14 @@ impl<'a, 'w> Builder<'a, 'w> {
     pub fn affine(&mut self, x: &Act, scale: f32, offset: f32) -> Result<Act, Error> {
         let y = self.alloc(x.h, x.w, x.channels)?;
         let pass = affine(self.gpu, x.len(), scale, offset, &x.buf, &y.buf)?;
+        self.push(move |rec| pass.encode(rec));
+        Ok(y)
+    }
+
+    /// `tanh(x / scale) · scale`.
+    pub fn tanh_clamp(&mut self, x: &Act, scale: f32) -> Result<Act, Error> {
+        let y = self.alloc(x.h, x.w, x.channels)?;
+        let pass = tanh_clamp(self.gpu, x.len(), scale, &x.buf, &y.buf)?;
         self.push(move |rec| pass.encode(rec));
         Ok(y)
     }

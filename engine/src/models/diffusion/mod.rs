@@ -13,10 +13,13 @@ mod model;
 mod pipeline;
 pub mod scheduler;
 pub mod single_file;
+pub mod taesd;
 mod unet;
 mod vae;
 
-pub use generate::{Generated, ImageParams, SizedPlans, StepInfo, Timings, nchw_to_nhwc, nhwc_to_nchw};
-pub use pipeline::{Family, Parts};
+pub use generate::{
+    Generated, ImageParams, SizedPlans, StepInfo, Timings, nchw_to_nhwc, nhwc_to_nchw,
+};
 pub use model::{DiffusionModel, ImageDefaults, ImageModelInfo, ImageModelOptions};
+pub use pipeline::{Family, Parts};
 pub use scheduler::SchedulerKind;

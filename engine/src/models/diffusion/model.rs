@@ -6,6 +6,7 @@ use std::path::{Path, PathBuf};
 use super::generate::{Generated, ImageParams, SizedPlans, StepInfo};
 use super::pipeline::{Family, Parts};
 use super::scheduler::SchedulerKind;
+use super::taesd::Taesd;
 use crate::Error;
 use crate::gpu::Gpu;
 use crate::ops::WeightDType;
@@ -15,6 +16,8 @@ pub struct ImageModelOptions {
     pub dtype: WeightDType,
     /// Keep the configs, use random weights (benchmarks at real shapes).
     pub random_weights: bool,
+    /// A TAESD folder for full-size live previews (else a linear latent-to-RGB map).
+    pub preview_decoder: Option<PathBuf>,
 }
 
 impl Default for ImageModelOptions {
@@ -22,6 +25,7 @@ impl Default for ImageModelOptions {
         Self {
             dtype: WeightDType::F16,
             random_weights: false,
+            preview_decoder: None,
         }
     }
 }
@@ -60,6 +64,18 @@ impl DiffusionModel {
     pub fn load(gpu: &Gpu, path: &Path, options: &ImageModelOptions) -> Result<Self, Error> {
         let mut parts = Parts::open(path, options.dtype, options.random_weights)?;
         check_fit(gpu, &parts)?;
+        if let Some(dir) = &options.preview_decoder {
+            let taesd = Taesd::open(dir)?;
+            if taesd.config.upscale() != parts.downscale()
+                || taesd.config.latent_channels != parts.unet.config.in_channels
+            {
+                return Err(Error::Invalid(format!(
+                    "{}: this preview decoder does not fit the model's latents",
+                    dir.display()
+                )));
+            }
+            parts.taesd = Some(taesd);
+        }
         let defaults = defaults(&parts);
         let size_step = 8 * parts.downscale();
         // Planning the smallest image loads every weight now, so a missing or malformed
@@ -157,6 +173,21 @@ impl DiffusionModel {
             .encode_image(&self.gpu, &mut self.plans, image, hw)
     }
 
+    /// GPU time per kernel of one UNet call and one VAE decode at `width`×`height`.
+    pub fn profile(
+        &mut self,
+        width: u32,
+        height: u32,
+    ) -> Result<Vec<(&'static str, Vec<crate::gpu::KernelTiming>)>, Error> {
+        self.parts
+            .plans_for(&self.gpu, &mut self.plans, width, height)?;
+        let plans = self
+            .plans
+            .as_ref()
+            .ok_or_else(|| Error::Invalid("no plans".into()))?;
+        self.parts.profile(&self.gpu, plans)
+    }
+
     /// Activation bytes of the current size's plans.
     pub fn activation_bytes(&self) -> u64 {
         self.plans.as_ref().map_or(0, |p| p.activation_bytes)
@@ -169,7 +200,7 @@ impl DiffusionModel {
 fn defaults(parts: &Parts) -> ImageDefaults {
     let side = parts.unet.config.sample_size * parts.downscale();
     let kind = parts.scheduler.default_kind();
-    let turbo = parts.scheduler.trailing_spacing();
+    let turbo = parts.scheduler.timestep_spacing() == "trailing";
     let (steps, guidance) = match (kind, turbo, parts.family) {
         (SchedulerKind::Lcm, _, _) => (4, 1.0),
         (_, true, _) => (1, 0.0),

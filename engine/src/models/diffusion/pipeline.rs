@@ -9,6 +9,7 @@ use super::clip_tokenizer::ClipTokenizer;
 use super::config::{ClipConfig, UnetConfig, VaeConfig};
 use super::graph::WeightCache;
 use super::scheduler::SchedulerConfig;
+use super::single_file::{Family as FileFamily, open_single_file};
 use crate::Error;
 use crate::gpu::Gpu;
 use crate::load::{LoadError, SafeTensors, read_json};
@@ -44,7 +45,11 @@ impl<C> Network<C> {
             Some(st) => WeightSource::Files(st),
             None => WeightSource::Random { seed: self.seed },
         };
-        (Uploader::new(gpu, source, dtype), &mut self.weights, &self.config)
+        (
+            Uploader::new(gpu, source, dtype),
+            &mut self.weights,
+            &self.config,
+        )
     }
 }
 
@@ -67,6 +72,8 @@ pub struct Parts {
     pub force_zeros_for_empty_prompt: bool,
     pub dtype: WeightDType,
     pub name: String,
+    /// Full-size live previews, when a TAESD decoder is installed.
+    pub taesd: Option<super::taesd::Taesd>,
 }
 
 fn invalid(path: &Path, message: impl std::fmt::Display) -> Error {
@@ -108,14 +115,24 @@ fn open_component(dir: &Path, stem: &str) -> Result<SafeTensors, Error> {
     Ok(SafeTensors::open_files(&component_files(dir, stem)?)?)
 }
 
-fn text_encoder(root: &Path, which: &str, tokenizer: &str) -> Result<TextEncoder, Error> {
+fn text_encoder(
+    root: &Path,
+    which: &str,
+    tokenizer: &str,
+    random: bool,
+) -> Result<TextEncoder, Error> {
     let dir = root.join(which);
     let config = ClipConfig::from_json(&read_json(&dir.join("config.json"))?)?;
+    let files = if random {
+        None
+    } else {
+        Some(open_component(&dir, "model")?)
+    };
     Ok(TextEncoder {
         tokenizer: ClipTokenizer::from_dir(&root.join(tokenizer))?,
         net: Network {
             config,
-            files: Some(open_component(&dir, "model")?),
+            files,
             weights: WeightCache::default(),
             seed: 0,
         },
@@ -160,25 +177,26 @@ impl Parts {
         } else {
             Family::Sd
         };
-        let mut text = text_encoder(path, "text_encoder", "tokenizer")?;
-        let mut text_2 = match family {
-            Family::Sdxl => Some(text_encoder(path, "text_encoder_2", "tokenizer_2")?),
+        let text = text_encoder(path, "text_encoder", "tokenizer", random)?;
+        let text_2 = match family {
+            Family::Sdxl => Some(text_encoder(path, "text_encoder_2", "tokenizer_2", random)?),
             Family::Sd => None,
         };
         let unet_config = UnetConfig::from_json(&read_json(&path.join("unet/config.json"))?)?;
         let vae_config = VaeConfig::from_json(&read_json(&path.join("vae/config.json"))?)?;
-        let scheduler =
-            SchedulerConfig::from_file(&path.join("scheduler/scheduler_config.json"))?;
+        let scheduler = SchedulerConfig::from_file(&path.join("scheduler/scheduler_config.json"))?;
         let (unet_files, vae_files) = if random {
-            text.net.files = None;
-            if let Some(t) = text_2.as_mut() {
-                t.net.files = None;
-            }
             (None, None)
         } else {
             (
-                Some(open_component(&path.join("unet"), "diffusion_pytorch_model")?),
-                Some(open_component(&path.join("vae"), "diffusion_pytorch_model")?),
+                Some(open_component(
+                    &path.join("unet"),
+                    "diffusion_pytorch_model",
+                )?),
+                Some(open_component(
+                    &path.join("vae"),
+                    "diffusion_pytorch_model",
+                )?),
             )
         };
         Ok(Self {
@@ -194,11 +212,66 @@ impl Parts {
                 .unwrap_or(family == Family::Sdxl),
             dtype,
             name: display_name(path),
+            taesd: None,
         })
     }
 
-    fn open_single_file(path: &Path, _dtype: WeightDType) -> Result<Self, Error> {
-        Err(invalid(path, "single file pending"))
+    fn open_single_file(path: &Path, dtype: WeightDType) -> Result<Self, Error> {
+        let file = open_single_file(path)?;
+        let dir = path.parent().unwrap_or(Path::new("."));
+        let tokenizer = |name: &str| {
+            ClipTokenizer::from_dir(&dir.join(name)).map_err(|e| {
+                invalid(
+                    path,
+                    format!(
+                        "a single-file checkpoint carries no tokenizer: put the CLIP tokenizer folder {name}/ (vocab.json, merges.txt) next to it ({e})"
+                    ),
+                )
+            })
+        };
+        let family = match file.family {
+            FileFamily::Sdxl => Family::Sdxl,
+            FileFamily::Sd1 | FileFamily::Sd2 => Family::Sd,
+        };
+        let text = TextEncoder {
+            tokenizer: tokenizer("tokenizer")?,
+            net: network(
+                ClipConfig::from_json(&file.text_encoder_config)?,
+                Some(file.text_encoder),
+                1,
+            ),
+            plan: None,
+        };
+        let text_2 = match (file.text_encoder_2, file.text_encoder_2_config) {
+            (Some(st), Some(config)) => Some(TextEncoder {
+                tokenizer: tokenizer("tokenizer_2")?,
+                net: network(ClipConfig::from_json(&config)?, Some(st), 2),
+                plan: None,
+            }),
+            _ => None,
+        };
+        let scheduler_path = dir.join("scheduler/scheduler_config.json");
+        let scheduler = if scheduler_path.is_file() {
+            SchedulerConfig::from_file(&scheduler_path)?
+        } else {
+            SchedulerConfig::from_json(&default_scheduler())?
+        };
+        Ok(Self {
+            family,
+            text,
+            text_2,
+            unet: network(
+                UnetConfig::from_json(&file.unet_config)?,
+                Some(file.unet),
+                3,
+            ),
+            vae: network(VaeConfig::from_json(&file.vae_config)?, Some(file.vae), 4),
+            scheduler,
+            force_zeros_for_empty_prompt: family == Family::Sdxl,
+            dtype,
+            name: display_name(path),
+            taesd: None,
+        })
     }
 
     /// Bytes the weights take on the GPU, from the files' tensor sizes.

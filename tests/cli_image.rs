@@ -1,0 +1,232 @@
+//! `backpack image` and `backpack bench-image` end to end on a tiny random SD-Turbo-shaped
+//! pipeline: `--init-latents` reproduces diffusers' image, the `--json` line and the PNG's
+//! `parameters` chunk carry the settings, batches step the seed, image-to-image runs, and bad
+//! input exits non-zero with a reason.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use backpack_app::image_files::{parse_parameters, read_png};
+use backpack_engine::load::SafeTensors;
+
+fn fixtures() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures")
+}
+
+fn backpack(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_backpack"))
+        .args(args)
+        .output()
+        .expect("the binary runs")
+}
+
+fn tempdir(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("backpack-cli-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    dir
+}
+
+/// A safetensors file holding one f32 tensor `latents`.
+fn write_latents(path: &Path, shape: &[usize], values: &[f32]) {
+    let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+    let mut header = serde_json::json!({
+        "latents": {"dtype": "F32", "shape": shape, "data_offsets": [0, bytes.len()]}
+    })
+    .to_string();
+    while header.len() % 8 != 0 {
+        header.push(' ');
+    }
+    let mut file = (header.len() as u64).to_le_bytes().to_vec();
+    file.extend_from_slice(header.as_bytes());
+    file.extend_from_slice(&bytes);
+    std::fs::write(path, file).expect("write latents");
+}
+
+fn golden(name: &str) -> Vec<f32> {
+    let st = SafeTensors::open_files(&[fixtures().join("goldens/tiny-sd-turbo.safetensors")])
+        .expect("goldens");
+    st.get(name).expect("tensor").to_f32()
+}
+
+fn json_lines(out: &Output) -> Vec<serde_json::Value> {
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect()
+}
+
+fn model() -> String {
+    fixtures()
+        .join("models/tiny-sd-turbo")
+        .to_string_lossy()
+        .into_owned()
+}
+
+const PROMPT: &str = "a red fox in the snow, highly detailed";
+
+#[test]
+fn image_json_reproduces_diffusers_and_writes_parameters() {
+    let dir = tempdir("image");
+    let latents = dir.join("latents.safetensors");
+    write_latents(&latents, &[1, 4, 8, 8], &golden("image.init_latents"));
+    let out_png = dir.join("fox.png");
+    let out = backpack(&[
+        "image",
+        "--model",
+        &model(),
+        "--prompt",
+        PROMPT,
+        "--steps",
+        "1",
+        "--guidance",
+        "0",
+        "--scheduler",
+        "euler",
+        "--init-latents",
+        latents.to_str().expect("path"),
+        "--dtype",
+        "f32",
+        "--out",
+        out_png.to_str().expect("path"),
+        "--json",
+    ]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let lines = json_lines(&out);
+    let line = lines.last().expect("a JSON line");
+    for key in ["out", "seed", "steps", "width", "height", "ms_per_step", "total_ms"] {
+        assert!(line.get(key).is_some(), "{key} missing from {line}");
+    }
+    assert_eq!(line["steps"], 1);
+    assert_eq!((line["width"].as_u64(), line["height"].as_u64()), (Some(64), Some(64)));
+    assert_eq!(line["out"].as_str(), out_png.to_str());
+    let png = read_png(&out_png).expect("png");
+    let params = parse_parameters(png.parameters.as_deref().expect("parameters chunk"));
+    assert_eq!(params.prompt, PROMPT);
+    assert_eq!(params.steps, Some(1));
+    assert_eq!(params.size, Some((64, 64)));
+    let want = golden("image.euler.1");
+    let mse: f64 = png
+        .rgb
+        .iter()
+        .zip(&want)
+        .map(|(g, w)| (f64::from(*g) / 255.0 - f64::from(*w)).powi(2))
+        .sum::<f64>()
+        / want.len() as f64;
+    let psnr = 10.0 * (1.0 / mse.max(1e-20)).log10();
+    assert!(psnr >= 35.0, "PSNR {psnr:.1} dB against diffusers");
+}
+
+#[test]
+fn batches_step_the_seed_and_img2img_runs() {
+    let dir = tempdir("batch");
+    let out_png = dir.join("batch.png");
+    let out = backpack(&[
+        "image",
+        "--model",
+        &model(),
+        "--prompt",
+        PROMPT,
+        "--seed",
+        "5",
+        "--batch",
+        "2",
+        "--out",
+        out_png.to_str().expect("path"),
+        "--json",
+    ]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let lines = json_lines(&out);
+    assert_eq!(lines.len(), 2, "one line per image");
+    assert_eq!(lines[0]["seed"], 5);
+    assert_eq!(lines[1]["seed"], 6);
+    let second = dir.join("batch-2.png");
+    assert_eq!(lines[1]["out"].as_str(), second.to_str());
+    let (a, b) = (read_png(&out_png).expect("a"), read_png(&second).expect("b"));
+    assert_ne!(a.rgb, b.rgb, "seeds 5 and 6 give different images");
+
+    let edited = dir.join("edited.png");
+    let out = backpack(&[
+        "image",
+        "--model",
+        &model(),
+        "--prompt",
+        "a fox in a forest",
+        "--init-image",
+        out_png.to_str().expect("path"),
+        "--strength",
+        "0.5",
+        "--steps",
+        "4",
+        "--out",
+        edited.to_str().expect("path"),
+    ]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let e = read_png(&edited).expect("edited");
+    assert_eq!((e.width, e.height), (64, 64));
+    assert!(
+        e.parameters.expect("parameters").contains("Denoising strength: 0.5"),
+        "img2img records its strength"
+    );
+}
+
+#[test]
+fn bad_image_input_exits_nonzero_with_a_reason() {
+    let dir = tempdir("bad");
+    let cases: Vec<(Vec<String>, &str)> = vec![
+        (vec!["--model".into(), "/nonexistent/sd".into()], "does not exist"),
+        (
+            vec!["--model".into(), model(), "--strength".into(), "1.5".into()],
+            "--strength",
+        ),
+        (
+            vec!["--model".into(), model(), "--width".into(), "100".into()],
+            "multiples of 64",
+        ),
+        (
+            vec!["--model".into(), model(), "--scheduler".into(), "ddim".into()],
+            "ddim",
+        ),
+        (
+            vec![
+                "--model".into(),
+                model(),
+                "--init-latents".into(),
+                dir.join("missing.safetensors").to_string_lossy().into_owned(),
+            ],
+            "missing.safetensors",
+        ),
+    ];
+    for (args, reason) in cases {
+        let mut all: Vec<&str> = vec!["image", "--prompt", "x", "--out"];
+        let out_png = dir.join("x.png");
+        all.push(out_png.to_str().expect("path"));
+        all.extend(args.iter().map(String::as_str));
+        let out = backpack(&all);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{args:?} should fail");
+        assert!(stderr.contains(reason), "{args:?}: {stderr}");
+    }
+}
+
+#[test]
+fn bench_image_reports_each_part() {
+    let out = backpack(&[
+        "bench-image",
+        "--config",
+        &fixtures().join("models/tiny-sdxl").to_string_lossy(),
+        "--size",
+        "64",
+        "--runs",
+        "1",
+        "--steps",
+        "2",
+        "--json",
+    ]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let lines = json_lines(&out);
+    let line = lines.last().expect("a JSON line");
+    for key in ["text_encoder_ms", "unet_step_ms", "vae_decode_ms", "image_1step_ms"] {
+        assert!(line[key].as_f64().is_some_and(|v| v > 0.0), "{key} in {line}");
+    }
+}

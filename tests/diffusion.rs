@@ -1,0 +1,434 @@
+//! Stable Diffusion against diffusers on tiny random pipelines with our own shapes (models and
+//! goldens from tests/reference/make_tiny_diffusion.py): text conditioning, one UNet call, VAE
+//! decode and encode, whole images from given latents with every scheduler (with and without
+//! guidance, ε and v prediction), SDXL's two text encoders and added conditions, the fp16
+//! variant files, a single-file checkpoint, TAESD, seeds, cancellation and bad input.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+
+use backpack_engine::load::SafeTensors;
+use backpack_engine::models::diffusion::{
+    DiffusionModel, ImageModelOptions, ImageParams, SchedulerKind,
+};
+use backpack_engine::ops::WeightDType;
+use common::{assert_close, gpu};
+use serde_json::Value;
+
+fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+fn meta() -> Value {
+    let text = std::fs::read_to_string(root().join("tests/fixtures/goldens/diffusion.json"))
+        .expect("diffusion.json");
+    serde_json::from_str(&text).expect("json")
+}
+
+fn goldens(pipeline: &str) -> SafeTensors {
+    let path = root().join(format!("tests/fixtures/goldens/{pipeline}.safetensors"));
+    SafeTensors::open_files(&[path]).expect("goldens")
+}
+
+fn golden(st: &SafeTensors, name: &str) -> Vec<f32> {
+    st.get(name)
+        .unwrap_or_else(|e| panic!("{name}: {e}"))
+        .to_f32()
+}
+
+fn load(path: &Path, dtype: WeightDType) -> DiffusionModel {
+    let options = ImageModelOptions {
+        dtype,
+        ..Default::default()
+    };
+    DiffusionModel::load(&gpu(), path, &options)
+        .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+/// A fixture pipeline's folder; tiny-sd2-v keeps only its scheduler and shares
+/// tiny-sd-turbo's weights, so it is put together in a temporary folder.
+fn model_dir(pipeline: &str) -> PathBuf {
+    let models = root().join("tests/fixtures/models");
+    if pipeline != "tiny-sd2-v" {
+        return models.join(pipeline);
+    }
+    let dir = tempdir("tiny-sd2-v");
+    copy_dir(&models.join("tiny-sd-turbo"), &dir);
+    copy_dir(&models.join("tiny-sd2-v"), &dir);
+    dir
+}
+
+fn model(pipeline: &str) -> DiffusionModel {
+    load(&model_dir(pipeline), WeightDType::F32)
+}
+
+fn psnr(a: &[f32], b: &[f32]) -> f64 {
+    assert_eq!(a.len(), b.len());
+    let mse = a
+        .iter()
+        .zip(b)
+        .map(|(x, y)| (f64::from(*x) - f64::from(*y)).powi(2))
+        .sum::<f64>()
+        / a.len() as f64;
+    10.0 * (1.0 / mse.max(1e-20)).log10()
+}
+
+fn close(what: &str, got: &[f32], want: &[f32], tol: f32) {
+    let scale: Vec<f32> = want.iter().map(|v| v.abs()).collect();
+    assert_close(what, got, want, &scale, tol, tol);
+}
+
+fn params(case: &Value, init_latents: Vec<f32>) -> ImageParams {
+    ImageParams {
+        prompt: case["prompt"].as_str().unwrap_or_default().to_owned(),
+        negative: case["negative_prompt"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned(),
+        steps: case["steps"].as_u64().expect("steps") as u32,
+        guidance: case["guidance"].as_f64().expect("guidance") as f32,
+        seed: 0,
+        width: case["width"].as_u64().expect("width") as u32,
+        height: case["height"].as_u64().expect("height") as u32,
+        scheduler: case["scheduler"]
+            .as_str()
+            .expect("scheduler")
+            .parse::<SchedulerKind>()
+            .expect("kind"),
+        init_image: None,
+        init_latents: Some(init_latents),
+    }
+}
+
+fn pixels(rgb: &[u8]) -> Vec<f32> {
+    rgb.iter().map(|v| f32::from(*v) / 255.0).collect()
+}
+
+/// Text conditioning, one UNet call at two timesteps, the VAE decoder and encoder.
+fn check_stages(pipeline: &str) {
+    let meta = meta();
+    let p = &meta["pipelines"][pipeline];
+    let st = goldens(pipeline);
+    let mut m = model(pipeline);
+    let prompt = meta["prompt"].as_str().expect("prompt");
+    let negative = meta["negative_prompt"].as_str().expect("negative");
+    let (ctx, added) = m.text_conditioning(prompt, (64, 64)).expect("text");
+    close(
+        &format!("{pipeline} prompt embeds"),
+        &ctx,
+        &golden(&st, "text.prompt_embeds"),
+        1e-4,
+    );
+    let (neg, _) = m.text_conditioning(negative, (64, 64)).expect("text");
+    close(
+        &format!("{pipeline} negative embeds"),
+        &neg,
+        &golden(&st, "text.negative_prompt_embeds"),
+        1e-4,
+    );
+    if p["kind"] == "sdxl" {
+        let added = added.as_ref().expect("SDXL has added conditions");
+        let pooled = golden(&st, "text.pooled");
+        close(
+            &format!("{pipeline} pooled"),
+            &added[..pooled.len()],
+            &pooled,
+            1e-4,
+        );
+    }
+    let latents = golden(&st, "unet.latents");
+    for t in golden(&st, "unet.timesteps") {
+        let out = m
+            .unet_once(&latents, (8, 8), t, &ctx, added.as_deref())
+            .expect("unet");
+        close(
+            &format!("{pipeline} unet at {t}"),
+            &out,
+            &golden(&st, &format!("unet.out.{t}")),
+            2e-4,
+        );
+    }
+    let image = m
+        .decode_latents(&golden(&st, "vae.latents"), (8, 8))
+        .expect("decode");
+    close(
+        &format!("{pipeline} vae decode"),
+        &image,
+        &golden(&st, "vae.image"),
+        2e-4,
+    );
+    let mean = m
+        .encode_image(&golden(&st, "vae.encode_input"), (64, 64))
+        .expect("encode");
+    let scaling = p["vae_scaling_factor"].as_f64().expect("scaling") as f32;
+    let want: Vec<f32> = golden(&st, "vae.encode_mean")
+        .iter()
+        .map(|v| v * scaling)
+        .collect();
+    close(&format!("{pipeline} vae encode"), &mean, &want, 2e-4);
+}
+
+/// Every whole-image case of a pipeline, from the given latents, at ≥ 35 dB.
+fn check_images(pipeline: &str) {
+    let meta = meta();
+    let st = goldens(pipeline);
+    let mut m = model(pipeline);
+    let cases = meta["pipelines"][pipeline]["images"]
+        .as_array()
+        .expect("images");
+    for case in cases {
+        let name = case["tensor"].as_str().expect("tensor");
+        let init = golden(&st, case["init_latents"].as_str().expect("latents"));
+        let image = m
+            .generate(&params(case, init), false, |_| true)
+            .expect("generate")
+            .expect("not cancelled");
+        let p = psnr(&pixels(&image.rgb), &golden(&st, name));
+        assert!(p >= 35.0, "{pipeline} {name}: PSNR {p:.1} dB");
+    }
+}
+
+#[test]
+fn sd1_stages_match_diffusers() {
+    check_stages("tiny-sd");
+}
+
+#[test]
+fn sd2_stages_match_diffusers() {
+    check_stages("tiny-sd-turbo");
+}
+
+#[test]
+fn sdxl_stages_match_diffusers() {
+    check_stages("tiny-sdxl");
+}
+
+#[test]
+fn sd1_images_match_diffusers() {
+    check_images("tiny-sd");
+}
+
+#[test]
+fn sd_turbo_images_match_diffusers() {
+    check_images("tiny-sd-turbo");
+}
+
+#[test]
+fn v_prediction_images_match_diffusers() {
+    check_images("tiny-sd2-v");
+}
+
+#[test]
+fn v_prediction_stages_match_diffusers() {
+    check_stages("tiny-sd2-v");
+}
+
+#[test]
+fn sdxl_images_match_diffusers() {
+    check_images("tiny-sdxl");
+}
+
+fn euler_one_step(m: &mut DiffusionModel, st: &SafeTensors) -> f64 {
+    let meta = meta();
+    let case = &meta["pipelines"]["tiny-sd"]["images"][0];
+    assert_eq!(case["tensor"], "image.euler.1");
+    let image = m
+        .generate(
+            &params(case, golden(st, "image.init_latents")),
+            false,
+            |_| true,
+        )
+        .expect("generate")
+        .expect("image");
+    psnr(&pixels(&image.rgb), &golden(st, "image.euler.1"))
+}
+
+#[test]
+fn fp16_variant_files_and_f16_storage_match() {
+    let st = goldens("tiny-sd");
+    let mut m = load(
+        &root().join("tests/fixtures/models/tiny-sd-fp16"),
+        WeightDType::F16,
+    );
+    let p = euler_one_step(&mut m, &st);
+    assert!(p >= 35.0, "fp16 variant: PSNR {p:.1} dB");
+}
+
+#[test]
+fn single_file_checkpoint_gives_the_same_image() {
+    // A single file carries no tokenizer: it is looked up next to the checkpoint.
+    let dir = tempdir("single-file");
+    std::fs::copy(
+        root().join("tests/fixtures/models/tiny-sd.safetensors"),
+        dir.join("tiny-sd.safetensors"),
+    )
+    .expect("copy");
+    let tok = dir.join("tokenizer");
+    std::fs::create_dir_all(&tok).expect("mkdir");
+    for f in [
+        "vocab.json",
+        "merges.txt",
+        "tokenizer_config.json",
+        "special_tokens_map.json",
+    ] {
+        let src = root()
+            .join("tests/fixtures/models/tiny-sd/tokenizer")
+            .join(f);
+        if src.is_file() {
+            std::fs::copy(src, tok.join(f)).expect("copy tokenizer");
+        }
+    }
+    let sched = dir.join("scheduler");
+    std::fs::create_dir_all(&sched).expect("mkdir");
+    std::fs::copy(
+        root().join("tests/fixtures/models/tiny-sd/scheduler/scheduler_config.json"),
+        sched.join("scheduler_config.json"),
+    )
+    .expect("copy scheduler");
+    let st = goldens("tiny-sd");
+    let mut m = load(&dir.join("tiny-sd.safetensors"), WeightDType::F32);
+    let p = euler_one_step(&mut m, &st);
+    assert!(p >= 35.0, "single file: PSNR {p:.1} dB");
+}
+
+fn tempdir(name: &str) -> PathBuf {
+    static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let dir = std::env::temp_dir().join(format!("backpack-{name}-{}-{n}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    dir
+}
+
+#[test]
+fn seeds_are_reproducible_and_steps_cancel() {
+    let mut m = model("tiny-sd-turbo");
+    let mut p = params(&meta()["pipelines"]["tiny-sd-turbo"]["images"][1], vec![]);
+    p.init_latents = None;
+    p.seed = 7;
+    let a = m.generate(&p, true, |_| true).expect("a").expect("a");
+    let b = m.generate(&p, true, |_| true).expect("b").expect("b");
+    assert_eq!(a.rgb, b.rgb, "the same seed gives the same image");
+    p.seed = 8;
+    let c = m.generate(&p, false, |_| true).expect("c").expect("c");
+    assert_ne!(a.rgb, c.rgb, "another seed gives another image");
+    let mut seen = 0;
+    let stopped = m
+        .generate(&p, true, |s| {
+            seen = s.step;
+            false
+        })
+        .expect("cancel");
+    assert!(
+        stopped.is_none() && seen == 1,
+        "stopped after the first step"
+    );
+}
+
+#[test]
+fn bad_input_is_a_clear_error() {
+    let options = ImageModelOptions::default();
+    let gpu = gpu();
+    let missing = DiffusionModel::load(&gpu, Path::new("/nonexistent/model"), &options)
+        .err()
+        .expect("missing");
+    assert!(
+        missing.to_string().contains("model_index.json"),
+        "{missing}"
+    );
+
+    let dir = tempdir("bad-pipeline");
+    copy_dir(&root().join("tests/fixtures/models/tiny-sd"), &dir);
+    std::fs::write(
+        dir.join("model_index.json"),
+        r#"{"_class_name": "FluxPipeline"}"#,
+    )
+    .expect("write");
+    let e = DiffusionModel::load(&gpu, &dir, &options)
+        .err()
+        .expect("unsupported");
+    assert!(e.to_string().contains("FluxPipeline"), "{e}");
+
+    let dir = tempdir("truncated");
+    copy_dir(&root().join("tests/fixtures/models/tiny-sd"), &dir);
+    let unet = dir.join("unet/diffusion_pytorch_model.safetensors");
+    let bytes = std::fs::read(&unet).expect("read");
+    std::fs::write(&unet, &bytes[..bytes.len() / 2]).expect("truncate");
+    let e = DiffusionModel::load(&gpu, &dir, &options)
+        .err()
+        .expect("truncated");
+    assert!(e.to_string().contains("diffusion_pytorch_model"), "{e}");
+
+    let mut m = model("tiny-sd");
+    let mut p = params(&meta()["pipelines"]["tiny-sd"]["images"][0], vec![]);
+    p.init_latents = None;
+    p.width = 100;
+    let e = m.generate(&p, false, |_| true).err().expect("size");
+    assert!(e.to_string().contains("multiples of 64"), "{e}");
+    p.width = 64;
+    p.init_latents = Some(vec![0.0; 5]);
+    let e = m.generate(&p, false, |_| true).err().expect("latents");
+    assert!(e.to_string().contains("init latents"), "{e}");
+    p.init_latents = None;
+    p.steps = 0;
+    assert!(m.generate(&p, false, |_| true).is_err());
+}
+
+fn copy_dir(src: &Path, dst: &Path) {
+    std::fs::create_dir_all(dst).expect("mkdir");
+    for entry in std::fs::read_dir(src).expect("read dir") {
+        let entry = entry.expect("entry");
+        let to = dst.join(entry.file_name());
+        if entry.path().is_dir() {
+            copy_dir(&entry.path(), &to);
+        } else {
+            std::fs::copy(entry.path(), to).expect("copy");
+        }
+    }
+}
+
+#[test]
+fn taesd_matches_diffusers() {
+    let st =
+        SafeTensors::open_files(&[root().join("tests/fixtures/goldens/tiny-taesd.safetensors")])
+            .expect("goldens");
+    let mut taesd = backpack_engine::models::diffusion::taesd::Taesd::open(
+        &root().join("tests/fixtures/models/tiny-taesd"),
+    )
+    .expect("open");
+    let image = taesd
+        .decode(&gpu(), &golden(&st, "taesd.latents"), (8, 8))
+        .expect("decode");
+    // f16 weights (previews need no more).
+    close("taesd", &image, &golden(&st, "taesd.image"), 5e-3);
+}
+
+#[test]
+fn taesd_previews_are_drawn_each_step() {
+    let mut m = DiffusionModel::load(
+        &gpu(),
+        &model_dir("tiny-sd-turbo"),
+        &ImageModelOptions {
+            preview_decoder: Some(root().join("tests/fixtures/models/tiny-taesd")),
+            ..Default::default()
+        },
+    )
+    .expect("load with TAESD");
+    let texture = m.preview_texture(64, 64).expect("texture");
+    assert_eq!(
+        (texture.width(), texture.height()),
+        (64, 64),
+        "full-size previews"
+    );
+    let mut p = params(&meta()["pipelines"]["tiny-sd-turbo"]["images"][1], vec![]);
+    p.init_latents = None;
+    let mut steps = 0;
+    m.generate(&p, true, |_| {
+        steps += 1;
+        true
+    })
+    .expect("generate")
+    .expect("image");
+    assert_eq!(steps, p.steps);
+}
