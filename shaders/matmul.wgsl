@@ -8,7 +8,7 @@
 //
 // Defines: F16, EPV (4 for f32, 8 for f16), BIAS, GELU (tanh form), GELU_ERF, QUICK_GELU,
 // RESIDUAL (Y += ...), RELU (after the residual), SPLIT_K, CONV (X is a convolution's input,
-// see `Conv`).
+// see `Conv`), BIG (128-wide tiles, see below).
 
 struct Params {
     n: u32,
@@ -60,6 +60,140 @@ struct Conv {
 
 #endif
 
+#if BIG
+// 128×128 output tiles, 8×8 outputs per invocation in two 4-row and two 4-column groups 64
+// apart, so neighbouring invocations read neighbouring workgroup-memory words. Twice the
+// arithmetic per staged value of the 64-wide tile: for products with thousands of rows (an
+// image's pixels). No k split.
+const TILE: u32 = 128u;
+const BK: u32 = 16u;
+
+// [k][m/4] and [k][n/4].
+var<workgroup> xs: array<vec4<f32>, 512>;
+var<workgroup> ws: array<vec4<f32>, 512>;
+
+@compute @workgroup_size(256)
+fn main(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id) wid: vec3<u32>) {
+    let m_rows = step.n_tokens;
+    let m0 = wid.y * TILE;
+    let n0 = wid.x * TILE;
+    let tx = tid % 16u;
+    let ty = tid / 16u;
+    // The k this invocation stages for X, for rows tid/BK + 16·i.
+    let kk = tid % BK;
+    var acc: array<vec4<f32>, 16>;
+    for (var i = 0u; i < 16u; i++) {
+        acc[i] = vec4<f32>(0.0);
+    }
+#if CONV
+    var conv_y: array<i32, 8>;
+    var conv_x: array<i32, 8>;
+    for (var i = 0u; i < 8u; i++) {
+        let row = m0 + tid / BK + i * 16u;
+        conv_y[i] = i32((row / cv.out_w) * cv.stride) - i32(cv.pad);
+        conv_x[i] = i32((row % cv.out_w) * cv.stride) - i32(cv.pad);
+    }
+    let in_h = i32(cv.in_h << cv.up);
+    let in_w = i32(cv.in_w << cv.up);
+#endif
+    for (var k0 = 0u; k0 < p.k; k0 += BK) {
+        let col = k0 + kk;
+#if CONV
+        let ci = col % cv.cin;
+        let tap = col / cv.cin;
+        let ky = i32(tap / cv.ksize);
+        let kx = i32(tap % cv.ksize);
+#endif
+        for (var i = 0u; i < 8u; i++) {
+            let mm = tid / BK + i * 16u;
+            var v = 0.0;
+#if CONV
+            let iy = conv_y[i] + ky;
+            let ix = conv_x[i] + kx;
+            if (m0 + mm < m_rows && col < p.k && iy >= 0 && ix >= 0 && iy < in_h && ix < in_w) {
+                v = x[((u32(iy) >> cv.up) * cv.in_w + (u32(ix) >> cv.up)) * cv.cin + ci];
+            }
+#else
+            if (m0 + mm < m_rows && col < p.k) {
+                v = x[(m0 + mm) * p.k + col];
+            }
+#endif
+            xs[kk * 32u + mm / 4u][mm % 4u] = v;
+        }
+#if F16
+        {
+            let nn = tid / 2u;
+            let kv = tid % 2u;
+            let vec_index = k0 / 8u + kv;
+            var word = vec4<u32>(0u);
+            if (n0 + nn < p.n && vec_index < p.row_vecs && vec_index * 8u < p.k) {
+                word = w[(n0 + nn) * p.row_vecs + vec_index];
+            }
+            let vals = array<vec2<f32>, 4>(
+                unpack2x16float(word.x), unpack2x16float(word.y),
+                unpack2x16float(word.z), unpack2x16float(word.w));
+            for (var j = 0u; j < 8u; j++) {
+                ws[(kv * 8u + j) * 32u + nn / 4u][nn % 4u] = vals[j / 2u][j % 2u];
+            }
+        }
+#else
+        for (var r = 0u; r < 2u; r++) {
+            let nn = tid / 4u + r * 64u;
+            let kv = tid % 4u;
+            let vec_index = k0 / 4u + kv;
+            var vals = vec4<f32>(0.0);
+            if (n0 + nn < p.n && vec_index < p.row_vecs && vec_index * 4u < p.k) {
+                vals = w[(n0 + nn) * p.row_vecs + vec_index];
+            }
+            for (var j = 0u; j < 4u; j++) {
+                ws[(kv * 4u + j) * 32u + nn / 4u][nn % 4u] = vals[j];
+            }
+        }
+#endif
+        workgroupBarrier();
+        for (var k = 0u; k < BK; k++) {
+            let a0 = xs[k * 32u + ty];
+            let a1 = xs[k * 32u + 16u + ty];
+            let b0 = ws[k * 32u + tx];
+            let b1 = ws[k * 32u + 16u + tx];
+            acc[0] += a0.x * b0;
+            acc[1] += a0.x * b1;
+            acc[2] += a0.y * b0;
+            acc[3] += a0.y * b1;
+            acc[4] += a0.z * b0;
+            acc[5] += a0.z * b1;
+            acc[6] += a0.w * b0;
+            acc[7] += a0.w * b1;
+            acc[8] += a1.x * b0;
+            acc[9] += a1.x * b1;
+            acc[10] += a1.y * b0;
+            acc[11] += a1.y * b1;
+            acc[12] += a1.z * b0;
+            acc[13] += a1.z * b1;
+            acc[14] += a1.w * b0;
+            acc[15] += a1.w * b1;
+        }
+        workgroupBarrier();
+    }
+    for (var g = 0u; g < 2u; g++) {
+        for (var i = 0u; i < 4u; i++) {
+            let row = m0 + g * 64u + ty * 4u + i;
+            if (row >= m_rows) {
+                continue;
+            }
+            for (var h = 0u; h < 2u; h++) {
+                let v = acc[(g * 4u + i) * 2u + h];
+                for (var j = 0u; j < 4u; j++) {
+                    let col = n0 + h * 64u + tx * 4u + j;
+                    if (col < p.n) {
+                        y[row * p.n + col] = epilogue(v[j], row, col);
+                    }
+                }
+            }
+        }
+    }
+}
+#else
 const TILE: u32 = 64u;
 const BK: u32 = 16u;
 
@@ -215,6 +349,8 @@ fn main(
         }
     }
 }
+
+#endif
 
 fn epilogue(sum: f32, row: u32, col: u32) -> f32 {
     var v = sum;

@@ -84,10 +84,22 @@ fn convolution_matches_cpu() {
         (8, 6, 5, 9, 3, 2, 0, false, true),
         (3, 11, 17, 70, 3, 1, 1, false, false),
         (6, 6, 4, 5, 1, 1, 0, true, false),
+        (17, 13, 16, 140, 3, 1, 1, false, false),
+        (12, 10, 24, 130, 3, 1, 1, true, false),
     ];
-    for (h, w, cin, cout, k, stride, pad, up, asym) in cases {
+    for (case, (h, w, cin, cout, k, stride, pad, up, asym)) in cases.into_iter().enumerate() {
+        // Both tile sizes, f32 and f16 weights (the f16 reference uses the rounded weights).
+        let big = case % 2 == 1;
+        let dtype = if case % 3 == 0 {
+            WeightDType::F16
+        } else {
+            WeightDType::F32
+        };
         let x = rng.vec(h * w * cin, 1.0);
-        let weight = rng.vec(cout * cin * k * k, 0.5);
+        let mut weight = rng.vec(cout * cin * k * k, 0.5);
+        if dtype == WeightDType::F16 {
+            weight = common::round_f16(&weight);
+        }
         let bias = rng.vec(cout, 0.3);
         let mut shape = Conv2dShape::new(
             h as u32,
@@ -128,7 +140,7 @@ fn convolution_matches_cpu() {
             &permuted,
             cout as u32,
             (taps * cin) as u32,
-            WeightDType::F32,
+            dtype,
         )
         .expect("matrix");
         let rows = (out_h * out_w) as usize;
@@ -147,6 +159,7 @@ fn convolution_matches_cpu() {
                 bias: Some(&bb),
                 residual: true,
                 conv: Some(shape),
+                big_tiles: big,
                 ..Default::default()
             },
         )
@@ -156,8 +169,63 @@ fn convolution_matches_cpu() {
         rec.submit();
         let got = read(&gpu, &yb, rows * cout);
         let want: Vec<f32> = want.iter().zip(&residual).map(|(a, b)| a + b).collect();
-        let what = format!("conv {h}×{w}×{cin}→{cout} k{k} s{stride} p{pad} up={up}");
+        let what =
+            format!("conv {h}×{w}×{cin}→{cout} k{k} s{stride} p{pad} up={up} big={big} {dtype:?}");
         assert_close(&what, &got, &want, &ones(want.len()), 1e-4, 1e-4);
+    }
+}
+
+#[test]
+fn big_tile_product_matches_cpu() {
+    let gpu = gpu();
+    let mut rng = Rng::new(27);
+    // Rows and outputs that leave partial 128-wide tiles; k not a multiple of the 16-wide step.
+    for (rows, n, k, dtype) in [
+        (300usize, 200usize, 52usize, WeightDType::F32),
+        (131, 129, 40, WeightDType::F16),
+    ] {
+        let x = rng.vec(rows * k, 1.0);
+        let w = common::round_f16(&rng.vec(n * k, 1.0));
+        let bias = rng.vec(n, 0.5);
+        let m = Matrix::from_f32(&gpu, "w", &w, n as u32, k as u32, dtype).expect("matrix");
+        let (xb, bb, yb) = (buf(&gpu, &x), buf(&gpu, &bias), zeros(&gpu, rows * n));
+        let st = step(&gpu, rows as u32);
+        let mm = MatMul::new(
+            &gpu,
+            &m,
+            &xb,
+            &yb,
+            &st,
+            MatMulOptions {
+                bias: Some(&bb),
+                gelu: Some(Gelu::Erf),
+                big_tiles: true,
+                ..Default::default()
+            },
+        )
+        .expect("matmul");
+        let mut rec = Recorder::new(&gpu);
+        mm.encode(&mut rec, rows as u32);
+        rec.submit();
+        let want: Vec<f32> = (0..rows * n)
+            .map(|i| {
+                let (r, o) = (i / n, i % n);
+                let s: f64 = f64::from(bias[o])
+                    + (0..k)
+                        .map(|j| f64::from(x[r * k + j]) * f64::from(w[o * k + j]))
+                        .sum::<f64>();
+                (0.5 * s * (1.0 + erf(s / std::f64::consts::SQRT_2))) as f32
+            })
+            .collect();
+        let what = format!("big-tile product {rows}×{n}×{k} {dtype:?}");
+        assert_close(
+            &what,
+            &read(&gpu, &yb, rows * n),
+            &want,
+            &ones(want.len()),
+            2e-4,
+            2e-4,
+        );
     }
 }
 

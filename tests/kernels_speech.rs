@@ -179,6 +179,27 @@ fn full_attention_matches_cpu_in_both_forms() {
             k_off: 0,
             kv_extra: 4,
         },
+        // The UNet's head sizes (SD 1.x: 40 and 160), over more queries than a block holds.
+        AttnCase {
+            heads: 2,
+            kv_heads: 2,
+            hd: 40,
+            queries: 133,
+            keys: 77,
+            q_extra: 0,
+            k_off: 0,
+            kv_extra: 0,
+        },
+        AttnCase {
+            heads: 1,
+            kv_heads: 1,
+            hd: 160,
+            queries: 70,
+            keys: 101,
+            q_extra: 0,
+            k_off: 160,
+            kv_extra: 0,
+        },
         AttnCase {
             heads: 1,
             kv_heads: 1,

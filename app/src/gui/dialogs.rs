@@ -18,6 +18,11 @@ pub enum DialogKind {
     OpenSpeechModelFolder,
     OpenAudioFile,
     ExportTranscript(u64, TranscriptFormat),
+    OpenImageModelFolder,
+    OpenImageModelFile,
+    OpenStartImage,
+    /// Where to save a copy of gallery image `id`.
+    SaveImageAs(u64),
 }
 
 /// What the audio decoder reads.
@@ -84,6 +89,22 @@ impl Dialogs {
                         .set_title("Transcribe an audio file")
                         .add_filter("Audio", AUDIO_EXTENSIONS)
                         .pick_file(),
+                    DialogKind::OpenImageModelFolder => dialog
+                        .set_title("Open an image model folder (model_index.json)")
+                        .pick_folder(),
+                    DialogKind::OpenImageModelFile => dialog
+                        .set_title("Open an image model checkpoint")
+                        .add_filter("Safetensors checkpoint", &["safetensors"])
+                        .pick_file(),
+                    DialogKind::OpenStartImage => dialog
+                        .set_title("Start from an image")
+                        .add_filter("PNG image", &["png"])
+                        .pick_file(),
+                    DialogKind::SaveImageAs(_) => dialog
+                        .set_title("Save image as")
+                        .add_filter("PNG image", &["png"])
+                        .set_file_name(format!("{name}.png"))
+                        .save_file(),
                     DialogKind::ExportTranscript(_, format) => {
                         let ext = format.extension();
                         dialog

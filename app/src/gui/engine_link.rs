@@ -1,5 +1,6 @@
-//! The UI's side of the engine: the shared GPU, a tokio runtime the engine (and the speech
-//! service, see [`super::speech_link`]) runs on, and the event channel drained once per frame.
+//! The UI's side of the engine: the shared GPU, a tokio runtime the engine (and the speech and
+//! image services, see [`super::speech_link`] and [`super::image_link`]) runs on, and the event
+//! channel drained once per frame.
 //! The engine wakes the UI through a repaint request that is batched over a few milliseconds,
 //! so a fast token stream costs one frame per batch.
 
@@ -9,11 +10,13 @@ use std::time::Duration;
 
 use backpack_engine::gpu::{Gpu, adapter_filter, pick_adapter, required_features_and_limits};
 use backpack_engine::models::{GenerateParams, ModelOptions, Prompt};
+use backpack_engine::runtime::image::ImageService;
 use backpack_engine::runtime::speech::SpeechService;
 use backpack_engine::runtime::{Engine, EngineHandle, Event, WakeFn};
 use eframe::{egui, egui_wgpu, wgpu};
 use tokio::sync::mpsc;
 
+use super::image_link::ImageLink;
 use super::speech_link::SpeechLink;
 
 /// Tokens arriving within this window share one repaint.
@@ -114,6 +117,15 @@ impl EngineLink {
             SpeechService::spawn(gpu, Some(wake_fn(ctx)))
         };
         SpeechLink::new(handle, events, self.runtime.clone())
+    }
+
+    /// Starts the image service on the engine's runtime, on the same GPU.
+    pub fn start_image(&self, gpu: Gpu, ctx: &egui::Context) -> ImageLink {
+        let (handle, events) = {
+            let _inside = self.runtime.enter();
+            ImageService::spawn(gpu, Some(wake_fn(ctx)))
+        };
+        ImageLink::new(handle, events, self.runtime.clone())
     }
 
     pub fn load(&self, path: PathBuf, options: ModelOptions) {

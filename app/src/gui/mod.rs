@@ -1,9 +1,9 @@
-//! The desktop app: a left rail routing to the Chat, Speech, Models and Settings panels, and a
-//! status bar. Each panel owns its state and actions; what they share (the engines, the store,
-//! the GPU, dialogs, notices) lives in [`Shared`], lent to the panel being drawn. The window's
-//! wgpu device is the engine's device; the text engine and the speech service run on a
-//! background tokio runtime and their events are drained at the start of every frame and
-//! handed to the panel they concern.
+//! The desktop app: a left rail routing to the Chat, Speech, Image, Models and Settings panels,
+//! and a status bar. Each panel owns its state and actions; what they share (the engines, the
+//! store, the GPU, dialogs, notices) lives in [`Shared`], lent to the panel being drawn. The
+//! window's wgpu device is the engine's device; the text engine and the speech and image
+//! services run on a background tokio runtime and their events are drained at the start of
+//! every frame and handed to the panel they concern.
 
 pub mod chat;
 mod common;
@@ -11,6 +11,8 @@ mod dialogs;
 pub mod downloads;
 pub mod engine_link;
 mod frame_stats;
+pub mod image;
+pub mod image_link;
 pub mod models;
 pub mod settings;
 pub mod shared;
@@ -22,6 +24,7 @@ pub mod store;
 use std::path::PathBuf;
 
 use backpack_engine::runtime::Event;
+use backpack_engine::runtime::image::ImageEvent;
 use backpack_engine::runtime::speech::SpeechEvent;
 use eframe::egui;
 
@@ -29,6 +32,8 @@ use chat::ChatPanel;
 pub use common::{display_name, format_bytes};
 use dialogs::DialogKind;
 use frame_stats::FrameStats;
+use image::ImagePanel;
+pub use image_link::ImageModelState;
 use models::ModelsPanel;
 use settings::SettingsPanel;
 pub use shared::{ModelState, Shared};
@@ -58,6 +63,7 @@ pub struct BackpackApp {
     pub shared: Shared,
     pub chat: ChatPanel,
     pub speech: SpeechPanel,
+    pub image: ImagePanel,
     pub models: ModelsPanel,
     pub settings: SettingsPanel,
     frames: FrameStats,
@@ -87,10 +93,12 @@ impl BackpackApp {
         {
             shared.load_speech_model(&path);
         }
+        let image = ImagePanel::new(&shared, &cc.egui_ctx);
         Self {
             shared,
             chat,
             speech,
+            image,
             models: ModelsPanel::default(),
             settings: SettingsPanel::default(),
             frames,
@@ -154,7 +162,41 @@ impl BackpackApp {
         }
     }
 
-    /// Files dropped on the window go to Speech (audio to transcribe, or a Whisper folder).
+    /// Hands each image event to the Image panel; a model's load is the app's.
+    fn handle_image_events(&mut self, ctx: &egui::Context) {
+        let events = match &mut self.shared.image {
+            Some(i) => i.drain(),
+            None => return,
+        };
+        for event in events {
+            let request = image_link::event_request(&event);
+            if let (ImageEvent::Done { .. } | ImageEvent::Error { .. }, Some(id)) =
+                (&event, request)
+                && let Some(i) = &mut self.shared.image
+            {
+                i.finished(id);
+            }
+            match event {
+                ImageEvent::Loaded(info) => {
+                    self.shared.image_loaded(info);
+                    self.image.on_model_loaded();
+                }
+                // Only loading reports errors without a request.
+                ImageEvent::Error {
+                    request: None,
+                    message,
+                } => self.shared.image_failed(message),
+                event => self.image.on_event(&mut self.shared, event, ctx),
+            }
+        }
+        if self.shared.image.as_ref().is_some_and(|i| i.has_backlog()) {
+            ctx.request_repaint();
+        }
+    }
+
+    /// Files dropped on the window: PNGs and image models go to Image (a start image, a model
+    /// to load), as does anything dropped while Image is shown; the rest to Speech (audio to
+    /// transcribe, or a Whisper folder).
     fn handle_dropped_files(&mut self, ctx: &egui::Context) {
         let dropped: Vec<PathBuf> = ctx.input(|i| {
             let files = i.raw.dropped_files.iter();
@@ -163,12 +205,18 @@ impl BackpackApp {
         if dropped.is_empty() {
             return;
         }
-        self.shared.go_to(Panel::Speech);
-        self.speech.open_dropped(&mut self.shared, dropped);
+        if self.shared.store.state.panel == Panel::Image || dropped.iter().any(|p| is_for_image(p))
+        {
+            self.shared.go_to(Panel::Image);
+            self.image.open_dropped(&mut self.shared, ctx, dropped);
+        } else {
+            self.shared.go_to(Panel::Speech);
+            self.speech.open_dropped(&mut self.shared, dropped);
+        }
     }
 
     /// Applies the file dialogs answered since the last frame.
-    fn handle_dialogs(&mut self) {
+    fn handle_dialogs(&mut self, ctx: &egui::Context) {
         for (kind, path) in self.shared.dialogs.finished() {
             let Some(path) = path else { continue };
             match kind {
@@ -189,6 +237,13 @@ impl BackpackApp {
                     self.speech
                         .finish_export(&mut self.shared, id, &path, format);
                 }
+                DialogKind::OpenImageModelFolder | DialogKind::OpenImageModelFile => {
+                    self.image.load_model(&mut self.shared, path);
+                }
+                DialogKind::OpenStartImage => self.image.set_start_image(ctx, &path),
+                DialogKind::SaveImageAs(id) => {
+                    self.image.finish_save_as(&mut self.shared, id, &path);
+                }
             }
         }
     }
@@ -202,6 +257,7 @@ impl BackpackApp {
         for (panel, label) in [
             (Panel::Chat, "Chat"),
             (Panel::Speech, "Speech"),
+            (Panel::Image, "Image"),
             (Panel::Models, "Models"),
             (Panel::Settings, "Settings"),
         ] {
@@ -262,13 +318,14 @@ impl eframe::App for BackpackApp {
     fn ui(&mut self, ui: &mut egui::Ui, frame: &mut eframe::Frame) {
         self.frames
             .record(frame.info().cpu_usage, self.chat.is_busy());
+        let ctx = ui.ctx().clone();
         self.handle_events();
         self.handle_speech_events();
-        self.handle_dialogs();
+        self.handle_image_events(&ctx);
+        self.handle_dialogs(&ctx);
         if let Some(d) = &mut self.shared.downloads {
             d.poll();
         }
-        let ctx = ui.ctx().clone();
         self.handle_dropped_files(&ctx);
         self.shortcuts(&ctx);
         self.remember_window(&ctx);
@@ -292,10 +349,11 @@ impl eframe::App for BackpackApp {
         match self.shared.store.state.panel {
             Panel::Chat => self.chat.show(&mut self.shared, ui),
             Panel::Speech => self.speech.show(&mut self.shared, ui),
+            Panel::Image => self.image.show(&mut self.shared, ui),
             Panel::Models => self.models.show(&mut self.shared, ui),
             Panel::Settings => self.settings.show(&mut self.shared, ui),
         }
-        drop_hint(&ctx);
+        drop_hint(&ctx, self.shared.store.state.panel);
         self.shared.save_if_due();
     }
 
@@ -303,6 +361,7 @@ impl eframe::App for BackpackApp {
         self.chat.stop(&self.shared);
         self.chat.stop_dictation(&self.shared);
         self.speech.stop(&self.shared);
+        self.image.stop(&self.shared);
         self.shared.save_now();
         if self.shared.config.frame_stats {
             eprintln!("{}", self.frames.report());
@@ -310,11 +369,28 @@ impl eframe::App for BackpackApp {
     }
 }
 
+/// A PNG (a start image) or an image model.
+fn is_for_image(path: &std::path::Path) -> bool {
+    let png = path
+        .extension()
+        .is_some_and(|e| e.eq_ignore_ascii_case("png"));
+    png || image_link::is_image_model(path)
+}
+
 /// While files are dragged over the window, says what dropping them does.
-fn drop_hint(ctx: &egui::Context) {
+fn drop_hint(ctx: &egui::Context, panel: Panel) {
     if ctx.input(|i| i.raw.hovered_files.is_empty()) {
         return;
     }
+    let hovered: Vec<PathBuf> = ctx.input(|i| {
+        let files = i.raw.hovered_files.iter();
+        files.filter_map(|f| f.path.clone()).collect()
+    });
+    let text = if panel == Panel::Image || hovered.iter().any(|p| is_for_image(p)) {
+        "Drop a PNG to start from it, or an image model to load it"
+    } else {
+        "Drop audio files to transcribe them"
+    };
     let painter = ctx.layer_painter(egui::LayerId::new(
         egui::Order::Foreground,
         egui::Id::unique("drop-hint"),
@@ -324,7 +400,7 @@ fn drop_hint(ctx: &egui::Context) {
     painter.text(
         rect.center(),
         egui::Align2::CENTER_CENTER,
-        "Drop audio files to transcribe them",
+        text,
         egui::FontId::proportional(22.0),
         egui::Color32::WHITE,
     );

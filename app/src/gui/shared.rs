@@ -1,6 +1,6 @@
-//! What the panels share: the text engine and the model it holds, the speech service and its
-//! model (see [`super::speech_link`]), the GPU, the store, the hub and its downloads, file
-//! dialogs and notices. The app owns one and lends it to the panel being drawn; each panel
+//! What the panels share: the text engine and the model it holds, the speech and image
+//! services and their models (see [`super::speech_link`] and [`super::image_link`]), the GPU
+//! and the window's renderer, the store, the hub and its downloads, file dialogs and notices. The app owns one and lends it to the panel being drawn; each panel
 //! keeps its own state to itself.
 
 use std::path::{Path, PathBuf};
@@ -8,12 +8,13 @@ use std::path::{Path, PathBuf};
 use backpack_engine::hub::{GpuBudget, Library};
 use backpack_engine::models::{ModelInfo, ModelOptions};
 use backpack_engine::ops::WeightDType;
-use eframe::egui;
+use eframe::{egui, egui_wgpu};
 
 use super::AppConfig;
 use super::dialogs::{DialogKind, Dialogs};
 use super::downloads::Downloads;
 use super::engine_link::{self, EngineLink, GpuSummary};
+use super::image_link::{self, ImageLink, ImageModelState};
 use super::speech_link::{SpeechLink, SpeechModelState};
 use super::store::{Panel, Store};
 
@@ -30,6 +31,8 @@ pub struct Shared {
     pub engine_error: Option<String>,
     /// The window's adapter, which the engine shares.
     pub gpu: Option<GpuSummary>,
+    /// The window's renderer, which draws textures the engine fills (image previews).
+    pub render_state: Option<egui_wgpu::RenderState>,
     pub model: ModelState,
     /// What went wrong with loading or using a model; Chat and Models show it.
     pub model_error: Option<String>,
@@ -40,6 +43,10 @@ pub struct Shared {
     /// Most tokens a window of audio may produce (None: the model's limit). Tests cap it,
     /// since random-weight fixtures never stop on their own.
     pub speech_max_new_tokens: Option<u32>,
+    pub image: Option<ImageLink>,
+    pub image_model: ImageModelState,
+    /// What went wrong loading the image model; Image shows it.
+    pub image_error: Option<String>,
     /// The hub client, the models folder and the download queue.
     pub downloads: Option<Downloads>,
     pub dialogs: Dialogs,
@@ -72,8 +79,12 @@ impl Shared {
         }
         let speech = engine
             .as_ref()
-            .zip(gpu)
+            .zip(gpu.clone())
             .map(|(link, gpu)| link.start_speech(gpu, &cc.egui_ctx));
+        let image = engine
+            .as_ref()
+            .zip(gpu)
+            .map(|(link, gpu)| link.start_image(gpu, &cc.egui_ctx));
         let models_dir = config
             .models_dir
             .clone()
@@ -87,12 +98,16 @@ impl Shared {
             engine,
             engine_error,
             gpu: summary,
+            render_state: cc.wgpu_render_state.clone(),
             model: ModelState::None,
             model_error: None,
             speech,
             speech_model: SpeechModelState::None,
             speech_error: None,
             speech_max_new_tokens: None,
+            image,
+            image_model: ImageModelState::None,
+            image_error: None,
             downloads,
             dialogs: Dialogs::default(),
             notices,
@@ -142,12 +157,18 @@ impl Shared {
     }
 
     /// Starts loading `path` (an HF folder, a .gguf file, or a folder holding one); an answer
-    /// being streamed is stopped. A Whisper folder is loaded by the speech service instead.
+    /// being streamed is stopped. A Whisper folder is loaded by the speech service instead,
+    /// an image model by the image service.
     pub fn load_model(&mut self, path: &Path) {
-        // The library's "Use" and `--model` can name a Whisper folder too.
+        // The library's "Use" and `--model` can name a Whisper folder or an image model too.
         if backpack_engine::models::whisper::is_whisper_dir(path) {
             self.load_speech_model(path);
             self.go_to(Panel::Speech);
+            return;
+        }
+        if image_link::is_image_model(path) {
+            self.load_image_model(path);
+            self.go_to(Panel::Image);
             return;
         }
         self.model_error = None;

@@ -11,6 +11,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use anyhow::{Context, Result};
 use serde::{Deserialize, Serialize};
 
+use super::image::ImageSettings;
 use super::speech::{SpeechSettings, Transcript};
 
 const STATE_FILE: &str = "state.json";
@@ -220,6 +221,7 @@ pub enum Panel {
     #[default]
     Chat,
     Speech,
+    Image,
     Models,
     Settings,
 }
@@ -263,6 +265,8 @@ pub struct AppState {
     pub models_dir: Option<PathBuf>,
     /// The speech model and options the Speech panel and chat dictation share.
     pub speech: SpeechSettings,
+    /// The image model and the settings of the next image (the Image panel's).
+    pub image: ImageSettings,
 }
 
 impl Default for AppState {
@@ -278,6 +282,7 @@ impl Default for AppState {
             window_size: None,
             models_dir: None,
             speech: SpeechSettings::default(),
+            image: ImageSettings::default(),
         }
     }
 }

@@ -44,6 +44,9 @@ pub struct MatMulOptions<'a> {
     pub conv: Option<Conv2dShape>,
     /// max(0, ·) after the residual.
     pub relu: bool,
+    /// 128-wide tiles with 8×8 outputs per invocation: for dense products over thousands of
+    /// rows with at least 128 outputs per row (never split along k).
+    pub big_tiles: bool,
 }
 
 /// `Y = X · Wᵀ` over all tokens of a step (prompt processing).
@@ -54,6 +57,7 @@ pub struct MatMul {
     reduce: Option<(Kernel, wgpu::BindGroup)>,
     n: u32,
     slices: u32,
+    tile: u32,
     _params: UniformBuffer,
     _conv: Option<UniformBuffer>,
 }
@@ -76,6 +80,8 @@ impl MatMul {
             }
             _ => 1,
         };
+        let big = opts.big_tiles && w.quant.is_none();
+        let slices = if big { 1 } else { slices };
         let split = slices > 1;
         let mut defines = w.defines();
         defines.extend(gelu_flags(opts.gelu));
@@ -85,6 +91,7 @@ impl MatMul {
             flag("SPLIT_K", split),
             flag("CONV", opts.conv.is_some()),
             flag("RELU", opts.relu),
+            flag("BIG", big),
         ]);
         if let Some(conv) = opts.conv
             && conv.width() != w.cols
@@ -156,6 +163,7 @@ impl MatMul {
             reduce,
             n: w.rows,
             slices,
+            tile: if big { 2 * TILE } else { TILE },
             _params: params,
             _conv: conv_params,
         })
@@ -175,7 +183,11 @@ impl MatMul {
         rec.dispatch_xyz(
             &self.kernel,
             &self.bind_group,
-            [self.n.div_ceil(TILE), n_tokens.div_ceil(TILE), self.slices],
+            [
+                self.n.div_ceil(self.tile),
+                n_tokens.div_ceil(self.tile),
+                self.slices,
+            ],
         );
         if let Some((kernel, group)) = &self.reduce {
             rec.dispatch(kernel, group, (n_tokens * self.n).div_ceil(64));

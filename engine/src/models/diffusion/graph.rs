@@ -38,6 +38,9 @@ impl Act {
     }
 }
 
+/// From this many rows on, products use the 128-wide tiles.
+const BIG_TILE_ROWS: u32 = 1024;
+
 /// What a product applies after its bias (and, for ReLU, after its residual).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Activation {
@@ -240,8 +243,13 @@ impl<'a, 'w> Builder<'a, 'w> {
         k: u32,
         rows: u32,
     ) -> Result<Option<Arc<StorageBuffer>>, Error> {
+        // Splitting k pays only when the output has too few tiles to fill the GPU; an image's
+        // thousands of pixel rows have plenty, and the partial sums would cost more traffic
+        // than they save.
+        let tiles = rows.div_ceil(64) * n.div_ceil(64);
         let need = MatMul::scratch_bytes(n, k, rows);
-        if need == 0 || self.gpu.check_binding_size("split scratch", need).is_err() {
+        if need == 0 || tiles >= 128 || self.gpu.check_binding_size("split scratch", need).is_err()
+        {
             return Ok(None);
         }
         match &self.split_scratch {
@@ -301,6 +309,7 @@ impl<'a, 'w> Builder<'a, 'w> {
                 split_scratch: scratch.as_deref().map(|s| (s, rows)),
                 conv,
                 relu,
+                big_tiles: rows >= BIG_TILE_ROWS && w.rows >= 128,
             },
         )?;
         self.push(move |rec| mm.encode(rec, rows));
