@@ -64,7 +64,8 @@ struct Conv {
 // 128×128 output tiles, 8×8 outputs per invocation in two 4-row and two 4-column groups 64
 // apart, so neighbouring invocations read neighbouring workgroup-memory words. Twice the
 // arithmetic per staged value of the 64-wide tile: for products with thousands of rows (an
-// image's pixels). No k split.
+// image's pixels). No k split. Written out without private arrays: a dynamically indexed one
+// would live in slow local memory.
 const TILE: u32 = 128u;
 const BK: u32 = 16u;
 
@@ -72,54 +73,106 @@ const BK: u32 = 16u;
 var<workgroup> xs: array<vec4<f32>, 512>;
 var<workgroup> ws: array<vec4<f32>, 512>;
 
+// For a convolution: the top-left input pixel of output row `row`.
+fn corner(row: u32) -> vec2<i32> {
+#if CONV
+    return vec2<i32>(
+        i32((row / cv.out_w) * cv.stride) - i32(cv.pad),
+        i32((row % cv.out_w) * cv.stride) - i32(cv.pad));
+#else
+    return vec2<i32>(0);
+#endif
+}
+
+// Stages X[m0 + mm][col] (zero outside the product; for a convolution, tap `tap` = (ky, kx,
+// channel) from the corner (cy, cx)).
+fn stage_x(m0: u32, mm: u32, col: u32, cy: i32, cx: i32, tap: vec3<u32>) {
+    var v = 0.0;
+#if CONV
+    let iy = cy + i32(tap.x);
+    let ix = cx + i32(tap.y);
+    let inside = iy >= 0 && ix >= 0 && iy < i32(cv.in_h << cv.up) && ix < i32(cv.in_w << cv.up);
+    if (m0 + mm < step.n_tokens && col < p.k && inside) {
+        v = x[((u32(iy) >> cv.up) * cv.in_w + (u32(ix) >> cv.up)) * cv.cin + tap.z];
+    }
+#else
+    if (m0 + mm < step.n_tokens && col < p.k) {
+        v = x[(m0 + mm) * p.k + col];
+    }
+#endif
+    xs[(col % BK) * 32u + mm / 4u][mm % 4u] = v;
+}
+
+// Writes four consecutive outputs of a row through the epilogue.
+fn store4(row: u32, col0: u32, v: vec4<f32>) {
+    if (row >= step.n_tokens) {
+        return;
+    }
+    for (var j = 0u; j < 4u; j++) {
+        let col = col0 + j;
+        if (col < p.n) {
+            y[row * p.n + col] = epilogue(v[j], row, col);
+        }
+    }
+}
+
 @compute @workgroup_size(256)
 fn main(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id) wid: vec3<u32>) {
-    let m_rows = step.n_tokens;
     let m0 = wid.y * TILE;
     let n0 = wid.x * TILE;
     let tx = tid % 16u;
     let ty = tid / 16u;
-    // The k this invocation stages for X, for rows tid/BK + 16·i.
+    // This invocation stages k = kk of rows r + 16·i.
     let kk = tid % BK;
-    var acc: array<vec4<f32>, 16>;
-    for (var i = 0u; i < 16u; i++) {
-        acc[i] = vec4<f32>(0.0);
-    }
-#if CONV
-    var conv_y: array<i32, 8>;
-    var conv_x: array<i32, 8>;
-    for (var i = 0u; i < 8u; i++) {
-        let row = m0 + tid / BK + i * 16u;
-        conv_y[i] = i32((row / cv.out_w) * cv.stride) - i32(cv.pad);
-        conv_x[i] = i32((row % cv.out_w) * cv.stride) - i32(cv.pad);
-    }
-    let in_h = i32(cv.in_h << cv.up);
-    let in_w = i32(cv.in_w << cv.up);
-#endif
+    let r = tid / BK;
+    let cy0 = corner(m0 + r + 0u).x;
+    let cx0 = corner(m0 + r + 0u).y;
+    let cy1 = corner(m0 + r + 16u).x;
+    let cx1 = corner(m0 + r + 16u).y;
+    let cy2 = corner(m0 + r + 32u).x;
+    let cx2 = corner(m0 + r + 32u).y;
+    let cy3 = corner(m0 + r + 48u).x;
+    let cx3 = corner(m0 + r + 48u).y;
+    let cy4 = corner(m0 + r + 64u).x;
+    let cx4 = corner(m0 + r + 64u).y;
+    let cy5 = corner(m0 + r + 80u).x;
+    let cx5 = corner(m0 + r + 80u).y;
+    let cy6 = corner(m0 + r + 96u).x;
+    let cx6 = corner(m0 + r + 96u).y;
+    let cy7 = corner(m0 + r + 112u).x;
+    let cx7 = corner(m0 + r + 112u).y;
+    var c0 = vec4<f32>(0.0);
+    var c1 = vec4<f32>(0.0);
+    var c2 = vec4<f32>(0.0);
+    var c3 = vec4<f32>(0.0);
+    var c4 = vec4<f32>(0.0);
+    var c5 = vec4<f32>(0.0);
+    var c6 = vec4<f32>(0.0);
+    var c7 = vec4<f32>(0.0);
+    var c8 = vec4<f32>(0.0);
+    var c9 = vec4<f32>(0.0);
+    var c10 = vec4<f32>(0.0);
+    var c11 = vec4<f32>(0.0);
+    var c12 = vec4<f32>(0.0);
+    var c13 = vec4<f32>(0.0);
+    var c14 = vec4<f32>(0.0);
+    var c15 = vec4<f32>(0.0);
     for (var k0 = 0u; k0 < p.k; k0 += BK) {
         let col = k0 + kk;
 #if CONV
-        let ci = col % cv.cin;
-        let tap = col / cv.cin;
-        let ky = i32(tap / cv.ksize);
-        let kx = i32(tap % cv.ksize);
-#endif
-        for (var i = 0u; i < 8u; i++) {
-            let mm = tid / BK + i * 16u;
-            var v = 0.0;
-#if CONV
-            let iy = conv_y[i] + ky;
-            let ix = conv_x[i] + kx;
-            if (m0 + mm < m_rows && col < p.k && iy >= 0 && ix >= 0 && iy < in_h && ix < in_w) {
-                v = x[((u32(iy) >> cv.up) * cv.in_w + (u32(ix) >> cv.up)) * cv.cin + ci];
-            }
+        let t = col / cv.cin;
+        let tap = vec3<u32>(t / cv.ksize, t % cv.ksize, col % cv.cin);
 #else
-            if (m0 + mm < m_rows && col < p.k) {
-                v = x[(m0 + mm) * p.k + col];
-            }
+        let tap = vec3<u32>(0u);
 #endif
-            xs[kk * 32u + mm / 4u][mm % 4u] = v;
-        }
+        stage_x(m0, r + 0u, col, cy0, cx0, tap);
+        stage_x(m0, r + 16u, col, cy1, cx1, tap);
+        stage_x(m0, r + 32u, col, cy2, cx2, tap);
+        stage_x(m0, r + 48u, col, cy3, cx3, tap);
+        stage_x(m0, r + 64u, col, cy4, cx4, tap);
+        stage_x(m0, r + 80u, col, cy5, cx5, tap);
+        stage_x(m0, r + 96u, col, cy6, cx6, tap);
+        stage_x(m0, r + 112u, col, cy7, cx7, tap);
 #if F16
         {
             let nn = tid / 2u;
@@ -129,25 +182,36 @@ fn main(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id) wid: v
             if (n0 + nn < p.n && vec_index < p.row_vecs && vec_index * 8u < p.k) {
                 word = w[(n0 + nn) * p.row_vecs + vec_index];
             }
-            let vals = array<vec2<f32>, 4>(
-                unpack2x16float(word.x), unpack2x16float(word.y),
-                unpack2x16float(word.z), unpack2x16float(word.w));
-            for (var j = 0u; j < 8u; j++) {
-                ws[(kv * 8u + j) * 32u + nn / 4u][nn % 4u] = vals[j / 2u][j % 2u];
-            }
+            let base = kv * 8u * 32u + nn / 4u;
+            let lane = nn % 4u;
+            let v0 = unpack2x16float(word.x);
+            let v1 = unpack2x16float(word.y);
+            let v2 = unpack2x16float(word.z);
+            let v3 = unpack2x16float(word.w);
+            ws[base][lane] = v0.x;
+            ws[base + 32u][lane] = v0.y;
+            ws[base + 64u][lane] = v1.x;
+            ws[base + 96u][lane] = v1.y;
+            ws[base + 128u][lane] = v2.x;
+            ws[base + 160u][lane] = v2.y;
+            ws[base + 192u][lane] = v3.x;
+            ws[base + 224u][lane] = v3.y;
         }
 #else
-        for (var r = 0u; r < 2u; r++) {
-            let nn = tid / 4u + r * 64u;
+        for (var half = 0u; half < 2u; half++) {
+            let nn = tid / 4u + half * 64u;
             let kv = tid % 4u;
             let vec_index = k0 / 4u + kv;
             var vals = vec4<f32>(0.0);
             if (n0 + nn < p.n && vec_index < p.row_vecs && vec_index * 4u < p.k) {
                 vals = w[(n0 + nn) * p.row_vecs + vec_index];
             }
-            for (var j = 0u; j < 4u; j++) {
-                ws[(kv * 4u + j) * 32u + nn / 4u][nn % 4u] = vals[j];
-            }
+            let base = kv * 4u * 32u + nn / 4u;
+            let lane = nn % 4u;
+            ws[base][lane] = vals.x;
+            ws[base + 32u][lane] = vals.y;
+            ws[base + 64u][lane] = vals.z;
+            ws[base + 96u][lane] = vals.w;
         }
 #endif
         workgroupBarrier();
@@ -156,42 +220,41 @@ fn main(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id) wid: v
             let a1 = xs[k * 32u + 16u + ty];
             let b0 = ws[k * 32u + tx];
             let b1 = ws[k * 32u + 16u + tx];
-            acc[0] += a0.x * b0;
-            acc[1] += a0.x * b1;
-            acc[2] += a0.y * b0;
-            acc[3] += a0.y * b1;
-            acc[4] += a0.z * b0;
-            acc[5] += a0.z * b1;
-            acc[6] += a0.w * b0;
-            acc[7] += a0.w * b1;
-            acc[8] += a1.x * b0;
-            acc[9] += a1.x * b1;
-            acc[10] += a1.y * b0;
-            acc[11] += a1.y * b1;
-            acc[12] += a1.z * b0;
-            acc[13] += a1.z * b1;
-            acc[14] += a1.w * b0;
-            acc[15] += a1.w * b1;
+            c0 += a0.x * b0;
+            c1 += a0.x * b1;
+            c2 += a0.y * b0;
+            c3 += a0.y * b1;
+            c4 += a0.z * b0;
+            c5 += a0.z * b1;
+            c6 += a0.w * b0;
+            c7 += a0.w * b1;
+            c8 += a1.x * b0;
+            c9 += a1.x * b1;
+            c10 += a1.y * b0;
+            c11 += a1.y * b1;
+            c12 += a1.z * b0;
+            c13 += a1.z * b1;
+            c14 += a1.w * b0;
+            c15 += a1.w * b1;
         }
         workgroupBarrier();
     }
-    for (var g = 0u; g < 2u; g++) {
-        for (var i = 0u; i < 4u; i++) {
-            let row = m0 + g * 64u + ty * 4u + i;
-            if (row >= m_rows) {
-                continue;
-            }
-            for (var h = 0u; h < 2u; h++) {
-                let v = acc[(g * 4u + i) * 2u + h];
-                for (var j = 0u; j < 4u; j++) {
-                    let col = n0 + h * 64u + tx * 4u + j;
-                    if (col < p.n) {
-                        y[row * p.n + col] = epilogue(v[j], row, col);
-                    }
-                }
-            }
-        }
-    }
+    store4(m0 + 0u + ty * 4u + 0u, n0 + 0u + tx * 4u, c0);
+    store4(m0 + 0u + ty * 4u + 0u, n0 + 64u + tx * 4u, c1);
+    store4(m0 + 0u + ty * 4u + 1u, n0 + 0u + tx * 4u, c2);
+    store4(m0 + 0u + ty * 4u + 1u, n0 + 64u + tx * 4u, c3);
+    store4(m0 + 0u + ty * 4u + 2u, n0 + 0u + tx * 4u, c4);
+    store4(m0 + 0u + ty * 4u + 2u, n0 + 64u + tx * 4u, c5);
+    store4(m0 + 0u + ty * 4u + 3u, n0 + 0u + tx * 4u, c6);
+    store4(m0 + 0u + ty * 4u + 3u, n0 + 64u + tx * 4u, c7);
+    store4(m0 + 64u + ty * 4u + 0u, n0 + 0u + tx * 4u, c8);
+    store4(m0 + 64u + ty * 4u + 0u, n0 + 64u + tx * 4u, c9);
+    store4(m0 + 64u + ty * 4u + 1u, n0 + 0u + tx * 4u, c10);
+    store4(m0 + 64u + ty * 4u + 1u, n0 + 64u + tx * 4u, c11);
+    store4(m0 + 64u + ty * 4u + 2u, n0 + 0u + tx * 4u, c12);
+    store4(m0 + 64u + ty * 4u + 2u, n0 + 64u + tx * 4u, c13);
+    store4(m0 + 64u + ty * 4u + 3u, n0 + 0u + tx * 4u, c14);
+    store4(m0 + 64u + ty * 4u + 3u, n0 + 64u + tx * 4u, c15);
 }
 #else
 const TILE: u32 = 64u;

@@ -91,14 +91,29 @@ fn image_json_reproduces_diffusers_and_writes_parameters() {
         out_png.to_str().expect("path"),
         "--json",
     ]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let lines = json_lines(&out);
     let line = lines.last().expect("a JSON line");
-    for key in ["out", "seed", "steps", "width", "height", "ms_per_step", "total_ms"] {
+    for key in [
+        "out",
+        "seed",
+        "steps",
+        "width",
+        "height",
+        "ms_per_step",
+        "total_ms",
+    ] {
         assert!(line.get(key).is_some(), "{key} missing from {line}");
     }
     assert_eq!(line["steps"], 1);
-    assert_eq!((line["width"].as_u64(), line["height"].as_u64()), (Some(64), Some(64)));
+    assert_eq!(
+        (line["width"].as_u64(), line["height"].as_u64()),
+        (Some(64), Some(64))
+    );
     assert_eq!(line["out"].as_str(), out_png.to_str());
     let png = read_png(&out_png).expect("png");
     let params = parse_parameters(png.parameters.as_deref().expect("parameters chunk"));
@@ -135,14 +150,21 @@ fn batches_step_the_seed_and_img2img_runs() {
         out_png.to_str().expect("path"),
         "--json",
     ]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let lines = json_lines(&out);
     assert_eq!(lines.len(), 2, "one line per image");
     assert_eq!(lines[0]["seed"], 5);
     assert_eq!(lines[1]["seed"], 6);
     let second = dir.join("batch-2.png");
     assert_eq!(lines[1]["out"].as_str(), second.to_str());
-    let (a, b) = (read_png(&out_png).expect("a"), read_png(&second).expect("b"));
+    let (a, b) = (
+        read_png(&out_png).expect("a"),
+        read_png(&second).expect("b"),
+    );
     assert_ne!(a.rgb, b.rgb, "seeds 5 and 6 give different images");
 
     let edited = dir.join("edited.png");
@@ -161,11 +183,17 @@ fn batches_step_the_seed_and_img2img_runs() {
         "--out",
         edited.to_str().expect("path"),
     ]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let e = read_png(&edited).expect("edited");
     assert_eq!((e.width, e.height), (64, 64));
     assert!(
-        e.parameters.expect("parameters").contains("Denoising strength: 0.5"),
+        e.parameters
+            .expect("parameters")
+            .contains("Denoising strength: 0.5"),
         "img2img records its strength"
     );
 }
@@ -174,7 +202,10 @@ fn batches_step_the_seed_and_img2img_runs() {
 fn bad_image_input_exits_nonzero_with_a_reason() {
     let dir = tempdir("bad");
     let cases: Vec<(Vec<String>, &str)> = vec![
-        (vec!["--model".into(), "/nonexistent/sd".into()], "does not exist"),
+        (
+            vec!["--model".into(), "/nonexistent/sd".into()],
+            "does not exist",
+        ),
         (
             vec!["--model".into(), model(), "--strength".into(), "1.5".into()],
             "--strength",
@@ -184,7 +215,12 @@ fn bad_image_input_exits_nonzero_with_a_reason() {
             "multiples of 64",
         ),
         (
-            vec!["--model".into(), model(), "--scheduler".into(), "ddim".into()],
+            vec![
+                "--model".into(),
+                model(),
+                "--scheduler".into(),
+                "ddim".into(),
+            ],
             "ddim",
         ),
         (
@@ -192,7 +228,9 @@ fn bad_image_input_exits_nonzero_with_a_reason() {
                 "--model".into(),
                 model(),
                 "--init-latents".into(),
-                dir.join("missing.safetensors").to_string_lossy().into_owned(),
+                dir.join("missing.safetensors")
+                    .to_string_lossy()
+                    .into_owned(),
             ],
             "missing.safetensors",
         ),
@@ -223,10 +261,22 @@ fn bench_image_reports_each_part() {
         "2",
         "--json",
     ]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let lines = json_lines(&out);
     let line = lines.last().expect("a JSON line");
-    for key in ["text_encoder_ms", "unet_step_ms", "vae_decode_ms", "image_1step_ms"] {
-        assert!(line[key].as_f64().is_some_and(|v| v > 0.0), "{key} in {line}");
+    for key in [
+        "text_encoder_ms",
+        "unet_step_ms",
+        "vae_decode_ms",
+        "image_1step_ms",
+    ] {
+        assert!(
+            line[key].as_f64().is_some_and(|v| v > 0.0),
+            "{key} in {line}"
+        );
     }
 }

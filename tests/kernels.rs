@@ -302,6 +302,7 @@ fn matmul_matches_cpu() {
                         gelu,
                         residual,
                         split_scratch: Some((&scratch, m as u32)),
+                        ..Default::default()
                     },
                 )
                 .expect("matmul");
@@ -322,6 +323,7 @@ fn matmul_matches_cpu() {
                         match gelu {
                             Some(Gelu::Tanh) => r = gelu_tanh(r),
                             Some(Gelu::Erf) => r = gelu_erf(r),
+                            Some(Gelu::Quick) => r /= 1.0 + (-1.702 * r).exp(),
                             None => {}
                         }
                         if residual {

@@ -281,9 +281,12 @@ def make_vae(scaling_factor):
 def make_unet(kind):
     # SD 1.x reads attention_head_dim as 8 heads: 32 channels keep each head 4 wide, the smallest a
     # real model's heads could be (they are 40 to 160).
+    # A single-file checkpoint does not say its GroupNorm group count; the converter assumes SD's 32
+    # wherever the channels allow, so the SD 1.x model (the one converted) uses 32 groups.
     channels = (32, 32) if kind == "sd1" else (16, 32)
+    groups = 32 if kind == "sd1" else 8
     common = dict(sample_size=HEIGHT // 8, in_channels=4, out_channels=4, block_out_channels=channels,
-                  layers_per_block=1, norm_num_groups=8)
+                  layers_per_block=1, norm_num_groups=groups)
     if kind == "sd1":
         unet = UNet2DConditionModel(
             **common, down_block_types=("CrossAttnDownBlock2D", "DownBlock2D"),

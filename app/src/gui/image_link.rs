@@ -152,10 +152,10 @@ impl Shared {
     /// Starts loading the image model at `path`; a generation running is stopped.
     pub fn load_image_model(&mut self, path: &Path) {
         self.image_error = None;
-        let Some(image) = &self.image else {
+        if self.image.is_none() {
             self.image_error = self.engine_error.clone();
             return;
-        };
+        }
         if !path.exists() {
             self.image_error = Some(format!("{} does not exist", path.display()));
             return;
@@ -167,10 +167,27 @@ impl Shared {
             ));
             return;
         }
+        // Full-size previews when the matching TAESD decoder is installed.
+        let taesd = if path.join("text_encoder_2").is_dir() {
+            "madebyollin/taesdxl"
+        } else {
+            "madebyollin/taesd"
+        };
+        let preview_decoder = self.downloads.as_mut().and_then(|d| {
+            d.installed()
+                .iter()
+                .find(|m| m.repo == taesd)
+                .map(|m| m.model_path())
+        });
+        let options = ImageModelOptions {
+            preview_decoder,
+            ..Default::default()
+        };
+        let Some(image) = &self.image else {
+            return;
+        };
         image.cancel_all();
-        image
-            .handle
-            .load(path.to_owned(), ImageModelOptions::default());
+        image.handle.load(path.to_owned(), options);
         self.image_model = ImageModelState::Loading(path.to_owned());
     }
 

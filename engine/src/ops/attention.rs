@@ -234,14 +234,9 @@ pub struct FullAttention {
 }
 
 /// Queries per workgroup of the tiled kernel, and keys per staged tile, for a head size:
-/// what fits 32 KiB of workgroup memory (the smallest that Vulkan drivers here offer). More
-/// queries per block means fewer barriers per key and each key tile read by fewer blocks.
+/// what fits 32 KiB of workgroup memory (the smallest that Vulkan drivers here offer).
 fn tiles_for(head_dim: u32) -> (u32, u32) {
-    match head_dim {
-        0..=64 => (64, 32),
-        65..=160 => (32, 16),
-        _ => (16, 16),
-    }
+    if head_dim <= 64 { (32, 32) } else { (16, 16) }
 }
 
 /// From this many queries on, the tiled kernel is used.

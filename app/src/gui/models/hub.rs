@@ -94,8 +94,12 @@ fn apply(
     };
     match action {
         Action::Load(path) => {
+            let before = shared.store.state.panel;
             shared.load_model(&path);
-            shared.go_to(Panel::Chat);
+            // Speech and image models take the user to their own panel; others to Chat.
+            if shared.store.state.panel == before {
+                shared.go_to(Panel::Chat);
+            }
         }
         Action::Delete(repo) => {
             if let Err(e) = downloads.remove(&repo) {

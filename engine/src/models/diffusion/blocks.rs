@@ -80,6 +80,17 @@ pub fn resnet(
     Ok(y)
 }
 
+/// The settings of one `Transformer2DModel`.
+#[derive(Clone, Copy, Debug)]
+pub struct TransformerShape {
+    pub heads: u32,
+    /// Transformer blocks.
+    pub depth: u32,
+    /// Linear (SD 2.x, SDXL) rather than 1×1-convolution input and output projections.
+    pub linear_projection: bool,
+    pub groups: u32,
+}
+
 /// diffusers' `Transformer2DModel` over `x` (consumed): GroupNorm, input projection,
 /// `depth` blocks of self-attention, cross-attention over `context` and GEGLU feed-forward,
 /// output projection plus the input.
@@ -87,12 +98,15 @@ pub fn spatial_transformer(
     b: &mut Builder<'_, '_>,
     x: Act,
     name: &str,
-    heads: u32,
-    depth: u32,
     context: &Act,
-    linear_projection: bool,
-    groups: u32,
+    shape: TransformerShape,
 ) -> Result<Act, Error> {
+    let TransformerShape {
+        heads,
+        depth,
+        linear_projection,
+        groups,
+    } = shape;
     let channels = x.channels;
     let n = b.group_norm(&x, &format!("{name}.norm"), groups, 1e-6, false)?;
     let proj_in = format!("{name}.proj_in");

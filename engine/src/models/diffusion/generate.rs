@@ -121,10 +121,6 @@ const SDXL_PREVIEW: ([[f32; 3]; 4], [f32; 3]) = (
     [0.1084, -0.0175, -0.0011],
 );
 
-fn upload(gpu: &Gpu, label: &str, data: &[f32]) -> Result<Arc<StorageBuffer>, Error> {
-    Ok(Arc::new(gpu.storage_from(label, data)?))
-}
-
 fn zeros(gpu: &Gpu, label: &str, floats: u32) -> Result<Arc<StorageBuffer>, Error> {
     Ok(Arc::new(gpu.storage(label, u64::from(floats.max(1)) * 4)?))
 }
@@ -150,7 +146,11 @@ impl Parts {
         }
         *slot = None;
         let f = self.downscale();
-        if width == 0 || height == 0 || width % (8 * f) != 0 || height % (8 * f) != 0 {
+        if width == 0
+            || height == 0
+            || !width.is_multiple_of(8 * f)
+            || !height.is_multiple_of(8 * f)
+        {
             return Err(Error::Invalid(format!(
                 "{width}×{height}: width and height must be positive multiples of {}",
                 8 * f

@@ -29,17 +29,17 @@ impl Act {
         self.h * self.w
     }
 
-    pub fn len(&self) -> u32 {
+    /// Values in the activation.
+    pub fn values(&self) -> u32 {
         self.pixels() * self.channels
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
     }
 }
 
-/// From this many rows on, products use the 128-wide tiles.
-const BIG_TILE_ROWS: u32 = 1024;
+/// Products with at least this many 128×128 output tiles use them (a few per compute unit of a
+/// large GPU); others use 64-wide tiles.
+const BIG_TILES_FROM: u32 = 512;
+/// Products with fewer 64×64 output tiles than this split k to fill the GPU.
+const SPLIT_BELOW_TILES: u32 = 512;
 
 /// What a product applies after its bias (and, for ReLU, after its residual).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -248,7 +248,9 @@ impl<'a, 'w> Builder<'a, 'w> {
         // than they save.
         let tiles = rows.div_ceil(64) * n.div_ceil(64);
         let need = MatMul::scratch_bytes(n, k, rows);
-        if need == 0 || tiles >= 128 || self.gpu.check_binding_size("split scratch", need).is_err()
+        if need == 0
+            || tiles >= SPLIT_BELOW_TILES
+            || self.gpu.check_binding_size("split scratch", need).is_err()
         {
             return Ok(None);
         }
@@ -309,7 +311,7 @@ impl<'a, 'w> Builder<'a, 'w> {
                 split_scratch: scratch.as_deref().map(|s| (s, rows)),
                 conv,
                 relu,
-                big_tiles: rows >= BIG_TILE_ROWS && w.rows >= 128,
+                big_tiles: rows.div_ceil(128) * w.rows.div_ceil(128) >= BIG_TILES_FROM,
             },
         )?;
         self.push(move |rec| mm.encode(rec, rows));
@@ -623,7 +625,7 @@ impl<'a, 'w> Builder<'a, 'w> {
 
     pub fn silu(&mut self, x: &Act) -> Result<Act, Error> {
         let y = self.alloc(x.h, x.w, x.channels)?;
-        let pass = silu(self.gpu, x.len(), &x.buf, &y.buf)?;
+        let pass = silu(self.gpu, x.values(), &x.buf, &y.buf)?;
         self.push(move |rec| pass.encode(rec));
         Ok(y)
     }
@@ -645,7 +647,7 @@ impl<'a, 'w> Builder<'a, 'w> {
     /// `x·scale + offset`.
     pub fn affine(&mut self, x: &Act, scale: f32, offset: f32) -> Result<Act, Error> {
         let y = self.alloc(x.h, x.w, x.channels)?;
-        let pass = affine(self.gpu, x.len(), scale, offset, &x.buf, &y.buf)?;
+        let pass = affine(self.gpu, x.values(), scale, offset, &x.buf, &y.buf)?;
         self.push(move |rec| pass.encode(rec));
         Ok(y)
     }
@@ -653,7 +655,7 @@ impl<'a, 'w> Builder<'a, 'w> {
     /// `tanh(x / scale) · scale`.
     pub fn tanh_clamp(&mut self, x: &Act, scale: f32) -> Result<Act, Error> {
         let y = self.alloc(x.h, x.w, x.channels)?;
-        let pass = tanh_clamp(self.gpu, x.len(), scale, &x.buf, &y.buf)?;
+        let pass = tanh_clamp(self.gpu, x.values(), scale, &x.buf, &y.buf)?;
         self.push(move |rec| pass.encode(rec));
         Ok(y)
     }
@@ -670,7 +672,7 @@ impl<'a, 'w> Builder<'a, 'w> {
     pub fn copy(&mut self, x: &Act) -> Result<Act, Error> {
         let y = self.alloc(x.h, x.w, x.channels)?;
         let (src, dst) = (x.buf.clone(), y.buf.clone());
-        let bytes = u64::from(x.len()) * 4;
+        let bytes = u64::from(x.values()) * 4;
         self.push(move |rec| rec.copy(&src.buffer, 0, &dst.buffer, 0, bytes));
         Ok(y)
     }

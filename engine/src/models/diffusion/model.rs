@@ -50,6 +50,9 @@ pub struct ImageModelInfo {
     pub defaults: ImageDefaults,
     /// Image sides must be multiples of this.
     pub size_step: u32,
+    /// How previews are drawn: "taesd", or "linear" (with the reason when a TAESD decoder was
+    /// offered but could not be used).
+    pub preview: String,
 }
 
 pub struct DiffusionModel {
@@ -64,18 +67,21 @@ impl DiffusionModel {
     pub fn load(gpu: &Gpu, path: &Path, options: &ImageModelOptions) -> Result<Self, Error> {
         let mut parts = Parts::open(path, options.dtype, options.random_weights)?;
         check_fit(gpu, &parts)?;
-        if let Some(dir) = &options.preview_decoder {
-            let taesd = Taesd::open(dir)?;
-            if taesd.config.upscale() != parts.downscale()
-                || taesd.config.latent_channels != parts.unet.config.in_channels
-            {
-                return Err(Error::Invalid(format!(
-                    "{}: this preview decoder does not fit the model's latents",
-                    dir.display()
-                )));
-            }
-            parts.taesd = Some(taesd);
-        }
+        // A preview decoder that cannot be used leaves the linear previews: it is an extra.
+        let preview = match &options.preview_decoder {
+            Some(dir) => match Taesd::open(dir) {
+                Ok(taesd)
+                    if taesd.config.upscale() == parts.downscale()
+                        && taesd.config.latent_channels == parts.unet.config.in_channels =>
+                {
+                    parts.taesd = Some(taesd);
+                    "taesd".to_owned()
+                }
+                Ok(_) => format!("linear ({} does not fit this model)", dir.display()),
+                Err(e) => format!("linear ({e})"),
+            },
+            None => "linear".to_owned(),
+        };
         let defaults = defaults(&parts);
         let size_step = 8 * parts.downscale();
         // Planning the smallest image loads every weight now, so a missing or malformed
@@ -98,6 +104,7 @@ impl DiffusionModel {
                 + parts.text_2.as_ref().map_or(0, |t| t.net.weights.bytes),
             defaults,
             size_step,
+            preview,
         };
         Ok(Self {
             gpu: gpu.clone(),
@@ -118,7 +125,9 @@ impl DiffusionModel {
         preview: bool,
         on_step: impl FnMut(StepInfo) -> bool,
     ) -> Result<Option<Generated>, Error> {
-        if params.width % self.info.size_step != 0 || params.height % self.info.size_step != 0 {
+        if !params.width.is_multiple_of(self.info.size_step)
+            || !params.height.is_multiple_of(self.info.size_step)
+        {
             return Err(Error::Invalid(format!(
                 "{}×{}: width and height must be multiples of {}",
                 params.width, params.height, self.info.size_step
@@ -220,11 +229,21 @@ fn gib(bytes: u64) -> String {
     format!("{:.2} GiB", bytes as f64 / (1u64 << 30) as f64)
 }
 
-/// Refuses weights the adapter cannot hold: a tensor beyond its largest binding, or (on
-/// adapters that share system memory) more than the memory there is.
+/// Refuses weights the adapter cannot hold, before loading: a tensor beyond its largest
+/// binding, or (on adapters that share system memory) more than the memory there is.
+/// Discrete GPUs do not report their memory through wgpu; running out there is an allocation
+/// error while loading.
 fn check_fit(gpu: &Gpu, parts: &Parts) -> Result<(), Error> {
     let caps = gpu.caps();
-    let needed = parts.weight_bytes();
+    let (needed, largest) = parts.weight_bytes();
+    let adapter = &gpu.info().name;
+    if largest > caps.max_storage_binding {
+        return Err(Error::Invalid(format!(
+            "the model's largest tensor takes {}, but {adapter} binds at most {} per buffer",
+            gib(largest),
+            gib(caps.max_storage_binding)
+        )));
+    }
     let shared = matches!(
         gpu.info().device_type,
         wgpu::DeviceType::Cpu | wgpu::DeviceType::IntegratedGpu
@@ -234,17 +253,9 @@ fn check_fit(gpu: &Gpu, parts: &Parts) -> Result<(), Error> {
         && needed > memory / 10 * 9
     {
         return Err(Error::Invalid(format!(
-            "the model needs {} for its weights, but {} has {} of memory",
+            "the model needs {} for its weights, but {adapter} has {} of memory",
             gib(needed),
-            gpu.info().name,
             gib(memory)
-        )));
-    }
-    if needed > caps.max_buffer.saturating_mul(64) {
-        return Err(Error::Invalid(format!(
-            "the model needs {} for its weights, beyond what {} can hold",
-            gib(needed),
-            gpu.info().name
         )));
     }
     Ok(())

@@ -274,21 +274,23 @@ impl Parts {
         })
     }
 
-    /// Bytes the weights take on the GPU, from the files' tensor sizes.
-    pub fn weight_bytes(&self) -> u64 {
+    /// Bytes the weights take on the GPU, and the largest tensor's, from the files' tensor
+    /// sizes.
+    pub fn weight_bytes(&self) -> (u64, u64) {
         let per = self.dtype.bytes();
-        let count = |st: &Option<SafeTensors>| -> u64 {
-            st.as_ref().map_or(0, |st| {
-                st.names()
-                    .filter_map(|n| st.get(n).ok())
-                    .map(|v| v.len() as u64 * per)
-                    .sum()
-            })
-        };
-        count(&self.unet.files)
-            + count(&self.vae.files)
-            + count(&self.text.net.files)
-            + self.text_2.as_ref().map_or(0, |t| count(&t.net.files))
+        let files = [
+            &self.unet.files,
+            &self.vae.files,
+            &self.text.net.files,
+            self.text_2.as_ref().map_or(&None, |t| &t.net.files),
+        ];
+        let sizes = files.into_iter().flatten().flat_map(|st| {
+            st.names()
+                .filter_map(|n| st.get(n).ok())
+                .map(|v| v.len() as u64 * per)
+                .collect::<Vec<_>>()
+        });
+        sizes.fold((0, 0), |(total, largest), b| (total + b, largest.max(b)))
     }
 
     /// The VAE's image-to-latent factor (8 for every Stable Diffusion).

@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 
-use super::blocks::{Norms, embedding_mlp, resnet, spatial_transformer};
+use super::blocks::{Norms, TransformerShape, embedding_mlp, resnet, spatial_transformer};
 use super::config::UnetConfig;
 use super::graph::{Act, Builder, Plan};
 use crate::Error;
@@ -37,7 +37,7 @@ pub fn build_unet(
     (h, w): (u32, u32),
 ) -> Result<UnetPlan, Error> {
     let n = cfg.levels.len();
-    if h % (1 << (n - 1)) != 0 || w % (1 << (n - 1)) != 0 {
+    if !h.is_multiple_of(1 << (n - 1)) || !w.is_multiple_of(1 << (n - 1)) {
         return Err(Error::Invalid(format!(
             "a {w}×{h} latent does not halve {} times",
             n - 1
@@ -158,14 +158,11 @@ fn transformer(
     context: &Act,
     cfg: &UnetConfig,
 ) -> Result<Act, Error> {
-    spatial_transformer(
-        b,
-        x,
-        name,
+    let shape = TransformerShape {
         heads,
         depth,
-        context,
-        cfg.linear_projection,
-        cfg.norm_groups,
-    )
+        linear_projection: cfg.linear_projection,
+        groups: cfg.norm_groups,
+    };
+    spatial_transformer(b, x, name, context, shape)
 }
