@@ -34,7 +34,7 @@ fn write_latents(path: &Path, shape: &[usize], values: &[f32]) {
         "latents": {"dtype": "F32", "shape": shape, "data_offsets": [0, bytes.len()]}
     })
     .to_string();
-    while header.len() % 8 != 0 {
+    while !header.len().is_multiple_of(8) {
         header.push(' ');
     }
     let mut file = (header.len() as u64).to_le_bytes().to_vec();

@@ -100,6 +100,9 @@ pub struct SizedPlans {
 
 const CONTEXT_TOKENS: u32 = 77;
 
+/// Dispatches a profile times (two timestamps each, 4096 per query set).
+const MAX_PROFILED_DISPATCHES: u32 = 2048;
+
 /// Approximate latent → RGB maps for previews without a decoder (least-squares fits of the
 /// SD and SDXL VAEs' outputs on their latents, widely used for sampler previews).
 const SD_PREVIEW: ([[f32; 3]; 4], [f32; 3]) = (
@@ -729,7 +732,10 @@ impl Parts {
             ("unet", &plans.unet.plan),
             ("vae decode", &plans.decoder.plan),
         ] {
-            let mut profiler = crate::gpu::Profiler::new(gpu, plan.len() as u32 * 4 + 16);
+            // Query sets hold at most 4096 timestamps: a larger network's later dispatches go
+            // untimed.
+            let dispatches = (plan.len() as u32 * 4 + 16).min(MAX_PROFILED_DISPATCHES);
+            let mut profiler = crate::gpu::Profiler::new(gpu, dispatches);
             let mut rec = Recorder::with_profiler(gpu, Some(&mut profiler));
             plan.encode(&mut rec);
             rec.submit();
