@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 
 use backpack_engine::load::SafeTensors;
 use backpack_engine::models::diffusion::{
-    DiffusionModel, ImageModelOptions, ImageParams, SchedulerKind,
+    DiffusionModel, ImageModelOptions, ImageParams, SchedulerKind, nchw_to_nhwc,
 };
 use backpack_engine::ops::WeightDType;
 use common::{assert_close, gpu};
@@ -187,6 +187,51 @@ fn check_images(pipeline: &str) {
         let p = psnr(&pixels(&image.rgb), &golden(&st, name));
         assert!(p >= 35.0, "{pipeline} {name}: PSNR {p:.1} dB");
     }
+}
+
+/// Image-to-image from the encoder's mean latent, noised with the golden's draw.
+fn check_img2img(pipeline: &str) {
+    let meta = meta();
+    let case = &meta["pipelines"][pipeline]["img2img"];
+    let st = goldens(pipeline);
+    let mut m = model(pipeline);
+    let strength = case["strength"].as_f64().expect("strength") as f32;
+    let params = ImageParams {
+        prompt: case["prompt"].as_str().expect("prompt").to_owned(),
+        negative: String::new(),
+        steps: case["num_inference_steps"].as_u64().expect("steps") as u32,
+        guidance: 0.0,
+        seed: 0,
+        width: 64,
+        height: 64,
+        scheduler: SchedulerKind::Euler,
+        init_image: Some((nchw_to_nhwc(&golden(&st, "img2img.init"), 3), strength)),
+        init_latents: Some(golden(&st, "img2img.noise")),
+    };
+    let mut steps = 0;
+    let image = m
+        .generate(&params, false, |_| {
+            steps += 1;
+            true
+        })
+        .expect("generate")
+        .expect("image");
+    assert_eq!(
+        steps,
+        case["timesteps_run"].as_array().expect("run").len() as u32
+    );
+    let p = psnr(&pixels(&image.rgb), &golden(&st, "img2img.image_mean"));
+    assert!(p >= 35.0, "{pipeline} image-to-image: PSNR {p:.1} dB");
+}
+
+#[test]
+fn sd1_img2img_matches_diffusers() {
+    check_img2img("tiny-sd");
+}
+
+#[test]
+fn sdxl_img2img_matches_diffusers() {
+    check_img2img("tiny-sdxl");
 }
 
 #[test]

@@ -625,6 +625,11 @@ def img2img_goldens(pipe, g, init01, xl):
     g.put("img2img.noised_latents", captured["noised"], "add_noise result: init_latents + noise * sigmas[t_start] "
           "(Euler); the first UNet input before scale_model_input")
     g.put("img2img.image", torch.from_numpy(np.ascontiguousarray(img)), "img2img output, output_type np (NHWC, 0..1)")
+    # The same run with a zero posterior draw starts from the encoder's mean latent (diffusers'
+    # sample_mode "argmax"), which is what Backpack's image-to-image uses.
+    img_mean, _ = run(replay=[torch.zeros_like(calls[0]), calls[1]])
+    g.put("img2img.image_mean", torch.from_numpy(np.ascontiguousarray(img_mean)), "img2img output when the "
+          "posterior draw is zero: the latent distribution's mean, then img2img.noise")
     n_run = int(min(int(steps * strength), steps))
     t_start = max(steps - n_run, 0)
     return {
