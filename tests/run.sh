@@ -11,4 +11,7 @@ backpack_setup --tests
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets --locked -- -D warnings
 cargo test --workspace --locked "$@"
+# The kernels again with naga's runtime bounds checks on (they run trusted above).
+BACKPACK_SHADER_CHECKS=1 cargo test --locked -p backpack-engine \
+  --test kernels --test kernels_speech --test kernels_diffusion "$@"
 tests/package.sh

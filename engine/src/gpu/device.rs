@@ -41,6 +41,9 @@ pub struct GpuCaps {
     pub max_workgroup_storage: u32,
     pub max_workgroup_invocations: u32,
     pub max_workgroup_size_x: u32,
+    /// Kernels keep naga's runtime bounds checks (`BACKPACK_SHADER_CHECKS=1`, for debugging and
+    /// for running the parity tests both ways); otherwise they are compiled trusted.
+    pub runtime_checks: bool,
 }
 
 pub(crate) struct GpuInner {
@@ -110,6 +113,7 @@ impl Gpu {
             max_workgroup_storage: limits.max_compute_workgroup_storage_size,
             max_workgroup_invocations: limits.max_compute_invocations_per_workgroup,
             max_workgroup_size_x: limits.max_compute_workgroup_size_x,
+            runtime_checks: std::env::var_os("BACKPACK_SHADER_CHECKS").is_some_and(|v| v != "0"),
         };
         Self {
             inner: Arc::new(GpuInner {

@@ -79,10 +79,15 @@ impl Gpu {
         .into();
         let device = &self.inner.device;
         let scope = device.push_error_scope(wgpu::ErrorFilter::Validation);
-        let module = device.create_shader_module(wgpu::ShaderModuleDescriptor {
+        let descriptor = wgpu::ShaderModuleDescriptor {
             label: Some(&label),
             source: wgpu::ShaderSource::Wgsl(text.into()),
-        });
+        };
+        let module = if self.inner.caps.runtime_checks {
+            device.create_shader_module(descriptor)
+        } else {
+            trusted_module(device, descriptor)
+        };
         let pipeline = device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
             label: Some(&label),
             layout: None,
@@ -104,6 +109,23 @@ impl Gpu {
             layout,
             label,
         })
+    }
+}
+
+/// A shader module without naga's runtime bounds checks, which cost up to a quarter of a
+/// kernel's time (a clamp on every storage and workgroup access). This is the engine's one
+/// exception to `unsafe_code = "deny"`.
+#[allow(unsafe_code)]
+fn trusted_module(
+    device: &wgpu::Device,
+    descriptor: wgpu::ShaderModuleDescriptor<'_>,
+) -> wgpu::ShaderModule {
+    // SAFETY: the kernels are our own WGSL. Every index they compute comes from shapes the
+    // host validated against the buffers it binds (weights against their tensors, activations
+    // sized by their producers), each global access is guarded by those shapes, and every
+    // kernel has a parity test on awkward sizes that CI runs with the checks on and off.
+    unsafe {
+        device.create_shader_module_trusted(descriptor, wgpu::ShaderRuntimeChecks::unchecked())
     }
 }
 
