@@ -249,6 +249,21 @@ fn sdxl_stages_match_diffusers() {
     check_stages("tiny-sdxl");
 }
 
+/// A 512×512 image's latent: the first level's 4096-token self-attention runs head by head
+/// through matrix products.
+#[test]
+fn unet_on_a_512_latent_matches_diffusers() {
+    let meta = meta();
+    let st = goldens("tiny-sd-turbo");
+    let mut m = model("tiny-sd-turbo");
+    let prompt = meta["prompt"].as_str().expect("prompt");
+    let (ctx, _) = m.text_conditioning(prompt, (512, 512)).expect("text");
+    let out = m
+        .unet_once(&golden(&st, "unet.latents_64"), (64, 64), 999.0, &ctx, None)
+        .expect("unet");
+    close("unet at 64×64", &out, &golden(&st, "unet.out_64.999"), 5e-4);
+}
+
 #[test]
 fn sd1_images_match_diffusers() {
     check_images("tiny-sd");

@@ -524,6 +524,13 @@ def pipeline_goldens(name, pipe, default_sched_config):
         temb = unet.time_embedding(unet.time_proj(tt).to(torch.float32))
         g.put(f"unet.temb.{t}", temb, "time_embedding(time_proj(t)): sinusoidal (flip_sin_to_cos, shift 0) "
               "then linear-silu-linear")
+    if name == "tiny-sd-turbo":
+        # A 512x512 image's latent: 4096 tokens in the first level's attention, where the
+        # engine computes attention head by head through matrix products.
+        big = randn(SEED_UNET_LATENTS + 1, 1, 4, 64, 64)
+        g.put("unet.latents_64", big, "a 64x64 UNet input (a 512x512 image's latent)")
+        g.put("unet.out_64.999", unet(big, torch.tensor([999.0]), encoder_hidden_states=pe).sample,
+              "unet(unet.latents_64, 999, text.prompt_embeds).sample")
     if xl:
         tid = unet.add_time_proj(time_ids.flatten()).reshape(1, -1)
         aug = unet.add_embedding(torch.cat([pooled, tid], dim=-1))

@@ -15,6 +15,8 @@ struct Params {
     cols: u32,
     extra: u32,
     scale: f32,
+    offset: u32,
+    _pad: [u32; 3],
 }
 
 fn spec(entry: &'static str) -> KernelSpec<'static> {
@@ -33,6 +35,8 @@ pub fn silu(gpu: &Gpu, n: u32, x: &StorageBuffer, y: &StorageBuffer) -> Result<P
         cols: n,
         extra: 0,
         scale: 1.0,
+        offset: 0,
+        _pad: [0; 3],
     };
     Pass::new(
         gpu,
@@ -57,6 +61,8 @@ pub fn concat(
         cols,
         extra: a_cols,
         scale: 1.0,
+        offset: 0,
+        _pad: [0; 3],
     };
     Pass::new(
         gpu,
@@ -81,6 +87,8 @@ pub fn transpose(
         cols,
         extra: out_stride,
         scale: 1.0,
+        offset: 0,
+        _pad: [0; 3],
     };
     Pass::new(
         gpu,
@@ -104,6 +112,8 @@ pub fn softmax_rows(
         cols,
         extra: 0,
         scale,
+        offset: 0,
+        _pad: [0; 3],
     };
     let [x, yy] = crate::gpu::fold_grid(rows);
     Pass::new(gpu, spec("softmax"), &params, &[(3, y)], [x, yy, 1])
@@ -123,6 +133,8 @@ pub fn affine(
         cols: n,
         extra: offset.to_bits(),
         scale,
+        offset: 0,
+        _pad: [0; 3],
     };
     Pass::new(
         gpu,
@@ -133,11 +145,11 @@ pub fn affine(
     )
 }
 
-/// The first `cols` channels of each of `rows` rows of `x` (rows of `x_cols`).
+/// Channels `offset..offset + cols` of each of `rows` rows of `x` (rows of `x_cols`).
 pub fn slice_channels(
     gpu: &Gpu,
     rows: u32,
-    cols: u32,
+    (offset, cols): (u32, u32),
     x_cols: u32,
     x: &StorageBuffer,
     y: &StorageBuffer,
@@ -147,10 +159,39 @@ pub fn slice_channels(
         cols,
         extra: x_cols,
         scale: 1.0,
+        offset,
+        _pad: [0; 3],
     };
     Pass::new(
         gpu,
         spec("slice"),
+        &params,
+        &[(1, x), (3, y)],
+        Pass::grid_of_64(rows * cols),
+    )
+}
+
+/// Writes `x` (`rows` of `cols`) into channels `offset..offset + cols` of `y`'s rows of
+/// `y_cols`.
+pub fn place_channels(
+    gpu: &Gpu,
+    rows: u32,
+    cols: u32,
+    (offset, y_cols): (u32, u32),
+    x: &StorageBuffer,
+    y: &StorageBuffer,
+) -> Result<Pass, GpuError> {
+    let params = Params {
+        rows,
+        cols,
+        extra: y_cols,
+        scale: 1.0,
+        offset,
+        _pad: [0; 3],
+    };
+    Pass::new(
+        gpu,
+        spec("place"),
         &params,
         &[(1, x), (3, y)],
         Pass::grid_of_64(rows * cols),
@@ -170,6 +211,8 @@ pub fn tanh_clamp(
         cols: n,
         extra: 0,
         scale,
+        offset: 0,
+        _pad: [0; 3],
     };
     Pass::new(
         gpu,

@@ -12,8 +12,8 @@ use crate::gpu::{Gpu, Recorder, StorageBuffer, UniformBuffer};
 use crate::models::weights::{Part, Uploader};
 use crate::ops::{
     Conv2dShape, Embed, FullAttention, FullLayout, Gelu, Glu, GroupNorm, GroupNormShape, MatMul,
-    MatMulOptions, Matrix, Norm, NormKind, StepParams, affine, concat, silu, slice_channels,
-    softmax_rows, tanh_clamp, transpose,
+    MatMulOptions, Matrix, Norm, NormKind, StepParams, affine, concat, place_channels, silu,
+    slice_channels, softmax_rows, tanh_clamp, transpose,
 };
 
 /// A channel-last activation `[h·w][channels]` (a token sequence is `h = 1`).
@@ -660,12 +660,33 @@ impl<'a, 'w> Builder<'a, 'w> {
         Ok(y)
     }
 
-    /// The first `channels` channels of `x`.
-    pub fn slice_channels(&mut self, x: &Act, channels: u32) -> Result<Act, Error> {
+    /// Channels `offset..offset + channels` of `x`.
+    pub fn slice_channels(&mut self, x: &Act, offset: u32, channels: u32) -> Result<Act, Error> {
         let y = self.alloc(x.h, x.w, channels)?;
-        let pass = slice_channels(self.gpu, x.pixels(), channels, x.channels, &x.buf, &y.buf)?;
+        let pass = slice_channels(
+            self.gpu,
+            x.pixels(),
+            (offset, channels),
+            x.channels,
+            &x.buf,
+            &y.buf,
+        )?;
         self.push(move |rec| pass.encode(rec));
         Ok(y)
+    }
+
+    /// Writes `x` into channels `offset..` of `y`.
+    pub fn place_channels(&mut self, x: &Act, y: &Act, offset: u32) -> Result<(), Error> {
+        let pass = place_channels(
+            self.gpu,
+            x.pixels(),
+            x.channels,
+            (offset, y.channels),
+            &x.buf,
+            &y.buf,
+        )?;
+        self.push(move |rec| pass.encode(rec));
+        Ok(())
     }
 
     /// A copy of `x` (a residual to accumulate into).

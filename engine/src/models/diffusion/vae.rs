@@ -192,7 +192,7 @@ pub fn build_encoder(
     } else {
         moments
     };
-    let mean = b.slice_channels(&moments, cfg.latent_channels)?;
+    let mean = b.slice_channels(&moments, 0, cfg.latent_channels)?;
     b.release(moments);
     let out = b.affine(
         &mean,
