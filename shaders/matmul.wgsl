@@ -69,9 +69,12 @@ struct Conv {
 const TILE: u32 = 128u;
 const BK: u32 = 16u;
 
-// [k][m/4] and [k][n/4].
-var<workgroup> xs: array<vec4<f32>, 512>;
-var<workgroup> ws: array<vec4<f32>, 512>;
+// [k][m/4] and [k][n/4], rows padded by one vec4: the invocations staging one row's 16 k
+// values write 33 words apart, which spreads them over the memory banks (32 apart would put
+// all of them in one bank).
+const ROW: u32 = 33u;
+var<workgroup> xs: array<vec4<f32>, 528>;
+var<workgroup> ws: array<vec4<f32>, 528>;
 
 // For a convolution: the top-left input pixel of output row `row`.
 fn corner(row: u32) -> vec2<i32> {
@@ -100,7 +103,7 @@ fn stage_x(m0: u32, mm: u32, col: u32, cy: i32, cx: i32, tap: vec3<u32>) {
         v = x[(m0 + mm) * p.k + col];
     }
 #endif
-    xs[(col % BK) * 32u + mm / 4u][mm % 4u] = v;
+    xs[(col % BK) * ROW + mm / 4u][mm % 4u] = v;
 }
 
 // Writes four consecutive outputs of a row through the epilogue.
@@ -182,20 +185,20 @@ fn main(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id) wid: v
             if (n0 + nn < p.n && vec_index < p.row_vecs && vec_index * 8u < p.k) {
                 word = w[(n0 + nn) * p.row_vecs + vec_index];
             }
-            let base = kv * 8u * 32u + nn / 4u;
+            let base = kv * 8u * ROW + nn / 4u;
             let lane = nn % 4u;
             let v0 = unpack2x16float(word.x);
             let v1 = unpack2x16float(word.y);
             let v2 = unpack2x16float(word.z);
             let v3 = unpack2x16float(word.w);
             ws[base][lane] = v0.x;
-            ws[base + 32u][lane] = v0.y;
-            ws[base + 64u][lane] = v1.x;
-            ws[base + 96u][lane] = v1.y;
-            ws[base + 128u][lane] = v2.x;
-            ws[base + 160u][lane] = v2.y;
-            ws[base + 192u][lane] = v3.x;
-            ws[base + 224u][lane] = v3.y;
+            ws[base + ROW][lane] = v0.y;
+            ws[base + 2u * ROW][lane] = v1.x;
+            ws[base + 3u * ROW][lane] = v1.y;
+            ws[base + 4u * ROW][lane] = v2.x;
+            ws[base + 5u * ROW][lane] = v2.y;
+            ws[base + 6u * ROW][lane] = v3.x;
+            ws[base + 7u * ROW][lane] = v3.y;
         }
 #else
         for (var half = 0u; half < 2u; half++) {
@@ -206,20 +209,20 @@ fn main(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id) wid: v
             if (n0 + nn < p.n && vec_index < p.row_vecs && vec_index * 4u < p.k) {
                 vals = w[(n0 + nn) * p.row_vecs + vec_index];
             }
-            let base = kv * 4u * 32u + nn / 4u;
+            let base = kv * 4u * ROW + nn / 4u;
             let lane = nn % 4u;
             ws[base][lane] = vals.x;
-            ws[base + 32u][lane] = vals.y;
-            ws[base + 64u][lane] = vals.z;
-            ws[base + 96u][lane] = vals.w;
+            ws[base + ROW][lane] = vals.y;
+            ws[base + 2u * ROW][lane] = vals.z;
+            ws[base + 3u * ROW][lane] = vals.w;
         }
 #endif
         workgroupBarrier();
         for (var k = 0u; k < BK; k++) {
-            let a0 = xs[k * 32u + ty];
-            let a1 = xs[k * 32u + 16u + ty];
-            let b0 = ws[k * 32u + tx];
-            let b1 = ws[k * 32u + 16u + tx];
+            let a0 = xs[k * ROW + ty];
+            let a1 = xs[k * ROW + 16u + ty];
+            let b0 = ws[k * ROW + tx];
+            let b1 = ws[k * ROW + 16u + tx];
             c0 += a0.x * b0;
             c1 += a0.x * b1;
             c2 += a0.y * b0;
@@ -260,9 +263,11 @@ fn main(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id) wid: v
 const TILE: u32 = 64u;
 const BK: u32 = 16u;
 
-// [k][m/4] and [k][n/4]: each invocation reads one vec4 of each per k.
-var<workgroup> xs: array<vec4<f32>, 256>;
-var<workgroup> ws: array<vec4<f32>, 256>;
+// [k][m/4] and [k][n/4]: each invocation reads one vec4 of each per k. Rows padded by one
+// vec4 so the invocations staging one row's 16 k values hit different memory banks.
+const ROW: u32 = 17u;
+var<workgroup> xs: array<vec4<f32>, 272>;
+var<workgroup> ws: array<vec4<f32>, 272>;
 
 @compute @workgroup_size(256)
 fn main(
@@ -315,7 +320,7 @@ fn main(
                 if (m0 + mm < m_rows && col < k_end && iy >= 0 && ix >= 0 && iy < in_h && ix < in_w) {
                     v = x[((u32(iy) >> cv.up) * cv.in_w + (u32(ix) >> cv.up)) * cv.cin + ci];
                 }
-                xs[kk * 16u + mm / 4u][mm % 4u] = v;
+                xs[kk * ROW + mm / 4u][mm % 4u] = v;
             }
         }
 #else
@@ -329,7 +334,7 @@ fn main(
             if (row < m_rows && col < k_end) {
                 v = x[row * p.k + col];
             }
-            xs[kk * 16u + mm / 4u][mm % 4u] = v;
+            xs[kk * ROW + mm / 4u][mm % 4u] = v;
         }
 #endif
         // W tile: 64 rows × 16 k.
@@ -347,8 +352,8 @@ fn main(
                 b = pair.b;
             }
             for (var c = 0u; c < 4u; c++) {
-                ws[(8u * hh + c) * 16u + nn / 4u][nn % 4u] = a[c];
-                ws[(8u * hh + 4u + c) * 16u + nn / 4u][nn % 4u] = b[c];
+                ws[(8u * hh + c) * ROW + nn / 4u][nn % 4u] = a[c];
+                ws[(8u * hh + 4u + c) * ROW + nn / 4u][nn % 4u] = b[c];
             }
         }
 #else
@@ -365,7 +370,7 @@ fn main(
                 unpack2x16float(word.x), unpack2x16float(word.y),
                 unpack2x16float(word.z), unpack2x16float(word.w));
             for (var j = 0u; j < 8u; j++) {
-                ws[(kv * 8u + j) * 16u + nn / 4u][nn % 4u] = vals[j / 2u][j % 2u];
+                ws[(kv * 8u + j) * ROW + nn / 4u][nn % 4u] = vals[j / 2u][j % 2u];
             }
         }
 #else
@@ -378,15 +383,15 @@ fn main(
                 vals = w[(n0 + nn) * p.row_vecs + vec_index];
             }
             for (var j = 0u; j < 4u; j++) {
-                ws[(kv * 4u + j) * 16u + nn / 4u][nn % 4u] = vals[j];
+                ws[(kv * 4u + j) * ROW + nn / 4u][nn % 4u] = vals[j];
             }
         }
 #endif
 #endif
         workgroupBarrier();
         for (var kk = 0u; kk < BK; kk++) {
-            let a = xs[kk * 16u + ty];
-            let b = ws[kk * 16u + tx];
+            let a = xs[kk * ROW + ty];
+            let b = ws[kk * ROW + tx];
             acc[0] += a.x * b;
             acc[1] += a.y * b;
             acc[2] += a.z * b;

@@ -5,11 +5,11 @@
 struct Params {
     rows: u32,
     cols: u32,
-    // concat: the first input's channels; transpose: the output's row stride; slice and
-    // place: the wide side's row length.
+    // concat: the first input's channels; transpose: the output's row stride; slice: the
+    // input's row length.
     extra: u32,
     scale: f32,
-    // slice and place: the first column on the wide side.
+    // slice: the first channel taken.
     offset: u32,
     _pad0: u32,
     _pad1: u32,
@@ -136,16 +136,6 @@ fn slice(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups)
     let id = linear_id(gid, nwg);
     if (id < p.rows * p.cols) {
         y[id] = a[(id / p.cols) * p.extra + p.offset + id % p.cols];
-    }
-}
-
-// Channels offset..offset+cols of y[r] (rows of `extra`) = a[r]: one head's output into the
-// heads' row.
-@compute @workgroup_size(64)
-fn place(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
-    let id = linear_id(gid, nwg);
-    if (id < p.rows * p.cols) {
-        y[(id / p.cols) * p.extra + p.offset + id % p.cols] = a[id];
     }
 }
 

@@ -249,8 +249,7 @@ fn sdxl_stages_match_diffusers() {
     check_stages("tiny-sdxl");
 }
 
-/// A 512×512 image's latent: the first level's 4096-token self-attention runs head by head
-/// through matrix products.
+/// A 512×512 image's latent: 4096-token self-attention in the first level.
 #[test]
 fn unet_on_a_512_latent_matches_diffusers() {
     let meta = meta();

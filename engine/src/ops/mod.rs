@@ -30,9 +30,7 @@ pub use matmul::{MatMul, MatMulOptions, k_slices};
 pub use matvec::{MatVec, MatVecOptions, SplitAttention};
 pub use norm::{Norm, NormKind};
 pub use pass::{KernelSpec, Pass};
-pub use pixels::{
-    affine, concat, place_channels, silu, slice_channels, softmax_rows, tanh_clamp, transpose,
-};
+pub use pixels::{affine, concat, silu, slice_channels, softmax_rows, tanh_clamp, transpose};
 pub use reduce::SumReduce;
 
 pub use rope::{RopeKv, RopeTable};

@@ -171,33 +171,6 @@ pub fn slice_channels(
     )
 }
 
-/// Writes `x` (`rows` of `cols`) into channels `offset..offset + cols` of `y`'s rows of
-/// `y_cols`.
-pub fn place_channels(
-    gpu: &Gpu,
-    rows: u32,
-    cols: u32,
-    (offset, y_cols): (u32, u32),
-    x: &StorageBuffer,
-    y: &StorageBuffer,
-) -> Result<Pass, GpuError> {
-    let params = Params {
-        rows,
-        cols,
-        extra: y_cols,
-        scale: 1.0,
-        offset,
-        _pad: [0; 3],
-    };
-    Pass::new(
-        gpu,
-        spec("place"),
-        &params,
-        &[(1, x), (3, y)],
-        Pass::grid_of_64(rows * cols),
-    )
-}
-
 /// `y = tanh(x / scale) · scale` over `n` values.
 pub fn tanh_clamp(
     gpu: &Gpu,

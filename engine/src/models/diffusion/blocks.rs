@@ -168,14 +168,7 @@ fn transformer_block(
         kv_stride: 3 * inner,
         k_off: inner,
     };
-    let tokens = qkv.pixels();
-    let att = if (PRODUCT_ATTENTION_FROM..=PRODUCT_ATTENTION_UPTO).contains(&tokens)
-        && head_dim.is_multiple_of(8)
-    {
-        attention_by_products(b, &qkv, heads, head_dim)?
-    } else {
-        b.attention(&qkv, &qkv, self_layout, false)?
-    };
+    let att = b.attention(&qkv, &qkv, self_layout, false)?;
     b.release(qkv);
     let h = b.linear(&att, &format!("{a1}.to_out.0"), inner, None, Some(h))?;
     b.release(att);
@@ -214,37 +207,6 @@ fn transformer_block(
     let h = b.linear(&g, &format!("{name}.ff.net.2"), inner, None, Some(h))?;
     b.release(g);
     Ok(h)
-}
-
-/// Self-attention over this many tokens (a 512² image's first level: 4096) runs head by
-/// head as two matrix products around a row softmax, which the tiled product kernels do faster
-/// than the fused attention kernel; beyond the upper bound the scores would not fit a binding.
-const PRODUCT_ATTENTION_FROM: u32 = 2048;
-const PRODUCT_ATTENTION_UPTO: u32 = 4096;
-
-/// Multi-head self-attention over fused `[q | k | v]` rows, one head at a time through
-/// [`Builder::wide_attention`], the heads' outputs side by side.
-fn attention_by_products(
-    b: &mut Builder<'_, '_>,
-    qkv: &Act,
-    heads: u32,
-    head_dim: u32,
-) -> Result<Act, Error> {
-    let inner = heads * head_dim;
-    let out = b.alloc(qkv.h, qkv.w, inner)?;
-    for head in 0..heads {
-        let at = head * head_dim;
-        let q = b.slice_channels(qkv, at, head_dim)?;
-        let k = b.slice_channels(qkv, inner + at, head_dim)?;
-        let v = b.slice_channels(qkv, 2 * inner + at, head_dim)?;
-        let o = b.wide_attention(&q, &k, &v)?;
-        for x in [q, k, v] {
-            b.release(x);
-        }
-        b.place_channels(&o, &out, at)?;
-        b.release(o);
-    }
-    Ok(out)
 }
 
 /// The VAE's mid-block attention: GroupNorm, one head over all channels, output

@@ -12,8 +12,8 @@ use crate::gpu::{Gpu, Recorder, StorageBuffer, UniformBuffer};
 use crate::models::weights::{Part, Uploader};
 use crate::ops::{
     Conv2dShape, Embed, FullAttention, FullLayout, Gelu, Glu, GroupNorm, GroupNormShape, MatMul,
-    MatMulOptions, Matrix, Norm, NormKind, StepParams, affine, concat, place_channels, silu,
-    slice_channels, softmax_rows, tanh_clamp, transpose,
+    MatMulOptions, Matrix, Norm, NormKind, StepParams, affine, concat, silu, slice_channels,
+    softmax_rows, tanh_clamp, transpose,
 };
 
 /// A channel-last activation `[h·w][channels]` (a token sequence is `h = 1`).
@@ -673,20 +673,6 @@ impl<'a, 'w> Builder<'a, 'w> {
         )?;
         self.push(move |rec| pass.encode(rec));
         Ok(y)
-    }
-
-    /// Writes `x` into channels `offset..` of `y`.
-    pub fn place_channels(&mut self, x: &Act, y: &Act, offset: u32) -> Result<(), Error> {
-        let pass = place_channels(
-            self.gpu,
-            x.pixels(),
-            x.channels,
-            (offset, y.channels),
-            &x.buf,
-            &y.buf,
-        )?;
-        self.push(move |rec| pass.encode(rec));
-        Ok(())
     }
 
     /// A copy of `x` (a residual to accumulate into).
