@@ -4,9 +4,8 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use super::clip::{build_projection, build_text_encoder, pooled_position};
 use super::graph::{Builder, Plan};
-use super::pipeline::{Family, Parts, TextEncoder};
+use super::pipeline::{Family, Parts};
 use super::scheduler::{
     Schedule, SchedulerKind, gaussian_noise, schedule, step_noise, timestep_embedding,
 };
@@ -60,48 +59,34 @@ pub struct Timings {
     pub total_ms: f64,
 }
 
-/// A text encoder's plan over a fixed number of prompt tokens.
-pub struct TextPlan {
-    tokens: u32,
-    ids: Arc<StorageBuffer>,
-    clip: super::clip::ClipPlan,
-    projection: Option<(Arc<StorageBuffer>, Plan, Arc<StorageBuffer>)>,
-}
-
-/// The conditioning one UNet pass reads.
-struct Conditioning {
-    context: Vec<f32>,
-    added: Option<Vec<f32>>,
-}
-
 /// Plans and buffers for one image size, kept while the size stays.
 pub struct SizedPlans {
     pub width: u32,
     pub height: u32,
-    unet: UnetPlan,
-    decoder: VaePlan,
-    encoder: Option<VaePlan>,
-    io: UnetIo,
-    latents: Arc<StorageBuffer>,
-    uncond_out: Arc<StorageBuffer>,
-    denoised: Arc<StorageBuffer>,
-    prev_denoised: Arc<StorageBuffer>,
-    noise: Arc<StorageBuffer>,
-    image_in: Arc<StorageBuffer>,
-    denoise: Denoise,
-    context_cond: Arc<StorageBuffer>,
-    context_uncond: Arc<StorageBuffer>,
-    added_cond: Option<Arc<StorageBuffer>>,
-    added_uncond: Option<Arc<StorageBuffer>>,
+    pub(super) unet: UnetPlan,
+    pub(super) decoder: VaePlan,
+    pub(super) encoder: Option<VaePlan>,
+    pub(super) io: UnetIo,
+    pub(super) latents: Arc<StorageBuffer>,
+    pub(super) uncond_out: Arc<StorageBuffer>,
+    pub(super) denoised: Arc<StorageBuffer>,
+    pub(super) prev_denoised: Arc<StorageBuffer>,
+    pub(super) noise: Arc<StorageBuffer>,
+    pub(super) image_in: Arc<StorageBuffer>,
+    pub(super) denoise: Denoise,
+    pub(super) context_cond: Arc<StorageBuffer>,
+    pub(super) context_uncond: Arc<StorageBuffer>,
+    pub(super) added_cond: Option<Arc<StorageBuffer>>,
+    pub(super) added_uncond: Option<Arc<StorageBuffer>>,
     /// The preview texture, the pass that draws it, and the TAESD decoder feeding it.
-    preview: Option<(wgpu::Texture, Preview, Option<Plan>)>,
+    pub(super) preview: Option<(wgpu::Texture, Preview, Option<Plan>)>,
     pub activation_bytes: u64,
 }
 
-const CONTEXT_TOKENS: u32 = 77;
+pub(super) const CONTEXT_TOKENS: u32 = 77;
 
 /// Dispatches a profile times (two timestamps each, 4096 per query set).
-const MAX_PROFILED_DISPATCHES: u32 = 2048;
+pub(super) const MAX_PROFILED_DISPATCHES: u32 = 2048;
 
 /// Approximate latent → RGB maps for previews without a decoder (least-squares fits of the
 /// SD and SDXL VAEs' outputs on their latents, widely used for sampler previews).
@@ -295,130 +280,8 @@ impl Parts {
         Ok(texture)
     }
 
-    /// Token ids → `[77][hidden]` states (last or penultimate) and the pooled state.
-    fn run_text_encoder(
-        gpu: &Gpu,
-        dtype: crate::ops::WeightDType,
-        enc: &mut TextEncoder,
-        prompt: &str,
-        penultimate: bool,
-    ) -> Result<(Vec<f32>, Option<Vec<f32>>), Error> {
-        let ids = enc.tokenizer.encode_padded(prompt)?;
-        let tokens = ids.len() as u32;
-        let cfg = enc.net.config.clone();
-        if enc.plan.as_ref().is_none_or(|p| p.tokens != tokens) {
-            let ids_buf = Arc::new(gpu.storage("prompt ids", u64::from(tokens) * 4)?);
-            let (mut up, weights, _) = enc.net.loader(gpu, dtype);
-            let b = Builder::new(gpu, &mut up, &mut *weights);
-            let clip = build_text_encoder(b, &cfg, &ids_buf, tokens, penultimate)?;
-            let projection = match cfg.projection {
-                Some(_) => {
-                    let pooled_in = Arc::new(gpu.storage("pooled", u64::from(cfg.hidden) * 4)?);
-                    let b = Builder::new(gpu, &mut up, &mut *weights);
-                    let (plan, out) = build_projection(b, &cfg, &pooled_in)?;
-                    Some((pooled_in, plan, out))
-                }
-                None => None,
-            };
-            enc.plan = Some(TextPlan {
-                tokens,
-                ids: ids_buf,
-                clip,
-                projection,
-            });
-        }
-        let plan = enc
-            .plan
-            .as_ref()
-            .ok_or_else(|| Error::Invalid("no text plan".into()))?;
-        gpu.queue()
-            .write_buffer(&plan.ids.buffer, 0, bytemuck::cast_slice(&ids));
-        let mut rec = Recorder::new(gpu);
-        plan.clip.plan.encode(&mut rec);
-        rec.submit();
-        let floats = u64::from(tokens * cfg.hidden);
-        let last: Vec<f32> = gpu.read(&plan.clip.last.buffer, 0, floats)?;
-        let states = match &plan.clip.penultimate {
-            Some(p) => gpu.read(&p.buffer, 0, floats)?,
-            None => last.clone(),
-        };
-        let pooled = match (&plan.projection, cfg.projection) {
-            (Some((pooled_in, proj, out)), Some(dim)) => {
-                let pos = pooled_position(&ids, cfg.eos_token_id);
-                let row = &last[pos * cfg.hidden as usize..(pos + 1) * cfg.hidden as usize];
-                gpu.queue()
-                    .write_buffer(&pooled_in.buffer, 0, bytemuck::cast_slice(row));
-                let mut rec = Recorder::new(gpu);
-                proj.encode(&mut rec);
-                rec.submit();
-                Some(gpu.read(&out.buffer, 0, u64::from(dim))?)
-            }
-            _ => None,
-        };
-        Ok((states, pooled))
-    }
-
-    /// The UNet's conditioning for one prompt (diffusers' `encode_prompt`).
-    fn condition(
-        &mut self,
-        gpu: &Gpu,
-        prompt: &str,
-        size: (u32, u32),
-    ) -> Result<Conditioning, Error> {
-        let dtype = self.dtype;
-        match self.family {
-            Family::Sd => {
-                let (context, _) =
-                    Self::run_text_encoder(gpu, dtype, &mut self.text, prompt, false)?;
-                Ok(Conditioning {
-                    context,
-                    added: None,
-                })
-            }
-            Family::Sdxl => {
-                let (a, _) = Self::run_text_encoder(gpu, dtype, &mut self.text, prompt, true)?;
-                let enc2 = self
-                    .text_2
-                    .as_mut()
-                    .ok_or_else(|| Error::Invalid("SDXL needs text_encoder_2".into()))?;
-                let (b, pooled) = Self::run_text_encoder(gpu, dtype, enc2, prompt, true)?;
-                let (da, db) = (
-                    a.len() / CONTEXT_TOKENS as usize,
-                    b.len() / CONTEXT_TOKENS as usize,
-                );
-                let mut context = Vec::with_capacity(a.len() + b.len());
-                for t in 0..CONTEXT_TOKENS as usize {
-                    context.extend_from_slice(&a[t * da..(t + 1) * da]);
-                    context.extend_from_slice(&b[t * db..(t + 1) * db]);
-                }
-                let pooled = pooled.unwrap_or_default();
-                Ok(Conditioning {
-                    context,
-                    added: Some(self.added_conditions(&pooled, size)),
-                })
-            }
-        }
-    }
-
-    /// SDXL's added conditions: the pooled text, then the embedded size ids
-    /// (original size, crop origin, target size).
-    fn added_conditions(&self, pooled: &[f32], (width, height): (u32, u32)) -> Vec<f32> {
-        let dim = self.unet.config.text_time.map_or(0, |(d, _)| d) as usize;
-        let cfg = &self.unet.config;
-        let mut out = pooled.to_vec();
-        for id in [height, width, 0, 0, height, width] {
-            out.extend(timestep_embedding(
-                id as f32,
-                dim,
-                cfg.flip_sin_to_cos,
-                cfg.freq_shift,
-            ));
-        }
-        out
-    }
-
     /// The VAE encoder's plan for the current size, built on first use.
-    fn encoder_plan<'p>(
+    pub(super) fn encoder_plan<'p>(
         &mut self,
         gpu: &Gpu,
         plans: &'p mut SizedPlans,
@@ -437,14 +300,6 @@ impl Parts {
             .encoder
             .as_ref()
             .ok_or_else(|| Error::Invalid("no encoder".into()))
-    }
-
-    fn zero_conditioning(&self) -> Conditioning {
-        let ctx = (CONTEXT_TOKENS * self.unet.config.cross_attention_dim) as usize;
-        Conditioning {
-            context: vec![0.0; ctx],
-            added: None,
-        }
     }
 
     /// Generates one image. `on_step` hears after each step (with the preview drawn when
@@ -469,49 +324,7 @@ impl Parts {
             params.init_image.as_ref().map(|(_, s)| *s),
         )?;
         let guided = params.guidance > 1.0;
-        let size = (params.width, params.height);
-        let cond = self.condition(gpu, &params.prompt, size)?;
-        let uncond = if guided {
-            if params.negative.is_empty() && self.force_zeros_for_empty_prompt {
-                let mut z = self.zero_conditioning();
-                if let Some((time_dim, input)) = self.unet.config.text_time {
-                    let pooled = vec![0.0; (input - 6 * time_dim) as usize];
-                    z.added = Some(self.added_conditions(&pooled, size));
-                }
-                Some(z)
-            } else {
-                Some(self.condition(gpu, &params.negative, size)?)
-            }
-        } else {
-            None
-        };
-        gpu.queue().write_buffer(
-            &plans.context_cond.buffer,
-            0,
-            bytemuck::cast_slice(&cond.context),
-        );
-        gpu.queue().write_buffer(
-            &plans.io.context.buffer,
-            0,
-            bytemuck::cast_slice(&cond.context),
-        );
-        if let (Some(a), Some(buf), Some(io)) = (&cond.added, &plans.added_cond, &plans.io.added) {
-            gpu.queue()
-                .write_buffer(&buf.buffer, 0, bytemuck::cast_slice(a));
-            gpu.queue()
-                .write_buffer(&io.buffer, 0, bytemuck::cast_slice(a));
-        }
-        if let Some(u) = &uncond {
-            gpu.queue().write_buffer(
-                &plans.context_uncond.buffer,
-                0,
-                bytemuck::cast_slice(&u.context),
-            );
-            if let (Some(a), Some(buf)) = (&u.added, &plans.added_uncond) {
-                gpu.queue()
-                    .write_buffer(&buf.buffer, 0, bytemuck::cast_slice(a));
-            }
-        }
+        self.write_conditioning(gpu, plans, params, guided)?;
         let text_ms = start.elapsed().as_secs_f64() * 1e3;
         self.init_latents(gpu, plans, params, &sched)?;
         if preview {
@@ -555,30 +368,7 @@ impl Parts {
                 },
             );
             let mut rec = Recorder::new(gpu);
-            plans.denoise.scale.encode(&mut rec);
-            if guided {
-                copy_all(&mut rec, &plans.context_uncond, &plans.io.context);
-                if let (Some(src), Some(dst)) = (&plans.added_uncond, &plans.io.added) {
-                    copy_all(&mut rec, src, dst);
-                }
-                plans.unet.plan.encode(&mut rec);
-                copy_all(&mut rec, &plans.unet.out, &plans.uncond_out);
-                copy_all(&mut rec, &plans.context_cond, &plans.io.context);
-                if let (Some(src), Some(dst)) = (&plans.added_cond, &plans.io.added) {
-                    copy_all(&mut rec, src, dst);
-                }
-            }
-            plans.unet.plan.encode(&mut rec);
-            if guided {
-                plans.denoise.guide.encode(&mut rec);
-            }
-            plans.denoise.step.encode(&mut rec);
-            if let Some((_, p, decoder)) = &plans.preview {
-                if let Some(d) = decoder {
-                    d.encode(&mut rec);
-                }
-                p.encode(&mut rec);
-            }
+            record_step(&mut rec, plans, guided);
             rec.submit();
             gpu.wait()?;
             let info = StepInfo {
@@ -688,6 +478,35 @@ impl Parts {
     }
 }
 
+/// One denoising step: the UNet (twice under guidance, swapping the conditioning in), the
+/// guidance mix, the scheduler's update, then the preview.
+fn record_step(rec: &mut Recorder<'_>, plans: &SizedPlans, guided: bool) {
+    plans.denoise.scale.encode(rec);
+    if guided {
+        copy_all(rec, &plans.context_uncond, &plans.io.context);
+        if let (Some(src), Some(dst)) = (&plans.added_uncond, &plans.io.added) {
+            copy_all(rec, src, dst);
+        }
+        plans.unet.plan.encode(rec);
+        copy_all(rec, &plans.unet.out, &plans.uncond_out);
+        copy_all(rec, &plans.context_cond, &plans.io.context);
+        if let (Some(src), Some(dst)) = (&plans.added_cond, &plans.io.added) {
+            copy_all(rec, src, dst);
+        }
+    }
+    plans.unet.plan.encode(rec);
+    if guided {
+        plans.denoise.guide.encode(rec);
+    }
+    plans.denoise.step.encode(rec);
+    if let Some((_, p, decoder)) = &plans.preview {
+        if let Some(d) = decoder {
+            d.encode(rec);
+        }
+        p.encode(rec);
+    }
+}
+
 fn copy_all(rec: &mut Recorder<'_>, src: &StorageBuffer, dst: &StorageBuffer) {
     rec.copy(&src.buffer, 0, &dst.buffer, 0, src.size.min(dst.size));
 }
@@ -714,146 +533,4 @@ pub fn nhwc_to_nchw(x: &[f32], c: usize) -> Vec<f32> {
         }
     }
     out
-}
-
-/// Single stages, in diffusers' layouts, for parity checks and tools.
-impl Parts {
-    /// GPU time per kernel of one UNet call and one VAE decode at the plans' size.
-    pub fn profile(
-        &self,
-        gpu: &Gpu,
-        plans: &SizedPlans,
-    ) -> Result<Vec<(&'static str, Vec<crate::gpu::KernelTiming>)>, Error> {
-        if !gpu.caps().timestamps {
-            return Err(Error::Invalid("this GPU has no timestamp queries".into()));
-        }
-        let mut out = Vec::new();
-        for (what, plan) in [
-            ("unet", &plans.unet.plan),
-            ("vae decode", &plans.decoder.plan),
-        ] {
-            // Query sets hold at most 4096 timestamps: a larger network's later dispatches go
-            // untimed.
-            let dispatches = (plan.len() as u32 * 4 + 16).min(MAX_PROFILED_DISPATCHES);
-            let mut profiler = crate::gpu::Profiler::new(gpu, dispatches);
-            let mut rec = Recorder::with_profiler(gpu, Some(&mut profiler));
-            plan.encode(&mut rec);
-            rec.submit();
-            gpu.wait()?;
-            out.push((what, profiler.read(gpu)?));
-        }
-        Ok(out)
-    }
-
-    /// The UNet's conditioning for `prompt` at an image size: `[77][cross_attention_dim]`
-    /// and, for SDXL, the added conditions (pooled text, then the embedded size ids).
-    pub fn text_conditioning(
-        &mut self,
-        gpu: &Gpu,
-        prompt: &str,
-        size: (u32, u32),
-    ) -> Result<(Vec<f32>, Option<Vec<f32>>), Error> {
-        let c = self.condition(gpu, prompt, size)?;
-        Ok((c.context, c.added))
-    }
-
-    /// One UNet call on a `[1][c][h][w]` latent at timestep `t`.
-    #[allow(clippy::too_many_arguments)]
-    pub fn unet_once(
-        &mut self,
-        gpu: &Gpu,
-        slot: &mut Option<SizedPlans>,
-        latent: &[f32],
-        (h, w): (u32, u32),
-        t: f32,
-        context: &[f32],
-        added: Option<&[f32]>,
-    ) -> Result<Vec<f32>, Error> {
-        let f = self.downscale();
-        self.plans_for(gpu, slot, w * f, h * f)?;
-        let plans = slot
-            .as_mut()
-            .ok_or_else(|| Error::Invalid("no plans".into()))?;
-        let lc = self.unet.config.in_channels as usize;
-        let q = gpu.queue();
-        q.write_buffer(
-            &plans.io.sample.buffer,
-            0,
-            bytemuck::cast_slice(&nchw_to_nhwc(latent, lc)),
-        );
-        let cfg = &self.unet.config;
-        let emb = timestep_embedding(
-            t,
-            cfg.levels[0].channels as usize,
-            cfg.flip_sin_to_cos,
-            cfg.freq_shift,
-        );
-        q.write_buffer(&plans.io.time_proj.buffer, 0, bytemuck::cast_slice(&emb));
-        q.write_buffer(&plans.io.context.buffer, 0, bytemuck::cast_slice(context));
-        if let (Some(a), Some(buf)) = (added, &plans.io.added) {
-            q.write_buffer(&buf.buffer, 0, bytemuck::cast_slice(a));
-        }
-        let mut rec = Recorder::new(gpu);
-        plans.unet.plan.encode(&mut rec);
-        rec.submit();
-        let n = u64::from(h * w * cfg.out_channels);
-        let out: Vec<f32> = gpu.read(&plans.unet.out.buffer, 0, n)?;
-        Ok(nhwc_to_nchw(&out, cfg.out_channels as usize))
-    }
-
-    /// The VAE decoder on a `[1][c][h][w]` latent (as the UNet sees it): `[1][3][8h][8w]`
-    /// in −1..1.
-    pub fn decode_latents(
-        &mut self,
-        gpu: &Gpu,
-        slot: &mut Option<SizedPlans>,
-        latent: &[f32],
-        (h, w): (u32, u32),
-    ) -> Result<Vec<f32>, Error> {
-        let f = self.downscale();
-        self.plans_for(gpu, slot, w * f, h * f)?;
-        let plans = slot
-            .as_mut()
-            .ok_or_else(|| Error::Invalid("no plans".into()))?;
-        let lc = self.unet.config.in_channels as usize;
-        gpu.queue().write_buffer(
-            &plans.latents.buffer,
-            0,
-            bytemuck::cast_slice(&nchw_to_nhwc(latent, lc)),
-        );
-        let mut rec = Recorder::new(gpu);
-        plans.decoder.plan.encode(&mut rec);
-        rec.submit();
-        let out: Vec<f32> = gpu.read(&plans.decoder.out.buffer, 0, u64::from(h * w * f * f * 3))?;
-        Ok(nhwc_to_nchw(&out, 3))
-    }
-
-    /// The VAE encoder's latent mean, scaled as the UNet sees it, for a `[1][3][H][W]` image
-    /// in −1..1.
-    pub fn encode_image(
-        &mut self,
-        gpu: &Gpu,
-        slot: &mut Option<SizedPlans>,
-        image: &[f32],
-        (height, width): (u32, u32),
-    ) -> Result<Vec<f32>, Error> {
-        self.plans_for(gpu, slot, width, height)?;
-        let plans = slot
-            .as_mut()
-            .ok_or_else(|| Error::Invalid("no plans".into()))?;
-        gpu.queue().write_buffer(
-            &plans.image_in.buffer,
-            0,
-            bytemuck::cast_slice(&nchw_to_nhwc(image, 3)),
-        );
-        let enc = self.encoder_plan(gpu, plans)?;
-        let mut rec = Recorder::new(gpu);
-        enc.plan.encode(&mut rec);
-        rec.submit();
-        let f = self.downscale();
-        let lc = self.vae.config.latent_channels;
-        let out: Vec<f32> =
-            gpu.read(&enc.out.buffer, 0, u64::from(height / f * (width / f) * lc))?;
-        Ok(nhwc_to_nchw(&out, lc as usize))
-    }
 }

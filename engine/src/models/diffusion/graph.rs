@@ -9,12 +9,8 @@ use std::sync::Arc;
 
 use crate::Error;
 use crate::gpu::{Gpu, Recorder, StorageBuffer, UniformBuffer};
-use crate::models::weights::{Part, Uploader};
-use crate::ops::{
-    Conv2dShape, Embed, FullAttention, FullLayout, Gelu, Glu, GroupNorm, GroupNormShape, MatMul,
-    MatMulOptions, Matrix, Norm, NormKind, StepParams, affine, concat, silu, slice_channels,
-    softmax_rows, tanh_clamp, transpose,
-};
+use crate::models::weights::Uploader;
+use crate::ops::{Conv2dShape, Gelu, MatMul, MatMulOptions, Matrix, StepParams};
 
 /// A channel-last activation `[h·w][channels]` (a token sequence is `h = 1`).
 pub struct Act {
@@ -76,8 +72,8 @@ impl Plan {
 /// Weights of one network on the GPU, by tensor name, loaded on first use.
 #[derive(Default)]
 pub struct WeightCache {
-    matrices: HashMap<String, Arc<Matrix>>,
-    vectors: HashMap<String, Arc<StorageBuffer>>,
+    pub(super) matrices: HashMap<String, Arc<Matrix>>,
+    pub(super) vectors: HashMap<String, Arc<StorageBuffer>>,
     /// Bytes of weights on the GPU.
     pub bytes: u64,
 }
@@ -111,8 +107,8 @@ impl Arena {
 /// Builds a [`Plan`]: layer calls in forward order.
 pub struct Builder<'a, 'w> {
     pub gpu: &'a Gpu,
-    up: &'w mut Uploader<'a>,
-    weights: &'w mut WeightCache,
+    pub(super) up: &'w mut Uploader<'a>,
+    pub(super) weights: &'w mut WeightCache,
     arena: Arena,
     plan: Plan,
     steps: HashMap<u32, Arc<UniformBuffer>>,
@@ -167,7 +163,7 @@ impl<'a, 'w> Builder<'a, 'w> {
         }
     }
 
-    fn step(&mut self, rows: u32) -> Arc<UniformBuffer> {
+    pub(super) fn step(&mut self, rows: u32) -> Arc<UniformBuffer> {
         let gpu = self.gpu;
         self.steps
             .entry(rows)
@@ -175,7 +171,7 @@ impl<'a, 'w> Builder<'a, 'w> {
             .clone()
     }
 
-    fn has_weight(&self, name: &str) -> bool {
+    pub(super) fn has_weight(&self, name: &str) -> bool {
         self.weights.matrices.contains_key(name)
             || self.weights.vectors.contains_key(name)
             || self.up.has(name)
@@ -186,7 +182,7 @@ impl<'a, 'w> Builder<'a, 'w> {
         self.has_weight(name)
     }
 
-    fn matrix(
+    pub(super) fn matrix(
         &mut self,
         name: &str,
         load: impl FnOnce(&mut Uploader<'a>) -> Result<Matrix, Error>,
@@ -228,7 +224,11 @@ impl<'a, 'w> Builder<'a, 'w> {
         Ok(v)
     }
 
-    fn bias(&mut self, layer: &str, len: u32) -> Result<Option<Arc<StorageBuffer>>, Error> {
+    pub(super) fn bias(
+        &mut self,
+        layer: &str,
+        len: u32,
+    ) -> Result<Option<Arc<StorageBuffer>>, Error> {
         let name = format!("{layer}.bias");
         if self.has_weight(&name) {
             Ok(Some(self.vector(&name, len, None)?))
@@ -267,7 +267,7 @@ impl<'a, 'w> Builder<'a, 'w> {
     /// Records `y = x·Wᵀ (+ bias)` with an optional activation; with `residual`, the
     /// product is added into that activation, which becomes the output.
     #[allow(clippy::too_many_arguments)]
-    fn product(
+    pub(super) fn product(
         &mut self,
         x: &Act,
         w: Arc<Matrix>,
@@ -316,386 +316,5 @@ impl<'a, 'w> Builder<'a, 'w> {
         )?;
         self.push(move |rec| mm.encode(rec, rows));
         Ok(y)
-    }
-
-    /// A linear layer `name` (`.weight` `[out][in]`, optional `.bias`).
-    pub fn linear(
-        &mut self,
-        x: &Act,
-        name: &str,
-        out: u32,
-        gelu: Option<Gelu>,
-        residual: Option<Act>,
-    ) -> Result<Act, Error> {
-        self.linear_fused(x, &[name], out, gelu, residual)
-    }
-
-    /// Linear layers sharing an input fused into one product (their outputs side by side):
-    /// attention's q, k and v.
-    pub fn linear_fused(
-        &mut self,
-        x: &Act,
-        names: &[&str],
-        out_each: u32,
-        gelu: Option<Gelu>,
-        residual: Option<Act>,
-    ) -> Result<Act, Error> {
-        let key = names.join("+");
-        let weight_names: Vec<String> = names.iter().map(|n| format!("{n}.weight")).collect();
-        let cols = x.channels;
-        let w = self.matrix(&key, |up| {
-            let parts: Vec<Part<'_>> = weight_names
-                .iter()
-                .map(|n| Part {
-                    name: n,
-                    rows: out_each,
-                    cols,
-                })
-                .collect();
-            up.dense_matrix(&key, &parts, false)
-        })?;
-        let bias = if names.len() == 1 {
-            self.bias(names[0], out_each)?
-        } else if names.iter().any(|n| self.has_weight(&format!("{n}.bias"))) {
-            let key_bias = format!("{key}.bias");
-            match self.weights.vectors.get(&key_bias) {
-                Some(v) => Some(v.clone()),
-                None => {
-                    let bias_names: Vec<String> =
-                        names.iter().map(|n| format!("{n}.bias")).collect();
-                    let parts: Vec<(Option<&str>, u32)> = bias_names
-                        .iter()
-                        .map(|n| (self.up.has(n).then_some(n.as_str()), out_each))
-                        .collect();
-                    let v = Arc::new(self.up.vector_with_zeros(&key_bias, &parts)?);
-                    self.weights.bytes += v.size;
-                    self.weights.vectors.insert(key_bias, v.clone());
-                    Some(v)
-                }
-            }
-        } else {
-            None
-        };
-        self.product(
-            x,
-            w,
-            bias,
-            gelu.map_or(Activation::None, Activation::Gelu),
-            residual,
-            None,
-            (x.h, x.w),
-        )
-    }
-
-    /// A 2-D convolution `name` (`.weight` `[out][in][k][k]`, `.bias`) over a channel-last
-    /// image, optionally reading the input upsampled 2× (nearest) first.
-    #[allow(clippy::too_many_arguments)]
-    pub fn conv(
-        &mut self,
-        x: &Act,
-        name: &str,
-        out: u32,
-        k: u32,
-        stride: u32,
-        pad: u32,
-        upsample: bool,
-        residual: Option<Act>,
-    ) -> Result<Act, Error> {
-        let bias = self.bias(name, out)?;
-        self.conv_with_bias(
-            x,
-            name,
-            out,
-            (k, stride, pad),
-            upsample,
-            bias,
-            residual,
-            Activation::None,
-        )
-    }
-
-    /// As [`Builder::conv`] with `bias` in place of the layer's own.
-    #[allow(clippy::too_many_arguments)]
-    pub fn conv_with_bias(
-        &mut self,
-        x: &Act,
-        name: &str,
-        out: u32,
-        (k, stride, pad): (u32, u32, u32),
-        upsample: bool,
-        bias: Option<Arc<StorageBuffer>>,
-        residual: Option<Act>,
-        activation: Activation,
-    ) -> Result<Act, Error> {
-        let weight = format!("{name}.weight");
-        let cin = x.channels;
-        if k == 1 && stride == 1 && pad == 0 && !upsample {
-            let w = self.matrix(&weight, |up| {
-                up.reshaped_matrix(
-                    &weight,
-                    &weight,
-                    &[out as usize, cin as usize, 1, 1],
-                    out,
-                    cin,
-                )
-            })?;
-            return self.product(x, w, bias, activation, residual, None, (x.h, x.w));
-        }
-        let shape = Conv2dShape::new(x.h, x.w, cin, k, stride, pad, upsample);
-        let w = self.matrix(&weight, |up| up.conv_matrix(&weight, &weight, out, cin, k))?;
-        let out_hw = (shape.out_h(), shape.out_w);
-        self.product(x, w, bias, activation, residual, Some(shape), out_hw)
-    }
-
-    /// diffusers' VAE-encoder downsampler: pad right and bottom by one, then a stride-2
-    /// 3×3 convolution (the kernel reads zeros past the edge).
-    pub fn conv_down_asymmetric(&mut self, x: &Act, name: &str, out: u32) -> Result<Act, Error> {
-        let weight = format!("{name}.weight");
-        let cin = x.channels;
-        let bias = self.bias(name, out)?;
-        let mut shape = Conv2dShape::new(x.h, x.w, cin, 3, 2, 0, false);
-        shape.out_w = x.w.div_ceil(2);
-        let w = self.matrix(&weight, |up| up.conv_matrix(&weight, &weight, out, cin, 3))?;
-        self.product(
-            x,
-            w,
-            bias,
-            Activation::None,
-            None,
-            Some(shape),
-            (x.h.div_ceil(2), shape.out_w),
-        )
-    }
-
-    /// Token embeddings of `ids` (`tokens` u32 ids) plus learned positions.
-    pub fn embed(
-        &mut self,
-        ids: &Arc<StorageBuffer>,
-        tokens: u32,
-        (table, vocab): (&str, u32),
-        positions: &str,
-        dim: u32,
-    ) -> Result<Act, Error> {
-        let key = table.to_owned();
-        let table = self.matrix(&key, |up| {
-            up.dense_matrix(
-                &key,
-                &[Part {
-                    name: &key,
-                    rows: vocab,
-                    cols: dim,
-                }],
-                false,
-            )
-        })?;
-        let positions = self.table(positions, tokens, dim)?;
-        let seen = self
-            .gpu
-            .storage("seen tokens", u64::from(vocab.div_ceil(32)) * 4)?;
-        let y = self.alloc(1, tokens, dim)?;
-        let step = self.step(tokens);
-        let embed = Embed::new(
-            self.gpu,
-            &table,
-            Some(&positions),
-            ids,
-            &seen,
-            &y.buf,
-            &step,
-        )?;
-        self.push(move |rec| embed.encode(rec, tokens));
-        Ok(y)
-    }
-
-    /// GroupNorm `name` (`.weight`, `.bias`), optionally followed by SiLU.
-    pub fn group_norm(
-        &mut self,
-        x: &Act,
-        name: &str,
-        groups: u32,
-        eps: f32,
-        silu: bool,
-    ) -> Result<Act, Error> {
-        let gamma = self.vector(&format!("{name}.weight"), x.channels, Some(1.0))?;
-        let beta = self.vector(&format!("{name}.bias"), x.channels, None)?;
-        let y = self.alloc(x.h, x.w, x.channels)?;
-        let shape = GroupNormShape {
-            pixels: x.pixels(),
-            channels: x.channels,
-            groups,
-            eps,
-            silu,
-        };
-        let norm = GroupNorm::new(self.gpu, shape, &gamma, &beta, &x.buf, &y.buf)?;
-        self.push(move |rec| norm.encode(rec));
-        Ok(y)
-    }
-
-    /// LayerNorm `name` over each row.
-    pub fn layer_norm(&mut self, x: &Act, name: &str, eps: f32) -> Result<Act, Error> {
-        let gamma = self.vector(&format!("{name}.weight"), x.channels, Some(1.0))?;
-        let beta = self.vector(&format!("{name}.bias"), x.channels, None)?;
-        let y = self.alloc(x.h, x.w, x.channels)?;
-        let rows = x.pixels();
-        let step = self.step(rows);
-        let norm = Norm::new(
-            self.gpu,
-            NormKind::Layer,
-            x.channels,
-            eps,
-            &gamma,
-            Some(&beta),
-            &x.buf,
-            &y.buf,
-            &step,
-        )?;
-        self.push(move |rec| norm.encode(rec, rows));
-        Ok(y)
-    }
-
-    /// Multi-head attention of `q`'s rows over `kv`'s (see [`FullLayout`]); the output has
-    /// `heads·head_dim` channels per query.
-    pub fn attention(
-        &mut self,
-        q: &Act,
-        kv: &Act,
-        layout: FullLayout,
-        causal: bool,
-    ) -> Result<Act, Error> {
-        let queries = q.pixels();
-        let out = self.alloc(q.h, q.w, layout.heads * layout.head_dim)?;
-        let step = self.step(queries);
-        let attn =
-            FullAttention::with_mask(self.gpu, layout, &q.buf, &kv.buf, &out.buf, &step, causal)?;
-        self.push(move |rec| attn.encode(rec, queries));
-        Ok(out)
-    }
-
-    /// Single-head attention too wide for the fused kernel (the VAE's, 512 channels):
-    /// scores as a product, row softmax, then the product with the transposed values.
-    pub fn wide_attention(&mut self, q: &Act, k: &Act, v: &Act) -> Result<Act, Error> {
-        let (n, c) = (q.pixels(), q.channels);
-        if !c.is_multiple_of(crate::ops::ROW_ALIGN as u32) {
-            return Err(Error::Invalid(format!(
-                "attention over {c} channels: a multiple of {} is needed",
-                crate::ops::ROW_ALIGN
-            )));
-        }
-        let keys = as_matrix(k, n, c);
-        let scores = self.product(
-            q,
-            Arc::new(keys),
-            None,
-            Activation::None,
-            None,
-            None,
-            (q.h, q.w),
-        )?;
-        let softmax = softmax_rows(self.gpu, n, n, 1.0 / (c as f32).sqrt(), &scores.buf)?;
-        self.push(move |rec| softmax.encode(rec));
-        let stride = Matrix::padded_cols(n);
-        let vt = self.alloc(1, c, stride)?;
-        let t = transpose(self.gpu, n, c, stride, &v.buf, &vt.buf)?;
-        self.push(move |rec| t.encode(rec));
-        let values = as_matrix(&vt, c, n);
-        let out = self.product(
-            &scores,
-            Arc::new(values),
-            None,
-            Activation::None,
-            None,
-            None,
-            (q.h, q.w),
-        )?;
-        self.release(scores);
-        self.release(vt);
-        Ok(out)
-    }
-
-    /// `gate_up` `[rows][2·width]` → `[rows][width]` through GEGLU.
-    pub fn geglu(&mut self, gate_up: &Act) -> Result<Act, Error> {
-        let width = gate_up.channels / 2;
-        let y = self.alloc(gate_up.h, gate_up.w, width)?;
-        let rows = gate_up.pixels();
-        let step = self.step(rows);
-        let glu = Glu::with_gelu(self.gpu, width, &gate_up.buf, &y.buf, &step, true)?;
-        self.push(move |rec| glu.encode(rec, rows));
-        Ok(y)
-    }
-
-    pub fn silu(&mut self, x: &Act) -> Result<Act, Error> {
-        let y = self.alloc(x.h, x.w, x.channels)?;
-        let pass = silu(self.gpu, x.values(), &x.buf, &y.buf)?;
-        self.push(move |rec| pass.encode(rec));
-        Ok(y)
-    }
-
-    /// Channels of `a` then `b`, per pixel.
-    pub fn concat(&mut self, a: &Act, b: &Act) -> Result<Act, Error> {
-        let y = self.alloc(a.h, a.w, a.channels + b.channels)?;
-        let pass = concat(
-            self.gpu,
-            a.pixels(),
-            (&a.buf, a.channels),
-            (&b.buf, b.channels),
-            &y.buf,
-        )?;
-        self.push(move |rec| pass.encode(rec));
-        Ok(y)
-    }
-
-    /// `x·scale + offset`.
-    pub fn affine(&mut self, x: &Act, scale: f32, offset: f32) -> Result<Act, Error> {
-        let y = self.alloc(x.h, x.w, x.channels)?;
-        let pass = affine(self.gpu, x.values(), scale, offset, &x.buf, &y.buf)?;
-        self.push(move |rec| pass.encode(rec));
-        Ok(y)
-    }
-
-    /// `tanh(x / scale) · scale`.
-    pub fn tanh_clamp(&mut self, x: &Act, scale: f32) -> Result<Act, Error> {
-        let y = self.alloc(x.h, x.w, x.channels)?;
-        let pass = tanh_clamp(self.gpu, x.values(), scale, &x.buf, &y.buf)?;
-        self.push(move |rec| pass.encode(rec));
-        Ok(y)
-    }
-
-    /// Channels `offset..offset + channels` of `x`.
-    pub fn slice_channels(&mut self, x: &Act, offset: u32, channels: u32) -> Result<Act, Error> {
-        let y = self.alloc(x.h, x.w, channels)?;
-        let pass = slice_channels(
-            self.gpu,
-            x.pixels(),
-            (offset, channels),
-            x.channels,
-            &x.buf,
-            &y.buf,
-        )?;
-        self.push(move |rec| pass.encode(rec));
-        Ok(y)
-    }
-
-    /// A copy of `x` (a residual to accumulate into).
-    pub fn copy(&mut self, x: &Act) -> Result<Act, Error> {
-        let y = self.alloc(x.h, x.w, x.channels)?;
-        let (src, dst) = (x.buf.clone(), y.buf.clone());
-        let bytes = u64::from(x.values()) * 4;
-        self.push(move |rec| rec.copy(&src.buffer, 0, &dst.buffer, 0, bytes));
-        Ok(y)
-    }
-}
-
-/// An f32 activation `[rows][cols]` seen as a weight matrix (its rows already a whole number
-/// of vec4 words).
-fn as_matrix(x: &Act, rows: u32, cols: u32) -> Matrix {
-    Matrix {
-        buffer: StorageBuffer {
-            buffer: x.buf.buffer.clone(),
-            size: x.buf.size,
-        },
-        rows,
-        cols,
-        dtype: crate::ops::WeightDType::F32,
-        quant: None,
     }
 }

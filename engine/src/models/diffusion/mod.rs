@@ -6,13 +6,16 @@
 mod blocks;
 mod clip;
 pub mod clip_tokenizer;
+mod conditioning;
 pub mod config;
 mod generate;
 mod graph;
+mod layers;
 mod model;
 mod pipeline;
 pub mod scheduler;
 pub mod single_file;
+mod stages;
 pub mod taesd;
 mod unet;
 mod vae;

@@ -57,7 +57,7 @@ pub struct TextEncoder {
     pub tokenizer: ClipTokenizer,
     pub net: Network<ClipConfig>,
     /// The encoder's plan, built on first use (prompts are always padded to one length).
-    pub plan: Option<super::generate::TextPlan>,
+    pub plan: Option<super::conditioning::TextPlan>,
 }
 
 /// A loaded pipeline's parts (its plans are built per image size, see `generate`).
