@@ -493,3 +493,42 @@ fn taesd_previews_are_drawn_each_step() {
     .expect("image");
     assert_eq!(steps, p.steps);
 }
+
+/// Rewrites a safetensors file with renamed tensors (same bytes).
+fn rename_tensors(path: &Path, rename: impl Fn(&str) -> String) {
+    let bytes = std::fs::read(path).expect("read");
+    let len = u64::from_le_bytes(bytes[..8].try_into().expect("8 bytes")) as usize;
+    let header: serde_json::Map<String, Value> =
+        serde_json::from_slice(&bytes[8..8 + len]).expect("header");
+    let renamed: serde_json::Map<String, Value> =
+        header.into_iter().map(|(k, v)| (rename(&k), v)).collect();
+    let mut text = Value::Object(renamed).to_string();
+    while !text.len().is_multiple_of(8) {
+        text.push(' ');
+    }
+    let mut out = (text.len() as u64).to_le_bytes().to_vec();
+    out.extend_from_slice(text.as_bytes());
+    out.extend_from_slice(&bytes[8 + len..]);
+    std::fs::write(path, out).expect("write");
+}
+
+#[test]
+fn vae_files_with_pre_0_14_attention_names_load() {
+    let dir = tempdir("legacy-vae");
+    copy_dir(&model_dir("tiny-sd"), &dir);
+    rename_tensors(
+        &dir.join("vae/diffusion_pytorch_model.safetensors"),
+        |name| {
+            name.replace(".to_q.", ".query.")
+                .replace(".to_k.", ".key.")
+                .replace(".to_v.", ".value.")
+                .replace(".to_out.0.", ".proj_attn.")
+        },
+    );
+    let st = goldens("tiny-sd");
+    let mut m = load(&dir, WeightDType::F32);
+    let image = m
+        .decode_latents(&golden(&st, "vae.latents"), (8, 8))
+        .expect("decode");
+    close("legacy VAE decode", &image, &golden(&st, "vae.image"), 2e-4);
+}

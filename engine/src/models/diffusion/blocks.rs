@@ -225,16 +225,23 @@ pub fn vae_attention(
         norms.eps,
         false,
     )?;
-    let q = b.linear(&n, &format!("{name}.to_q"), c, None, None)?;
-    let k = b.linear(&n, &format!("{name}.to_k"), c, None, None)?;
-    let v = b.linear(&n, &format!("{name}.to_v"), c, None, None)?;
+    // VAE files saved before diffusers 0.14 name the projections query/key/value/proj_attn.
+    let legacy = !b.has(&format!("{name}.to_q.weight")) && b.has(&format!("{name}.query.weight"));
+    let [q_name, k_name, v_name, out_name] = if legacy {
+        ["query", "key", "value", "proj_attn"]
+    } else {
+        ["to_q", "to_k", "to_v", "to_out.0"]
+    };
+    let q = b.linear(&n, &format!("{name}.{q_name}"), c, None, None)?;
+    let k = b.linear(&n, &format!("{name}.{k_name}"), c, None, None)?;
+    let v = b.linear(&n, &format!("{name}.{v_name}"), c, None, None)?;
     b.release(n);
     let o = b.wide_attention(&q, &k, &v)?;
     b.release(q);
     b.release(k);
     b.release(v);
     let residual = b.copy(x)?;
-    let y = b.linear(&o, &format!("{name}.to_out.0"), c, None, Some(residual))?;
+    let y = b.linear(&o, &format!("{name}.{out_name}"), c, None, Some(residual))?;
     b.release(o);
     Ok(y)
 }
