@@ -34,6 +34,8 @@ import sys
 
 import regex
 
+from clip_bpe import bytes_to_unicode
+
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 TOKENIZERS = os.path.join(ROOT, "fixtures", "tokenizers")
 GOLDENS = os.path.join(ROOT, "fixtures", "goldens", "clip_tokenizer.json")
@@ -57,22 +59,6 @@ SPECIAL_EOS = "<|endoftext|>"
 PATTERN = regex.compile(
     r"""<\|startoftext\|>|<\|endoftext\|>|'s|'t|'re|'ve|'m|'ll|'d|[\p{L}]+|[\p{N}]|[^\s\p{L}\p{N}]+"""
 )
-
-
-def bytes_to_unicode():
-    bs = (
-        list(range(ord("!"), ord("~") + 1))
-        + list(range(ord("¡"), ord("¬") + 1))
-        + list(range(ord("®"), ord("ÿ") + 1))
-    )
-    cs = bs[:]
-    n = 0
-    for b in range(256):
-        if b not in bs:
-            bs.append(b)
-            cs.append(256 + n)
-            n += 1
-    return dict(zip(bs, map(chr, cs)))
 
 
 def learn_merges(text, count):
