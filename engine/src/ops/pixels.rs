@@ -1,5 +1,5 @@
 //! Channel-last image plumbing (shaders/pixels.wgsl): SiLU, skip-connection concatenation,
-//! transposition and row softmax.
+//! transposition, row softmax, affine maps, channel slices and a soft clamp.
 
 use bytemuck::{Pod, Zeroable};
 
@@ -8,8 +8,9 @@ use crate::gpu::{Gpu, GpuError, StorageBuffer};
 
 const SOURCE: &str = include_str!("../../../shaders/pixels.wgsl");
 
+/// Mirrors `Params` in pixels.wgsl; what `extra` and `offset` mean depends on the entry.
 #[repr(C)]
-#[derive(Clone, Copy, Pod, Zeroable)]
+#[derive(Clone, Copy, Default, Pod, Zeroable)]
 struct Params {
     rows: u32,
     cols: u32,
@@ -19,32 +20,40 @@ struct Params {
     _pad: [u32; 3],
 }
 
-fn spec(entry: &'static str) -> KernelSpec<'static> {
-    KernelSpec {
+/// `entry` over `rows`·`cols` invocations of 64-wide workgroups, `a` at binding 1 (and `b`
+/// at 2), `y` at 3.
+fn elementwise(
+    gpu: &Gpu,
+    entry: &'static str,
+    params: Params,
+    inputs: &[&StorageBuffer],
+    y: &StorageBuffer,
+) -> Result<Pass, GpuError> {
+    let spec = KernelSpec {
         family: "pixels",
         source: SOURCE,
         entry,
         defines: &[],
+    };
+    let mut buffers: Vec<(u32, &StorageBuffer)> = (1..).zip(inputs.iter().copied()).collect();
+    buffers.push((3, y));
+    let grid = Pass::grid_of_64(params.rows * params.cols);
+    Pass::new(gpu, spec, &params, &buffers, grid)
+}
+
+/// `n` values in one row.
+fn flat(n: u32, scale: f32) -> Params {
+    Params {
+        rows: 1,
+        cols: n,
+        scale,
+        ..Default::default()
     }
 }
 
 /// `y = x·σ(x)` over `n` values.
 pub fn silu(gpu: &Gpu, n: u32, x: &StorageBuffer, y: &StorageBuffer) -> Result<Pass, GpuError> {
-    let params = Params {
-        rows: 1,
-        cols: n,
-        extra: 0,
-        scale: 1.0,
-        offset: 0,
-        _pad: [0; 3],
-    };
-    Pass::new(
-        gpu,
-        spec("silu"),
-        &params,
-        &[(1, x), (3, y)],
-        Pass::grid_of_64(n),
-    )
+    elementwise(gpu, "silu", flat(n, 1.0), &[x], y)
 }
 
 /// `y[r] = a[r] ++ b[r]` for `rows` rows of `a_cols` and `b_cols` channels.
@@ -55,22 +64,13 @@ pub fn concat(
     (b, b_cols): (&StorageBuffer, u32),
     y: &StorageBuffer,
 ) -> Result<Pass, GpuError> {
-    let cols = a_cols + b_cols;
     let params = Params {
         rows,
-        cols,
+        cols: a_cols + b_cols,
         extra: a_cols,
-        scale: 1.0,
-        offset: 0,
-        _pad: [0; 3],
+        ..Default::default()
     };
-    Pass::new(
-        gpu,
-        spec("concat"),
-        &params,
-        &[(1, a), (2, b), (3, y)],
-        Pass::grid_of_64(rows * cols),
-    )
+    elementwise(gpu, "concat", params, &[a, b], y)
 }
 
 /// `y[c][r] = x[r][c]` with output rows `out_stride` floats apart.
@@ -86,20 +86,12 @@ pub fn transpose(
         rows,
         cols,
         extra: out_stride,
-        scale: 1.0,
-        offset: 0,
-        _pad: [0; 3],
+        ..Default::default()
     };
-    Pass::new(
-        gpu,
-        spec("transpose"),
-        &params,
-        &[(1, x), (3, y)],
-        Pass::grid_of_64(rows * cols),
-    )
+    elementwise(gpu, "transpose", params, &[x], y)
 }
 
-/// In place, `y[r] = softmax(scale · y[r])` for `rows` rows of `cols`.
+/// In place, `y[r] = softmax(scale · y[r])` for `rows` rows of `cols`, one workgroup per row.
 pub fn softmax_rows(
     gpu: &Gpu,
     rows: u32,
@@ -110,13 +102,17 @@ pub fn softmax_rows(
     let params = Params {
         rows,
         cols,
-        extra: 0,
         scale,
-        offset: 0,
-        _pad: [0; 3],
+        ..Default::default()
+    };
+    let spec = KernelSpec {
+        family: "pixels",
+        source: SOURCE,
+        entry: "softmax",
+        defines: &[],
     };
     let [x, yy] = crate::gpu::fold_grid(rows);
-    Pass::new(gpu, spec("softmax"), &params, &[(3, y)], [x, yy, 1])
+    Pass::new(gpu, spec, &params, &[(3, y)], [x, yy, 1])
 }
 
 /// `y = x·scale + offset` over `n` values.
@@ -129,20 +125,10 @@ pub fn affine(
     y: &StorageBuffer,
 ) -> Result<Pass, GpuError> {
     let params = Params {
-        rows: 1,
-        cols: n,
         extra: offset.to_bits(),
-        scale,
-        offset: 0,
-        _pad: [0; 3],
+        ..flat(n, scale)
     };
-    Pass::new(
-        gpu,
-        spec("affine"),
-        &params,
-        &[(1, x), (3, y)],
-        Pass::grid_of_64(n),
-    )
+    elementwise(gpu, "affine", params, &[x], y)
 }
 
 /// Channels `offset..offset + cols` of each of `rows` rows of `x` (rows of `x_cols`).
@@ -158,17 +144,10 @@ pub fn slice_channels(
         rows,
         cols,
         extra: x_cols,
-        scale: 1.0,
         offset,
-        _pad: [0; 3],
+        ..Default::default()
     };
-    Pass::new(
-        gpu,
-        spec("slice"),
-        &params,
-        &[(1, x), (3, y)],
-        Pass::grid_of_64(rows * cols),
-    )
+    elementwise(gpu, "slice", params, &[x], y)
 }
 
 /// `y = tanh(x / scale) · scale` over `n` values.
@@ -179,19 +158,5 @@ pub fn tanh_clamp(
     x: &StorageBuffer,
     y: &StorageBuffer,
 ) -> Result<Pass, GpuError> {
-    let params = Params {
-        rows: 1,
-        cols: n,
-        extra: 0,
-        scale,
-        offset: 0,
-        _pad: [0; 3],
-    };
-    Pass::new(
-        gpu,
-        spec("tanh_clamp"),
-        &params,
-        &[(1, x), (3, y)],
-        Pass::grid_of_64(n),
-    )
+    elementwise(gpu, "tanh_clamp", flat(n, scale), &[x], y)
 }
