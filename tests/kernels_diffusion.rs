@@ -1,7 +1,8 @@
 //! The image-generation kernels against plain CPU references on random inputs of awkward
 //! sizes: 2-D convolution as an implicit product (strides, padding, fused upsampling, bias,
 //! residual), GroupNorm (+SiLU), GEGLU, CLIP's quick GELU, causal attention, the channel
-//! plumbing (concat, transpose, softmax, affine, slice), the denoising update and the preview.
+//! plumbing (SiLU, concat, transpose, softmax, affine, slice, tanh clamp), the denoising
+//! update and the preview.
 
 mod common;
 
@@ -466,7 +467,13 @@ fn channel_plumbing_matches_cpu() {
     let sl = zeros(&gpu, rows * 3);
     let soft_data = rng.vec(rows * 300, 4.0);
     let soft = buf(&gpu, &soft_data);
+    // Wide values for the activations: SiLU's tails and the clamp's saturation.
+    let wide = rng.vec(97, 40.0);
+    let wb = buf(&gpu, &wide);
+    let (si, th) = (zeros(&gpu, wide.len()), zeros(&gpu, wide.len()));
     let passes = [
+        silu(&gpu, wide.len() as u32, &wb, &si).expect("silu"),
+        tanh_clamp(&gpu, wide.len() as u32, 3.0, &wb, &th).expect("tanh clamp"),
         concat(&gpu, rows as u32, (&ab, ca as u32), (&bb, cb as u32), &cat).expect("concat"),
         transpose(&gpu, rows as u32, ca as u32, 24, &ab, &t_out).expect("transpose"),
         affine(&gpu, (rows * ca) as u32, -2.5, 0.75, &ab, &aff).expect("affine"),
@@ -507,6 +514,18 @@ fn channel_plumbing_matches_cpu() {
         .flat_map(|r| a[r * ca + 1..r * ca + 4].to_vec())
         .collect();
     assert_eq!(read(&gpu, &sl, rows * 3), want_sl, "slice");
+    let want_si: Vec<f32> = wide.iter().map(|v| v / (1.0 + (-v).exp())).collect();
+    let want_th: Vec<f32> = wide.iter().map(|v| (v / 3.0).tanh() * 3.0).collect();
+    let n = wide.len();
+    assert_close("silu", &read(&gpu, &si, n), &want_si, &ones(n), 1e-5, 1e-5);
+    assert_close(
+        "tanh clamp",
+        &read(&gpu, &th, n),
+        &want_th,
+        &ones(n),
+        1e-5,
+        1e-5,
+    );
     let got_soft = read(&gpu, &soft, rows * 300);
     let mut want_soft = Vec::new();
     for r in 0..rows {
