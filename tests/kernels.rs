@@ -13,7 +13,7 @@ use backpack_engine::gpu::{Gpu, Recorder, StorageBuffer, UniformBuffer};
 use backpack_engine::load::quant::dequantize;
 use backpack_engine::load::{GgmlType, RopeScaling, RopeSpec};
 use backpack_engine::ops::*;
-use common::{Rng, assert_close, gpu, round_f16};
+use common::{Rng, assert_close, gpu, product_gpus, product_input, round_f16};
 
 const DTYPES: [WeightDType; 2] = [WeightDType::F32, WeightDType::F16];
 
@@ -259,7 +259,13 @@ fn matvec_parity(gpu: &Gpu) {
 
 #[test]
 fn matmul_matches_cpu() {
-    let gpu = gpu();
+    for gpu in product_gpus() {
+        matmul_parity(&gpu);
+    }
+}
+
+fn matmul_parity(gpu: &Gpu) {
+    let gpu = gpu.clone();
     let mut rng = Rng::new(2);
     // The last three are split along k (few output tiles, long rows): partial sums go through
     // scratch and a reduce pass that applies the epilogue.
@@ -310,7 +316,9 @@ fn matmul_matches_cpu() {
                 op.encode(&mut rec, m as u32);
                 rec.submit();
                 let got = read(&gpu, &yb, m * n);
-                let hw = host_weights(&w, dtype);
+                let tc = op.uses_tensor_cores();
+                let hw = product_input(tc, &host_weights(&w, dtype));
+                let x = product_input(tc, &x);
                 let mut want = Vec::with_capacity(m * n);
                 let mut scale = Vec::with_capacity(m * n);
                 for row in 0..m {
@@ -334,7 +342,7 @@ fn matmul_matches_cpu() {
                     }
                 }
                 let what = format!(
-                    "matmul {dtype:?} m={m} n={n} k={k} slices={} bias={bias_on} gelu={gelu:?} residual={residual}",
+                    "matmul {dtype:?} m={m} n={n} k={k} slices={} bias={bias_on} gelu={gelu:?} residual={residual} tensor_cores={tc}",
                     k_slices(n as u32, k as u32)
                 );
                 assert_close(&what, &got, &want, &scale, 1e-5, 2e-5);
@@ -1311,10 +1319,16 @@ fn quantized_matvec_matches_cpu_dequantize() {
 /// Quantized weights in the prompt product: tiles dequantized into workgroup memory.
 #[test]
 fn quantized_matmul_matches_cpu_dequantize() {
-    let gpu = gpu();
+    for gpu in product_gpus() {
+        quantized_matmul_parity(&gpu);
+    }
+}
+
+fn quantized_matmul_parity(gpu: &Gpu) {
+    let gpu = gpu.clone();
     let mut rng = Rng::new(22);
     for ty in QUANT_TYPES {
-        for &(m, n, k) in &[(3usize, 37usize, 256usize), (70, 5, 1024)] {
+        for &(m, n, k) in &[(3usize, 37usize, 256usize), (70, 5, 1024), (67, 130, 512)] {
             let blocks = random_blocks(&mut rng, ty, n, k);
             let mut w = vec![0.0f32; n * k];
             dequantize(ty, &blocks, &mut w);
@@ -1347,6 +1361,8 @@ fn quantized_matmul_matches_cpu_dequantize() {
             op.encode(&mut rec, m as u32);
             rec.submit();
             let got = read(&gpu, &yb, m * n);
+            let tc = op.uses_tensor_cores();
+            let (w, x) = (product_input(tc, &w), product_input(tc, &x));
             let mut want = Vec::new();
             let mut scale = Vec::new();
             for row in 0..m {
@@ -1355,7 +1371,7 @@ fn quantized_matmul_matches_cpu_dequantize() {
                 scale.extend(mag);
             }
             assert_close(
-                &format!("quantized matmul {ty:?} m={m} n={n} k={k}"),
+                &format!("quantized matmul {ty:?} m={m} n={n} k={k} tensor_cores={tc}"),
                 &got,
                 &want,
                 &scale,

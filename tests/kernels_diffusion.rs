@@ -8,7 +8,7 @@ mod common;
 
 use backpack_engine::gpu::{Gpu, Recorder, StorageBuffer, UniformBuffer};
 use backpack_engine::ops::*;
-use common::{Rng, assert_close, gpu};
+use common::{Rng, assert_close, gpu, product_gpus, round_f16};
 
 fn step(gpu: &Gpu, n: u32) -> UniformBuffer {
     gpu.uniform("step", &StepParams::new(0, n))
@@ -75,7 +75,15 @@ fn conv2d_ref(
 
 #[test]
 fn convolution_matches_cpu() {
-    let gpu = gpu();
+    for gpu in product_gpus() {
+        convolution_parity(&gpu);
+    }
+}
+
+/// Inputs and weights are f16 values, so the reference holds for the tensor-core tiles (which
+/// round them to f16) as well as the SIMT ones.
+fn convolution_parity(gpu: &Gpu) {
+    let gpu = gpu.clone();
     let mut rng = Rng::new(21);
     // (h, w, cin, cout, k, stride, pad, upsample, asymmetric stride-2 output)
     let cases = [
@@ -96,11 +104,8 @@ fn convolution_matches_cpu() {
         } else {
             WeightDType::F32
         };
-        let x = rng.vec(h * w * cin, 1.0);
-        let mut weight = rng.vec(cout * cin * k * k, 0.5);
-        if dtype == WeightDType::F16 {
-            weight = common::round_f16(&weight);
-        }
+        let x = round_f16(&rng.vec(h * w * cin, 1.0));
+        let weight = round_f16(&rng.vec(cout * cin * k * k, 0.5));
         let bias = rng.vec(cout, 0.3);
         let mut shape = Conv2dShape::new(
             h as u32,
@@ -170,23 +175,31 @@ fn convolution_matches_cpu() {
         rec.submit();
         let got = read(&gpu, &yb, rows * cout);
         let want: Vec<f32> = want.iter().zip(&residual).map(|(a, b)| a + b).collect();
-        let what =
-            format!("conv {h}×{w}×{cin}→{cout} k{k} s{stride} p{pad} up={up} big={big} {dtype:?}");
+        let what = format!(
+            "conv {h}×{w}×{cin}→{cout} k{k} s{stride} p{pad} up={up} big={big} {dtype:?} tensor_cores={}",
+            mm.uses_tensor_cores()
+        );
         assert_close(&what, &got, &want, &ones(want.len()), 1e-4, 1e-4);
     }
 }
 
 #[test]
 fn big_tile_product_matches_cpu() {
-    let gpu = gpu();
+    for gpu in product_gpus() {
+        big_tile_parity(&gpu);
+    }
+}
+
+fn big_tile_parity(gpu: &Gpu) {
+    let gpu = gpu.clone();
     let mut rng = Rng::new(27);
     // Rows and outputs that leave partial 128-wide tiles; k not a multiple of the 16-wide step.
     for (rows, n, k, dtype) in [
         (300usize, 200usize, 52usize, WeightDType::F32),
         (131, 129, 40, WeightDType::F16),
     ] {
-        let x = rng.vec(rows * k, 1.0);
-        let w = common::round_f16(&rng.vec(n * k, 1.0));
+        let x = round_f16(&rng.vec(rows * k, 1.0));
+        let w = round_f16(&rng.vec(n * k, 1.0));
         let bias = rng.vec(n, 0.5);
         let m = Matrix::from_f32(&gpu, "w", &w, n as u32, k as u32, dtype).expect("matrix");
         let (xb, bb, yb) = (buf(&gpu, &x), buf(&gpu, &bias), zeros(&gpu, rows * n));
@@ -347,8 +360,9 @@ fn geglu_and_quick_gelu_match_cpu() {
 
     // quick_gelu in the product's epilogue.
     let (n, k) = (13usize, 21usize);
-    let xin = rng.vec(rows * k, 1.0);
-    let w = rng.vec(n * k, 1.0);
+    // f16 values: the same reference holds on the tensor-core tiles.
+    let xin = round_f16(&rng.vec(rows * k, 1.0));
+    let w = round_f16(&rng.vec(n * k, 1.0));
     let m = Matrix::from_f32(&gpu, "w", &w, n as u32, k as u32, WeightDType::F32).expect("matrix");
     let (xb, yb) = (buf(&gpu, &xin), zeros(&gpu, rows * n));
     let mm = MatMul::new(

@@ -6,7 +6,7 @@ mod common;
 
 use backpack_engine::gpu::{Gpu, Recorder, StorageBuffer, UniformBuffer};
 use backpack_engine::ops::*;
-use common::{Rng, assert_close, gpu};
+use common::{Rng, assert_close, gpu, product_gpus, round_f16};
 
 fn step(gpu: &Gpu, pos0: u32, n: u32) -> UniformBuffer {
     gpu.uniform("step", &StepParams::new(pos0, n))
@@ -55,7 +55,14 @@ fn conv1d_ref(
 
 #[test]
 fn convolution_stem_matches_cpu() {
-    let gpu = gpu();
+    for gpu in product_gpus() {
+        convolution_stem_parity(&gpu);
+    }
+}
+
+/// f16 inputs and weights: the reference holds on the tensor-core tiles too.
+fn convolution_stem_parity(gpu: &Gpu) {
+    let gpu = gpu.clone();
     let mut rng = Rng::new(11);
     // (in channels, out channels, length, stride, input layout channel-major)
     for (c_in, c_out, len, stride, channel_major) in [
@@ -64,8 +71,8 @@ fn convolution_stem_matches_cpu() {
         (3, 9, 1, 2, true),
         (80, 24, 61, 1, true),
     ] {
-        let x_cm = rng.vec(c_in * len, 1.0);
-        let w = rng.vec(c_out * c_in * 3, 0.5);
+        let x_cm = round_f16(&rng.vec(c_in * len, 1.0));
+        let w = round_f16(&rng.vec(c_out * c_in * 3, 0.5));
         let b = rng.vec(c_out, 0.2);
         let want = conv1d_ref(&x_cm, &w, &b, c_in, c_out, len, stride, 1);
         // The same input, laid out as the kernel is told.

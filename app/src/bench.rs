@@ -3,7 +3,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 use backpack_engine::load::DecoderSpec;
-use backpack_engine::models::{DecoderModel, ModelOptions, WeightSource};
+use backpack_engine::models::{DecoderModel, ModelOptions, TextModel, WeightSource};
 use backpack_engine::ops::SamplerParams;
 use clap::Args;
 
@@ -12,8 +12,11 @@ use crate::{DTypeArg, QuantArg};
 #[derive(Args)]
 pub struct BenchArgs {
     /// An HF config.json describing the model shape; weights are random.
+    #[arg(long, required_unless_present = "model", conflicts_with = "model")]
+    config: Option<PathBuf>,
+    /// A model to load instead (a GGUF file or an HF folder): its own weights and format.
     #[arg(long)]
-    config: PathBuf,
+    model: Option<PathBuf>,
     #[arg(long, default_value_t = 128)]
     prompt_len: u32,
     /// Tokens to generate.
@@ -56,24 +59,33 @@ struct Run {
 }
 
 pub fn run(args: BenchArgs, adapter: Option<&str>) -> Result<()> {
-    let spec = DecoderSpec::from_file(&args.config)
-        .with_context(|| format!("reading {}", args.config.display()))?;
     let gpu = crate::open_gpu(adapter)?;
     let context = args.prompt_len + args.generate + 1;
+    let options = ModelOptions {
+        dtype: args.dtype.into(),
+        context: Some(context),
+        prefill_chunk: args.prompt_len.max(1),
+        lookahead: !args.sync,
+        quantize: args.quant.and_then(QuantArg::block_format),
+        ..Default::default()
+    };
     let build_start = Instant::now();
-    let mut model = DecoderModel::build(
-        &gpu,
-        &spec,
-        WeightSource::Random { seed: 1 },
-        &ModelOptions {
-            dtype: args.dtype.into(),
-            context: Some(context),
-            prefill_chunk: args.prompt_len.max(1),
-            lookahead: !args.sync,
-            quantize: args.quant.and_then(QuantArg::block_format),
-            ..Default::default()
-        },
-    )?;
+    let (mut model, source) = match (&args.model, &args.config) {
+        (Some(path), _) => {
+            let loaded = TextModel::load(&gpu, path, &options)
+                .with_context(|| format!("loading {}", path.display()))?;
+            (loaded.model, path.clone())
+        }
+        (None, Some(config)) => {
+            let spec = DecoderSpec::from_file(config)
+                .with_context(|| format!("reading {}", config.display()))?;
+            let model =
+                DecoderModel::build(&gpu, &spec, WeightSource::Random { seed: 1 }, &options)?;
+            (model, config.clone())
+        }
+        (None, None) => anyhow::bail!("give --config or --model"),
+    };
+    let spec = model.spec().clone();
     gpu.wait()?;
     let build = build_start.elapsed();
     model.set_sampler(&SamplerParams {
@@ -134,7 +146,7 @@ pub fn run(args: BenchArgs, adapter: Option<&str>) -> Result<()> {
         println!(
             "{}",
             serde_json::json!({
-                "config": args.config.display().to_string(),
+                "config": source.display().to_string(),
                 "adapter": gpu.info().name,
                 "dtype": format!("{:?}", model.dtype()).to_lowercase(),
                 "quant": args.quant.map(|q| format!("{q:?}").to_lowercase()),
@@ -160,7 +172,7 @@ pub fn run(args: BenchArgs, adapter: Option<&str>) -> Result<()> {
     } else {
         println!(
             "model        {} ({:.0}M params, {} layers)",
-            args.config.display(),
+            source.display(),
             spec.parameters() as f64 / 1e6,
             spec.layers
         );

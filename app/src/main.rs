@@ -2,6 +2,7 @@
 //! run the engine from the command line.
 
 mod bench;
+mod bench_gemm;
 mod bench_image;
 mod bench_speech;
 mod generate;
@@ -62,6 +63,8 @@ enum Command {
     Image(image_cmd::ImageArgs),
     /// Measure an image model's text encoder, UNet step and VAE speed at real shapes.
     BenchImage(bench_image::BenchImageArgs),
+    /// Measure the prompt product (tensor-core and SIMT tiles) at model shapes.
+    BenchGemm(bench_gemm::BenchGemmArgs),
 }
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
@@ -132,6 +135,7 @@ fn main() -> Result<()> {
         Some(Command::Transcribe(args)) => transcribe::run(args, cli.adapter.as_deref()),
         Some(Command::Image(args)) => image_cmd::run(args, cli.adapter.as_deref()),
         Some(Command::BenchImage(args)) => bench_image::run(args, cli.adapter.as_deref()),
+        Some(Command::BenchGemm(args)) => bench_gemm::run(args, cli.adapter.as_deref()),
         None => {
             if let Some(path) = cli.audio_input.as_deref().filter(|p| !p.is_file()) {
                 anyhow::bail!("--audio-input {}: no such audio file", path.display());

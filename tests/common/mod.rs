@@ -18,6 +18,34 @@ pub fn gpu() -> Gpu {
     .clone()
 }
 
+/// The devices a prompt-product test runs on: the shared one, and where that one takes the
+/// tensor-core tiles, the same device on the SIMT tiles first. With `BACKPACK_REQUIRE_COOP=1`
+/// an adapter without tensor-core tiles fails the test, so a run on such a GPU cannot quietly
+/// test only the SIMT path.
+pub fn product_gpus() -> Vec<Gpu> {
+    let gpu = gpu();
+    let required = std::env::var_os("BACKPACK_REQUIRE_COOP").is_some_and(|v| v != "0");
+    assert!(
+        !required || gpu.caps().cooperative_matrix,
+        "BACKPACK_REQUIRE_COOP is set, but {} has no tensor-core tiles",
+        gpu.describe()
+    );
+    if gpu.caps().cooperative_matrix {
+        vec![gpu.without_cooperative_matrix(), gpu]
+    } else {
+        vec![gpu]
+    }
+}
+
+/// What a product's inputs become on the path it took: rounded to f16 on tensor cores.
+pub fn product_input(tensor_cores: bool, v: &[f32]) -> Vec<f32> {
+    if tensor_cores {
+        round_f16(v)
+    } else {
+        v.to_vec()
+    }
+}
+
 /// xorshift64*: tiny, seeded, good enough for test data.
 pub struct Rng(u64);
 

@@ -8,7 +8,10 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use backpack_engine::gpu::{Gpu, adapter_filter, pick_adapter, required_features_and_limits};
+/// The descriptor the renderer opens its device with: the engine's, so the window and the
+/// engine share one device with everything the kernels want.
+pub use backpack_engine::gpu::device_descriptor;
+use backpack_engine::gpu::{Gpu, adapter_filter, pick_adapter};
 use backpack_engine::models::{GenerateParams, ModelOptions, Prompt};
 use backpack_engine::runtime::image::ImageService;
 use backpack_engine::runtime::speech::SpeechService;
@@ -159,19 +162,6 @@ impl EngineLink {
             out.push(e);
         }
         out
-    }
-}
-
-/// The device descriptor the renderer opens its device with: what the engine needs (f16,
-/// subgroups, timestamps where offered; the adapter's buffer limits), so the window and the
-/// engine share one device.
-pub fn device_descriptor(adapter: &wgpu::Adapter) -> wgpu::DeviceDescriptor<'static> {
-    let (features, limits) = required_features_and_limits(adapter);
-    wgpu::DeviceDescriptor {
-        label: Some("backpack"),
-        required_features: features,
-        required_limits: limits,
-        ..Default::default()
     }
 }
 

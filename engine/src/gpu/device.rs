@@ -44,6 +44,10 @@ pub struct GpuCaps {
     /// Kernels keep naga's runtime bounds checks (`BACKPACK_SHADER_CHECKS=1`, for debugging and
     /// for running the parity tests both ways); otherwise they are compiled trusted.
     pub runtime_checks: bool,
+    /// Prompt products run on tensor cores (matmul_coop.wgsl): the device has cooperative
+    /// matrices with 16×16×16 f16 fragments accumulating in f32 and a fixed subgroup size.
+    /// `BACKPACK_MATMUL=simt` keeps the SIMT tiles (for comparisons and debugging).
+    pub cooperative_matrix: bool,
 }
 
 pub(crate) struct GpuInner {
@@ -64,11 +68,60 @@ pub struct Gpu {
 /// timestamps for profiling, and the adapter's own buffer and workgroup limits.
 pub fn required_features_and_limits(adapter: &wgpu::Adapter) -> (wgpu::Features, wgpu::Limits) {
     let offered = adapter.features();
-    let wanted =
+    let mut wanted =
         wgpu::Features::SHADER_F16 | wgpu::Features::SUBGROUP | wgpu::Features::TIMESTAMP_QUERY;
+    if offers_tensor_core_tiles(adapter) {
+        wanted |= wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX;
+    }
     // The adapter's own limits, not WebGPU's defaults: model weights need large bindings.
     let limits = adapter.limits();
     (offered & wanted, limits)
+}
+
+/// The descriptor every device the engine runs on is opened with (its own, or the window's):
+/// the features and limits of [`required_features_and_limits`], with wgpu's experimental
+/// features unlocked when cooperative matrices are among them.
+pub fn device_descriptor(adapter: &wgpu::Adapter) -> wgpu::DeviceDescriptor<'static> {
+    let (features, limits) = required_features_and_limits(adapter);
+    let experimental_features =
+        if features.contains(wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX) {
+            super::trusted::experimental_features()
+        } else {
+            wgpu::ExperimentalFeatures::disabled()
+        };
+    wgpu::DeviceDescriptor {
+        label: Some("backpack"),
+        required_features: features,
+        required_limits: limits,
+        experimental_features,
+        ..Default::default()
+    }
+}
+
+/// Whether the adapter can run matmul_coop.wgsl: cooperative matrices with 16×16×16 f16
+/// fragments accumulating in f32, f16 and subgroups, and one subgroup size (the kernel lays
+/// its subgroups out by invocation index).
+fn offers_tensor_core_tiles(adapter: &wgpu::Adapter) -> bool {
+    use wgpu::CooperativeScalarType as T;
+    let features = adapter.features();
+    let info = adapter.get_info();
+    let needed = wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX
+        | wgpu::Features::SHADER_F16
+        | wgpu::Features::SUBGROUP;
+    features.contains(needed)
+        && !simt_forced()
+        && info.subgroup_min_size == info.subgroup_max_size
+        && [16, 32, 64].contains(&info.subgroup_min_size)
+        && adapter.cooperative_matrix_properties().iter().any(|p| {
+            (p.m_size, p.n_size, p.k_size) == (16, 16, 16)
+                && p.ab_type == T::F16
+                && p.cr_type == T::F32
+        })
+}
+
+/// `BACKPACK_MATMUL=simt`: prompt products keep the SIMT tiles even on tensor-core adapters.
+fn simt_forced() -> bool {
+    std::env::var("BACKPACK_MATMUL").is_ok_and(|v| v.eq_ignore_ascii_case("simt"))
 }
 
 impl Gpu {
@@ -85,14 +138,8 @@ impl Gpu {
         let adapters = pollster::block_on(instance.enumerate_adapters(wgpu::Backends::all()));
         let filter = self::adapter_filter(adapter_filter);
         let adapter = pick_adapter(&adapters, filter.as_deref())?;
-        let (features, limits) = required_features_and_limits(&adapter);
         let (device, queue) =
-            pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
-                label: Some("backpack"),
-                required_features: features,
-                required_limits: limits,
-                ..Default::default()
-            }))?;
+            pollster::block_on(adapter.request_device(&device_descriptor(&adapter)))?;
         Ok(Self::from_device(device, queue, adapter.get_info()))
     }
 
@@ -114,6 +161,11 @@ impl Gpu {
             max_workgroup_invocations: limits.max_compute_invocations_per_workgroup,
             max_workgroup_size_x: limits.max_compute_workgroup_size_x,
             runtime_checks: std::env::var_os("BACKPACK_SHADER_CHECKS").is_some_and(|v| v != "0"),
+            cooperative_matrix: features.contains(wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX)
+                && features.contains(wgpu::Features::SHADER_F16)
+                && subgroups
+                && info.subgroup_min_size == info.subgroup_max_size
+                && !simt_forced(),
         };
         Self {
             inner: Arc::new(GpuInner {
@@ -129,8 +181,21 @@ impl Gpu {
     /// The same device with subgroup operations left unused, so the shared-memory fallback of
     /// every reduction (the path of adapters without subgroups) can run and be tested anywhere.
     pub fn without_subgroups(&self) -> Self {
+        self.with_caps(|caps| {
+            caps.subgroups = false;
+            caps.cooperative_matrix = false;
+        })
+    }
+
+    /// The same device with prompt products on the SIMT tiles, so both paths can be tested
+    /// (and compared) on a tensor-core adapter.
+    pub fn without_cooperative_matrix(&self) -> Self {
+        self.with_caps(|caps| caps.cooperative_matrix = false)
+    }
+
+    fn with_caps(&self, change: impl FnOnce(&mut GpuCaps)) -> Self {
         let mut caps = self.inner.caps.clone();
-        caps.subgroups = false;
+        change(&mut caps);
         Self {
             inner: Arc::new(GpuInner {
                 device: self.inner.device.clone(),

@@ -8,10 +8,12 @@ mod pipelines;
 pub(crate) mod profile;
 mod recorder;
 mod shader;
+mod trusted;
 
 pub use buffers::{StorageBuffer, UniformBuffer};
 pub use device::{
-    Gpu, GpuCaps, GpuError, adapter_filter, pick_adapter, required_features_and_limits,
+    Gpu, GpuCaps, GpuError, adapter_filter, device_descriptor, pick_adapter,
+    required_features_and_limits,
 };
 pub use pipelines::{Kernel, KernelKey};
 pub use profile::KernelTiming;

@@ -3,6 +3,7 @@ use std::sync::{Arc, Mutex};
 
 use super::device::{Gpu, GpuError};
 use super::shader::preprocess;
+use super::trusted::trusted_module;
 
 /// Declarations every kernel shares (the step uniform's layout).
 const COMMON: &str = include_str!("../../../shaders/common.wgsl");
@@ -62,10 +63,12 @@ impl Gpu {
             entry: key.entry.to_owned(),
             message,
         };
-        let text = format!(
-            "{COMMON}\n{}",
-            preprocess(source, &key.defines).map_err(shader_error)?
-        );
+        let body = preprocess(source, &key.defines).map_err(shader_error)?;
+        // WGSL wants `enable` directives before any declaration, COMMON's included.
+        let (enables, rest): (Vec<&str>, Vec<&str>) = body
+            .lines()
+            .partition(|line| line.trim_start().starts_with("enable "));
+        let text = format!("{}\n{COMMON}\n{}", enables.join("\n"), rest.join("\n"));
         let label: Arc<str> = format!(
             "{}::{}[{}]",
             key.family,
@@ -109,23 +112,6 @@ impl Gpu {
             layout,
             label,
         })
-    }
-}
-
-/// A shader module without naga's runtime bounds checks, which cost up to a quarter of a
-/// kernel's time (a clamp on every storage and workgroup access). This is the engine's one
-/// exception to `unsafe_code = "deny"`.
-#[allow(unsafe_code)]
-fn trusted_module(
-    device: &wgpu::Device,
-    descriptor: wgpu::ShaderModuleDescriptor<'_>,
-) -> wgpu::ShaderModule {
-    // SAFETY: the kernels are our own WGSL. Every index they compute comes from shapes the
-    // host validated against the buffers it binds (weights against their tensors, activations
-    // sized by their producers), each global access is guarded by those shapes, and every
-    // kernel has a parity test on awkward sizes that CI runs with the checks on and off.
-    unsafe {
-        device.create_shader_module_trusted(descriptor, wgpu::ShaderRuntimeChecks::unchecked())
     }
 }
 

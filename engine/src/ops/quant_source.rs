@@ -71,15 +71,23 @@ pub static QUANT_DEQUANT: LazyLock<String> =
 pub static QUANT_EMBED: LazyLock<String> =
     LazyLock::new(|| quant_source() + include_str!("../../../shaders/embed_q.wgsl"));
 
-/// The quantized prompt product: quant.wgsl expanded, then matmul.wgsl.
+/// The quantized prompt product: quant.wgsl expanded, then the SIMT tiles.
 pub static QUANT_MATMUL: LazyLock<String> =
-    LazyLock::new(|| quant_source() + include_str!("../../../shaders/matmul.wgsl"));
+    LazyLock::new(|| quant_source() + super::matmul::SIMT_SOURCE.as_str());
+
+/// The quantized prompt product on tensor cores: quant.wgsl expanded, then the coop tiles.
+pub static QUANT_MATMUL_COOP: LazyLock<String> =
+    LazyLock::new(|| quant_source() + super::matmul::COOP_SOURCE.as_str());
 
 #[cfg(test)]
 mod tests {
     #[test]
     fn every_emit_is_expanded() {
-        for source in [super::QUANT_MATVEC.as_str(), super::QUANT_MATMUL.as_str()] {
+        for source in [
+            super::QUANT_MATVEC.as_str(),
+            super::QUANT_MATMUL.as_str(),
+            super::QUANT_MATMUL_COOP.as_str(),
+        ] {
             let starts = |prefix: &str| source.lines().any(|l| l.trim_start().starts_with(prefix));
             assert!(!starts("EMIT("));
             assert!(!starts("Q_DECODE") && !source.contains("/*Q_DECODE"));

@@ -1,0 +1,159 @@
+//! `backpack bench-gemm`: the prompt product alone, at the shapes the models run, on the
+//! tensor-core tiles and the SIMT tiles of the same device, so kernel work can be measured
+//! without a model around it.
+
+use std::time::Instant;
+
+use anyhow::{Context, Result, bail};
+use backpack_engine::gpu::{Gpu, Recorder};
+use backpack_engine::load::quant::random_blocks;
+use backpack_engine::ops::{Conv2dShape, MatMul, MatMulOptions, Matrix, StepParams, WeightDType};
+use clap::Args;
+
+use crate::QuantArg;
+
+#[derive(Args)]
+pub struct BenchGemmArgs {
+    /// Products as M×N×K (rows × outputs × inner), e.g. 504x2048x2048; a convolution as
+    /// conv:H×W×CIN→COUT (3×3, stride 1, padding 1), e.g. conv:64x64x320x320. Defaults to a
+    /// set of LLM prefill, UNet and Whisper encoder shapes.
+    #[arg(long = "shape")]
+    shapes: Vec<String>,
+    /// Weight format: f16 (default) or a block format.
+    #[arg(long, value_enum, default_value = "f16")]
+    quant: QuantArg,
+    /// 128-wide tiles (as the image networks use for large products).
+    #[arg(long)]
+    big: bool,
+    /// Timed repetitions per shape (the median is reported).
+    #[arg(long, default_value_t = 20)]
+    runs: u32,
+}
+
+const DEFAULT_SHAPES: &[&str] = &[
+    "504x2048x2048",
+    "504x8192x2048",
+    "504x2048x8192",
+    "1500x768x768",
+    "1500x3072x768",
+    "4096x320x320",
+    "conv:64x64x320x320",
+    "conv:32x32x640x640",
+    "conv:16x16x1280x1280",
+];
+
+enum Shape {
+    Product { m: u32, n: u32, k: u32 },
+    Conv(Conv2dShape, u32),
+}
+
+impl Shape {
+    fn parse(text: &str) -> Result<Self> {
+        let nums = |s: &str| -> Result<Vec<u32>> {
+            s.split(['x', '×'])
+                .map(|v| v.trim().parse::<u32>().context("a positive number"))
+                .collect()
+        };
+        if let Some(rest) = text.strip_prefix("conv:") {
+            let v = nums(rest)?;
+            let [h, w, cin, cout] = v[..] else {
+                bail!("conv shapes are conv:HxWxCINxCOUT, not {text}");
+            };
+            return Ok(Self::Conv(
+                Conv2dShape::new(h, w, cin, 3, 1, 1, false),
+                cout,
+            ));
+        }
+        let v = nums(text)?;
+        let [m, n, k] = v[..] else {
+            bail!("product shapes are MxNxK, not {text}");
+        };
+        Ok(Self::Product { m, n, k })
+    }
+
+    /// (rows, outputs, inner).
+    fn mnk(&self) -> (u32, u32, u32) {
+        match self {
+            Self::Product { m, n, k } => (*m, *n, *k),
+            Self::Conv(c, cout) => (c.out_h() * c.out_w, *cout, c.width()),
+        }
+    }
+}
+
+pub fn run(args: BenchGemmArgs, adapter: Option<&str>) -> Result<()> {
+    let gpu = crate::open_gpu(adapter)?;
+    let texts: Vec<String> = if args.shapes.is_empty() {
+        DEFAULT_SHAPES.iter().map(|s| s.to_string()).collect()
+    } else {
+        args.shapes.clone()
+    };
+    let mut paths = vec![("simt", gpu.without_cooperative_matrix())];
+    if gpu.caps().cooperative_matrix {
+        paths.push(("tensor cores", gpu.clone()));
+    }
+    for text in &texts {
+        let shape = Shape::parse(text)?;
+        for (name, gpu) in &paths {
+            let ms = time_product(gpu, &shape, &args)?;
+            let (m, n, k) = shape.mnk();
+            let tflops = 2.0 * f64::from(m) * f64::from(n) * f64::from(k) / (ms * 1e-3) / 1e12;
+            println!("{text:>22}  {name:<12}  {ms:8.3} ms  {tflops:7.1} TFLOP/s");
+        }
+    }
+    Ok(())
+}
+
+fn time_product(gpu: &Gpu, shape: &Shape, args: &BenchGemmArgs) -> Result<f64> {
+    let (m, n, k) = shape.mnk();
+    let weights = match args.quant.block_format() {
+        Some(ty) => {
+            let blocks = random_blocks(ty, n as usize * k as usize, 7);
+            Matrix::from_blocks(gpu, "w", ty, &blocks, n, k)?
+        }
+        None => {
+            let data: Vec<f32> = (0..n as usize * k as usize)
+                .map(|i| ((i.wrapping_mul(2_654_435_761) >> 9) % 2001) as f32 / 1000.0 - 1.0)
+                .collect();
+            Matrix::from_f32(gpu, "w", &data, n, k, WeightDType::F16)?
+        }
+    };
+    let input_len = match shape {
+        Shape::Product { .. } => u64::from(m) * u64::from(k),
+        Shape::Conv(c, _) => u64::from(c.in_h) * u64::from(c.in_w) * u64::from(c.cin),
+    };
+    let x = gpu.storage("x", input_len * 4)?;
+    let y = gpu.storage("y", u64::from(m) * u64::from(n) * 4)?;
+    let scratch = gpu.storage("scratch", MatMul::scratch_bytes(n, k, m).max(4))?;
+    let step = gpu.uniform("step", &StepParams::new(0, m));
+    let op = MatMul::new(
+        gpu,
+        &weights,
+        &x,
+        &y,
+        &step,
+        MatMulOptions {
+            split_scratch: Some((&scratch, m)),
+            conv: match shape {
+                Shape::Conv(c, _) => Some(*c),
+                Shape::Product { .. } => None,
+            },
+            big_tiles: args.big,
+            ..Default::default()
+        },
+    )?;
+    let mut times = Vec::new();
+    for _ in 0..=args.runs.max(1) {
+        let start = Instant::now();
+        let mut rec = Recorder::new(gpu);
+        // Ten products per submission, so the submit cost does not dominate small shapes.
+        for _ in 0..10 {
+            op.encode(&mut rec, m);
+        }
+        rec.submit();
+        gpu.wait()?;
+        times.push(start.elapsed().as_secs_f64() * 1e3 / 10.0);
+    }
+    times.remove(0); // warm-up
+    times.sort_by(f64::total_cmp);
+    Ok(times[times.len() / 2])
+}

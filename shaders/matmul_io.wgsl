@@ -1,0 +1,98 @@
+// What every prompt-product kernel shares (matmul.wgsl's SIMT tiles and matmul_coop.wgsl's
+// tensor-core tiles): parameters, bindings, the convolution description, the epilogue and the
+// pass that sums k slices.
+//
+// Defines: F16, BIAS, GELU (tanh form), GELU_ERF, QUICK_GELU, RESIDUAL (Y += ...), RELU (after
+// the residual), SPLIT_K, CONV, QUANT (weights bound by quant.wgsl).
+
+struct Params {
+    n: u32,
+    k: u32,
+    row_vecs: u32,
+    // k slices of the split product (the reduce pass reads them all).
+    slices: u32,
+    // Quantized weights: word offset of the block scales (see quant.wgsl).
+    q_scales: u32,
+    _pad0: u32,
+    _pad1: u32,
+    _pad2: u32,
+}
+
+@group(0) @binding(0) var<uniform> p: Params;
+@group(0) @binding(1) var<uniform> step: Step;
+@group(0) @binding(2) var<storage, read> x: array<f32>;
+#if !QUANT
+#if F16
+@group(0) @binding(3) var<storage, read> w: array<vec4<u32>>;
+#else
+@group(0) @binding(3) var<storage, read> w: array<vec4<f32>>;
+#endif
+#endif
+@group(0) @binding(4) var<storage, read_write> y: array<f32>;
+#if BIAS
+@group(0) @binding(5) var<storage, read> bias: array<f32>;
+#endif
+#if SPLIT_K
+// [slice][m][n] partial sums.
+@group(0) @binding(6) var<storage, read_write> scratch: array<f32>;
+#endif
+
+#if CONV
+// A 2-D convolution as an implicit product: row = output pixel, k = (tap y, tap x, input
+// channel) over a channel-last input, so no im2col matrix is ever written.
+struct Conv {
+    in_h: u32,
+    in_w: u32,
+    cin: u32,
+    out_w: u32,
+    ksize: u32,
+    stride: u32,
+    pad: u32,
+    // 1: the input is read as if upsampled 2× (nearest), fusing the UNet's upsampler.
+    up: u32,
+}
+@group(0) @binding(7) var<uniform> cv: Conv;
+
+#endif
+
+fn epilogue(sum: f32, row: u32, col: u32) -> f32 {
+    var v = sum;
+#if BIAS
+    v += bias[col];
+#endif
+#if GELU
+    v = gelu_tanh(v);
+#endif
+#if GELU_ERF
+    v = gelu_erf(v);
+#endif
+#if QUICK_GELU
+    // CLIP's x·σ(1.702x).
+    v = v / (1.0 + exp(-1.702 * v));
+#endif
+#if RESIDUAL
+    v += y[row * p.n + col];
+#endif
+#if RELU
+    // After the residual: TAESD's blocks apply it to the sum.
+    v = max(v, 0.0);
+#endif
+    return v;
+}
+
+#if SPLIT_K
+// Sums the k slices of each output and applies the epilogue.
+@compute @workgroup_size(64)
+fn reduce(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let id = gid.y * nwg.x * 64u + gid.x;
+    let total = step.n_tokens * p.n;
+    if (id >= total) {
+        return;
+    }
+    var sum = 0.0;
+    for (var z = 0u; z < p.slices; z++) {
+        sum += scratch[z * total + id];
+    }
+    y[id] = epilogue(sum, id / p.n, id % p.n);
+}
+#endif
