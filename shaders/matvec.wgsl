@@ -10,7 +10,8 @@
 // SGX (each row's TPR lanes lie in one subgroup of fixed size: shuffle reduction), F16, NORM,
 // NORM_LAYER, BIAS, GLU (y = silu(W_gate·x̂) * (W_up·x̂), the up block at
 // glu_offset), GELU (tanh form), GELU_ERF, RESIDUAL (y += ...), SUBGROUP, XCACHE (x̂ staged once in workgroup memory,
-// for short rows), XVEC4 (k is a multiple of 4: x is also read through a vec4 view), COMBINE
+// for short rows), XVEC4 (k is a multiple of 4: x is also read through a vec4 view), KPAIR
+// (K-quant rows by sub-block pairs, see q_dot_pair), COMBINE
 // (x is the attention output of one token, split over runs of keys as attention.wgsl SPLIT
 // leaves it: the runs are merged while staging; needs XCACHE), HEADS, MIN_SPLIT, MAX_SPLITS.
 
@@ -273,12 +274,21 @@ fn main(
         var acc_up = 0.0;
         if (live) {
 #if QUANT
+#if KPAIR
+            for (var sp = lane; sp < {{SUBS}}u / 2u; sp += {{TPR}}u) {
+                acc += q_dot_pair(row, sp, base);
+#if GLU
+                acc_up += q_dot_pair(row + p.n, sp, base);
+#endif
+            }
+#else
             for (var sb = lane; sb < {{SUBS}}u; sb += {{TPR}}u) {
                 acc += q_dot(row, sb, p.q_scales, base);
 #if GLU
                 acc_up += q_dot(row + p.n, sb, p.q_scales, base);
 #endif
             }
+#endif
 #else
             let wrow = row * {{ROW_VECS}}u;
             for (var v = lane; v < {{ROW_VECS}}u; v += {{TPR}}u) {

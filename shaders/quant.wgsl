@@ -49,9 +49,11 @@ fn k_scale_byte(w0: u32, w1: u32, w2: u32, k: u32) -> u32 {
 
 // (scale, min) of sub-block j of the Q4_K / Q5_K block whose payload starts at word `base`.
 fn scale_min_k4(base: u32, j: u32) -> vec2<f32> {
-    let w0 = qw[base + 1u];
-    let w1 = qw[base + 2u];
-    let w2 = qw[base + 3u];
+    return scale_min_words(qw[base + 1u], qw[base + 2u], qw[base + 3u], j);
+}
+
+// The same from the block's three packed scale words.
+fn scale_min_words(w0: u32, w1: u32, w2: u32, j: u32) -> vec2<f32> {
     if (j < 4u) {
         return vec2<f32>(f32(k_scale_byte(w0, w1, w2, j) & 63u),
                          f32(k_scale_byte(w0, w1, w2, j + 4u) & 63u));
@@ -74,10 +76,60 @@ struct QPair {
 }
 
 #if QSTORE
+#if KQ
+@group(0) @binding(11) var<storage, read> qw4: array<vec4<u32>>;
+
+// Writes sub-blocks 2·sp and 2·sp + 1 of row `row` (64 weights, as q_dot_pair decodes them)
+// as f16 into `dense`, eight to a 16-byte word.
+fn q_store_pair(row: u32, sp: u32) {
+#if Q5_K
+    let words = 44u;
+    let quants = 12u;
+#else
+    let words = 36u;
+    let quants = 4u;
+#endif
+    let base = (row * ({{SUBS}}u / 8u) + sp / 4u) * words;
+    let pair = sp % 4u;
+    let head = qw4[base / 4u];
+    let dd = unpack2x16float(head.x);
+    let sm_lo = scale_min_words(head.y, head.z, head.w, 2u * pair);
+    let sm_hi = scale_min_words(head.y, head.z, head.w, 2u * pair + 1u);
+    let scale = dd.x * vec2<f32>(sm_lo.x, sm_hi.x);
+    let shift = dd.y * vec2<f32>(sm_lo.y, sm_hi.y);
+    let qa = qw4[(base + quants) / 4u + 2u * pair];
+    let qb = qw4[(base + quants) / 4u + 2u * pair + 1u];
+    let q = array<u32, 8>(qa.x, qa.y, qa.z, qa.w, qb.x, qb.y, qb.z, qb.w);
+#if Q5_K
+    let ha = qw4[base / 4u + 1u];
+    let hb = qw4[base / 4u + 2u];
+    let h = array<u32, 8>(ha.x, ha.y, ha.z, ha.w, hb.x, hb.y, hb.z, hb.w);
+#endif
+    // The row's f16 weights in 16-byte words: 4 per sub-block.
+    let out = row * {{SUBS}}u * 4u + 8u * sp;
+#for half in 0..2
+#for j in 0..4
+    {
+        var a = nib_at(q[2u * {{j}}u], 4u * {{half}}u);
+        var b = nib_at(q[2u * {{j}}u + 1u], 4u * {{half}}u);
+#if Q5_K
+        a += 16.0 * bits4(h[2u * {{j}}u], 2u * pair + {{half}}u);
+        b += 16.0 * bits4(h[2u * {{j}}u + 1u], 2u * pair + {{half}}u);
+#endif
+        a = scale[{{half}}] * a - shift[{{half}}];
+        b = scale[{{half}}] * b - shift[{{half}}];
+        dense[out + 4u * {{half}}u + {{j}}u] = vec4<u32>(
+            pack2x16float(a.xy), pack2x16float(a.zw), pack2x16float(b.xy), pack2x16float(b.zw));
+    }
+#endfor
+#endfor
+}
+#else
 // Writes the 32 weights of sub-block `s` of row `row` as f16 pairs from word `out` of `dense`.
 fn q_store(row: u32, s: u32, scales: u32, out: u32) {
 Q_DECODE_STORE
 }
+#endif
 #else
 #if QGATHER
 // Writes the 32 weights of sub-block `s` of row `row` as f32 from element `out` of `x`.
@@ -91,6 +143,61 @@ fn q_dot(row: u32, s: u32, scales: u32, xbase: u32) -> f32 {
 Q_DECODE_DOT
     return acc;
 }
+#if KPAIR
+// The blocks again, as 16-byte words (the same buffer): K-quant blocks are 144 or 176 bytes,
+// so every block, and its quants, start on such a word.
+@group(0) @binding(11) var<storage, read> qw4: array<vec4<u32>>;
+
+// Sub-blocks 2·sp and 2·sp + 1 of a Q4_K / Q5_K row share their 32 quant bytes (low and high
+// nibbles): one lane decodes both from whole-word loads (header, quants, and for Q5_K the
+// high bits), applying each sub-block's scale and min once to its sums, not to every weight.
+fn q_dot_pair(row: u32, sp: u32, xbase: u32) -> f32 {
+#if Q5_K
+    let words = 44u;
+    let quants = 12u;
+#else
+    let words = 36u;
+    let quants = 4u;
+#endif
+    let base = (row * ({{SUBS}}u / 8u) + sp / 4u) * words;
+    let pair = sp % 4u;
+    let head = qw4[base / 4u];
+    let dd = unpack2x16float(head.x);
+    let sm_lo = scale_min_words(head.y, head.z, head.w, 2u * pair);
+    let sm_hi = scale_min_words(head.y, head.z, head.w, 2u * pair + 1u);
+    let qa = qw4[(base + quants) / 4u + 2u * pair];
+    let qb = qw4[(base + quants) / 4u + 2u * pair + 1u];
+    let q = array<u32, 8>(qa.x, qa.y, qa.z, qa.w, qb.x, qb.y, qb.z, qb.w);
+#if Q5_K
+    let ha = qw4[base / 4u + 1u];
+    let hb = qw4[base / 4u + 2u];
+    let h = array<u32, 8>(ha.x, ha.y, ha.z, ha.w, hb.x, hb.y, hb.z, hb.w);
+#endif
+    let x0 = 64u * sp;
+    var dot_lo = 0.0;
+    var dot_hi = 0.0;
+    var sum_lo = 0.0;
+    var sum_hi = 0.0;
+#for j in 0..8
+    {
+        let x_lo = xin4(xbase, x0 + 4u * {{j}}u);
+        let x_hi = xin4(xbase, x0 + 32u + 4u * {{j}}u);
+#if Q5_K
+        let q_lo = nib_at(q[{{j}}], 0u) + 16.0 * bits4(h[{{j}}], 2u * pair);
+        let q_hi = nib_at(q[{{j}}], 4u) + 16.0 * bits4(h[{{j}}], 2u * pair + 1u);
+#else
+        let q_lo = nib_at(q[{{j}}], 0u);
+        let q_hi = nib_at(q[{{j}}], 4u);
+#endif
+        dot_lo += dot(q_lo, x_lo);
+        dot_hi += dot(q_hi, x_hi);
+        sum_lo += x_lo.x + x_lo.y + x_lo.z + x_lo.w;
+        sum_hi += x_hi.x + x_hi.y + x_hi.z + x_hi.w;
+    }
+#endfor
+    return dd.x * (sm_lo.x * dot_lo + sm_hi.x * dot_hi) - dd.y * (sm_lo.y * sum_lo + sm_hi.y * sum_hi);
+}
+#endif
 #else
 fn q_pair(row: u32, s: u32, scales: u32, j0: u32) -> QPair {
     var out: QPair;

@@ -18,7 +18,9 @@ fi
 
 out="$CARGO_TARGET_DIR/debian"
 rm -rf "$out"
-cargo deb -p backpack --locked --strip --output "$out/"
+# BACKPACK_DEB_PROFILE=dev (tests/run.sh) packages the binary the tests already built, so the
+# suite compiles the dependency tree once; a release package is the default.
+cargo deb -p backpack --locked --profile "${BACKPACK_DEB_PROFILE:-release}" --strip --output "$out/"
 deb=$(ls "$out"/backpack_*.deb)
 echo "built $deb"
 dpkg-deb --info "$deb" | sed -n '/Package:/,$p'

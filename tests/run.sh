@@ -2,7 +2,9 @@
 # The whole test suite, from a fresh Debian/Ubuntu machine: installs what is missing (as root),
 # then checks formatting and lints and runs every test. GPU tests run on whatever Vulkan device
 # exists, lavapipe (Mesa's software driver) when there is no GPU. Then the .deb is built,
-# installed, run and removed (tests/package.sh).
+# installed, run and removed (# The package check reuses the test build (dev profile) rather than compiling everything again
+# in release.
+BACKPACK_DEB_PROFILE=dev tests/package.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source tests/setup.sh
@@ -14,4 +16,6 @@ cargo test --workspace --locked "$@"
 # The kernels again with naga's runtime bounds checks on (they run trusted above).
 BACKPACK_SHADER_CHECKS=1 cargo test --locked -p backpack-engine \
   --test kernels --test kernels_speech --test kernels_diffusion "$@"
-tests/package.sh
+# The package check reuses the test build (dev profile) rather than compiling everything again
+# in release.
+BACKPACK_DEB_PROFILE=dev tests/package.sh

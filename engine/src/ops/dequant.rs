@@ -2,6 +2,7 @@ use bytemuck::{Pod, Zeroable};
 
 use super::{Matrix, WeightDType, bind, groups_of_64};
 use crate::gpu::{Gpu, GpuError, Kernel, Recorder, StorageBuffer, UniformBuffer};
+use crate::load::GgmlType;
 
 #[repr(C)]
 #[derive(Clone, Copy, Pod, Zeroable)]
@@ -36,6 +37,7 @@ impl Dequantize {
         if scratch.size < Self::scratch_bytes(w) {
             return Err(GpuError::Device("dequantization scratch too small".into()));
         }
+        let k_quant = matches!(w.quant, Some((GgmlType::Q4K | GgmlType::Q5K, _)));
         let mut defines = w.defines();
         defines.push(("QSTORE", "1".into()));
         let kernel = gpu.kernel(
@@ -57,7 +59,8 @@ impl Dequantize {
             &kernel,
             &[
                 (0, &params.buffer),
-                (3, &w.buffer.buffer),
+                // K-quant blocks are read through their vec4 view (q_store_pair).
+                (if k_quant { 11 } else { 3 }, &w.buffer.buffer),
                 (4, &scratch.buffer),
             ],
         );
@@ -75,7 +78,7 @@ impl Dequantize {
             Self {
                 kernel,
                 bind_group,
-                invocations: w.rows * (w.cols / 32),
+                invocations: w.rows * (w.cols / 32) / if k_quant { 2 } else { 1 },
                 _params: params,
             },
             view,

@@ -2,6 +2,7 @@ use bytemuck::{Pod, Zeroable};
 
 use super::{Gelu, Matrix, NormKind, bind, flag, gelu_flags};
 use crate::gpu::{Gpu, GpuError, Kernel, Recorder, StorageBuffer, UniformBuffer};
+use crate::load::GgmlType;
 
 const SOURCE: &str = include_str!("../../../shaders/matvec.wgsl");
 const WG: u32 = 256;
@@ -76,8 +77,14 @@ impl MatVec {
         // Qwen2.5-1.5B Q4_K gate/up product went from 43 to 31 µs); short matrices keep 64
         // lanes per row, since fewer, fuller workgroups left the GPU idle (SmolLM2-135M Q4_0
         // fell from 833 to 633 tok/s).
+        // K-quant lanes take sub-blocks in pairs (see q_dot_pair), so half as many per row.
+        let per_lane_unit = if k_quant(w) { 64 } else { 32 };
         let quant_lanes = fixed_subgroup
-            .map(|sg| (w.cols / 32 / 4).next_power_of_two().clamp(4, sg))
+            .map(|sg| {
+                (w.cols / per_lane_unit / 4)
+                    .next_power_of_two()
+                    .clamp(4, sg)
+            })
             .filter(|&lanes| n / (WG / lanes) >= MIN_WORKGROUPS);
         let tpr: u32 = match (w.quant.is_some(), quant_lanes) {
             (true, Some(lanes)) => lanes,
@@ -89,6 +96,8 @@ impl MatVec {
             (false, _) => 32,
         };
         let shuffle_reduce = fixed_subgroup.is_some_and(|sg| tpr <= sg);
+        // K-quant rows by sub-block pairs (q_dot_pair) when every lane gets at least one.
+        let k_pairs = k_quant(w) && tpr <= w.cols / 64;
         let subgroups = caps.subgroups && caps.subgroup_max_size <= tpr;
         let xcache = Self::stages_input(gpu, w.cols);
         // Row stride in vec4 words (dense) or the row's inputs in vec4s (quantized, for staging).
@@ -130,6 +139,7 @@ impl MatVec {
             flag("BIAS", opts.bias.is_some()),
             flag("GLU", opts.glu),
             flag("RESIDUAL", opts.residual),
+            flag("KPAIR", k_pairs),
         ]);
         let kernel = if w.quant.is_some() {
             gpu.kernel(
@@ -162,7 +172,8 @@ impl MatVec {
         let mut entries = vec![
             (0, &params.buffer),
             (1, &step.buffer),
-            (3, &w.buffer.buffer),
+            // Sub-block pairs read the blocks only through their vec4 view.
+            (if k_pairs { 11 } else { 3 }, &w.buffer.buffer),
             (4, &y.buffer),
         ];
         // Merged attention runs replace x entirely.
@@ -175,6 +186,7 @@ impl MatVec {
         if xvec4 && !xcache {
             entries.push((8, &x.buffer));
         }
+
         if let Some(c) = &opts.combine {
             entries.push((9, &c.partials.buffer));
             entries.push((10, &c.stats.buffer));
@@ -218,4 +230,9 @@ impl MatVec {
     pub fn encode(&self, rec: &mut Recorder<'_>) {
         rec.dispatch(&self.kernel, &self.bind_group, self.workgroups);
     }
+}
+
+/// Q4_K / Q5_K weights, decoded by sub-block pairs through a vec4 view (q_dot_pair).
+fn k_quant(w: &Matrix) -> bool {
+    matches!(w.quant, Some((GgmlType::Q4K | GgmlType::Q5K, _)))
 }

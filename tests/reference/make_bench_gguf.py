@@ -1,0 +1,420 @@
+#!/usr/bin/env python3
+"""Random-weight GGUF files at real model shapes, for speed comparisons with llama.cpp.
+
+Subcommands:
+
+    tokenizer --gguf FILE --out TOK.json[.xz]
+        Extracts the `tokenizer.ggml.*` metadata (model, pre, tokens, token types, merges, special
+        ids, add-BOS/space-prefix flags) of a GGUF file into JSON (xz-compressed when the name
+        ends in .xz), so files can be written without the original model at hand.
+
+    model --config CONFIG.json --format {q4_0,q4_k,q8_0,f16} --tokenizer TOK.json[.xz] --out FILE
+        Writes a GGUF of the shape the HF config describes (`llama` architecture for Llama and
+        SmolLM2 configs, `qwen2` with Q/K/V biases for Qwen2 ones) with random weights.
+        Exits with status 3, writing nothing, when the format cannot hold the shape (Q4_K needs
+        rows that are a multiple of 256 values; SmolLM2-135M's 576-wide matrices are not).
+
+    prompt --tokenizer TOK.json[.xz] --len N
+        Prints {"ids": [...], "text": "..."}: N token ids and a text that the tokenizer splits
+        into exactly those ids (common words that are single tokens with a leading space, so
+        the byte-level pre-tokenizer makes one piece, and one token, of each).
+
+What the files hold:
+
+* every 2-D weight matrix, the token embedding included, in the chosen format (the embedding
+  also serves as the LM head when the config ties them, as in all four reference shapes);
+  norms and biases in F32. Nothing is quantized from real values: the block bytes are random,
+  with the block scales set so that each matrix's values have a standard deviation of about
+  1/sqrt(row length) and a mean near zero (Q4_K: 6-bit sub-block scales 8..15, mins chosen to
+  centre the 4-bit values, `dmin` = 2·`d`), which keeps activations finite through every layer.
+  Speed does not depend on the values; finiteness keeps both engines on their normal paths.
+* the LM-head rows of the tokenizer's control tokens (end of text among them) all zero: their
+  logit is exactly 0 while the largest of the other random logits is positive, so greedy
+  decoding never picks an end-of-text token and both engines generate the full count.
+* the tokenizer of the JSON file; a config vocabulary larger than the tokenizer's is padded
+  with unique normal tokens `<|filler_N|>` that no merge produces.
+* Llama 3 rope scaling as `rope_freqs.weight` (one divisor per frequency), as llama.cpp's
+  converter writes it.
+
+Needs numpy and the `gguf` package (gguf-py of llama.cpp). gguf imports PyYAML only for model
+cards; a stand-in module is used when PyYAML is absent.
+"""
+
+import argparse
+import json
+import lzma
+import math
+import os
+import sys
+import time
+import types
+
+import numpy as np
+
+try:
+    import yaml  # noqa: F401
+except ImportError:  # gguf.metadata imports it at module level but none of this uses it
+    sys.modules["yaml"] = types.ModuleType("yaml")
+
+import gguf  # noqa: E402
+from gguf import GGMLQuantizationType as QT  # noqa: E402
+from gguf import GGUFValueType as VT  # noqa: E402
+
+SKIP = 3
+
+FORMATS = {
+    "q4_0": (QT.Q4_0, gguf.LlamaFileType.MOSTLY_Q4_0),
+    "q4_k": (QT.Q4_K, gguf.LlamaFileType.MOSTLY_Q4_K_S),
+    "q8_0": (QT.Q8_0, gguf.LlamaFileType.MOSTLY_Q8_0),
+    "f16": (QT.F16, gguf.LlamaFileType.MOSTLY_F16),
+}
+
+
+def open_text(path, mode):
+    return lzma.open(path, mode + "t", encoding="utf-8") if path.endswith(".xz") else open(
+        path, mode, encoding="utf-8"
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# tokenizer
+
+
+def extract_tokenizer(gguf_path):
+    reader = gguf.GGUFReader(gguf_path)
+
+    def value(key, default=None):
+        field = reader.fields.get(key)
+        return default if field is None else field.contents()
+
+    tok = {
+        "source": os.path.basename(gguf_path),
+        "model": value("tokenizer.ggml.model"),
+        "pre": value("tokenizer.ggml.pre", "default"),
+        "tokens": value("tokenizer.ggml.tokens"),
+        "token_type": [int(t) for t in value("tokenizer.ggml.token_type")],
+        "merges": value("tokenizer.ggml.merges"),
+    }
+    for key in (
+        "bos_token_id",
+        "eos_token_id",
+        "unknown_token_id",
+        "padding_token_id",
+        "add_bos_token",
+        "add_eos_token",
+        "add_space_prefix",
+    ):
+        v = value("tokenizer.ggml." + key)
+        if v is not None:
+            tok[key] = v if isinstance(v, bool) else int(v)
+    if tok["model"] != "gpt2" or not tok["tokens"] or not tok["merges"]:
+        raise SystemExit(f"{gguf_path}: expected a byte-level BPE (gpt2) tokenizer with merges")
+    return tok
+
+
+def load_tokenizer(path):
+    with open_text(path, "r") as f:
+        return json.load(f)
+
+
+def cmd_tokenizer(args):
+    tok = extract_tokenizer(args.gguf)
+    with open_text(args.out, "w") as f:
+        json.dump(tok, f, ensure_ascii=False, separators=(",", ":"))
+    print(
+        f"{args.out}: {len(tok['tokens'])} tokens, {len(tok['merges'])} merges, pre {tok['pre']!r}",
+        file=sys.stderr,
+    )
+
+
+PROMPT_WORDS = ["the", "of", "and", "to", "in", "is", "that", "for", "it", "with", "as", "was",
+                "on", "be", "at", "by", "this", "from", "or", "an"]
+
+
+def make_prompt(tok, n):
+    index = {t: i for i, t in enumerate(tok["tokens"])}
+    # "Ġ" is the byte-level alphabet's space: " the" is the single token "Ġthe".
+    words = [(w, index["\u0120" + w]) for w in PROMPT_WORDS if "\u0120" + w in index]
+    if not words:
+        raise SystemExit("the tokenizer has none of the common words as single tokens")
+    ids, text = [], []
+    bos = tok.get("bos_token_id")
+    if tok.get("add_bos_token") and bos is not None:
+        ids.append(bos)
+    # A word never follows itself, so no pre-tokenizer rule can join two of them.
+    i = 0
+    while len(ids) < n:
+        w, t = words[i % len(words)]
+        ids.append(t)
+        text.append(" " + w)
+        i += 1
+    return {"ids": ids, "text": "".join(text)}
+
+
+def cmd_prompt(args):
+    print(json.dumps(make_prompt(load_tokenizer(args.tokenizer), args.len)))
+
+
+# ---------------------------------------------------------------------------------------------
+# random blocks
+
+
+def f16_bits(x):
+    return np.asarray(x, dtype=np.float16).view(np.uint8).reshape(-1, 2)
+
+
+def random_matrix(rng, qtype, rows, cols, zero_rows=()):
+    """Random block bytes of a rows×cols matrix, as (rows, bytes per row) uint8."""
+    std = 1.0 / math.sqrt(cols)
+    if qtype == QT.F16:
+        # Sign, 10 random mantissa bits and an exponent 0..3 below the top one: magnitudes in
+        # [2^(e-3), 2^(e+1)), a standard deviation near `std`, no float conversion pass.
+        bits = rng.integers(0, 1 << 16, size=rows * cols, dtype=np.uint16)
+        e = np.uint16(15 + math.floor(math.log2(std)))
+        bits = (bits & np.uint16(0x83FF)) | ((e - ((bits >> np.uint16(10)) & np.uint16(3))) << np.uint16(10))
+        out = bits.view(np.uint8).reshape(rows, cols * 2)
+    else:
+        block, size = gguf.GGML_QUANT_SIZES[qtype]
+        nb = rows * cols // block
+        blocks = rng.integers(0, 256, size=(nb, size), dtype=np.uint8)
+        jitter = rng.uniform(0.75, 1.25, size=nb)
+        if qtype == QT.Q8_0:
+            # d·q, q uniform in -128..127 (standard deviation 73.9).
+            blocks[:, 0:2] = f16_bits(std / 73.9 * jitter)
+        elif qtype == QT.Q4_0:
+            # d·(q - 8), q uniform in 0..15 (standard deviation 4.61, mean -0.5); d of random
+            # sign, so the means of the blocks cancel.
+            sign = np.where(blocks[:, 2] & 1, 1.0, -1.0)
+            blocks[:, 0:2] = f16_bits(std / 4.61 * jitter * sign)
+        elif qtype == QT.Q4_K:
+            # d·sc·q - dmin·m per 32-value sub-block; sc 8..15, dmin = 2d, m = round(3.75·sc)
+            # puts the mean at d·sc·7.5 - 2d·m ≈ 0; standard deviation ≈ d·11.5·4.61.
+            d = std / (11.5 * 4.61) * jitter
+            blocks[:, 0:2] = f16_bits(d)
+            blocks[:, 2:4] = f16_bits(2 * d)
+            sc = 8 + (blocks[:, 16:24] & 7)  # qs bytes as the random source
+            m = np.rint(sc * 3.75).astype(np.uint8)
+            s = np.empty((nb, 12), dtype=np.uint8)
+            s[:, 0:4] = sc[:, 0:4] | ((sc[:, 4:8] >> 4) << 6)
+            s[:, 4:8] = m[:, 0:4] | ((m[:, 4:8] >> 4) << 6)
+            s[:, 8:12] = (sc[:, 4:8] & 0xF) | ((m[:, 4:8] & 0xF) << 4)
+            blocks[:, 4:16] = s
+        else:
+            raise ValueError(qtype)
+        out = blocks.reshape(rows, cols // block * size)
+    for r in zero_rows:
+        out[r] = 0
+    return out
+
+
+def rope_factors(cfg, head_dim):
+    """Llama 3 frequency divisors, as llama.cpp's converter computes them."""
+    s = cfg.get("rope_scaling") or {}
+    if (s.get("rope_type") or s.get("type") or "").lower() != "llama3":
+        return None
+    base = cfg.get("rope_theta", 10000.0)
+    factor = s.get("factor", 8.0)
+    low = s.get("low_freq_factor", 1.0)
+    high = s.get("high_freq_factor", 4.0)
+    old = s.get("original_max_position_embeddings", 8192)
+    low_wavelen, high_wavelen = old / low, old / high
+    out = []
+    for i in range(0, head_dim, 2):
+        freq = 1.0 / (base ** (i / head_dim))
+        wavelen = 2 * math.pi / freq
+        if wavelen < high_wavelen:
+            out.append(1.0)
+        elif wavelen > low_wavelen:
+            out.append(factor)
+        else:
+            smooth = (old / wavelen - low) / (high - low)
+            out.append(1.0 / ((1 - smooth) / factor + smooth))
+    return np.asarray(out, dtype=np.float32)
+
+
+# ---------------------------------------------------------------------------------------------
+# model
+
+
+def shape_of(cfg):
+    mt = cfg.get("model_type", "llama")
+    if mt not in ("llama", "qwen2"):
+        raise SystemExit(f"model_type {mt!r}: only llama and qwen2 configs are supported")
+    hidden = cfg["hidden_size"]
+    heads = cfg["num_attention_heads"]
+    return {
+        "arch": mt,
+        "hidden": hidden,
+        "inter": cfg["intermediate_size"],
+        "layers": cfg["num_hidden_layers"],
+        "heads": heads,
+        "kv_heads": cfg.get("num_key_value_heads", heads),
+        "head_dim": cfg.get("head_dim") or hidden // heads,
+        "vocab": cfg["vocab_size"],
+        "tied": cfg.get("tie_word_embeddings", False),
+        "qkv_bias": mt == "qwen2" or cfg.get("attention_bias", False),
+    }
+
+
+def tensor_plan(cfg, sh):
+    """(name, rows, cols) of the 2-D matrices and (name, length, kind) of the F32 vectors."""
+    h, hd = sh["hidden"], sh["head_dim"]
+    q, kv = sh["heads"] * hd, sh["kv_heads"] * hd
+    plan = [("token_embd.weight", sh["vocab"], h, "matrix")]
+    factors = rope_factors(cfg, hd)
+    if factors is not None:
+        plan.append(("rope_freqs.weight", len(factors), None, "rope"))
+    for i in range(sh["layers"]):
+        b = f"blk.{i}."
+        plan += [
+            (b + "attn_norm.weight", h, None, "norm"),
+            (b + "attn_q.weight", q, h, "matrix"),
+            (b + "attn_k.weight", kv, h, "matrix"),
+            (b + "attn_v.weight", kv, h, "matrix"),
+        ]
+        if sh["qkv_bias"]:
+            plan += [
+                (b + "attn_q.bias", q, None, "bias"),
+                (b + "attn_k.bias", kv, None, "bias"),
+                (b + "attn_v.bias", kv, None, "bias"),
+            ]
+        plan += [
+            (b + "attn_output.weight", h, q, "matrix"),
+            (b + "ffn_norm.weight", h, None, "norm"),
+            (b + "ffn_gate.weight", sh["inter"], h, "matrix"),
+            (b + "ffn_up.weight", sh["inter"], h, "matrix"),
+            (b + "ffn_down.weight", h, sh["inter"], "matrix"),
+        ]
+    plan.append(("output_norm.weight", h, None, "norm"))
+    if not sh["tied"]:
+        plan.append(("output.weight", sh["vocab"], h, "matrix"))
+    return plan, factors
+
+
+def unfit(plan, qtype):
+    block = gguf.GGML_QUANT_SIZES[qtype][0]
+    bad = sorted({cols for _, _, cols, kind in plan if kind == "matrix" and cols % block})
+    if bad:
+        return f"{qtype.name} needs rows of a multiple of {block} values; this shape has rows of {bad}"
+    return None
+
+
+def cmd_model(args):
+    t0 = time.time()
+    with open(args.config, encoding="utf-8") as f:
+        cfg = json.load(f)
+    sh = shape_of(cfg)
+    qtype, ftype = FORMATS[args.format]
+    plan, factors = tensor_plan(cfg, sh)
+    reason = unfit(plan, qtype)
+    if reason:
+        print(f"skip: {reason}", file=sys.stderr)
+        return SKIP
+
+    tok = load_tokenizer(args.tokenizer)
+    tokens, types_ = list(tok["tokens"]), list(tok["token_type"])
+    if sh["vocab"] < len(tokens):
+        raise SystemExit(
+            f"config vocab_size {sh['vocab']} is smaller than the tokenizer's {len(tokens)} tokens"
+        )
+    for i in range(len(tokens), sh["vocab"]):
+        tokens.append(f"<|filler_{i}|>")
+        types_.append(1)
+    control = [i for i, t in enumerate(tok["token_type"]) if t == 3]
+    for key in ("eos_token_id", "bos_token_id", "padding_token_id"):
+        if key in tok and tok[key] not in control:
+            control.append(tok[key])
+
+    arch = sh["arch"]
+    name = args.name or os.path.splitext(os.path.basename(args.config))[0]
+    w = gguf.GGUFWriter(args.out, arch)
+    w.add_string("general.type", "model")
+    w.add_string("general.name", f"{name} random {args.format}")
+    w.add_uint32(f"{arch}.context_length", int(cfg.get("max_position_embeddings", 4096)))
+    w.add_uint32(f"{arch}.embedding_length", sh["hidden"])
+    w.add_uint32(f"{arch}.block_count", sh["layers"])
+    w.add_uint32(f"{arch}.feed_forward_length", sh["inter"])
+    w.add_uint32(f"{arch}.attention.head_count", sh["heads"])
+    w.add_uint32(f"{arch}.attention.head_count_kv", sh["kv_heads"])
+    w.add_float32(f"{arch}.rope.freq_base", float(cfg.get("rope_theta", 10000.0)))
+    w.add_float32(f"{arch}.attention.layer_norm_rms_epsilon", float(cfg.get("rms_norm_eps", 1e-6)))
+    w.add_uint32(f"{arch}.rope.dimension_count", sh["head_dim"])
+    if sh["head_dim"] != sh["hidden"] // sh["heads"]:
+        w.add_uint32(f"{arch}.attention.key_length", sh["head_dim"])
+        w.add_uint32(f"{arch}.attention.value_length", sh["head_dim"])
+    w.add_uint32(f"{arch}.vocab_size", sh["vocab"])
+    w.add_uint32("general.file_type", int(ftype))
+    w.add_uint32("general.quantization_version", gguf.GGML_QUANT_VERSION)
+    w.add_string("tokenizer.ggml.model", tok["model"])
+    w.add_string("tokenizer.ggml.pre", tok["pre"])
+    w.add_array("tokenizer.ggml.tokens", tokens)
+    w.add_key_value("tokenizer.ggml.token_type", types_, VT.ARRAY, sub_type=VT.INT32)
+    w.add_array("tokenizer.ggml.merges", tok["merges"])
+    for key in ("bos_token_id", "eos_token_id", "unknown_token_id", "padding_token_id"):
+        if key in tok:
+            w.add_uint32("tokenizer.ggml." + key, tok[key])
+    for key in ("add_bos_token", "add_eos_token", "add_space_prefix"):
+        if key in tok:
+            w.add_bool("tokenizer.ggml." + key, tok[key])
+
+    # Tensor infos first, then the data one tensor at a time: memory stays at one tensor.
+    head = "token_embd.weight" if sh["tied"] else "output.weight"
+    for tname, rows, cols, kind in plan:
+        if kind == "matrix":
+            if qtype == QT.F16:
+                w.add_tensor_info(tname, (rows, cols), np.dtype(np.float16), rows * cols * 2)
+            else:
+                block, size = gguf.GGML_QUANT_SIZES[qtype]
+                nbytes = rows * cols // block * size
+                w.add_tensor_info(tname, (rows, cols // block * size), np.dtype(np.uint8), nbytes, raw_dtype=qtype)
+        else:
+            w.add_tensor_info(tname, (rows,), np.dtype(np.float32), rows * 4)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_ti_data_to_file()
+    rng = np.random.default_rng(args.seed)
+    total = 0
+    for tname, rows, cols, kind in plan:
+        if kind == "matrix":
+            data = random_matrix(rng, qtype, rows, cols, control if tname == head else ())
+            if qtype == QT.F16:
+                data = data.view(np.float16)
+        elif kind == "norm":
+            data = rng.uniform(0.8, 1.2, size=rows).astype(np.float32)
+        elif kind == "bias":
+            data = (rng.standard_normal(rows) * 0.02).astype(np.float32)
+        else:
+            data = factors
+        w.write_tensor_data(data)
+        total += data.nbytes
+    w.close()
+    print(
+        f"{args.out}: {arch}, {sh['layers']} layers × {sh['hidden']}, vocab {sh['vocab']}, "
+        f"{args.format}, {total / 2**20:.0f} MiB of tensors in {time.time() - t0:.1f} s",
+        file=sys.stderr,
+    )
+    return 0
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    p = sub.add_parser("tokenizer", help="extract tokenizer.ggml.* metadata into JSON")
+    p.add_argument("--gguf", required=True)
+    p.add_argument("--out", required=True)
+    p = sub.add_parser("model", help="write a random-weight GGUF")
+    p.add_argument("--config", required=True, help="HF config.json (llama or qwen2)")
+    p.add_argument("--format", required=True, choices=sorted(FORMATS))
+    p.add_argument("--tokenizer", required=True, help="JSON from the tokenizer subcommand")
+    p.add_argument("--out", required=True)
+    p.add_argument("--name", help="general.name prefix (default: the config's file name)")
+    p.add_argument("--seed", type=int, default=0)
+    p = sub.add_parser("prompt", help="token ids and a text that tokenizes to them")
+    p.add_argument("--tokenizer", required=True)
+    p.add_argument("--len", type=int, required=True)
+    args = ap.parse_args()
+    return {"tokenizer": cmd_tokenizer, "model": cmd_model, "prompt": cmd_prompt}[args.cmd](args) or 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
