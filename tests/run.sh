@@ -1,10 +1,8 @@
 #!/usr/bin/env bash
 # The whole test suite, from a fresh Debian/Ubuntu machine: installs what is missing (as root),
 # then checks formatting and lints and runs every test. GPU tests run on whatever Vulkan device
-# exists, lavapipe (Mesa's software driver) when there is no GPU. Then the .deb is built,
-# installed, run and removed (# The package check reuses the test build (dev profile) rather than compiling everything again
-# in release.
-BACKPACK_DEB_PROFILE=dev tests/package.sh).
+# exists, lavapipe (Mesa's software driver) when there is no GPU. Then the .deb is built from
+# the same build, installed, run and removed (tests/package.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source tests/setup.sh
