@@ -208,7 +208,10 @@ fn main(
     let steps = (k_end - k_begin + BK - 1u) / BK;
     let m0 = wid.y * {{TM}}u;
     let n0 = wid.x * {{TN}}u;
+    // Subgroups are taken as consecutive runs of SG invocations (as NVIDIA's driver forms them,
+    // where the parity tests ran); the fragments' loads and stores must be uniform in each.
     let sg = tid / {{SG}}u;
+    let lane = tid % {{SG}}u;
     // This subgroup's corner inside the tile.
     let sm = (sg / 2u) * 16u * {{WM}}u;
     let sn = (sg % 2u) * 16u * {{WN}}u;
@@ -254,7 +257,7 @@ fn main(
 #for j in 0..WN
     coopStoreT(acc{{i}}_{{j}}, &outs[at], 16u);
     workgroupBarrier();
-    write_fragment(at, m0 + sm + {{i}}u * 16u, n0 + sn + {{j}}u * 16u, tid % {{SG}}u, wid.z);
+    write_fragment(at, m0 + sm + {{i}}u * 16u, n0 + sn + {{j}}u * 16u, lane, wid.z);
     workgroupBarrier();
 #endfor
 #endfor

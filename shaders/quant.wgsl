@@ -75,13 +75,25 @@ struct QPair {
     b: vec4<f32>,
 }
 
-#if QSTORE
 #if KQ
+// The blocks again, as 16-byte words (the same buffer): K-quant blocks are 144 or 176 bytes,
+// so every block, and its quants, start on such a word.
 @group(0) @binding(11) var<storage, read> qw4: array<vec4<u32>>;
 
-// Writes sub-blocks 2·sp and 2·sp + 1 of row `row` (64 weights, as q_dot_pair decodes them)
-// as f16 into `dense`, eight to a 16-byte word.
-fn q_store_pair(row: u32, sp: u32) {
+// Sub-blocks 2·sp and 2·sp + 1 of a Q4_K / Q5_K row share their 32 quant bytes (low and high
+// nibbles): one invocation decodes both from whole-word loads (header, quants, and for Q5_K
+// the high bits) — q_dot_pair for decode products, q_store_pair for the f16 expansion.
+struct KPair {
+    // Per sub-block (x: 2·sp, y: 2·sp + 1): weight = scale · q - shift.
+    scale: vec2<f32>,
+    shift: vec2<f32>,
+    pair: u32,
+    q: array<u32, 8>,
+    // Q5_K's fifth bits (zero for Q4_K).
+    h: array<u32, 8>,
+}
+
+fn k_pair(row: u32, sp: u32) -> KPair {
 #if Q5_K
     let words = 44u;
     let quants = 12u;
@@ -95,29 +107,48 @@ fn q_store_pair(row: u32, sp: u32) {
     let dd = unpack2x16float(head.x);
     let sm_lo = scale_min_words(head.y, head.z, head.w, 2u * pair);
     let sm_hi = scale_min_words(head.y, head.z, head.w, 2u * pair + 1u);
-    let scale = dd.x * vec2<f32>(sm_lo.x, sm_hi.x);
-    let shift = dd.y * vec2<f32>(sm_lo.y, sm_hi.y);
     let qa = qw4[(base + quants) / 4u + 2u * pair];
     let qb = qw4[(base + quants) / 4u + 2u * pair + 1u];
-    let q = array<u32, 8>(qa.x, qa.y, qa.z, qa.w, qb.x, qb.y, qb.z, qb.w);
 #if Q5_K
     let ha = qw4[base / 4u + 1u];
     let hb = qw4[base / 4u + 2u];
-    let h = array<u32, 8>(ha.x, ha.y, ha.z, ha.w, hb.x, hb.y, hb.z, hb.w);
+#else
+    let ha = vec4<u32>(0u);
+    let hb = vec4<u32>(0u);
 #endif
+    return KPair(
+        dd.x * vec2<f32>(sm_lo.x, sm_hi.x),
+        dd.y * vec2<f32>(sm_lo.y, sm_hi.y),
+        pair,
+        array<u32, 8>(qa.x, qa.y, qa.z, qa.w, qb.x, qb.y, qb.z, qb.w),
+        array<u32, 8>(ha.x, ha.y, ha.z, ha.w, hb.x, hb.y, hb.z, hb.w));
+}
+
+// The quants (before scale and shift) in word `q` of the pair's bytes, for sub-block
+// 2·sp + half (`h`: the matching word of Q5_K's fifth bits). Callers pass the words by
+// constant index: a runtime index into a by-value array would go through local memory.
+fn k_quants(q: u32, h: u32, pair: u32, half: u32) -> vec4<f32> {
+#if Q5_K
+    return nib_at(q, 4u * half) + 16.0 * bits4(h, 2u * pair + half);
+#else
+    return nib_at(q, 4u * half);
+#endif
+}
+#endif
+
+#if QSTORE
+#if KQ
+// Writes sub-blocks 2·sp and 2·sp + 1 of row `row` (64 weights) as f16 into `dense`, eight
+// to a 16-byte word.
+fn q_store_pair(row: u32, sp: u32) {
+    let kp = k_pair(row, sp);
     // The row's f16 weights in 16-byte words: 4 per sub-block.
     let out = row * {{SUBS}}u * 4u + 8u * sp;
 #for half in 0..2
 #for j in 0..4
     {
-        var a = nib_at(q[2u * {{j}}u], 4u * {{half}}u);
-        var b = nib_at(q[2u * {{j}}u + 1u], 4u * {{half}}u);
-#if Q5_K
-        a += 16.0 * bits4(h[2u * {{j}}u], 2u * pair + {{half}}u);
-        b += 16.0 * bits4(h[2u * {{j}}u + 1u], 2u * pair + {{half}}u);
-#endif
-        a = scale[{{half}}] * a - shift[{{half}}];
-        b = scale[{{half}}] * b - shift[{{half}}];
+        let a = kp.scale[{{half}}] * k_quants(kp.q[2u * {{j}}u], kp.h[2u * {{j}}u], kp.pair, {{half}}u) - kp.shift[{{half}}];
+        let b = kp.scale[{{half}}] * k_quants(kp.q[2u * {{j}}u + 1u], kp.h[2u * {{j}}u + 1u], kp.pair, {{half}}u) - kp.shift[{{half}}];
         dense[out + 4u * {{half}}u + {{j}}u] = vec4<u32>(
             pack2x16float(a.xy), pack2x16float(a.zw), pack2x16float(b.xy), pack2x16float(b.zw));
     }
@@ -144,58 +175,23 @@ Q_DECODE_DOT
     return acc;
 }
 #if KPAIR
-// The blocks again, as 16-byte words (the same buffer): K-quant blocks are 144 or 176 bytes,
-// so every block, and its quants, start on such a word.
-@group(0) @binding(11) var<storage, read> qw4: array<vec4<u32>>;
-
-// Sub-blocks 2·sp and 2·sp + 1 of a Q4_K / Q5_K row share their 32 quant bytes (low and high
-// nibbles): one lane decodes both from whole-word loads (header, quants, and for Q5_K the
-// high bits), applying each sub-block's scale and min once to its sums, not to every weight.
+// Sub-blocks 2·sp and 2·sp + 1 against the inputs, each sub-block's scale and min applied once
+// to its sums rather than to every weight.
 fn q_dot_pair(row: u32, sp: u32, xbase: u32) -> f32 {
-#if Q5_K
-    let words = 44u;
-    let quants = 12u;
-#else
-    let words = 36u;
-    let quants = 4u;
-#endif
-    let base = (row * ({{SUBS}}u / 8u) + sp / 4u) * words;
-    let pair = sp % 4u;
-    let head = qw4[base / 4u];
-    let dd = unpack2x16float(head.x);
-    let sm_lo = scale_min_words(head.y, head.z, head.w, 2u * pair);
-    let sm_hi = scale_min_words(head.y, head.z, head.w, 2u * pair + 1u);
-    let qa = qw4[(base + quants) / 4u + 2u * pair];
-    let qb = qw4[(base + quants) / 4u + 2u * pair + 1u];
-    let q = array<u32, 8>(qa.x, qa.y, qa.z, qa.w, qb.x, qb.y, qb.z, qb.w);
-#if Q5_K
-    let ha = qw4[base / 4u + 1u];
-    let hb = qw4[base / 4u + 2u];
-    let h = array<u32, 8>(ha.x, ha.y, ha.z, ha.w, hb.x, hb.y, hb.z, hb.w);
-#endif
+    let kp = k_pair(row, sp);
     let x0 = 64u * sp;
-    var dot_lo = 0.0;
-    var dot_hi = 0.0;
-    var sum_lo = 0.0;
-    var sum_hi = 0.0;
+    var dots = vec2<f32>(0.0);
+    var sums = vec2<f32>(0.0);
 #for j in 0..8
     {
         let x_lo = xin4(xbase, x0 + 4u * {{j}}u);
         let x_hi = xin4(xbase, x0 + 32u + 4u * {{j}}u);
-#if Q5_K
-        let q_lo = nib_at(q[{{j}}], 0u) + 16.0 * bits4(h[{{j}}], 2u * pair);
-        let q_hi = nib_at(q[{{j}}], 4u) + 16.0 * bits4(h[{{j}}], 2u * pair + 1u);
-#else
-        let q_lo = nib_at(q[{{j}}], 0u);
-        let q_hi = nib_at(q[{{j}}], 4u);
-#endif
-        dot_lo += dot(q_lo, x_lo);
-        dot_hi += dot(q_hi, x_hi);
-        sum_lo += x_lo.x + x_lo.y + x_lo.z + x_lo.w;
-        sum_hi += x_hi.x + x_hi.y + x_hi.z + x_hi.w;
+        dots += vec2<f32>(dot(k_quants(kp.q[{{j}}], kp.h[{{j}}], kp.pair, 0u), x_lo),
+                             dot(k_quants(kp.q[{{j}}], kp.h[{{j}}], kp.pair, 1u), x_hi));
+        sums += vec2<f32>(dot(x_lo, vec4<f32>(1.0)), dot(x_hi, vec4<f32>(1.0)));
     }
 #endfor
-    return dd.x * (sm_lo.x * dot_lo + sm_hi.x * dot_hi) - dd.y * (sm_lo.y * sum_lo + sm_hi.y * sum_hi);
+    return dot(kp.scale, dots) - dot(kp.shift, sums);
 }
 #endif
 #else

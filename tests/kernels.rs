@@ -267,8 +267,8 @@ fn matmul_matches_cpu() {
 fn matmul_parity(gpu: &Gpu) {
     let gpu = gpu.clone();
     let mut rng = Rng::new(2);
-    // The last three are split along k (few output tiles, long rows): partial sums go through
-    // scratch and a reduce pass that applies the epilogue.
+    // Those with few output tiles and long rows (k ≥ 700 here) are split along k: partial sums
+    // go through scratch and a reduce pass that applies the epilogue.
     let shapes = [
         (1, 1, 1),
         (3, 5, 7),
@@ -278,6 +278,9 @@ fn matmul_parity(gpu: &Gpu) {
         (70, 40, 1100),
         (5, 130, 700),
         (66, 3, 4099),
+        // 128-wide tensor-core tiles (n ≥ 512 in whole 128s, or ≥ 1024), one split along k.
+        (67, 1024, 300),
+        (5, 640, 1100),
     ];
     for dtype in DTYPES {
         for &(m, n, k) in &shapes {
@@ -1328,7 +1331,12 @@ fn quantized_matmul_parity(gpu: &Gpu) {
     let gpu = gpu.clone();
     let mut rng = Rng::new(22);
     for ty in QUANT_TYPES {
-        for &(m, n, k) in &[(3usize, 37usize, 256usize), (70, 5, 1024), (67, 130, 512)] {
+        for &(m, n, k) in &[
+            (3usize, 37usize, 256usize),
+            (70, 5, 1024),
+            (67, 130, 512),
+            (40, 1024, 256),
+        ] {
             let blocks = random_blocks(&mut rng, ty, n, k);
             let mut w = vec![0.0f32; n * k];
             dequantize(ty, &blocks, &mut w);

@@ -95,6 +95,8 @@ fn convolution_parity(gpu: &Gpu) {
         (6, 6, 4, 5, 1, 1, 0, true, false),
         (17, 13, 16, 140, 3, 1, 1, false, false),
         (12, 10, 24, 130, 3, 1, 1, true, false),
+        // 640 outputs: the 128-wide tensor-core tile.
+        (5, 6, 16, 640, 3, 1, 1, false, false),
     ];
     for (case, (h, w, cin, cout, k, stride, pad, up, asym)) in cases.into_iter().enumerate() {
         // Both tile sizes, f32 and f16 weights (the f16 reference uses the rounded weights).

@@ -11,8 +11,9 @@ backpack_setup --tests
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets --locked -- -D warnings
 cargo test --workspace --locked "$@"
-# The kernels again with naga's runtime bounds checks on (they run trusted above).
-BACKPACK_SHADER_CHECKS=1 cargo test --locked -p backpack-engine \
+# The kernels again with naga's runtime bounds checks on (they run trusted above). --workspace
+# keeps the features of the build above, so nothing is compiled again.
+BACKPACK_SHADER_CHECKS=1 cargo test --workspace --locked \
   --test kernels --test kernels_speech --test kernels_diffusion "$@"
 # The package check reuses the test build (dev profile) rather than compiling everything again
 # in release.

@@ -217,6 +217,16 @@ def cmd_llama_log(args):
 # Backpack
 
 
+def last_json_line(p, what):
+    """The last JSON line a finished Backpack process printed; exits with its output if none."""
+    if p.returncode != 0:
+        raise SystemExit(f"{what} failed (exit {p.returncode}):\n{p.stderr.strip()[-3000:]}")
+    line = next((l for l in reversed(p.stdout.splitlines()) if l.startswith("{")), None)
+    if line is None:
+        raise SystemExit(f"{what} printed no JSON line:\n{p.stdout[-2000:]}\n{p.stderr[-2000:]}")
+    return json.loads(line)
+
+
 def cmd_backpack(args):
     with open(args.prompt, encoding="utf-8") as f:
         prompt = json.load(f)
@@ -235,12 +245,7 @@ def cmd_backpack(args):
             with open(args.log, "a", encoding="utf-8") as log:
                 what = f"warm-up {i + 1}" if warm else f"run {i + 1 - args.warmup}"
                 log.write(f"$ {what}: exit {p.returncode}\n{p.stderr}\n")
-        if p.returncode != 0:
-            raise SystemExit(f"backpack failed (exit {p.returncode}):\n{p.stderr.strip()[-3000:]}")
-        line = next((l for l in reversed(p.stdout.splitlines()) if l.startswith("{")), None)
-        if line is None:
-            raise SystemExit(f"backpack printed no JSON line:\n{p.stdout[-2000:]}\n{p.stderr[-2000:]}")
-        out = json.loads(line)
+        out = last_json_line(p, "backpack")
         for l in p.stderr.splitlines():
             if l.startswith("GPU: "):
                 device = l[5:].strip()
@@ -283,12 +288,7 @@ def cmd_backpack_bench(args):
     if args.log:
         with open(args.log, "a", encoding="utf-8") as log:
             log.write(f"$ {' '.join(cmd)}: exit {p.returncode}\n{p.stdout}{p.stderr}\n")
-    if p.returncode != 0:
-        raise SystemExit(f"backpack bench failed (exit {p.returncode}):\n{p.stderr.strip()[-3000:]}")
-    line = next((l for l in reversed(p.stdout.splitlines()) if l.startswith("{")), None)
-    if line is None:
-        raise SystemExit(f"backpack bench printed no JSON line:\n{p.stdout[-2000:]}")
-    out = json.loads(line)
+    out = last_json_line(p, "backpack bench")
     print(json.dumps({"prefill": out.get("prefill_tok_s"), "decode": out.get("decode_tok_s"),
                       "ttft_ms": out.get("ttft_ms"), "raw": out}))
 

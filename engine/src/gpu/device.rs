@@ -110,13 +110,21 @@ fn offers_tensor_core_tiles(adapter: &wgpu::Adapter) -> bool {
         | wgpu::Features::SUBGROUP;
     features.contains(needed)
         && !simt_forced()
-        && info.subgroup_min_size == info.subgroup_max_size
-        && [16, 32, 64].contains(&info.subgroup_min_size)
+        && tile_layout_fits(&info, adapter.limits().max_compute_workgroup_storage_size)
         && adapter.cooperative_matrix_properties().iter().any(|p| {
             (p.m_size, p.n_size, p.k_size) == (16, 16, 16)
                 && p.ab_type == T::F16
                 && p.cr_type == T::F32
         })
+}
+
+/// The tensor-core tiles' layout: one fixed subgroup size of 16, 32 or 64 (four subgroups
+/// stage 32-deep k steps), and workgroup memory for the largest tile (two 128×40 f16 tiles and
+/// four 16×16 f32 fragments: 24 KiB).
+fn tile_layout_fits(info: &wgpu::AdapterInfo, workgroup_storage: u32) -> bool {
+    info.subgroup_min_size == info.subgroup_max_size
+        && [16, 32, 64].contains(&info.subgroup_min_size)
+        && workgroup_storage >= 24 * 1024
 }
 
 /// `BACKPACK_MATMUL=simt`: prompt products keep the SIMT tiles even on tensor-core adapters.
@@ -161,10 +169,12 @@ impl Gpu {
             max_workgroup_invocations: limits.max_compute_invocations_per_workgroup,
             max_workgroup_size_x: limits.max_compute_workgroup_size_x,
             runtime_checks: std::env::var_os("BACKPACK_SHADER_CHECKS").is_some_and(|v| v != "0"),
+            // The feature is only requested (by `device_descriptor`) where the adapter offers
+            // the 16×16×16 f16→f32 fragments the kernel is written for.
             cooperative_matrix: features.contains(wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX)
                 && features.contains(wgpu::Features::SHADER_F16)
                 && subgroups
-                && info.subgroup_min_size == info.subgroup_max_size
+                && tile_layout_fits(&info, limits.max_compute_workgroup_storage_size)
                 && !simt_forced(),
         };
         Self {
