@@ -76,6 +76,16 @@ struct QPair {
 }
 
 #if KQ
+// Q4_K: 144-byte blocks = 36 words: d|dmin, 12 scale bytes, 128 quant bytes.
+// Q5_K: 176-byte blocks = 44 words: the same with 32 high-bit bytes before the quants.
+#if Q5_K
+const K_WORDS: u32 = 44u;
+const K_QUANTS: u32 = 12u;
+#else
+const K_WORDS: u32 = 36u;
+const K_QUANTS: u32 = 4u;
+#endif
+
 // The blocks again, as 16-byte words (the same buffer): K-quant blocks are 144 or 176 bytes,
 // so every block, and its quants, start on such a word.
 @group(0) @binding(11) var<storage, read> qw4: array<vec4<u32>>;
@@ -94,13 +104,8 @@ struct KPair {
 }
 
 fn k_pair(row: u32, sp: u32) -> KPair {
-#if Q5_K
-    let words = 44u;
-    let quants = 12u;
-#else
-    let words = 36u;
-    let quants = 4u;
-#endif
+    let words = K_WORDS;
+    let quants = K_QUANTS;
     let base = (row * ({{SUBS}}u / 8u) + sp / 4u) * words;
     let pair = sp % 4u;
     let head = qw4[base / 4u];
@@ -254,15 +259,8 @@ Q_DECODE_PAIR
     }
 #endif
 #if KQ
-    // Q4_K: 144-byte blocks = 36 words: d|dmin, 12 scale bytes, 128 quant bytes.
-    // Q5_K: 176-byte blocks = 44 words: the same with 32 high-bit bytes before the quants.
-#if Q5_K
-    let words = 44u;
-    let quants = 12u;
-#else
-    let words = 36u;
-    let quants = 4u;
-#endif
+    let words = K_WORDS;
+    let quants = K_QUANTS;
     let base = (row * ({{SUBS}}u / 8u) + s / 8u) * words;
     let sub = s % 8u;
     let dd = unpack2x16float(qw[base]);
