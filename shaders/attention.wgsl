@@ -19,7 +19,7 @@
 // over an encoder's projected keys and values. Every query sees all `keys` keys.
 //
 // Defines: WG, HD (head_dim, a multiple of 4), F16 (f16 cache), SPLIT, MIN_SPLIT, MAX_SPLITS,
-// NO_ROPE (learned positions), FULL.
+// NO_ROPE (learned positions), FULL, TILED (the `tiled` entry point, with BQ and BK).
 
 #if FULL
 struct Params {
@@ -325,11 +325,12 @@ fn main(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id) wid: v
     }
 }
 
-#if FULL
-// Tiled form of FULL attention for many queries (an encoder's 1500 positions, a prompt's
-// cross-attention): a workgroup takes BQ queries of one head and walks the keys in tiles of
-// BK staged in workgroup memory, so each key and value is read once per query block instead
-// of once per query. TPQ invocations share a query: each scores KPT keys of the tile, the
+#if TILED
+// Tiled attention for many queries: FULL (an encoder's 1500 positions, a prompt's
+// cross-attention), or causal over the KV cache (a prompt's self-attention, query t of the
+// step seeing keys up to pos0 + t). A workgroup takes BQ queries of one head and walks the keys
+// in tiles of BK staged in workgroup memory, so each key and value is read once per query
+// block instead of once per query. TPQ invocations share a query: each scores KPT keys of the tile, the
 // group combines their maxima and sums through workgroup memory (online softmax, the running
 // max and sum kept in registers by every invocation of the group), and each adds the tile's
 // weighted values into the output dims it owns.
@@ -362,33 +363,46 @@ fn tiled(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id) wid: 
     // The query, scaled, in registers.
     var qv: array<vec4<f32>, QUADS>;
     let row = q0 + qi;
+#if FULL
+    let q_row = row * p.q_stride + head * {{HD}}u;
+    let k_base = (p.k_off + kv_head * {{HD}}u) / 4u;
+    let row_quads = p.kv_stride / 4u;
+    let v_base = k_base + p.kv_heads * QUADS;
+    // Keys the block walks, and the keys this query sees.
+    let keys_end = p.keys;
+    let visible = p.keys;
+#else
+    let q_row = (row * p.heads + head) * {{HD}}u;
+    let k_base = kv_head * p.capacity * QUADS;
+    let row_quads = QUADS;
+    let v_base = k_base;
+    let keys_end = step.pos0 + min(q0 + BQ, n_queries);
+    let visible = step.pos0 + row + 1u;
+#endif
     for (var c = 0u; c < QUADS; c++) {
         var v = vec4<f32>(0.0);
         if (row < n_queries) {
-            let b = row * p.q_stride + head * {{HD}}u + 4u * c;
+            let b = q_row + 4u * c;
             v = vec4<f32>(q[b], q[b + 1u], q[b + 2u], q[b + 3u]) * p.scale;
         }
         qv[c] = v;
     }
-    let k_base = (p.k_off + kv_head * {{HD}}u) / 4u;
-    let row_quads = p.kv_stride / 4u;
-    let v_base = k_base + p.kv_heads * QUADS;
     var acc: array<vec4<f32>, VPT>;
     for (var u = 0u; u < VPT; u++) {
         acc[u] = vec4<f32>(0.0);
     }
     var run_max = NEG_BIG;
     var run_sum = 0.0;
-    for (var k0 = 0u; k0 < p.keys; k0 += BK) {
+    for (var k0 = 0u; k0 < keys_end; k0 += BK) {
         // The previous tile is no longer read.
         workgroupBarrier();
         for (var i = tid; i < BK * QUADS; i += {{WG}}u) {
             let j = k0 + i / QUADS;
             var kq = vec4<f32>(0.0);
             var vq = vec4<f32>(0.0);
-            if (j < p.keys) {
-                kq = kv[k_base + j * row_quads + i % QUADS];
-                vq = kv[v_base + j * row_quads + i % QUADS];
+            if (j < keys_end) {
+                kq = k_quad(k_base + j * row_quads + i % QUADS);
+                vq = v_quad(v_base + j * row_quads + i % QUADS);
             }
             tk[(i / QUADS) * K_ROW + i % QUADS] = kq;
             tv[i] = vq;
@@ -403,7 +417,7 @@ fn tiled(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id) wid: 
             for (var c = 0u; c < QUADS; c++) {
                 score += dot(qv[c], tk[kj * K_ROW + c]);
             }
-            score = select(NEG_BIG, score, k0 + kj < p.keys);
+            score = select(NEG_BIG, score, k0 + kj < visible);
             scores[s] = score;
             local_max = max(local_max, score);
         }

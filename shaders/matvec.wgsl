@@ -11,7 +11,7 @@
 // NORM_LAYER, BIAS, GLU (y = silu(W_gate·x̂) * (W_up·x̂), the up block at
 // glu_offset), GELU (tanh form), GELU_ERF, RESIDUAL (y += ...), SUBGROUP, XCACHE (x̂ staged once in workgroup memory,
 // for short rows), XVEC4 (k is a multiple of 4: x is also read through a vec4 view), KPAIR
-// (K-quant rows by sub-block pairs, see q_dot_pair), COMBINE
+// (K-quant rows by sub-block pairs, see q_dot_pairs), NR (rows per lane group, 1..4), COMBINE
 // (x is the attention output of one token, split over runs of keys as attention.wgsl SPLIT
 // leaves it: the runs are merged while staging; needs XCACHE), HEADS, MIN_SPLIT, MAX_SPLITS.
 
@@ -62,12 +62,18 @@ var<workgroup> norm_stats: vec2<f32>;
 #if XCACHE
 var<workgroup> xs: array<vec4<f32>, {{ROW_VECS}}u * {{EPV}}u / 4u>;
 
-// Where vec4 i of x̂ is staged. Quantized products give each lane whole 32-element sub-blocks,
-// so lanes read the same vec4 of consecutive sub-blocks at once: vec4 j of sub-block s sits at
-// j·(sub-blocks) + s, which puts those reads in consecutive words rather than in one bank.
+// Where vec4 i of x̂ is staged. Quantized products give each lane whole 32-element sub-blocks
+// (64-element pairs with KPAIR), so lanes read the same vec4 of consecutive units at once:
+// vec4 j of unit s sits at j·(units) + s, which puts those reads in consecutive words rather
+// than in a few banks.
+#if KPAIR
+const XS_UNIT: u32 = 16u;
+#else
+const XS_UNIT: u32 = 8u;
+#endif
 fn xs_slot(i: u32) -> u32 {
 #if QUANT
-    return (i % 8u) * ({{ROW_VECS}}u / 8u) + i / 8u;
+    return (i % XS_UNIT) * ({{ROW_VECS}}u / XS_UNIT) + i / XS_UNIT;
 #else
     return i;
 #endif
@@ -181,6 +187,45 @@ fn silu(v: f32) -> f32 {
     return v / (1.0 + exp(-v));
 }
 
+// Lane groups per block: the distance between the NR rows of one lane group.
+const ROW_STEP: u32 = {{WG}}u / {{TPR}}u;
+
+// Row r of the lane group whose first row is row0, clamped into the matrix: rows past the end
+// are computed on the last row and never written.
+fn row_at(row0: u32, r: u32) -> u32 {
+    return min(row0 + r * ROW_STEP, p.n - 1u);
+}
+
+// Reduces one row's lane sums and writes the row (called by every invocation alike, since the
+// reduction may synchronise the workgroup).
+fn finish_row(row: u32, acc: f32, acc_up: f32, tid: u32, lane: u32, sg_lane: u32, sg_size: u32) {
+    var r = row_sum(tid, lane, acc, sg_lane, sg_size);
+#if GLU
+    var up = row_sum(tid, lane, acc_up, sg_lane, sg_size);
+#endif
+    if (row < p.n && lane == 0u) {
+#if BIAS
+        r += bias[row];
+#endif
+#if GLU
+#if BIAS
+        up += bias[row + p.n];
+#endif
+        r = silu(r) * up;
+#endif
+#if GELU
+        r = gelu_tanh(r);
+#endif
+#if GELU_ERF
+        r = gelu_erf(r);
+#endif
+#if RESIDUAL
+        r += y[row];
+#endif
+        y[row] = r;
+    }
+}
+
 @compute @workgroup_size({{WG}})
 fn main(
     @builtin(local_invocation_index) tid: u32,
@@ -266,31 +311,32 @@ fn main(
 #endif
 #endif
     let lane = tid % {{TPR}}u;
-    // RB blocks of WG/TPR rows share one staged (and normalised) input.
+    // RB blocks of NR·WG/TPR rows share one staged (and normalised) input. Each lane group
+    // takes NR rows of a block, ROW_STEP apart, and reads each input once for all of them.
     for (var rb = 0u; rb < {{RB}}u; rb++) {
-        let row = (group * {{RB}}u + rb) * ({{WG}}u / {{TPR}}u) + tid / {{TPR}}u;
-        let live = row < p.n;
-        var acc = 0.0;
-        var acc_up = 0.0;
-        if (live) {
+        let row0 = (group * {{RB}}u + rb) * {{NR}}u * ROW_STEP + tid / {{TPR}}u;
+        var acc = vec4<f32>(0.0);
+        var acc_up = vec4<f32>(0.0);
+        if (row0 < p.n) {
 #if QUANT
 #if KPAIR
             for (var sp = lane; sp < {{SUBS}}u / 2u; sp += {{TPR}}u) {
-                acc += q_dot_pair(row, sp, base);
+                acc += q_dot_pairs(row0, p.n - 1u, sp, base);
 #if GLU
-                acc_up += q_dot_pair(row + p.n, sp, base);
+                acc_up += q_dot_pairs(row0 + p.n, 2u * p.n - 1u, sp, base);
 #endif
             }
 #else
             for (var sb = lane; sb < {{SUBS}}u; sb += {{TPR}}u) {
-                acc += q_dot(row, sb, p.q_scales, base);
+#for r in 0..NR
+                acc[{{r}}] += q_dot(row_at(row0, {{r}}u), sb, p.q_scales, base);
 #if GLU
-                acc_up += q_dot(row + p.n, sb, p.q_scales, base);
+                acc_up[{{r}}] += q_dot(row_at(row0, {{r}}u) + p.n, sb, p.q_scales, base);
 #endif
+#endfor
             }
 #endif
 #else
-            let wrow = row * {{ROW_VECS}}u;
             for (var v = lane; v < {{ROW_VECS}}u; v += {{TPR}}u) {
 #if XCACHE
 #if F16
@@ -306,44 +352,27 @@ fn main(
                 let xb = x4(base, k0 + 4u);
 #endif
 #endif
+#for r in 0..NR
+                {
+                    let wv = row_at(row0, {{r}}u) * {{ROW_VECS}}u + v;
 #if F16
-                acc += dot_row(w[wrow + v], xa, xb);
+                    acc[{{r}}] += dot_row(w[wv], xa, xb);
 #if GLU
-                acc_up += dot_row(w[p.glu_offset + wrow + v], xa, xb);
+                    acc_up[{{r}}] += dot_row(w[p.glu_offset + wv], xa, xb);
 #endif
 #else
-                acc += dot(w[wrow + v], xa);
+                    acc[{{r}}] += dot(w[wv], xa);
 #if GLU
-                acc_up += dot(w[p.glu_offset + wrow + v], xa);
+                    acc_up[{{r}}] += dot(w[p.glu_offset + wv], xa);
 #endif
 #endif
+                }
+#endfor
             }
 #endif
         }
-        var r = row_sum(tid, lane, acc, sg_lane, sg_size);
-#if GLU
-        var up = row_sum(tid, lane, acc_up, sg_lane, sg_size);
-#endif
-        if (live && lane == 0u) {
-#if BIAS
-            r += bias[row];
-#endif
-#if GLU
-#if BIAS
-            up += bias[row + p.n];
-#endif
-            r = silu(r) * up;
-#endif
-#if GELU
-            r = gelu_tanh(r);
-#endif
-#if GELU_ERF
-            r = gelu_erf(r);
-#endif
-#if RESIDUAL
-            r += y[row];
-#endif
-            y[row] = r;
-        }
+#for r in 0..NR
+        finish_row(row0 + {{r}}u * ROW_STEP, acc[{{r}}], acc_up[{{r}}], tid, lane, sg_lane, sg_size);
+#endfor
     }
 }

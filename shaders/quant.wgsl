@@ -92,7 +92,8 @@ const K_QUANTS: u32 = 4u;
 
 // Sub-blocks 2·sp and 2·sp + 1 of a Q4_K / Q5_K row share their 32 quant bytes (low and high
 // nibbles): one invocation decodes both from whole-word loads (header, quants, and for Q5_K
-// the high bits) — q_dot_pair for decode products, q_store_pair for the f16 expansion.
+// the high bits) — q_dot_pairs for decode products; q_store_word decodes one 16-byte word of
+// a pair for the f16 expansion.
 struct KPair {
     // Per sub-block (x: 2·sp, y: 2·sp + 1): weight = scale · q - shift.
     scale: vec2<f32>,
@@ -143,25 +144,39 @@ fn k_quants(q: u32, h: u32, pair: u32, half: u32) -> vec4<f32> {
 
 #if QSTORE
 #if KQ
-// Writes sub-blocks 2·sp and 2·sp + 1 of row `row` (64 weights) as f16 into `dense`, eight
-// to a 16-byte word.
-fn q_store_pair(row: u32, sp: u32) {
-    let kp = k_pair(row, sp);
-    // The row's f16 weights in 16-byte words: 4 per sub-block.
-    let out = row * {{SUBS}}u * 4u + 8u * sp;
-#for half in 0..2
-#for j in 0..4
-    {
-        let a = kp.scale[{{half}}] * k_quants(kp.q[2u * {{j}}u], kp.h[2u * {{j}}u], kp.pair, {{half}}u) - kp.shift[{{half}}];
-        let b = kp.scale[{{half}}] * k_quants(kp.q[2u * {{j}}u + 1u], kp.h[2u * {{j}}u + 1u], kp.pair, {{half}}u) - kp.shift[{{half}}];
-        dense[out + 4u * {{half}}u + {{j}}u] = vec4<u32>(
-            pack2x16float(a.xy), pack2x16float(a.zw), pack2x16float(b.xy), pack2x16float(b.zw));
-    }
-#endfor
-#endfor
+// Writes word t (0..7) of the f16 expansion of sub-blocks 2·sp and 2·sp + 1 of row `row`:
+// weights 4j..4j+7 (j = 2·(t % 4)) of sub-block 2·sp + t / 4, eight halves to a 16-byte word.
+// Eight invocations share a pair, so a subgroup's stores land in consecutive words.
+fn q_store_word(row: u32, sp: u32, t: u32) {
+    let half = t / 4u;
+    let j = t % 4u;
+    let base = (row * ({{SUBS}}u / 8u) + sp / 4u) * K_WORDS;
+    let pair = sp % 4u;
+    let head = qw4[base / 4u];
+    let dd = unpack2x16float(head.x);
+    let sm = scale_min_words(head.y, head.z, head.w, 2u * pair + half);
+    let scale = dd.x * sm.x;
+    let shift = dd.y * sm.y;
+    let qv = qw4[(base + K_QUANTS) / 4u + 2u * pair + j / 2u];
+    let odd = j % 2u == 1u;
+    let q0 = select(qv.x, qv.z, odd);
+    let q1 = select(qv.y, qv.w, odd);
+#if Q5_K
+    let hv = qw4[base / 4u + 1u + j / 2u];
+    let h0 = select(hv.x, hv.z, odd);
+    let h1 = select(hv.y, hv.w, odd);
+#else
+    let h0 = 0u;
+    let h1 = 0u;
+#endif
+    let a = scale * k_quants(q0, h0, pair, half) - shift;
+    let b = scale * k_quants(q1, h1, pair, half) - shift;
+    dense[row * {{SUBS}}u * 4u + 8u * sp + t] = vec4<u32>(
+        pack2x16float(a.xy), pack2x16float(a.zw), pack2x16float(b.xy), pack2x16float(b.zw));
 }
 #else
-// Writes the 32 weights of sub-block `s` of row `row` as f16 pairs from word `out` of `dense`.
+// Writes the 32 weights of sub-block `s` of row `row` as f16 pairs from word `out` of the
+// including kernel's workgroup array `staged`.
 fn q_store(row: u32, s: u32, scales: u32, out: u32) {
 Q_DECODE_STORE
 }
@@ -180,23 +195,32 @@ Q_DECODE_DOT
     return acc;
 }
 #if KPAIR
-// Sub-blocks 2·sp and 2·sp + 1 against the inputs, each sub-block's scale and min applied once
-// to its sums rather than to every weight.
-fn q_dot_pair(row: u32, sp: u32, xbase: u32) -> f32 {
-    let kp = k_pair(row, sp);
+// Sub-blocks 2·sp and 2·sp + 1 of NR rows (first, first + ROW_STEP, …, clamped to `last`)
+// against the inputs: each input is read once for all rows, and each sub-block's scale and
+// min are applied once to its sums rather than to every weight. Row r's dot is component r.
+fn q_dot_pairs(first: u32, last: u32, sp: u32, xbase: u32) -> vec4<f32> {
+#for r in 0..NR
+    let kp{{r}} = k_pair(min(first + {{r}}u * ROW_STEP, last), sp);
+    var dots{{r}} = vec2<f32>(0.0);
+#endfor
     let x0 = 64u * sp;
-    var dots = vec2<f32>(0.0);
     var sums = vec2<f32>(0.0);
 #for j in 0..8
     {
         let x_lo = xin4(xbase, x0 + 4u * {{j}}u);
         let x_hi = xin4(xbase, x0 + 32u + 4u * {{j}}u);
-        dots += vec2<f32>(dot(k_quants(kp.q[{{j}}], kp.h[{{j}}], kp.pair, 0u), x_lo),
-                             dot(k_quants(kp.q[{{j}}], kp.h[{{j}}], kp.pair, 1u), x_hi));
         sums += vec2<f32>(dot(x_lo, vec4<f32>(1.0)), dot(x_hi, vec4<f32>(1.0)));
+#for r in 0..NR
+        dots{{r}} += vec2<f32>(dot(k_quants(kp{{r}}.q[{{j}}], kp{{r}}.h[{{j}}], kp{{r}}.pair, 0u), x_lo),
+                             dot(k_quants(kp{{r}}.q[{{j}}], kp{{r}}.h[{{j}}], kp{{r}}.pair, 1u), x_hi));
+#endfor
     }
 #endfor
-    return dot(kp.scale, dots) - dot(kp.shift, sums);
+    var out = vec4<f32>(0.0);
+#for r in 0..NR
+    out[{{r}}] = dot(kp{{r}}.scale, dots{{r}}) - dot(kp{{r}}.shift, sums);
+#endfor
+    return out;
 }
 #endif
 #else

@@ -143,6 +143,41 @@ fn matvec_without_subgroups_matches_cpu() {
     matvec_parity(&gpu.without_subgroups());
 }
 
+/// Layouts the decode-product tests force besides the chosen one: few lanes with several rows
+/// each (shuffle reductions where the subgroup size is fixed), lanes spanning subgroups
+/// (workgroup reductions) with two rows, the input staged or streamed against the default,
+/// smaller workgroups, and several row blocks per workgroup.
+const MATVEC_LAYOUTS: [MatVecLayout; 4] = [
+    MatVecLayout {
+        lanes: None,
+        rows: None,
+        stage: None,
+        workgroup: None,
+        blocks: None,
+    },
+    MatVecLayout {
+        lanes: Some(4),
+        rows: Some(3),
+        stage: Some(true),
+        workgroup: Some(64),
+        blocks: Some(3),
+    },
+    MatVecLayout {
+        lanes: Some(64),
+        rows: Some(2),
+        stage: Some(false),
+        workgroup: None,
+        blocks: None,
+    },
+    MatVecLayout {
+        lanes: Some(8),
+        rows: Some(4),
+        stage: None,
+        workgroup: Some(128),
+        blocks: Some(1),
+    },
+];
+
 fn matvec_parity(gpu: &Gpu) {
     let gpu = gpu.clone();
     let mut rng = Rng::new(1);
@@ -169,8 +204,10 @@ fn matvec_parity(gpu: &Gpu) {
         Variant::Residual,
     ];
     for dtype in DTYPES {
-        for &(n, k) in &shapes {
-            for variant in variants {
+        for (si, &(n, k)) in shapes.iter().enumerate() {
+            for (vi, variant) in variants.into_iter().enumerate() {
+                // Each shape meets the forced layouts over its variants.
+                let layout = MATVEC_LAYOUTS[(si + vi) % MATVEC_LAYOUTS.len()];
                 let glu = matches!(variant, Variant::Glu);
                 let rows = if glu { 2 * n } else { n };
                 let w = rng.vec(rows * k, 1.0);
@@ -209,6 +246,7 @@ fn matvec_parity(gpu: &Gpu) {
                     },
                     residual: matches!(variant, Variant::Residual),
                     combine: None,
+                    layout,
                 };
                 let op = MatVec::new(&gpu, &wm, &xb, &yb, &st, opts).expect("matvec");
                 let mut rec = Recorder::new(&gpu);
@@ -250,7 +288,7 @@ fn matvec_parity(gpu: &Gpu) {
                     _ => {}
                 }
                 want.truncate(n);
-                let what = format!("matvec {dtype:?} {variant:?} n={n} k={k}");
+                let what = format!("matvec {dtype:?} {variant:?} n={n} k={k} {layout:?}");
                 assert_close(&what, &got, &want, &scale, 1e-5, 2e-5);
             }
         }
@@ -689,7 +727,9 @@ fn attention_ref(inp: &AttentionInputs, c: AttentionCase) -> Vec<f32> {
 fn attention_matches_cpu() {
     let gpu = gpu();
     let mut rng = Rng::new(5);
-    // GQA, MHA, long contexts that span several 256-key chunks, odd head sizes, one token.
+    // GQA, MHA, long contexts that span several 256-key chunks, odd head sizes, one token;
+    // prompts of several query blocks (32 queries for heads up to 64 wide, 16 above), after a
+    // cached prefix or not, whose last block is partly empty.
     let cases = [
         (4u32, 2u32, 16u32, 4u32, 5u32, 12u32),
         (3, 3, 8, 1, 300, 310),
@@ -697,6 +737,9 @@ fn attention_matches_cpu() {
         (2, 1, 64, 2, 0, 2),
         (2, 2, 80, 3, 517, 530),
         (4, 1, 128, 1, 40, 64),
+        (4, 2, 64, 37, 5, 50),
+        (3, 3, 12, 70, 0, 75),
+        (2, 1, 128, 19, 33, 60),
     ];
     for dtype in DTYPES {
         for &(heads, kv_heads, hd, tokens, pos0, capacity) in &cases {
@@ -715,20 +758,23 @@ fn attention_matches_cpu() {
                 &gpu, heads, kv_heads, hd, capacity, dtype, &inp.qb, &inp.kb, &inp.vb, &out, &st,
             )
             .expect("attention");
-            let mut rec = Recorder::new(&gpu);
-            op.encode(&mut rec, pos0, tokens);
-            rec.submit();
-            let got = read(&gpu, &out, inp.q.len());
             let want = attention_ref(&inp, c);
             let ones = vec![1.0; want.len()];
-            assert_close(
-                &format!("attention {dtype:?} {c:?}"),
-                &got,
-                &want,
-                &ones,
-                2e-5,
-                0.0,
-            );
+            // The per-query kernel and the query-block kernel (prompts of four or more use it).
+            for tiled in [false, true] {
+                let mut rec = Recorder::new(&gpu);
+                op.encode_with(&mut rec, pos0, tokens, tiled);
+                rec.submit();
+                let got = read(&gpu, &out, inp.q.len());
+                assert_close(
+                    &format!("attention {dtype:?} {c:?} tiled={tiled}"),
+                    &got,
+                    &want,
+                    &ones,
+                    2e-5,
+                    0.0,
+                );
+            }
         }
     }
 }
@@ -1249,7 +1295,16 @@ fn quantized_matvec_matches_cpu_dequantize() {
         // 33,001 rows are enough for the few-lanes-per-row shuffle reduction (SGX) on adapters
         // with a fixed subgroup size, lavapipe included.
         for &(n, k) in &[(37usize, 256usize), (5, 768), (9, 4864), (33_001, 256)] {
-            for variant in [Variant::Plain, Variant::Rms, Variant::Glu] {
+            // The small shapes run every forced layout (K-quant pairs need at most k / 64 lanes).
+            let layouts = if n * k < 10_000 {
+                &MATVEC_LAYOUTS[..]
+            } else {
+                &MATVEC_LAYOUTS[..1]
+            };
+            for (variant, &layout) in [Variant::Plain, Variant::Rms, Variant::Glu]
+                .into_iter()
+                .flat_map(|v| layouts.iter().map(move |l| (v, l)))
+            {
                 if n > 1000 && !matches!(variant, Variant::Rms) {
                     continue;
                 }
@@ -1282,6 +1337,7 @@ fn quantized_matvec_matches_cpu_dequantize() {
                             1e-5,
                         )),
                         glu,
+                        layout,
                         ..Default::default()
                     },
                 )
@@ -1307,7 +1363,7 @@ fn quantized_matvec_matches_cpu_dequantize() {
                     (all, mag)
                 };
                 assert_close(
-                    &format!("quantized matvec {ty:?} {variant:?} n={n} k={k}"),
+                    &format!("quantized matvec {ty:?} {variant:?} n={n} k={k} {layout:?}"),
                     &got,
                     &want,
                     &scale,

@@ -1,13 +1,16 @@
 //! `backpack bench-gemm`: the prompt product alone, at the shapes the models run, on the
 //! tensor-core tiles and the SIMT tiles of the same device, so kernel work can be measured
-//! without a model around it.
+//! without a model around it; with `--decode`, the one-token product (mat-vec) instead, as a
+//! chain of dependent dispatches like a decode step's.
 
 use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
 use backpack_engine::gpu::{Gpu, Recorder};
 use backpack_engine::load::quant::random_blocks;
-use backpack_engine::ops::{Conv2dShape, MatMul, MatMulOptions, Matrix, StepParams, WeightDType};
+use backpack_engine::ops::{
+    Conv2dShape, MatMul, MatMulOptions, MatVec, MatVecOptions, Matrix, StepParams, WeightDType,
+};
 use clap::Args;
 
 use crate::QuantArg;
@@ -28,7 +31,20 @@ pub struct BenchGemmArgs {
     /// Timed repetitions per shape (the median is reported).
     #[arg(long, default_value_t = 20)]
     runs: u32,
+    /// Time the decode product (one token) instead; shapes are N×K (outputs × inner), e.g.
+    /// 2048x8192. The layout can be forced with BACKPACK_MATVEC (see the engine's MatVec).
+    #[arg(long)]
+    decode: bool,
 }
+
+const DEFAULT_DECODE_SHAPES: &[&str] = &[
+    "32x256",
+    "6144x2048",
+    "16384x2048",
+    "2048x8192",
+    "2048x2048",
+    "49152x2048",
+];
 
 const DEFAULT_SHAPES: &[&str] = &[
     "504x2048x2048",
@@ -82,6 +98,9 @@ impl Shape {
 
 pub fn run(args: BenchGemmArgs, adapter: Option<&str>) -> Result<()> {
     let gpu = crate::open_gpu(adapter)?;
+    if args.decode {
+        return run_decode(&gpu, &args);
+    }
     let texts: Vec<String> = if args.shapes.is_empty() {
         DEFAULT_SHAPES.iter().map(|s| s.to_string()).collect()
     } else {
@@ -103,9 +122,9 @@ pub fn run(args: BenchGemmArgs, adapter: Option<&str>) -> Result<()> {
     Ok(())
 }
 
-fn time_product(gpu: &Gpu, shape: &Shape, args: &BenchGemmArgs) -> Result<f64> {
-    let (m, n, k) = shape.mnk();
-    let weights = match args.quant.block_format() {
+/// Random `n`×`k` weights in the benchmarked format.
+fn weights(gpu: &Gpu, quant: QuantArg, n: u32, k: u32) -> Result<Matrix> {
+    Ok(match quant.block_format() {
         Some(ty) => {
             let blocks = random_blocks(ty, n as usize * k as usize, 7);
             Matrix::from_blocks(gpu, "w", ty, &blocks, n, k)?
@@ -116,7 +135,59 @@ fn time_product(gpu: &Gpu, shape: &Shape, args: &BenchGemmArgs) -> Result<f64> {
                 .collect();
             Matrix::from_f32(gpu, "w", &data, n, k, WeightDType::F16)?
         }
+    })
+}
+
+/// Decode products: µs per product in a chain of dependent dispatches (the dispatch's own
+/// cost included, as in a decode step; the 32×256 shape shows that floor) and the weight
+/// read rate.
+fn run_decode(gpu: &Gpu, args: &BenchGemmArgs) -> Result<()> {
+    let texts: Vec<String> = if args.shapes.is_empty() {
+        DEFAULT_DECODE_SHAPES
+            .iter()
+            .map(|s| s.to_string())
+            .collect()
+    } else {
+        args.shapes.clone()
     };
+    const CHAIN: u32 = 100;
+    for text in &texts {
+        let dims: Vec<u32> = text
+            .split(['x', '×'])
+            .map(|v| v.trim().parse::<u32>())
+            .collect::<Result<_, _>>()
+            .with_context(|| format!("decode shapes are NxK, not {text}"))?;
+        let [n, k] = dims[..] else {
+            bail!("decode shapes are NxK, not {text}");
+        };
+        let w = weights(gpu, args.quant, n, k)?;
+        let x = gpu.storage("x", u64::from(k) * 4)?;
+        let y = gpu.storage("y", u64::from(n) * 4)?;
+        let step = gpu.uniform("step", &StepParams::new(0, 1));
+        let op = MatVec::new(gpu, &w, &x, &y, &step, MatVecOptions::default())?;
+        let mut times = Vec::new();
+        for _ in 0..=args.runs.max(1) {
+            let start = Instant::now();
+            let mut rec = Recorder::new(gpu);
+            for _ in 0..CHAIN {
+                op.encode(&mut rec);
+            }
+            rec.submit();
+            gpu.wait()?;
+            times.push(start.elapsed().as_secs_f64() * 1e6 / f64::from(CHAIN));
+        }
+        times.remove(0); // warm-up
+        times.sort_by(f64::total_cmp);
+        let us = times[times.len() / 2];
+        let gbs = w.buffer.size as f64 / (us * 1e-6) / 1e9;
+        println!("{text:>22}  decode        {us:8.2} µs  {gbs:7.0} GB/s");
+    }
+    Ok(())
+}
+
+fn time_product(gpu: &Gpu, shape: &Shape, args: &BenchGemmArgs) -> Result<f64> {
+    let (m, n, k) = shape.mnk();
+    let weights = weights(gpu, args.quant, n, k)?;
     let input_len = match shape {
         Shape::Product { .. } => u64::from(m) * u64::from(k),
         Shape::Conv(c, _) => u64::from(c.in_h) * u64::from(c.in_w) * u64::from(c.cin),

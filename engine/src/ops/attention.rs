@@ -32,6 +32,9 @@ struct Params {
 pub struct Attention {
     kernel: Kernel,
     bind_group: wgpu::BindGroup,
+    /// The query-block kernel for prompts (see attention.wgsl `tiled`); none for a split step.
+    tiled: Option<(Kernel, wgpu::BindGroup)>,
+    block_queries: u32,
     heads: u32,
     split: bool,
     _params: UniformBuffer,
@@ -130,20 +133,21 @@ impl Attention {
                 "{heads} attention heads cannot share {kv_heads} key/value heads"
             )));
         }
-        let kernel = gpu.kernel(
-            "attention",
-            SOURCE,
-            "main",
-            &[
-                ("WG", WG.to_string()),
-                ("HD", head_dim.to_string()),
-                flag("F16", cache_dtype == WeightDType::F16),
-                flag("SPLIT", split.is_some()),
-                flag("NO_ROPE", matches!(split, Some((_, None)))),
-                ("MIN_SPLIT", MIN_SPLIT.to_string()),
-                ("MAX_SPLITS", MAX_SPLITS.to_string()),
-            ],
-        )?;
+        let (bq, bk) = tiles_for(head_dim);
+        let defines = [
+            ("WG", WG.to_string()),
+            ("HD", head_dim.to_string()),
+            flag("F16", cache_dtype == WeightDType::F16),
+            flag("SPLIT", split.is_some()),
+            flag("NO_ROPE", matches!(split, Some((_, None)))),
+            ("MIN_SPLIT", MIN_SPLIT.to_string()),
+            ("MAX_SPLITS", MAX_SPLITS.to_string()),
+            // Prompts (not a split decode step) also get the query-block kernel.
+            flag("TILED", split.is_none()),
+            ("BQ", bq.to_string()),
+            ("BK", bk.to_string()),
+        ];
+        let kernel = gpu.kernel("attention", SOURCE, "main", &defines)?;
         let params = gpu.uniform(
             "attention params",
             &Params {
@@ -170,10 +174,19 @@ impl Attention {
                 entries.push((8, &t.sin.buffer));
             }
         }
+        let tiled = if split.is_none() {
+            let tiled = gpu.kernel("attention", SOURCE, "tiled", &defines)?;
+            let group = bind(gpu, &tiled, &entries);
+            Some((tiled, group))
+        } else {
+            None
+        };
         let bind_group = bind(gpu, &kernel, &entries);
         Ok(Self {
             kernel,
             bind_group,
+            tiled,
+            block_queries: bq,
             heads,
             split: split.is_some(),
             _params: params,
@@ -183,6 +196,17 @@ impl Attention {
     /// Records attention for `n_tokens` queries starting at position `pos0` (which must match
     /// the step uniform). A split attention handles one token.
     pub fn encode(&self, rec: &mut Recorder<'_>, pos0: u32, n_tokens: u32) {
+        self.encode_with(rec, pos0, n_tokens, n_tokens >= TILED_FROM);
+    }
+
+    /// As [`Attention::encode`], choosing whether a prompt runs on the query-block kernel
+    /// (tests cover both).
+    pub fn encode_with(&self, rec: &mut Recorder<'_>, pos0: u32, n_tokens: u32, tiled: bool) {
+        if let Some((kernel, group)) = self.tiled.as_ref().filter(|_| tiled) {
+            let blocks = n_tokens.div_ceil(self.block_queries);
+            rec.dispatch_xyz(kernel, group, [self.heads, blocks, 1]);
+            return;
+        }
         let y = if self.split {
             splits_for(pos0 + 1)
         } else {
@@ -293,6 +317,7 @@ impl FullAttention {
             ("WG", WG.to_string()),
             ("HD", head_dim.to_string()),
             flag("FULL", true),
+            flag("TILED", true),
             ("MIN_SPLIT", MIN_SPLIT.to_string()),
             ("MAX_SPLITS", MAX_SPLITS.to_string()),
             ("BQ", bq.to_string()),

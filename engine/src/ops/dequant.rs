@@ -59,7 +59,7 @@ impl Dequantize {
             &kernel,
             &[
                 (0, &params.buffer),
-                // K-quant blocks are read through their vec4 view (q_store_pair).
+                // K-quant blocks are read through their vec4 view (q_store_word).
                 (if k_quant { 11 } else { 3 }, &w.buffer.buffer),
                 (4, &scratch.buffer),
             ],
@@ -78,7 +78,8 @@ impl Dequantize {
             Self {
                 kernel,
                 bind_group,
-                invocations: w.rows * (w.cols / 32) / if k_quant { 2 } else { 1 },
+                // K-quants: eight invocations per sub-block pair; others: one per sub-block.
+                invocations: w.rows * (w.cols / 32) * if k_quant { 4 } else { 1 },
                 _params: params,
             },
             view,

@@ -45,6 +45,21 @@ pub struct MatVecOptions<'a> {
     pub residual: bool,
     /// The input is split attention output, merged while staging (`x` is then unused).
     pub combine: Option<SplitAttention<'a>>,
+    /// Parts of the kernel layout to force (unset parts are chosen from the shape and device).
+    pub layout: MatVecLayout,
+}
+
+/// How a decode product spreads over a workgroup: `lanes` invocations per row (a power of two
+/// up to the workgroup), `rows` rows per group of lanes (1 to 4, sharing each input read),
+/// whether the input is staged in workgroup memory (`stage`, honoured where it fits), the
+/// `workgroup` size (64, 128 or 256) and the row `blocks` each workgroup computes (1 to 16).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct MatVecLayout {
+    pub lanes: Option<u32>,
+    pub rows: Option<u32>,
+    pub stage: Option<bool>,
+    pub workgroup: Option<u32>,
+    pub blocks: Option<u32>,
 }
 
 /// `y = W · x̂` for the last token of the step (decoding, and the LM head after a prompt).
@@ -77,7 +92,7 @@ impl MatVec {
         // Qwen2.5-1.5B Q4_K gate/up product went from 43 to 31 µs); short matrices keep 64
         // lanes per row, since fewer, fuller workgroups left the GPU idle (SmolLM2-135M Q4_0
         // fell from 833 to 633 tok/s).
-        // K-quant lanes take sub-blocks in pairs (see q_dot_pair), so half as many per row.
+        // K-quant lanes take sub-blocks in pairs (see q_dot_pairs), so half as many per row.
         let per_lane_unit = if k_quant(w) { 64 } else { 32 };
         let quant_lanes = fixed_subgroup
             .map(|sg| {
@@ -86,7 +101,7 @@ impl MatVec {
                     .clamp(4, sg)
             })
             .filter(|&lanes| n / (WG / lanes) >= MIN_WORKGROUPS);
-        let tpr: u32 = match (w.quant.is_some(), quant_lanes) {
+        let mut tpr: u32 = match (w.quant.is_some(), quant_lanes) {
             (true, Some(lanes)) => lanes,
             // Without that, 64 lanes per quantized row measured fastest on an H100 (Q4_K: 317
             // tok/s against 295 with 32 lanes and 263 with 128).
@@ -95,11 +110,40 @@ impl MatVec {
             (false, _) if w.cols >= 4096 => 64,
             (false, _) => 32,
         };
+        let mut rows_per_group = 1;
+        let mut xcache = Self::stages_input(gpu, w.cols);
+        // K-quant rows with a sub-block pair for every lane of a subgroup: a subgroup per row,
+        // two rows per subgroup sharing each input read, the input staged where it fits. On an
+        // H100 (SmolLM2-1.7B Q4_K) that decoded 601 tok/s against 505 with the layouts above;
+        // four rows per subgroup, or 16 lanes per row, were slower (370, 480).
+        if let Some(sg) = fixed_subgroup
+            && k_quant(w)
+            && w.cols / 64 >= sg
+        {
+            tpr = sg;
+            rows_per_group = 2;
+            xcache = Self::input_fits(gpu, w.cols);
+        }
+        let forced = opts.layout.or(MatVecLayout::from_env());
+        let wg = forced
+            .workgroup
+            .filter(|w| [64, 128, 256].contains(w))
+            .unwrap_or(WG);
+        if let Some(lanes) = forced.lanes.filter(|l| l.is_power_of_two() && *l <= wg) {
+            tpr = lanes;
+        }
+        let tpr = tpr.min(wg);
+        if let Some(rows) = forced.rows.filter(|r| (1..=4).contains(r)) {
+            rows_per_group = rows;
+        }
+        if let Some(stage) = forced.stage {
+            // Merging split attention always stages its input.
+            xcache = (stage || opts.combine.is_some()) && Self::input_fits(gpu, w.cols);
+        }
         let shuffle_reduce = fixed_subgroup.is_some_and(|sg| tpr <= sg);
-        // K-quant rows by sub-block pairs (q_dot_pair) when every lane gets at least one.
+        // K-quant rows by sub-block pairs (q_dot_pairs) when every lane gets at least one.
         let k_pairs = k_quant(w) && tpr <= w.cols / 64;
         let subgroups = caps.subgroups && caps.subgroup_max_size <= tpr;
-        let xcache = Self::stages_input(gpu, w.cols);
         // Row stride in vec4 words (dense) or the row's inputs in vec4s (quantized, for staging).
         let row_vecs = if w.quant.is_some() {
             w.cols / 4
@@ -112,14 +156,18 @@ impl MatVec {
                 w.cols
             )));
         }
-        let rb = Self::row_blocks_per_workgroup(n.div_ceil(WG / tpr));
+        let block_rows = wg / tpr * rows_per_group;
+        let rb = forced
+            .blocks
+            .filter(|b| (1..=16).contains(b))
+            .unwrap_or_else(|| Self::row_blocks_per_workgroup(n.div_ceil(block_rows)));
         let xvec4 = w.cols.is_multiple_of(4);
         let heads = opts.combine.as_ref().map_or(1, |c| c.heads);
         let mut defines = w.defines();
         defines.push(("QDOT", "1".into()));
         defines.extend(gelu_flags(opts.gelu));
         defines.extend([
-            ("WG", WG.to_string()),
+            ("WG", wg.to_string()),
             ("ROW_VECS", row_vecs.to_string()),
             flag("XCACHE", xcache),
             flag("XVEC4", xvec4 && !xcache),
@@ -129,6 +177,7 @@ impl MatVec {
             ("MAX_SPLITS", super::attention::MAX_SPLITS.to_string()),
             ("TPR", tpr.to_string()),
             ("RB", rb.to_string()),
+            ("NR", rows_per_group.to_string()),
             flag("SUBGROUP", subgroups),
             flag("SGX", shuffle_reduce),
             flag("NORM", opts.norm.is_some()),
@@ -204,7 +253,7 @@ impl MatVec {
         Ok(Self {
             kernel,
             bind_group,
-            workgroups: n.div_ceil(WG / tpr * rb),
+            workgroups: n.div_ceil(block_rows * rb),
             _params: params,
         })
     }
@@ -221,10 +270,14 @@ impl MatVec {
     /// prologue delays every weight load: on an H100, k = 8960 ran at 0.7 TB/s staged against
     /// 1.2 TB/s streamed).
     pub fn stages_input(gpu: &Gpu, cols: u32) -> bool {
+        u64::from(Matrix::padded_cols(cols)) * 4 <= XCACHE_MAX_BYTES && Self::input_fits(gpu, cols)
+    }
+
+    /// Whether the staged input of `cols` fits the device's workgroup memory.
+    fn input_fits(gpu: &Gpu, cols: u32) -> bool {
         let x_bytes = u64::from(Matrix::padded_cols(cols)) * 4;
-        x_bytes <= XCACHE_MAX_BYTES
-            && x_bytes + u64::from(WG) * 4 + 64 + 8 * 1024
-                <= u64::from(gpu.caps().max_workgroup_storage)
+        // The input, the reduction array of the largest workgroup, the norm statistics.
+        x_bytes + u64::from(WG) * 4 + 64 + 8 * 1024 <= u64::from(gpu.caps().max_workgroup_storage)
     }
 
     pub fn encode(&self, rec: &mut Recorder<'_>) {
@@ -232,7 +285,46 @@ impl MatVec {
     }
 }
 
-/// Q4_K / Q5_K weights, decoded by sub-block pairs through a vec4 view (q_dot_pair).
+/// Q4_K / Q5_K weights, decoded by sub-block pairs through a vec4 view (q_dot_pairs).
 fn k_quant(w: &Matrix) -> bool {
     matches!(w.quant, Some((GgmlType::Q4K | GgmlType::Q5K, _)))
+}
+
+impl MatVecLayout {
+    /// Each part set here, else the other's.
+    fn or(self, other: Self) -> Self {
+        Self {
+            lanes: self.lanes.or(other.lanes),
+            rows: self.rows.or(other.rows),
+            stage: self.stage.or(other.stage),
+            workgroup: self.workgroup.or(other.workgroup),
+            blocks: self.blocks.or(other.blocks),
+        }
+    }
+
+    /// `BACKPACK_MATVEC=lanes=32,rows=2,stage=1,wg=128,blocks=1` forces layouts for measuring them on a
+    /// device (`backpack bench`); parts left out or malformed are chosen as usual.
+    fn from_env() -> Self {
+        let mut layout = Self::default();
+        let Ok(text) = std::env::var("BACKPACK_MATVEC") else {
+            return layout;
+        };
+        for part in text.split(',') {
+            let Some((key, value)) = part.split_once('=') else {
+                continue;
+            };
+            let Ok(value) = value.trim().parse::<u32>() else {
+                continue;
+            };
+            match key.trim() {
+                "lanes" => layout.lanes = Some(value),
+                "rows" => layout.rows = Some(value),
+                "stage" => layout.stage = Some(value != 0),
+                "wg" => layout.workgroup = Some(value),
+                "blocks" => layout.blocks = Some(value),
+                _ => {}
+            }
+        }
+        layout
+    }
 }

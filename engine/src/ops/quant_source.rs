@@ -40,7 +40,7 @@ fn quant_source() -> String {
     });
     let store = expand(|j, v| {
         format!(
-            "{{ let q4 = {v}; dense[out + 2u * ({j})] = pack2x16float(q4.xy); dense[out + 2u * ({j}) + 1u] = pack2x16float(q4.zw); }}"
+            "{{ let q4 = {v}; staged[out + 2u * ({j})] = pack2x16float(q4.xy); staged[out + 2u * ({j}) + 1u] = pack2x16float(q4.zw); }}"
         )
     });
     let gather = expand(|j, v| {
