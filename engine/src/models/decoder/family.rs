@@ -1,0 +1,233 @@
+//! What a model family says about itself: where its weights are, by name. The shared builder
+//! (`build.rs`) reads a [`Family`] and the config's [`DecoderSpec`] (norm kind, activation,
+//! biases, RoPE, sizes) and needs no branch per family; a family file (`llama.rs`, `gpt2.rs`)
+//! is one `Family` value. GGUF files are read through the same names (see
+//! `load::gguf_tensor_name`).
+
+use crate::Error;
+use crate::gpu::StorageBuffer;
+use crate::load::{Arch, DecoderSpec, MlpKind};
+use crate::ops::Matrix;
+
+use super::super::weights::{Part, Uploader};
+
+/// A weight name: `{P}` stands for the checkpoint's prefix (see [`Family::prefixes`]) and
+/// `{L}` for the layer index.
+pub(super) type Name = &'static str;
+
+/// Where a layer's stacked projection (q/k/v, or gate/up) lives.
+pub(super) enum Projection {
+    /// One matrix per block, stacked in this order (q, k, v; or gate, up — just up for
+    /// ungated MLPs).
+    Separate(&'static [Name]),
+    /// One matrix already holding every block in order.
+    Fused(Name),
+}
+
+/// The weights of one layer (biases are read only where the config says the family has them).
+pub(super) struct LayerNames {
+    pub attn_norm: Name,
+    pub attn_norm_bias: Option<Name>,
+    pub qkv: Projection,
+    pub qkv_bias: Projection,
+    pub o: Name,
+    pub o_bias: Name,
+    pub mlp_norm: Name,
+    pub mlp_norm_bias: Option<Name>,
+    /// Gate then up for gated MLPs; the single up projection otherwise.
+    pub up: Projection,
+    pub up_bias: Projection,
+    pub down: Name,
+    pub down_bias: Name,
+}
+
+pub(super) struct Family {
+    /// Checkpoint prefixes, tried in order: the first under which the embedding exists.
+    pub prefixes: &'static [&'static str],
+    pub embedding: Name,
+    /// Learned absolute positions, added to the token embedding on gather.
+    pub positions: Option<Name>,
+    pub final_norm: Name,
+    pub final_norm_bias: Option<Name>,
+    /// A separate LM head, used unless the config ties it to the embedding.
+    pub lm_head: Name,
+    pub layer: LayerNames,
+    /// Matrices are stored `[in][out]` (GPT-2's Conv1D) rather than `[out][in]`.
+    pub transposed: bool,
+}
+
+/// The family that describes checkpoints of `arch`.
+pub(super) fn family_of(arch: Arch) -> &'static Family {
+    match arch {
+        // Qwen2 is the Llama layout with q/k/v biases, which its config announces.
+        Arch::Llama | Arch::Qwen2 => &super::llama::FAMILY,
+        Arch::Gpt2 => &super::gpt2::FAMILY,
+    }
+}
+
+/// A layer's weights on the GPU.
+pub(super) struct LayerWeights {
+    pub attn_norm: (StorageBuffer, Option<StorageBuffer>),
+    pub qkv: Matrix,
+    pub qkv_bias: Option<StorageBuffer>,
+    pub o: Matrix,
+    pub o_bias: Option<StorageBuffer>,
+    pub mlp_norm: (StorageBuffer, Option<StorageBuffer>),
+    pub up: Matrix,
+    pub up_bias: Option<StorageBuffer>,
+    pub down: Matrix,
+    pub down_bias: Option<StorageBuffer>,
+}
+
+impl Family {
+    /// The prefix this checkpoint uses (the first with an embedding; else the first listed, so
+    /// the missing-weight error names the expected tensor).
+    pub fn prefix(&self, up: &Uploader<'_>) -> &'static str {
+        self.prefixes
+            .iter()
+            .copied()
+            .find(|p| up.has(&self.name(p, self.embedding, 0)))
+            .unwrap_or(self.prefixes[0])
+    }
+
+    /// `name` with the prefix and layer index filled in.
+    pub fn name(&self, prefix: &str, name: Name, layer: u32) -> String {
+        name.replace("{P}", prefix)
+            .replace("{L}", &layer.to_string())
+    }
+
+    /// Uploads layer `i`.
+    pub fn load_layer(
+        &self,
+        up: &mut Uploader<'_>,
+        spec: &DecoderSpec,
+        prefix: &str,
+        i: u32,
+    ) -> Result<LayerWeights, Error> {
+        let names = &self.layer;
+        let n = |name: Name| self.name(prefix, name, i);
+        let d = spec.hidden;
+        let (q_rows, kv_rows) = (spec.heads * spec.head_dim, spec.kv_heads * spec.head_dim);
+        let gates = if spec.mlp == MlpKind::SwiGlu { 2 } else { 1 };
+        let label = format!("layer {i}");
+        let norm = |up: &mut Uploader<'_>, w: Name, b: Option<Name>| {
+            norm_pair(up, &label, &n(w), b.map(n).as_deref(), d)
+        };
+        let attn_norm = norm(up, names.attn_norm, names.attn_norm_bias)?;
+        let qkv_rows = [q_rows, kv_rows, kv_rows];
+        let qkv = self.stacked(up, &format!("{label} qkv"), &names.qkv, &qkv_rows, d, &n)?;
+        let qkv_bias = spec
+            .qkv_bias
+            .then(|| stacked_vector(up, &label, &names.qkv_bias, &qkv_rows, &n))
+            .transpose()?;
+        let o = self.single(up, &format!("{label} o"), &n(names.o), d, q_rows)?;
+        let o_bias = spec
+            .out_bias
+            .then(|| up.vector(&label, &[(&n(names.o_bias), d)], None))
+            .transpose()?;
+        let mlp_norm = norm(up, names.mlp_norm, names.mlp_norm_bias)?;
+        let up_rows = vec![spec.intermediate; gates];
+        let up_m = self.stacked(up, &format!("{label} up"), &names.up, &up_rows, d, &n)?;
+        let down = self.single(
+            up,
+            &format!("{label} down"),
+            &n(names.down),
+            d,
+            spec.intermediate,
+        )?;
+        let (up_bias, down_bias) = if spec.mlp_bias {
+            (
+                Some(stacked_vector(up, &label, &names.up_bias, &up_rows, &n)?),
+                Some(up.vector(&label, &[(&n(names.down_bias), d)], None)?),
+            )
+        } else {
+            (None, None)
+        };
+        Ok(LayerWeights {
+            attn_norm,
+            qkv,
+            qkv_bias,
+            o,
+            o_bias,
+            mlp_norm,
+            up: up_m,
+            up_bias,
+            down,
+            down_bias,
+        })
+    }
+
+    /// One `rows`×`cols` matrix.
+    fn single(
+        &self,
+        up: &mut Uploader<'_>,
+        label: &str,
+        name: &str,
+        rows: u32,
+        cols: u32,
+    ) -> Result<Matrix, Error> {
+        up.matrix(label, &[Part { name, rows, cols }], self.transposed)
+    }
+
+    /// Blocks of `rows` (each `cols` wide) stacked into one matrix, from separate or fused
+    /// weights; `name` resolves the layer's names.
+    fn stacked(
+        &self,
+        up: &mut Uploader<'_>,
+        label: &str,
+        projection: &Projection,
+        rows: &[u32],
+        cols: u32,
+        name: &dyn Fn(Name) -> String,
+    ) -> Result<Matrix, Error> {
+        match projection {
+            Projection::Fused(n) => self.single(up, label, &name(n), rows.iter().sum(), cols),
+            Projection::Separate(names) => {
+                let names: Vec<String> = names.iter().map(|n| name(n)).collect();
+                let parts: Vec<Part<'_>> = names
+                    .iter()
+                    .zip(rows)
+                    .map(|(name, &rows)| Part { name, rows, cols })
+                    .collect();
+                up.matrix(label, &parts, self.transposed)
+            }
+        }
+    }
+}
+
+/// A stacked bias vector, from separate or fused tensors.
+fn stacked_vector(
+    up: &mut Uploader<'_>,
+    label: &str,
+    projection: &Projection,
+    rows: &[u32],
+    name: &dyn Fn(Name) -> String,
+) -> Result<StorageBuffer, Error> {
+    match projection {
+        Projection::Fused(n) => up.vector(label, &[(&name(n), rows.iter().sum())], None),
+        Projection::Separate(names) => {
+            let names: Vec<String> = names.iter().map(|n| name(n)).collect();
+            let parts: Vec<(&str, u32)> = names
+                .iter()
+                .map(String::as_str)
+                .zip(rows.iter().copied())
+                .collect();
+            up.vector(label, &parts, None)
+        }
+    }
+}
+
+/// A norm's weight (missing entries default to 1) and optional bias.
+pub(super) fn norm_pair(
+    up: &mut Uploader<'_>,
+    label: &str,
+    weight: &str,
+    bias: Option<&str>,
+    width: u32,
+) -> Result<(StorageBuffer, Option<StorageBuffer>), Error> {
+    let w = up.vector(label, &[(weight, width)], Some(1.0))?;
+    let b = bias
+        .map(|b| up.vector(label, &[(b, width)], None))
+        .transpose()?;
+    Ok((w, b))
+}

@@ -1,0 +1,504 @@
+//! The decoder-only transformer on the GPU, shared by every supported family (Llama, Qwen2,
+//! GPT-2 differ only in norms, positions, biases and MLP). Weights are uploaded once;
+//! activations, the KV cache and the token history live in buffers made at load time, so a
+//! decoded token allocates nothing and reads back only its id.
+//!
+//! Decode, per layer (5 dispatches): norm+QKV product; attention (RoPE, cache store and the
+//! keys split over workgroups); output product merging the attention runs + residual;
+//! norm+gate/up product+SwiGLU (or +GELU); down product+residual. Then norm+LM head and the
+//! sampler: 5·layers + 3 dispatches and one submit per token. (Where the output product
+//! cannot stage its input, attention runs whole after a separate RoPE pass: 6 per layer.)
+
+use crate::Error;
+use crate::gpu::{Gpu, Recorder, StorageBuffer, UniformBuffer};
+use crate::load::DecoderSpec;
+use crate::ops::{
+    Attention, Dequantize, Embed, Glu, MatMul, MatMulOptions, MatVec, Matrix, Norm, NormKind,
+    RopeKv, Sample, SamplerParams, StepParams, WeightDType,
+};
+
+mod build;
+mod family;
+mod gpt2;
+mod llama;
+
+#[derive(Clone, Debug)]
+pub struct ModelOptions {
+    pub dtype: WeightDType,
+    /// Context length to allocate the KV cache for (capped by the model's own limit).
+    pub context: Option<u32>,
+    /// Tokens processed per prompt submission.
+    pub prefill_chunk: u32,
+    /// Quantize matrices to this block format while loading (Q8_0, Q4_0 or Q4_K); None keeps
+    /// `dtype`.
+    pub quantize: Option<crate::load::GgmlType>,
+    /// Keep GGUF block-quantized weights in their format (fused dequantizing kernels) rather
+    /// than expanding them to `dtype`.
+    pub quantized: bool,
+    /// Submit the next decode step before reading the current one (faster). Off makes every
+    /// step finish before `decode` returns, so per-step state such as logits can be read.
+    pub lookahead: bool,
+}
+
+impl Default for ModelOptions {
+    fn default() -> Self {
+        Self {
+            dtype: WeightDType::F16,
+            context: None,
+            prefill_chunk: 512,
+            quantize: None,
+            quantized: true,
+            lookahead: true,
+        }
+    }
+}
+
+const DEFAULT_CONTEXT: u32 = 4096;
+
+/// Decode steps kept submitted ahead of the one being read: the GPU starts the next token
+/// while the host reads the last and records the one after, hiding submit and readback
+/// latency. The step after the last wanted token is computed and discarded.
+const PIPELINE_DEPTH: usize = 2;
+
+struct InFlight {
+    slot: usize,
+    submission: wgpu::SubmissionIndex,
+}
+
+struct Layer {
+    qkv_mv: MatVec,
+    o_mv: MatVec,
+    up_mv: MatVec,
+    down_mv: MatVec,
+    attn_norm: Norm,
+    qkv_mm: PromptProduct,
+    o_mm: PromptProduct,
+    mlp_norm: Norm,
+    up_mm: PromptProduct,
+    glu: Option<Glu>,
+    down_mm: PromptProduct,
+    rope: RopeKv,
+    attention: Attention,
+    /// Decoding's attention: split over runs of keys when the output product can merge them.
+    decode_attention: Attention,
+}
+
+/// Buffers shared by all layers, sized for one prompt chunk.
+struct Activations {
+    x: StorageBuffer,
+    xn: StorageBuffer,
+    qkv: StorageBuffer,
+    q: StorageBuffer,
+    attn: StorageBuffer,
+    gate_up: Option<StorageBuffer>,
+    h: StorageBuffer,
+    logits: StorageBuffer,
+    history: StorageBuffer,
+    seen: StorageBuffer,
+    split_partials: StorageBuffer,
+    split_stats: StorageBuffer,
+}
+
+/// A model resident on the GPU with its KV cache and sampling state.
+pub struct DecoderModel {
+    gpu: Gpu,
+    spec: DecoderSpec,
+    dtype: WeightDType,
+    capacity: u32,
+    chunk: u32,
+    step: UniformBuffer,
+    embed: Embed,
+    layers: Vec<Layer>,
+    lm_head_mv: MatVec,
+    lm_head: Matrix,
+    final_norm: (StorageBuffer, Option<StorageBuffer>),
+    sample: Sample,
+    acts: Activations,
+    /// One readback slot per step that can be in flight.
+    staging: [wgpu::Buffer; PIPELINE_DEPTH],
+    /// Submitted steps whose token has not been read yet, oldest first.
+    in_flight: std::collections::VecDeque<InFlight>,
+    /// Tokens in the cache whose output has been returned.
+    seq_len: u32,
+    /// Tokens in the cache once every submitted step has run.
+    submitted_len: u32,
+    depth: usize,
+    weight_bytes: u64,
+    cache_bytes: u64,
+    decode_dispatches: u32,
+    /// Decoding uses split attention (merged by the output product).
+    split_attention: bool,
+    /// Host time spent recording the last decode step's commands.
+    last_encode: std::time::Duration,
+}
+
+impl DecoderModel {
+    pub fn spec(&self) -> &DecoderSpec {
+        &self.spec
+    }
+
+    pub fn dtype(&self) -> WeightDType {
+        self.dtype
+    }
+
+    /// Context length the KV cache holds.
+    pub fn capacity(&self) -> u32 {
+        self.capacity
+    }
+
+    /// Tokens currently in the KV cache.
+    pub fn seq_len(&self) -> u32 {
+        self.seq_len
+    }
+
+    pub fn weight_bytes(&self) -> u64 {
+        self.weight_bytes
+    }
+
+    pub fn cache_bytes(&self) -> u64 {
+        self.cache_bytes
+    }
+
+    /// Kernel dispatches recorded for one decoded token.
+    pub fn dispatches_per_token(&self) -> u32 {
+        self.decode_dispatches
+    }
+
+    /// Host time spent recording the last decoded token's commands.
+    pub fn last_encode_time(&self) -> std::time::Duration {
+        self.last_encode
+    }
+
+    pub fn set_sampler(&self, params: &SamplerParams) {
+        self.sample.set(&self.gpu, params);
+    }
+
+    fn count_decode_dispatches(&self) -> u32 {
+        let mut rec = Recorder::new(&self.gpu);
+        self.encode_decode(&mut rec, 0);
+        // Encoded but never submitted: only the count is wanted.
+        rec.dispatches()
+    }
+
+    /// Records the decode step that feeds the token at `pos`.
+    fn encode_decode(&self, rec: &mut Recorder<'_>, pos: u32) {
+        self.embed.encode(rec, 1);
+        for l in &self.layers {
+            l.qkv_mv.encode(rec);
+            // The split attention applies RoPE and fills the cache itself.
+            if !self.split_attention {
+                l.rope.encode(rec, 1);
+            }
+            l.decode_attention.encode(rec, pos, 1);
+            l.o_mv.encode(rec);
+            l.up_mv.encode(rec);
+            l.down_mv.encode(rec);
+        }
+        self.lm_head_mv.encode(rec);
+        self.sample.encode(rec);
+    }
+
+    /// Records the layers for the `n` prompt tokens starting at `pos0`.
+    fn encode_prefill_layers(&self, rec: &mut Recorder<'_>, pos0: u32, n: u32) {
+        self.embed.encode(rec, n);
+        for l in &self.layers {
+            l.attn_norm.encode(rec, n);
+            l.qkv_mm.encode(rec, n);
+            l.rope.encode(rec, n);
+            l.attention.encode(rec, pos0, n);
+            l.o_mm.encode(rec, n);
+            l.mlp_norm.encode(rec, n);
+            l.up_mm.encode(rec, n);
+            if let Some(glu) = &l.glu {
+                glu.encode(rec, n);
+            }
+            l.down_mm.encode(rec, n);
+        }
+    }
+
+    fn check_prompt(&self, ids: &[u32]) -> Result<(), Error> {
+        if ids.is_empty() {
+            return Err(Error::Invalid("the prompt has no tokens".into()));
+        }
+        if ids.len() as u64 > u64::from(self.capacity) {
+            return Err(Error::PromptTooLong {
+                tokens: ids.len(),
+                capacity: self.capacity,
+            });
+        }
+        if let Some(&bad) = ids.iter().find(|&&id| id >= self.spec.vocab) {
+            return Err(Error::Invalid(format!(
+                "token id {bad} is outside the vocabulary of {} tokens",
+                self.spec.vocab
+            )));
+        }
+        Ok(())
+    }
+
+    /// Runs the prompt through the model (all tokens of a chunk at once) and samples the first
+    /// new token, which is returned. Starts a new sequence.
+    pub fn prefill(&mut self, ids: &[u32]) -> Result<u32, Error> {
+        self.check_prompt(ids)?;
+        self.drain()?;
+        self.seq_len = 0;
+        let gpu = self.gpu.clone();
+        gpu.queue()
+            .write_buffer(&self.acts.history.buffer, 0, bytemuck::cast_slice(ids));
+        let total = ids.len() as u32;
+        let mut pos = 0;
+        while pos < total {
+            let n = (total - pos).min(self.chunk);
+            self.step.write(&gpu, &StepParams::new(pos, n));
+            let mut rec = Recorder::new(&gpu);
+            if pos == 0 {
+                rec.clear(&self.acts.seen.buffer);
+            }
+            self.encode_prefill_layers(&mut rec, pos, n);
+            pos += n;
+            if pos == total {
+                self.lm_head_mv.encode(&mut rec);
+                self.sample.encode(&mut rec);
+                self.copy_sampled(&mut rec, total, 0);
+                let submission = rec.submit();
+                self.in_flight.push_back(InFlight {
+                    slot: 0,
+                    submission,
+                });
+            } else {
+                rec.submit();
+            }
+        }
+        self.seq_len = total;
+        self.submitted_len = total;
+        self.read_oldest()
+    }
+
+    /// Feeds the last sampled token and returns the next one.
+    pub fn decode(&mut self) -> Result<u32, Error> {
+        if self.seq_len == 0 {
+            return Err(Error::Invalid("decode before prefill".into()));
+        }
+        if self.seq_len >= self.capacity {
+            return Err(Error::ContextFull {
+                capacity: self.capacity,
+            });
+        }
+        while self.in_flight.len() < self.depth && self.submitted_len < self.capacity {
+            self.submit_decode_step(self.submitted_len);
+            self.submitted_len += 1;
+        }
+        let token = self.read_oldest()?;
+        self.seq_len += 1;
+        Ok(token)
+    }
+
+    /// Records and submits the step that feeds the token at `pos`.
+    fn submit_decode_step(&mut self, pos: u32) {
+        let gpu = self.gpu.clone();
+        let started = std::time::Instant::now();
+        self.step.write(&gpu, &StepParams::new(pos, 1));
+        let mut rec = Recorder::new(&gpu);
+        self.encode_decode(&mut rec, pos);
+        let slot = pos as usize % PIPELINE_DEPTH;
+        self.copy_sampled(&mut rec, pos + 1, slot);
+        self.last_encode = started.elapsed();
+        let submission = rec.submit();
+        self.in_flight.push_back(InFlight { slot, submission });
+    }
+
+    fn copy_sampled(&self, rec: &mut Recorder<'_>, index: u32, slot: usize) {
+        rec.copy(
+            &self.acts.history.buffer,
+            u64::from(index) * 4,
+            &self.staging[slot],
+            0,
+            4,
+        );
+    }
+
+    fn read_oldest(&mut self) -> Result<u32, Error> {
+        let Some(step) = self.in_flight.pop_front() else {
+            return Err(Error::Invalid("no step in flight".into()));
+        };
+        let v: Vec<u32> = self
+            .gpu
+            .map_read_after(&self.staging[step.slot], 4, step.submission)?;
+        Ok(v[0])
+    }
+
+    /// Waits for steps submitted ahead and forgets their tokens (a new sequence starts).
+    fn drain(&mut self) -> Result<(), Error> {
+        if !self.in_flight.is_empty() {
+            self.in_flight.clear();
+            self.gpu.wait()?;
+        }
+        self.submitted_len = self.seq_len;
+        Ok(())
+    }
+
+    /// The logits the last token was sampled from (after any penalty and temperature the
+    /// sampler applied in place). For tests and tools; needs `lookahead` off, or a later step
+    /// may already have replaced them.
+    pub fn last_logits(&self) -> Result<Vec<f32>, Error> {
+        Ok(self
+            .gpu
+            .read(&self.acts.logits.buffer, 0, u64::from(self.spec.vocab))?)
+    }
+
+    /// Logits for every prompt position `[tokens][vocab]` through the prefill path. For tests
+    /// and tools; leaves the sequence reset.
+    pub fn prompt_logits(&mut self, ids: &[u32]) -> Result<Vec<f32>, Error> {
+        self.check_prompt(ids)?;
+        self.drain()?;
+        let gpu = self.gpu.clone();
+        let vocab = self.spec.vocab;
+        let all = gpu.storage(
+            "prompt logits",
+            u64::from(self.chunk) * u64::from(vocab) * 4,
+        )?;
+        let d = self.spec.hidden;
+        let norm = Norm::new(
+            &gpu,
+            self.spec.norm,
+            d,
+            self.spec.norm_eps,
+            &self.final_norm.0,
+            self.final_norm.1.as_ref(),
+            &self.acts.x,
+            &self.acts.xn,
+            &self.step,
+        )?;
+        let head = MatMul::new(
+            &gpu,
+            &self.lm_head,
+            &self.acts.xn,
+            &all,
+            &self.step,
+            MatMulOptions::default(),
+        )?;
+        gpu.queue()
+            .write_buffer(&self.acts.history.buffer, 0, bytemuck::cast_slice(ids));
+        let total = ids.len() as u32;
+        let mut out = Vec::with_capacity(ids.len() * vocab as usize);
+        let mut pos = 0;
+        while pos < total {
+            let n = (total - pos).min(self.chunk);
+            self.step.write(&gpu, &StepParams::new(pos, n));
+            let mut rec = Recorder::new(&gpu);
+            self.encode_prefill_layers(&mut rec, pos, n);
+            norm.encode(&mut rec, n);
+            head.encode(&mut rec, n);
+            rec.submit();
+            out.extend(gpu.read::<f32>(&all.buffer, 0, u64::from(n) * u64::from(vocab))?);
+            pos += n;
+        }
+        self.seq_len = 0;
+        Ok(out)
+    }
+
+    /// Per-kernel GPU time of processing `ids` as a prompt in one chunk (timestamp queries).
+    pub fn profile_prefill(&mut self, ids: &[u32]) -> Result<Vec<crate::gpu::KernelTiming>, Error> {
+        self.check_prompt(ids)?;
+        if ids.len() as u32 > self.chunk || !self.gpu.caps().timestamps {
+            return Err(Error::Invalid(
+                "profiling needs timestamp queries and a prompt of at most one chunk".into(),
+            ));
+        }
+        self.drain()?;
+        let gpu = self.gpu.clone();
+        let n = ids.len() as u32;
+        gpu.queue()
+            .write_buffer(&self.acts.history.buffer, 0, bytemuck::cast_slice(ids));
+        self.step.write(&gpu, &StepParams::new(0, n));
+        let mut profiler = crate::gpu::Profiler::new(&gpu, 12 * self.spec.layers + 8);
+        let mut rec = Recorder::with_profiler(&gpu, Some(&mut profiler));
+        self.encode_prefill_layers(&mut rec, 0, n);
+        self.lm_head_mv.encode(&mut rec);
+        self.sample.encode(&mut rec);
+        rec.submit();
+        gpu.wait()?;
+        self.seq_len = n;
+        self.submitted_len = n;
+        Ok(profiler.read(&gpu)?)
+    }
+
+    /// Per-kernel GPU time of one decode step at the current position (timestamp queries).
+    pub fn profile_decode(&mut self) -> Result<Vec<crate::gpu::KernelTiming>, Error> {
+        if !self.gpu.caps().timestamps {
+            return Err(Error::Invalid(
+                "this GPU does not support timestamp queries".into(),
+            ));
+        }
+        if self.seq_len == 0 || self.seq_len >= self.capacity {
+            return Err(Error::Invalid(
+                "profile needs a prompt and room for one token".into(),
+            ));
+        }
+        self.drain()?;
+        let gpu = self.gpu.clone();
+        let mut profiler = crate::gpu::Profiler::new(&gpu, self.decode_dispatches + 8);
+        self.step.write(&gpu, &StepParams::new(self.seq_len, 1));
+        let mut rec = Recorder::with_profiler(&gpu, Some(&mut profiler));
+        self.encode_decode(&mut rec, self.seq_len);
+        rec.submit();
+        gpu.wait()?;
+        Ok(profiler.read(&gpu)?)
+    }
+}
+
+/// A prompt product; block-quantized weights are first expanded into the shared f16 scratch.
+struct PromptProduct {
+    expand: Option<Dequantize>,
+    product: MatMul,
+}
+
+impl PromptProduct {
+    fn new(
+        gpu: &Gpu,
+        scratch: Option<&StorageBuffer>,
+        w: &Matrix,
+        x: &StorageBuffer,
+        y: &StorageBuffer,
+        step: &UniformBuffer,
+        opts: MatMulOptions<'_>,
+    ) -> Result<Self, Error> {
+        if let (Some(_), Some(scratch)) = (w.quant, scratch) {
+            let (expand, dense) = Dequantize::new(gpu, w, scratch)?;
+            return Ok(Self {
+                expand: Some(expand),
+                product: MatMul::new(gpu, &dense, x, y, step, opts)?,
+            });
+        }
+        Ok(Self {
+            expand: None,
+            product: MatMul::new(gpu, w, x, y, step, opts)?,
+        })
+    }
+
+    fn encode(&self, rec: &mut Recorder<'_>, n_tokens: u32) {
+        if let Some(expand) = &self.expand {
+            expand.encode(rec);
+        }
+        self.product.encode(rec, n_tokens);
+    }
+}
+
+type FusedNorm<'a> = (NormKind, &'a StorageBuffer, Option<&'a StorageBuffer>, f32);
+
+fn fused(kind: NormKind, n: &(StorageBuffer, Option<StorageBuffer>), eps: f32) -> FusedNorm<'_> {
+    (kind, &n.0, n.1.as_ref(), eps)
+}
+
+/// The tied LM head reads the embedding table: same buffer, same layout.
+fn embedding_clone(m: &Matrix) -> Matrix {
+    Matrix {
+        buffer: StorageBuffer {
+            buffer: m.buffer.buffer.clone(),
+            size: m.buffer.size,
+        },
+        rows: m.rows,
+        cols: m.cols,
+        dtype: m.dtype,
+        quant: m.quant,
+    }
+}
