@@ -451,6 +451,48 @@ fn norms_match_cpu() {
     }
 }
 
+/// Qwen3's query/key head norms: in place over fused QKV rows, value heads untouched.
+#[test]
+fn head_norms_match_cpu() {
+    let gpu = gpu();
+    let mut rng = Rng::new(33);
+    for &(heads, kv_heads, hd, tokens) in
+        &[(3u32, 1u32, 20u32, 5u32), (4, 2, 128, 3), (2, 2, 300, 1)]
+    {
+        let slots = (heads + 2 * kv_heads) as usize;
+        let (hdu, t) = (hd as usize, tokens as usize);
+        let qkv = rng.vec(t * slots * hdu, 2.0);
+        let (qw, kw) = (rng.vec(hdu, 1.0), rng.vec(hdu, 1.0));
+        let (qkv_b, qw_b, kw_b) = (buf(&gpu, &qkv), buf(&gpu, &qw), buf(&gpu, &kw));
+        let st = step(&gpu, 0, tokens);
+        let op = HeadNorm::new(&gpu, heads, kv_heads, hd, 1e-6, &qw_b, &kw_b, &qkv_b, &st)
+            .expect("head norm");
+        let mut rec = Recorder::new(&gpu);
+        op.encode(&mut rec, tokens);
+        rec.submit();
+        let got = read(&gpu, &qkv_b, qkv.len());
+        let mut want = qkv.clone();
+        for row in want.chunks_mut(hdu).enumerate().filter_map(|(i, r)| {
+            let slot = i % slots;
+            (slot < (heads + kv_heads) as usize).then_some((slot, r))
+        }) {
+            let (slot, r) = row;
+            let w = if slot < heads as usize { &qw } else { &kw };
+            let normed = rms_norm(r, w, 1e-6);
+            r.copy_from_slice(&normed);
+        }
+        let scale = vec![1.0; want.len()];
+        assert_close(
+            &format!("head norm heads={heads} kv={kv_heads} hd={hd}"),
+            &got,
+            &want,
+            &scale,
+            1e-5,
+            1e-5,
+        );
+    }
+}
+
 struct RopeCase {
     heads: u32,
     kv_heads: u32,

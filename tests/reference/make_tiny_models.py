@@ -6,6 +6,8 @@ What it makes (default, no arguments):
     tests/fixtures/models/tiny-llama/   LlamaForCausalLM  (GQA, llama3 RoPE scaling, untied head, bfloat16)
     tests/fixtures/models/tiny-qwen2/   Qwen2ForCausalLM  (q/k/v biases, tied head, float16)
     tests/fixtures/models/tiny-gpt2/    GPT2LMHeadModel   (LayerNorm + biases, gelu_new, tied head, float32)
+    tests/fixtures/models/tiny-qwen3/   Qwen3ForCausalLM  (q/k RMSNorm per head, head_dim 16 with hidden 48 /
+                                                           4 heads, untied head, bfloat16)
     tests/fixtures/goldens/<model>.json prompt logits, greedy tokens, per-step logits and
                                         tokenization cases produced by transformers
 
@@ -185,7 +187,7 @@ def legacy_merges(text):
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 # Default fixtures. `seed` values come from `--search-seeds 1000` (min top-2 margins
-# 0.1035 / 0.0859 / 0.1165 logits).
+# 0.1035 / 0.0859 / 0.1165 logits; tiny-qwen3 from 300 seeds, 0.0862).
 SPECS = {
     "tiny-llama": dict(arch="llama", hidden=64, intermediate=176, layers=2, heads=4, kv_heads=2,
                        tie=False, dtype="bfloat16", seed=269),
@@ -193,6 +195,8 @@ SPECS = {
                        tie=True, dtype="float16", seed=21),
     "tiny-gpt2": dict(arch="gpt2", hidden=64, intermediate=None, layers=2, heads=4, kv_heads=4,
                       tie=True, dtype="float32", seed=623),
+    "tiny-qwen3": dict(arch="qwen3", hidden=48, intermediate=128, layers=2, heads=4, kv_heads=2,
+                       head_dim=16, tie=False, dtype="bfloat16", seed=97),
 }
 
 # Std of the random weight matrices; much larger than the usual 0.02 so the logits are
@@ -209,7 +213,7 @@ def _accepts(fn, name):
 def make_config(spec, vocab_size, special_ids):
     arch = spec["arch"]
     hidden, heads = spec["hidden"], spec["heads"]
-    if hidden % heads:
+    if hidden % heads and not spec.get("head_dim"):
         raise SystemExit(f"hidden {hidden} is not divisible by heads {heads}")
     if arch == "gpt2":
         if spec["kv_heads"] not in (None, heads):
@@ -245,6 +249,13 @@ def make_config(spec, vocab_size, special_ids):
         cls = transformers.Qwen2Config
         theta, eps, scaling = 1000000.0, 1e-6, None
         common.update(rms_norm_eps=eps, use_sliding_window=False,
+                      bos_token_id=special_ids["<|endoftext|>"],
+                      eos_token_id=special_ids["<|endoftext|>"])
+    elif arch == "qwen3":
+        cls = transformers.Qwen3Config
+        theta, eps, scaling = 1000000.0, 1e-6, None
+        common.update(head_dim=spec.get("head_dim") or hidden // heads, attention_bias=False,
+                      rms_norm_eps=eps, use_sliding_window=False,
                       bos_token_id=special_ids["<|endoftext|>"],
                       eos_token_id=special_ids["<|endoftext|>"])
     else:
@@ -523,13 +534,15 @@ def main():
     ap.add_argument("--search-seeds", type=int, default=0, metavar="N",
                     help="try seeds 0..N-1 and keep the one with the largest min top-2 margin")
     g = ap.add_argument_group("single custom model (selected by --arch)")
-    g.add_argument("--arch", choices=["llama", "qwen2", "gpt2"])
+    ap.add_argument("--only", metavar="NAME", help="regenerate only this default fixture (e.g. tiny-qwen3)")
+    g.add_argument("--arch", choices=["llama", "qwen2", "gpt2", "qwen3"])
     g.add_argument("--out", help="model folder to write; golden.json goes inside it")
     g.add_argument("--hidden", type=int)
     g.add_argument("--layers", type=int)
     g.add_argument("--heads", type=int)
     g.add_argument("--kv-heads", type=int)
     g.add_argument("--intermediate", type=int)
+    g.add_argument("--head-dim", type=int, help="qwen3: head size independent of hidden / heads")
     g.add_argument("--tie", action=argparse.BooleanOptionalAction, default=None)
     g.add_argument("--seed", type=int)
     g.add_argument("--dtype", choices=list(DTYPES))
@@ -546,7 +559,8 @@ def main():
             ap.error("--arch needs --out")
         name = f"tiny-{args.arch}"
         spec = dict(SPECS[name])
-        for key in ("hidden", "layers", "heads", "kv_heads", "intermediate", "tie", "seed", "dtype"):
+        for key in ("hidden", "layers", "heads", "kv_heads", "intermediate", "head_dim", "tie", "seed",
+                    "dtype"):
             v = getattr(args, key)
             if v is not None:
                 spec[key] = v
@@ -562,6 +576,8 @@ def main():
         return
 
     for name, spec in SPECS.items():
+        if args.only and name != args.only:
+            continue
         generate_one(name, spec, base_tok,
                      os.path.join(args.fixtures, "models", name),
                      os.path.join(args.fixtures, "goldens", f"{name}.json"),

@@ -14,6 +14,8 @@ pub enum Arch {
     Llama,
     /// Qwen2 / Qwen2.5: Llama with q/k/v biases.
     Qwen2,
+    /// Qwen3 (dense): Llama with an RMSNorm over each query and key head before RoPE.
+    Qwen3,
     /// GPT-2: learned positions, LayerNorm, GELU, Conv1D weight layout.
     Gpt2,
 }
@@ -112,6 +114,8 @@ pub struct DecoderSpec {
     pub qkv_bias: bool,
     pub out_bias: bool,
     pub mlp_bias: bool,
+    /// RMSNorm over each query and key head (head_dim wide, own weights) before RoPE.
+    pub qk_norm: bool,
     pub bos_token_id: Option<u32>,
     pub eos_token_ids: Vec<u32>,
 }
@@ -145,6 +149,7 @@ impl DecoderSpec {
                 llama_like(c, Arch::Llama)
             }
             "qwen2" | "Qwen2ForCausalLM" => llama_like(c, Arch::Qwen2),
+            "qwen3" | "Qwen3ForCausalLM" => llama_like(c, Arch::Qwen3),
             "gpt2" | "GPT2LMHeadModel" => gpt2(c),
             other => Err(SpecError::Unsupported(other.to_owned())),
         }
@@ -281,6 +286,7 @@ fn llama_like(c: &Value, arch: Arch) -> Result<DecoderSpec, SpecError> {
         qkv_bias: arch == Arch::Qwen2 || attention_bias,
         out_bias: attention_bias,
         mlp_bias: c.get("mlp_bias").and_then(Value::as_bool).unwrap_or(false),
+        qk_norm: arch == Arch::Qwen3,
         bos_token_id: opt_u32(c, "bos_token_id"),
         eos_token_ids: token_ids(c.get("eos_token_id")),
     })
@@ -325,6 +331,7 @@ fn gpt2(c: &Value) -> Result<DecoderSpec, SpecError> {
         qkv_bias: true,
         out_bias: true,
         mlp_bias: true,
+        qk_norm: false,
         bos_token_id: opt_u32(c, "bos_token_id"),
         eos_token_ids: token_ids(c.get("eos_token_id")),
     })

@@ -41,6 +41,7 @@ pub fn gguf_architecture(file: &GgufFile) -> Result<Arch, LoadError> {
     match name {
         "llama" => Ok(Arch::Llama),
         "qwen2" => Ok(Arch::Qwen2),
+        "qwen3" => Ok(Arch::Qwen3),
         other => Err(LoadError::UnsupportedArchitecture {
             name: other.to_owned(),
         }),
@@ -49,10 +50,11 @@ pub fn gguf_architecture(file: &GgufFile) -> Result<Arch, LoadError> {
 
 pub fn gguf_spec(file: &GgufFile) -> Result<DecoderSpec, LoadError> {
     let arch = gguf_architecture(file)?;
-    let p = if arch == Arch::Qwen2 {
-        "qwen2"
-    } else {
-        "llama"
+    // Metadata keys are prefixed with the architecture's name.
+    let p = match arch {
+        Arch::Qwen2 => "qwen2",
+        Arch::Qwen3 => "qwen3",
+        _ => "llama",
     };
     let key = |k: &str| format!("{p}.{k}");
     let hidden = req_u32(file, &key("embedding_length"))?;
@@ -150,6 +152,7 @@ pub fn gguf_spec(file: &GgufFile) -> Result<DecoderSpec, LoadError> {
         qkv_bias: file.tensor("blk.0.attn_q.bias").is_some(),
         out_bias: file.tensor("blk.0.attn_output.bias").is_some(),
         mlp_bias: false,
+        qk_norm: file.tensor("blk.0.attn_q_norm.weight").is_some(),
         bos_token_id: bos,
         eos_token_ids: eos,
     })
@@ -180,6 +183,8 @@ pub fn gguf_tensor_name(hf: &str, spec: &DecoderSpec) -> Option<(String, Option<
         "self_attn.v_proj.bias" => ("attn_v.bias", None),
         "self_attn.o_proj.weight" => ("attn_output.weight", None),
         "self_attn.o_proj.bias" => ("attn_output.bias", None),
+        "self_attn.q_norm.weight" => ("attn_q_norm.weight", None),
+        "self_attn.k_norm.weight" => ("attn_k_norm.weight", None),
         "post_attention_layernorm.weight" => ("ffn_norm.weight", None),
         "mlp.gate_proj.weight" => ("ffn_gate.weight", None),
         "mlp.up_proj.weight" => ("ffn_up.weight", None),

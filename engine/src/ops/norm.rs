@@ -16,7 +16,8 @@ pub enum NormKind {
 struct Params {
     k: u32,
     eps: f32,
-    _pad: [u32; 2],
+    heads: u32,
+    kv_heads: u32,
 }
 
 /// Row-wise RMSNorm / LayerNorm of the step's tokens into a separate buffer.
@@ -40,13 +41,19 @@ impl Norm {
         step: &UniformBuffer,
     ) -> Result<Self, GpuError> {
         let layer = kind == NormKind::Layer;
-        let kernel = gpu.kernel("norm", SOURCE, "main", &[flag("LAYER", layer)])?;
+        let kernel = gpu.kernel(
+            "norm",
+            SOURCE,
+            "main",
+            &[flag("LAYER", layer), flag("HEADS", false)],
+        )?;
         let params = gpu.uniform(
             "norm params",
             &Params {
                 k: width,
                 eps,
-                _pad: [0; 2],
+                heads: 0,
+                kv_heads: 0,
             },
         );
         let mut entries = vec![
@@ -70,5 +77,72 @@ impl Norm {
 
     pub fn encode(&self, rec: &mut Recorder<'_>, n_tokens: u32) {
         rec.dispatch_xyz(&self.kernel, &self.bind_group, [n_tokens, 1, 1]);
+    }
+}
+
+/// RMSNorm in place over each query and key head of the step's fused QKV rows (Qwen3's
+/// q_norm / k_norm), value heads untouched.
+pub struct HeadNorm {
+    kernel: Kernel,
+    bind_group: wgpu::BindGroup,
+    heads: u32,
+    kv_heads: u32,
+    _params: UniformBuffer,
+}
+
+impl HeadNorm {
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        gpu: &Gpu,
+        heads: u32,
+        kv_heads: u32,
+        head_dim: u32,
+        eps: f32,
+        q_weight: &StorageBuffer,
+        k_weight: &StorageBuffer,
+        qkv: &StorageBuffer,
+        step: &UniformBuffer,
+    ) -> Result<Self, GpuError> {
+        let kernel = gpu.kernel(
+            "norm",
+            SOURCE,
+            "main",
+            &[flag("LAYER", false), flag("HEADS", true)],
+        )?;
+        let params = gpu.uniform(
+            "head norm params",
+            &Params {
+                k: head_dim,
+                eps,
+                heads,
+                kv_heads,
+            },
+        );
+        let bind_group = bind(
+            gpu,
+            &kernel,
+            &[
+                (0, &params.buffer),
+                (1, &step.buffer),
+                (3, &qkv.buffer),
+                (4, &q_weight.buffer),
+                (6, &k_weight.buffer),
+            ],
+        );
+        Ok(Self {
+            kernel,
+            bind_group,
+            heads,
+            kv_heads,
+            _params: params,
+        })
+    }
+
+    pub fn encode(&self, rec: &mut Recorder<'_>, n_tokens: u32) {
+        rec.dispatch_xyz(
+            &self.kernel,
+            &self.bind_group,
+            [self.heads + self.kv_heads, n_tokens, 1],
+        );
     }
 }

@@ -5,7 +5,7 @@ use crate::Error;
 use crate::gpu::{Gpu, StorageBuffer, UniformBuffer};
 use crate::load::{DecoderSpec, MlpKind};
 use crate::ops::{
-    Attention, Dequantize, Embed, Gelu, Glu, MAX_SPLITS, MatMul, MatMulOptions, MatVec,
+    Attention, Dequantize, Embed, Gelu, Glu, HeadNorm, MAX_SPLITS, MatMul, MatMulOptions, MatVec,
     MatVecOptions, Matrix, Norm, NormKind, RopeKv, RopeTable, Sample, SplitAttention, StepParams,
     WeightDType,
 };
@@ -299,8 +299,24 @@ impl LayerContext<'_> {
         let (rope, attention, decode_attention) = self.attentions(k_cache, v_cache)?;
         let gelu = self.gelu();
         let up_out = a.gate_up.as_ref().unwrap_or(&a.h);
+        let spec = self.spec;
+        let qk_norm = match &w.qk_norm {
+            Some((q, k)) => Some(HeadNorm::new(
+                self.gpu,
+                spec.heads,
+                spec.kv_heads,
+                spec.head_dim,
+                spec.norm_eps,
+                q,
+                k,
+                &a.qkv,
+                self.step,
+            )?),
+            None => None,
+        };
         Ok(Layer {
             qkv_mv,
+            qk_norm,
             o_mv,
             up_mv,
             down_mv,

@@ -30,6 +30,9 @@ pub(super) struct LayerNames {
     pub attn_norm_bias: Option<Name>,
     pub qkv: Projection,
     pub qkv_bias: Projection,
+    /// Per-head RMSNorm weights of queries and keys (families that have them).
+    pub q_norm: Option<Name>,
+    pub k_norm: Option<Name>,
     pub o: Name,
     pub o_bias: Name,
     pub mlp_norm: Name,
@@ -61,6 +64,7 @@ pub(super) fn family_of(arch: Arch) -> &'static Family {
     match arch {
         // Qwen2 is the Llama layout with q/k/v biases, which its config announces.
         Arch::Llama | Arch::Qwen2 => &super::llama::FAMILY,
+        Arch::Qwen3 => &super::qwen3::FAMILY,
         Arch::Gpt2 => &super::gpt2::FAMILY,
     }
 }
@@ -70,6 +74,8 @@ pub(super) struct LayerWeights {
     pub attn_norm: (StorageBuffer, Option<StorageBuffer>),
     pub qkv: Matrix,
     pub qkv_bias: Option<StorageBuffer>,
+    /// Query and key head norm weights (head_dim each).
+    pub qk_norm: Option<(StorageBuffer, StorageBuffer)>,
     pub o: Matrix,
     pub o_bias: Option<StorageBuffer>,
     pub mlp_norm: (StorageBuffer, Option<StorageBuffer>),
@@ -120,6 +126,20 @@ impl Family {
             .qkv_bias
             .then(|| stacked_vector(up, &label, &names.qkv_bias, &qkv_rows, &n))
             .transpose()?;
+        let hd = spec.head_dim;
+        let qk_norm = match (spec.qk_norm, names.q_norm, names.k_norm) {
+            (false, ..) => None,
+            (true, Some(q), Some(k)) => Some((
+                up.vector(&label, &[(&n(q), hd)], None)?,
+                up.vector(&label, &[(&n(k), hd)], None)?,
+            )),
+            (true, ..) => {
+                return Err(Error::Invalid(format!(
+                    "{:?} checkpoints have no query/key norms, but the config asks for them",
+                    spec.arch
+                )));
+            }
+        };
         let o = self.single(up, &format!("{label} o"), &n(names.o), d, q_rows)?;
         let o_bias = spec
             .out_bias
@@ -147,6 +167,7 @@ impl Family {
             attn_norm,
             qkv,
             qkv_bias,
+            qk_norm,
             o,
             o_bias,
             mlp_norm,

@@ -16,6 +16,8 @@ pub(super) const FAMILY: Family = Family {
         attn_norm_bias: Some("{P}h.{L}.ln_1.bias"),
         qkv: Projection::Fused("{P}h.{L}.attn.c_attn.weight"),
         qkv_bias: Projection::Fused("{P}h.{L}.attn.c_attn.bias"),
+        q_norm: None,
+        k_norm: None,
         o: "{P}h.{L}.attn.c_proj.weight",
         o_bias: "{P}h.{L}.attn.c_proj.bias",
         mlp_norm: "{P}h.{L}.ln_2.weight",

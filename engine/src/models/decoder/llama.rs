@@ -24,6 +24,8 @@ pub(super) const FAMILY: Family = Family {
             "{P}layers.{L}.self_attn.k_proj.bias",
             "{P}layers.{L}.self_attn.v_proj.bias",
         ]),
+        q_norm: None,
+        k_norm: None,
         o: "{P}layers.{L}.self_attn.o_proj.weight",
         o_bias: "{P}layers.{L}.self_attn.o_proj.bias",
         mlp_norm: "{P}layers.{L}.post_attention_layernorm.weight",

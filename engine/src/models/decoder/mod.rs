@@ -13,14 +13,15 @@ use crate::Error;
 use crate::gpu::{Gpu, Recorder, StorageBuffer, UniformBuffer};
 use crate::load::DecoderSpec;
 use crate::ops::{
-    Attention, Dequantize, Embed, Glu, MatMul, MatMulOptions, MatVec, Matrix, Norm, NormKind,
-    RopeKv, Sample, SamplerParams, StepParams, WeightDType,
+    Attention, Dequantize, Embed, Glu, HeadNorm, MatMul, MatMulOptions, MatVec, Matrix, Norm,
+    NormKind, RopeKv, Sample, SamplerParams, StepParams, WeightDType,
 };
 
 mod build;
 mod family;
 mod gpt2;
 mod llama;
+mod qwen3;
 
 #[derive(Clone, Debug)]
 pub struct ModelOptions {
@@ -67,6 +68,8 @@ struct InFlight {
 
 struct Layer {
     qkv_mv: MatVec,
+    /// Query/key head norms on the QKV rows (Qwen3), before RoPE.
+    qk_norm: Option<HeadNorm>,
     o_mv: MatVec,
     up_mv: MatVec,
     down_mv: MatVec,
@@ -185,6 +188,9 @@ impl DecoderModel {
         self.embed.encode(rec, 1);
         for l in &self.layers {
             l.qkv_mv.encode(rec);
+            if let Some(qk) = &l.qk_norm {
+                qk.encode(rec, 1);
+            }
             // The split attention applies RoPE and fills the cache itself.
             if !self.split_attention {
                 l.rope.encode(rec, 1);
@@ -204,6 +210,9 @@ impl DecoderModel {
         for l in &self.layers {
             l.attn_norm.encode(rec, n);
             l.qkv_mm.encode(rec, n);
+            if let Some(qk) = &l.qk_norm {
+                qk.encode(rec, n);
+            }
             l.rope.encode(rec, n);
             l.attention.encode(rec, pos0, n);
             l.o_mm.encode(rec, n);
