@@ -19,7 +19,7 @@
 // over an encoder's projected keys and values. Every query sees all `keys` keys.
 //
 // Defines: WG, HD (head_dim, a multiple of 4), F16 (f16 cache), SPLIT, MIN_SPLIT, MAX_SPLITS,
-// NO_ROPE (learned positions), FULL, TILED (the `tiled` entry point, with BQ and BK).
+// NO_ROPE (learned positions), ROT (rotating dims of a head), FULL, TILED (the `tiled` entry point, with BQ and BK).
 
 #if FULL
 struct Params {
@@ -94,12 +94,16 @@ var<workgroup> partial: array<vec4<f32>, {{WG}}>;
 var<workgroup> cur_k: array<vec4<f32>, QUADS>;
 var<workgroup> cur_v: array<vec4<f32>, QUADS>;
 
-// Element d of the head vector at `base` in the QKV row, rotated (HF rotate-half) for `pos`.
+// Element d of the head vector at `base` in the QKV row, rotated (HF rotate-half over the
+// first ROT dims; the rest pass through) for `pos`.
 fn rotated(base: u32, d: u32, pos: u32) -> f32 {
 #if NO_ROPE
     return q[base + d];
 #else
-    let half = {{HD}}u / 2u;
+    let half = {{ROT}}u / 2u;
+    if (d >= {{ROT}}u) {
+        return q[base + d];
+    }
     if (d < half) {
         let i = pos * half + d;
         return q[base + d] * rope_cos[i] - q[base + d + half] * rope_sin[i];

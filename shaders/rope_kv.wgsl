@@ -1,7 +1,8 @@
 // Splits the fused QKV product of the step's tokens: rotates Q and K with RoPE (HF
-// rotate-half layout: dim i pairs with i + head_dim/2) unless NO_ROPE, writes Q for
-// attention, and stores K and V into this layer's cache at their absolute positions.
-// Each invocation handles dims (2j, 2j+1) and their rotation partners, so f16 caches are
+// rotate-half layout over the first rotary_dim dims: dim i pairs with i + rotary_dim/2; the
+// dims past rotary_dim pass through) unless NO_ROPE, writes Q for attention, and stores K and
+// V into this layer's cache at their absolute positions. Each invocation handles four dims —
+// (2j, 2j+1) and their rotation partners, or four pass-through dims — so f16 caches are
 // written as whole packed u32 words.
 //
 // Defines: F16 (f16 cache), NO_ROPE (learned positions, e.g. GPT-2).
@@ -11,6 +12,10 @@ struct Params {
     kv_heads: u32,
     head_dim: u32,
     capacity: u32,
+    rotary_dim: u32,
+    _pad0: u32,
+    _pad1: u32,
+    _pad2: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -60,16 +65,20 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
     let j = id % quads;
     let slot = (id / quads) % slots;
     let t = id / (quads * slots);
-    let half_dim = p.head_dim / 2u;
+    let half_dim = p.rotary_dim / 2u;
     let pos = step.pos0 + t;
     let src = (t * slots + slot) * p.head_dim;
-    let d = 2u * j;
-    var a0 = qkv[src + d];
-    var a1 = qkv[src + d + 1u];
-    var b0 = qkv[src + d + half_dim];
-    var b1 = qkv[src + d + half_dim + 1u];
+    let rotates = 4u * j < p.rotary_dim;
+    // Dims a, a + 1 and b, b + 1: a rotation pair, or four dims past the rotary ones.
+    let d = select(4u * j, 2u * j, rotates);
+    let da = d;
+    let db = select(d + 2u, d + half_dim, rotates);
+    var a0 = qkv[src + da];
+    var a1 = qkv[src + da + 1u];
+    var b0 = qkv[src + db];
+    var b1 = qkv[src + db + 1u];
 #if !NO_ROPE
-    if (slot < p.heads + p.kv_heads) {
+    if (rotates && slot < p.heads + p.kv_heads) {
         let c0 = rope_cos[pos * half_dim + d];
         let s0 = rope_sin[pos * half_dim + d];
         let c1 = rope_cos[pos * half_dim + d + 1u];
@@ -86,15 +95,15 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
 #endif
     if (slot < p.heads) {
         let dst = (t * p.heads + slot) * p.head_dim;
-        q[dst + d] = a0;
-        q[dst + d + 1u] = a1;
-        q[dst + d + half_dim] = b0;
-        q[dst + d + half_dim + 1u] = b1;
+        q[dst + da] = a0;
+        q[dst + da + 1u] = a1;
+        q[dst + db] = b0;
+        q[dst + db + 1u] = b1;
         return;
     }
     let is_k = slot < p.heads + p.kv_heads;
     let kv_head = select(slot - p.heads - p.kv_heads, slot - p.heads, is_k);
     let dst = (kv_head * p.capacity + pos) * p.head_dim;
-    store(is_k, dst + d, a0, a1);
-    store(is_k, dst + d + half_dim, b0, b1);
+    store(is_k, dst + da, a0, a1);
+    store(is_k, dst + db, b0, b1);
 }

@@ -497,6 +497,8 @@ struct RopeCase {
     heads: u32,
     kv_heads: u32,
     head_dim: u32,
+    /// Leading dims that rotate (partial rotary below head_dim).
+    rotary_dim: u32,
     tokens: u32,
     pos0: u32,
     capacity: u32,
@@ -511,6 +513,7 @@ fn rope_and_cache_store_match_cpu() {
             heads: 4,
             kv_heads: 2,
             head_dim: 8,
+            rotary_dim: 8,
             tokens: 5,
             pos0: 3,
             capacity: 16,
@@ -519,6 +522,7 @@ fn rope_and_cache_store_match_cpu() {
             heads: 3,
             kv_heads: 1,
             head_dim: 12,
+            rotary_dim: 12,
             tokens: 1,
             pos0: 10,
             capacity: 11,
@@ -527,9 +531,20 @@ fn rope_and_cache_store_match_cpu() {
             heads: 2,
             kv_heads: 2,
             head_dim: 20,
+            rotary_dim: 20,
             tokens: 7,
             pos0: 0,
             capacity: 9,
+        },
+        // Partial rotary: 8 of 20 dims rotate, 12 pass through.
+        RopeCase {
+            heads: 3,
+            kv_heads: 1,
+            head_dim: 20,
+            rotary_dim: 8,
+            tokens: 4,
+            pos0: 2,
+            capacity: 8,
         },
     ];
     let spec = RopeSpec {
@@ -542,7 +557,7 @@ fn rope_and_cache_store_match_cpu() {
                 let hd = c.head_dim as usize;
                 let slots = (c.heads + 2 * c.kv_heads) as usize;
                 let qkv = rng.vec(c.tokens as usize * slots * hd, 2.0);
-                let inv_freq = spec.inv_freq(c.head_dim);
+                let inv_freq = spec.inv_freq(c.rotary_dim);
                 let table = RopeTable::new(&gpu, &inv_freq, c.capacity).expect("table");
                 let cache_elems = (c.kv_heads * c.capacity) as usize * hd;
                 let cache_bytes = cache_elems as u64 * dtype.bytes();
@@ -577,7 +592,7 @@ fn rope_and_cache_store_match_cpu() {
                     if !with_rope {
                         return v.to_vec();
                     }
-                    let h = hd / 2;
+                    let h = c.rotary_dim as usize / 2;
                     let mut out = v.to_vec();
                     for i in 0..h {
                         let angle = f64::from(pos as f32 * inv_freq[i]);
@@ -828,13 +843,15 @@ fn attention_matches_cpu() {
 fn split_attention_merged_by_the_output_product_matches_cpu() {
     let gpu = gpu();
     let mut rng = Rng::new(15);
-    // 1 run, 5 runs of 64 keys, 16 runs of 125 keys, GQA with head_dim 128, head_dim 12.
+    // 1 run, 5 runs of 64 keys, 16 runs of 125 keys, GQA with head_dim 128, head_dim 12;
+    // partial rotary (the last field: rotating dims).
     let cases = [
-        (4u32, 2u32, 16u32, 0u32, 8u32),
-        (4, 2, 16, 300, 310),
-        (2, 1, 64, 1999, 2001),
-        (4, 1, 128, 700, 701),
-        (3, 1, 12, 70, 90),
+        (4u32, 2u32, 16u32, 0u32, 8u32, 16u32),
+        (4, 2, 16, 300, 310, 16),
+        (2, 1, 64, 1999, 2001, 64),
+        (4, 1, 128, 700, 701, 128),
+        (3, 1, 12, 70, 90, 12),
+        (4, 2, 20, 90, 100, 8),
     ];
     let spec = RopeSpec {
         theta: 10000.0,
@@ -842,7 +859,7 @@ fn split_attention_merged_by_the_output_product_matches_cpu() {
     };
     for dtype in DTYPES {
         for with_rope in [true, false] {
-            for &(heads, kv_heads, hd, pos0, capacity) in &cases {
+            for &(heads, kv_heads, hd, pos0, capacity, rot) in &cases {
                 let c = AttentionCase {
                     heads,
                     kv_heads,
@@ -856,12 +873,12 @@ fn split_attention_merged_by_the_output_product_matches_cpu() {
                 // The token's QKV row; rotated copies are what the reference attends with.
                 let slots = (heads + 2 * kv_heads) as usize;
                 let qkv = rng.vec(slots * hdu, 1.0);
-                let inv_freq = spec.inv_freq(hd);
+                let inv_freq = spec.inv_freq(rot);
                 let rotate = |v: &[f32]| -> Vec<f32> {
                     if !with_rope {
                         return v.to_vec();
                     }
-                    let h = hdu / 2;
+                    let h = rot as usize / 2;
                     let mut out = v.to_vec();
                     for i in 0..h {
                         let (s, co) = f64::from(pos0 as f32 * inv_freq[i]).sin_cos();

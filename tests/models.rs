@@ -38,7 +38,13 @@ struct TokenCase {
     decoded: String,
 }
 
-const MODELS: [&str; 4] = ["tiny-llama", "tiny-qwen2", "tiny-gpt2", "tiny-qwen3"];
+const MODELS: [&str; 5] = [
+    "tiny-llama",
+    "tiny-qwen2",
+    "tiny-gpt2",
+    "tiny-qwen3",
+    "tiny-phi3",
+];
 
 fn fixtures() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures")

@@ -6,6 +6,8 @@ What it makes (default, no arguments):
     tests/fixtures/models/tiny-llama/   LlamaForCausalLM  (GQA, llama3 RoPE scaling, untied head, bfloat16)
     tests/fixtures/models/tiny-qwen2/   Qwen2ForCausalLM  (q/k/v biases, tied head, float16)
     tests/fixtures/models/tiny-gpt2/    GPT2LMHeadModel   (LayerNorm + biases, gelu_new, tied head, float32)
+    tests/fixtures/models/tiny-phi3/    Phi3ForCausalLM   (fused qkv and gate/up, half the head rotary, untied
+                                                           head, bfloat16)
     tests/fixtures/models/tiny-qwen3/   Qwen3ForCausalLM  (q/k RMSNorm per head, head_dim 16 with hidden 48 /
                                                            4 heads, untied head, bfloat16)
     tests/fixtures/goldens/<model>.json prompt logits, greedy tokens, per-step logits and
@@ -187,7 +189,7 @@ def legacy_merges(text):
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 # Default fixtures. `seed` values come from `--search-seeds 1000` (min top-2 margins
-# 0.1035 / 0.0859 / 0.1165 logits; tiny-qwen3 from 300 seeds, 0.0862).
+# 0.1035 / 0.0859 / 0.1165 logits; tiny-qwen3 and tiny-phi3 from 300 seeds, 0.0862 / 0.0485).
 SPECS = {
     "tiny-llama": dict(arch="llama", hidden=64, intermediate=176, layers=2, heads=4, kv_heads=2,
                        tie=False, dtype="bfloat16", seed=269),
@@ -195,6 +197,8 @@ SPECS = {
                        tie=True, dtype="float16", seed=21),
     "tiny-gpt2": dict(arch="gpt2", hidden=64, intermediate=None, layers=2, heads=4, kv_heads=4,
                       tie=True, dtype="float32", seed=623),
+    "tiny-phi3": dict(arch="phi3", hidden=64, intermediate=160, layers=2, heads=4, kv_heads=2,
+                      partial_rotary=0.5, tie=False, dtype="bfloat16", seed=185),
     "tiny-qwen3": dict(arch="qwen3", hidden=48, intermediate=128, layers=2, heads=4, kv_heads=2,
                        head_dim=16, tie=False, dtype="bfloat16", seed=97),
 }
@@ -251,6 +255,18 @@ def make_config(spec, vocab_size, special_ids):
         common.update(rms_norm_eps=eps, use_sliding_window=False,
                       bos_token_id=special_ids["<|endoftext|>"],
                       eos_token_id=special_ids["<|endoftext|>"])
+    elif arch == "phi3":
+        cls = transformers.Phi3Config
+        theta, eps, scaling = 10000.0, 1e-5, None
+        common.update(rms_norm_eps=eps, original_max_position_embeddings=256,
+                      bos_token_id=special_ids["<|endoftext|>"],
+                      eos_token_id=special_ids["<|endoftext|>"],
+                      pad_token_id=special_ids["<|endoftext|>"])
+        partial = spec.get("partial_rotary", 1.0)
+        if _accepts(cls.__init__, "rope_parameters"):
+            scaling = {"partial_rotary_factor": partial}
+        else:
+            common["partial_rotary_factor"] = partial
     elif arch == "qwen3":
         cls = transformers.Qwen3Config
         theta, eps, scaling = 1000000.0, 1e-6, None
@@ -535,7 +551,7 @@ def main():
                     help="try seeds 0..N-1 and keep the one with the largest min top-2 margin")
     g = ap.add_argument_group("single custom model (selected by --arch)")
     ap.add_argument("--only", metavar="NAME", help="regenerate only this default fixture (e.g. tiny-qwen3)")
-    g.add_argument("--arch", choices=["llama", "qwen2", "gpt2", "qwen3"])
+    g.add_argument("--arch", choices=["llama", "qwen2", "gpt2", "qwen3", "phi3"])
     g.add_argument("--out", help="model folder to write; golden.json goes inside it")
     g.add_argument("--hidden", type=int)
     g.add_argument("--layers", type=int)

@@ -16,6 +16,9 @@ pub enum Arch {
     Qwen2,
     /// Qwen3 (dense): Llama with an RMSNorm over each query and key head before RoPE.
     Qwen3,
+    /// Phi-3 / Phi-3.5-mini / Phi-4-mini: Llama with fused qkv and gate/up projections and
+    /// partial rotary.
+    Phi3,
     /// GPT-2: learned positions, LayerNorm, GELU, Conv1D weight layout.
     Gpt2,
 }
@@ -102,6 +105,8 @@ pub struct DecoderSpec {
     pub heads: u32,
     pub kv_heads: u32,
     pub head_dim: u32,
+    /// Leading dims of each head that RoPE rotates (head_dim unless the rotary is partial).
+    pub rotary_dim: u32,
     pub intermediate: u32,
     pub norm: NormKind,
     pub norm_eps: f32,
@@ -150,6 +155,7 @@ impl DecoderSpec {
             }
             "qwen2" | "Qwen2ForCausalLM" => llama_like(c, Arch::Qwen2),
             "qwen3" | "Qwen3ForCausalLM" => llama_like(c, Arch::Qwen3),
+            "phi3" | "Phi3ForCausalLM" => llama_like(c, Arch::Phi3),
             "gpt2" | "GPT2LMHeadModel" => gpt2(c),
             other => Err(SpecError::Unsupported(other.to_owned())),
         }
@@ -265,6 +271,28 @@ fn llama_like(c: &Value, arch: Arch) -> Result<DecoderSpec, SpecError> {
         .get("attention_bias")
         .and_then(Value::as_bool)
         .unwrap_or(false);
+    // Phi-3.5 / Phi-4-mini rotate only part of each head; transformers 5 keeps the factor
+    // under rope_parameters, older configs at the top level.
+    let partial = c
+        .get("rope_parameters")
+        .and_then(|p| opt_f32(p, "partial_rotary_factor"))
+        .or_else(|| opt_f32(c, "partial_rotary_factor"))
+        .unwrap_or(1.0);
+    if !(partial > 0.0 && partial <= 1.0) {
+        return Err(SpecError::Invalid(format!(
+            "partial_rotary_factor {partial} is not in (0, 1]"
+        )));
+    }
+    let rotary_dim = ((head_dim as f32 * partial) as u32) & !1;
+    // Attention limited to a sliding window is exact only while every key fits in it, so the
+    // context stops there (rolling caches for windowed layers are not built yet).
+    let max_positions = opt_u32(c, "max_position_embeddings").unwrap_or(4096);
+    let max_positions = match opt_u32(c, "sliding_window").filter(|w| *w > 0) {
+        Some(window) if c.get("use_sliding_window").and_then(Value::as_bool) != Some(false) => {
+            max_positions.min(window)
+        }
+        _ => max_positions,
+    };
     Ok(DecoderSpec {
         arch,
         vocab: get_u32(c, "vocab_size")?,
@@ -273,12 +301,13 @@ fn llama_like(c: &Value, arch: Arch) -> Result<DecoderSpec, SpecError> {
         heads,
         kv_heads,
         head_dim,
+        rotary_dim,
         intermediate: get_u32(c, "intermediate_size")?,
         norm: NormKind::Rms,
         norm_eps: opt_f32(c, "rms_norm_eps").unwrap_or(1e-6),
         mlp: MlpKind::SwiGlu,
         rope: Some(rope_spec(c)?),
-        max_positions: opt_u32(c, "max_position_embeddings").unwrap_or(4096),
+        max_positions,
         tied_embeddings: c
             .get("tie_word_embeddings")
             .and_then(Value::as_bool)
@@ -316,6 +345,7 @@ fn gpt2(c: &Value) -> Result<DecoderSpec, SpecError> {
         heads,
         kv_heads: heads,
         head_dim: hidden / heads,
+        rotary_dim: hidden / heads,
         intermediate: opt_u32(c, "n_inner").unwrap_or(4 * hidden),
         norm: NormKind::Layer,
         norm_eps: opt_f32(c, "layer_norm_epsilon").unwrap_or(1e-5),

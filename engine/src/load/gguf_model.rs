@@ -42,6 +42,7 @@ pub fn gguf_architecture(file: &GgufFile) -> Result<Arch, LoadError> {
         "llama" => Ok(Arch::Llama),
         "qwen2" => Ok(Arch::Qwen2),
         "qwen3" => Ok(Arch::Qwen3),
+        "phi3" => Ok(Arch::Phi3),
         other => Err(LoadError::UnsupportedArchitecture {
             name: other.to_owned(),
         }),
@@ -54,6 +55,7 @@ pub fn gguf_spec(file: &GgufFile) -> Result<DecoderSpec, LoadError> {
     let p = match arch {
         Arch::Qwen2 => "qwen2",
         Arch::Qwen3 => "qwen3",
+        Arch::Phi3 => "phi3",
         _ => "llama",
     };
     let key = |k: &str| format!("{p}.{k}");
@@ -136,6 +138,11 @@ pub fn gguf_spec(file: &GgufFile) -> Result<DecoderSpec, LoadError> {
         heads,
         kv_heads,
         head_dim,
+        // Partial rotary (phi3 with Phi-4-mini's factor) is stored as the rotating dims.
+        rotary_dim: file
+            .metadata(&key("rope.dimension_count"))
+            .and_then(GgufValue::as_u64)
+            .map_or(head_dim, |v| v as u32),
         intermediate: req_u32(file, &key("feed_forward_length"))?,
         norm: NormKind::Rms,
         norm_eps: opt_f32(file, &key("attention.layer_norm_rms_epsilon")).unwrap_or(1e-6),
@@ -184,6 +191,8 @@ pub fn gguf_tensor_name(hf: &str, spec: &DecoderSpec) -> Option<(String, Option<
         "self_attn.o_proj.weight" => ("attn_output.weight", None),
         "self_attn.o_proj.bias" => ("attn_output.bias", None),
         "self_attn.q_norm.weight" => ("attn_q_norm.weight", None),
+        "self_attn.qkv_proj.weight" => ("attn_qkv.weight", None),
+        "mlp.gate_up_proj.weight" => ("ffn_up.weight", None),
         "self_attn.k_norm.weight" => ("attn_k_norm.weight", None),
         "post_attention_layernorm.weight" => ("ffn_norm.weight", None),
         "mlp.gate_proj.weight" => ("ffn_gate.weight", None),

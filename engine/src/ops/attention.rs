@@ -133,6 +133,9 @@ impl Attention {
                 "{heads} attention heads cannot share {kv_heads} key/value heads"
             )));
         }
+        let table = split.and_then(|(_, t)| t);
+        super::rope::check_rotary(table, head_dim)?;
+        let rotary_dim = table.map_or(head_dim, |t| t.rotary_dim);
         let (bq, bk) = tiles_for(head_dim);
         let defines = [
             ("WG", WG.to_string()),
@@ -140,6 +143,7 @@ impl Attention {
             flag("F16", cache_dtype == WeightDType::F16),
             flag("SPLIT", split.is_some()),
             flag("NO_ROPE", matches!(split, Some((_, None)))),
+            ("ROT", rotary_dim.to_string()),
             ("MIN_SPLIT", MIN_SPLIT.to_string()),
             ("MAX_SPLITS", MAX_SPLITS.to_string()),
             // Prompts (not a split decode step) also get the query-block kernel.

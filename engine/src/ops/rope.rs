@@ -12,6 +12,8 @@ struct Params {
     kv_heads: u32,
     head_dim: u32,
     capacity: u32,
+    rotary_dim: u32,
+    _pad: [u32; 3],
 }
 
 /// cos/sin of position × inverse frequency for every cached position, computed on the host the
@@ -20,6 +22,9 @@ struct Params {
 pub struct RopeTable {
     pub cos: StorageBuffer,
     pub sin: StorageBuffer,
+    /// Leading dims of each head that rotate (two per frequency); the rest pass through
+    /// (partial rotary, e.g. Phi-4-mini).
+    pub rotary_dim: u32,
 }
 
 impl RopeTable {
@@ -28,6 +33,7 @@ impl RopeTable {
         Ok(Self {
             cos: gpu.storage_from("rope cos", &cos)?,
             sin: gpu.storage_from("rope sin", &sin)?,
+            rotary_dim: 2 * inv_freq.len() as u32,
         })
     }
 
@@ -76,6 +82,7 @@ impl RopeKv {
                 "head_dim {head_dim} is not a multiple of 4"
             )));
         }
+        check_rotary(table, head_dim)?;
         let kernel = gpu.kernel(
             "rope_kv",
             SOURCE,
@@ -92,6 +99,8 @@ impl RopeKv {
                 kv_heads,
                 head_dim,
                 capacity,
+                rotary_dim: table.map_or(head_dim, |t| t.rotary_dim),
+                _pad: [0; 3],
             },
         );
         let mut entries = vec![
@@ -122,5 +131,21 @@ impl RopeKv {
             &self.bind_group,
             groups_of_64(n_tokens * self.slots * self.quads),
         );
+    }
+}
+
+/// The rotating dims must be whole groups of four within the head (each kernel invocation
+/// rotates two dims and their two partners).
+pub(crate) fn check_rotary(table: Option<&RopeTable>, head_dim: u32) -> Result<(), GpuError> {
+    match table {
+        Some(t)
+            if t.rotary_dim == 0 || !t.rotary_dim.is_multiple_of(4) || t.rotary_dim > head_dim =>
+        {
+            Err(GpuError::Device(format!(
+                "rotary dims {} do not fit heads of {head_dim} in groups of four",
+                t.rotary_dim
+            )))
+        }
+        _ => Ok(()),
     }
 }

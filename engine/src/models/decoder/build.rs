@@ -410,7 +410,7 @@ impl DecoderModel {
             _ => None,
         };
         let rope = match &spec.rope {
-            Some(r) => Some(RopeTable::new(gpu, &r.inv_freq(spec.head_dim), capacity)?),
+            Some(r) => Some(RopeTable::new(gpu, &r.inv_freq(spec.rotary_dim), capacity)?),
             None => None,
         };
         let split_attention = MatVec::stages_input(gpu, spec.heads * spec.head_dim);

@@ -65,6 +65,7 @@ pub(super) fn family_of(arch: Arch) -> &'static Family {
         // Qwen2 is the Llama layout with q/k/v biases, which its config announces.
         Arch::Llama | Arch::Qwen2 => &super::llama::FAMILY,
         Arch::Qwen3 => &super::qwen3::FAMILY,
+        Arch::Phi3 => &super::phi3::FAMILY,
         Arch::Gpt2 => &super::gpt2::FAMILY,
     }
 }

@@ -21,6 +21,7 @@ mod build;
 mod family;
 mod gpt2;
 mod llama;
+mod phi3;
 mod qwen3;
 
 #[derive(Clone, Debug)]
