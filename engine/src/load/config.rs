@@ -384,6 +384,46 @@ mod tests {
     }
 
     #[test]
+    fn partial_rotary_and_sliding_windows_are_read() {
+        let phi = llama_config(serde_json::json!({
+            "model_type": "phi3", "head_dim": 32,
+            "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0,
+                                "partial_rotary_factor": 0.75}
+        }));
+        let spec = DecoderSpec::from_json(&phi).expect("phi3 parses");
+        assert_eq!(
+            (spec.arch, spec.head_dim, spec.rotary_dim),
+            (Arch::Phi3, 32, 24)
+        );
+        let old_key = llama_config(serde_json::json!({"partial_rotary_factor": 0.5}));
+        assert_eq!(
+            DecoderSpec::from_json(&old_key).expect("parses").rotary_dim,
+            8
+        );
+        let bad = llama_config(serde_json::json!({"partial_rotary_factor": 1.5}));
+        assert!(DecoderSpec::from_json(&bad).is_err());
+        // A window shorter than the context caps it; a declared but unused one does not.
+        let mistral =
+            llama_config(serde_json::json!({"model_type": "mistral", "sliding_window": 100}));
+        assert_eq!(
+            DecoderSpec::from_json(&mistral)
+                .expect("parses")
+                .max_positions,
+            100
+        );
+        let qwen = llama_config(serde_json::json!({
+            "model_type": "qwen2", "sliding_window": 100, "use_sliding_window": false
+        }));
+        assert_eq!(
+            DecoderSpec::from_json(&qwen).expect("parses").max_positions,
+            128
+        );
+        let qwen3 = llama_config(serde_json::json!({"model_type": "qwen3", "head_dim": 24}));
+        let spec = DecoderSpec::from_json(&qwen3).expect("qwen3 parses");
+        assert!(spec.qk_norm && !spec.qkv_bias && spec.head_dim == 24);
+    }
+
+    #[test]
     fn old_and_new_rope_keys_agree() {
         let old = llama_config(serde_json::json!({
             "rope_theta": 500000.0,
