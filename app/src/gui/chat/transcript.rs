@@ -113,11 +113,30 @@ fn message(
                     ui.weak("…");
                 }
                 Role::Assistant => {
+                    let (thinking, answer) = split_thinking(&m.content);
+                    if let Some(thinking) = thinking {
+                        let title = if thinking.finished {
+                            "Thought"
+                        } else {
+                            "Thinking…"
+                        };
+                        egui::CollapsingHeader::new(egui::RichText::new(title).weak())
+                            .id_salt(("thinking", id, i))
+                            .default_open(false)
+                            .show(ui, |ui| {
+                                ui.add(
+                                    egui::Label::new(
+                                        egui::RichText::new(thinking.text.trim()).weak(),
+                                    )
+                                    .selectable(true),
+                                );
+                            });
+                    }
                     CommonMarkViewer::new().show_with_id(
                         egui::Id::unique(("message", id, i)),
                         ui,
                         md_cache,
-                        &m.content,
+                        answer,
                     );
                 }
             }
@@ -126,6 +145,37 @@ fn message(
             }
             ui.horizontal(|ui| footer(ui, m, &view, actions));
         });
+}
+
+/// The reasoning a thinking model (Qwen3, DeepSeek-R1 distills) writes between `<think>` and
+/// `</think>` before its answer, shown folded.
+struct Thinking<'a> {
+    text: &'a str,
+    /// `</think>` has arrived (else the model is still thinking).
+    finished: bool,
+}
+
+/// Splits a reply into its leading thinking part, if any, and the answer.
+fn split_thinking(content: &str) -> (Option<Thinking<'_>>, &str) {
+    let Some(rest) = content.trim_start().strip_prefix("<think>") else {
+        return (None, content);
+    };
+    match rest.split_once("</think>") {
+        Some((text, answer)) => (
+            Some(Thinking {
+                text,
+                finished: true,
+            }),
+            answer.trim_start(),
+        ),
+        None => (
+            Some(Thinking {
+                text: rest,
+                finished: false,
+            }),
+            "",
+        ),
+    }
 }
 
 fn editor(ui: &mut egui::Ui, text: &mut String, id: u64, i: usize, actions: &mut Vec<Action>) {
@@ -272,5 +322,23 @@ fn dictation_line(panel: &ChatPanel, ui: &mut egui::Ui, actions: &mut Vec<Action
                 actions.push(Action::DismissDictationNote);
             }
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::split_thinking;
+
+    #[test]
+    fn thinking_is_split_from_the_answer() {
+        let (t, a) = split_thinking("<think>\nweigh it\n</think>\n\nYes.");
+        let t = t.expect("thinking");
+        assert_eq!((t.text, t.finished, a), ("\nweigh it\n", true, "Yes."));
+        let (t, a) = split_thinking("<think>still going");
+        let t = t.expect("thinking");
+        assert_eq!((t.text, t.finished, a), ("still going", false, ""));
+        let (t, a) = split_thinking("No <think> here");
+        assert!(t.is_none());
+        assert_eq!(a, "No <think> here");
     }
 }
