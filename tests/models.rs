@@ -57,6 +57,11 @@ fn golden(name: &str) -> Golden {
 }
 
 fn load(name: &str, dtype: WeightDType) -> TextModel {
+    load_path(&fixtures().join("models").join(name), dtype)
+}
+
+fn load_path(path: &std::path::Path, dtype: WeightDType) -> TextModel {
+    let name = path.display();
     let opts = ModelOptions {
         dtype,
         // Every step completes before decode returns, so its logits can be read.
@@ -65,8 +70,7 @@ fn load(name: &str, dtype: WeightDType) -> TextModel {
         prefill_chunk: 5,
         ..Default::default()
     };
-    TextModel::load(&gpu(), &fixtures().join("models").join(name), &opts)
-        .unwrap_or_else(|e| panic!("loading {name}: {e}"))
+    TextModel::load(&gpu(), path, &opts).unwrap_or_else(|e| panic!("loading {name}: {e}"))
 }
 
 /// Logit tolerance per storage type. f32: the fixtures' weights are exact in f32 and only
@@ -274,5 +278,60 @@ fn quantizing_while_loading_shrinks_weights_and_keeps_logits_close() {
         }
         eprintln!("{ty:?}: largest prompt-logit difference {worst}");
         assert!(worst <= allowed, "{ty:?}: logits differ by {worst}");
+    }
+}
+
+/// GGUF files written from the fixture folders (tests/reference/folder_to_gguf.py: F16
+/// matrices, F32 norms, the tokenizer and chat template as GGUF metadata) against the folders'
+/// goldens: tokenization, chat prompts, prompt logits at every position, greedy tokens.
+const GGUF_MODELS: [(&str, &str); 2] = [
+    ("tiny-qwen3.gguf", "tiny-qwen3"),
+    ("tiny-gpt2.gguf", "tiny-gpt2"),
+];
+
+#[test]
+fn gguf_files_match_their_folders_goldens() {
+    for (file, name) in GGUF_MODELS {
+        let g = golden(name);
+        let mut m = load_path(&fixtures().join("models").join(file), WeightDType::F32);
+        for t in &g.tokenization {
+            let ids = m.tokenizer.encode(&t.text, true).expect("encode");
+            assert_eq!(ids, t.ids, "{file}: tokenizing {:?}", t.text);
+        }
+        let vocab = m.model.spec().vocab as usize;
+        m.model.set_sampler(&SamplerParams::default());
+        for c in &g.cases {
+            let prompt = match c.mode.as_str() {
+                "raw" => Prompt::Raw(c.prompt.clone().expect("raw case has a prompt")),
+                _ => Prompt::Chat(c.messages.clone().expect("chat case has messages")),
+            };
+            assert_eq!(
+                m.tokenize(&prompt).expect("tokenize"),
+                c.prompt_ids,
+                "{file}/{}",
+                c.name
+            );
+            // bf16 and f32 fixture weights are exact in the file's f16 where they matter; the
+            // f16 tolerance covers those that are not.
+            let got = m.model.prompt_logits(&c.prompt_ids).expect("prompt logits");
+            for (pos, want) in c.prompt_logits.iter().enumerate() {
+                let diff = max_diff(&got[pos * vocab..(pos + 1) * vocab], want);
+                assert!(
+                    diff <= tolerance(WeightDType::F16),
+                    "{file}/{}: position {pos} differs by {diff}",
+                    c.name
+                );
+            }
+            let mut token = m.model.prefill(&c.prompt_ids).expect("prefill");
+            for (step, &want) in c.greedy_tokens.iter().enumerate() {
+                if c.top2_margins[step] < 2.0 * tolerance(WeightDType::F16) {
+                    break;
+                }
+                assert_eq!(token, want, "{file}/{}: greedy token {step}", c.name);
+                if step + 1 < c.greedy_tokens.len() {
+                    token = m.model.decode().expect("decode");
+                }
+            }
+        }
     }
 }

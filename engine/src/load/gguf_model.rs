@@ -43,6 +43,7 @@ pub fn gguf_architecture(file: &GgufFile) -> Result<Arch, LoadError> {
         "qwen2" => Ok(Arch::Qwen2),
         "qwen3" => Ok(Arch::Qwen3),
         "phi3" => Ok(Arch::Phi3),
+        "gpt2" => Ok(Arch::Gpt2),
         other => Err(LoadError::UnsupportedArchitecture {
             name: other.to_owned(),
         }),
@@ -51,6 +52,9 @@ pub fn gguf_architecture(file: &GgufFile) -> Result<Arch, LoadError> {
 
 pub fn gguf_spec(file: &GgufFile) -> Result<DecoderSpec, LoadError> {
     let arch = gguf_architecture(file)?;
+    if arch == Arch::Gpt2 {
+        return gpt2_spec(file);
+    }
     // Metadata keys are prefixed with the architecture's name.
     let p = match arch {
         Arch::Qwen2 => "qwen2",
@@ -165,9 +169,87 @@ pub fn gguf_spec(file: &GgufFile) -> Result<DecoderSpec, LoadError> {
     })
 }
 
+/// GPT-2 (`gpt2` architecture): LayerNorm with biases, learned positions, tanh GELU, biases on
+/// every projection; llama.cpp's converter stores its Conv1D weights transposed to `[out][in]`.
+fn gpt2_spec(file: &GgufFile) -> Result<DecoderSpec, LoadError> {
+    let key = |k: &str| format!("gpt2.{k}");
+    let hidden = req_u32(file, &key("embedding_length"))?;
+    let heads = req_u32(file, &key("attention.head_count"))?;
+    if heads == 0 || !hidden.is_multiple_of(heads) {
+        return Err(invalid(
+            file,
+            format!("{heads} heads do not divide a width of {hidden}"),
+        ));
+    }
+    let vocab = file
+        .metadata("tokenizer.ggml.tokens")
+        .and_then(GgufValue::as_array)
+        .map(|t| t.len() as u32)
+        .ok_or_else(|| invalid(file, "no tokenizer.ggml.tokens".into()))?;
+    let token = |k: &str| {
+        file.metadata(&format!("tokenizer.ggml.{k}"))
+            .and_then(GgufValue::as_u64)
+            .map(|v| v as u32)
+    };
+    Ok(DecoderSpec {
+        arch: Arch::Gpt2,
+        vocab,
+        hidden,
+        layers: req_u32(file, &key("block_count"))?,
+        heads,
+        kv_heads: heads,
+        head_dim: hidden / heads,
+        rotary_dim: hidden / heads,
+        intermediate: req_u32(file, &key("feed_forward_length"))?,
+        norm: NormKind::Layer,
+        norm_eps: opt_f32(file, &key("attention.layer_norm_epsilon")).unwrap_or(1e-5),
+        mlp: MlpKind::Gelu(crate::ops::Gelu::Tanh),
+        rope: None,
+        max_positions: req_u32(file, &key("context_length"))?,
+        tied_embeddings: file.tensor("output.weight").is_none(),
+        qkv_bias: true,
+        out_bias: true,
+        mlp_bias: true,
+        qk_norm: false,
+        bos_token_id: token("bos_token_id"),
+        eos_token_ids: token("eos_token_id").into_iter().collect(),
+    })
+}
+
+/// GGUF names of GPT-2's HF tensors (with or without the `transformer.` prefix).
+fn gpt2_tensor_name(hf: &str) -> Option<String> {
+    let name = hf.strip_prefix("transformer.").unwrap_or(hf);
+    let simple = match name {
+        "wte.weight" => Some("token_embd.weight"),
+        "wpe.weight" => Some("position_embd.weight"),
+        "ln_f.weight" => Some("output_norm.weight"),
+        "ln_f.bias" => Some("output_norm.bias"),
+        "lm_head.weight" => Some("output.weight"),
+        _ => None,
+    };
+    if let Some(s) = simple {
+        return Some(s.to_owned());
+    }
+    let (layer, field) = name.strip_prefix("h.")?.split_once('.')?;
+    let (module, kind) = field.rsplit_once('.')?;
+    let module = match module {
+        "ln_1" => "attn_norm",
+        "attn.c_attn" => "attn_qkv",
+        "attn.c_proj" => "attn_output",
+        "ln_2" => "ffn_norm",
+        "mlp.c_fc" => "ffn_up",
+        "mlp.c_proj" => "ffn_down",
+        _ => return None,
+    };
+    Some(format!("blk.{layer}.{module}.{kind}"))
+}
+
 /// The GGUF name of an engine (HF) tensor name, and for Q/K of the llama architecture the
 /// number of heads whose rows llama.cpp's converter interleaved for its rotary layout.
 pub fn gguf_tensor_name(hf: &str, spec: &DecoderSpec) -> Option<(String, Option<u32>)> {
+    if spec.arch == Arch::Gpt2 {
+        return gpt2_tensor_name(hf).map(|n| (n, None));
+    }
     let simple = match hf {
         "model.embed_tokens.weight" => Some("token_embd.weight"),
         "model.norm.weight" => Some("output_norm.weight"),
@@ -223,7 +305,7 @@ fn pre_tokenizer(pre: &str) -> Option<Value> {
         ]})
     };
     Some(match pre {
-        "gpt2" | "default" => byte_level(true),
+        "gpt2" | "gpt-2" | "default" => byte_level(true),
         // SmolLM: every digit on its own, then GPT-2's split.
         "smollm" => json!({"type": "Sequence", "pretokenizers": [
             {"type": "Digits", "individual_digits": true},

@@ -59,6 +59,12 @@ impl<'a> Uploader<'a> {
         }
     }
 
+    /// Whether the weights come from a GGUF file (whose converter already stored Conv1D
+    /// matrices as `[out][in]`).
+    pub fn is_gguf(&self) -> bool {
+        matches!(self.source, WeightSource::Gguf(..))
+    }
+
     pub fn has(&self, name: &str) -> bool {
         match &self.source {
             WeightSource::Files(st) => st.contains(name),

@@ -55,7 +55,8 @@ pub(super) struct Family {
     /// A separate LM head, used unless the config ties it to the embedding.
     pub lm_head: Name,
     pub layer: LayerNames,
-    /// Matrices are stored `[in][out]` (GPT-2's Conv1D) rather than `[out][in]`.
+    /// Matrices are stored `[in][out]` (GPT-2's Conv1D) rather than `[out][in]` in the
+    /// family's own checkpoints.
     pub transposed: bool,
 }
 
@@ -95,6 +96,12 @@ impl Family {
             .copied()
             .find(|p| up.has(&self.name(p, self.embedding, 0)))
             .unwrap_or(self.prefixes[0])
+    }
+
+    /// Whether this checkpoint's matrices are `[in][out]` (GGUF converters store them
+    /// `[out][in]` whatever the family).
+    fn transposed(&self, up: &Uploader<'_>) -> bool {
+        self.transposed && !up.is_gguf()
     }
 
     /// `name` with the prefix and layer index filled in.
@@ -188,7 +195,7 @@ impl Family {
         rows: u32,
         cols: u32,
     ) -> Result<Matrix, Error> {
-        up.matrix(label, &[Part { name, rows, cols }], self.transposed)
+        up.matrix(label, &[Part { name, rows, cols }], self.transposed(up))
     }
 
     /// Blocks of `rows` (each `cols` wide) stacked into one matrix, from separate or fused
@@ -211,7 +218,7 @@ impl Family {
                     .zip(rows)
                     .map(|(name, &rows)| Part { name, rows, cols })
                     .collect();
-                up.matrix(label, &parts, self.transposed)
+                up.matrix(label, &parts, self.transposed(up))
             }
         }
     }

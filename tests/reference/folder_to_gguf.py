@@ -1,0 +1,181 @@
+#!/usr/bin/env python3
+"""Write GGUF files from the tiny Hugging Face fixture folders, the way llama.cpp's converter lays
+them out, so the GGUF loader is checked against the folders' transformers goldens.
+
+Writes (default, no arguments):
+
+    tests/fixtures/models/tiny-qwen3.gguf   `qwen3` architecture from tests/fixtures/models/tiny-qwen3/
+    tests/fixtures/models/tiny-gpt2.gguf    `gpt2` architecture from tests/fixtures/models/tiny-gpt2/
+
+Layout: llama.cpp tensor names (`token_embd`, `blk.N.attn_q`, `attn_q_norm`, `attn_qkv`, `ffn_up`,
+...), matrices as F16 and norms, biases and position embeddings as F32 (the converter's choice for
+an f16 output); GPT-2's Conv1D matrices transposed to `[out][in]` as the converter does; Qwen's Q/K
+rows left in HF order (only the `llama` architecture is permuted). Metadata: the architecture's
+hyperparameter keys, the byte-level BPE vocabulary (`tokenizer.ggml.model = gpt2`, tokens, token
+types, merges, `pre = gpt2` since the fixtures' pre-tokenizer is GPT-2's ByteLevel regex), BOS /
+EOS / padding ids and the chat template from tokenizer_config.json.
+
+Run from anywhere (CPU only; needs gguf, numpy, torch, safetensors):
+
+    python3 tests/reference/folder_to_gguf.py
+    python3 tests/reference/folder_to_gguf.py --model DIR --out FILE
+
+The output depends only on the folder, so reruns write identical files.
+"""
+
+import argparse
+import json
+import os
+
+import gguf
+import numpy as np
+from safetensors.torch import load_file
+
+REPO_ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+DEFAULTS = ["tiny-qwen3", "tiny-gpt2"]
+
+
+def tokenizer_metadata(writer, folder, config):
+    tok = json.load(open(os.path.join(folder, "tokenizer.json"), encoding="utf-8"))
+    tok_cfg = json.load(open(os.path.join(folder, "tokenizer_config.json"), encoding="utf-8"))
+    model = tok["model"]
+    if model["type"] != "BPE":
+        raise SystemExit(f"{folder}: only byte-level BPE vocabularies are written, not {model['type']}")
+    vocab_size = config["vocab_size"]
+    tokens = [f"[PAD{i}]" for i in range(vocab_size)]
+    types = [gguf.TokenType.UNUSED] * vocab_size
+    for text, i in model["vocab"].items():
+        tokens[i] = text
+        types[i] = gguf.TokenType.NORMAL
+    for added in tok["added_tokens"]:
+        tokens[added["id"]] = added["content"]
+        types[added["id"]] = gguf.TokenType.CONTROL if added["special"] else gguf.TokenType.USER_DEFINED
+    merges = [m if isinstance(m, str) else " ".join(m) for m in model["merges"]]
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre("gpt2")
+    writer.add_token_list(tokens)
+    writer.add_token_types(types)
+    writer.add_token_merges(merges)
+    ids = {t: i for i, t in enumerate(tokens)}
+    if config.get("bos_token_id") is not None:
+        writer.add_bos_token_id(config["bos_token_id"])
+    eos = tok_cfg.get("eos_token")
+    writer.add_eos_token_id(ids[eos] if eos in ids else config["eos_token_id"])
+    pad = tok_cfg.get("pad_token")
+    if pad in ids:
+        writer.add_pad_token_id(ids[pad])
+    writer.add_add_bos_token(False)
+    if tok_cfg.get("chat_template"):
+        writer.add_chat_template(tok_cfg["chat_template"])
+
+
+def f16(t):
+    return t.float().numpy().astype(np.float16)
+
+
+def f32(t):
+    return t.float().numpy().astype(np.float32)
+
+
+def qwen3(writer, config, weights):
+    heads = config["num_attention_heads"]
+    writer.add_context_length(config["max_position_embeddings"])
+    writer.add_embedding_length(config["hidden_size"])
+    writer.add_block_count(config["num_hidden_layers"])
+    writer.add_feed_forward_length(config["intermediate_size"])
+    writer.add_head_count(heads)
+    writer.add_head_count_kv(config.get("num_key_value_heads") or heads)
+    head_dim = config.get("head_dim") or config["hidden_size"] // heads
+    writer.add_key_length(head_dim)
+    writer.add_value_length(head_dim)
+    writer.add_layer_norm_rms_eps(config["rms_norm_eps"])
+    rope = config.get("rope_parameters") or {}
+    writer.add_rope_freq_base(rope.get("rope_theta", config.get("rope_theta", 10000.0)))
+    writer.add_tensor("token_embd.weight", f16(weights["model.embed_tokens.weight"]))
+    writer.add_tensor("output_norm.weight", f32(weights["model.norm.weight"]))
+    if not config.get("tie_word_embeddings", False):
+        writer.add_tensor("output.weight", f16(weights["lm_head.weight"]))
+    names = {
+        "input_layernorm.weight": ("attn_norm.weight", f32),
+        "self_attn.q_proj.weight": ("attn_q.weight", f16),
+        "self_attn.k_proj.weight": ("attn_k.weight", f16),
+        "self_attn.v_proj.weight": ("attn_v.weight", f16),
+        "self_attn.o_proj.weight": ("attn_output.weight", f16),
+        "self_attn.q_norm.weight": ("attn_q_norm.weight", f32),
+        "self_attn.k_norm.weight": ("attn_k_norm.weight", f32),
+        "post_attention_layernorm.weight": ("ffn_norm.weight", f32),
+        "mlp.gate_proj.weight": ("ffn_gate.weight", f16),
+        "mlp.up_proj.weight": ("ffn_up.weight", f16),
+        "mlp.down_proj.weight": ("ffn_down.weight", f16),
+    }
+    for layer in range(config["num_hidden_layers"]):
+        for hf, (name, convert) in names.items():
+            writer.add_tensor(f"blk.{layer}.{name}", convert(weights[f"model.layers.{layer}.{hf}"]))
+
+
+def gpt2(writer, config, weights):
+    prefix = "transformer." if "transformer.wte.weight" in weights else ""
+    writer.add_context_length(config["n_positions"])
+    writer.add_embedding_length(config["n_embd"])
+    writer.add_block_count(config["n_layer"])
+    writer.add_feed_forward_length(config.get("n_inner") or 4 * config["n_embd"])
+    writer.add_head_count(config["n_head"])
+    writer.add_layer_norm_eps(config["layer_norm_epsilon"])
+    writer.add_tensor("token_embd.weight", f16(weights[f"{prefix}wte.weight"]))
+    writer.add_tensor("position_embd.weight", f32(weights[f"{prefix}wpe.weight"]))
+    writer.add_tensor("output_norm.weight", f32(weights[f"{prefix}ln_f.weight"]))
+    writer.add_tensor("output_norm.bias", f32(weights[f"{prefix}ln_f.bias"]))
+    names = {
+        "ln_1": "attn_norm",
+        "attn.c_attn": "attn_qkv",
+        "attn.c_proj": "attn_output",
+        "ln_2": "ffn_norm",
+        "mlp.c_fc": "ffn_up",
+        "mlp.c_proj": "ffn_down",
+    }
+    for layer in range(config["n_layer"]):
+        for hf, name in names.items():
+            w = weights[f"{prefix}h.{layer}.{hf}.weight"]
+            if hf.startswith("ln_"):
+                writer.add_tensor(f"blk.{layer}.{name}.weight", f32(w))
+            else:
+                # Conv1D stores [in][out].
+                writer.add_tensor(f"blk.{layer}.{name}.weight", f16(w.T.contiguous()))
+            writer.add_tensor(f"blk.{layer}.{name}.bias", f32(weights[f"{prefix}h.{layer}.{hf}.bias"]))
+
+
+def convert(folder, out):
+    config = json.load(open(os.path.join(folder, "config.json"), encoding="utf-8"))
+    arch = config["model_type"]
+    writers = {"qwen3": qwen3, "gpt2": gpt2}
+    if arch not in writers:
+        raise SystemExit(f"{folder}: architecture {arch!r} is not written (supported: {sorted(writers)})")
+    weights = load_file(os.path.join(folder, "model.safetensors"))
+    writer = gguf.GGUFWriter(out, arch)
+    writer.add_name(os.path.basename(os.path.normpath(folder)))
+    writers[arch](writer, config, weights)
+    tokenizer_metadata(writer, folder, config)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    print(f"{out}: {arch}, {os.path.getsize(out)} bytes")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", help="a Hugging Face folder (qwen3 or gpt2)")
+    ap.add_argument("--out", help="the GGUF file to write")
+    args = ap.parse_args()
+    if args.model:
+        if not args.out:
+            ap.error("--model needs --out")
+        convert(args.model, args.out)
+        return
+    models = os.path.join(REPO_ROOT, "tests", "fixtures", "models")
+    for name in DEFAULTS:
+        convert(os.path.join(models, name), os.path.join(models, f"{name}.gguf"))
+
+
+if __name__ == "__main__":
+    main()
