@@ -284,9 +284,10 @@ fn quantizing_while_loading_shrinks_weights_and_keeps_logits_close() {
 /// GGUF files written from the fixture folders (tests/reference/folder_to_gguf.py: F16
 /// matrices, F32 norms, the tokenizer and chat template as GGUF metadata) against the folders'
 /// goldens: tokenization, chat prompts, prompt logits at every position, greedy tokens.
-const GGUF_MODELS: [(&str, &str); 2] = [
+const GGUF_MODELS: [(&str, &str); 3] = [
     ("tiny-qwen3.gguf", "tiny-qwen3"),
     ("tiny-gpt2.gguf", "tiny-gpt2"),
+    ("tiny-phi3.gguf", "tiny-phi3"),
 ];
 
 #[test]

@@ -6,6 +6,7 @@ Writes (default, no arguments):
 
     tests/fixtures/models/tiny-qwen3.gguf   `qwen3` architecture from tests/fixtures/models/tiny-qwen3/
     tests/fixtures/models/tiny-gpt2.gguf    `gpt2` architecture from tests/fixtures/models/tiny-gpt2/
+    tests/fixtures/models/tiny-phi3.gguf    `phi3` architecture from tests/fixtures/models/tiny-phi3/
 
 Layout: llama.cpp tensor names (`token_embd`, `blk.N.attn_q`, `attn_q_norm`, `attn_qkv`, `ffn_up`,
 ...), matrices as F16 and norms, biases and position embeddings as F32 (the converter's choice for
@@ -32,7 +33,7 @@ import numpy as np
 from safetensors.torch import load_file
 
 REPO_ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
-DEFAULTS = ["tiny-qwen3", "tiny-gpt2"]
+DEFAULTS = ["tiny-qwen3", "tiny-gpt2", "tiny-phi3"]
 
 
 def tokenizer_metadata(writer, folder, config):
@@ -77,7 +78,9 @@ def f32(t):
     return t.float().numpy().astype(np.float32)
 
 
-def qwen3(writer, config, weights):
+def llama_like(writer, config, weights, names):
+    """Hyperparameters, embedding, final norm, head and the layers of `names` (HF suffix ->
+    (GGUF name, converter)) for the Llama-shaped architectures."""
     heads = config["num_attention_heads"]
     writer.add_context_length(config["max_position_embeddings"])
     writer.add_embedding_length(config["hidden_size"])
@@ -91,11 +94,20 @@ def qwen3(writer, config, weights):
     writer.add_layer_norm_rms_eps(config["rms_norm_eps"])
     rope = config.get("rope_parameters") or {}
     writer.add_rope_freq_base(rope.get("rope_theta", config.get("rope_theta", 10000.0)))
+    partial = rope.get("partial_rotary_factor", config.get("partial_rotary_factor", 1.0))
+    if partial != 1.0:
+        writer.add_rope_dimension_count(int(head_dim * partial))
     writer.add_tensor("token_embd.weight", f16(weights["model.embed_tokens.weight"]))
     writer.add_tensor("output_norm.weight", f32(weights["model.norm.weight"]))
     if not config.get("tie_word_embeddings", False):
         writer.add_tensor("output.weight", f16(weights["lm_head.weight"]))
-    names = {
+    for layer in range(config["num_hidden_layers"]):
+        for hf, (name, convert) in names.items():
+            writer.add_tensor(f"blk.{layer}.{name}", convert(weights[f"model.layers.{layer}.{hf}"]))
+
+
+def qwen3(writer, config, weights):
+    llama_like(writer, config, weights, {
         "input_layernorm.weight": ("attn_norm.weight", f32),
         "self_attn.q_proj.weight": ("attn_q.weight", f16),
         "self_attn.k_proj.weight": ("attn_k.weight", f16),
@@ -107,10 +119,19 @@ def qwen3(writer, config, weights):
         "mlp.gate_proj.weight": ("ffn_gate.weight", f16),
         "mlp.up_proj.weight": ("ffn_up.weight", f16),
         "mlp.down_proj.weight": ("ffn_down.weight", f16),
-    }
-    for layer in range(config["num_hidden_layers"]):
-        for hf, (name, convert) in names.items():
-            writer.add_tensor(f"blk.{layer}.{name}", convert(weights[f"model.layers.{layer}.{hf}"]))
+    })
+
+
+def phi3(writer, config, weights):
+    # llama.cpp keeps Phi-3's fused projections: q/k/v in attn_qkv, gate then up in ffn_up.
+    llama_like(writer, config, weights, {
+        "input_layernorm.weight": ("attn_norm.weight", f32),
+        "self_attn.qkv_proj.weight": ("attn_qkv.weight", f16),
+        "self_attn.o_proj.weight": ("attn_output.weight", f16),
+        "post_attention_layernorm.weight": ("ffn_norm.weight", f32),
+        "mlp.gate_up_proj.weight": ("ffn_up.weight", f16),
+        "mlp.down_proj.weight": ("ffn_down.weight", f16),
+    })
 
 
 def gpt2(writer, config, weights):
@@ -147,7 +168,7 @@ def gpt2(writer, config, weights):
 def convert(folder, out):
     config = json.load(open(os.path.join(folder, "config.json"), encoding="utf-8"))
     arch = config["model_type"]
-    writers = {"qwen3": qwen3, "gpt2": gpt2}
+    writers = {"qwen3": qwen3, "phi3": phi3, "gpt2": gpt2}
     if arch not in writers:
         raise SystemExit(f"{folder}: architecture {arch!r} is not written (supported: {sorted(writers)})")
     weights = load_file(os.path.join(folder, "model.safetensors"))
@@ -164,7 +185,7 @@ def convert(folder, out):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", help="a Hugging Face folder (qwen3 or gpt2)")
+    ap.add_argument("--model", help="a Hugging Face folder (qwen3, phi3 or gpt2)")
     ap.add_argument("--out", help="the GGUF file to write")
     args = ap.parse_args()
     if args.model:
