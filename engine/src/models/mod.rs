@@ -1,6 +1,6 @@
 //! Model families and the text model that ties a decoder to its tokenizer. Llama (Llama 2/3.x,
-//! SmolLM2, TinyLlama, Mistral), Qwen2/Qwen2.5 and GPT-2 share one GPU decoder; their
-//! differences (weight names, norms, biases, positions, MLP) are resolved while loading.
+//! SmolLM2, TinyLlama, Mistral), Qwen2/Qwen2.5, Qwen3, Phi-3 and GPT-2 share one GPU decoder;
+//! their differences (weight names, norms, biases, positions, MLP) are resolved while loading.
 
 mod decoder;
 pub mod diffusion;

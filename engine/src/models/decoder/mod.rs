@@ -1,5 +1,6 @@
-//! The decoder-only transformer on the GPU, shared by every supported family (Llama, Qwen2,
-//! GPT-2 differ only in norms, positions, biases and MLP). Weights are uploaded once;
+//! The decoder-only transformer on the GPU, shared by every supported family: a family is a
+//! description of its weight names (`family.rs`, one file each), the rest (norms, positions,
+//! biases, MLP, RoPE) comes from the config. `build.rs` makes the kernels. Weights are uploaded once;
 //! activations, the KV cache and the token history live in buffers made at load time, so a
 //! decoded token allocates nothing and reads back only its id.
 //!
@@ -7,7 +8,8 @@
 //! keys split over workgroups); output product merging the attention runs + residual;
 //! norm+gate/up product+SwiGLU (or +GELU); down product+residual. Then norm+LM head and the
 //! sampler: 5·layers + 3 dispatches and one submit per token. (Where the output product
-//! cannot stage its input, attention runs whole after a separate RoPE pass: 6 per layer.)
+//! cannot stage its input, attention runs whole after a separate RoPE pass: 6 per layer;
+//! Qwen3's query/key head norms add one per layer.)
 
 use crate::Error;
 use crate::gpu::{Gpu, Recorder, StorageBuffer, UniformBuffer};
