@@ -18,8 +18,12 @@
 // an encoder's self-attention over its fused QKV rows, or cross-attention of decoder queries
 // over an encoder's projected keys and values. Every query sees all `keys` keys.
 //
+// With RING (sliding-window layers), a query at position q sees keys q − window + 1 ..= q only,
+// and position j lives in cache row j mod capacity: a rolling cache bounded by the window.
+//
 // Defines: WG, HD (head_dim, a multiple of 4), F16 (f16 cache), SPLIT, MIN_SPLIT, MAX_SPLITS,
-// NO_ROPE (learned positions), ROT (rotating dims of a head), FULL, TILED (the `tiled` entry point, with BQ and BK).
+// NO_ROPE (learned positions), ROT (rotating dims of a head), RING, FULL, TILED (the `tiled`
+// entry point, with BQ and BK).
 
 #if FULL
 struct Params {
@@ -38,9 +42,10 @@ struct Params {
     heads: u32,
     kv_heads: u32,
     head_dim: u32,
+    // Cache rows per KV head.
     capacity: u32,
     scale: f32,
-    _pad0: u32,
+    window: u32,
     _pad1: u32,
     _pad2: u32,
 }
@@ -104,11 +109,12 @@ fn rotated(base: u32, d: u32, pos: u32) -> f32 {
     if (d >= {{ROT}}u) {
         return q[base + d];
     }
+    let row = (pos + step.rope_row) * half;
     if (d < half) {
-        let i = pos * half + d;
+        let i = row + d;
         return q[base + d] * rope_cos[i] - q[base + d + half] * rope_sin[i];
     }
-    let i = pos * half + d - half;
+    let i = row + d - half;
     return q[base + d] * rope_cos[i] + q[base + d - half] * rope_sin[i];
 #endif
 }
@@ -126,6 +132,24 @@ fn store_quad(is_k: bool, index: u32, v: vec4<f32>) {
     }
 }
 #endif
+
+// The cache row of position j.
+fn cache_row(j: u32) -> u32 {
+#if RING
+    return j % p.capacity;
+#else
+    return j;
+#endif
+}
+
+// The first key position the query at position q sees.
+fn first_visible(q: u32) -> u32 {
+#if RING
+    return select(0u, q + 1u - p.window, q + 1u > p.window);
+#else
+    return 0u;
+#endif
+}
 
 // A finite stand-in for -inf: exp() of it minus any real score is exactly zero.
 const NEG_BIG: f32 = -3.0e38;
@@ -192,13 +216,15 @@ fn main(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id) wid: v
     let t = 0u;
     let split = wid.y;
     let all_keys = step.pos0 + 1u;
-    let split_len = max({{MIN_SPLIT}}u, (all_keys + {{MAX_SPLITS}}u - 1u) / {{MAX_SPLITS}}u);
-    let first_key = min(split * split_len, all_keys);
+    let lowest = first_visible(step.pos0);
+    let visible = all_keys - lowest;
+    let split_len = max({{MIN_SPLIT}}u, (visible + {{MAX_SPLITS}}u - 1u) / {{MAX_SPLITS}}u);
+    let first_key = min(lowest + split * split_len, all_keys);
     let n_keys = min(first_key + split_len, all_keys);
 #else
     let t = wid.y;
-    let first_key = 0u;
 #if FULL
+    let first_key = 0u;
 #if CAUSAL
     // Query t sees keys 0..=t (a text encoder's causal mask).
     let n_keys = min(p.keys, t + 1u);
@@ -207,6 +233,7 @@ fn main(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id) wid: v
 #endif
 #else
     let n_keys = step.pos0 + t + 1u;
+    let first_key = first_visible(step.pos0 + t);
 #endif
 #endif
     let kv_head = head / (p.heads / p.kv_heads);
@@ -237,8 +264,8 @@ fn main(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id) wid: v
     // the position; every workgroup reads them from workgroup memory, never from the cache.
     if (head % (p.heads / p.kv_heads) == 0u && pos >= first_key && pos < n_keys) {
         for (var i = tid; i < QUADS; i += {{WG}}u) {
-            store_quad(true, cache_base + pos * QUADS + i, cur_k[i]);
-            store_quad(false, cache_base + pos * QUADS + i, cur_v[i]);
+            store_quad(true, cache_base + cache_row(pos) * QUADS + i, cur_k[i]);
+            store_quad(false, cache_base + cache_row(pos) * QUADS + i, cur_v[i]);
         }
     }
 #else
@@ -265,7 +292,7 @@ fn main(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id) wid: v
         let j = c0 + tid;
         var score = NEG_BIG;
         if (j < n_keys) {
-            let row = cache_base + j * row_quads;
+            let row = cache_base + cache_row(j) * row_quads;
             var s = 0.0;
 #if SPLIT
             if (j == pos) {
@@ -299,7 +326,7 @@ fn main(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id) wid: v
                     continue;
                 }
 #endif
-                acc += probs[jj] * v_quad(v_base + (c0 + jj) * row_quads + quad);
+                acc += probs[jj] * v_quad(v_base + cache_row(c0 + jj) * row_quads + quad);
             }
         }
         running_max = new_max;
@@ -375,6 +402,8 @@ fn tiled(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id) wid: 
     // Keys the block walks, and the keys this query sees.
     let keys_end = p.keys;
     let visible = p.keys;
+    let keys_start = 0u;
+    let lowest = 0u;
 #else
     let q_row = (row * p.heads + head) * {{HD}}u;
     let k_base = kv_head * p.capacity * QUADS;
@@ -382,6 +411,9 @@ fn tiled(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id) wid: 
     let v_base = k_base;
     let keys_end = step.pos0 + min(q0 + BQ, n_queries);
     let visible = step.pos0 + row + 1u;
+    // The block's first query sees the earliest keys.
+    let keys_start = first_visible(step.pos0 + q0);
+    let lowest = first_visible(step.pos0 + row);
 #endif
     for (var c = 0u; c < QUADS; c++) {
         var v = vec4<f32>(0.0);
@@ -397,7 +429,7 @@ fn tiled(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id) wid: 
     }
     var run_max = NEG_BIG;
     var run_sum = 0.0;
-    for (var k0 = 0u; k0 < keys_end; k0 += BK) {
+    for (var k0 = keys_start; k0 < keys_end; k0 += BK) {
         // The previous tile is no longer read.
         workgroupBarrier();
         for (var i = tid; i < BK * QUADS; i += {{WG}}u) {
@@ -405,8 +437,8 @@ fn tiled(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id) wid: 
             var kq = vec4<f32>(0.0);
             var vq = vec4<f32>(0.0);
             if (j < keys_end) {
-                kq = k_quad(k_base + j * row_quads + i % QUADS);
-                vq = v_quad(v_base + j * row_quads + i % QUADS);
+                kq = k_quad(k_base + cache_row(j) * row_quads + i % QUADS);
+                vq = v_quad(v_base + cache_row(j) * row_quads + i % QUADS);
             }
             tk[(i / QUADS) * K_ROW + i % QUADS] = kq;
             tv[i] = vq;
@@ -421,7 +453,7 @@ fn tiled(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id) wid: 
             for (var c = 0u; c < QUADS; c++) {
                 score += dot(qv[c], tk[kj * K_ROW + c]);
             }
-            score = select(NEG_BIG, score, k0 + kj < visible);
+            score = select(NEG_BIG, score, k0 + kj < visible && k0 + kj >= lowest);
             scores[s] = score;
             local_max = max(local_max, score);
         }

@@ -2,12 +2,14 @@
 
 // Where the current submission is in the sequence: the absolute position of its first
 // token, how many tokens it processes, and the sequence length after it (where the sampler
-// writes the next token). Mirrors `StepParams` in engine/src/ops/mod.rs.
+// writes the next token), and the first row of the RoPE table this submission reads (past 0
+// where a model switches tables by length: longrope). Mirrors `StepParams` in
+// engine/src/ops/mod.rs.
 struct Step {
     pos0: u32,
     n_tokens: u32,
     seq_len: u32,
-    _pad: u32,
+    rope_row: u32,
 }
 
 // GELU with the tanh approximation (GPT-2's "gelu_new"); tanh's argument is clamped so large

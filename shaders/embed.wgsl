@@ -1,6 +1,7 @@
 // Token embedding gather for the step's tokens. Token ids come from the history buffer on the
 // GPU (the prompt written by the host, later tokens by the sampler), so decoding needs no
-// host round trip. Marks each token as seen for the repetition penalty.
+// host round trip. Marks each token as seen for the repetition penalty. Rows are multiplied by
+// `scale` (Gemma's √hidden; 1 elsewhere).
 //
 // Defines: F16 (table stored as packed f16 pairs), POSITIONS (add a learned position table).
 
@@ -8,7 +9,7 @@ struct Params {
     dim: u32,
     row_stride: u32,
     vocab: u32,
-    _pad: u32,
+    scale: f32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -46,7 +47,7 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
 #if POSITIONS
     v += positions[(step.pos0 + t) * p.dim + d];
 #endif
-    x[t * p.dim + d] = v;
+    x[t * p.dim + d] = v * p.scale;
     if (d == 0u) {
         atomicOr(&seen[token / 32u], 1u << (token % 32u));
     }

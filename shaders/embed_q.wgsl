@@ -1,7 +1,7 @@
 // Token embedding gather from a block-quantized table (GGUF keeps its embedding quantized, and
 // a tied LM head multiplies by the same blocks): one invocation per (token, 32-weight
 // sub-block of its row). Token ids come from the GPU history buffer; tokens are marked seen
-// for the repetition penalty.
+// for the repetition penalty. Rows are multiplied by `scale` (Gemma's √hidden; 1 elsewhere).
 //
 // Defines: the block format and SUBS (see quant.wgsl), QGATHER.
 
@@ -9,7 +9,7 @@ struct Params {
     dim: u32,
     q_scales: u32,
     vocab: u32,
-    _pad: u32,
+    scale: f32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -27,7 +27,13 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
     let t = id / {{SUBS}}u;
     let s = id % {{SUBS}}u;
     let token = min(history[step.pos0 + t], p.vocab - 1u);
-    q_gather(token, s, p.q_scales, t * p.dim + 32u * s);
+    let at = t * p.dim + 32u * s;
+    q_gather(token, s, p.q_scales, at);
+    if (p.scale != 1.0) {
+        for (var i = 0u; i < 32u; i++) {
+            x[at + i] *= p.scale;
+        }
+    }
     if (s == 0u) {
         atomicOr(&seen[token / 32u], 1u << (token % 32u));
     }

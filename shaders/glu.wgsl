@@ -1,6 +1,7 @@
 // SwiGLU for prompts: h[t][i] = silu(gate[t][i]) * up[t][i], where each row of the fused
 // gate/up product holds the gate block then the up block. With GEGLU (diffusers' feed-forward):
-// h[t][i] = up[t][i] * gelu(gate[t][i]) with the up block first.
+// h[t][i] = up[t][i] * gelu(gate[t][i]) with the up block first. With GATE_TANH (Gemma):
+// gelu_tanh of the gate block, which comes first.
 
 struct Params {
     width: u32,
@@ -28,8 +29,14 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
     let g = gate_up[t * 2u * p.width + p.width + i];
     h[id] = gelu_erf(g) * u;
 #else
+#if GATE_TANH
+    let g = gate_up[t * 2u * p.width + i];
+    let u = gate_up[t * 2u * p.width + p.width + i];
+    h[id] = gelu_tanh(g) * u;
+#else
     let g = gate_up[t * 2u * p.width + i];
     let u = gate_up[t * 2u * p.width + p.width + i];
     h[id] = g / (1.0 + exp(-g)) * u;
+#endif
 #endif
 }

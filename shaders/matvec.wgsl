@@ -9,11 +9,12 @@
 // stride in vec4 words, fixed per pipeline so the loop over a row has a known trip count),
 // SGX (each row's TPR lanes lie in one subgroup of fixed size: shuffle reduction), F16, NORM,
 // NORM_LAYER, BIAS, GLU (y = silu(W_gate·x̂) * (W_up·x̂), the up block at
-// glu_offset), GELU (tanh form), GELU_ERF, RESIDUAL (y += ...), SUBGROUP, XCACHE (x̂ staged once in workgroup memory,
+// glu_offset; with GELU too, gelu_tanh(W_gate·x̂) * (W_up·x̂)), GELU (tanh form), GELU_ERF, RESIDUAL (y += ...), SUBGROUP, XCACHE (x̂ staged once in workgroup memory,
 // for short rows), XVEC4 (k is a multiple of 4: x is also read through a vec4 view), KPAIR
 // (K-quant rows by sub-block pairs, see q_dot_pairs), NR (rows per lane group, 1..4), COMBINE
 // (x is the attention output of one token, split over runs of keys as attention.wgsl SPLIT
-// leaves it: the runs are merged while staging; needs XCACHE), HEADS, MIN_SPLIT, MAX_SPLITS.
+// leaves it: the runs are merged while staging; needs XCACHE), HEADS, MIN_SPLIT, MAX_SPLITS,
+// WINDOW (the keys a sliding-window layer's attention saw).
 
 struct Params {
     n: u32,
@@ -211,13 +212,18 @@ fn finish_row(row: u32, acc: f32, acc_up: f32, tid: u32, lane: u32, sg_lane: u32
 #if BIAS
         up += bias[row + p.n];
 #endif
+#if GELU
+        r = gelu_tanh(r) * up;
+#else
         r = silu(r) * up;
 #endif
+#else
 #if GELU
         r = gelu_tanh(r);
 #endif
 #if GELU_ERF
         r = gelu_erf(r);
+#endif
 #endif
 #if RESIDUAL
         r += y[row];
@@ -272,7 +278,8 @@ fn main(
     workgroupBarrier();
 #endif
 #if COMBINE
-    let all_keys = step.pos0 + 1u;
+    // The keys attention saw: the whole context, or the last WINDOW positions.
+    let all_keys = min(step.pos0 + 1u, {{WINDOW}}u);
     let split_len = max({{MIN_SPLIT}}u, (all_keys + {{MAX_SPLITS}}u - 1u) / {{MAX_SPLITS}}u);
     let splits = (all_keys + split_len - 1u) / split_len;
     for (var h = tid; h < p.heads; h += {{WG}}u) {

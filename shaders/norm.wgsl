@@ -1,5 +1,7 @@
 // Row normalisation for prompts: RMSNorm, or LayerNorm with LAYER defined. One workgroup per
-// row of the step's n_tokens rows; statistics in f32.
+// row of the step's n_tokens rows; statistics in f32. With RESIDUAL (RMSNorm only), the
+// normalised row is added to y instead of replacing it (Gemma's norms on the attention and MLP
+// outputs, before the residual add).
 //
 // With HEADS, RMSNorm in place over the query and key heads of fused QKV rows (Qwen3's q_norm
 // and k_norm, before RoPE): workgroup (h, t) normalises head h of token t's row of
@@ -95,7 +97,11 @@ fn main(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id) wid: v
     }
     let inv = inverseSqrt(wg_sum(tid, sq) / f32(p.k) + p.eps);
     for (var k = tid; k < p.k; k += 256u) {
+#if RESIDUAL
+        y[base + k] += x[base + k] * inv * weight[k];
+#else
         y[base + k] = x[base + k] * inv * weight[k];
+#endif
     }
 #endif
 }

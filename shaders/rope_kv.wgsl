@@ -1,7 +1,7 @@
 // Splits the fused QKV product of the step's tokens: rotates Q and K with RoPE (HF
 // rotate-half layout over the first rotary_dim dims: dim i pairs with i + rotary_dim/2; the
 // dims past rotary_dim pass through) unless NO_ROPE, writes Q for attention, and stores K and
-// V into this layer's cache at their absolute positions. Each invocation handles four dims —
+// V into this layer's cache at their positions (row pos mod capacity: a rolling cache wraps). Each invocation handles four dims —
 // (2j, 2j+1) and their rotation partners, or four pass-through dims — so f16 caches are
 // written as whole packed u32 words.
 //
@@ -79,10 +79,11 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
     var b1 = qkv[src + db + 1u];
 #if !NO_ROPE
     if (rotates && slot < p.heads + p.kv_heads) {
-        let c0 = rope_cos[pos * half_dim + d];
-        let s0 = rope_sin[pos * half_dim + d];
-        let c1 = rope_cos[pos * half_dim + d + 1u];
-        let s1 = rope_sin[pos * half_dim + d + 1u];
+        let at = (pos + step.rope_row) * half_dim + d;
+        let c0 = rope_cos[at];
+        let s0 = rope_sin[at];
+        let c1 = rope_cos[at + 1u];
+        let s1 = rope_sin[at + 1u];
         let ra0 = a0 * c0 - b0 * s0;
         let rb0 = b0 * c0 + a0 * s0;
         let ra1 = a1 * c1 - b1 * s1;
@@ -103,7 +104,7 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
     }
     let is_k = slot < p.heads + p.kv_heads;
     let kv_head = select(slot - p.heads - p.kv_heads, slot - p.heads, is_k);
-    let dst = (kv_head * p.capacity + pos) * p.head_dim;
+    let dst = (kv_head * p.capacity + pos % p.capacity) * p.head_dim;
     store(is_k, dst + da, a0, a1);
     store(is_k, dst + db, b0, b1);
 }

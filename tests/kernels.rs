@@ -124,6 +124,8 @@ enum Variant {
     Rms,
     LayerBias,
     Glu,
+    /// Gemma's gelu_tanh(gate) * up.
+    GeGlu,
     GeluBias,
     GeluErfBias,
     Residual,
@@ -199,6 +201,7 @@ fn matvec_parity(gpu: &Gpu) {
         Variant::Rms,
         Variant::LayerBias,
         Variant::Glu,
+        Variant::GeGlu,
         Variant::GeluBias,
         Variant::GeluErfBias,
         Variant::Residual,
@@ -208,7 +211,7 @@ fn matvec_parity(gpu: &Gpu) {
             for (vi, variant) in variants.into_iter().enumerate() {
                 // Each shape meets the forced layouts over its variants.
                 let layout = MATVEC_LAYOUTS[(si + vi) % MATVEC_LAYOUTS.len()];
-                let glu = matches!(variant, Variant::Glu);
+                let glu = matches!(variant, Variant::Glu | Variant::GeGlu);
                 let rows = if glu { 2 * n } else { n };
                 let w = rng.vec(rows * k, 1.0);
                 // Three token rows: the kernel must use the last.
@@ -240,7 +243,7 @@ fn matvec_parity(gpu: &Gpu) {
                     .then_some(&bb),
                     glu,
                     gelu: match variant {
-                        Variant::GeluBias => Some(Gelu::Tanh),
+                        Variant::GeluBias | Variant::GeGlu => Some(Gelu::Tanh),
                         Variant::GeluErfBias => Some(Gelu::Erf),
                         _ => None,
                     },
@@ -282,6 +285,21 @@ fn matvec_parity(gpu: &Gpu) {
                         // Error of silu(g)·u: |u|·δg + |silu(g)|·δu, δ ∝ Σ|terms|.
                         scale = (0..n)
                             .map(|i| up[i].abs() * mag[i] + silu(gate[i]).abs() * mag[n + i])
+                            .collect();
+                        want = combined;
+                    }
+                    Variant::GeGlu => {
+                        let (gate, up) = want.split_at(n);
+                        let combined: Vec<f32> = gate
+                            .iter()
+                            .zip(up)
+                            .map(|(g, u)| gelu_tanh(*g) * u)
+                            .collect();
+                        // gelu's slope is below 1.13.
+                        scale = (0..n)
+                            .map(|i| {
+                                1.13 * up[i].abs() * mag[i] + gelu_tanh(gate[i]).abs() * mag[n + i]
+                            })
                             .collect();
                         want = combined;
                     }
@@ -447,6 +465,24 @@ fn norms_match_cpu() {
                 1e-5,
                 1e-5,
             );
+            if kind == NormKind::Rms {
+                // Gemma's post-norms: the normalised row is added into y.
+                let add =
+                    Norm::add_into(&gpu, width as u32, eps, &wb, &xb, &yb, &st).expect("norm add");
+                let mut rec = Recorder::new(&gpu);
+                add.encode(&mut rec, rows as u32);
+                rec.submit();
+                let got = read(&gpu, &yb, rows * width);
+                let twice: Vec<f32> = want.iter().map(|v| 2.0 * v).collect();
+                assert_close(
+                    &format!("Rms add width {width}"),
+                    &got,
+                    &twice,
+                    &scale,
+                    1e-5,
+                    1e-5,
+                );
+            }
         }
     }
 }
@@ -546,6 +582,16 @@ fn rope_and_cache_store_match_cpu() {
             pos0: 2,
             capacity: 8,
         },
+        // A rolling cache of 6 rows: positions 9..13 wrap to rows 3, 4, 5, 0, 1.
+        RopeCase {
+            heads: 2,
+            kv_heads: 1,
+            head_dim: 8,
+            rotary_dim: 8,
+            tokens: 5,
+            pos0: 9,
+            capacity: 6,
+        },
     ];
     let spec = RopeSpec {
         theta: 10000.0,
@@ -558,7 +604,8 @@ fn rope_and_cache_store_match_cpu() {
                 let slots = (c.heads + 2 * c.kv_heads) as usize;
                 let qkv = rng.vec(c.tokens as usize * slots * hd, 2.0);
                 let inv_freq = spec.inv_freq(c.rotary_dim);
-                let table = RopeTable::new(&gpu, &inv_freq, c.capacity).expect("table");
+                let positions = c.capacity.max(c.pos0 + c.tokens);
+                let table = RopeTable::new(&gpu, &inv_freq, positions).expect("table");
                 let cache_elems = (c.kv_heads * c.capacity) as usize * hd;
                 let cache_bytes = cache_elems as u64 * dtype.bytes();
                 let (qkvb, qb) = (
@@ -571,11 +618,7 @@ fn rope_and_cache_store_match_cpu() {
                 let st = step(&gpu, c.pos0, c.tokens);
                 let op = RopeKv::new(
                     &gpu,
-                    c.heads,
-                    c.kv_heads,
-                    c.head_dim,
-                    c.capacity,
-                    dtype,
+                    CacheShape::new(c.heads, c.kv_heads, c.head_dim, c.capacity, dtype),
                     with_rope.then_some(&table),
                     &qkvb,
                     &qb,
@@ -651,7 +694,8 @@ fn rope_and_cache_store_match_cpu() {
                             } else {
                                 s - (c.heads + c.kv_heads) as usize
                             };
-                            let at = (g * c.capacity as usize + pos as usize) * hd;
+                            let row = (pos % c.capacity) as usize;
+                            let at = (g * c.capacity as usize + row) * hd;
                             let cache = if is_k { &gk } else { &gv };
                             (cache[at..at + hd].to_vec(), cache_round(want))
                         };
@@ -811,10 +855,9 @@ fn attention_matches_cpu() {
             let inp = attention_inputs(&gpu, &mut rng, dtype, c);
             let out = gpu.storage("out", inp.q.len() as u64 * 4).expect("out");
             let st = step(&gpu, pos0, tokens);
-            let op = Attention::new(
-                &gpu, heads, kv_heads, hd, capacity, dtype, &inp.qb, &inp.kb, &inp.vb, &out, &st,
-            )
-            .expect("attention");
+            let shape = CacheShape::new(heads, kv_heads, hd, capacity, dtype);
+            let op = Attention::new(&gpu, shape, &inp.qb, &inp.kb, &inp.vb, &out, &st)
+                .expect("attention");
             let want = attention_ref(&inp, c);
             let ones = vec![1.0; want.len()];
             // The per-query kernel and the query-block kernel (prompts of four or more use it).
@@ -832,6 +875,177 @@ fn attention_matches_cpu() {
                     0.0,
                 );
             }
+        }
+    }
+}
+
+/// Sliding-window attention over a rolling cache (Gemma's local layers, Mistral): queries see
+/// the last `window` positions, stored in rows `pos mod rows`; with a softmax scale of its own.
+/// Prompt kernels (per query and tiled) and the split decode step merged by the output product.
+#[test]
+fn windowed_attention_over_a_rolling_cache_matches_cpu() {
+    let gpu = gpu();
+    let mut rng = Rng::new(25);
+    // (heads, kv_heads, head_dim, window, rows, pos0, tokens)
+    let cases = [
+        (4u32, 2u32, 16u32, 5u32, 12u32, 17u32, 7u32),
+        (2, 1, 64, 40, 80, 90, 37),
+        (3, 3, 12, 300, 303, 700, 4),
+        (2, 1, 128, 9, 30, 2, 19),
+        (4, 2, 16, 70, 70, 200, 1),
+        (4, 1, 24, 130, 131, 1000, 1),
+    ];
+    let scale = 0.3f32;
+    for dtype in DTYPES {
+        for &(heads, kv_heads, hd, window, rows, pos0, tokens) in &cases {
+            let hdu = hd as usize;
+            let end = (pos0 + tokens) as usize;
+            // Keys and values of every position; the cache holds each in row pos mod rows.
+            let (k, v) = (
+                rng.vec(kv_heads as usize * end * hdu, 1.0),
+                rng.vec(kv_heads as usize * end * hdu, 1.0),
+            );
+            let round = |x: Vec<f32>| {
+                if dtype == WeightDType::F16 {
+                    round_f16(&x)
+                } else {
+                    x
+                }
+            };
+            let (k, v) = (round(k), round(v));
+            let mut ring_k = vec![0.0f32; (kv_heads * rows) as usize * hdu];
+            let mut ring_v = ring_k.clone();
+            for g in 0..kv_heads as usize {
+                for p in 0..end {
+                    let src = (g * end + p) * hdu;
+                    let dst = (g * rows as usize + p % rows as usize) * hdu;
+                    ring_k[dst..dst + hdu].copy_from_slice(&k[src..src + hdu]);
+                    ring_v[dst..dst + hdu].copy_from_slice(&v[src..src + hdu]);
+                }
+            }
+            let upload = |data: &[f32]| match dtype {
+                WeightDType::F32 => buf(&gpu, data),
+                WeightDType::F16 => {
+                    let halves: Vec<u16> = data
+                        .iter()
+                        .map(|x| half::f16::from_f32(*x).to_bits())
+                        .collect();
+                    gpu.storage_from("cache", &halves).expect("cache")
+                }
+            };
+            let q = rng.vec((tokens * heads) as usize * hdu, 1.0);
+            let want: Vec<f32> = (0..tokens as usize)
+                .flat_map(|t| (0..heads as usize).map(move |h| (t, h)))
+                .flat_map(|(t, h)| {
+                    let g = h / (heads / kv_heads) as usize;
+                    let pos = pos0 as usize + t;
+                    let keys = pos.saturating_sub(window as usize - 1)..=pos;
+                    let qrow = &q[(t * heads as usize + h) * hdu..][..hdu];
+                    let scores: Vec<f64> = keys
+                        .clone()
+                        .map(|j| {
+                            let krow = &k[(g * end + j) * hdu..][..hdu];
+                            qrow.iter()
+                                .zip(krow)
+                                .map(|(a, b)| f64::from(*a) * f64::from(*b))
+                                .sum::<f64>()
+                                * f64::from(scale)
+                        })
+                        .collect();
+                    let m = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+                    let e: Vec<f64> = scores.iter().map(|s| (s - m).exp()).collect();
+                    let z: f64 = e.iter().sum();
+                    (0..hdu)
+                        .map(|d| {
+                            keys.clone()
+                                .zip(&e)
+                                .map(|(j, w)| w * f64::from(v[(g * end + j) * hdu + d]))
+                                .sum::<f64>()
+                                / z
+                        })
+                        .map(|o| o as f32)
+                        .collect::<Vec<_>>()
+                })
+                .collect();
+            let shape = CacheShape {
+                window: Some(window),
+                scale: Some(scale),
+                ..CacheShape::new(heads, kv_heads, hd, rows, dtype)
+            };
+            let (kb, vb) = (upload(&ring_k), upload(&ring_v));
+            let st = step(&gpu, pos0, tokens);
+            let what = format!(
+                "windowed attention {dtype:?} heads={heads}/{kv_heads} hd={hd} window={window} rows={rows} pos0={pos0} tokens={tokens}"
+            );
+            if tokens > 1 {
+                let (qb, out) = (
+                    buf(&gpu, &q),
+                    gpu.storage("out", q.len() as u64 * 4).expect("out"),
+                );
+                let op = Attention::new(&gpu, shape, &qb, &kb, &vb, &out, &st).expect("attention");
+                for tiled in [false, true] {
+                    let mut rec = Recorder::new(&gpu);
+                    op.encode_with(&mut rec, pos0, tokens, tiled);
+                    rec.submit();
+                    let got = read(&gpu, &out, q.len());
+                    let ones = vec![1.0; want.len()];
+                    assert_close(
+                        &format!("{what} tiled={tiled}"),
+                        &got,
+                        &want,
+                        &ones,
+                        2e-5,
+                        0.0,
+                    );
+                }
+                continue;
+            }
+            // Decoding: the token's q, k and v come from its QKV row (no RoPE here); k and v
+            // of the current position are the ones the reference used.
+            let mut qkv = q.clone();
+            for g in 0..kv_heads as usize {
+                let src = (g * end + pos0 as usize) * hdu;
+                qkv.extend_from_slice(&k[src..src + hdu]);
+            }
+            for g in 0..kv_heads as usize {
+                let src = (g * end + pos0 as usize) * hdu;
+                qkv.extend_from_slice(&v[src..src + hdu]);
+            }
+            let width = heads * hd;
+            let partials = gpu
+                .storage("runs", u64::from(MAX_SPLITS * width) * 4)
+                .expect("runs");
+            let stats = gpu
+                .storage("stats", u64::from(MAX_SPLITS * heads) * 8)
+                .expect("stats");
+            let qkv_b = buf(&gpu, &qkv);
+            let att =
+                Attention::new_split(&gpu, shape, &qkv_b, None, &kb, &vb, &partials, &stats, &st)
+                    .expect("split attention");
+            let n_out = 29u32;
+            let w = rng.vec((n_out * width) as usize, 1.0);
+            let wm = Matrix::from_f32(&gpu, "w", &w, n_out, width, WeightDType::F32).expect("w");
+            let unused_x = gpu.storage("x", u64::from(width) * 4).expect("x");
+            let y = gpu.storage("y", u64::from(n_out) * 4).expect("y");
+            let combine = SplitAttention {
+                partials: &partials,
+                stats: &stats,
+                heads,
+                head_dim: hd,
+                window: Some(window),
+            };
+            let opts = MatVecOptions {
+                combine: Some(combine),
+                ..Default::default()
+            };
+            let merge = MatVec::new(&gpu, &wm, &unused_x, &y, &st, opts).expect("merge");
+            let mut rec = Recorder::new(&gpu);
+            att.encode(&mut rec, pos0, 1);
+            merge.encode(&mut rec);
+            rec.submit();
+            let got = read(&gpu, &y, n_out as usize);
+            let (want, mag) = matvec_ref(&w, &want, n_out as usize, width as usize);
+            assert_close(&what, &got, &want, &mag, 1e-5, 1e-4);
         }
     }
 }
@@ -910,11 +1124,7 @@ fn split_attention_merged_by_the_output_product_matches_cpu() {
                 let st = step(&gpu, pos0, 1);
                 let att = Attention::new_split(
                     &gpu,
-                    heads,
-                    kv_heads,
-                    hd,
-                    capacity,
-                    dtype,
+                    CacheShape::new(heads, kv_heads, hd, capacity, dtype),
                     &qkv_b,
                     with_rope.then_some(&table),
                     &inp.kb,
@@ -941,6 +1151,7 @@ fn split_attention_merged_by_the_output_product_matches_cpu() {
                             stats: &stats,
                             heads,
                             head_dim: hd,
+                            window: None,
                         }),
                         ..Default::default()
                     },
@@ -1016,6 +1227,8 @@ fn embedding_gather_matches_cpu_and_marks_seen() {
     let (vocab, dim) = (53u32, 13u32);
     for dtype in DTYPES {
         for with_positions in [false, true] {
+            // Gemma's √hidden scale where there are no learned positions.
+            let scale = if with_positions { 1.0 } else { 3.25 };
             let table = rng.vec((vocab * dim) as usize, 1.0);
             let positions = rng.vec((20 * dim) as usize, 1.0);
             let tm = Matrix::from_f32(&gpu, "table", &table, vocab, dim, dtype).expect("table");
@@ -1036,6 +1249,7 @@ fn embedding_gather_matches_cpu_and_marks_seen() {
                 &seen,
                 &x,
                 &st,
+                scale,
             )
             .expect("embed");
             let mut rec = Recorder::new(&gpu);
@@ -1053,7 +1267,7 @@ fn embedding_gather_matches_cpu_and_marks_seen() {
                     if with_positions {
                         v += positions[(pos0 as usize + t) * dim as usize + d];
                     }
-                    want.push(v);
+                    want.push(v * scale);
                 }
             }
             let ones = vec![1.0; want.len()];
@@ -1087,6 +1301,18 @@ fn glu_matches_cpu() {
         .collect();
     let scale: Vec<f32> = want.iter().map(|v| v.abs()).collect();
     assert_close("glu", &got, &want, &scale, 1e-6, 1e-5);
+    // Gemma's GeGLU: the gate block first, tanh GELU.
+    let op = Glu::gelu_tanh(&gpu, width, &gub, &h, &st).expect("geglu");
+    let mut rec = Recorder::new(&gpu);
+    op.encode(&mut rec, tokens);
+    rec.submit();
+    let got = read(&gpu, &h, (tokens * width) as usize);
+    let want: Vec<f32> = (0..tokens as usize)
+        .flat_map(|t| (0..w).map(move |i| (t, i)))
+        .map(|(t, i)| gelu_tanh(gu[t * 2 * w + i]) * gu[t * 2 * w + w + i])
+        .collect();
+    let scale: Vec<f32> = want.iter().map(|v| v.abs() + 1e-3).collect();
+    assert_close("geglu", &got, &want, &scale, 1e-5, 1e-5);
 }
 
 #[test]
@@ -1589,7 +1815,9 @@ fn quantized_embedding_gather_matches_cpu() {
             .expect("seen");
         let x = gpu.storage("x", u64::from(tokens * dim) * 4).expect("x");
         let st = step(&gpu, pos0, tokens);
-        let op = Embed::new(&gpu, &tm, None, &hb, &seen, &x, &st).expect("embed");
+        // Gemma scales embeddings by √hidden.
+        let scale = 5.5;
+        let op = Embed::new(&gpu, &tm, None, &hb, &seen, &x, &st, scale).expect("embed");
         let mut rec = Recorder::new(&gpu);
         op.encode(&mut rec, tokens);
         rec.submit();
@@ -1597,7 +1825,10 @@ fn quantized_embedding_gather_matches_cpu() {
         let want: Vec<f32> = (0..tokens as usize)
             .flat_map(|t| {
                 let id = history[pos0 as usize + t] as usize;
-                table[id * dim as usize..(id + 1) * dim as usize].to_vec()
+                table[id * dim as usize..(id + 1) * dim as usize]
+                    .iter()
+                    .map(|v| v * scale)
+                    .collect::<Vec<_>>()
             })
             .collect();
         let scale: Vec<f32> = want.iter().map(|v| v.abs()).collect();

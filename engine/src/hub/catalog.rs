@@ -20,16 +20,34 @@ pub struct ModelShape {
     /// The model's own context limit, when below [`ESTIMATE_CONTEXT`].
     #[serde(default)]
     pub context: Option<u64>,
+    /// Sliding-window attention: the window of the local layers (Gemma 3, Mistral).
+    #[serde(default)]
+    pub sliding_window: Option<u64>,
+    /// Layers attending to the whole context when the others use the window (all when absent).
+    #[serde(default)]
+    pub global_layers: Option<u64>,
 }
 
+/// Tokens a prompt submission stores at once: rolling caches hold the window plus these.
+const PROMPT_CHUNK: u64 = 512;
+
 impl ModelShape {
-    /// f16 K and V for every layer at the estimate's context.
+    /// f16 K and V for every layer at the estimate's context; sliding-window layers keep a
+    /// rolling cache of the window plus one prompt chunk.
     pub fn kv_cache_bytes(&self) -> u64 {
         let context = self
             .context
             .unwrap_or(ESTIMATE_CONTEXT)
             .min(ESTIMATE_CONTEXT);
-        2 * self.layers * self.kv_heads * self.head_dim * context * 2
+        let per_position = 2 * self.kv_heads * self.head_dim * 2;
+        let (global, local_rows) = match self.sliding_window {
+            Some(window) => (
+                self.global_layers.unwrap_or(0).min(self.layers),
+                (window + PROMPT_CHUNK - 1).min(context),
+            ),
+            None => (self.layers, 0),
+        };
+        per_position * (global * context + (self.layers - global) * local_rows)
     }
 }
 
@@ -153,6 +171,14 @@ mod tests {
             "qwen2.5-0.5b-instruct",
             "qwen2.5-1.5b-instruct",
             "llama-3.2-1b-instruct",
+            "llama-3.2-3b-instruct",
+            "qwen3-0.6b",
+            "qwen3-1.7b",
+            "qwen3-4b",
+            "gemma-3-1b-it",
+            "gemma-3-4b-it",
+            "phi-4-mini-instruct",
+            "mistral-7b-instruct-v0.3",
             "gpt2",
         ] {
             let e = catalog
@@ -168,6 +194,12 @@ mod tests {
         let smol = catalog.entry("smollm2-135m-instruct").expect("smol");
         let est = smol.estimate(&smol.variants[0]);
         assert_eq!(est.kv_cache_bytes, 2 * 30 * 3 * 64 * 4096 * 2);
+        // Gemma 3 1B: 4 of 26 layers see the whole context, the rest a window of 512.
+        let gemma = catalog.entry("gemma-3-1b-it").expect("gemma");
+        assert_eq!(
+            gemma.shape.kv_cache_bytes(),
+            2 * 256 * 2 * (4 * 4096 + 22 * (512 + 511))
+        );
         assert!((140_000_000..150_000_000).contains(&est.weight_bytes));
     }
 

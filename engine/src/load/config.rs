@@ -6,6 +6,7 @@ use std::path::Path;
 use serde_json::Value;
 
 use super::error::{LoadError, read_json};
+use super::rope::{RopeSpec, rope_spec, rope_with};
 use crate::ops::{Gelu, NormKind};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -21,6 +22,9 @@ pub enum Arch {
     Phi3,
     /// GPT-2: learned positions, LayerNorm, GELU, Conv1D weight layout.
     Gpt2,
+    /// Gemma 3 (text): scaled embedding, (1 + w) RMSNorms before and after attention and MLP,
+    /// q/k head norms, GeGLU, local sliding-window layers between global ones.
+    Gemma3,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -29,70 +33,25 @@ pub enum MlpKind {
     SwiGlu,
     /// down(gelu(fc(x))), tanh or erf form.
     Gelu(Gelu),
+    /// down(gelu_tanh(gate(x)) * up(x)) (Gemma).
+    GeGlu,
 }
 
-#[derive(Clone, Debug, PartialEq)]
-pub enum RopeScaling {
-    None,
-    Linear {
-        factor: f32,
-    },
-    Llama3 {
-        factor: f32,
-        low_freq_factor: f32,
-        high_freq_factor: f32,
-        original_max_position_embeddings: f32,
-    },
-    /// One divisor per frequency (GGUF's `rope_freqs.weight`, how llama.cpp stores Llama 3.x
-    /// scaling).
-    Factors(Vec<f32>),
-}
-
-#[derive(Clone, Debug, PartialEq)]
-pub struct RopeSpec {
-    pub theta: f32,
-    pub scaling: RopeScaling,
-}
-
-impl RopeSpec {
-    /// Inverse frequencies for a head of `head_dim`, as transformers computes them (f32).
-    pub fn inv_freq(&self, head_dim: u32) -> Vec<f32> {
-        let base: Vec<f32> = (0..head_dim / 2)
-            .map(|i| 1.0 / self.theta.powf((2 * i) as f32 / head_dim as f32))
-            .collect();
-        match self.scaling {
-            RopeScaling::None => base,
-            RopeScaling::Linear { factor } => base.iter().map(|f| f / factor).collect(),
-            RopeScaling::Factors(ref factors) => base
-                .iter()
-                .zip(factors.iter().chain(std::iter::repeat(&1.0)))
-                .map(|(f, d)| f / d)
-                .collect(),
-            RopeScaling::Llama3 {
-                factor,
-                low_freq_factor,
-                high_freq_factor,
-                original_max_position_embeddings: old,
-            } => {
-                let low_freq_wavelen = old / low_freq_factor;
-                let high_freq_wavelen = old / high_freq_factor;
-                base.iter()
-                    .map(|&f| {
-                        let wavelen = 2.0 * std::f32::consts::PI / f;
-                        if wavelen < high_freq_wavelen {
-                            f
-                        } else if wavelen > low_freq_wavelen {
-                            f / factor
-                        } else {
-                            let smooth = (old / wavelen - low_freq_factor)
-                                / (high_freq_factor - low_freq_factor);
-                            (1.0 - smooth) * f / factor + smooth * f
-                        }
-                    })
-                    .collect()
-            }
-        }
+impl MlpKind {
+    /// Whether the MLP has a gate projection beside the up projection.
+    pub fn gated(self) -> bool {
+        matches!(self, Self::SwiGlu | Self::GeGlu)
     }
+}
+
+/// Attention limited to the last `size` positions (the query's own included) on some layers.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SlidingWindow {
+    pub size: u32,
+    /// Per layer: whether it attends through the window (else to the whole context).
+    pub local: Vec<bool>,
+    /// The RoPE of windowed layers where it differs from the global one (Gemma 3).
+    pub rope: Option<RopeSpec>,
 }
 
 /// Everything about a decoder-only transformer that its weights alone do not say.
@@ -121,6 +80,13 @@ pub struct DecoderSpec {
     pub mlp_bias: bool,
     /// RMSNorm over each query and key head (head_dim wide, own weights) before RoPE.
     pub qk_norm: bool,
+    /// Factor applied to gathered token embeddings (Gemma: √hidden).
+    pub embed_scale: f32,
+    /// Softmax scale of attention scores; None is 1/√head_dim.
+    pub attn_scale: Option<f32>,
+    /// Norms on the attention and MLP outputs before each residual add (Gemma).
+    pub post_norms: bool,
+    pub window: Option<SlidingWindow>,
     pub bos_token_id: Option<u32>,
     pub eos_token_ids: Vec<u32>,
 }
@@ -157,6 +123,9 @@ impl DecoderSpec {
             "qwen3" | "Qwen3ForCausalLM" => llama_like(c, Arch::Qwen3),
             "phi3" | "Phi3ForCausalLM" => llama_like(c, Arch::Phi3),
             "gpt2" | "GPT2LMHeadModel" => gpt2(c),
+            "gemma3_text" | "Gemma3ForCausalLM" => gemma3(c),
+            // Multimodal checkpoints: the text model's config, the vision tower skipped.
+            "gemma3" | "Gemma3ForConditionalGeneration" => gemma3(&text_config(c)),
             other => Err(SpecError::Unsupported(other.to_owned())),
         }
     }
@@ -168,10 +137,7 @@ impl DecoderSpec {
         let q = u64::from(self.heads) * hd;
         let kv = u64::from(self.kv_heads) * hd;
         let i = u64::from(self.intermediate);
-        let mlp = match self.mlp {
-            MlpKind::SwiGlu => 3 * d * i,
-            MlpKind::Gelu(_) => 2 * d * i,
-        };
+        let mlp = if self.mlp.gated() { 3 } else { 2 } * d * i;
         let per_layer = d * (q + 2 * kv) + q * d + mlp + 4 * d;
         let embed = u64::from(self.vocab) * d;
         let head = if self.tied_embeddings { 0 } else { embed };
@@ -181,6 +147,19 @@ impl DecoderSpec {
             0
         };
         embed + head + positions + u64::from(self.layers) * per_layer
+    }
+
+    /// Softmax scale of attention scores.
+    pub fn attention_scale(&self) -> f32 {
+        self.attn_scale
+            .unwrap_or(1.0 / (self.head_dim as f32).sqrt())
+    }
+
+    /// Whether layer `i` attends through the sliding window.
+    pub fn is_local(&self, layer: u32) -> bool {
+        self.window
+            .as_ref()
+            .is_some_and(|w| w.local.get(layer as usize).copied().unwrap_or(false))
     }
 }
 
@@ -219,47 +198,6 @@ fn token_ids(v: Option<&Value>) -> Vec<u32> {
     }
 }
 
-fn rope_spec(c: &Value) -> Result<RopeSpec, SpecError> {
-    // Newer configs put everything under rope_parameters; older ones use rope_theta plus an
-    // optional rope_scaling object.
-    let params = c.get("rope_parameters").filter(|v| v.is_object());
-    let scaling = params
-        .or_else(|| c.get("rope_scaling").filter(|v| v.is_object()))
-        .cloned()
-        .unwrap_or(Value::Null);
-    let theta = params
-        .and_then(|p| opt_f32(p, "rope_theta"))
-        .or_else(|| opt_f32(c, "rope_theta"))
-        .unwrap_or(10_000.0);
-    let kind = scaling
-        .get("rope_type")
-        .or_else(|| scaling.get("type"))
-        .and_then(Value::as_str)
-        .unwrap_or("default");
-    let factor = || {
-        opt_f32(&scaling, "factor")
-            .filter(|f| *f > 0.0)
-            .ok_or_else(|| SpecError::Invalid(format!("rope scaling {kind:?} needs a factor")))
-    };
-    let scaling = match kind {
-        "default" => RopeScaling::None,
-        "linear" => RopeScaling::Linear { factor: factor()? },
-        "llama3" => RopeScaling::Llama3 {
-            factor: factor()?,
-            low_freq_factor: opt_f32(&scaling, "low_freq_factor").unwrap_or(1.0),
-            high_freq_factor: opt_f32(&scaling, "high_freq_factor").unwrap_or(4.0),
-            original_max_position_embeddings: opt_f32(&scaling, "original_max_position_embeddings")
-                .unwrap_or(8192.0),
-        },
-        other => {
-            return Err(SpecError::Invalid(format!(
-                "rope scaling type {other:?} is not supported (supported: default, linear, llama3)"
-            )));
-        }
-    };
-    Ok(RopeSpec { theta, scaling })
-}
-
 fn llama_like(c: &Value, arch: Arch) -> Result<DecoderSpec, SpecError> {
     let hidden = get_u32(c, "hidden_size")?;
     let heads = get_u32(c, "num_attention_heads")?;
@@ -284,20 +222,13 @@ fn llama_like(c: &Value, arch: Arch) -> Result<DecoderSpec, SpecError> {
         )));
     }
     let rotary_dim = ((head_dim as f32 * partial) as u32) & !1;
-    // Attention limited to a sliding window is exact only while every key fits in it, so the
-    // context stops there (rolling caches for windowed layers are not built yet).
     let max_positions = opt_u32(c, "max_position_embeddings").unwrap_or(4096);
-    let max_positions = match opt_u32(c, "sliding_window").filter(|w| *w > 0) {
-        Some(window) if c.get("use_sliding_window").and_then(Value::as_bool) != Some(false) => {
-            max_positions.min(window)
-        }
-        _ => max_positions,
-    };
+    let layers = get_u32(c, "num_hidden_layers")?;
     Ok(DecoderSpec {
         arch,
         vocab: get_u32(c, "vocab_size")?,
         hidden,
-        layers: get_u32(c, "num_hidden_layers")?,
+        layers,
         heads,
         kv_heads,
         head_dim,
@@ -316,8 +247,182 @@ fn llama_like(c: &Value, arch: Arch) -> Result<DecoderSpec, SpecError> {
         out_bias: attention_bias,
         mlp_bias: c.get("mlp_bias").and_then(Value::as_bool).unwrap_or(false),
         qk_norm: arch == Arch::Qwen3,
+        embed_scale: 1.0,
+        attn_scale: None,
+        post_norms: false,
+        window: sliding_window(c, layers, None)?,
         bos_token_id: opt_u32(c, "bos_token_id"),
         eos_token_ids: token_ids(c.get("eos_token_id")),
+    })
+}
+
+/// The sliding window a config declares, if it is in use: on the layers `layer_types` calls
+/// `sliding_attention`, else on every `pattern`-th layer's neighbours (Gemma), else on every
+/// layer (Mistral; Qwen2/3 from `max_window_layers` on, and only with `use_sliding_window`).
+fn sliding_window(
+    c: &Value,
+    layers: u32,
+    pattern: Option<u32>,
+) -> Result<Option<SlidingWindow>, SpecError> {
+    let Some(size) = opt_u32(c, "sliding_window").filter(|w| *w > 0) else {
+        return Ok(None);
+    };
+    if c.get("use_sliding_window").and_then(Value::as_bool) == Some(false) {
+        return Ok(None);
+    }
+    let local: Vec<bool> = match c.get("layer_types").and_then(Value::as_array) {
+        Some(types) => {
+            if types.len() != layers as usize {
+                return Err(SpecError::Invalid(format!(
+                    "layer_types lists {} layers, the model has {layers}",
+                    types.len()
+                )));
+            }
+            types
+                .iter()
+                .map(|t| t.as_str() == Some("sliding_attention"))
+                .collect()
+        }
+        None => {
+            let from = opt_u32(c, "max_window_layers").unwrap_or(0);
+            (0..layers)
+                .map(|i| match pattern {
+                    Some(p) => (i + 1) % p != 0,
+                    None => i >= from,
+                })
+                .collect()
+        }
+    };
+    if !local.contains(&true) {
+        return Ok(None);
+    }
+    Ok(Some(SlidingWindow {
+        size,
+        local,
+        rope: None,
+    }))
+}
+
+/// The text model's config of a multimodal Gemma 3 checkpoint; ids the outer config holds
+/// (EOS, BOS) are carried over.
+fn text_config(c: &Value) -> Value {
+    let mut text = c.get("text_config").cloned().unwrap_or(Value::Null);
+    if let (Some(t), Some(outer)) = (text.as_object_mut(), c.as_object()) {
+        for key in ["eos_token_id", "bos_token_id", "tie_word_embeddings"] {
+            if let (false, Some(v)) = (t.contains_key(key), outer.get(key)) {
+                t.insert(key.to_owned(), v.clone());
+            }
+        }
+        t.insert("model_type".into(), "gemma3_text".into());
+    }
+    text
+}
+
+/// Gemma 3 text models. Keys the published configs leave out take transformers'
+/// `Gemma3TextConfig` defaults (the 4B+ `text_config` lists only what differs).
+fn gemma3(c: &Value) -> Result<DecoderSpec, SpecError> {
+    if !c.is_object() {
+        return Err(SpecError::Invalid(
+            "no text_config for the Gemma 3 text model".into(),
+        ));
+    }
+    let num = |key: &str, default: u32| opt_u32(c, key).filter(|v| *v > 0).unwrap_or(default);
+    let hidden = num("hidden_size", 2304);
+    let heads = num("num_attention_heads", 8);
+    let head_dim = num("head_dim", 256);
+    let layers = num("num_hidden_layers", 26);
+    let act = c
+        .get("hidden_activation")
+        .or_else(|| c.get("hidden_act"))
+        .and_then(Value::as_str)
+        .unwrap_or("gelu_pytorch_tanh");
+    if !matches!(act, "gelu_pytorch_tanh" | "gelu_new" | "gelu_fast") {
+        return Err(SpecError::Invalid(format!(
+            "Gemma activation {act:?} is not supported (gelu_pytorch_tanh is)"
+        )));
+    }
+    for key in ["final_logit_softcapping", "attn_logit_softcapping"] {
+        if c.get(key).is_some_and(|v| !v.is_null()) {
+            return Err(SpecError::Invalid(format!("{key} is not supported")));
+        }
+    }
+    // transformers 5: rope_parameters per layer type; older: rope_theta and rope_scaling for
+    // global layers, rope_local_base_freq for local ones.
+    let per_type = c
+        .get("rope_parameters")
+        .filter(|p| p.get("full_attention").is_some());
+    let (global, local) = match per_type {
+        Some(p) => (
+            rope_with(p.get("full_attention"), 1_000_000.0, c)?,
+            rope_with(p.get("sliding_attention"), 10_000.0, c)?,
+        ),
+        None => (
+            rope_with(
+                c.get("rope_scaling").filter(|v| v.is_object()),
+                opt_f32(c, "rope_theta").unwrap_or(1_000_000.0),
+                c,
+            )?,
+            rope_with(
+                None,
+                opt_f32(c, "rope_local_base_freq").unwrap_or(10_000.0),
+                c,
+            )?,
+        ),
+    };
+    let pattern = opt_u32(c, "sliding_window_pattern")
+        .or_else(|| opt_u32(c, "_sliding_window_pattern"))
+        .unwrap_or(6);
+    let window = match c.get("sliding_window") {
+        Some(Value::Null) => None,
+        Some(_) => sliding_window(c, layers, Some(pattern))?,
+        None => sliding_window(
+            &serde_json::json!({"sliding_window": 4096}),
+            layers,
+            Some(pattern),
+        )?,
+    }
+    .map(|w| SlidingWindow {
+        rope: Some(local),
+        ..w
+    });
+    Ok(DecoderSpec {
+        arch: Arch::Gemma3,
+        vocab: num("vocab_size", 262_208),
+        hidden,
+        layers,
+        heads,
+        kv_heads: num("num_key_value_heads", 4),
+        head_dim,
+        rotary_dim: head_dim,
+        intermediate: num("intermediate_size", 9216),
+        norm: NormKind::Rms,
+        norm_eps: opt_f32(c, "rms_norm_eps").unwrap_or(1e-6),
+        mlp: MlpKind::GeGlu,
+        rope: Some(global),
+        max_positions: num("max_position_embeddings", 131_072),
+        tied_embeddings: c
+            .get("tie_word_embeddings")
+            .and_then(Value::as_bool)
+            .unwrap_or(true),
+        qkv_bias: c
+            .get("attention_bias")
+            .and_then(Value::as_bool)
+            .unwrap_or(false),
+        out_bias: c
+            .get("attention_bias")
+            .and_then(Value::as_bool)
+            .unwrap_or(false),
+        mlp_bias: false,
+        qk_norm: true,
+        embed_scale: (hidden as f32).sqrt(),
+        attn_scale: Some(1.0 / (num("query_pre_attn_scalar", 256) as f32).sqrt()),
+        post_norms: true,
+        window,
+        bos_token_id: opt_u32(c, "bos_token_id").or(Some(2)),
+        eos_token_ids: match token_ids(c.get("eos_token_id")) {
+            ids if ids.is_empty() => vec![1],
+            ids => ids,
+        },
     })
 }
 
@@ -362,6 +467,10 @@ fn gpt2(c: &Value) -> Result<DecoderSpec, SpecError> {
         out_bias: true,
         mlp_bias: true,
         qk_norm: false,
+        embed_scale: 1.0,
+        attn_scale: None,
+        post_norms: false,
+        window: None,
         bos_token_id: opt_u32(c, "bos_token_id"),
         eos_token_ids: token_ids(c.get("eos_token_id")),
     })
@@ -370,6 +479,7 @@ fn gpt2(c: &Value) -> Result<DecoderSpec, SpecError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::load::RopeScaling;
 
     fn llama_config(extra: serde_json::Value) -> Value {
         let mut c = serde_json::json!({
@@ -402,21 +512,21 @@ mod tests {
         );
         let bad = llama_config(serde_json::json!({"partial_rotary_factor": 1.5}));
         assert!(DecoderSpec::from_json(&bad).is_err());
-        // A window shorter than the context caps it; a declared but unused one does not.
+        // Mistral's window covers every layer; a declared but unused one is no window.
         let mistral =
             llama_config(serde_json::json!({"model_type": "mistral", "sliding_window": 100}));
-        assert_eq!(
-            DecoderSpec::from_json(&mistral)
-                .expect("parses")
-                .max_positions,
-            100
-        );
+        let spec = DecoderSpec::from_json(&mistral).expect("parses");
+        assert_eq!(spec.max_positions, 128);
+        let window = spec.window.expect("a window");
+        assert_eq!((window.size, window.local), (100, vec![true, true]));
         let qwen = llama_config(serde_json::json!({
             "model_type": "qwen2", "sliding_window": 100, "use_sliding_window": false
         }));
-        assert_eq!(
-            DecoderSpec::from_json(&qwen).expect("parses").max_positions,
-            128
+        assert!(
+            DecoderSpec::from_json(&qwen)
+                .expect("parses")
+                .window
+                .is_none()
         );
         let qwen3 = llama_config(serde_json::json!({"model_type": "qwen3", "head_dim": 24}));
         let spec = DecoderSpec::from_json(&qwen3).expect("qwen3 parses");
@@ -443,32 +553,111 @@ mod tests {
     }
 
     #[test]
-    fn llama3_frequencies_follow_the_three_bands() {
-        let spec = RopeSpec {
-            theta: 10000.0,
-            scaling: RopeScaling::Llama3 {
-                factor: 8.0,
-                low_freq_factor: 1.0,
-                high_freq_factor: 4.0,
-                original_max_position_embeddings: 32.0,
-            },
-        };
-        let plain = RopeSpec {
-            theta: 10000.0,
-            scaling: RopeScaling::None,
-        };
-        let scaled = spec.inv_freq(16);
-        let base = plain.inv_freq(16);
-        // Highest frequency (wavelength 2π < 8) untouched; lowest divided by the factor.
-        assert_eq!(scaled[0], base[0]);
-        assert!((scaled[7] - base[7] / 8.0).abs() < 1e-12);
-        // Something in between is smoothed strictly between the two.
-        assert!(
-            scaled
-                .iter()
-                .zip(&base)
-                .any(|(s, b)| *s < *b && *s > *b / 8.0)
+    fn gemma3_configs_old_and_new_read_alike() {
+        // google/gemma-3-1b-it's config (transformers 4.50 keys).
+        let one_b = serde_json::json!({
+            "architectures": ["Gemma3ForCausalLM"], "attention_bias": false,
+            "attn_logit_softcapping": null, "bos_token_id": 2, "eos_token_id": [1, 106],
+            "final_logit_softcapping": null, "head_dim": 256,
+            "hidden_activation": "gelu_pytorch_tanh", "hidden_size": 1152,
+            "intermediate_size": 6912, "max_position_embeddings": 32768,
+            "model_type": "gemma3_text", "num_attention_heads": 4, "num_hidden_layers": 26,
+            "num_key_value_heads": 1, "query_pre_attn_scalar": 256, "rms_norm_eps": 1e-06,
+            "rope_local_base_freq": 10000, "rope_scaling": null, "rope_theta": 1000000,
+            "sliding_window": 512, "sliding_window_pattern": 6, "vocab_size": 262144
+        });
+        let spec = DecoderSpec::from_json(&one_b).expect("gemma 3 1b parses");
+        assert_eq!(spec.arch, Arch::Gemma3);
+        assert_eq!((spec.heads, spec.kv_heads, spec.head_dim), (4, 1, 256));
+        assert_eq!(spec.eos_token_ids, vec![1, 106]);
+        assert!(spec.tied_embeddings && spec.qk_norm && spec.post_norms);
+        assert_eq!(spec.mlp, MlpKind::GeGlu);
+        assert!((spec.embed_scale - 1152f32.sqrt()).abs() < 1e-4);
+        assert_eq!(spec.attention_scale(), 1.0 / 16.0);
+        let window = spec.window.as_ref().expect("sliding window");
+        assert_eq!(window.size, 512);
+        // Every sixth layer is global.
+        let globals: Vec<u32> = (0..26).filter(|&i| !spec.is_local(i)).collect();
+        assert_eq!(globals, vec![5, 11, 17, 23]);
+        let local = window.rope.as_ref().expect("local rope");
+        assert_eq!(
+            (local.theta, spec.rope.as_ref().map(|r| r.theta)),
+            (10_000.0, Some(1_000_000.0))
         );
+        // gemma-3-4b-it: a multimodal config whose text_config lists only what differs.
+        let four_b = serde_json::json!({
+            "architectures": ["Gemma3ForConditionalGeneration"], "model_type": "gemma3",
+            "eos_token_id": [1, 106],
+            "text_config": {"hidden_size": 2560, "intermediate_size": 10240,
+                            "model_type": "gemma3_text", "num_hidden_layers": 34,
+                            "rope_scaling": {"factor": 8.0, "rope_type": "linear"},
+                            "sliding_window": 1024},
+            "vision_config": {"model_type": "siglip_vision_model"}
+        });
+        let spec = DecoderSpec::from_json(&four_b).expect("gemma 3 4b parses");
+        assert_eq!(
+            (spec.hidden, spec.layers, spec.heads, spec.kv_heads),
+            (2560, 34, 8, 4)
+        );
+        assert_eq!(spec.vocab, 262_208);
+        assert_eq!(spec.eos_token_ids, vec![1, 106]);
+        assert_eq!(
+            spec.rope.as_ref().map(|r| r.scaling.clone()),
+            Some(RopeScaling::Linear { factor: 8.0 })
+        );
+        // transformers 5 keys: layer_types and per-type rope_parameters.
+        let new = serde_json::json!({
+            "model_type": "gemma3_text", "hidden_size": 64, "num_hidden_layers": 3,
+            "layer_types": ["sliding_attention", "full_attention", "sliding_attention"],
+            "sliding_window": 4,
+            "rope_parameters": {
+                "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1000000.0}
+            }
+        });
+        let spec = DecoderSpec::from_json(&new).expect("new keys parse");
+        assert_eq!(
+            (0..3).map(|i| spec.is_local(i)).collect::<Vec<_>>(),
+            vec![true, false, true]
+        );
+        assert_eq!(
+            spec.rope.as_ref().map(|r| (r.theta, r.scaling.clone())),
+            Some((1_000_000.0, RopeScaling::Linear { factor: 8.0 }))
+        );
+        let soft =
+            serde_json::json!({"model_type": "gemma3_text", "final_logit_softcapping": 30.0});
+        assert!(DecoderSpec::from_json(&soft).is_err());
+    }
+
+    #[test]
+    fn longrope_reads_both_factor_sets_and_the_attention_factor() {
+        let short: Vec<f32> = (0..8).map(|i| 1.0 + i as f32 / 16.0).collect();
+        let long: Vec<f32> = (0..8).map(|i| 1.0 + i as f32).collect();
+        let phi = llama_config(serde_json::json!({
+            "model_type": "phi3", "max_position_embeddings": 131072,
+            "original_max_position_embeddings": 4096,
+            "rope_scaling": {"type": "longrope", "short_factor": short, "long_factor": long}
+        }));
+        let spec = DecoderSpec::from_json(&phi).expect("longrope parses");
+        let rope = spec.rope.expect("rope");
+        let (long_inv, original, attention_factor) = rope.longrope(16).expect("longrope");
+        assert_eq!(original, 4096);
+        let want = (1.0 + 32f32.ln() / 4096f32.ln()).sqrt();
+        assert!((attention_factor - want).abs() < 1e-6);
+        let plain = RopeSpec {
+            theta: rope.theta,
+            scaling: RopeScaling::None,
+        }
+        .inv_freq(16);
+        let short_inv = rope.inv_freq(16);
+        for i in 0..8 {
+            assert!((short_inv[i] - plain[i] / short[i]).abs() <= 1e-7 * plain[i]);
+            assert!((long_inv[i] - plain[i] / long[i]).abs() <= 1e-7 * plain[i]);
+        }
+        let missing = llama_config(serde_json::json!({
+            "model_type": "phi3", "rope_scaling": {"type": "longrope", "short_factor": [1.0]}
+        }));
+        assert!(DecoderSpec::from_json(&missing).is_err());
     }
 
     #[test]

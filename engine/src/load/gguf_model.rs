@@ -4,9 +4,10 @@
 
 use serde_json::{Value, json};
 
-use super::config::{Arch, DecoderSpec, MlpKind, RopeScaling, RopeSpec};
+use super::config::{Arch, DecoderSpec, MlpKind, SlidingWindow};
 use super::error::LoadError;
 use super::gguf::{GgufFile, GgufValue};
+use super::rope::{RopeScaling, RopeSpec};
 use super::template::ChatTemplate;
 use super::tokenizer::TextTokenizer;
 use crate::ops::NormKind;
@@ -44,6 +45,7 @@ pub fn gguf_architecture(file: &GgufFile) -> Result<Arch, LoadError> {
         "qwen3" => Ok(Arch::Qwen3),
         "phi3" => Ok(Arch::Phi3),
         "gpt2" => Ok(Arch::Gpt2),
+        "gemma3" => Ok(Arch::Gemma3),
         other => Err(LoadError::UnsupportedArchitecture {
             name: other.to_owned(),
         }),
@@ -60,6 +62,7 @@ pub fn gguf_spec(file: &GgufFile) -> Result<DecoderSpec, LoadError> {
         Arch::Qwen2 => "qwen2",
         Arch::Qwen3 => "qwen3",
         Arch::Phi3 => "phi3",
+        Arch::Gemma3 => "gemma3",
         _ => "llama",
     };
     let key = |k: &str| format!("{p}.{k}");
@@ -87,7 +90,8 @@ pub fn gguf_spec(file: &GgufFile) -> Result<DecoderSpec, LoadError> {
         .metadata(&key("rope.scaling.type"))
         .and_then(GgufValue::as_str)
     {
-        None | Some("none") => RopeScaling::None,
+        // Longrope's factors are tensors, read below.
+        None | Some("none" | "longrope" | "su") => RopeScaling::None,
         Some("linear") => RopeScaling::Linear {
             factor: opt_f32(file, &key("rope.scaling.factor")).unwrap_or(1.0),
         },
@@ -97,6 +101,10 @@ pub fn gguf_spec(file: &GgufFile) -> Result<DecoderSpec, LoadError> {
                 format!("rope scaling {other:?} is not supported (linear is)"),
             ));
         }
+    };
+    let scaling = match longrope(file, &key)? {
+        Some(longrope) => longrope,
+        None => scaling,
     };
     // Llama 3.x scaling arrives as one divisor per frequency.
     let scaling = match file.tensor("rope_freqs.weight") {
@@ -134,7 +142,7 @@ pub fn gguf_spec(file: &GgufFile) -> Result<DecoderSpec, LoadError> {
             eos.push(id);
         }
     }
-    Ok(DecoderSpec {
+    let spec = DecoderSpec {
         arch,
         vocab,
         hidden,
@@ -164,8 +172,132 @@ pub fn gguf_spec(file: &GgufFile) -> Result<DecoderSpec, LoadError> {
         out_bias: file.tensor("blk.0.attn_output.bias").is_some(),
         mlp_bias: false,
         qk_norm: file.tensor("blk.0.attn_q_norm.weight").is_some(),
+        embed_scale: 1.0,
+        attn_scale: None,
+        post_norms: false,
+        window: None,
         bos_token_id: bos,
         eos_token_ids: eos,
+    };
+    if arch == Arch::Gemma3 {
+        return gemma3_spec(file, spec);
+    }
+    Ok(spec)
+}
+
+/// An F32 vector tensor (RoPE factors), checked to be finite and positive.
+fn factor_tensor(file: &GgufFile, name: &str) -> Result<Option<Vec<f32>>, LoadError> {
+    let Some(t) = file.tensor(name) else {
+        return Ok(None);
+    };
+    if t.ggml_type != super::gguf::GgmlType::F32 {
+        return Err(invalid(
+            file,
+            format!("{name} is {}, expected F32", t.ggml_type.name()),
+        ));
+    }
+    let mut factors = vec![0.0f32; t.elements() as usize];
+    super::quant::dequantize(t.ggml_type, file.data(t), &mut factors);
+    if factors.iter().any(|f| !f.is_finite() || *f <= 0.0) {
+        return Err(invalid(file, format!("{name} holds a non-positive factor")));
+    }
+    Ok(Some(factors))
+}
+
+/// Phi-3.5 / Phi-4-mini longrope as llama.cpp's converter stores it: the two factor tensors,
+/// the original context and the attention factor. Tables switch by sequence length as in
+/// transformers (llama.cpp itself picks one set by the context size it runs with).
+fn longrope(
+    file: &GgufFile,
+    key: &dyn Fn(&str) -> String,
+) -> Result<Option<RopeScaling>, LoadError> {
+    let short = factor_tensor(file, "rope_factors_short.weight")?;
+    let long = factor_tensor(file, "rope_factors_long.weight")?;
+    let (short, long) = match (short, long) {
+        (Some(s), Some(l)) => (s, l),
+        (None, None) => return Ok(None),
+        _ => {
+            return Err(invalid(
+                file,
+                "longrope needs both rope_factors_short and rope_factors_long".into(),
+            ));
+        }
+    };
+    let context = file
+        .metadata(&key("context_length"))
+        .and_then(GgufValue::as_u64)
+        .unwrap_or(4096) as f32;
+    let original = file
+        .metadata(&key("rope.scaling.original_context_length"))
+        .and_then(GgufValue::as_u64)
+        .map_or(context, |v| v as f32)
+        .max(1.0);
+    let scale = context / original;
+    let attention_factor =
+        opt_f32(file, &key("rope.scaling.attn_factor")).unwrap_or(if scale > 1.0 {
+            (1.0 + scale.ln() / original.ln()).sqrt()
+        } else {
+            1.0
+        });
+    Ok(Some(RopeScaling::LongRope {
+        short,
+        long,
+        original: original as u32,
+        attention_factor,
+    }))
+}
+
+/// Gemma 3 (`gemma3`): what llama.cpp's graph builder adds to the common keys. Its converter
+/// stores the norms' (1 + w) already added up, so they load as plain RMSNorm weights. The
+/// local layers' pattern and RoPE base are fixed by llama.cpp (every 6th layer global, base
+/// 10k) unless the file says otherwise.
+fn gemma3_spec(file: &GgufFile, spec: DecoderSpec) -> Result<DecoderSpec, LoadError> {
+    let key = |k: &str| format!("gemma3.{k}");
+    let window = req_u32(file, &key("attention.sliding_window"))?;
+    let local: Vec<bool> = match file.metadata(&key("attention.sliding_window_pattern")) {
+        Some(GgufValue::Array(flags)) => flags
+            .iter()
+            .map(|f| matches!(f, GgufValue::Bool(true)) || f.as_u64() == Some(1))
+            .collect(),
+        Some(v) => {
+            let every = v
+                .as_u64()
+                .filter(|&p| p > 0)
+                .ok_or_else(|| invalid(file, "invalid attention.sliding_window_pattern".into()))?;
+            (0..u64::from(spec.layers))
+                .map(|i| (i + 1) % every != 0)
+                .collect()
+        }
+        None => (0..spec.layers).map(|i| (i + 1) % 6 != 0).collect(),
+    };
+    if local.len() != spec.layers as usize {
+        return Err(invalid(
+            file,
+            "attention.sliding_window_pattern does not cover every layer".into(),
+        ));
+    }
+    let local_rope = RopeSpec {
+        theta: opt_f32(file, &key("rope.freq_base_swa")).unwrap_or(10_000.0),
+        scaling: RopeScaling::None,
+    };
+    // llama.cpp scales Gemma 3 27B's queries by hidden / heads (its query_pre_attn_scalar);
+    // the other sizes use the head size.
+    let scalar = if spec.layers == 62 {
+        spec.hidden / spec.heads
+    } else {
+        spec.head_dim
+    };
+    Ok(DecoderSpec {
+        mlp: MlpKind::GeGlu,
+        embed_scale: (spec.hidden as f32).sqrt(),
+        attn_scale: Some(1.0 / (scalar as f32).sqrt()),
+        post_norms: true,
+        window: Some(SlidingWindow {
+            size: window,
+            local,
+            rope: Some(local_rope),
+        }),
+        ..spec
     })
 }
 
@@ -211,6 +343,10 @@ fn gpt2_spec(file: &GgufFile) -> Result<DecoderSpec, LoadError> {
         out_bias: true,
         mlp_bias: true,
         qk_norm: false,
+        embed_scale: 1.0,
+        attn_scale: None,
+        post_norms: false,
+        window: None,
         bos_token_id: token("bos_token_id"),
         eos_token_ids: token("eos_token_id").into_iter().collect(),
     })
@@ -262,6 +398,7 @@ pub fn gguf_tensor_name(hf: &str, spec: &DecoderSpec) -> Option<(String, Option<
     let rest = hf.strip_prefix("model.layers.")?;
     let (layer, field) = rest.split_once('.')?;
     let permuted = spec.arch == Arch::Llama;
+    let gemma = spec.arch == Arch::Gemma3;
     let (name, heads) = match field {
         "input_layernorm.weight" => ("attn_norm.weight", None),
         "self_attn.q_proj.weight" => ("attn_q.weight", permuted.then_some(spec.heads)),
@@ -276,7 +413,12 @@ pub fn gguf_tensor_name(hf: &str, spec: &DecoderSpec) -> Option<(String, Option<
         "self_attn.qkv_proj.weight" => ("attn_qkv.weight", None),
         "mlp.gate_up_proj.weight" => ("ffn_up.weight", None),
         "self_attn.k_norm.weight" => ("attn_k_norm.weight", None),
+        // Gemma's post-attention norm is on the attention output; its pre-MLP norm is
+        // llama.cpp's ffn_norm.
+        "post_attention_layernorm.weight" if gemma => ("post_attention_norm.weight", None),
         "post_attention_layernorm.weight" => ("ffn_norm.weight", None),
+        "pre_feedforward_layernorm.weight" => ("ffn_norm.weight", None),
+        "post_feedforward_layernorm.weight" => ("post_ffw_norm.weight", None),
         "mlp.gate_proj.weight" => ("ffn_gate.weight", None),
         "mlp.up_proj.weight" => ("ffn_up.weight", None),
         "mlp.down_proj.weight" => ("ffn_down.weight", None),
@@ -314,6 +456,12 @@ fn pre_tokenizer(pre: &str) -> Option<Value> {
         "llama3" | "llama-bpe" => split(
             r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+",
         ),
+        // Phi-4-mini and other o200k vocabularies.
+        "gpt-4o" => split(concat!(
+            r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?",
+            r"|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?",
+            r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+",
+        )),
         "qwen2" => split(
             r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+",
         ),

@@ -6,15 +6,17 @@ mod error;
 mod gguf;
 mod gguf_model;
 pub mod quant;
+mod rope;
 mod safetensors;
 mod template;
 mod tokenizer;
 
-pub use config::{Arch, DecoderSpec, MlpKind, RopeScaling, RopeSpec};
+pub use config::{Arch, DecoderSpec, MlpKind, SlidingWindow};
 pub use error::LoadError;
 pub(crate) use error::read_json;
 pub use gguf::{GgmlType, GgufFile, GgufTensor, GgufValue, write_gguf};
 pub use gguf_model::{gguf_spec, gguf_tensor_name, gguf_tokenizer, unpermuted_row};
+pub use rope::{RopeScaling, RopeSpec};
 pub use safetensors::{DType, SafeTensors, TensorView};
 pub use template::{ChatMessage, ChatTemplate};
 pub use tokenizer::{GenerationConfig, StreamDecoder, TextTokenizer};

@@ -339,6 +339,29 @@ impl<'a> Uploader<'a> {
         Ok(buffer)
     }
 
+    /// A norm's scale vector: the stored weights plus `offset` (Gemma stores w of (1 + w));
+    /// random weights are all ones.
+    pub fn norm_vector(
+        &mut self,
+        label: &str,
+        name: &str,
+        width: u32,
+        offset: f32,
+    ) -> Result<StorageBuffer, Error> {
+        if matches!(self.source, WeightSource::Random { .. }) || offset == 0.0 {
+            return self.vector(label, &[(name, width)], Some(1.0));
+        }
+        let data: Vec<f32> = self
+            .tensor(name, &[width as usize])?
+            .to_f32()
+            .into_iter()
+            .map(|w| w + offset)
+            .collect();
+        let buffer = self.gpu.storage_from(label, &data)?;
+        self.bytes += buffer.size;
+        Ok(buffer)
+    }
+
     /// A dense matrix `[rows][cols]` read from one tensor of another shape with as many
     /// elements in row-major order (a convolution's `[out][in][taps]` as `[out][in·taps]`).
     pub fn reshaped_matrix(

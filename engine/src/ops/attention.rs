@@ -25,50 +25,92 @@ struct Params {
     head_dim: u32,
     capacity: u32,
     scale: f32,
-    _pad: [u32; 3],
+    window: u32,
+    _pad: [u32; 2],
+}
+
+/// A layer's KV cache and how its attention reads it.
+#[derive(Clone, Copy, Debug)]
+pub struct CacheShape {
+    pub heads: u32,
+    pub kv_heads: u32,
+    pub head_dim: u32,
+    /// Rows per KV head. Position p lives in row p, or with a window in row p mod rows (a
+    /// rolling cache, which needs rows ≥ window + the most tokens stored at once − 1).
+    pub rows: u32,
+    pub dtype: WeightDType,
+    /// Keys a query sees: its own position and the window − 1 before it (None: all before).
+    pub window: Option<u32>,
+    /// Softmax scale of scores (None: 1/√head_dim).
+    pub scale: Option<f32>,
+}
+
+impl CacheShape {
+    /// A cache of `rows` positions that every query sees whole, scaled by 1/√head_dim.
+    pub fn new(heads: u32, kv_heads: u32, head_dim: u32, rows: u32, dtype: WeightDType) -> Self {
+        Self {
+            heads,
+            kv_heads,
+            head_dim,
+            rows,
+            dtype,
+            window: None,
+            scale: None,
+        }
+    }
+
+    fn check(&self) -> Result<(), GpuError> {
+        let Self {
+            heads,
+            kv_heads,
+            head_dim,
+            ..
+        } = *self;
+        if head_dim > MAX_HEAD_DIM || !head_dim.is_multiple_of(4) || head_dim == 0 {
+            return Err(GpuError::Device(format!(
+                "head_dim {head_dim} is unsupported (a multiple of 4, at most {MAX_HEAD_DIM})"
+            )));
+        }
+        if kv_heads == 0 || !heads.is_multiple_of(kv_heads) {
+            return Err(GpuError::Device(format!(
+                "{heads} attention heads cannot share {kv_heads} key/value heads"
+            )));
+        }
+        if self.window.is_some_and(|w| w == 0 || w > self.rows) {
+            return Err(GpuError::Device(format!(
+                "a window of {:?} positions does not fit a cache of {} rows",
+                self.window, self.rows
+            )));
+        }
+        Ok(())
+    }
 }
 
 /// Causal grouped-query attention of the step's queries over the cache.
 pub struct Attention {
     kernel: Kernel,
     bind_group: wgpu::BindGroup,
-    /// The query-block kernel for prompts (see attention.wgsl `tiled`); none for a split step.
+    /// The query-block kernel for prompts (see attention.wgsl `tiled`); none for a split step
+    /// or where its tiles do not fit the device's workgroup memory.
     tiled: Option<(Kernel, wgpu::BindGroup)>,
     block_queries: u32,
     heads: u32,
+    window: Option<u32>,
     split: bool,
     _params: UniformBuffer,
 }
 
 impl Attention {
-    #[allow(clippy::too_many_arguments)]
     pub fn new(
         gpu: &Gpu,
-        heads: u32,
-        kv_heads: u32,
-        head_dim: u32,
-        capacity: u32,
-        cache_dtype: WeightDType,
+        shape: CacheShape,
         q: &StorageBuffer,
         k_cache: &StorageBuffer,
         v_cache: &StorageBuffer,
         out: &StorageBuffer,
         step: &UniformBuffer,
     ) -> Result<Self, GpuError> {
-        Self::build(
-            gpu,
-            heads,
-            kv_heads,
-            head_dim,
-            capacity,
-            cache_dtype,
-            q,
-            k_cache,
-            v_cache,
-            out,
-            None,
-            step,
-        )
+        Self::build(gpu, shape, q, k_cache, v_cache, out, None, step)
     }
 
     /// Attention for one decoded token with its keys split into runs across workgroups. It
@@ -79,11 +121,7 @@ impl Attention {
     #[allow(clippy::too_many_arguments)]
     pub fn new_split(
         gpu: &Gpu,
-        heads: u32,
-        kv_heads: u32,
-        head_dim: u32,
-        capacity: u32,
-        cache_dtype: WeightDType,
+        shape: CacheShape,
         qkv: &StorageBuffer,
         table: Option<&RopeTable>,
         k_cache: &StorageBuffer,
@@ -94,11 +132,7 @@ impl Attention {
     ) -> Result<Self, GpuError> {
         Self::build(
             gpu,
-            heads,
-            kv_heads,
-            head_dim,
-            capacity,
-            cache_dtype,
+            shape,
             qkv,
             k_cache,
             v_cache,
@@ -111,11 +145,7 @@ impl Attention {
     #[allow(clippy::too_many_arguments)]
     fn build(
         gpu: &Gpu,
-        heads: u32,
-        kv_heads: u32,
-        head_dim: u32,
-        capacity: u32,
-        cache_dtype: WeightDType,
+        shape: CacheShape,
         q: &StorageBuffer,
         k_cache: &StorageBuffer,
         v_cache: &StorageBuffer,
@@ -123,16 +153,8 @@ impl Attention {
         split: Option<(&StorageBuffer, Option<&RopeTable>)>,
         step: &UniformBuffer,
     ) -> Result<Self, GpuError> {
-        if head_dim > MAX_HEAD_DIM || !head_dim.is_multiple_of(4) || head_dim == 0 {
-            return Err(GpuError::Device(format!(
-                "head_dim {head_dim} is unsupported (a multiple of 4, at most {MAX_HEAD_DIM})"
-            )));
-        }
-        if kv_heads == 0 || !heads.is_multiple_of(kv_heads) {
-            return Err(GpuError::Device(format!(
-                "{heads} attention heads cannot share {kv_heads} key/value heads"
-            )));
-        }
+        shape.check()?;
+        let head_dim = shape.head_dim;
         let table = split.and_then(|(_, t)| t);
         super::rope::check_rotary(table, head_dim)?;
         let rotary_dim = table.map_or(head_dim, |t| t.rotary_dim);
@@ -140,12 +162,13 @@ impl Attention {
         let defines = [
             ("WG", WG.to_string()),
             ("HD", head_dim.to_string()),
-            flag("F16", cache_dtype == WeightDType::F16),
+            flag("F16", shape.dtype == WeightDType::F16),
             flag("SPLIT", split.is_some()),
             flag("NO_ROPE", matches!(split, Some((_, None)))),
             ("ROT", rotary_dim.to_string()),
             ("MIN_SPLIT", MIN_SPLIT.to_string()),
             ("MAX_SPLITS", MAX_SPLITS.to_string()),
+            flag("RING", shape.window.is_some()),
             // Prompts (not a split decode step) also get the query-block kernel.
             flag("TILED", split.is_none()),
             ("BQ", bq.to_string()),
@@ -155,12 +178,13 @@ impl Attention {
         let params = gpu.uniform(
             "attention params",
             &Params {
-                heads,
-                kv_heads,
+                heads: shape.heads,
+                kv_heads: shape.kv_heads,
                 head_dim,
-                capacity,
-                scale: 1.0 / (head_dim as f32).sqrt(),
-                _pad: [0; 3],
+                capacity: shape.rows,
+                scale: shape.scale.unwrap_or(1.0 / (head_dim as f32).sqrt()),
+                window: shape.window.unwrap_or(0),
+                _pad: [0; 2],
             },
         );
         let mut entries = vec![
@@ -178,7 +202,7 @@ impl Attention {
                 entries.push((8, &t.sin.buffer));
             }
         }
-        let tiled = if split.is_none() {
+        let tiled = if split.is_none() && tiles_fit(gpu, head_dim) {
             let tiled = gpu.kernel("attention", SOURCE, "tiled", &defines)?;
             let group = bind(gpu, &tiled, &entries);
             Some((tiled, group))
@@ -191,7 +215,8 @@ impl Attention {
             bind_group,
             tiled,
             block_queries: bq,
-            heads,
+            heads: shape.heads,
+            window: shape.window,
             split: split.is_some(),
             _params: params,
         })
@@ -212,7 +237,7 @@ impl Attention {
             return;
         }
         let y = if self.split {
-            splits_for(pos0 + 1)
+            splits_for((pos0 + 1).min(self.window.unwrap_or(u32::MAX)))
         } else {
             n_tokens
         };
@@ -265,6 +290,15 @@ pub struct FullAttention {
 /// what fits 32 KiB of workgroup memory (the smallest that Vulkan drivers here offer).
 fn tiles_for(head_dim: u32) -> (u32, u32) {
     if head_dim <= 64 { (32, 32) } else { (16, 16) }
+}
+
+/// Whether the query-block kernel's workgroup arrays for heads of `head_dim` fit the device
+/// (heads of 256 need about 35 KiB; some GPUs offer 32).
+fn tiles_fit(gpu: &Gpu, head_dim: u32) -> bool {
+    let (bq, bk) = tiles_for(head_dim);
+    let quads = head_dim / 4;
+    let bytes = 16 * bk * (quads + 1) + 16 * bk * quads + 4 * bq * bk + 4 * WG;
+    bytes <= gpu.caps().max_workgroup_storage
 }
 
 /// From this many queries on, the tiled kernel is used.

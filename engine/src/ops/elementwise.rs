@@ -12,11 +12,11 @@ struct EmbedParams {
     dim: u32,
     row_stride: u32,
     vocab: u32,
-    _pad: u32,
+    scale: f32,
 }
 
 /// Gathers embedding rows for the step's tokens from the history buffer (plus learned
-/// positions when given) and marks the tokens as seen.
+/// positions when given, times `scale`) and marks the tokens as seen.
 pub struct Embed {
     kernel: Kernel,
     bind_group: wgpu::BindGroup,
@@ -25,6 +25,7 @@ pub struct Embed {
 }
 
 impl Embed {
+    #[allow(clippy::too_many_arguments)]
     pub fn new(
         gpu: &Gpu,
         table: &Matrix,
@@ -33,6 +34,7 @@ impl Embed {
         seen: &StorageBuffer,
         x: &StorageBuffer,
         step: &UniformBuffer,
+        scale: f32,
     ) -> Result<Self, GpuError> {
         let quantized = table.quant.is_some();
         if quantized && positions.is_some() {
@@ -64,7 +66,7 @@ impl Embed {
                     table.row_stride()
                 },
                 vocab: table.rows,
-                _pad: 0,
+                scale,
             },
         );
         let mut entries = vec![
@@ -108,7 +110,7 @@ struct GluParams {
     _pad: [u32; 3],
 }
 
-/// silu(gate) * up over the fused gate/up product of a prompt.
+/// silu(gate) * up (or a GELU-gated form) over the fused gate/up product of a prompt.
 pub struct Glu {
     kernel: Kernel,
     bind_group: wgpu::BindGroup,
@@ -137,7 +139,29 @@ impl Glu {
         step: &UniformBuffer,
         gelu: bool,
     ) -> Result<Self, GpuError> {
-        let kernel = gpu.kernel("glu", GLU_SOURCE, "main", &[flag("GEGLU", gelu)])?;
+        Self::build(gpu, width, gate_up, h, step, flag("GEGLU", gelu))
+    }
+
+    /// Gemma's GeGLU: gelu_tanh(gate) * up, gate block first.
+    pub fn gelu_tanh(
+        gpu: &Gpu,
+        width: u32,
+        gate_up: &StorageBuffer,
+        h: &StorageBuffer,
+        step: &UniformBuffer,
+    ) -> Result<Self, GpuError> {
+        Self::build(gpu, width, gate_up, h, step, flag("GATE_TANH", true))
+    }
+
+    fn build(
+        gpu: &Gpu,
+        width: u32,
+        gate_up: &StorageBuffer,
+        h: &StorageBuffer,
+        step: &UniformBuffer,
+        variant: (&'static str, String),
+    ) -> Result<Self, GpuError> {
+        let kernel = gpu.kernel("glu", GLU_SOURCE, "main", &[variant])?;
         let params = gpu.uniform(
             "glu params",
             &GluParams {

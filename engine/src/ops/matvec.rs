@@ -31,6 +31,8 @@ pub struct SplitAttention<'a> {
     pub stats: &'a StorageBuffer,
     pub heads: u32,
     pub head_dim: u32,
+    /// The attention's sliding window, if it has one (it splits fewer keys).
+    pub window: Option<u32>,
 }
 
 /// Options of the decode product. A fused norm normalises the input row in each workgroup.
@@ -38,7 +40,8 @@ pub struct SplitAttention<'a> {
 pub struct MatVecOptions<'a> {
     pub norm: Option<(NormKind, &'a StorageBuffer, Option<&'a StorageBuffer>, f32)>,
     pub bias: Option<&'a StorageBuffer>,
-    /// The matrix holds the gate rows then the up rows; the output is silu(gate) * up.
+    /// The matrix holds the gate rows then the up rows; the output is silu(gate) * up, or
+    /// gelu(gate) * up with `gelu` (tanh form only).
     pub glu: bool,
     pub gelu: Option<Gelu>,
     /// Add into the output instead of overwriting it (the residual stream).
@@ -80,6 +83,11 @@ impl MatVec {
         opts: MatVecOptions<'_>,
     ) -> Result<Self, GpuError> {
         let n = if opts.glu { w.rows / 2 } else { w.rows };
+        if opts.glu && opts.gelu.is_some_and(|g| g != Gelu::Tanh) {
+            return Err(GpuError::Device(
+                "a gated product takes SiLU or tanh GELU only".into(),
+            ));
+        }
         let caps = gpu.caps();
         // A fixed subgroup size lets a row's lanes reduce with shuffles inside one subgroup.
         let fixed_subgroup = (caps.subgroups
@@ -172,6 +180,14 @@ impl MatVec {
             flag("XCACHE", xcache),
             flag("XVEC4", xvec4 && !xcache),
             flag("COMBINE", opts.combine.is_some()),
+            (
+                "WINDOW",
+                opts.combine
+                    .as_ref()
+                    .and_then(|c| c.window)
+                    .unwrap_or(u32::MAX)
+                    .to_string(),
+            ),
             ("HEADS", heads.to_string()),
             ("MIN_SPLIT", super::attention::MIN_SPLIT.to_string()),
             ("MAX_SPLITS", super::attention::MAX_SPLITS.to_string()),

@@ -19,7 +19,9 @@ mod rope;
 mod sample;
 mod speech_logits;
 
-pub use attention::{Attention, FullAttention, FullLayout, MAX_SPLITS, MIN_SPLIT, splits_for};
+pub use attention::{
+    Attention, CacheShape, FullAttention, FullLayout, MAX_SPLITS, MIN_SPLIT, splits_for,
+};
 pub use conv::{Conv1dShape, Conv2dShape, Im2Col};
 pub use denoise::{Denoise, DenoiseBuffers, DenoiseParams, Preview, PreviewSource};
 pub use dequant::Dequantize;
@@ -52,7 +54,8 @@ pub struct StepParams {
     pub pos0: u32,
     pub n_tokens: u32,
     pub seq_len: u32,
-    pub _pad: u32,
+    /// Row offset into the RoPE table (see [`RopeTable::longrope`]).
+    pub rope_row: u32,
 }
 
 impl StepParams {
@@ -61,7 +64,15 @@ impl StepParams {
             pos0,
             n_tokens,
             seq_len: pos0 + n_tokens,
-            _pad: 0,
+            rope_row: 0,
+        }
+    }
+
+    /// The same step reading the RoPE table from row `row` on.
+    pub fn with_rope_row(self, row: u32) -> Self {
+        Self {
+            rope_row: row,
+            ..self
         }
     }
 }

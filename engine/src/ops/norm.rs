@@ -40,12 +40,57 @@ impl Norm {
         y: &StorageBuffer,
         step: &UniformBuffer,
     ) -> Result<Self, GpuError> {
+        Self::build(gpu, kind, width, eps, weight, bias, x, y, step, false)
+    }
+
+    /// RMSNorm of the step's rows of `x` added into `y` (`y += norm(x)`).
+    #[allow(clippy::too_many_arguments)]
+    pub fn add_into(
+        gpu: &Gpu,
+        width: u32,
+        eps: f32,
+        weight: &StorageBuffer,
+        x: &StorageBuffer,
+        y: &StorageBuffer,
+        step: &UniformBuffer,
+    ) -> Result<Self, GpuError> {
+        Self::build(
+            gpu,
+            NormKind::Rms,
+            width,
+            eps,
+            weight,
+            None,
+            x,
+            y,
+            step,
+            true,
+        )
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn build(
+        gpu: &Gpu,
+        kind: NormKind,
+        width: u32,
+        eps: f32,
+        weight: &StorageBuffer,
+        bias: Option<&StorageBuffer>,
+        x: &StorageBuffer,
+        y: &StorageBuffer,
+        step: &UniformBuffer,
+        residual: bool,
+    ) -> Result<Self, GpuError> {
         let layer = kind == NormKind::Layer;
         let kernel = gpu.kernel(
             "norm",
             SOURCE,
             "main",
-            &[flag("LAYER", layer), flag("HEADS", false)],
+            &[
+                flag("LAYER", layer),
+                flag("HEADS", false),
+                flag("RESIDUAL", residual),
+            ],
         )?;
         let params = gpu.uniform(
             "norm params",

@@ -1,6 +1,6 @@
 use bytemuck::{Pod, Zeroable};
 
-use super::{WeightDType, bind, flag, groups_of_64};
+use super::{CacheShape, WeightDType, bind, flag, groups_of_64};
 use crate::gpu::{Gpu, GpuError, Kernel, Recorder, StorageBuffer, UniformBuffer};
 
 const SOURCE: &str = include_str!("../../../shaders/rope_kv.wgsl");
@@ -37,6 +37,38 @@ impl RopeTable {
         })
     }
 
+    /// Phi-3.5 / Phi-4-mini's longrope: rows `0..positions` rotate by the short factors' inverse
+    /// frequencies, rows `positions..2·positions` by the long ones (a step reads them with
+    /// `rope_row = positions`), all scaled by `attention_factor` as transformers scales cos and
+    /// sin.
+    pub fn longrope(
+        gpu: &Gpu,
+        short: &[f32],
+        long: &[f32],
+        positions: u32,
+        attention_factor: f32,
+    ) -> Result<Self, GpuError> {
+        if short.len() != long.len() {
+            return Err(GpuError::Device(format!(
+                "longrope has {} short and {} long factors",
+                short.len(),
+                long.len()
+            )));
+        }
+        let (mut cos, mut sin) = Self::host(short, positions);
+        let (long_cos, long_sin) = Self::host(long, positions);
+        cos.extend(long_cos);
+        sin.extend(long_sin);
+        for v in cos.iter_mut().chain(sin.iter_mut()) {
+            *v *= attention_factor;
+        }
+        Ok(Self {
+            cos: gpu.storage_from("rope cos", &cos)?,
+            sin: gpu.storage_from("rope sin", &sin)?,
+            rotary_dim: 2 * short.len() as u32,
+        })
+    }
+
     pub fn host(inv_freq: &[f32], positions: u32) -> (Vec<f32>, Vec<f32>) {
         let n = positions as usize * inv_freq.len();
         let mut cos = Vec::with_capacity(n);
@@ -65,11 +97,7 @@ impl RopeKv {
     #[allow(clippy::too_many_arguments)]
     pub fn new(
         gpu: &Gpu,
-        heads: u32,
-        kv_heads: u32,
-        head_dim: u32,
-        capacity: u32,
-        cache_dtype: WeightDType,
+        shape: CacheShape,
         table: Option<&RopeTable>,
         qkv: &StorageBuffer,
         q: &StorageBuffer,
@@ -77,6 +105,14 @@ impl RopeKv {
         v_cache: &StorageBuffer,
         step: &UniformBuffer,
     ) -> Result<Self, GpuError> {
+        let CacheShape {
+            heads,
+            kv_heads,
+            head_dim,
+            rows: capacity,
+            dtype: cache_dtype,
+            ..
+        } = shape;
         if !head_dim.is_multiple_of(4) {
             return Err(GpuError::Device(format!(
                 "head_dim {head_dim} is not a multiple of 4"

@@ -5,9 +5,9 @@ use crate::Error;
 use crate::gpu::{Gpu, StorageBuffer, UniformBuffer};
 use crate::load::{DecoderSpec, MlpKind};
 use crate::ops::{
-    Attention, Dequantize, Embed, Gelu, Glu, HeadNorm, MAX_SPLITS, MatMul, MatMulOptions, MatVec,
-    MatVecOptions, Matrix, Norm, NormKind, RopeKv, RopeTable, Sample, SplitAttention, StepParams,
-    WeightDType,
+    Attention, CacheShape, Dequantize, Embed, Gelu, Glu, HeadNorm, MAX_SPLITS, MatMul,
+    MatMulOptions, MatVec, MatVecOptions, Matrix, Norm, NormKind, RopeKv, RopeTable, Sample,
+    SplitAttention, StepParams, WeightDType,
 };
 
 use super::super::weights::{Part, Uploader, WeightSource};
@@ -60,6 +60,7 @@ fn upload(up: &mut Uploader<'_>, spec: &DecoderSpec) -> Result<Uploaded, Error> 
         &name(family.final_norm),
         family.final_norm_bias.map(name).as_deref(),
         d,
+        family.norm_offset(up),
     )?;
     let head_name = name(family.lm_head);
     let lm_head = if !spec.tied_embeddings && up.has(&head_name) {
@@ -96,8 +97,13 @@ impl Activations {
             qkv: gpu.storage("qkv", f(t * qkv_width))?,
             q: gpu.storage("q", f(t * heads * hd))?,
             attn: gpu.storage("attention out", f(t * heads * hd))?,
-            gate_up: if spec.mlp == MlpKind::SwiGlu {
+            gate_up: if spec.mlp.gated() {
                 Some(gpu.storage("gate_up", f(t * 2 * spec.intermediate))?)
+            } else {
+                None
+            },
+            branch: if spec.post_norms {
+                Some(gpu.storage("attention/MLP output", f(t * d))?)
             } else {
                 None
             },
@@ -126,6 +132,8 @@ struct LayerContext<'a> {
     /// Block-quantized matrices expanded to f16 for prompt products, one at a time.
     dequant_scratch: Option<&'a StorageBuffer>,
     rope: Option<&'a RopeTable>,
+    /// Sliding-window layers' RoPE where it differs (Gemma 3's local base).
+    local_rope: Option<&'a RopeTable>,
     /// Decoding splits attention over runs of keys, merged by the output product.
     split_attention: bool,
 }
@@ -135,10 +143,43 @@ impl LayerContext<'_> {
         self.spec.norm
     }
 
+    /// The GELU of an ungated MLP's up product.
     fn gelu(&self) -> Option<Gelu> {
         match self.spec.mlp {
             MlpKind::Gelu(g) => Some(g),
-            MlpKind::SwiGlu => None,
+            MlpKind::SwiGlu | MlpKind::GeGlu => None,
+        }
+    }
+
+    /// Layer `i`'s cache: the whole context, or for a sliding-window layer a rolling cache of
+    /// the window plus one prompt chunk (what one submission stores before attending).
+    fn cache_shape(&self, i: u32) -> CacheShape {
+        let spec = self.spec;
+        let mut shape = CacheShape::new(
+            spec.heads,
+            spec.kv_heads,
+            spec.head_dim,
+            self.capacity,
+            self.dtype,
+        );
+        shape.scale = spec.attn_scale;
+        if let Some(w) = spec.window.as_ref().filter(|_| spec.is_local(i)) {
+            let rows = w.size.saturating_add(self.chunk - 1);
+            if rows < self.capacity {
+                shape.rows = rows;
+                shape.window = Some(w.size);
+            } else if w.size < self.capacity {
+                shape.window = Some(w.size);
+            }
+        }
+        shape
+    }
+
+    /// Layer `i`'s rotary table.
+    fn rope_of(&self, i: u32) -> Option<&RopeTable> {
+        match self.local_rope {
+            Some(local) if self.spec.is_local(i) => Some(local),
+            _ => self.rope,
         }
     }
 
@@ -185,9 +226,15 @@ impl LayerContext<'_> {
 
     /// The decode products of a layer: norm+QKV, output (merging split attention) + residual,
     /// norm+up (+SwiGLU or GELU), down + residual.
-    fn decode_products(&self, w: &LayerWeights) -> Result<[MatVec; 4], Error> {
+    fn decode_products(&self, w: &LayerWeights, cache: CacheShape) -> Result<[MatVec; 4], Error> {
         let (gpu, a, step, eps) = (self.gpu, self.acts, self.step, self.spec.norm_eps);
         let spec = self.spec;
+        // With post-norms, the output and down products leave their result for the norm that
+        // adds it to the residual stream.
+        let (out, residual) = match &a.branch {
+            Some(branch) => (branch, false),
+            None => (&a.x, true),
+        };
         let qkv = MatVec::new(
             gpu,
             &w.qkv,
@@ -204,16 +251,17 @@ impl LayerContext<'_> {
             gpu,
             &w.o,
             &a.attn,
-            &a.x,
+            out,
             step,
             MatVecOptions {
                 bias: w.o_bias.as_ref(),
-                residual: true,
+                residual,
                 combine: self.split_attention.then_some(SplitAttention {
                     partials: &a.split_partials,
                     stats: &a.split_stats,
                     heads: spec.heads,
                     head_dim: spec.head_dim,
+                    window: cache.window,
                 }),
                 ..Default::default()
             },
@@ -227,8 +275,11 @@ impl LayerContext<'_> {
             MatVecOptions {
                 norm: Some(fused(self.norm_kind(), &w.mlp_norm, eps)),
                 bias: w.up_bias.as_ref(),
-                glu: spec.mlp == MlpKind::SwiGlu,
-                gelu: self.gelu(),
+                glu: spec.mlp.gated(),
+                gelu: match spec.mlp {
+                    MlpKind::GeGlu => Some(Gelu::Tanh),
+                    _ => self.gelu(),
+                },
                 ..Default::default()
             },
         )?;
@@ -236,11 +287,11 @@ impl LayerContext<'_> {
             gpu,
             &w.down,
             &a.h,
-            &a.x,
+            out,
             step,
             MatVecOptions {
                 bias: w.down_bias.as_ref(),
-                residual: true,
+                residual,
                 ..Default::default()
             },
         )?;
@@ -250,29 +301,20 @@ impl LayerContext<'_> {
     /// Attention for prompts (over the cache, after a RoPE pass) and for decoding.
     fn attentions(
         &self,
+        cache: CacheShape,
+        table: Option<&RopeTable>,
         k_cache: &StorageBuffer,
         v_cache: &StorageBuffer,
     ) -> Result<(RopeKv, Attention, Attention), Error> {
-        let (gpu, a, step, spec) = (self.gpu, self.acts, self.step, self.spec);
-        let (heads, kv_heads, hd) = (spec.heads, spec.kv_heads, spec.head_dim);
-        let (capacity, dtype) = (self.capacity, self.dtype);
-        let rope = RopeKv::new(
-            gpu, heads, kv_heads, hd, capacity, dtype, self.rope, &a.qkv, &a.q, k_cache, v_cache,
-            step,
-        )?;
-        let prompt = Attention::new(
-            gpu, heads, kv_heads, hd, capacity, dtype, &a.q, k_cache, v_cache, &a.attn, step,
-        )?;
+        let (gpu, a, step) = (self.gpu, self.acts, self.step);
+        let rope = RopeKv::new(gpu, cache, table, &a.qkv, &a.q, k_cache, v_cache, step)?;
+        let prompt = Attention::new(gpu, cache, &a.q, k_cache, v_cache, &a.attn, step)?;
         let decode = if self.split_attention {
             Attention::new_split(
                 gpu,
-                heads,
-                kv_heads,
-                hd,
-                capacity,
-                dtype,
+                cache,
                 &a.qkv,
-                self.rope,
+                table,
                 k_cache,
                 v_cache,
                 &a.split_partials,
@@ -280,9 +322,7 @@ impl LayerContext<'_> {
                 step,
             )?
         } else {
-            Attention::new(
-                gpu, heads, kv_heads, hd, capacity, dtype, &a.q, k_cache, v_cache, &a.attn, step,
-            )?
+            Attention::new(gpu, cache, &a.q, k_cache, v_cache, &a.attn, step)?
         };
         Ok((rope, prompt, decode))
     }
@@ -290,13 +330,38 @@ impl LayerContext<'_> {
     /// A layer's kernels over its weights and its part of the KV cache.
     fn layer(
         &self,
+        i: u32,
         w: &LayerWeights,
+        cache: CacheShape,
         k_cache: &StorageBuffer,
         v_cache: &StorageBuffer,
     ) -> Result<Layer, Error> {
         let a = self.acts;
-        let [qkv_mv, o_mv, up_mv, down_mv] = self.decode_products(w)?;
-        let (rope, attention, decode_attention) = self.attentions(k_cache, v_cache)?;
+        let [qkv_mv, o_mv, up_mv, down_mv] = self.decode_products(w, cache)?;
+        let (rope, attention, decode_attention) =
+            self.attentions(cache, self.rope_of(i), k_cache, v_cache)?;
+        let (out, residual) = match &a.branch {
+            Some(branch) => (branch, false),
+            None => (&a.x, true),
+        };
+        let post_norm = |weight: &StorageBuffer| match &a.branch {
+            Some(branch) => Norm::add_into(
+                self.gpu,
+                self.spec.hidden,
+                self.spec.norm_eps,
+                weight,
+                branch,
+                &a.x,
+                self.step,
+            ),
+            None => Err(crate::gpu::GpuError::Device(
+                "post-norms need the branch buffer".into(),
+            )),
+        };
+        let (post_attn_norm, post_mlp_norm) = match &w.post_norms {
+            Some((attn, mlp)) => (Some(post_norm(attn)?), Some(post_norm(mlp)?)),
+            None => (None, None),
+        };
         let gelu = self.gelu();
         let up_out = a.gate_up.as_ref().unwrap_or(&a.h);
         let spec = self.spec;
@@ -322,20 +387,30 @@ impl LayerContext<'_> {
             down_mv,
             attn_norm: self.norm(&w.attn_norm)?,
             qkv_mm: self.prompt_product(&w.qkv, &a.xn, &a.qkv, w.qkv_bias.as_ref(), false, None)?,
-            o_mm: self.prompt_product(&w.o, &a.attn, &a.x, w.o_bias.as_ref(), true, None)?,
+            o_mm: self.prompt_product(&w.o, &a.attn, out, w.o_bias.as_ref(), residual, None)?,
+            post_attn_norm,
             mlp_norm: self.norm(&w.mlp_norm)?,
             up_mm: self.prompt_product(&w.up, &a.xn, up_out, w.up_bias.as_ref(), false, gelu)?,
             glu: match &a.gate_up {
-                Some(gu) => Some(Glu::new(
+                Some(gu) if spec.mlp == MlpKind::GeGlu => Some(Glu::gelu_tanh(
                     self.gpu,
-                    self.spec.intermediate,
+                    spec.intermediate,
                     gu,
                     &a.h,
                     self.step,
                 )?),
+                Some(gu) => Some(Glu::new(self.gpu, spec.intermediate, gu, &a.h, self.step)?),
                 None => None,
             },
-            down_mm: self.prompt_product(&w.down, &a.h, &a.x, w.down_bias.as_ref(), true, None)?,
+            down_mm: self.prompt_product(
+                &w.down,
+                &a.h,
+                out,
+                w.down_bias.as_ref(),
+                residual,
+                None,
+            )?,
+            post_mlp_norm,
             rope,
             attention,
             decode_attention,
@@ -409,10 +484,20 @@ impl DecoderModel {
             }
             _ => None,
         };
-        let rope = match &spec.rope {
-            Some(r) => Some(RopeTable::new(gpu, &r.inv_freq(spec.rotary_dim), capacity)?),
-            None => None,
+        let table = |r: &crate::load::RopeSpec| match r.longrope(spec.rotary_dim) {
+            Some((long, _, scale)) => {
+                RopeTable::longrope(gpu, &r.inv_freq(spec.rotary_dim), &long, capacity, scale)
+            }
+            None => RopeTable::new(gpu, &r.inv_freq(spec.rotary_dim), capacity),
         };
+        let rope = spec.rope.as_ref().map(table).transpose()?;
+        let local_rope = spec
+            .window
+            .as_ref()
+            .and_then(|w| w.rope.as_ref())
+            .filter(|_| spec.rope.is_some())
+            .map(table)
+            .transpose()?;
         let split_attention = MatVec::stages_input(gpu, spec.heads * spec.head_dim);
         let context = LayerContext {
             gpu,
@@ -425,19 +510,21 @@ impl DecoderModel {
             split_scratch: &split_scratch,
             dequant_scratch: dequant_scratch.as_ref(),
             rope: rope.as_ref(),
+            local_rope: local_rope.as_ref(),
             split_attention,
         };
-        let cache_len = u64::from(spec.kv_heads)
-            * u64::from(capacity)
-            * u64::from(spec.head_dim)
-            * dtype.bytes();
         let mut cache_bytes = 0;
         let mut layers = Vec::with_capacity(weights.layers.len());
-        for (i, w) in weights.layers.iter().enumerate() {
+        for (i, w) in (0..).zip(&weights.layers) {
+            let cache = context.cache_shape(i);
+            let cache_len = u64::from(spec.kv_heads)
+                * u64::from(cache.rows)
+                * u64::from(spec.head_dim)
+                * dtype.bytes();
             let k_cache = gpu.storage(&format!("layer {i} k cache"), cache_len)?;
             let v_cache = gpu.storage(&format!("layer {i} v cache"), cache_len)?;
             cache_bytes += k_cache.size + v_cache.size;
-            layers.push(context.layer(w, &k_cache, &v_cache)?);
+            layers.push(context.layer(i, w, cache, &k_cache, &v_cache)?);
         }
         let Uploaded {
             embedding,
@@ -472,6 +559,7 @@ impl DecoderModel {
             &acts.seen,
             &acts.x,
             &step,
+            spec.embed_scale,
         )?;
         let sample = Sample::new(
             gpu,
@@ -508,6 +596,11 @@ impl DecoderModel {
             cache_bytes,
             decode_dispatches: 0,
             split_attention,
+            long_rope_after: spec
+                .rope
+                .as_ref()
+                .and_then(|r| r.longrope(spec.rotary_dim))
+                .map(|(_, original, _)| original),
             last_encode: std::time::Duration::ZERO,
         };
         model.decode_dispatches = model.count_decode_dispatches();

@@ -6,7 +6,7 @@
 
 use crate::Error;
 use crate::gpu::StorageBuffer;
-use crate::load::{Arch, DecoderSpec, MlpKind};
+use crate::load::{Arch, DecoderSpec};
 use crate::ops::Matrix;
 
 use super::super::weights::{Part, Uploader};
@@ -37,6 +37,10 @@ pub(super) struct LayerNames {
     pub o_bias: Name,
     pub mlp_norm: Name,
     pub mlp_norm_bias: Option<Name>,
+    /// Norms of the attention and MLP outputs before their residual adds (the config's
+    /// `post_norms` says whether they are read).
+    pub post_attn_norm: Option<Name>,
+    pub post_mlp_norm: Option<Name>,
     /// Gate then up for gated MLPs; the single up projection otherwise.
     pub up: Projection,
     pub up_bias: Projection,
@@ -58,6 +62,9 @@ pub(super) struct Family {
     /// Matrices are stored `[in][out]` (GPT-2's Conv1D) rather than `[out][in]` in the
     /// family's own checkpoints.
     pub transposed: bool,
+    /// RMSNorms scale by (1 + w) in the family's own checkpoints (Gemma); GGUF converters
+    /// store the sum.
+    pub norm_plus_one: bool,
 }
 
 /// The family that describes checkpoints of `arch`.
@@ -68,6 +75,7 @@ pub(super) fn family_of(arch: Arch) -> &'static Family {
         Arch::Qwen3 => &super::qwen3::FAMILY,
         Arch::Phi3 => &super::phi3::FAMILY,
         Arch::Gpt2 => &super::gpt2::FAMILY,
+        Arch::Gemma3 => &super::gemma3::FAMILY,
     }
 }
 
@@ -81,6 +89,8 @@ pub(super) struct LayerWeights {
     pub o: Matrix,
     pub o_bias: Option<StorageBuffer>,
     pub mlp_norm: (StorageBuffer, Option<StorageBuffer>),
+    /// Post-attention and post-MLP norm weights.
+    pub post_norms: Option<(StorageBuffer, StorageBuffer)>,
     pub up: Matrix,
     pub up_bias: Option<StorageBuffer>,
     pub down: Matrix,
@@ -110,6 +120,15 @@ impl Family {
             .replace("{L}", &layer.to_string())
     }
 
+    /// What is added to stored norm weights to get the scale (1 for (1 + w) norms).
+    pub fn norm_offset(&self, up: &Uploader<'_>) -> f32 {
+        if self.norm_plus_one && !up.is_gguf() {
+            1.0
+        } else {
+            0.0
+        }
+    }
+
     /// Uploads layer `i`.
     pub fn load_layer(
         &self,
@@ -122,10 +141,11 @@ impl Family {
         let n = |name: Name| self.name(prefix, name, i);
         let d = spec.hidden;
         let (q_rows, kv_rows) = (spec.heads * spec.head_dim, spec.kv_heads * spec.head_dim);
-        let gates = if spec.mlp == MlpKind::SwiGlu { 2 } else { 1 };
+        let gates = if spec.mlp.gated() { 2 } else { 1 };
         let label = format!("layer {i}");
+        let offset = self.norm_offset(up);
         let norm = |up: &mut Uploader<'_>, w: Name, b: Option<Name>| {
-            norm_pair(up, &label, &n(w), b.map(n).as_deref(), d)
+            norm_pair(up, &label, &n(w), b.map(n).as_deref(), d, offset)
         };
         let attn_norm = norm(up, names.attn_norm, names.attn_norm_bias)?;
         let qkv_rows = [q_rows, kv_rows, kv_rows];
@@ -138,8 +158,8 @@ impl Family {
         let qk_norm = match (spec.qk_norm, names.q_norm, names.k_norm) {
             (false, ..) => None,
             (true, Some(q), Some(k)) => Some((
-                up.vector(&label, &[(&n(q), hd)], None)?,
-                up.vector(&label, &[(&n(k), hd)], None)?,
+                up.norm_vector(&label, &n(q), hd, offset)?,
+                up.norm_vector(&label, &n(k), hd, offset)?,
             )),
             (true, ..) => {
                 return Err(Error::Invalid(format!(
@@ -154,6 +174,19 @@ impl Family {
             .then(|| up.vector(&label, &[(&n(names.o_bias), d)], None))
             .transpose()?;
         let mlp_norm = norm(up, names.mlp_norm, names.mlp_norm_bias)?;
+        let post_norms = match (spec.post_norms, names.post_attn_norm, names.post_mlp_norm) {
+            (false, ..) => None,
+            (true, Some(a), Some(m)) => Some((
+                up.norm_vector(&label, &n(a), d, offset)?,
+                up.norm_vector(&label, &n(m), d, offset)?,
+            )),
+            (true, ..) => {
+                return Err(Error::Invalid(format!(
+                    "{:?} checkpoints have no post-attention/MLP norms, but the config asks for them",
+                    spec.arch
+                )));
+            }
+        };
         let up_rows = vec![spec.intermediate; gates];
         let up_m = self.stacked(up, &format!("{label} up"), &names.up, &up_rows, d, &n)?;
         let down = self.single(
@@ -179,6 +212,7 @@ impl Family {
             o,
             o_bias,
             mlp_norm,
+            post_norms,
             up: up_m,
             up_bias,
             down,
@@ -246,15 +280,16 @@ fn stacked_vector(
     }
 }
 
-/// A norm's weight (missing entries default to 1) and optional bias.
+/// A norm's weight (plus `offset`, see [`Family::norm_offset`]) and optional bias.
 pub(super) fn norm_pair(
     up: &mut Uploader<'_>,
     label: &str,
     weight: &str,
     bias: Option<&str>,
     width: u32,
+    offset: f32,
 ) -> Result<(StorageBuffer, Option<StorageBuffer>), Error> {
-    let w = up.vector(label, &[(weight, width)], Some(1.0))?;
+    let w = up.norm_vector(label, weight, width, offset)?;
     let b = bias
         .map(|b| up.vector(label, &[(b, width)], None))
         .transpose()?;

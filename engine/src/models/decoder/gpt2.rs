@@ -22,10 +22,13 @@ pub(super) const FAMILY: Family = Family {
         o_bias: "{P}h.{L}.attn.c_proj.bias",
         mlp_norm: "{P}h.{L}.ln_2.weight",
         mlp_norm_bias: Some("{P}h.{L}.ln_2.bias"),
+        post_attn_norm: None,
+        post_mlp_norm: None,
         up: Projection::Separate(&["{P}h.{L}.mlp.c_fc.weight"]),
         up_bias: Projection::Separate(&["{P}h.{L}.mlp.c_fc.bias"]),
         down: "{P}h.{L}.mlp.c_proj.weight",
         down_bias: "{P}h.{L}.mlp.c_proj.bias",
     },
+    norm_plus_one: false,
     transposed: true,
 };

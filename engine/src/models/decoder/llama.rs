@@ -30,6 +30,8 @@ pub(super) const FAMILY: Family = Family {
         o_bias: "{P}layers.{L}.self_attn.o_proj.bias",
         mlp_norm: "{P}layers.{L}.post_attention_layernorm.weight",
         mlp_norm_bias: None,
+        post_attn_norm: None,
+        post_mlp_norm: None,
         up: Projection::Separate(&[
             "{P}layers.{L}.mlp.gate_proj.weight",
             "{P}layers.{L}.mlp.up_proj.weight",
@@ -41,5 +43,6 @@ pub(super) const FAMILY: Family = Family {
         down: "{P}layers.{L}.mlp.down_proj.weight",
         down_bias: "{P}layers.{L}.mlp.down_proj.bias",
     },
+    norm_plus_one: false,
     transposed: false,
 };

@@ -21,6 +21,7 @@ use crate::ops::{
 
 mod build;
 mod family;
+mod gemma3;
 mod gpt2;
 mod llama;
 mod phi3;
@@ -79,6 +80,9 @@ struct Layer {
     attn_norm: Norm,
     qkv_mm: PromptProduct,
     o_mm: PromptProduct,
+    /// Norms adding the attention and MLP outputs to the residual stream (Gemma).
+    post_attn_norm: Option<Norm>,
+    post_mlp_norm: Option<Norm>,
     mlp_norm: Norm,
     up_mm: PromptProduct,
     glu: Option<Glu>,
@@ -97,6 +101,8 @@ struct Activations {
     q: StorageBuffer,
     attn: StorageBuffer,
     gate_up: Option<StorageBuffer>,
+    /// The attention or MLP output before its post-norm (families with post-norms).
+    branch: Option<StorageBuffer>,
     h: StorageBuffer,
     logits: StorageBuffer,
     history: StorageBuffer,
@@ -136,6 +142,9 @@ pub struct DecoderModel {
     split_attention: bool,
     /// Host time spent recording the last decode step's commands.
     last_encode: std::time::Duration,
+    /// Longrope: forward passes reaching past this many positions read the long half of the
+    /// RoPE table.
+    long_rope_after: Option<u32>,
 }
 
 impl DecoderModel {
@@ -179,6 +188,17 @@ impl DecoderModel {
         self.sample.set(&self.gpu, params);
     }
 
+    /// The step uniform for `n` tokens from `pos0` in a forward pass over `forward_len`
+    /// positions (the whole prompt, or the sequence so far when decoding): longrope switches
+    /// tables by that length, as transformers does per forward.
+    fn step_params(&self, pos0: u32, n: u32, forward_len: u32) -> StepParams {
+        let step = StepParams::new(pos0, n);
+        match self.long_rope_after {
+            Some(original) if forward_len > original => step.with_rope_row(self.capacity),
+            _ => step,
+        }
+    }
+
     fn count_decode_dispatches(&self) -> u32 {
         let mut rec = Recorder::new(&self.gpu);
         self.encode_decode(&mut rec, 0);
@@ -200,8 +220,14 @@ impl DecoderModel {
             }
             l.decode_attention.encode(rec, pos, 1);
             l.o_mv.encode(rec);
+            if let Some(norm) = &l.post_attn_norm {
+                norm.encode(rec, 1);
+            }
             l.up_mv.encode(rec);
             l.down_mv.encode(rec);
+            if let Some(norm) = &l.post_mlp_norm {
+                norm.encode(rec, 1);
+            }
         }
         self.lm_head_mv.encode(rec);
         self.sample.encode(rec);
@@ -219,12 +245,18 @@ impl DecoderModel {
             l.rope.encode(rec, n);
             l.attention.encode(rec, pos0, n);
             l.o_mm.encode(rec, n);
+            if let Some(norm) = &l.post_attn_norm {
+                norm.encode(rec, n);
+            }
             l.mlp_norm.encode(rec, n);
             l.up_mm.encode(rec, n);
             if let Some(glu) = &l.glu {
                 glu.encode(rec, n);
             }
             l.down_mm.encode(rec, n);
+            if let Some(norm) = &l.post_mlp_norm {
+                norm.encode(rec, n);
+            }
         }
     }
 
@@ -260,7 +292,7 @@ impl DecoderModel {
         let mut pos = 0;
         while pos < total {
             let n = (total - pos).min(self.chunk);
-            self.step.write(&gpu, &StepParams::new(pos, n));
+            self.step.write(&gpu, &self.step_params(pos, n, total));
             let mut rec = Recorder::new(&gpu);
             if pos == 0 {
                 rec.clear(&self.acts.seen.buffer);
@@ -308,7 +340,7 @@ impl DecoderModel {
     fn submit_decode_step(&mut self, pos: u32) {
         let gpu = self.gpu.clone();
         let started = std::time::Instant::now();
-        self.step.write(&gpu, &StepParams::new(pos, 1));
+        self.step.write(&gpu, &self.step_params(pos, 1, pos + 1));
         let mut rec = Recorder::new(&gpu);
         self.encode_decode(&mut rec, pos);
         let slot = pos as usize % PIPELINE_DEPTH;
@@ -395,7 +427,7 @@ impl DecoderModel {
         let mut pos = 0;
         while pos < total {
             let n = (total - pos).min(self.chunk);
-            self.step.write(&gpu, &StepParams::new(pos, n));
+            self.step.write(&gpu, &self.step_params(pos, n, total));
             let mut rec = Recorder::new(&gpu);
             self.encode_prefill_layers(&mut rec, pos, n);
             norm.encode(&mut rec, n);
@@ -421,8 +453,8 @@ impl DecoderModel {
         let n = ids.len() as u32;
         gpu.queue()
             .write_buffer(&self.acts.history.buffer, 0, bytemuck::cast_slice(ids));
-        self.step.write(&gpu, &StepParams::new(0, n));
-        let mut profiler = crate::gpu::Profiler::new(&gpu, 12 * self.spec.layers + 8);
+        self.step.write(&gpu, &self.step_params(0, n, n));
+        let mut profiler = crate::gpu::Profiler::new(&gpu, 14 * self.spec.layers + 8);
         let mut rec = Recorder::with_profiler(&gpu, Some(&mut profiler));
         self.encode_prefill_layers(&mut rec, 0, n);
         self.lm_head_mv.encode(&mut rec);
@@ -449,7 +481,8 @@ impl DecoderModel {
         self.drain()?;
         let gpu = self.gpu.clone();
         let mut profiler = crate::gpu::Profiler::new(&gpu, self.decode_dispatches + 8);
-        self.step.write(&gpu, &StepParams::new(self.seq_len, 1));
+        self.step
+            .write(&gpu, &self.step_params(self.seq_len, 1, self.seq_len + 1));
         let mut rec = Recorder::with_profiler(&gpu, Some(&mut profiler));
         self.encode_decode(&mut rec, self.seq_len);
         rec.submit();

@@ -198,6 +198,7 @@ impl Builder<'_, '_> {
             &seen,
             &y.buf,
             &step,
+            1.0,
         )?;
         self.push(move |rec| embed.encode(rec, tokens));
         Ok(y)

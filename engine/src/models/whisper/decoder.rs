@@ -134,6 +134,7 @@ impl Decoder {
             &acts.seen,
             &acts.x,
             &step,
+            1.0,
         )?;
         let rules = SpeechLogits::new(gpu, ids, &acts.logits, &acts.history, &acts.scores, &step)?;
         let sample = Sample::new(gpu, vocab, &acts.logits, &acts.history, &acts.seen, &step)?;

@@ -7,8 +7,8 @@ use crate::Error;
 use crate::gpu::{Gpu, StorageBuffer, UniformBuffer};
 use crate::models::weights::{Part, Uploader};
 use crate::ops::{
-    Attention, FullAttention, FullLayout, Gelu, MatMul, MatMulOptions, MatVec, MatVecOptions,
-    Matrix, Norm, NormKind, RopeKv, SplitAttention, WeightDType,
+    Attention, CacheShape, FullAttention, FullLayout, Gelu, MatMul, MatMulOptions, MatVec,
+    MatVecOptions, Matrix, Norm, NormKind, RopeKv, SplitAttention, WeightDType,
 };
 
 use super::config::WhisperConfig;
@@ -233,16 +233,12 @@ pub(super) fn build_layer(
         kv_stride: 2 * d,
         k_off: 0,
     };
+    let cache = CacheShape::new(heads, heads, hd, b.capacity, b.dtype);
     Ok(Layer {
         self_norm: ln(&w.self_norm, &a.x, &a.xn)?,
         qkv_mm: mm(&w.qkv, &a.xn, &a.qkv, bias(&w.qkv_b))?,
-        store_kv: RopeKv::new(
-            gpu, heads, heads, hd, b.capacity, b.dtype, None, &a.qkv, &a.q, &k_cache, &v_cache,
-            step,
-        )?,
-        self_attention: Attention::new(
-            gpu, heads, heads, hd, b.capacity, b.dtype, &a.q, &k_cache, &v_cache, &a.attn, step,
-        )?,
+        store_kv: RopeKv::new(gpu, cache, None, &a.qkv, &a.q, &k_cache, &v_cache, step)?,
+        self_attention: Attention::new(gpu, cache, &a.q, &k_cache, &v_cache, &a.attn, step)?,
         out_mm: mm(&w.out, &a.attn, &a.x, bias_res(&w.out_b))?,
         cross_norm: ln(&w.cross_norm, &a.x, &a.xn)?,
         cross_q_mm: mm(&w.cross_q, &a.xn, &a.q, bias(&w.cross_q_b))?,
@@ -274,11 +270,7 @@ pub(super) fn build_layer(
         )?,
         split_attention: Attention::new_split(
             gpu,
-            heads,
-            heads,
-            hd,
-            b.capacity,
-            b.dtype,
+            cache,
             &a.qkv,
             None,
             &k_cache,
@@ -301,6 +293,7 @@ pub(super) fn build_layer(
                     stats: &a.stats,
                     heads,
                     head_dim: hd,
+                    window: None,
                 }),
                 ..Default::default()
             },
