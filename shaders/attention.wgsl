@@ -21,7 +21,10 @@
 // With RING (sliding-window layers), a query at position q sees keys q − window + 1 ..= q only,
 // and position j lives in cache row j mod capacity: a rolling cache bounded by the window.
 //
-// Defines: WG, HD (head_dim, a multiple of 4), F16 (f16 cache), SPLIT, MIN_SPLIT, MAX_SPLITS,
+// With Q8, caches hold q8_0 blocks of 32 dims: int8 values four to a word (one quad per
+// word), then every block's f32 scale from word `scale_base` on.
+//
+// Defines: WG, HD (head_dim, a multiple of 4; of 32 with Q8), F16 (f16 cache), Q8, SPLIT, MIN_SPLIT, MAX_SPLITS,
 // NO_ROPE (learned positions), ROT (rotating dims of a head), RING, FULL, TILED (the `tiled`
 // entry point, with BQ and BK).
 
@@ -46,7 +49,8 @@ struct Params {
     capacity: u32,
     scale: f32,
     window: u32,
-    _pad1: u32,
+    // Q8: word offset of the block scales in each cache buffer.
+    scale_base: u32,
     _pad2: u32,
 }
 #endif
@@ -63,6 +67,10 @@ const KEY_GROUPS: u32 = {{WG}}u / QUADS;
 @group(0) @binding(3) var<storage, read> kv: array<vec4<f32>>;
 #else
 #if SPLIT
+#if Q8
+@group(0) @binding(3) var<storage, read_write> k_cache: array<u32>;
+@group(0) @binding(4) var<storage, read_write> v_cache: array<u32>;
+#else
 #if F16
 @group(0) @binding(3) var<storage, read_write> k_cache: array<vec2<u32>>;
 @group(0) @binding(4) var<storage, read_write> v_cache: array<vec2<u32>>;
@@ -70,10 +78,15 @@ const KEY_GROUPS: u32 = {{WG}}u / QUADS;
 @group(0) @binding(3) var<storage, read_write> k_cache: array<vec4<f32>>;
 @group(0) @binding(4) var<storage, read_write> v_cache: array<vec4<f32>>;
 #endif
+#endif
 #if !NO_ROPE
 @group(0) @binding(7) var<storage, read> rope_cos: array<f32>;
 @group(0) @binding(8) var<storage, read> rope_sin: array<f32>;
 #endif
+#else
+#if Q8
+@group(0) @binding(3) var<storage, read> k_cache: array<u32>;
+@group(0) @binding(4) var<storage, read> v_cache: array<u32>;
 #else
 #if F16
 @group(0) @binding(3) var<storage, read> k_cache: array<vec2<u32>>;
@@ -81,6 +94,7 @@ const KEY_GROUPS: u32 = {{WG}}u / QUADS;
 #else
 @group(0) @binding(3) var<storage, read> k_cache: array<vec4<f32>>;
 @group(0) @binding(4) var<storage, read> v_cache: array<vec4<f32>>;
+#endif
 #endif
 #endif
 #endif
@@ -119,6 +133,34 @@ fn rotated(base: u32, d: u32, pos: u32) -> f32 {
 #endif
 }
 
+#if Q8
+// Stores the 32 dims of block b (eight quads from workgroup memory) as q8_0: int8 values,
+// four to a word, and the block's scale (absmax / 127) as f32 bits after all values.
+fn store_block(is_k: bool, quad0: u32, b: u32) {
+    var amax = 0.0;
+    for (var i = 0u; i < 8u; i++) {
+        let v = select(cur_v[8u * b + i], cur_k[8u * b + i], is_k);
+        amax = max(amax, max(max(abs(v.x), abs(v.y)), max(abs(v.z), abs(v.w))));
+    }
+    let d = amax / 127.0;
+    let inv = select(0.0, 1.0 / d, d > 0.0);
+    for (var i = 0u; i < 8u; i++) {
+        let v = select(cur_v[8u * b + i], cur_k[8u * b + i], is_k);
+        let w = q8_pack(v * inv);
+        if (is_k) {
+            k_cache[quad0 + 8u * b + i] = w;
+        } else {
+            v_cache[quad0 + 8u * b + i] = w;
+        }
+    }
+    let scale_at = p.scale_base + (quad0 + 8u * b) / 8u;
+    if (is_k) {
+        k_cache[scale_at] = bitcast<u32>(d);
+    } else {
+        v_cache[scale_at] = bitcast<u32>(d);
+    }
+}
+#else
 fn store_quad(is_k: bool, index: u32, v: vec4<f32>) {
 #if F16
     let w = vec2<u32>(pack2x16float(v.xy), pack2x16float(v.zw));
@@ -131,6 +173,7 @@ fn store_quad(is_k: bool, index: u32, v: vec4<f32>) {
         v_cache[index] = w;
     }
 }
+#endif
 #endif
 
 // The cache row of position j.
@@ -154,10 +197,28 @@ fn first_visible(q: u32) -> u32 {
 // A finite stand-in for -inf: exp() of it minus any real score is exactly zero.
 const NEG_BIG: f32 = -3.0e38;
 
+#if Q8
+// Four int8 values of a word, sign-extended.
+fn q8_unpack(w: u32) -> vec4<f32> {
+    let b = bitcast<vec4<i32>>(vec4<u32>(w << 24u, w << 16u, w << 8u, w)) >> vec4<u32>(24u);
+    return vec4<f32>(b);
+}
+
+// Four values already divided by the block scale, rounded to int8 in one word.
+fn q8_pack(v: vec4<f32>) -> u32 {
+    let q = vec4<i32>(round(clamp(v, vec4<f32>(-127.0), vec4<f32>(127.0))));
+    let u = bitcast<vec4<u32>>(q) & vec4<u32>(255u);
+    return u.x | (u.y << 8u) | (u.z << 16u) | (u.w << 24u);
+}
+#endif
+
 // Four consecutive dims starting at quad index `index` (in units of 4 elements).
 fn k_quad(index: u32) -> vec4<f32> {
 #if FULL
     return kv[index];
+#else
+#if Q8
+    return q8_unpack(k_cache[index]) * bitcast<f32>(k_cache[p.scale_base + index / 8u]);
 #else
 #if F16
     let w = k_cache[index];
@@ -166,17 +227,22 @@ fn k_quad(index: u32) -> vec4<f32> {
     return k_cache[index];
 #endif
 #endif
+#endif
 }
 
 fn v_quad(index: u32) -> vec4<f32> {
 #if FULL
     return kv[index];
 #else
+#if Q8
+    return q8_unpack(v_cache[index]) * bitcast<f32>(v_cache[p.scale_base + index / 8u]);
+#else
 #if F16
     let w = v_cache[index];
     return vec4<f32>(unpack2x16float(w.x), unpack2x16float(w.y));
 #else
     return v_cache[index];
+#endif
 #endif
 #endif
 }
@@ -263,10 +329,17 @@ fn main(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id) wid: v
     // The first head of each KV group stores the new key and value, from the run holding
     // the position; every workgroup reads them from workgroup memory, never from the cache.
     if (head % (p.heads / p.kv_heads) == 0u && pos >= first_key && pos < n_keys) {
+#if Q8
+        for (var b = tid; b < QUADS / 8u; b += {{WG}}u) {
+            store_block(true, cache_base + cache_row(pos) * QUADS, b);
+            store_block(false, cache_base + cache_row(pos) * QUADS, b);
+        }
+#else
         for (var i = tid; i < QUADS; i += {{WG}}u) {
             store_quad(true, cache_base + cache_row(pos) * QUADS + i, cur_k[i]);
             store_quad(false, cache_base + cache_row(pos) * QUADS + i, cur_v[i]);
         }
+#endif
     }
 #else
 #if FULL

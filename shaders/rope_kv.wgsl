@@ -5,7 +5,10 @@
 // (2j, 2j+1) and their rotation partners, or four pass-through dims — so f16 caches are
 // written as whole packed u32 words.
 //
-// Defines: F16 (f16 cache), NO_ROPE (learned positions, e.g. GPT-2).
+// With Q8 the cache holds q8_0 blocks (see attention.wgsl): `main` then writes Q only, and
+// `store_q8` quantizes K and V, one invocation per 32-dim block, after rotating its dims.
+//
+// Defines: F16 (f16 cache), Q8, NO_ROPE (learned positions, e.g. GPT-2).
 
 struct Params {
     heads: u32,
@@ -13,7 +16,8 @@ struct Params {
     head_dim: u32,
     capacity: u32,
     rotary_dim: u32,
-    _pad0: u32,
+    // Q8: word offset of the block scales in each cache buffer.
+    scale_base: u32,
     _pad1: u32,
     _pad2: u32,
 }
@@ -22,12 +26,17 @@ struct Params {
 @group(0) @binding(1) var<uniform> step: Step;
 @group(0) @binding(2) var<storage, read> qkv: array<f32>;
 @group(0) @binding(3) var<storage, read_write> q: array<f32>;
+#if Q8
+@group(0) @binding(4) var<storage, read_write> k_cache: array<u32>;
+@group(0) @binding(5) var<storage, read_write> v_cache: array<u32>;
+#else
 #if F16
 @group(0) @binding(4) var<storage, read_write> k_cache: array<u32>;
 @group(0) @binding(5) var<storage, read_write> v_cache: array<u32>;
 #else
 @group(0) @binding(4) var<storage, read_write> k_cache: array<f32>;
 @group(0) @binding(5) var<storage, read_write> v_cache: array<f32>;
+#endif
 #endif
 #if !NO_ROPE
 // cos and sin of position × frequency, [position][head_dim / 2].
@@ -36,6 +45,10 @@ struct Params {
 #endif
 
 fn store(is_k: bool, index: u32, a: f32, b: f32) {
+#if Q8
+    // K and V go through store_q8.
+    return;
+#else
 #if F16
     let word = pack2x16float(vec2<f32>(a, b));
     if (is_k) {
@@ -51,6 +64,7 @@ fn store(is_k: bool, index: u32, a: f32, b: f32) {
         v_cache[index] = a;
         v_cache[index + 1u] = b;
     }
+#endif
 #endif
 }
 
@@ -108,3 +122,72 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
     store(is_k, dst + da, a0, a1);
     store(is_k, dst + db, b0, b1);
 }
+
+#if Q8
+// Element d of head vector `src` for position pos, rotated like `main` rotates it.
+fn rotated(src: u32, d: u32, pos: u32) -> f32 {
+#if NO_ROPE
+    return qkv[src + d];
+#else
+    let half_dim = p.rotary_dim / 2u;
+    if (d >= p.rotary_dim) {
+        return qkv[src + d];
+    }
+    let row = (pos + step.rope_row) * half_dim;
+    if (d < half_dim) {
+        return qkv[src + d] * rope_cos[row + d] - qkv[src + d + half_dim] * rope_sin[row + d];
+    }
+    let i = d - half_dim;
+    return qkv[src + d] * rope_cos[row + i] + qkv[src + i] * rope_sin[row + i];
+#endif
+}
+
+@compute @workgroup_size(64)
+fn store_q8(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let id = gid.y * nwg.x * 64u + gid.x;
+    let blocks = p.head_dim / 32u;
+    if (id >= step.n_tokens * 2u * p.kv_heads * blocks) {
+        return;
+    }
+    let b = id % blocks;
+    let slot = (id / blocks) % (2u * p.kv_heads);
+    let t = id / (blocks * 2u * p.kv_heads);
+    let pos = step.pos0 + t;
+    let slots = p.heads + 2u * p.kv_heads;
+    let src = (t * slots + p.heads + slot) * p.head_dim;
+    let is_k = slot < p.kv_heads;
+    let kv_head = select(slot - p.kv_heads, slot, is_k);
+    var vals: array<f32, 32>;
+    var amax = 0.0;
+    for (var i = 0u; i < 32u; i++) {
+        let d = 32u * b + i;
+        var v = qkv[src + d];
+        if (is_k) {
+            v = rotated(src, d, pos);
+        }
+        vals[i] = v;
+        amax = max(amax, abs(v));
+    }
+    let scale = amax / 127.0;
+    let inv = select(0.0, 1.0 / scale, scale > 0.0);
+    // Words of this row: (kv_head · capacity + row) · head_dim / 4.
+    let word0 = ((kv_head * p.capacity + pos % p.capacity) * p.head_dim + 32u * b) / 4u;
+    for (var w = 0u; w < 8u; w++) {
+        var packed = 0u;
+        for (var j = 0u; j < 4u; j++) {
+            let q = i32(round(clamp(vals[4u * w + j] * inv, -127.0, 127.0)));
+            packed |= (bitcast<u32>(q) & 255u) << (8u * j);
+        }
+        if (is_k) {
+            k_cache[word0 + w] = packed;
+        } else {
+            v_cache[word0 + w] = packed;
+        }
+    }
+    if (is_k) {
+        k_cache[p.scale_base + word0 / 8u] = bitcast<u32>(scale);
+    } else {
+        v_cache[p.scale_base + word0 / 8u] = bitcast<u32>(scale);
+    }
+}
+#endif

@@ -90,12 +90,14 @@ fn sentencepiece_vocabulary_tokenizes_like_transformers() {
     for chat in &golden.chats {
         assert_eq!(
             tokenizer
-                .render_chat(&chat.messages, true)
+                .render_chat(&chat.messages, true, None)
                 .expect("template"),
             chat.prompt_text
         );
         assert_eq!(
-            tokenizer.encode_chat(&chat.messages, true).expect("chat"),
+            tokenizer
+                .encode_chat(&chat.messages, true, None)
+                .expect("chat"),
             chat.prompt_ids
         );
     }
@@ -118,6 +120,7 @@ fn sentencepiece_gguf_generates_like_transformers() {
             let params = GenerateParams {
                 max_tokens: case.greedy_tokens.len() as u32,
                 sampler: SamplerParams::default(),
+                thinking: None,
             };
             let stats = model
                 .generate(&prompt, &params, 1, &AtomicU64::new(0), |_, _| {})

@@ -582,6 +582,25 @@ fn rope_and_cache_store_match_cpu() {
             pos0: 2,
             capacity: 8,
         },
+        // q8_0-sized heads (the q8_0 cache runs on these): whole and partial rotary.
+        RopeCase {
+            heads: 2,
+            kv_heads: 1,
+            head_dim: 64,
+            rotary_dim: 64,
+            tokens: 3,
+            pos0: 5,
+            capacity: 9,
+        },
+        RopeCase {
+            heads: 3,
+            kv_heads: 3,
+            head_dim: 96,
+            rotary_dim: 48,
+            tokens: 2,
+            pos0: 40,
+            capacity: 7,
+        },
         // A rolling cache of 6 rows: positions 9..13 wrap to rows 3, 4, 5, 0, 1.
         RopeCase {
             heads: 2,
@@ -597,9 +616,12 @@ fn rope_and_cache_store_match_cpu() {
         theta: 10000.0,
         scaling: RopeScaling::None,
     };
-    for dtype in DTYPES {
+    for dtype in [KvDType::F32, KvDType::F16, KvDType::Q8_0] {
         for with_rope in [true, false] {
             for c in &cases {
+                if dtype == KvDType::Q8_0 && c.head_dim % 32 != 0 {
+                    continue;
+                }
                 let hd = c.head_dim as usize;
                 let slots = (c.heads + 2 * c.kv_heads) as usize;
                 let qkv = rng.vec(c.tokens as usize * slots * hd, 2.0);
@@ -607,7 +629,8 @@ fn rope_and_cache_store_match_cpu() {
                 let positions = c.capacity.max(c.pos0 + c.tokens);
                 let table = RopeTable::new(&gpu, &inv_freq, positions).expect("table");
                 let cache_elems = (c.kv_heads * c.capacity) as usize * hd;
-                let cache_bytes = cache_elems as u64 * dtype.bytes();
+                let shape = CacheShape::new(c.heads, c.kv_heads, c.head_dim, c.capacity, dtype);
+                let cache_bytes = shape.buffer_bytes();
                 let (qkvb, qb) = (
                     buf(&gpu, &qkv),
                     gpu.storage("q", (c.tokens * c.heads) as u64 * hd as u64 * 4)
@@ -618,7 +641,7 @@ fn rope_and_cache_store_match_cpu() {
                 let st = step(&gpu, c.pos0, c.tokens);
                 let op = RopeKv::new(
                     &gpu,
-                    CacheShape::new(c.heads, c.kv_heads, c.head_dim, c.capacity, dtype),
+                    shape,
                     with_rope.then_some(&table),
                     &qkvb,
                     &qb,
@@ -648,8 +671,26 @@ fn rope_and_cache_store_match_cpu() {
                 };
                 let read_cache = |b: &StorageBuffer| -> Vec<f32> {
                     match dtype {
-                        WeightDType::F32 => read(&gpu, b, cache_elems),
-                        WeightDType::F16 => {
+                        KvDType::F32 => read(&gpu, b, cache_elems),
+                        KvDType::Q8_0 => {
+                            let words: Vec<u32> = gpu
+                                .read(
+                                    &b.buffer,
+                                    0,
+                                    cache_elems as u64 / 4 + cache_elems as u64 / 32,
+                                )
+                                .expect("read");
+                            let (values, scales) = words.split_at(cache_elems / 4);
+                            values
+                                .iter()
+                                .enumerate()
+                                .flat_map(|(i, w)| {
+                                    let d = f32::from_bits(scales[i / 8]);
+                                    (0..4).map(move |j| f32::from((*w >> (8 * j)) as u8 as i8) * d)
+                                })
+                                .collect()
+                        }
+                        KvDType::F16 => {
                             let words: Vec<u32> = gpu
                                 .read(&b.buffer, 0, cache_elems as u64 / 2)
                                 .expect("read");
@@ -671,8 +712,9 @@ fn rope_and_cache_store_match_cpu() {
                     read_cache(&vc),
                 );
                 let cache_round = |v: Vec<f32>| match dtype {
-                    WeightDType::F32 => v,
-                    WeightDType::F16 => round_f16(&v),
+                    KvDType::F32 => v,
+                    KvDType::F16 => round_f16(&v),
+                    KvDType::Q8_0 => q8_blocks(&v).2,
                 };
                 for t in 0..c.tokens as usize {
                     let pos = c.pos0 + t as u32;
@@ -700,10 +742,13 @@ fn rope_and_cache_store_match_cpu() {
                             (cache[at..at + hd].to_vec(), cache_round(want))
                         };
                         let scale = vec![1.0; hd];
-                        let tol = if !is_q && dtype == WeightDType::F16 {
-                            2e-3
-                        } else {
-                            1e-5
+                        // q8_0: one step of the block's scale (a rotation rounded a little
+                        // differently may land on the neighbouring step).
+                        let tol = match dtype {
+                            _ if is_q => 1e-5,
+                            KvDType::F16 => 2e-3,
+                            KvDType::Q8_0 => 2.0 * 2.0 * 1.5 / 127.0,
+                            KvDType::F32 => 1e-5,
                         };
                         assert_close(
                             &format!("rope {dtype:?} rope={with_rope} hd={hd} t={t} slot={s}"),
@@ -879,9 +924,34 @@ fn attention_matches_cpu() {
     }
 }
 
+/// q8_0 blocks of `x` (a multiple of 32 long) as the KV cache stores them: int8 values four to
+/// a word, one scale per block, and the values they stand for.
+fn q8_blocks(x: &[f32]) -> (Vec<u32>, Vec<f32>, Vec<f32>) {
+    let (mut words, mut scales, mut values) = (Vec::new(), Vec::new(), Vec::new());
+    for block in x.chunks(32) {
+        let d = block.iter().fold(0.0f32, |m, v| m.max(v.abs())) / 127.0;
+        let inv = if d > 0.0 { 1.0 / d } else { 0.0 };
+        let q: Vec<i32> = block
+            .iter()
+            .map(|v| (v * inv).clamp(-127.0, 127.0).round_ties_even() as i32)
+            .collect();
+        for four in q.chunks(4) {
+            words.push(
+                four.iter()
+                    .enumerate()
+                    .fold(0u32, |w, (j, b)| w | ((*b as u32 & 255) << (8 * j))),
+            );
+        }
+        values.extend(q.iter().map(|b| *b as f32 * d));
+        scales.push(d);
+    }
+    (words, scales, values)
+}
+
 /// Sliding-window attention over a rolling cache (Gemma's local layers, Mistral): queries see
 /// the last `window` positions, stored in rows `pos mod rows`; with a softmax scale of its own.
-/// Prompt kernels (per query and tiled) and the split decode step merged by the output product.
+/// Prompt kernels (per query and tiled) and the split decode step merged by the output product,
+/// over f32, f16 and q8_0 caches.
 #[test]
 fn windowed_attention_over_a_rolling_cache_matches_cpu() {
     let gpu = gpu();
@@ -894,10 +964,15 @@ fn windowed_attention_over_a_rolling_cache_matches_cpu() {
         (2, 1, 128, 9, 30, 2, 19),
         (4, 2, 16, 70, 70, 200, 1),
         (4, 1, 24, 130, 131, 1000, 1),
+        (4, 2, 32, 70, 80, 200, 1),
+        (2, 2, 64, 300, 301, 350, 1),
     ];
     let scale = 0.3f32;
-    for dtype in DTYPES {
+    for dtype in [KvDType::F32, KvDType::F16, KvDType::Q8_0] {
         for &(heads, kv_heads, hd, window, rows, pos0, tokens) in &cases {
+            if dtype == KvDType::Q8_0 && hd % 32 != 0 {
+                continue;
+            }
             let hdu = hd as usize;
             let end = (pos0 + tokens) as usize;
             // Keys and values of every position; the cache holds each in row pos mod rows.
@@ -905,12 +980,11 @@ fn windowed_attention_over_a_rolling_cache_matches_cpu() {
                 rng.vec(kv_heads as usize * end * hdu, 1.0),
                 rng.vec(kv_heads as usize * end * hdu, 1.0),
             );
-            let round = |x: Vec<f32>| {
-                if dtype == WeightDType::F16 {
-                    round_f16(&x)
-                } else {
-                    x
-                }
+            // What the cache can hold of them.
+            let round = |x: Vec<f32>| match dtype {
+                KvDType::F32 => x,
+                KvDType::F16 => round_f16(&x),
+                KvDType::Q8_0 => q8_blocks(&x).2,
             };
             let (k, v) = (round(k), round(v));
             let mut ring_k = vec![0.0f32; (kv_heads * rows) as usize * hdu];
@@ -924,13 +998,19 @@ fn windowed_attention_over_a_rolling_cache_matches_cpu() {
                 }
             }
             let upload = |data: &[f32]| match dtype {
-                WeightDType::F32 => buf(&gpu, data),
-                WeightDType::F16 => {
+                KvDType::F32 => buf(&gpu, data),
+                KvDType::F16 => {
                     let halves: Vec<u16> = data
                         .iter()
                         .map(|x| half::f16::from_f32(*x).to_bits())
                         .collect();
                     gpu.storage_from("cache", &halves).expect("cache")
+                }
+                // Values four to a word, then the block scales.
+                KvDType::Q8_0 => {
+                    let (mut words, scales, _) = q8_blocks(data);
+                    words.extend(scales.iter().map(|s| s.to_bits()));
+                    gpu.storage_from("cache", &words).expect("cache")
                 }
             };
             let q = rng.vec((tokens * heads) as usize * hdu, 1.0);

@@ -193,6 +193,7 @@ fn text_generation_reproduces_the_greedy_continuation() {
         let params = backpack_engine::models::GenerateParams {
             max_tokens: c.greedy_tokens.len() as u32,
             sampler: SamplerParams::default(),
+            thinking: None,
         };
         let mut streamed = String::new();
         let stats = m
@@ -335,4 +336,60 @@ fn gguf_files_match_their_folders_goldens() {
             }
         }
     }
+}
+
+/// A q8_0 KV cache on a Gemma-3-shaped random model (heads of 32, sliding-window layers with
+/// rolling caches that wrap across prompt chunks) gives the prompt logits of an f32 cache up to
+/// int8 rounding, and the same greedy continuation where the f32 cache's choices are clear.
+#[test]
+fn q8_kv_cache_and_rolling_windows_track_the_f32_cache() {
+    use backpack_engine::load::DecoderSpec;
+    use backpack_engine::models::{DecoderModel, WeightSource};
+    use backpack_engine::ops::KvDType;
+    let gpu = gpu();
+    let spec = DecoderSpec::from_json(&serde_json::json!({
+        "model_type": "gemma3_text", "hidden_size": 64, "intermediate_size": 96,
+        "num_hidden_layers": 3, "num_attention_heads": 2, "num_key_value_heads": 1,
+        "head_dim": 32, "vocab_size": 300, "sliding_window": 6, "query_pre_attn_scalar": 32,
+        "layer_types": ["sliding_attention", "full_attention", "sliding_attention"],
+        "max_position_embeddings": 128
+    }))
+    .expect("spec");
+    let ids: Vec<u32> = (0..41).map(|i| (i * 37 + 11) % 300).collect();
+    let logits = |kv: KvDType| {
+        let options = ModelOptions {
+            dtype: WeightDType::F32,
+            kv_cache: Some(kv),
+            context: Some(96),
+            // Seven-token chunks: the windowed layers' caches (6 + 7 − 1 rows) wrap.
+            prefill_chunk: 7,
+            lookahead: false,
+            ..Default::default()
+        };
+        let mut model =
+            DecoderModel::build(&gpu, &spec, WeightSource::Random { seed: 5 }, &options)
+                .expect("model");
+        let all = model.prompt_logits(&ids).expect("prompt logits");
+        let mut tokens = vec![model.prefill(&ids).expect("prefill")];
+        for _ in 0..6 {
+            tokens.push(model.decode().expect("decode"));
+        }
+        (all, tokens, model.cache_bytes())
+    };
+    let (exact, exact_tokens, exact_bytes) = logits(KvDType::F32);
+    let (q8, q8_tokens, q8_bytes) = logits(KvDType::Q8_0);
+    assert!(exact.iter().all(|v| v.is_finite()));
+    let top = exact.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+    let worst = exact
+        .iter()
+        .zip(&q8)
+        .fold(0.0f32, |m, (a, b)| m.max((a - b).abs()));
+    eprintln!("q8_0 against f32 cache: logits differ by {worst} of {top}");
+    assert!(
+        worst <= 0.02 * top,
+        "q8_0 cache differs by {worst} (logits up to {top})"
+    );
+    assert_eq!(q8_tokens, exact_tokens);
+    // 8.5 bits a value against 32 (rolling caches in both).
+    assert_eq!(q8_bytes * 32, exact_bytes * 9);
 }

@@ -63,6 +63,7 @@ fn sampling(max_tokens: u32) -> GenerateParams {
             seed: 3,
             ..Default::default()
         },
+        thinking: None,
     }
 }
 
@@ -137,6 +138,7 @@ async fn cancel_stops_within_one_token() {
     let params = GenerateParams {
         max_tokens: 200,
         sampler: SamplerParams::default(),
+        thinking: None,
     };
     let request = engine.generate(Prompt::Raw("Once upon a time".into()), params);
     let mut seen = 0;

@@ -71,6 +71,7 @@ fn smollm2_gguf_chats_like_transformers() {
             let params = GenerateParams {
                 max_tokens: case.greedy_tokens.len() as u32,
                 sampler: SamplerParams::default(),
+                thinking: None,
             };
             let stats = model
                 .generate(&prompt, &params, 1, &AtomicU64::new(0), |_, _| {})

@@ -7,7 +7,7 @@ use backpack_engine::models::{DecoderModel, ModelOptions, TextModel, WeightSourc
 use backpack_engine::ops::SamplerParams;
 use clap::Args;
 
-use crate::{DTypeArg, QuantArg};
+use crate::{DTypeArg, KvCacheArg, QuantArg};
 
 #[derive(Args)]
 pub struct BenchArgs {
@@ -27,6 +27,9 @@ pub struct BenchArgs {
     /// Block-quantize the weight matrices (q8_0, q4_0, q4_k) or use f16.
     #[arg(long, value_enum)]
     quant: Option<QuantArg>,
+    /// How the KV cache stores keys and values (default: as --dtype).
+    #[arg(long, value_enum)]
+    kv_cache: Option<KvCacheArg>,
     /// Timed repetitions (the best is reported).
     #[arg(long, default_value_t = 3)]
     repeat: u32,
@@ -67,6 +70,7 @@ pub fn run(args: BenchArgs, adapter: Option<&str>) -> Result<()> {
         prefill_chunk: args.prompt_len.max(1),
         lookahead: !args.sync,
         quantize: args.quant.and_then(QuantArg::block_format),
+        kv_cache: args.kv_cache.map(Into::into),
         ..Default::default()
     };
     let build_start = Instant::now();

@@ -8,7 +8,7 @@ use backpack_engine::ops::SamplerParams;
 use backpack_engine::runtime::{Engine, Event};
 use clap::Args;
 
-use crate::{DTypeArg, QuantArg};
+use crate::{DTypeArg, KvCacheArg, QuantArg};
 
 #[derive(Args)]
 pub struct GenerateArgs {
@@ -25,6 +25,10 @@ pub struct GenerateArgs {
     /// A system message placed before the prompt (chat mode).
     #[arg(long)]
     system: Option<String>,
+    /// Answer without thinking first, for models whose chat template has the switch (Qwen3's
+    /// `enable_thinking`).
+    #[arg(long)]
+    no_think: bool,
     #[arg(long, default_value_t = 256)]
     max_tokens: u32,
     /// 0 picks the most likely token every time (greedy). Default: the model's generation
@@ -49,6 +53,9 @@ pub struct GenerateArgs {
     /// Context length to allocate (default 4096, capped by the model).
     #[arg(long)]
     context: Option<u32>,
+    /// How the KV cache stores keys and values (default: as --dtype); q8_0 halves it.
+    #[arg(long, value_enum)]
+    kv_cache: Option<KvCacheArg>,
     /// Print one JSON object with ids, text and timings after the text.
     #[arg(long)]
     json: bool,
@@ -92,6 +99,7 @@ pub fn run(args: GenerateArgs, adapter: Option<&str>) -> Result<()> {
                 },
                 quantize: args.quant.and_then(QuantArg::block_format),
                 context: args.context,
+                kv_cache: args.kv_cache.map(Into::into),
                 ..Default::default()
             },
         );
@@ -134,6 +142,7 @@ pub fn run(args: GenerateArgs, adapter: Option<&str>) -> Result<()> {
             GenerateParams {
                 max_tokens: args.max_tokens,
                 sampler,
+                thinking: args.no_think.then_some(false),
             },
         );
         let mut tokens = Vec::new();

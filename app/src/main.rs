@@ -73,6 +73,26 @@ pub enum DTypeArg {
     F16,
 }
 
+/// How the KV cache stores keys and values.
+#[derive(Clone, Copy, Debug, ValueEnum)]
+pub enum KvCacheArg {
+    F32,
+    F16,
+    /// int8 blocks of 32 with a scale each: about half the memory of f16.
+    #[value(name = "q8_0")]
+    Q8_0,
+}
+
+impl From<KvCacheArg> for backpack_engine::ops::KvDType {
+    fn from(d: KvCacheArg) -> Self {
+        match d {
+            KvCacheArg::F32 => Self::F32,
+            KvCacheArg::F16 => Self::F16,
+            KvCacheArg::Q8_0 => Self::Q8_0,
+        }
+    }
+}
+
 impl From<DTypeArg> for backpack_engine::ops::WeightDType {
     fn from(d: DTypeArg) -> Self {
         match d {

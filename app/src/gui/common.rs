@@ -41,9 +41,9 @@ pub fn sampling_editor(ui: &mut egui::Ui, s: &mut Sampling, context: Option<u32>
                 .selectable_label(current == Some(preset), preset.name())
                 .clicked()
             {
-                let keep = (s.max_tokens, s.seed);
+                let keep = (s.max_tokens, s.seed, s.thinking);
                 *s = preset.sampling();
-                (s.max_tokens, s.seed) = keep;
+                (s.max_tokens, s.seed, s.thinking) = keep;
             }
         }
     });
@@ -92,6 +92,14 @@ fn sampling_controls(ui: &mut egui::Ui, s: &mut Sampling, context: Option<u32>) 
                     ui.weak("new for every answer");
                 }
             });
+            ui.end_row();
+            let l = ui.label("Thinking");
+            ui.checkbox(&mut s.thinking, "Think before answering")
+                .labelled_by(l.id)
+                .on_hover_text(
+                    "Reasoning models with a thinking switch (Qwen3) write their reasoning first, \
+                     shown folded; off answers directly",
+                );
             ui.end_row();
         });
 }

@@ -31,6 +31,8 @@ pub struct Sampling {
     pub max_tokens: u32,
     /// None draws a fresh seed for every answer.
     pub seed: Option<u64>,
+    /// Reasoning models with a thinking switch (Qwen3) think before answering.
+    pub thinking: bool,
 }
 
 impl Default for Sampling {
@@ -71,6 +73,7 @@ impl Preset {
             repeat_penalty,
             max_tokens: 512,
             seed: None,
+            thinking: true,
         }
     }
 

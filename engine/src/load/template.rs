@@ -23,6 +23,8 @@ impl ChatMessage {
 }
 
 pub struct ChatTemplate {
+    /// The template reads `enable_thinking` (a reasoning model that can answer directly).
+    pub thinking_switch: bool,
     env: Environment<'static>,
     bos_token: String,
     eos_token: String,
@@ -47,35 +49,42 @@ impl ChatTemplate {
         env.add_template_owned("chat", source.to_owned())
             .map_err(|e| LoadError::Template(e.to_string()))?;
         Ok(Self {
+            thinking_switch: source.contains("enable_thinking"),
             env,
             bos_token: bos_token.to_owned(),
             eos_token: eos_token.to_owned(),
         })
     }
 
+    /// Renders `messages`; `thinking` sets the template's `enable_thinking` (Qwen3's switch;
+    /// None leaves it undefined, which such templates take as on).
     pub fn render(
         &self,
         messages: &[ChatMessage],
         add_generation_prompt: bool,
+        thinking: Option<bool>,
     ) -> Result<String, LoadError> {
         let template = self
             .env
             .get_template("chat")
             .map_err(|e| LoadError::Template(e.to_string()))?;
-        template
-            .render(context! {
-                messages => messages,
-                add_generation_prompt => add_generation_prompt,
-                bos_token => self.bos_token,
-                eos_token => self.eos_token,
-            })
-            .map_err(|e| {
-                let mut message = e.to_string();
-                if let Some(detail) = e.detail() {
-                    message = format!("{message}: {detail}");
-                }
-                LoadError::Template(message)
-            })
+        let base = context! {
+            messages => messages,
+            add_generation_prompt => add_generation_prompt,
+            bos_token => self.bos_token,
+            eos_token => self.eos_token,
+        };
+        let ctx = match thinking {
+            Some(on) => context! { enable_thinking => on, ..base },
+            None => base,
+        };
+        template.render(ctx).map_err(|e| {
+            let mut message = e.to_string();
+            if let Some(detail) = e.detail() {
+                message = format!("{message}: {detail}");
+            }
+            LoadError::Template(message)
+        })
     }
 }
 
@@ -150,7 +159,7 @@ mod tests {
         let source = "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'].strip() }}<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}";
         let t = ChatTemplate::new(source, "", "<|im_end|>").expect("compiles");
         let out = t
-            .render(&[ChatMessage::new("user", "  hi  ")], true)
+            .render(&[ChatMessage::new("user", "  hi  ")], true, None)
             .expect("renders");
         assert_eq!(
             out,
@@ -159,10 +168,28 @@ mod tests {
     }
 
     #[test]
+    fn the_thinking_switch_reaches_the_template() {
+        // The tail of Qwen3's template.
+        let source = "{%- if add_generation_prompt %}\n    {{- '<|im_start|>assistant\\n' }}\n    {%- if enable_thinking is defined and enable_thinking is false %}\n        {{- '<think>\\n\\n</think>\\n\\n' }}\n    {%- endif %}\n{%- endif %}";
+        let t = ChatTemplate::new(source, "", "").expect("compiles");
+        assert!(t.thinking_switch);
+        let on = t.render(&[], true, None).expect("renders");
+        assert_eq!(on, t.render(&[], true, Some(true)).expect("renders"));
+        assert!(!on.contains("<think>"));
+        let off = t.render(&[], true, Some(false)).expect("renders");
+        assert!(off.ends_with("<think>\n\n</think>\n\n"), "{off:?}");
+        assert!(
+            !ChatTemplate::new("{{ bos_token }}", "", "")
+                .expect("compiles")
+                .thinking_switch
+        );
+    }
+
+    #[test]
     fn raise_exception_becomes_an_error() {
         let t =
             ChatTemplate::new("{{ raise_exception('no system role') }}", "", "").expect("compiles");
-        let err = t.render(&[], false).expect_err("must fail");
+        let err = t.render(&[], false, None).expect_err("must fail");
         assert!(err.to_string().contains("no system role"), "{err}");
     }
 

@@ -165,22 +165,29 @@ impl TextTokenizer {
         &self,
         messages: &[ChatMessage],
         add_generation_prompt: bool,
+        thinking: Option<bool>,
     ) -> Result<Vec<u32>, LoadError> {
-        let text = self.render_chat(messages, add_generation_prompt)?;
+        let text = self.render_chat(messages, add_generation_prompt, thinking)?;
         self.encode(&text, false)
+    }
+
+    /// Whether the chat template has a thinking switch (see [`ChatTemplate::render`]).
+    pub fn has_thinking_switch(&self) -> bool {
+        self.template.as_ref().is_some_and(|t| t.thinking_switch)
     }
 
     pub fn render_chat(
         &self,
         messages: &[ChatMessage],
         add_generation_prompt: bool,
+        thinking: Option<bool>,
     ) -> Result<String, LoadError> {
         let template = self.template.as_ref().ok_or_else(|| {
             LoadError::Template(
                 "the model has no chat template (tokenizer_config.json chat_template or chat_template.jinja); use a raw prompt".into(),
             )
         })?;
-        template.render(messages, add_generation_prompt)
+        template.render(messages, add_generation_prompt, thinking)
     }
 
     pub fn decode(&self, ids: &[u32], skip_special_tokens: bool) -> Result<String, LoadError> {

@@ -63,6 +63,8 @@ pub enum Prompt {
 pub struct GenerateParams {
     pub max_tokens: u32,
     pub sampler: SamplerParams,
+    /// The chat template's `enable_thinking` (None: the template's default).
+    pub thinking: Option<bool>,
 }
 
 impl Default for GenerateParams {
@@ -70,6 +72,7 @@ impl Default for GenerateParams {
         Self {
             max_tokens: 256,
             sampler: SamplerParams::default(),
+            thinking: None,
         }
     }
 }
@@ -105,6 +108,8 @@ pub struct ModelInfo {
     pub dtype: String,
     pub dispatches_per_token: u32,
     pub has_chat_template: bool,
+    /// The chat template can turn a reasoning model's thinking off.
+    pub thinking_switch: bool,
 }
 
 /// A decoder on the GPU with its tokenizer: text in, token ids and text deltas out.
@@ -197,6 +202,7 @@ impl TextModel {
             dtype: format!("{:?}", self.model.dtype()).to_lowercase(),
             dispatches_per_token: self.model.dispatches_per_token(),
             has_chat_template: self.tokenizer.has_chat_template(),
+            thinking_switch: self.tokenizer.has_thinking_switch(),
         }
     }
 
@@ -205,9 +211,18 @@ impl TextModel {
     }
 
     pub fn tokenize(&self, prompt: &Prompt) -> Result<Vec<u32>, Error> {
+        self.tokenize_with(prompt, None)
+    }
+
+    /// As [`TextModel::tokenize`], with the chat template's thinking switch set.
+    pub fn tokenize_with(
+        &self,
+        prompt: &Prompt,
+        thinking: Option<bool>,
+    ) -> Result<Vec<u32>, Error> {
         Ok(match prompt {
             Prompt::Raw(text) => self.tokenizer.encode(text, true)?,
-            Prompt::Chat(messages) => self.tokenizer.encode_chat(messages, true)?,
+            Prompt::Chat(messages) => self.tokenizer.encode_chat(messages, true, thinking)?,
             Prompt::Tokens(ids) => ids.clone(),
         })
     }
@@ -224,7 +239,7 @@ impl TextModel {
         mut on_token: impl FnMut(u32, &str),
     ) -> Result<GenerationStats, Error> {
         let start = Instant::now();
-        let prompt_tokens = self.tokenize(prompt)?;
+        let prompt_tokens = self.tokenize_with(prompt, params.thinking)?;
         let mut stats = GenerationStats {
             prompt_tokens,
             tokens: Vec::new(),

@@ -20,7 +20,7 @@ mod sample;
 mod speech_logits;
 
 pub use attention::{
-    Attention, CacheShape, FullAttention, FullLayout, MAX_SPLITS, MIN_SPLIT, splits_for,
+    Attention, CacheShape, FullAttention, FullLayout, KvDType, MAX_SPLITS, MIN_SPLIT, splits_for,
 };
 pub use conv::{Conv1dShape, Conv2dShape, Im2Col};
 pub use denoise::{Denoise, DenoiseBuffers, DenoiseParams, Preview, PreviewSource};

@@ -1,6 +1,6 @@
 use bytemuck::{Pod, Zeroable};
 
-use super::{CacheShape, WeightDType, bind, flag, groups_of_64};
+use super::{CacheShape, KvDType, bind, flag, groups_of_64};
 use crate::gpu::{Gpu, GpuError, Kernel, Recorder, StorageBuffer, UniformBuffer};
 
 const SOURCE: &str = include_str!("../../../shaders/rope_kv.wgsl");
@@ -13,7 +13,8 @@ struct Params {
     head_dim: u32,
     capacity: u32,
     rotary_dim: u32,
-    _pad: [u32; 3],
+    scale_base: u32,
+    _pad: [u32; 2],
 }
 
 /// cos/sin of position × inverse frequency for every cached position, computed on the host the
@@ -88,8 +89,11 @@ impl RopeTable {
 pub struct RopeKv {
     kernel: Kernel,
     bind_group: wgpu::BindGroup,
-    slots: u32,
-    quads: u32,
+    /// Q8_0 caches: the pass that quantizes K and V blocks (`main` then writes Q only).
+    store_q8: Option<(Kernel, wgpu::BindGroup)>,
+    heads: u32,
+    kv_heads: u32,
+    head_dim: u32,
     _params: UniformBuffer,
 }
 
@@ -113,21 +117,15 @@ impl RopeKv {
             dtype: cache_dtype,
             ..
         } = shape;
-        if !head_dim.is_multiple_of(4) {
-            return Err(GpuError::Device(format!(
-                "head_dim {head_dim} is not a multiple of 4"
-            )));
-        }
+        shape.check()?;
         check_rotary(table, head_dim)?;
-        let kernel = gpu.kernel(
-            "rope_kv",
-            SOURCE,
-            "main",
-            &[
-                flag("F16", cache_dtype == WeightDType::F16),
-                flag("NO_ROPE", table.is_none()),
-            ],
-        )?;
+        let q8 = cache_dtype == KvDType::Q8_0;
+        let defines = [
+            flag("F16", cache_dtype == KvDType::F16),
+            flag("Q8", q8),
+            flag("NO_ROPE", table.is_none()),
+        ];
+        let kernel = gpu.kernel("rope_kv", SOURCE, "main", &defines)?;
         let params = gpu.uniform(
             "rope params",
             &Params {
@@ -136,7 +134,8 @@ impl RopeKv {
                 head_dim,
                 capacity,
                 rotary_dim: table.map_or(head_dim, |t| t.rotary_dim),
-                _pad: [0; 3],
+                scale_base: shape.scale_base(),
+                _pad: [0; 2],
             },
         );
         let mut entries = vec![
@@ -151,22 +150,45 @@ impl RopeKv {
             entries.push((6, &t.cos.buffer));
             entries.push((7, &t.sin.buffer));
         }
-        let bind_group = bind(gpu, &kernel, &entries);
+        // With q8_0, `main` leaves the caches (bindings 4, 5) to `store_q8`, which reads no
+        // q (3); the automatic layouts drop what an entry point does not use.
+        let without = |skip: &[u32]| -> Vec<(u32, &wgpu::Buffer)> {
+            entries
+                .iter()
+                .copied()
+                .filter(|(b, _)| !skip.contains(b))
+                .collect()
+        };
+        let bind_group = bind(gpu, &kernel, &without(if q8 { &[4, 5] } else { &[] }));
+        let store_q8 = if q8 {
+            let k = gpu.kernel("rope_kv", SOURCE, "store_q8", &defines)?;
+            let group = bind(gpu, &k, &without(&[3]));
+            Some((k, group))
+        } else {
+            None
+        };
         Ok(Self {
             kernel,
             bind_group,
-            slots: heads + 2 * kv_heads,
-            quads: head_dim / 4,
+            store_q8,
+            heads,
+            kv_heads,
+            head_dim,
             _params: params,
         })
     }
 
     pub fn encode(&self, rec: &mut Recorder<'_>, n_tokens: u32) {
+        let slots = self.heads + 2 * self.kv_heads;
         rec.dispatch(
             &self.kernel,
             &self.bind_group,
-            groups_of_64(n_tokens * self.slots * self.quads),
+            groups_of_64(n_tokens * slots * self.head_dim / 4),
         );
+        if let Some((q8, group)) = &self.store_q8 {
+            let blocks = 2 * self.kv_heads * self.head_dim / 32;
+            rec.dispatch(q8, group, groups_of_64(n_tokens * blocks));
+        }
     }
 }
 

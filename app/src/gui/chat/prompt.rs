@@ -49,6 +49,8 @@ pub fn generate_params(s: &Sampling) -> GenerateParams {
             repeat_penalty: s.repeat_penalty,
             seed,
         },
+        // Templates keep their own default unless thinking is turned off.
+        thinking: (!s.thinking).then_some(false),
     }
 }
 

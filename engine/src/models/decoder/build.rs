@@ -5,9 +5,9 @@ use crate::Error;
 use crate::gpu::{Gpu, StorageBuffer, UniformBuffer};
 use crate::load::{DecoderSpec, MlpKind};
 use crate::ops::{
-    Attention, CacheShape, Dequantize, Embed, Gelu, Glu, HeadNorm, MAX_SPLITS, MatMul,
+    Attention, CacheShape, Dequantize, Embed, Gelu, Glu, HeadNorm, KvDType, MAX_SPLITS, MatMul,
     MatMulOptions, MatVec, MatVecOptions, Matrix, Norm, NormKind, RopeKv, RopeTable, Sample,
-    SplitAttention, StepParams, WeightDType,
+    SplitAttention, StepParams,
 };
 
 use super::super::weights::{Part, Uploader, WeightSource};
@@ -122,7 +122,7 @@ impl Activations {
 struct LayerContext<'a> {
     gpu: &'a Gpu,
     spec: &'a DecoderSpec,
-    dtype: WeightDType,
+    kv_dtype: KvDType,
     capacity: u32,
     chunk: u32,
     step: &'a UniformBuffer,
@@ -160,7 +160,7 @@ impl LayerContext<'_> {
             spec.kv_heads,
             spec.head_dim,
             self.capacity,
-            self.dtype,
+            self.kv_dtype,
         );
         shape.scale = spec.attn_scale;
         if let Some(w) = spec.window.as_ref().filter(|_| spec.is_local(i)) {
@@ -502,7 +502,7 @@ impl DecoderModel {
         let context = LayerContext {
             gpu,
             spec,
-            dtype,
+            kv_dtype: opts.kv_cache.unwrap_or(dtype.into()),
             capacity,
             chunk,
             step: &step,
@@ -517,10 +517,7 @@ impl DecoderModel {
         let mut layers = Vec::with_capacity(weights.layers.len());
         for (i, w) in (0..).zip(&weights.layers) {
             let cache = context.cache_shape(i);
-            let cache_len = u64::from(spec.kv_heads)
-                * u64::from(cache.rows)
-                * u64::from(spec.head_dim)
-                * dtype.bytes();
+            let cache_len = cache.buffer_bytes();
             let k_cache = gpu.storage(&format!("layer {i} k cache"), cache_len)?;
             let v_cache = gpu.storage(&format!("layer {i} v cache"), cache_len)?;
             cache_bytes += k_cache.size + v_cache.size;

@@ -15,8 +15,8 @@ use crate::Error;
 use crate::gpu::{Gpu, Recorder, StorageBuffer, UniformBuffer};
 use crate::load::DecoderSpec;
 use crate::ops::{
-    Attention, Dequantize, Embed, Glu, HeadNorm, MatMul, MatMulOptions, MatVec, Matrix, Norm,
-    NormKind, RopeKv, Sample, SamplerParams, StepParams, WeightDType,
+    Attention, Dequantize, Embed, Glu, HeadNorm, KvDType, MatMul, MatMulOptions, MatVec, Matrix,
+    Norm, NormKind, RopeKv, Sample, SamplerParams, StepParams, WeightDType,
 };
 
 mod build;
@@ -30,6 +30,8 @@ mod qwen3;
 #[derive(Clone, Debug)]
 pub struct ModelOptions {
     pub dtype: WeightDType,
+    /// How the KV cache stores keys and values (None: as `dtype`).
+    pub kv_cache: Option<KvDType>,
     /// Context length to allocate the KV cache for (capped by the model's own limit).
     pub context: Option<u32>,
     /// Tokens processed per prompt submission.
@@ -49,6 +51,7 @@ impl Default for ModelOptions {
     fn default() -> Self {
         Self {
             dtype: WeightDType::F16,
+            kv_cache: None,
             context: None,
             prefill_chunk: 512,
             quantize: None,
