@@ -38,12 +38,13 @@ struct TokenCase {
     decoded: String,
 }
 
-const MODELS: [&str; 5] = [
+const MODELS: [&str; 6] = [
     "tiny-llama",
     "tiny-qwen2",
     "tiny-gpt2",
     "tiny-qwen3",
     "tiny-phi3",
+    "tiny-gemma3",
 ];
 
 fn fixtures() -> PathBuf {
@@ -285,10 +286,11 @@ fn quantizing_while_loading_shrinks_weights_and_keeps_logits_close() {
 /// GGUF files written from the fixture folders (tests/reference/folder_to_gguf.py: F16
 /// matrices, F32 norms, the tokenizer and chat template as GGUF metadata) against the folders'
 /// goldens: tokenization, chat prompts, prompt logits at every position, greedy tokens.
-const GGUF_MODELS: [(&str, &str); 3] = [
+const GGUF_MODELS: [(&str, &str); 4] = [
     ("tiny-qwen3.gguf", "tiny-qwen3"),
     ("tiny-gpt2.gguf", "tiny-gpt2"),
     ("tiny-phi3.gguf", "tiny-phi3"),
+    ("tiny-gemma3.gguf", "tiny-gemma3"),
 ];
 
 #[test]

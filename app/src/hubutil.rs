@@ -183,7 +183,11 @@ pub async fn fit_for(client: &HubClient, listing: &RepoListing, files: &[RepoFil
         + layers
             * (2 * hidden * hidden + 2 * hidden * kv_heads * head_dim + 3 * hidden * intermediate);
     let bytes_per_param = weights as f64 / params.max(1) as f64;
-    fit.kv_cache_bytes = 2 * layers * kv_heads * head_dim * context * 2;
+    fit.kv_cache_bytes = match backpack_engine::load::DecoderSpec::from_json(&config) {
+        // The engine's own reading: sliding-window layers keep rolling caches.
+        Ok(spec) => backpack_engine::hub::ModelShape::of_spec(&spec).kv_cache_bytes(),
+        Err(_) => 2 * layers * kv_heads * head_dim * context * 2,
+    };
     fit.largest_tensor = Some(((vocab * hidden) as f64 * bytes_per_param) as u64);
     fit
 }

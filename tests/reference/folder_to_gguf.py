@@ -7,11 +7,15 @@ Writes (default, no arguments):
     tests/fixtures/models/tiny-qwen3.gguf   `qwen3` architecture from tests/fixtures/models/tiny-qwen3/
     tests/fixtures/models/tiny-gpt2.gguf    `gpt2` architecture from tests/fixtures/models/tiny-gpt2/
     tests/fixtures/models/tiny-phi3.gguf    `phi3` architecture from tests/fixtures/models/tiny-phi3/
+    tests/fixtures/models/tiny-gemma3.gguf  `gemma3` architecture from tests/fixtures/models/tiny-gemma3/
 
 Layout: llama.cpp tensor names (`token_embd`, `blk.N.attn_q`, `attn_q_norm`, `attn_qkv`, `ffn_up`,
 ...), matrices as F16 and norms, biases and position embeddings as F32 (the converter's choice for
 an f16 output); GPT-2's Conv1D matrices transposed to `[out][in]` as the converter does; Qwen's Q/K
-rows left in HF order (only the `llama` architecture is permuted). Metadata: the architecture's
+rows left in HF order (only the `llama` architecture is permuted); Gemma's norm weights stored
+with the 1 of its (1 + w) added, as the converter does, and its sliding-window layers listed in
+`gemma3.attention.sliding_window_pattern` (llama.cpp itself assumes every sixth layer global for
+`gemma3`; the tiny model has its own pattern). Metadata: the architecture's
 hyperparameter keys, the byte-level BPE vocabulary (`tokenizer.ggml.model = gpt2`, tokens, token
 types, merges, `pre = gpt2` since the fixtures' pre-tokenizer is GPT-2's ByteLevel regex), BOS /
 EOS / padding ids and the chat template from tokenizer_config.json.
@@ -33,7 +37,7 @@ import numpy as np
 from safetensors.torch import load_file
 
 REPO_ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
-DEFAULTS = ["tiny-qwen3", "tiny-gpt2", "tiny-phi3"]
+DEFAULTS = ["tiny-qwen3", "tiny-gpt2", "tiny-phi3", "tiny-gemma3"]
 
 
 def tokenizer_metadata(writer, folder, config):
@@ -65,7 +69,11 @@ def tokenizer_metadata(writer, folder, config):
     pad = tok_cfg.get("pad_token")
     if pad in ids:
         writer.add_pad_token_id(ids[pad])
-    writer.add_add_bos_token(False)
+    # A post-processor that prepends the BOS (Llama 3, Gemma) is GGUF's add_bos_token.
+    post = json.dumps(tok.get("post_processor"))
+    writer.add_add_bos_token("TemplateProcessing" in post)
+    if "<end_of_turn>" in ids:
+        writer.add_eot_token_id(ids["<end_of_turn>"])
     if tok_cfg.get("chat_template"):
         writer.add_chat_template(tok_cfg["chat_template"])
 
@@ -78,7 +86,7 @@ def f32(t):
     return t.float().numpy().astype(np.float32)
 
 
-def llama_like(writer, config, weights, names):
+def llama_like(writer, config, weights, names, final_norm=None):
     """Hyperparameters, embedding, final norm, head and the layers of `names` (HF suffix ->
     (GGUF name, converter)) for the Llama-shaped architectures."""
     heads = config["num_attention_heads"]
@@ -98,12 +106,44 @@ def llama_like(writer, config, weights, names):
     if partial != 1.0:
         writer.add_rope_dimension_count(int(head_dim * partial))
     writer.add_tensor("token_embd.weight", f16(weights["model.embed_tokens.weight"]))
-    writer.add_tensor("output_norm.weight", f32(weights["model.norm.weight"]))
+    writer.add_tensor("output_norm.weight", (final_norm or f32)(weights["model.norm.weight"]))
     if not config.get("tie_word_embeddings", False):
         writer.add_tensor("output.weight", f16(weights["lm_head.weight"]))
     for layer in range(config["num_hidden_layers"]):
         for hf, (name, convert) in names.items():
             writer.add_tensor(f"blk.{layer}.{name}", convert(weights[f"model.layers.{layer}.{hf}"]))
+
+
+def gemma3(writer, config, weights):
+    rope = config["rope_parameters"]
+    config = dict(config, rope_parameters=rope["full_attention"])
+    plus_one = lambda t: f32(t) + np.float32(1.0)  # noqa: E731 - the converter's (1 + w)
+    llama_like(writer, config, weights, {
+        "input_layernorm.weight": ("attn_norm.weight", plus_one),
+        "self_attn.q_proj.weight": ("attn_q.weight", f16),
+        "self_attn.k_proj.weight": ("attn_k.weight", f16),
+        "self_attn.v_proj.weight": ("attn_v.weight", f16),
+        "self_attn.o_proj.weight": ("attn_output.weight", f16),
+        "self_attn.q_norm.weight": ("attn_q_norm.weight", plus_one),
+        "self_attn.k_norm.weight": ("attn_k_norm.weight", plus_one),
+        "post_attention_layernorm.weight": ("post_attention_norm.weight", plus_one),
+        "pre_feedforward_layernorm.weight": ("ffn_norm.weight", plus_one),
+        "mlp.gate_proj.weight": ("ffn_gate.weight", f16),
+        "mlp.up_proj.weight": ("ffn_up.weight", f16),
+        "mlp.down_proj.weight": ("ffn_down.weight", f16),
+        "post_feedforward_layernorm.weight": ("post_ffw_norm.weight", plus_one),
+    }, final_norm=plus_one)
+    full = rope["full_attention"]
+    if full.get("rope_type") == "linear":
+        writer.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
+        writer.add_rope_scaling_factor(full["factor"])
+    writer.add_rope_freq_base_swa(rope["sliding_attention"]["rope_theta"])
+    # llama.cpp derives Gemma 3's query scale from the head size (true of the published
+    # models); the tiny model's query_pre_attn_scalar differs, so the file states the scale.
+    writer.add_float32(gguf.Keys.Attention.SCALE.format(arch="gemma3"),
+                       config["query_pre_attn_scalar"] ** -0.5)
+    writer.add_sliding_window(config["sliding_window"])
+    writer.add_sliding_window_pattern([t == "sliding_attention" for t in config["layer_types"]])
 
 
 def qwen3(writer, config, weights):
@@ -167,8 +207,8 @@ def gpt2(writer, config, weights):
 
 def convert(folder, out):
     config = json.load(open(os.path.join(folder, "config.json"), encoding="utf-8"))
-    arch = config["model_type"]
-    writers = {"qwen3": qwen3, "phi3": phi3, "gpt2": gpt2}
+    arch = {"gemma3_text": "gemma3"}.get(config["model_type"], config["model_type"])
+    writers = {"qwen3": qwen3, "phi3": phi3, "gpt2": gpt2, "gemma3": gemma3}
     if arch not in writers:
         raise SystemExit(f"{folder}: architecture {arch!r} is not written (supported: {sorted(writers)})")
     weights = load_file(os.path.join(folder, "model.safetensors"))
@@ -185,7 +225,7 @@ def convert(folder, out):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", help="a Hugging Face folder (qwen3, phi3 or gpt2)")
+    ap.add_argument("--model", help="a Hugging Face folder (qwen3, phi3, gemma3 or gpt2)")
     ap.add_argument("--out", help="the GGUF file to write")
     args = ap.parse_args()
     if args.model:

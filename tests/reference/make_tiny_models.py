@@ -10,6 +10,10 @@ What it makes (default, no arguments):
                                                            head, bfloat16)
     tests/fixtures/models/tiny-qwen3/   Qwen3ForCausalLM  (q/k RMSNorm per head, head_dim 16 with hidden 48 /
                                                            4 heads, untied head, bfloat16)
+    tests/fixtures/models/tiny-gemma3/  Gemma3ForCausalLM (sliding window of 5 on three of four layers,
+                                                           separate local/global RoPE with linear scaling,
+                                                           query_pre_attn_scalar, head_dim 24, tied head,
+                                                           Gemma's specials and chat template, bfloat16)
     tests/fixtures/goldens/<model>.json prompt logits, greedy tokens, per-step logits and
                                         tokenization cases produced by transformers
 
@@ -144,7 +148,20 @@ def tokenizer_variant(base, arch):
         "model_max_length": 256,
         "chat_template": CHATML_TEMPLATE,
     }
-    if arch == "llama":
+    if arch == "gemma3":
+        tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in GEMMA_SPECIALS])
+        bos_id = tok.token_to_id("<bos>")
+        # Gemma's tokenizer prepends <bos> to every encoded text.
+        tok.post_processor = processors.Sequence([
+            processors.ByteLevel(trim_offsets=False),
+            processors.TemplateProcessing(
+                single="<bos>:0 $A:0",
+                pair="<bos>:0 $A:0 <bos>:1 $B:1",
+                special_tokens=[("<bos>", bos_id)],
+            ),
+        ])
+        cfg.update(bos_token="<bos>", eos_token="<eos>", chat_template=GEMMA_TEMPLATE)
+    elif arch == "llama":
         tok.add_special_tokens([AddedToken(BOS_TOKEN, special=True, normalized=False)])
         bos_id = tok.token_to_id(BOS_TOKEN)
         # Same shape as Llama 3's tokenizer.json: Sequence[ByteLevel, TemplateProcessing].
@@ -165,7 +182,7 @@ def tokenizer_variant(base, arch):
     if arch == "gpt2":
         cfg["eos_token"] = "<|endoftext|>"
     text = tok.to_str(pretty=True)
-    if arch != "llama":
+    if arch not in ("llama", "gemma3"):
         text = legacy_merges(text)
     return text, cfg
 
@@ -189,7 +206,8 @@ def legacy_merges(text):
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 # Default fixtures. `seed` values come from `--search-seeds 1000` (min top-2 margins
-# 0.1035 / 0.0859 / 0.1165 logits; tiny-qwen3 and tiny-phi3 from 300 seeds, 0.0862 / 0.0485).
+# 0.1035 / 0.0859 / 0.1165 logits; tiny-qwen3 and tiny-phi3 from 300 seeds, 0.0862 / 0.0485;
+# tiny-gemma3 from 60 seeds, 0.2345).
 SPECS = {
     "tiny-llama": dict(arch="llama", hidden=64, intermediate=176, layers=2, heads=4, kv_heads=2,
                        tie=False, dtype="bfloat16", seed=269),
@@ -201,7 +219,55 @@ SPECS = {
                       partial_rotary=0.5, tie=False, dtype="bfloat16", seed=185),
     "tiny-qwen3": dict(arch="qwen3", hidden=48, intermediate=128, layers=2, heads=4, kv_heads=2,
                        head_dim=16, tie=False, dtype="bfloat16", seed=97),
+    "tiny-gemma3": dict(arch="gemma3", hidden=64, intermediate=160, layers=4, heads=4, kv_heads=2,
+                        head_dim=24, tie=True, dtype="bfloat16", seed=16),
 }
+
+# Gemma 3's chat template (google/gemma-3-1b-it): a system message is folded into the first
+# user turn, the assistant is "model", and the BOS comes from the template.
+GEMMA_TEMPLATE = (
+    "{{ bos_token }}"
+    "{%- if messages[0]['role'] == 'system' -%}"
+    "{%- if messages[0]['content'] is string -%}"
+    "{%- set first_user_prefix = messages[0]['content'] + '\n\n' -%}"
+    "{%- else -%}"
+    "{%- set first_user_prefix = messages[0]['content'][0]['text'] + '\n\n' -%}"
+    "{%- endif -%}"
+    "{%- set loop_messages = messages[1:] -%}"
+    "{%- else -%}"
+    "{%- set first_user_prefix = \"\" -%}"
+    "{%- set loop_messages = messages -%}"
+    "{%- endif -%}"
+    "{%- for message in loop_messages -%}"
+    "{%- if (message['role'] == 'user') != (loop.index0 % 2 == 0) -%}"
+    "{{ raise_exception(\"Conversation roles must alternate user/assistant/user/assistant/...\") }}"
+    "{%- endif -%}"
+    "{%- if (message['role'] == 'assistant') -%}"
+    "{%- set role = \"model\" -%}"
+    "{%- else -%}"
+    "{%- set role = message['role'] -%}"
+    "{%- endif -%}"
+    "{{ '<start_of_turn>' + role + '\n' + (first_user_prefix if loop.first else \"\") }}"
+    "{%- if message['content'] is string -%}"
+    "{{ message['content'] | trim }}"
+    "{%- elif message['content'] is iterable -%}"
+    "{%- for item in message['content'] -%}"
+    "{%- if item['type'] == 'image' -%}"
+    "{{ '<start_of_image>' }}"
+    "{%- elif item['type'] == 'text' -%}"
+    "{{ item['text'] | trim }}"
+    "{%- endif -%}"
+    "{%- endfor -%}"
+    "{%- else -%}"
+    "{{ raise_exception(\"Invalid content type\") }}"
+    "{%- endif -%}"
+    "{{ '<end_of_turn>\n' }}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}"
+    "{{'<start_of_turn>model\n'}}"
+    "{%- endif -%}"
+)
+GEMMA_SPECIALS = ["<bos>", "<eos>", "<start_of_turn>", "<end_of_turn>"]
 
 # Std of the random weight matrices; much larger than the usual 0.02 so the logits are
 # spread out (a few units) and greedy choices are not near-ties.
@@ -267,6 +333,26 @@ def make_config(spec, vocab_size, special_ids):
             scaling = {"partial_rotary_factor": partial}
         else:
             common["partial_rotary_factor"] = partial
+    elif arch == "gemma3":
+        # Layers 0, 1 and 3 attend through a window of 5 (shorter than every golden prompt),
+        # layer 2 to everything, each kind with its own RoPE as Gemma 3 has them.
+        layer_types = ["sliding_attention", "sliding_attention", "full_attention", "sliding_attention"]
+        layer_types = [layer_types[i % 4] for i in range(spec["layers"])]
+        return transformers.Gemma3TextConfig(
+            vocab_size=vocab_size, hidden_size=hidden, intermediate_size=spec["intermediate"],
+            num_hidden_layers=spec["layers"], num_attention_heads=heads,
+            num_key_value_heads=spec["kv_heads"] or heads,
+            head_dim=spec.get("head_dim") or hidden // heads, query_pre_attn_scalar=32,
+            sliding_window=5, layer_types=layer_types,
+            rope_parameters={
+                "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1000000.0},
+            },
+            max_position_embeddings=256, rms_norm_eps=1e-6, hidden_activation="gelu_pytorch_tanh",
+            initializer_range=INIT_STD, tie_word_embeddings=spec["tie"],
+            bos_token_id=special_ids["<bos>"], eos_token_id=special_ids["<eos>"],
+            pad_token_id=special_ids["<|endoftext|>"],
+        )
     elif arch == "qwen3":
         cls = transformers.Qwen3Config
         theta, eps, scaling = 1000000.0, 1e-6, None
@@ -306,9 +392,15 @@ def build_model(spec, vocab_size, special_ids):
             noise = torch.randn(p.shape, generator=gen, dtype=torch.float32)
             with torch.no_grad():
                 if is_norm:
-                    p.copy_((1.0 + NORM_STD * noise) if pname == "weight" else NORM_STD * noise)
+                    # Gemma's norms scale by (1 + w): the same scales as the others' w.
+                    one = 0.0 if spec["arch"] == "gemma3" else 1.0
+                    p.copy_((one + NORM_STD * noise) if pname == "weight" else NORM_STD * noise)
                 elif pname == "bias":
                     p.copy_(BIAS_STD * noise)
+                elif spec["arch"] == "gemma3" and isinstance(module, torch.nn.Embedding):
+                    # Gemma multiplies embeddings by sqrt(hidden); at full size the token just
+                    # generated would dominate the tied head and repeat itself.
+                    p.copy_(INIT_STD / 2 * noise)
                 else:
                     p.copy_(INIT_STD * noise)
     # Round through the storage dtype so the goldens use exactly the stored weights.
@@ -457,6 +549,9 @@ def make_golden(name, spec, model, tokenizer):
 
 
 def eos_ids(arch, tokenizer):
+    if arch == "gemma3":
+        # Gemma 3's generation config stops at <eos> and <end_of_turn>.
+        return [tokenizer.convert_tokens_to_ids(t) for t in ("<eos>", "<end_of_turn>")]
     im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")
     if arch == "gpt2":
         return [im_end, tokenizer.convert_tokens_to_ids("<|endoftext|>")]
@@ -504,7 +599,8 @@ def generate_one(name, spec, base_tok, out_dir, golden_path, search, clean=False
     write_tokenizer(out_dir, tok_json, tok_cfg)
     tokenizer = AutoTokenizer.from_pretrained(out_dir)
     vocab = len(tokenizer)
-    special = {t: tokenizer.convert_tokens_to_ids(t) for t in SPECIAL_TOKENS + [BOS_TOKEN]}
+    specials = SPECIAL_TOKENS + (GEMMA_SPECIALS if spec["arch"] == "gemma3" else [BOS_TOKEN])
+    special = {t: tokenizer.convert_tokens_to_ids(t) for t in specials}
 
     def set_generation_config(model):
         model.generation_config = GenerationConfig(
@@ -551,14 +647,14 @@ def main():
                     help="try seeds 0..N-1 and keep the one with the largest min top-2 margin")
     g = ap.add_argument_group("single custom model (selected by --arch)")
     ap.add_argument("--only", metavar="NAME", help="regenerate only this default fixture (e.g. tiny-qwen3)")
-    g.add_argument("--arch", choices=["llama", "qwen2", "gpt2", "qwen3", "phi3"])
+    g.add_argument("--arch", choices=["llama", "qwen2", "gpt2", "qwen3", "phi3", "gemma3"])
     g.add_argument("--out", help="model folder to write; golden.json goes inside it")
     g.add_argument("--hidden", type=int)
     g.add_argument("--layers", type=int)
     g.add_argument("--heads", type=int)
     g.add_argument("--kv-heads", type=int)
     g.add_argument("--intermediate", type=int)
-    g.add_argument("--head-dim", type=int, help="qwen3: head size independent of hidden / heads")
+    g.add_argument("--head-dim", type=int, help="qwen3, gemma3: head size independent of hidden / heads")
     g.add_argument("--tie", action=argparse.BooleanOptionalAction, default=None)
     g.add_argument("--seed", type=int)
     g.add_argument("--dtype", choices=list(DTYPES))

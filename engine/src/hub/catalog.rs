@@ -32,6 +32,22 @@ pub struct ModelShape {
 const PROMPT_CHUNK: u64 = 512;
 
 impl ModelShape {
+    /// The shape of a decoder the engine can describe (an HF config), sliding windows included.
+    pub fn of_spec(spec: &crate::load::DecoderSpec) -> Self {
+        let window = spec.window.as_ref();
+        Self {
+            layers: u64::from(spec.layers),
+            hidden: u64::from(spec.hidden),
+            vocab: u64::from(spec.vocab),
+            kv_heads: u64::from(spec.kv_heads),
+            head_dim: u64::from(spec.head_dim),
+            tied: spec.tied_embeddings,
+            context: Some(u64::from(spec.max_positions)),
+            sliding_window: window.map(|w| u64::from(w.size)),
+            global_layers: window.map(|w| w.local.iter().filter(|l| !**l).count() as u64),
+        }
+    }
+
     /// f16 K and V for every layer at the estimate's context; sliding-window layers keep a
     /// rolling cache of the window plus one prompt chunk.
     pub fn kv_cache_bytes(&self) -> u64 {

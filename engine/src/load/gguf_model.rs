@@ -281,16 +281,17 @@ fn gemma3_spec(file: &GgufFile, spec: DecoderSpec) -> Result<DecoderSpec, LoadEr
         scaling: RopeScaling::None,
     };
     // llama.cpp scales Gemma 3 27B's queries by hidden / heads (its query_pre_attn_scalar);
-    // the other sizes use the head size.
+    // the other sizes use the head size. A file may state the scale (`attention.scale`).
     let scalar = if spec.layers == 62 {
         spec.hidden / spec.heads
     } else {
         spec.head_dim
     };
+    let attn_scale = opt_f32(file, &key("attention.scale")).unwrap_or(1.0 / (scalar as f32).sqrt());
     Ok(DecoderSpec {
         mlp: MlpKind::GeGlu,
         embed_scale: (spec.hidden as f32).sqrt(),
-        attn_scale: Some(1.0 / (scalar as f32).sqrt()),
+        attn_scale: Some(attn_scale),
         post_norms: true,
         window: Some(SlidingWindow {
             size: window,
