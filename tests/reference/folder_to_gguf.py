@@ -11,7 +11,8 @@ Writes (default, no arguments):
 
 Layout: llama.cpp tensor names (`token_embd`, `blk.N.attn_q`, `attn_q_norm`, `attn_qkv`, `ffn_up`,
 ...), matrices as F16 and norms, biases and position embeddings as F32 (the converter's choice for
-an f16 output); GPT-2's Conv1D matrices transposed to `[out][in]` as the converter does; Qwen's Q/K
+an f16 output); Phi-3 longrope as `rope_factors_long` / `rope_factors_short` tensors with
+`rope.scaling.original_context_length` and `rope.scaling.attn_factor`; GPT-2's Conv1D matrices transposed to `[out][in]` as the converter does; Qwen's Q/K
 rows left in HF order (only the `llama` architecture is permuted); Gemma's norm weights stored
 with the 1 of its (1 + w) added, as the converter does, and its sliding-window layers listed in
 `gemma3.attention.sliding_window_pattern` (llama.cpp itself assumes every sixth layer global for
@@ -30,6 +31,7 @@ The output depends only on the folder, so reruns write identical files.
 
 import argparse
 import json
+import math
 import os
 
 import gguf
@@ -163,6 +165,17 @@ def qwen3(writer, config, weights):
 
 
 def phi3(writer, config, weights):
+    rope = config.get("rope_parameters") or config.get("rope_scaling") or {}
+    if rope.get("rope_type", rope.get("type")) in ("longrope", "su"):
+        # As llama.cpp's converter stores longrope: both factor sets as tensors, the original
+        # context and the attention factor from max / original positions.
+        original = config.get("original_max_position_embeddings") or rope["original_max_position_embeddings"]
+        scale = config["max_position_embeddings"] / original
+        writer.add_rope_scaling_orig_ctx_len(original)
+        writer.add_rope_scaling_attn_factors(
+            math.sqrt(1 + math.log(scale) / math.log(original)) if scale > 1.0 else 1.0)
+        writer.add_tensor("rope_factors_long.weight", np.array(rope["long_factor"], dtype=np.float32))
+        writer.add_tensor("rope_factors_short.weight", np.array(rope["short_factor"], dtype=np.float32))
     # llama.cpp keeps Phi-3's fused projections: q/k/v in attn_qkv, gate then up in ffn_up.
     llama_like(writer, config, weights, {
         "input_layernorm.weight": ("attn_norm.weight", f32),

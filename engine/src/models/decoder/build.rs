@@ -598,6 +598,7 @@ impl DecoderModel {
                 .as_ref()
                 .and_then(|r| r.longrope(spec.rotary_dim))
                 .map(|(_, original, _)| original),
+            prompt_len: 0,
             last_encode: std::time::Duration::ZERO,
         };
         model.decode_dispatches = model.count_decode_dispatches();

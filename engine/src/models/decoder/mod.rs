@@ -148,6 +148,8 @@ pub struct DecoderModel {
     /// Longrope: forward passes reaching past this many positions read the long half of the
     /// RoPE table.
     long_rope_after: Option<u32>,
+    /// Tokens of the current sequence's prompt.
+    prompt_len: u32,
 }
 
 impl DecoderModel {
@@ -292,12 +294,23 @@ impl DecoderModel {
         gpu.queue()
             .write_buffer(&self.acts.history.buffer, 0, bytemuck::cast_slice(ids));
         let total = ids.len() as u32;
+        self.prompt_len = total;
+        self.submit_forward(total, 0, true);
+        self.seq_len = total;
+        self.submitted_len = total;
+        self.read_oldest()
+    }
+
+    /// Submits a forward pass over the first `total` tokens of the history (in chunks) that
+    /// samples the next token into readback `slot`; `fresh` clears the seen-token set first.
+    fn submit_forward(&mut self, total: u32, slot: usize, fresh: bool) {
+        let gpu = self.gpu.clone();
         let mut pos = 0;
         while pos < total {
             let n = (total - pos).min(self.chunk);
             self.step.write(&gpu, &self.step_params(pos, n, total));
             let mut rec = Recorder::new(&gpu);
-            if pos == 0 {
+            if pos == 0 && fresh {
                 rec.clear(&self.acts.seen.buffer);
             }
             self.encode_prefill_layers(&mut rec, pos, n);
@@ -305,19 +318,13 @@ impl DecoderModel {
             if pos == total {
                 self.lm_head_mv.encode(&mut rec);
                 self.sample.encode(&mut rec);
-                self.copy_sampled(&mut rec, total, 0);
+                self.copy_sampled(&mut rec, total, slot);
                 let submission = rec.submit();
-                self.in_flight.push_back(InFlight {
-                    slot: 0,
-                    submission,
-                });
+                self.in_flight.push_back(InFlight { slot, submission });
             } else {
                 rec.submit();
             }
         }
-        self.seq_len = total;
-        self.submitted_len = total;
-        self.read_oldest()
     }
 
     /// Feeds the last sampled token and returns the next one.
@@ -341,6 +348,12 @@ impl DecoderModel {
 
     /// Records and submits the step that feeds the token at `pos`.
     fn submit_decode_step(&mut self, pos: u32) {
+        // Longrope: the first time the sequence passes the switch length, transformers encodes
+        // it again from the start with the long factors (the cache holds short-factor keys).
+        if self.long_rope_after == Some(pos) && self.prompt_len <= pos {
+            self.submit_forward(pos + 1, pos as usize % PIPELINE_DEPTH, false);
+            return;
+        }
         let gpu = self.gpu.clone();
         let started = std::time::Instant::now();
         self.step.write(&gpu, &self.step_params(pos, 1, pos + 1));
