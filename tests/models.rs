@@ -395,3 +395,73 @@ fn q8_kv_cache_and_rolling_windows_track_the_f32_cache() {
     // 8.5 bits a value against 32 (rolling caches in both).
     assert_eq!(q8_bytes * 32, exact_bytes * 9);
 }
+
+/// A multimodal Gemma 3 checkpoint (`Gemma3ForConditionalGeneration`: the text model's config
+/// under `text_config`, its weights under `model.language_model.`, a vision tower beside them)
+/// loads as its text model: the tiny Gemma 3 rewritten in that layout gives the folder's prompt
+/// logits.
+#[test]
+fn multimodal_gemma3_checkpoints_load_their_text_model() {
+    let src = fixtures().join("models").join("tiny-gemma3");
+    let dir = std::env::temp_dir().join(format!("backpack-gemma3-mm-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    for f in [
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "generation_config.json",
+    ] {
+        std::fs::copy(src.join(f), dir.join(f)).expect("copy tokenizer");
+    }
+    let text: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(src.join("config.json")).expect("config"))
+            .expect("config json");
+    let config = serde_json::json!({
+        "architectures": ["Gemma3ForConditionalGeneration"],
+        "model_type": "gemma3",
+        "eos_token_id": text["eos_token_id"].clone(),
+        "text_config": text,
+        "vision_config": {"model_type": "siglip_vision_model", "hidden_size": 4}
+    });
+    std::fs::write(dir.join("config.json"), config.to_string()).expect("write config");
+    // safetensors: 8-byte header length, JSON header, data. Rename the text model's tensors and
+    // append a vision tensor (offsets are relative to the data).
+    let bytes = std::fs::read(src.join("model.safetensors")).expect("weights");
+    let header_len = u64::from_le_bytes(bytes[..8].try_into().expect("8 bytes")) as usize;
+    let header: serde_json::Map<String, serde_json::Value> =
+        serde_json::from_slice(&bytes[8..8 + header_len]).expect("header");
+    let mut data = bytes[8 + header_len..].to_vec();
+    let mut renamed = serde_json::Map::new();
+    for (name, info) in header {
+        let name = match name.strip_prefix("model.") {
+            Some(rest) => format!("model.language_model.{rest}"),
+            None => name,
+        };
+        renamed.insert(name, info);
+    }
+    renamed.insert(
+        "model.vision_tower.vision_model.embeddings.patch_embedding.weight".into(),
+        serde_json::json!({"dtype": "F32", "shape": [1], "data_offsets": [data.len(), data.len() + 4]}),
+    );
+    data.extend(1.5f32.to_le_bytes());
+    let header = serde_json::Value::Object(renamed).to_string();
+    let mut out = (header.len() as u64).to_le_bytes().to_vec();
+    out.extend(header.as_bytes());
+    out.extend(data);
+    std::fs::write(dir.join("model.safetensors"), out).expect("write weights");
+
+    let g = golden("tiny-gemma3");
+    let mut m = load_path(&dir, WeightDType::F32);
+    let vocab = m.model.spec().vocab as usize;
+    for c in &g.cases {
+        let got = m.model.prompt_logits(&c.prompt_ids).expect("prompt logits");
+        for (pos, want) in c.prompt_logits.iter().enumerate() {
+            let diff = max_diff(&got[pos * vocab..(pos + 1) * vocab], want);
+            assert!(
+                diff <= tolerance(WeightDType::F32),
+                "multimodal layout/{}: position {pos} differs by {diff}",
+                c.name
+            );
+        }
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -152,6 +152,7 @@ impl Shared {
             },
             quantize,
             context: load.context,
+            kv_cache: load.kv_q8.then_some(backpack_engine::ops::KvDType::Q8_0),
             ..Default::default()
         }
     }

@@ -239,6 +239,8 @@ pub struct LoadSettings {
     pub quant: Option<String>,
     /// Context length to allocate; None = the engine's default (capped by the model).
     pub context: Option<u32>,
+    /// Store the KV cache as q8_0 blocks (about half of f16) instead of the storage type.
+    pub kv_q8: bool,
 }
 
 impl Default for LoadSettings {
@@ -247,6 +249,7 @@ impl Default for LoadSettings {
             dtype: "f16".into(),
             quant: None,
             context: None,
+            kv_q8: false,
         }
     }
 }

@@ -726,8 +726,40 @@ pub fn gguf_tokenizer(file: &GgufFile) -> Result<TextTokenizer, LoadError> {
 #[cfg(test)]
 mod tests {
     use super::super::gguf::{GgmlType, GgufFile, GgufValue, write_gguf};
-    use super::{gguf_spec, unpermuted_row};
+    use super::{gguf_spec, pre_tokenizer, unpermuted_row};
     use crate::load::RopeScaling;
+
+    /// Phi-4-mini's `gpt-4o` pre-tokenizer splits as o200k does: camel-case words whole with a
+    /// leading space, contractions kept, digits in threes, newlines apart from spaces.
+    #[test]
+    fn gpt4o_pre_tokenizer_splits_like_o200k() {
+        use tokenizers::{OffsetReferential, OffsetType, PreTokenizedString, PreTokenizer};
+        let json = pre_tokenizer("gpt-4o").expect("known");
+        let pre: tokenizers::pre_tokenizers::PreTokenizerWrapper =
+            serde_json::from_value(json).expect("a valid pre-tokenizer");
+        let mut s = PreTokenizedString::from("Hello world's HTTPServer 1234567\n\n  x");
+        pre.pre_tokenize(&mut s).expect("splits");
+        let pieces: Vec<String> = s
+            .get_splits(OffsetReferential::Original, OffsetType::Byte)
+            .into_iter()
+            .map(|(piece, _, _)| piece.to_owned())
+            .collect();
+        assert_eq!(
+            pieces,
+            [
+                "Hello",
+                "\u{120}world's",
+                "\u{120}HTTPServer",
+                "\u{120}",
+                "123",
+                "456",
+                "7",
+                "\u{10a}\u{10a}",
+                "\u{120}",
+                "\u{120}x"
+            ]
+        );
+    }
 
     #[test]
     fn llama_metadata_and_rope_factors_become_a_spec() {

@@ -180,6 +180,10 @@ fn loading_options(ui: &mut egui::Ui, load: &mut LoadSettings) -> bool {
         })
         .response
         .on_hover_text("Safetensors weights only; GGUF files keep their own quantization");
+        ui.checkbox(&mut load.kv_q8, "Q8_0 KV cache").on_hover_text(
+            "Keys and values as int8 blocks: about half the memory of f16 for long contexts \
+             (heads of a multiple of 32 dims)",
+        );
         ui.horizontal(|ui| {
             let mut custom = load.context.is_some();
             ui.checkbox(&mut custom, "Context length");
