@@ -6,7 +6,6 @@
 mod common;
 
 use std::path::PathBuf;
-use std::sync::atomic::AtomicU64;
 
 use backpack_engine::load::{ChatMessage, GgufFile, StreamDecoder, gguf_tokenizer};
 use backpack_engine::models::{GenerateParams, ModelOptions, Prompt, TextModel};
@@ -123,7 +122,7 @@ fn sentencepiece_gguf_generates_like_transformers() {
                 thinking: None,
             };
             let stats = model
-                .generate(&prompt, &params, 1, &AtomicU64::new(0), |_, _| {})
+                .generate(&prompt, &params, &|| false, |_, _| {})
                 .expect("generate");
             let what = format!("{dtype:?} {:?}", case.prompt);
             let n = common::assert_greedy_prefix(

@@ -190,7 +190,6 @@ fn text_generation_reproduces_the_greedy_continuation() {
         let g = golden(name);
         let mut m = load(name, WeightDType::F32);
         let c = &g.cases[0];
-        let cancel = std::sync::atomic::AtomicU64::new(0);
         let params = backpack_engine::models::GenerateParams {
             max_tokens: c.greedy_tokens.len() as u32,
             sampler: SamplerParams::default(),
@@ -201,8 +200,7 @@ fn text_generation_reproduces_the_greedy_continuation() {
             .generate(
                 &Prompt::Tokens(c.prompt_ids.clone()),
                 &params,
-                1,
-                &cancel,
+                &|| false,
                 |_, d| streamed.push_str(d),
             )
             .expect("generate");

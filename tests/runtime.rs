@@ -178,6 +178,50 @@ async fn cancel_stops_within_one_token() {
     }
 }
 
+/// Cancelling one request (a server's client that went away) leaves those queued before and
+/// after it alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancel_one_stops_only_that_request() {
+    let (engine, mut events) = Engine::spawn(gpu(), None);
+    load(
+        &engine,
+        &mut events,
+        &model_dir("tiny-llama"),
+        ModelOptions::default(),
+    )
+    .await
+    .expect("loads");
+    let params = || GenerateParams {
+        max_tokens: 12,
+        sampler: SamplerParams::default(),
+        thinking: None,
+    };
+    let first = engine.generate(Prompt::Raw("Once upon a time".into()), params());
+    let second = engine.generate(Prompt::Raw("Once upon a time".into()), params());
+    let third = engine.generate(Prompt::Raw("Once upon a time".into()), params());
+    engine.cancel_one(second);
+    let mut ends = std::collections::HashMap::new();
+    while ends.len() < 3 {
+        if let Event::Done {
+            request,
+            stop,
+            generated_tokens,
+            ..
+        } = next(&mut events).await
+        {
+            ends.insert(request, (stop, generated_tokens));
+        }
+    }
+    assert_eq!(ends[&second], (StopReason::Cancelled, 0));
+    for request in [first, third] {
+        let (stop, tokens) = ends[&request];
+        assert!(
+            stop != StopReason::Cancelled && tokens > 0,
+            "{request}: {stop:?}"
+        );
+    }
+}
+
 #[test]
 fn utf8_deltas_are_whole_characters() {
     let tokenizer = TextTokenizer::from_dir(&model_dir("tiny-gpt2")).expect("tokenizer");

@@ -6,7 +6,6 @@
 mod common;
 
 use std::path::{Path, PathBuf};
-use std::sync::atomic::AtomicU64;
 
 use backpack_engine::load::ChatMessage;
 use backpack_engine::models::{GenerateParams, ModelOptions, Prompt, TextModel};
@@ -74,7 +73,7 @@ fn smollm2_gguf_chats_like_transformers() {
                 thinking: None,
             };
             let stats = model
-                .generate(&prompt, &params, 1, &AtomicU64::new(0), |_, _| {})
+                .generate(&prompt, &params, &|| false, |_, _| {})
                 .expect("generate");
             common::assert_greedy_prefix(
                 &format!("{dtype:?} {:?}: {:?}", case.prompt, stats.text),

@@ -4,6 +4,7 @@
 pub mod gui;
 pub mod hubutil;
 pub mod image_files;
+pub mod serve;
 
 use anyhow::anyhow;
 use eframe::egui;

@@ -10,6 +10,7 @@ mod image_cmd;
 mod listen;
 mod models_cmd;
 mod selftest_cmd;
+mod serve_cmd;
 mod transcribe;
 
 use anyhow::Result;
@@ -49,6 +50,8 @@ struct Cli {
 enum Command {
     /// Generate text from a prompt with a local model.
     Generate(generate::GenerateArgs),
+    /// Serve a model over an OpenAI-compatible HTTP API (chat and text completions).
+    Serve(serve_cmd::ServeArgs),
     /// Measure prefill and decode speed of a model shape with random weights.
     Bench(bench::BenchArgs),
     /// The model library: list, search the hub, download (verified, resumable), remove.
@@ -148,6 +151,7 @@ fn main() -> Result<()> {
     }
     match cli.command {
         Some(Command::Generate(args)) => generate::run(args, cli.adapter.as_deref()),
+        Some(Command::Serve(args)) => serve_cmd::run(args, cli.adapter.as_deref()),
         Some(Command::Bench(args)) => bench::run(args, cli.adapter.as_deref()),
         Some(Command::Models(args)) => models_cmd::run(args, cli.adapter.as_deref()),
         Some(Command::BenchSpeech(args)) => bench_speech::run(args, cli.adapter.as_deref()),

@@ -1,5 +1,4 @@
 use std::path::Path;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
@@ -227,15 +226,14 @@ impl TextModel {
         })
     }
 
-    /// Generates until an end-of-text token, `max_tokens`, a full context, or `cancel`
-    /// reaching `request` (checked before every token). `on_token` gets each id with its text
-    /// delta, which is always whole UTF-8 characters.
+    /// Generates until an end-of-text token, `max_tokens`, a full context, or `cancelled`
+    /// saying so (asked before every token). `on_token` gets each id with its text delta, which
+    /// is always whole UTF-8 characters.
     pub fn generate(
         &mut self,
         prompt: &Prompt,
         params: &GenerateParams,
-        request: u64,
-        cancel: &AtomicU64,
+        cancelled: &dyn Fn() -> bool,
         mut on_token: impl FnMut(u32, &str),
     ) -> Result<GenerationStats, Error> {
         let start = Instant::now();
@@ -248,7 +246,6 @@ impl TextModel {
             tokens_per_s: 0.0,
             stop: StopReason::MaxTokens,
         };
-        let cancelled = || cancel.load(Ordering::Acquire) >= request;
         if params.max_tokens == 0 {
             return Ok(stats);
         }

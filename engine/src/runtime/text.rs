@@ -1,9 +1,10 @@
 //! The text service: chat generation with one [`TextModel`], on its own blocking task (every
 //! token waits on the GPU).
 
+use std::collections::HashSet;
 use std::path::PathBuf;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::sync::mpsc;
@@ -57,6 +58,8 @@ pub struct EngineHandle {
     requests: mpsc::UnboundedSender<Request>,
     next_id: Arc<AtomicU64>,
     cancelled_through: Arc<AtomicU64>,
+    /// Single requests cancelled (a server's client that went away), not those before them.
+    cancelled: Arc<Mutex<HashSet<u64>>>,
 }
 
 impl EngineHandle {
@@ -77,6 +80,13 @@ impl EngineHandle {
         self.cancelled_through.fetch_max(id, Ordering::AcqRel);
     }
 
+    /// Cancels request `id` alone (queued or running); others go on.
+    pub fn cancel_one(&self, id: u64) {
+        if let Ok(mut set) = self.cancelled.lock() {
+            set.insert(id);
+        }
+    }
+
     pub fn unload(&self) {
         let _ = self.requests.send(Request::Unload);
     }
@@ -90,10 +100,12 @@ impl Engine {
         let (req_tx, mut req_rx) = mpsc::unbounded_channel::<Request>();
         let (ev_tx, ev_rx) = mpsc::unbounded_channel::<Event>();
         let cancelled_through = Arc::new(AtomicU64::new(0));
+        let cancelled = Arc::new(Mutex::new(HashSet::new()));
         let handle = EngineHandle {
             requests: req_tx,
             next_id: Arc::new(AtomicU64::new(0)),
             cancelled_through: cancelled_through.clone(),
+            cancelled: cancelled.clone(),
         };
         tokio::task::spawn_blocking(move || {
             let send = |event: Event| {
@@ -131,8 +143,12 @@ impl Engine {
                             });
                             continue;
                         };
+                        let is_cancelled = || {
+                            cancelled_through.load(Ordering::Acquire) >= id
+                                || cancelled.lock().is_ok_and(|set| set.contains(&id))
+                        };
                         let result = guarded("generating", || {
-                            m.generate(&prompt, &params, id, &cancelled_through, |tok, delta| {
+                            m.generate(&prompt, &params, &is_cancelled, |tok, delta| {
                                 send(Event::Token {
                                     request: id,
                                     id: tok,
@@ -140,6 +156,9 @@ impl Engine {
                                 });
                             })
                         });
+                        if let Ok(mut set) = cancelled.lock() {
+                            set.remove(&id);
+                        }
                         if matches!(result, Err(crate::Error::Crashed(_))) {
                             // A model interrupted mid-step may hold half-written state.
                             model = None;

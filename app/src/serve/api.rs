@@ -1,0 +1,374 @@
+//! OpenAI's request, response and error shapes for the text endpoints, and their mapping onto
+//! the engine's prompt and sampling parameters. Anything the engine cannot honour is refused
+//! with a 400 that names the parameter, rather than silently ignored.
+
+use axum::Json;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use backpack_engine::load::ChatMessage;
+use backpack_engine::models::{GenerateParams, Prompt, StopReason};
+use backpack_engine::ops::SamplerParams;
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+/// An error as OpenAI's API reports it: `{"error": {"message", "type", "param", "code"}}`.
+#[derive(Debug)]
+pub struct ApiError {
+    pub status: StatusCode,
+    pub message: String,
+    pub kind: &'static str,
+    pub param: Option<&'static str>,
+    pub code: Option<&'static str>,
+}
+
+impl ApiError {
+    pub fn bad_request(message: impl Into<String>, param: Option<&'static str>) -> Self {
+        Self {
+            status: StatusCode::BAD_REQUEST,
+            message: message.into(),
+            kind: "invalid_request_error",
+            param,
+            code: None,
+        }
+    }
+
+    pub fn new(status: StatusCode, kind: &'static str, message: impl Into<String>) -> Self {
+        Self {
+            status,
+            message: message.into(),
+            kind,
+            param: None,
+            code: None,
+        }
+    }
+
+    pub fn with_code(mut self, code: &'static str) -> Self {
+        self.code = Some(code);
+        self
+    }
+
+    pub fn body(&self) -> Value {
+        json!({"error": {
+            "message": self.message,
+            "type": self.kind,
+            "param": self.param,
+            "code": self.code,
+        }})
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let mut response = (self.status, Json(self.body())).into_response();
+        if self.status == StatusCode::PAYLOAD_TOO_LARGE {
+            // The rest of the body was not read: this connection cannot carry another request.
+            response.headers_mut().insert(
+                axum::http::header::CONNECTION,
+                axum::http::HeaderValue::from_static("close"),
+            );
+        }
+        response
+    }
+}
+
+/// `stop`: one string or up to four.
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+pub enum Stop {
+    One(String),
+    Many(Vec<String>),
+}
+
+/// Message content: a string, or parts of which only text is understood.
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+pub enum Content {
+    Text(String),
+    Parts(Vec<Value>),
+}
+
+#[derive(Debug, Deserialize)]
+pub struct Message {
+    pub role: String,
+    #[serde(default)]
+    pub content: Option<Content>,
+}
+
+#[derive(Debug, Deserialize)]
+pub struct StreamOptions {
+    #[serde(default)]
+    pub include_usage: bool,
+}
+
+/// The sampling fields both endpoints share.
+#[derive(Debug, Default, Deserialize)]
+pub struct Sampling {
+    pub temperature: Option<f32>,
+    pub top_p: Option<f32>,
+    /// Not OpenAI's, but llama.cpp's and vLLM's servers take it too.
+    pub top_k: Option<u32>,
+    pub max_tokens: Option<u32>,
+    pub max_completion_tokens: Option<u32>,
+    pub stop: Option<Stop>,
+    pub seed: Option<u64>,
+    pub presence_penalty: Option<f32>,
+    pub frequency_penalty: Option<f32>,
+    /// llama.cpp's multiplicative penalty, which the engine implements.
+    pub repeat_penalty: Option<f32>,
+    pub n: Option<u32>,
+    pub logprobs: Option<Value>,
+    pub logit_bias: Option<Value>,
+    pub tools: Option<Value>,
+    pub response_format: Option<Value>,
+    #[serde(default)]
+    pub stream: bool,
+    pub stream_options: Option<StreamOptions>,
+}
+
+/// `model` is not read: one model is served, whatever a client names (as llama.cpp's server).
+#[derive(Debug, Deserialize)]
+pub struct ChatRequest {
+    pub messages: Vec<Message>,
+    #[serde(flatten)]
+    pub sampling: Sampling,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+pub enum PromptField {
+    One(String),
+    Many(Vec<String>),
+}
+
+#[derive(Debug, Deserialize)]
+pub struct CompletionRequest {
+    pub prompt: PromptField,
+    pub suffix: Option<String>,
+    pub echo: Option<bool>,
+    pub best_of: Option<u32>,
+    #[serde(flatten)]
+    pub sampling: Sampling,
+}
+
+/// What a request asks the engine for, once checked.
+pub struct Job {
+    pub prompt: Prompt,
+    pub params: GenerateParams,
+    pub stops: Vec<String>,
+    pub stream: bool,
+    pub include_usage: bool,
+}
+
+impl ChatRequest {
+    pub fn job(self, context: u32) -> Result<Job, ApiError> {
+        if self.messages.is_empty() {
+            return Err(ApiError::bad_request(
+                "messages must hold at least one message",
+                Some("messages"),
+            ));
+        }
+        let mut messages = Vec::with_capacity(self.messages.len());
+        for m in self.messages {
+            let role = match m.role.as_str() {
+                "system" | "developer" => "system",
+                "user" => "user",
+                "assistant" => "assistant",
+                other => {
+                    return Err(ApiError::bad_request(
+                        format!(
+                            "messages with role {other:?} are not supported (system, developer, user, assistant are)"
+                        ),
+                        Some("messages"),
+                    ));
+                }
+            };
+            let content = match m.content {
+                None => String::new(),
+                Some(Content::Text(t)) => t,
+                Some(Content::Parts(parts)) => text_parts(&parts)?,
+            };
+            messages.push(ChatMessage::new(role, &content));
+        }
+        let (params, stops, stream, include_usage) = self.sampling.check(context)?;
+        Ok(Job {
+            prompt: Prompt::Chat(messages),
+            params,
+            stops,
+            stream,
+            include_usage,
+        })
+    }
+}
+
+/// The text of content parts; other kinds (images, audio) are refused.
+fn text_parts(parts: &[Value]) -> Result<String, ApiError> {
+    let mut text = String::new();
+    for p in parts {
+        match (
+            p.get("type").and_then(Value::as_str),
+            p.get("text").and_then(Value::as_str),
+        ) {
+            (Some("text"), Some(t)) => text.push_str(t),
+            (kind, _) => {
+                return Err(ApiError::bad_request(
+                    format!(
+                        "content parts of type {:?} are not supported (text is)",
+                        kind.unwrap_or("?")
+                    ),
+                    Some("messages"),
+                ));
+            }
+        }
+    }
+    Ok(text)
+}
+
+impl CompletionRequest {
+    pub fn job(self, context: u32) -> Result<Job, ApiError> {
+        let prompt = match self.prompt {
+            PromptField::One(p) => p,
+            PromptField::Many(mut ps) if ps.len() == 1 => ps.remove(0),
+            PromptField::Many(_) => {
+                return Err(ApiError::bad_request(
+                    "one prompt per request is supported",
+                    Some("prompt"),
+                ));
+            }
+        };
+        if self.suffix.is_some() {
+            return Err(ApiError::bad_request(
+                "suffix is not supported",
+                Some("suffix"),
+            ));
+        }
+        if self.echo == Some(true) {
+            return Err(ApiError::bad_request("echo is not supported", Some("echo")));
+        }
+        if self.best_of.is_some_and(|b| b > 1) {
+            return Err(ApiError::bad_request(
+                "best_of above 1 is not supported",
+                Some("best_of"),
+            ));
+        }
+        let (params, stops, stream, include_usage) = self.sampling.check(context)?;
+        Ok(Job {
+            prompt: Prompt::Raw(prompt),
+            params,
+            stops,
+            stream,
+            include_usage,
+        })
+    }
+}
+
+impl Sampling {
+    /// The engine's parameters; `context` bounds max_tokens's default.
+    fn check(self, context: u32) -> Result<(GenerateParams, Vec<String>, bool, bool), ApiError> {
+        let refuse = |param: &'static str, what: &str| {
+            Err(ApiError::bad_request(
+                format!("{param} {what}"),
+                Some(param),
+            ))
+        };
+        if self.n.is_some_and(|n| n != 1) {
+            return refuse("n", "other than 1 is not supported");
+        }
+        for (param, value) in [
+            ("presence_penalty", self.presence_penalty),
+            ("frequency_penalty", self.frequency_penalty),
+        ] {
+            if value.is_some_and(|v| v != 0.0) {
+                return refuse(
+                    param,
+                    "is not supported; repeat_penalty (multiplicative, as llama.cpp's) is",
+                );
+            }
+        }
+        if self
+            .logprobs
+            .as_ref()
+            .is_some_and(|v| !v.is_null() && *v != Value::Bool(false))
+        {
+            return refuse("logprobs", "is not supported");
+        }
+        if self
+            .logit_bias
+            .as_ref()
+            .is_some_and(|v| v.as_object().is_some_and(|o| !o.is_empty()))
+        {
+            return refuse("logit_bias", "is not supported");
+        }
+        if self
+            .tools
+            .as_ref()
+            .is_some_and(|v| v.as_array().is_some_and(|a| !a.is_empty()))
+        {
+            return refuse("tools", "are not supported");
+        }
+        if let Some(format) = &self.response_format
+            && format.get("type").and_then(Value::as_str) != Some("text")
+        {
+            return refuse("response_format", "other than text is not supported");
+        }
+        let temperature = self.temperature.unwrap_or(1.0);
+        if !(0.0..=2.0).contains(&temperature) {
+            return refuse("temperature", "must be between 0 and 2");
+        }
+        let top_p = self.top_p.unwrap_or(1.0);
+        if !(top_p > 0.0 && top_p <= 1.0) {
+            return refuse("top_p", "must be in (0, 1]");
+        }
+        let repeat_penalty = self.repeat_penalty.unwrap_or(1.0);
+        if !(repeat_penalty > 0.0 && repeat_penalty.is_finite()) {
+            return refuse("repeat_penalty", "must be positive");
+        }
+        let max_tokens = match self.max_completion_tokens.or(self.max_tokens) {
+            Some(0) => return refuse("max_tokens", "must be at least 1"),
+            Some(n) => n,
+            None => context,
+        };
+        let stops = match self.stop {
+            None => Vec::new(),
+            Some(Stop::One(s)) => vec![s],
+            Some(Stop::Many(v)) => v,
+        };
+        if stops.len() > 4 || stops.iter().any(String::is_empty) {
+            return refuse("stop", "takes up to 4 non-empty strings");
+        }
+        let seed = self.seed.unwrap_or_else(|| {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_nanos() as u64)
+        });
+        let params = GenerateParams {
+            max_tokens,
+            sampler: SamplerParams {
+                temperature,
+                top_k: self.top_k.unwrap_or(0),
+                top_p,
+                repeat_penalty,
+                seed,
+            },
+            thinking: None,
+        };
+        let include_usage = self.stream_options.is_some_and(|o| o.include_usage);
+        Ok((params, stops, self.stream, include_usage))
+    }
+}
+
+/// OpenAI's finish_reason for how a generation ended (`stopped`: a stop string was met).
+pub fn finish_reason(stop: StopReason, stopped: bool) -> &'static str {
+    match stop {
+        _ if stopped => "stop",
+        StopReason::EndOfText | StopReason::Cancelled => "stop",
+        StopReason::MaxTokens | StopReason::ContextFull => "length",
+    }
+}
+
+pub fn usage(prompt: usize, completion: usize) -> Value {
+    json!({
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+    })
+}

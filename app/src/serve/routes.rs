@@ -1,0 +1,404 @@
+//! The HTTP endpoints: `/v1/models`, `/v1/chat/completions`, `/v1/completions`, answered whole
+//! or streamed as server-sent events ending in `data: [DONE]`.
+
+use std::convert::Infallible;
+use std::sync::Arc;
+
+use axum::Json;
+use axum::extract::rejection::JsonRejection;
+use axum::extract::{Request, State};
+use axum::http::{StatusCode, header};
+use axum::middleware::Next;
+use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use backpack_engine::models::StopReason;
+use backpack_engine::runtime::Event;
+use serde_json::{Value, json};
+use tokio::sync::mpsc;
+
+use super::api::{ApiError, ChatRequest, CompletionRequest, Job, finish_reason, usage};
+use super::dispatch::{Dispatch, Ticket};
+use super::stop::StopMatcher;
+
+/// What every handler shares.
+pub struct Server {
+    pub dispatch: Arc<Dispatch>,
+    /// The loaded model's id, as `/v1/models` lists it.
+    pub model: String,
+    pub context: u32,
+    pub created: u64,
+    pub api_key: Option<String>,
+}
+
+#[derive(Clone, Copy, PartialEq)]
+enum Kind {
+    Chat,
+    Text,
+}
+
+pub async fn models(State(s): State<Arc<Server>>) -> Json<Value> {
+    Json(json!({
+        "object": "list",
+        "data": [{"id": s.model, "object": "model", "created": s.created, "owned_by": "backpack"}],
+    }))
+}
+
+pub async fn chat(
+    State(s): State<Arc<Server>>,
+    body: Result<Json<ChatRequest>, JsonRejection>,
+) -> Response {
+    match body.map_err(rejected).and_then(|Json(r)| r.job(s.context)) {
+        Ok(job) => answer(s, job, Kind::Chat).await,
+        Err(e) => e.into_response(),
+    }
+}
+
+pub async fn completions(
+    State(s): State<Arc<Server>>,
+    body: Result<Json<CompletionRequest>, JsonRejection>,
+) -> Response {
+    match body.map_err(rejected).and_then(|Json(r)| r.job(s.context)) {
+        Ok(job) => answer(s, job, Kind::Text).await,
+        Err(e) => e.into_response(),
+    }
+}
+
+/// Malformed JSON, a wrong content type or an oversized body, as OpenAI-style errors.
+fn rejected(e: JsonRejection) -> ApiError {
+    let status = e.status();
+    let message = match status {
+        StatusCode::PAYLOAD_TOO_LARGE => "the request body is too large".to_owned(),
+        _ => e.body_text(),
+    };
+    ApiError::new(status, "invalid_request_error", message)
+}
+
+pub async fn not_found() -> ApiError {
+    ApiError::new(
+        StatusCode::NOT_FOUND,
+        "invalid_request_error",
+        "unknown endpoint (this server has /v1/models, /v1/chat/completions, /v1/completions)",
+    )
+    .with_code("unknown_url")
+}
+
+/// With an API key set, every request must carry it as `Authorization: Bearer KEY`.
+pub async fn authorize(State(s): State<Arc<Server>>, request: Request, next: Next) -> Response {
+    if let Some(key) = &s.api_key {
+        let given = request
+            .headers()
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "));
+        if !given.is_some_and(|g| constant_time_eq(g.as_bytes(), key.as_bytes())) {
+            return ApiError::new(
+                StatusCode::UNAUTHORIZED,
+                "invalid_request_error",
+                "missing or incorrect API key (send it as Authorization: Bearer KEY)",
+            )
+            .with_code("invalid_api_key")
+            .into_response();
+        }
+    }
+    next.run(request).await
+}
+
+/// Compares keys in time independent of where they differ.
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+fn engine_error(message: String, prompt_too_long: Option<(usize, u32)>) -> ApiError {
+    match prompt_too_long {
+        Some((tokens, context)) => ApiError::bad_request(
+            format!("the prompt has {tokens} tokens; this model's context holds {context}"),
+            Some("messages"),
+        )
+        .with_code("context_length_exceeded"),
+        None => ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "server_error", message),
+    }
+}
+
+/// Queues the job; answers whole or streamed. Waits for the first token before replying, so a
+/// prompt the engine refuses gets an HTTP error, not a broken stream.
+async fn answer(s: Arc<Server>, job: Job, kind: Kind) -> Response {
+    let Some(mut ticket) = s.dispatch.submit(job.prompt, job.params) else {
+        return ApiError::new(
+            StatusCode::TOO_MANY_REQUESTS,
+            "requests",
+            format!(
+                "{} requests are already running or queued; retry later",
+                s.dispatch.open()
+            ),
+        )
+        .with_code("rate_limit_exceeded")
+        .into_response();
+    };
+    let first = match ticket.next().await {
+        Some(Event::Error {
+            message,
+            prompt_too_long,
+            ..
+        }) => return engine_error(message, prompt_too_long).into_response(),
+        Some(event) => event,
+        None => {
+            return ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "server_error",
+                "the engine stopped",
+            )
+            .into_response();
+        }
+    };
+    let reply = Reply {
+        id: format!(
+            "{}-{}",
+            if kind == Kind::Chat {
+                "chatcmpl"
+            } else {
+                "cmpl"
+            },
+            ticket.id
+        ),
+        model: s.model.clone(),
+        created: unix_now(),
+        kind,
+    };
+    let stops = StopMatcher::new(job.stops);
+    if job.stream {
+        stream(reply, ticket, first, stops, job.include_usage)
+    } else {
+        whole(reply, ticket, first, stops).await
+    }
+}
+
+fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+/// The fields every response and chunk carries.
+struct Reply {
+    id: String,
+    model: String,
+    created: u64,
+    kind: Kind,
+}
+
+/// How a generation ended, as the response reports it.
+struct Ending {
+    finish: &'static str,
+    prompt_tokens: usize,
+    completion_tokens: usize,
+}
+
+fn ending(stop: StopReason, stopped: bool, prompt_tokens: usize, generated: usize) -> Ending {
+    Ending {
+        finish: finish_reason(stop, stopped),
+        prompt_tokens,
+        // The end-of-text token is not part of the answer.
+        completion_tokens: generated - usize::from(stop == StopReason::EndOfText && generated > 0),
+    }
+}
+
+fn log_answer(request: u64, end: &Ending) {
+    eprintln!(
+        "request {request}: {} prompt tokens, {} generated, finish {}",
+        end.prompt_tokens, end.completion_tokens, end.finish
+    );
+}
+
+impl Reply {
+    fn whole(&self, text: &str, end: &Ending) -> Value {
+        let choice = match self.kind {
+            Kind::Chat => json!({
+                "index": 0,
+                "message": {"role": "assistant", "content": text},
+                "logprobs": null,
+                "finish_reason": end.finish,
+            }),
+            Kind::Text => {
+                json!({"index": 0, "text": text, "logprobs": null, "finish_reason": end.finish})
+            }
+        };
+        json!({
+            "id": self.id,
+            "object": if self.kind == Kind::Chat { "chat.completion" } else { "text_completion" },
+            "created": self.created,
+            "model": self.model,
+            "choices": [choice],
+            "usage": usage(end.prompt_tokens, end.completion_tokens),
+        })
+    }
+
+    /// A stream chunk with `text` (or the opening role, or the finish reason).
+    fn chunk(&self, text: Option<&str>, finish: Option<&str>, first: bool) -> Value {
+        let choice = match self.kind {
+            Kind::Chat => {
+                let mut delta = serde_json::Map::new();
+                if first {
+                    delta.insert("role".into(), "assistant".into());
+                }
+                if let Some(t) = text {
+                    delta.insert("content".into(), t.into());
+                }
+                json!({"index": 0, "delta": delta, "logprobs": null, "finish_reason": finish})
+            }
+            Kind::Text => {
+                json!({"index": 0, "text": text.unwrap_or(""), "logprobs": null, "finish_reason": finish})
+            }
+        };
+        json!({
+            "id": self.id,
+            "object": if self.kind == Kind::Chat { "chat.completion.chunk" } else { "text_completion" },
+            "created": self.created,
+            "model": self.model,
+            "choices": [choice],
+        })
+    }
+
+    fn usage_chunk(&self, end: &Ending) -> Value {
+        json!({
+            "id": self.id,
+            "object": if self.kind == Kind::Chat { "chat.completion.chunk" } else { "text_completion" },
+            "created": self.created,
+            "model": self.model,
+            "choices": [],
+            "usage": usage(end.prompt_tokens, end.completion_tokens),
+        })
+    }
+}
+
+async fn whole(reply: Reply, mut ticket: Ticket, first: Event, mut stops: StopMatcher) -> Response {
+    let mut text = String::new();
+    let mut stopped = false;
+    let mut event = Some(first);
+    while let Some(e) = event {
+        match e {
+            Event::Token { text_delta, .. } if !stopped => {
+                let (out, hit) = stops.push(&text_delta);
+                text.push_str(&out);
+                if hit {
+                    stopped = true;
+                    ticket.stop();
+                }
+            }
+            Event::Done {
+                stop,
+                prompt_tokens,
+                generated_tokens,
+                ..
+            } => {
+                if !stopped {
+                    text.push_str(&stops.finish());
+                }
+                let end = ending(stop, stopped, prompt_tokens, generated_tokens);
+                log_answer(ticket.id, &end);
+                return Json(reply.whole(&text, &end)).into_response();
+            }
+            Event::Error {
+                message,
+                prompt_too_long,
+                ..
+            } => return engine_error(message, prompt_too_long).into_response(),
+            _ => {}
+        }
+        event = ticket.next().await;
+    }
+    ApiError::new(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "server_error",
+        "the engine stopped",
+    )
+    .into_response()
+}
+
+/// Streams chunks from a task that follows the generation; when the client goes away the
+/// channel closes, the task drops its ticket and the generation is cancelled.
+fn stream(
+    reply: Reply,
+    mut ticket: Ticket,
+    first: Event,
+    mut stops: StopMatcher,
+    include_usage: bool,
+) -> Response {
+    let (tx, rx) = mpsc::channel::<Value>(64);
+    tokio::spawn(async move {
+        let send = |v: Value| {
+            let tx = tx.clone();
+            async move { tx.send(v).await.is_ok() }
+        };
+        if !send(reply.chunk(Some(""), None, true)).await {
+            return;
+        }
+        let mut stopped = false;
+        let mut event = Some(first);
+        while let Some(e) = event {
+            match e {
+                Event::Token { text_delta, .. } if !stopped => {
+                    let (out, hit) = stops.push(&text_delta);
+                    if hit {
+                        stopped = true;
+                        ticket.stop();
+                    }
+                    if !out.is_empty() && !send(reply.chunk(Some(&out), None, false)).await {
+                        return;
+                    }
+                }
+                Event::Done {
+                    stop,
+                    prompt_tokens,
+                    generated_tokens,
+                    ..
+                } => {
+                    let rest = if stopped {
+                        String::new()
+                    } else {
+                        stops.finish()
+                    };
+                    if !rest.is_empty() && !send(reply.chunk(Some(&rest), None, false)).await {
+                        return;
+                    }
+                    let end = ending(stop, stopped, prompt_tokens, generated_tokens);
+                    log_answer(ticket.id, &end);
+                    if !send(reply.chunk(None, Some(end.finish), false)).await {
+                        return;
+                    }
+                    if include_usage {
+                        let _ = send(reply.usage_chunk(&end)).await;
+                    }
+                    return;
+                }
+                Event::Error {
+                    message,
+                    prompt_too_long,
+                    ..
+                } => {
+                    let _ = send(engine_error(message, prompt_too_long).body()).await;
+                    return;
+                }
+                _ => {}
+            }
+            event = tokio::select! {
+                e = ticket.next() => e,
+                () = tx.closed() => return,
+            };
+        }
+    });
+    let chunks = futures_util::stream::unfold((rx, false), |(mut rx, done)| async move {
+        if done {
+            return None;
+        }
+        match rx.recv().await {
+            Some(v) => Some((
+                Ok::<_, Infallible>(SseEvent::default().data(v.to_string())),
+                (rx, false),
+            )),
+            None => Some((Ok(SseEvent::default().data("[DONE]")), (rx, true))),
+        }
+    });
+    Sse::new(chunks)
+        .keep_alive(KeepAlive::default())
+        .into_response()
+}

@@ -1,0 +1,65 @@
+use std::path::PathBuf;
+
+use anyhow::Result;
+use backpack_app::serve::{ServeOptions, serve};
+use backpack_engine::models::ModelOptions;
+use clap::Args;
+
+use crate::{DTypeArg, KvCacheArg, QuantArg};
+
+#[derive(Args)]
+pub struct ServeArgs {
+    /// Model: a folder (HF layout), a .gguf file, or the repo id of an installed model.
+    #[arg(long)]
+    model: PathBuf,
+    /// Address to listen on; anything but a loopback address is reachable from the network.
+    #[arg(long, default_value = "127.0.0.1")]
+    host: String,
+    #[arg(long, default_value_t = 8080)]
+    port: u16,
+    /// Require `Authorization: Bearer KEY` on every request (also BACKPACK_API_KEY).
+    #[arg(long, env = "BACKPACK_API_KEY", hide_env_values = true)]
+    api_key: Option<String>,
+    /// Context length to allocate (default 4096, capped by the model).
+    #[arg(long)]
+    context: Option<u32>,
+    /// Requests running or queued at once; more are answered 429.
+    #[arg(long, default_value_t = 16)]
+    queue: usize,
+    /// Storage type of weights and KV cache on the GPU.
+    #[arg(long, value_enum, default_value = "f16")]
+    dtype: DTypeArg,
+    /// Quantize weight matrices while loading (q8_0, q4_0, q4_k) or store them as f16.
+    #[arg(long, value_enum)]
+    quant: Option<QuantArg>,
+    /// How the KV cache stores keys and values (default: as --dtype).
+    #[arg(long, value_enum)]
+    kv_cache: Option<KvCacheArg>,
+}
+
+pub fn run(args: ServeArgs, adapter: Option<&str>) -> Result<()> {
+    let model = crate::generate::resolve_model(&args.model)?;
+    let gpu = crate::open_gpu(adapter)?;
+    let load = ModelOptions {
+        dtype: match args.quant {
+            Some(QuantArg::F16) => backpack_engine::ops::WeightDType::F16,
+            _ => args.dtype.into(),
+        },
+        quantize: args.quant.and_then(QuantArg::block_format),
+        context: args.context,
+        kv_cache: args.kv_cache.map(Into::into),
+        ..Default::default()
+    };
+    let opts = ServeOptions {
+        host: args.host,
+        port: args.port,
+        api_key: args.api_key.filter(|k| !k.is_empty()),
+        queue: args.queue,
+        ..Default::default()
+    };
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?
+        .block_on(serve(gpu, model, load, opts))
+}

@@ -1,0 +1,458 @@
+//! `backpack serve` end to end over HTTP on 127.0.0.1: OpenAI's shapes for models, chat and
+//! text completions (whole and streamed), answers equal to `backpack generate` with the same
+//! settings, usage counts, stop strings, errors (400, 401, 404, 413, 429), concurrent requests,
+//! and a client that goes away cancelling its generation.
+
+use std::io::{BufRead, BufReader};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use futures_util::StreamExt;
+use serde_json::{Value, json};
+
+fn fixture(model: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../tests/fixtures/models")
+        .join(model)
+}
+
+/// A running `backpack serve`, killed when dropped.
+struct ServerProcess {
+    child: Child,
+    base: String,
+    address_line: String,
+    /// The server's later log lines.
+    log: std::sync::mpsc::Receiver<String>,
+}
+
+impl Drop for ServerProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Starts the server on a free port and waits for its address line.
+fn start(extra: &[&str]) -> ServerProcess {
+    let model = fixture("tiny-qwen2");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_backpack"))
+        .args([
+            "serve",
+            "--model",
+            model.to_str().expect("utf-8"),
+            "--port",
+            "0",
+        ])
+        .args(extra)
+        .env_remove("BACKPACK_API_KEY")
+        .stderr(Stdio::piped())
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("backpack serve starts");
+    let stderr = child.stderr.take().expect("stderr");
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            let _ = tx.send(line);
+        }
+    });
+    // Owned from here on, so the process is killed even if the wait below fails.
+    let mut server = ServerProcess {
+        child,
+        base: String::new(),
+        address_line: String::new(),
+        log: rx,
+    };
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let line = server
+            .log
+            .recv_timeout(deadline.saturating_duration_since(Instant::now()))
+            .expect("the server prints its address");
+        if let Some(at) = line.find("http://") {
+            let url = line[at..].split_whitespace().next().expect("url");
+            server.base = url.trim_end_matches("/v1").to_owned();
+            server.address_line = line;
+            return server;
+        }
+    }
+}
+
+fn generate(prompt: &str, raw: bool, max_tokens: u32) -> Value {
+    let model = fixture("tiny-qwen2");
+    let max = max_tokens.to_string();
+    let mut args = vec![
+        "generate",
+        "--model",
+        model.to_str().expect("utf-8"),
+        "--prompt",
+        prompt,
+        "--temperature",
+        "0",
+        "--max-tokens",
+        &max,
+        "--json",
+    ];
+    if raw {
+        args.push("--raw");
+    }
+    let out = Command::new(env!("CARGO_BIN_EXE_backpack"))
+        .args(&args)
+        .output()
+        .expect("generate runs");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    serde_json::from_str(stdout.lines().last().expect("json line")).expect("json")
+}
+
+/// The `data:` payloads of a server-sent event stream, `[DONE]` included.
+async fn sse(response: reqwest::Response) -> Vec<String> {
+    let text = response.text().await.expect("stream body");
+    text.lines()
+        .filter_map(|l| l.strip_prefix("data: ").map(str::to_owned))
+        .collect()
+}
+
+const PROMPT: &str = "The little engine in the backpack ran to the river and";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serves_openai_shapes_with_the_answers_of_generate() {
+    let server = start(&[]);
+    assert!(
+        server.address_line.contains("http://127.0.0.1:"),
+        "binds loopback by default: {}",
+        server.address_line
+    );
+    let client = reqwest::Client::new();
+    let url = |path: &str| format!("{}{path}", server.base);
+
+    let models: Value = client
+        .get(url("/v1/models"))
+        .send()
+        .await
+        .expect("models")
+        .json()
+        .await
+        .expect("json");
+    assert_eq!(models["object"], "list");
+    let id = models["data"][0]["id"]
+        .as_str()
+        .expect("model id")
+        .to_owned();
+    assert_eq!(id, "tiny-qwen2");
+
+    // Chat, whole: the same answer as `generate`, with usage.
+    let want = generate(PROMPT, false, 12);
+    let body = json!({"model": id, "messages": [{"role": "user", "content": PROMPT}],
+                      "temperature": 0, "max_tokens": 12});
+    let r = client
+        .post(url("/v1/chat/completions"))
+        .json(&body)
+        .send()
+        .await
+        .expect("chat");
+    assert_eq!(r.status(), 200);
+    let chat: Value = r.json().await.expect("json");
+    assert_eq!(chat["object"], "chat.completion");
+    assert_eq!(chat["choices"][0]["message"]["role"], "assistant");
+    assert_eq!(chat["choices"][0]["message"]["content"], want["text"]);
+    let prompt_tokens = want["prompt_tokens"].as_array().expect("ids").len();
+    assert_eq!(chat["usage"]["prompt_tokens"], prompt_tokens);
+    let generated = want["tokens"].as_array().expect("ids").len();
+    let completion = chat["usage"]["completion_tokens"].as_u64().expect("count") as usize;
+    assert!(
+        completion == generated || completion + 1 == generated,
+        "{completion} of {generated}"
+    );
+    assert_eq!(chat["usage"]["total_tokens"], prompt_tokens + completion);
+
+    // Chat, streamed: the deltas add up to the same text; usage last; then [DONE].
+    let mut streamed = body.clone();
+    streamed["stream"] = json!(true);
+    streamed["stream_options"] = json!({"include_usage": true});
+    let r = client
+        .post(url("/v1/chat/completions"))
+        .json(&streamed)
+        .send()
+        .await
+        .expect("stream");
+    assert_eq!(r.status(), 200);
+    assert!(
+        r.headers()["content-type"]
+            .to_str()
+            .expect("type")
+            .starts_with("text/event-stream")
+    );
+    let events = sse(r).await;
+    assert_eq!(events.last().map(String::as_str), Some("[DONE]"));
+    let chunks: Vec<Value> = events[..events.len() - 1]
+        .iter()
+        .map(|e| serde_json::from_str(e).expect("chunk json"))
+        .collect();
+    assert_eq!(chunks[0]["choices"][0]["delta"]["role"], "assistant");
+    let text: String = chunks
+        .iter()
+        .filter_map(|c| c["choices"][0]["delta"]["content"].as_str())
+        .collect();
+    assert_eq!(text, want["text"].as_str().expect("text"));
+    let usage = chunks.last().expect("usage chunk");
+    assert_eq!(usage["choices"], json!([]));
+    assert_eq!(usage["usage"], chat["usage"]);
+    assert!(
+        chunks
+            .iter()
+            .any(|c| c["choices"][0]["finish_reason"] == chat["choices"][0]["finish_reason"])
+    );
+
+    // Text completion of a raw prompt, whole and streamed.
+    let want_raw = generate(PROMPT, true, 10);
+    let body = json!({"model": id, "prompt": PROMPT, "temperature": 0, "max_tokens": 10});
+    let done: Value = client
+        .post(url("/v1/completions"))
+        .json(&body)
+        .send()
+        .await
+        .expect("text")
+        .json()
+        .await
+        .expect("json");
+    assert_eq!(done["object"], "text_completion");
+    assert_eq!(done["choices"][0]["text"], want_raw["text"]);
+    let mut streamed = body.clone();
+    streamed["stream"] = json!(true);
+    let events = sse(client
+        .post(url("/v1/completions"))
+        .json(&streamed)
+        .send()
+        .await
+        .expect("stream"))
+    .await;
+    let text: String = events
+        .iter()
+        .filter(|e| *e != "[DONE]")
+        .map(|e| serde_json::from_str::<Value>(e).expect("chunk"))
+        .filter_map(|c| c["choices"][0]["text"].as_str().map(str::to_owned))
+        .collect();
+    assert_eq!(text, want_raw["text"].as_str().expect("text"));
+
+    // A stop string ends the answer just before it.
+    let full = want_raw["text"].as_str().expect("text");
+    let chars: Vec<char> = full.chars().collect();
+    if chars.len() >= 6 {
+        let stop: String = chars[3..5].iter().collect();
+        let cut = full.find(&stop).expect("stop in text");
+        let mut body = body.clone();
+        body["stop"] = json!([stop]);
+        let r: Value = client
+            .post(url("/v1/completions"))
+            .json(&body)
+            .send()
+            .await
+            .expect("stop")
+            .json()
+            .await
+            .expect("json");
+        assert_eq!(r["choices"][0]["text"], &full[..cut]);
+        assert_eq!(r["choices"][0]["finish_reason"], "stop");
+    }
+
+    // Errors, in OpenAI's shape.
+    let r = client
+        .post(url("/v1/chat/completions"))
+        .header("content-type", "application/json")
+        .body("{\"messages\": [")
+        .send()
+        .await
+        .expect("malformed");
+    assert_eq!(r.status(), 400);
+    let e: Value = r.json().await.expect("error json");
+    assert_eq!(e["error"]["type"], "invalid_request_error");
+    let r = client
+        .post(url("/v1/chat/completions"))
+        .json(&json!({"messages": [{"role": "user", "content": "hi"}], "presence_penalty": 0.5}))
+        .send()
+        .await
+        .expect("unsupported");
+    assert_eq!(r.status(), 400);
+    let e: Value = r.json().await.expect("error json");
+    assert_eq!(e["error"]["param"], "presence_penalty");
+    let huge = format!("{{\"prompt\": \"{}\"}}", "a".repeat(5 << 20));
+    // Its own connection: the server closes it without reading the rest of the body.
+    let r = reqwest::Client::new()
+        .post(url("/v1/completions"))
+        .header("content-type", "application/json")
+        .body(huge)
+        .send()
+        .await
+        .expect("huge");
+    assert_eq!(r.status(), 413);
+    let r = client
+        .get(url("/v1/nothing"))
+        .send()
+        .await
+        .expect("unknown");
+    assert_eq!(r.status(), 404);
+    let long = "word ".repeat(400);
+    let r = client
+        .post(url("/v1/completions"))
+        .json(&json!({"prompt": long, "max_tokens": 4}))
+        .send()
+        .await
+        .expect("too long");
+    assert_eq!(r.status(), 400);
+    let e: Value = r.json().await.expect("error json");
+    assert_eq!(e["error"]["code"], "context_length_exceeded");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keys_queues_concurrency_and_cancellation() {
+    let server = start(&["--api-key", "s3cret", "--queue", "2"]);
+    let client = reqwest::Client::new();
+    let url = format!("{}/v1/completions", server.base);
+    let ask = |max: u32, stream: bool| json!({"prompt": PROMPT, "temperature": 0, "max_tokens": max, "stream": stream});
+    let r = client
+        .post(&url)
+        .json(&ask(2, false))
+        .send()
+        .await
+        .expect("no key");
+    assert_eq!(r.status(), 401);
+    let e: Value = r.json().await.expect("error json");
+    assert_eq!(e["error"]["code"], "invalid_api_key");
+    let r = client
+        .post(&url)
+        .bearer_auth("wrong")
+        .json(&ask(2, false))
+        .send()
+        .await
+        .expect("wrong key");
+    assert_eq!(r.status(), 401);
+
+    // Two at once both complete, with the same greedy answer.
+    let one = client
+        .post(&url)
+        .bearer_auth("s3cret")
+        .json(&ask(6, false))
+        .send();
+    let two = client
+        .post(&url)
+        .bearer_auth("s3cret")
+        .json(&ask(6, false))
+        .send();
+    let (one, two) = tokio::join!(one, two);
+    let (one, two): (Value, Value) = (
+        one.expect("one").json().await.expect("json"),
+        two.expect("two").json().await.expect("json"),
+    );
+    assert_eq!(one["choices"][0]["text"], two["choices"][0]["text"]);
+
+    // More requests at once than the queue holds (2): the rest are refused with 429 while the
+    // first ones generate.
+    let burst: Vec<_> = (0..8)
+        .map(|_| {
+            client
+                .post(&url)
+                .bearer_auth("s3cret")
+                .json(&ask(200, false))
+                .send()
+        })
+        .collect();
+    let statuses: Vec<u16> = futures_util::future::join_all(burst)
+        .await
+        .into_iter()
+        .map(|r| r.expect("answered").status().as_u16())
+        .collect();
+    assert!(
+        statuses.contains(&200) && statuses.contains(&429),
+        "{statuses:?}"
+    );
+    assert!(
+        statuses.iter().all(|s| [200, 429].contains(s)),
+        "{statuses:?}"
+    );
+    let r = client
+        .post(&url)
+        .bearer_auth("s3cret")
+        .json(&ask(2, false))
+        .send()
+        .await
+        .expect("after");
+    assert_eq!(r.status(), 200, "the queue is free again");
+
+    // A client that goes away mid-stream: its generation (only it) is cancelled.
+    let long = client
+        .post(&url)
+        .bearer_auth("s3cret")
+        .json(&ask(240, true))
+        .send()
+        .await
+        .expect("long");
+    assert_eq!(long.status(), 200);
+    let mut stream = long.bytes_stream();
+    let first = stream.next().await.expect("first chunk").expect("bytes");
+    let first = String::from_utf8_lossy(&first);
+    let chunk: Value = serde_json::from_str(
+        first
+            .lines()
+            .find_map(|l| l.strip_prefix("data: "))
+            .expect("a data line"),
+    )
+    .expect("chunk json");
+    let request = chunk["id"]
+        .as_str()
+        .expect("id")
+        .trim_start_matches("cmpl-")
+        .to_owned();
+    drop(stream);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let line = loop {
+        let line = server
+            .log
+            .recv_timeout(deadline.saturating_duration_since(Instant::now()))
+            .expect("the server logs how the request ended");
+        if line.starts_with(&format!("request {request}:")) {
+            break line;
+        }
+    };
+    assert!(
+        line.contains("went away"),
+        "the stream ran to its end: {line}"
+    );
+}
+
+/// The queue counts requests until they are dropped, and refuses past its limit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_dispatch_queue_is_bounded() {
+    use backpack_app::serve::Dispatch;
+    use backpack_engine::models::{GenerateParams, Prompt};
+    let gpu = backpack_engine::gpu::Gpu::headless(None).expect("a GPU adapter");
+    let (engine, events) = backpack_engine::runtime::Engine::spawn(gpu, None);
+    let dispatch = Dispatch::new(engine, events, 1);
+    let prompt = || Prompt::Raw("hi".into());
+    let first = dispatch
+        .submit(prompt(), GenerateParams::default())
+        .expect("room for one");
+    assert!(
+        dispatch
+            .submit(prompt(), GenerateParams::default())
+            .is_none()
+    );
+    assert_eq!(dispatch.open(), 1);
+    drop(first);
+    let mut again = dispatch
+        .submit(prompt(), GenerateParams::default())
+        .expect("room again");
+    // No model is loaded: the engine answers with an error, which ends the ticket.
+    match again.next().await {
+        Some(backpack_engine::runtime::Event::Error { message, .. }) => {
+            assert!(message.contains("model"), "{message}")
+        }
+        other => panic!("expected an error event, got {other:?}"),
+    }
+    assert!(again.next().await.is_none());
+}
