@@ -1,7 +1,8 @@
 //! `backpack serve` end to end over HTTP on 127.0.0.1: OpenAI's shapes for models, chat and
 //! text completions (whole and streamed), answers equal to `backpack generate` with the same
 //! settings, usage counts, stop strings, errors (400, 401, 404, 413, 429), concurrent requests,
-//! and a client that goes away cancelling its generation.
+//! a client that goes away cancelling its generation, and transcriptions and images equal to
+//! `backpack transcribe` and `backpack image`.
 
 use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
@@ -33,17 +34,17 @@ impl Drop for ServerProcess {
     }
 }
 
-/// Starts the server on a free port and waits for its address line.
+/// Starts the server on a free port with the tiny Qwen2 and waits for its address line.
 fn start(extra: &[&str]) -> ServerProcess {
     let model = fixture("tiny-qwen2");
+    let mut args = vec!["--model", model.to_str().expect("utf-8")];
+    args.extend(extra);
+    start_with(&args)
+}
+
+fn start_with(extra: &[&str]) -> ServerProcess {
     let mut child = Command::new(env!("CARGO_BIN_EXE_backpack"))
-        .args([
-            "serve",
-            "--model",
-            model.to_str().expect("utf-8"),
-            "--port",
-            "0",
-        ])
+        .args(["serve", "--port", "0"])
         .args(extra)
         .env_remove("BACKPACK_API_KEY")
         .stderr(Stdio::piped())
@@ -455,4 +456,178 @@ async fn the_dispatch_queue_is_bounded() {
         other => panic!("expected an error event, got {other:?}"),
     }
     assert!(again.next().await.is_none());
+}
+
+fn cli(args: &[&str]) -> std::process::Output {
+    let out = Command::new(env!("CARGO_BIN_EXE_backpack"))
+        .args(args)
+        .output()
+        .expect("the binary runs");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
+fn png_pixels(bytes: &[u8]) -> (u32, u32, Vec<u8>) {
+    let decoder = png::Decoder::new(std::io::Cursor::new(bytes));
+    let mut reader = decoder.read_info().expect("a PNG");
+    let mut buf = vec![0; reader.output_buffer_size().expect("size")];
+    let info = reader.next_frame(&mut buf).expect("pixels");
+    buf.truncate(info.buffer_size());
+    (info.width, info.height, buf)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn transcriptions_and_images_match_the_cli() {
+    let (whisper, sd) = (fixture("tiny-whisper"), fixture("tiny-sd-turbo"));
+    let server = start_with(&[
+        "--model",
+        whisper.to_str().expect("utf-8"),
+        "--model",
+        sd.to_str().expect("utf-8"),
+    ]);
+    let client = reqwest::Client::new();
+    let url = |path: &str| format!("{}{path}", server.base);
+    let models: Value = client
+        .get(url("/v1/models"))
+        .send()
+        .await
+        .expect("models")
+        .json()
+        .await
+        .expect("json");
+    let ids: Vec<&str> = models["data"]
+        .as_array()
+        .expect("list")
+        .iter()
+        .filter_map(|m| m["id"].as_str())
+        .collect();
+    assert_eq!(ids, ["tiny-whisper", "tiny-sd-turbo"]);
+    // No text model was given.
+    let r = client
+        .post(url("/v1/completions"))
+        .json(&json!({"prompt": "hi"}))
+        .send()
+        .await
+        .expect("no text model");
+    assert_eq!(r.status(), 404);
+
+    // Transcription: the text `transcribe` prints for the same file, language and temperature
+    // (one temperature, no fallback: the random model never passes the quality checks, and
+    // falling back through six temperatures takes minutes on a software GPU). The other
+    // response formats are checked by media.rs's unit test.
+    let audio =
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/audio/speech_short.wav");
+    let out = cli(&[
+        "transcribe",
+        "--model",
+        whisper.to_str().expect("utf-8"),
+        "--audio",
+        audio.to_str().expect("utf-8"),
+        "--language",
+        "en",
+        "--temperature",
+        "0.3",
+        "--no-fallback",
+        "--json",
+    ]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let want: Value = serde_json::from_str(stdout.lines().last().expect("json")).expect("json");
+    let bytes = std::fs::read(&audio).expect("audio");
+    let form = reqwest::multipart::Form::new()
+        .part(
+            "file",
+            reqwest::multipart::Part::bytes(bytes).file_name("speech.wav"),
+        )
+        .text("model", "whisper-1")
+        .text("language", "en")
+        .text("temperature", "0.3")
+        .text("response_format", "verbose_json");
+    let r = client
+        .post(url("/v1/audio/transcriptions"))
+        .multipart(form)
+        .send()
+        .await
+        .expect("transcribe");
+    assert_eq!(r.status(), 200);
+    let got: Value = r.json().await.expect("json");
+    assert_eq!(got["text"].as_str(), want["text"].as_str().map(str::trim));
+    assert_eq!(
+        got["segments"].as_array().map(Vec::len),
+        want["segments"].as_array().map(Vec::len)
+    );
+    assert!(got["duration"].as_f64().expect("duration") > 3.0);
+    // Not audio: a 400 that says so, and the service keeps serving.
+    let junk = reqwest::multipart::Form::new().part(
+        "file",
+        reqwest::multipart::Part::bytes(b"not audio at all".to_vec()).file_name("x.wav"),
+    );
+    let r = client
+        .post(url("/v1/audio/transcriptions"))
+        .multipart(junk)
+        .send()
+        .await
+        .expect("junk");
+    assert_eq!(r.status(), 400);
+    let e: Value = r.json().await.expect("error json");
+    assert_eq!(e["error"]["type"], "invalid_request_error");
+
+    // Images: the pixels `image` writes for the same prompt, size, steps and seed.
+    let dir = std::env::temp_dir().join(format!("backpack-serve-images-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("dir");
+    let out_png = dir.join("fox.png");
+    cli(&[
+        "image",
+        "--model",
+        sd.to_str().expect("utf-8"),
+        "--prompt",
+        "a red fox",
+        "--width",
+        "64",
+        "--height",
+        "64",
+        "--steps",
+        "2",
+        "--seed",
+        "11",
+        "--out",
+        out_png.to_str().expect("utf-8"),
+    ]);
+    let want = png_pixels(&std::fs::read(&out_png).expect("png"));
+    let r = client
+        .post(url("/v1/images/generations"))
+        .json(
+            &json!({"prompt": "a red fox", "size": "64x64", "steps": 2, "seed": 11, "n": 2,
+                      "response_format": "b64_json"}),
+        )
+        .send()
+        .await
+        .expect("images");
+    assert_eq!(r.status(), 200);
+    let body: Value = r.json().await.expect("json");
+    let data = body["data"].as_array().expect("data");
+    assert_eq!(data.len(), 2);
+    use base64::Engine as _;
+    let first = base64::engine::general_purpose::STANDARD
+        .decode(data[0]["b64_json"].as_str().expect("b64"))
+        .expect("base64");
+    assert_eq!(png_pixels(&first), want);
+    let r = client
+        .post(url("/v1/images/generations"))
+        .json(&json!({"prompt": "x", "size": "63x64"}))
+        .send()
+        .await
+        .expect("bad size");
+    assert_eq!(r.status(), 400);
+    let r = client
+        .post(url("/v1/images/generations"))
+        .json(&json!({"prompt": "x", "response_format": "url"}))
+        .send()
+        .await
+        .expect("url");
+    assert_eq!(r.status(), 400);
+    let _ = std::fs::remove_dir_all(&dir);
 }

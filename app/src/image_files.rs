@@ -113,17 +113,35 @@ pub fn write_png(path: &Path, width: u32, height: u32, rgb: &[u8], parameters: &
     let tmp = path.with_extension("png.part");
     {
         let file = File::create(&tmp).with_context(|| format!("creating {}", tmp.display()))?;
-        let mut encoder = png::Encoder::new(BufWriter::new(file), width, height);
-        encoder.set_color(png::ColorType::Rgb);
-        encoder.set_depth(png::BitDepth::Eight);
-        encoder
-            .add_itxt_chunk("parameters".into(), parameters.into())
-            .context("adding the parameters chunk")?;
-        let mut writer = encoder.write_header()?;
-        writer.write_image_data(rgb)?;
-        writer.finish()?;
+        encode_png(BufWriter::new(file), width, height, rgb, parameters)?;
     }
     std::fs::rename(&tmp, path).with_context(|| format!("writing {}", path.display()))?;
+    Ok(())
+}
+
+/// `rgb` as PNG bytes with a `parameters` chunk (what the server sends as `b64_json`).
+pub fn png_bytes(width: u32, height: u32, rgb: &[u8], parameters: &str) -> Result<Vec<u8>> {
+    let mut out = Vec::new();
+    encode_png(&mut out, width, height, rgb, parameters)?;
+    Ok(out)
+}
+
+fn encode_png(
+    out: impl std::io::Write,
+    width: u32,
+    height: u32,
+    rgb: &[u8],
+    parameters: &str,
+) -> Result<()> {
+    let mut encoder = png::Encoder::new(out, width, height);
+    encoder.set_color(png::ColorType::Rgb);
+    encoder.set_depth(png::BitDepth::Eight);
+    encoder
+        .add_itxt_chunk("parameters".into(), parameters.into())
+        .context("adding the parameters chunk")?;
+    let mut writer = encoder.write_header()?;
+    writer.write_image_data(rgb)?;
+    writer.finish()?;
     Ok(())
 }
 

@@ -9,9 +9,11 @@ use crate::{DTypeArg, KvCacheArg, QuantArg};
 
 #[derive(Args)]
 pub struct ServeArgs {
-    /// Model: a folder (HF layout), a .gguf file, or the repo id of an installed model.
-    #[arg(long)]
-    model: PathBuf,
+    /// A model to serve: a text model (HF folder, .gguf file), a Whisper folder, or a diffusers
+    /// folder / single-file checkpoint, or the repo id of an installed one; repeat for one of
+    /// each kind.
+    #[arg(long, required = true)]
+    model: Vec<PathBuf>,
     /// Address to listen on; anything but a loopback address is reachable from the network.
     #[arg(long, default_value = "127.0.0.1")]
     host: String,
@@ -38,7 +40,11 @@ pub struct ServeArgs {
 }
 
 pub fn run(args: ServeArgs, adapter: Option<&str>) -> Result<()> {
-    let model = crate::generate::resolve_model(&args.model)?;
+    let models = args
+        .model
+        .iter()
+        .map(|m| crate::generate::resolve_model(m))
+        .collect::<Result<Vec<_>>>()?;
     let gpu = crate::open_gpu(adapter)?;
     let load = ModelOptions {
         dtype: match args.quant {
@@ -61,5 +67,5 @@ pub fn run(args: ServeArgs, adapter: Option<&str>) -> Result<()> {
         .worker_threads(2)
         .enable_all()
         .build()?
-        .block_on(serve(gpu, model, load, opts))
+        .block_on(serve(gpu, models, load, opts))
 }

@@ -4,11 +4,12 @@
 
 mod api;
 mod dispatch;
+mod media;
 mod routes;
 mod stop;
 
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use anyhow::{Context, Result, bail};
@@ -20,7 +21,7 @@ use backpack_engine::models::{ModelInfo, ModelOptions};
 use backpack_engine::runtime::{Engine, Event};
 
 pub use dispatch::Dispatch;
-pub use routes::Server;
+pub use routes::{Server, TextSide};
 
 /// How the server runs.
 #[derive(Clone, Debug)]
@@ -47,12 +48,25 @@ impl Default for ServeOptions {
     }
 }
 
+/// Largest audio upload (OpenAI's own limit).
+const AUDIO_LIMIT: usize = 25 << 20;
+
 /// The routes over `server`.
 pub fn router(server: Arc<Server>, body_limit: usize) -> Router {
+    let audio_limit = DefaultBodyLimit::max(AUDIO_LIMIT.max(body_limit));
     Router::new()
         .route("/v1/models", get(routes::models))
         .route("/v1/chat/completions", post(routes::chat))
         .route("/v1/completions", post(routes::completions))
+        .route("/v1/images/generations", post(media::images))
+        .route(
+            "/v1/audio/transcriptions",
+            post(media::transcriptions).layer(audio_limit),
+        )
+        .route(
+            "/v1/audio/translations",
+            post(media::translations).layer(audio_limit),
+        )
         .fallback(routes::not_found)
         .layer(DefaultBodyLimit::max(body_limit))
         .layer(axum::middleware::from_fn_with_state(
@@ -62,27 +76,48 @@ pub fn router(server: Arc<Server>, body_limit: usize) -> Router {
         .with_state(server)
 }
 
-/// Loads `model` on `gpu` and serves it until ctrl-c. Prints the address once listening.
-pub async fn serve(gpu: Gpu, model: PathBuf, load: ModelOptions, opts: ServeOptions) -> Result<()> {
-    let (engine, mut events) = Engine::spawn(gpu, None);
-    engine.load(model.clone(), load);
-    let info: ModelInfo = loop {
-        match events.recv().await {
-            Some(Event::Loaded(info)) => break info,
-            Some(Event::Error { message, .. }) => {
-                bail!("loading {}: {message}", model.display())
+/// Loads every model of `models` into the service of its kind (a Whisper folder: speech; a
+/// diffusers folder or single-file checkpoint: images; else text, one of each) on `gpu` and
+/// serves them until ctrl-c. Prints the address once listening.
+pub async fn serve(
+    gpu: Gpu,
+    models: Vec<PathBuf>,
+    load: ModelOptions,
+    opts: ServeOptions,
+) -> Result<()> {
+    let (mut text, mut speech, mut image) = (None, None, None);
+    for path in models {
+        if backpack_engine::models::whisper::is_whisper_dir(&path) {
+            if speech.is_some() {
+                bail!(
+                    "one speech model at a time ({} is the second)",
+                    path.display()
+                );
             }
-            Some(_) => {}
-            None => bail!("the engine stopped while loading the model"),
+            speech = Some(load_speech(&gpu, &path, opts.queue).await?);
+        } else if crate::gui::image_link::is_image_model(&path) {
+            if image.is_some() {
+                bail!(
+                    "one image model at a time ({} is the second)",
+                    path.display()
+                );
+            }
+            image = Some(load_image(&gpu, &path, opts.queue).await?);
+        } else {
+            if text.is_some() {
+                bail!(
+                    "one text model at a time ({} is the second)",
+                    path.display()
+                );
+            }
+            text = Some(load_text(&gpu, &path, load.clone(), opts.queue).await?);
         }
-    };
+    }
     let server = Arc::new(Server {
-        dispatch: Dispatch::new(engine, events, opts.queue),
-        model: info.name.clone(),
-        context: info.context,
-        created: std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_secs()),
+        text,
+        speech,
+        image,
+        created: routes::unix_now(),
         api_key: opts.api_key.clone(),
     });
     let addr: SocketAddr = format!("{}:{}", opts.host, opts.port)
@@ -98,10 +133,7 @@ pub async fn serve(gpu: Gpu, model: PathBuf, load: ModelOptions, opts: ServeOpti
         .await
         .with_context(|| format!("listening on {addr}"))?;
     let local = listener.local_addr()?;
-    eprintln!(
-        "serving {} ({}, context {}) at http://{local}/v1",
-        info.name, info.architecture, info.context
-    );
+    eprintln!("serving at http://{local}/v1");
     if !local.ip().is_loopback() {
         eprintln!(
             "warning: {local} is reachable from the network{}",
@@ -118,4 +150,75 @@ pub async fn serve(gpu: Gpu, model: PathBuf, load: ModelOptions, opts: ServeOpti
         })
         .await
         .context("serving")
+}
+
+async fn load_text(gpu: &Gpu, path: &Path, load: ModelOptions, queue: usize) -> Result<TextSide> {
+    let (engine, mut events) = Engine::spawn(gpu.clone(), None);
+    engine.load(path.to_owned(), load);
+    let info: ModelInfo = loop {
+        match events.recv().await {
+            Some(Event::Loaded(info)) => break info,
+            Some(Event::Error { message, .. }) => bail!("loading {}: {message}", path.display()),
+            Some(_) => {}
+            None => bail!("the engine stopped while loading {}", path.display()),
+        }
+    };
+    eprintln!(
+        "text: {} ({}, context {})",
+        info.name, info.architecture, info.context
+    );
+    Ok(TextSide {
+        dispatch: Dispatch::new(engine, events, queue),
+        model: info.name,
+        context: info.context,
+    })
+}
+
+async fn load_speech(gpu: &Gpu, path: &Path, queue: usize) -> Result<media::Speech> {
+    use backpack_engine::runtime::speech::{SpeechEvent, SpeechService};
+    let (handle, mut events) = SpeechService::spawn(gpu.clone(), None);
+    handle.load(path.to_owned(), Default::default());
+    let info = loop {
+        match events.recv().await {
+            Some(SpeechEvent::Loaded(info)) => break info,
+            Some(SpeechEvent::Error { message, .. }) => {
+                bail!("loading {}: {message}", path.display())
+            }
+            Some(_) => {}
+            None => bail!(
+                "the speech service stopped while loading {}",
+                path.display()
+            ),
+        }
+    };
+    eprintln!("speech: {}", info.name);
+    Ok(media::OneAtATime::new(handle, events, info.name, queue))
+}
+
+async fn load_image(
+    gpu: &Gpu,
+    path: &Path,
+    queue: usize,
+) -> Result<(
+    media::Images,
+    backpack_engine::models::diffusion::ImageModelInfo,
+)> {
+    use backpack_engine::runtime::image::{ImageEvent, ImageService};
+    let (handle, mut events) = ImageService::spawn(gpu.clone(), None);
+    handle.load(path.to_owned(), Default::default());
+    let info = loop {
+        match events.recv().await {
+            Some(ImageEvent::Loaded(info)) => break info,
+            Some(ImageEvent::Error { message, .. }) => {
+                bail!("loading {}: {message}", path.display())
+            }
+            Some(_) => {}
+            None => bail!("the image service stopped while loading {}", path.display()),
+        }
+    };
+    eprintln!("images: {} ({})", info.name, info.family);
+    Ok((
+        media::OneAtATime::new(handle, events, info.name.clone(), queue),
+        info,
+    ))
 }

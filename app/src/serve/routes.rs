@@ -12,6 +12,7 @@ use axum::middleware::Next;
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use backpack_engine::models::StopReason;
+use backpack_engine::models::diffusion::ImageModelInfo;
 use backpack_engine::runtime::Event;
 use serde_json::{Value, json};
 use tokio::sync::mpsc;
@@ -20,14 +21,20 @@ use super::api::{ApiError, ChatRequest, CompletionRequest, Job, finish_reason, u
 use super::dispatch::{Dispatch, Ticket};
 use super::stop::StopMatcher;
 
-/// What every handler shares.
+/// What every handler shares: the models served, one per modality.
 pub struct Server {
-    pub dispatch: Arc<Dispatch>,
-    /// The loaded model's id, as `/v1/models` lists it.
-    pub model: String,
-    pub context: u32,
+    pub text: Option<TextSide>,
+    pub speech: Option<super::media::Speech>,
+    pub image: Option<(super::media::Images, ImageModelInfo)>,
     pub created: u64,
     pub api_key: Option<String>,
+}
+
+/// The text model: its queue, its id as `/v1/models` lists it, its context.
+pub struct TextSide {
+    pub dispatch: Arc<Dispatch>,
+    pub model: String,
+    pub context: u32,
 }
 
 #[derive(Clone, Copy, PartialEq)]
@@ -37,18 +44,42 @@ enum Kind {
 }
 
 pub async fn models(State(s): State<Arc<Server>>) -> Json<Value> {
-    Json(json!({
-        "object": "list",
-        "data": [{"id": s.model, "object": "model", "created": s.created, "owned_by": "backpack"}],
-    }))
+    let ids = [
+        s.text.as_ref().map(|t| t.model.as_str()),
+        s.speech.as_ref().map(|m| m.model.as_str()),
+        s.image.as_ref().map(|(m, _)| m.model.as_str()),
+    ];
+    let data: Vec<Value> = ids
+        .into_iter()
+        .flatten()
+        .map(
+            |id| json!({"id": id, "object": "model", "created": s.created, "owned_by": "backpack"}),
+        )
+        .collect();
+    Json(json!({"object": "list", "data": data}))
+}
+
+fn no_text_model() -> ApiError {
+    ApiError::new(
+        StatusCode::NOT_FOUND,
+        "invalid_request_error",
+        "no text model is loaded (start the server with --model DIR|FILE)",
+    )
+    .with_code("model_not_found")
 }
 
 pub async fn chat(
     State(s): State<Arc<Server>>,
     body: Result<Json<ChatRequest>, JsonRejection>,
 ) -> Response {
-    match body.map_err(rejected).and_then(|Json(r)| r.job(s.context)) {
-        Ok(job) => answer(s, job, Kind::Chat).await,
+    let Some(text) = &s.text else {
+        return no_text_model().into_response();
+    };
+    match body
+        .map_err(rejected)
+        .and_then(|Json(r)| r.job(text.context))
+    {
+        Ok(job) => answer(text, job, Kind::Chat).await,
         Err(e) => e.into_response(),
     }
 }
@@ -57,14 +88,20 @@ pub async fn completions(
     State(s): State<Arc<Server>>,
     body: Result<Json<CompletionRequest>, JsonRejection>,
 ) -> Response {
-    match body.map_err(rejected).and_then(|Json(r)| r.job(s.context)) {
-        Ok(job) => answer(s, job, Kind::Text).await,
+    let Some(text) = &s.text else {
+        return no_text_model().into_response();
+    };
+    match body
+        .map_err(rejected)
+        .and_then(|Json(r)| r.job(text.context))
+    {
+        Ok(job) => answer(text, job, Kind::Text).await,
         Err(e) => e.into_response(),
     }
 }
 
 /// Malformed JSON, a wrong content type or an oversized body, as OpenAI-style errors.
-fn rejected(e: JsonRejection) -> ApiError {
+pub fn rejected(e: JsonRejection) -> ApiError {
     let status = e.status();
     let message = match status {
         StatusCode::PAYLOAD_TOO_LARGE => "the request body is too large".to_owned(),
@@ -77,7 +114,8 @@ pub async fn not_found() -> ApiError {
     ApiError::new(
         StatusCode::NOT_FOUND,
         "invalid_request_error",
-        "unknown endpoint (this server has /v1/models, /v1/chat/completions, /v1/completions)",
+        "unknown endpoint (this server has /v1/models, /v1/chat/completions, /v1/completions, \
+         /v1/audio/transcriptions, /v1/audio/translations, /v1/images/generations)",
     )
     .with_code("unknown_url")
 }
@@ -121,7 +159,7 @@ fn engine_error(message: String, prompt_too_long: Option<(usize, u32)>) -> ApiEr
 
 /// Queues the job; answers whole or streamed. Waits for the first token before replying, so a
 /// prompt the engine refuses gets an HTTP error, not a broken stream.
-async fn answer(s: Arc<Server>, job: Job, kind: Kind) -> Response {
+async fn answer(s: &TextSide, job: Job, kind: Kind) -> Response {
     let Some(mut ticket) = s.dispatch.submit(job.prompt, job.params) else {
         return ApiError::new(
             StatusCode::TOO_MANY_REQUESTS,
@@ -172,7 +210,7 @@ async fn answer(s: Arc<Server>, job: Job, kind: Kind) -> Response {
     }
 }
 
-fn unix_now() -> u64 {
+pub fn unix_now() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_secs())
