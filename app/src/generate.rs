@@ -3,7 +3,7 @@ use std::path::PathBuf;
 
 use anyhow::{Context, Result, bail};
 use backpack_engine::load::ChatMessage;
-use backpack_engine::models::{GenerateParams, ModelOptions, Prompt};
+use backpack_engine::models::{GenerateParams, Prompt};
 use backpack_engine::ops::SamplerParams;
 use backpack_engine::runtime::{Engine, Event};
 use clap::Args;
@@ -92,16 +92,7 @@ pub fn run(args: GenerateArgs, adapter: Option<&str>) -> Result<()> {
         let (engine, mut events) = Engine::spawn(gpu, None);
         engine.load(
             model,
-            ModelOptions {
-                dtype: match args.quant {
-                    Some(QuantArg::F16) => backpack_engine::ops::WeightDType::F16,
-                    _ => args.dtype.into(),
-                },
-                quantize: args.quant.and_then(QuantArg::block_format),
-                context: args.context,
-                kv_cache: args.kv_cache.map(Into::into),
-                ..Default::default()
-            },
+            crate::model_options(args.dtype, args.quant, args.context, args.kv_cache),
         );
         let info = match events.recv().await {
             Some(Event::Loaded(info)) => info,

@@ -131,6 +131,26 @@ impl QuantArg {
 }
 
 /// Opens the GPU, telling the user which adapter runs the work (and warning on a CPU one).
+/// How `generate` and `serve` load a text model from their flags (`--quant f16` stores the
+/// matrices as f16 whatever `--dtype` says).
+pub fn model_options(
+    dtype: DTypeArg,
+    quant: Option<QuantArg>,
+    context: Option<u32>,
+    kv_cache: Option<KvCacheArg>,
+) -> backpack_engine::models::ModelOptions {
+    backpack_engine::models::ModelOptions {
+        dtype: match quant {
+            Some(QuantArg::F16) => backpack_engine::ops::WeightDType::F16,
+            _ => dtype.into(),
+        },
+        quantize: quant.and_then(QuantArg::block_format),
+        context,
+        kv_cache: kv_cache.map(Into::into),
+        ..Default::default()
+    }
+}
+
 pub fn open_gpu(adapter: Option<&str>) -> Result<backpack_engine::gpu::Gpu> {
     let gpu = backpack_engine::gpu::Gpu::headless(adapter)?;
     if gpu.is_software() {

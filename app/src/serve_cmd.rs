@@ -2,7 +2,6 @@ use std::path::PathBuf;
 
 use anyhow::Result;
 use backpack_app::serve::{ServeOptions, serve};
-use backpack_engine::models::ModelOptions;
 use clap::Args;
 
 use crate::{DTypeArg, KvCacheArg, QuantArg};
@@ -46,16 +45,7 @@ pub fn run(args: ServeArgs, adapter: Option<&str>) -> Result<()> {
         .map(|m| crate::generate::resolve_model(m))
         .collect::<Result<Vec<_>>>()?;
     let gpu = crate::open_gpu(adapter)?;
-    let load = ModelOptions {
-        dtype: match args.quant {
-            Some(QuantArg::F16) => backpack_engine::ops::WeightDType::F16,
-            _ => args.dtype.into(),
-        },
-        quantize: args.quant.and_then(QuantArg::block_format),
-        context: args.context,
-        kv_cache: args.kv_cache.map(Into::into),
-        ..Default::default()
-    };
+    let load = crate::model_options(args.dtype, args.quant, args.context, args.kv_cache);
     let opts = ServeOptions {
         host: args.host,
         port: args.port,

@@ -72,30 +72,32 @@ pub async fn chat(
     State(s): State<Arc<Server>>,
     body: Result<Json<ChatRequest>, JsonRejection>,
 ) -> Response {
-    let Some(text) = &s.text else {
-        return no_text_model().into_response();
-    };
-    match body
-        .map_err(rejected)
-        .and_then(|Json(r)| r.job(text.context))
-    {
-        Ok(job) => answer(text, job, Kind::Chat).await,
-        Err(e) => e.into_response(),
-    }
+    text_request(&s, body, Kind::Chat, ChatRequest::job).await
 }
 
 pub async fn completions(
     State(s): State<Arc<Server>>,
     body: Result<Json<CompletionRequest>, JsonRejection>,
 ) -> Response {
+    text_request(&s, body, Kind::Text, CompletionRequest::job).await
+}
+
+/// Checks a text request against the text model (`job` turns it into the engine's terms)
+/// and answers it.
+async fn text_request<R>(
+    s: &Server,
+    body: Result<Json<R>, JsonRejection>,
+    kind: Kind,
+    job: fn(R, u32) -> Result<Job, ApiError>,
+) -> Response {
     let Some(text) = &s.text else {
         return no_text_model().into_response();
     };
     match body
         .map_err(rejected)
-        .and_then(|Json(r)| r.job(text.context))
+        .and_then(|Json(r)| job(r, text.context))
     {
-        Ok(job) => answer(text, job, Kind::Text).await,
+        Ok(job) => answer(text, job, kind).await,
         Err(e) => e.into_response(),
     }
 }
