@@ -12,9 +12,10 @@ Writes (default, no arguments):
 Layout: llama.cpp tensor names (`token_embd`, `blk.N.attn_q`, `attn_q_norm`, `attn_qkv`, `ffn_up`,
 ...), matrices as F16 and norms, biases and position embeddings as F32 (the converter's choice for
 an f16 output); Phi-3 longrope as `rope_factors_long` / `rope_factors_short` tensors with
-`rope.scaling.original_context_length` and `rope.scaling.attn_factor`; GPT-2's Conv1D matrices transposed to `[out][in]` as the converter does; Qwen's Q/K
-rows left in HF order (only the `llama` architecture is permuted); Gemma's norm weights stored
-with the 1 of its (1 + w) added, as the converter does, and its sliding-window layers listed in
+`rope.scaling.original_context_length` and `rope.scaling.attn_factor`; GPT-2's Conv1D matrices
+transposed to `[out][in]` as the converter does; Qwen's Q/K rows left in HF order (only the
+`llama` architecture is permuted); Gemma's norm weights stored with the 1 of its (1 + w) added,
+as the converter does, and its sliding-window layers listed (one flag per layer) in
 `gemma3.attention.sliding_window_pattern` (llama.cpp itself assumes every sixth layer global for
 `gemma3`; the tiny model has its own pattern). Metadata: the architecture's
 hyperparameter keys, the byte-level BPE vocabulary (`tokenizer.ggml.model = gpt2`, tokens, token
