@@ -1,16 +1,20 @@
 //! The real app struct driven through its UI with egui_kittest on the GPU (lavapipe in CI):
 //! a tiny fixture model streams into the transcript, Stop, Regenerate and Edit work,
 //! conversations survive a restart, a broken model shows an error and the app keeps working,
-//! the status bar's items never overlap, and the main views match committed snapshots
-//! (tests/snapshots).
+//! the status bar's items never overlap, a remote backend added in Settings answers in the chat,
+//! the server switch in Settings serves the loaded model, and the main views match committed
+//! snapshots (tests/snapshots).
 
 #[path = "support/fake_hub.rs"]
 mod fake_hub;
+#[path = "support/fake_openai.rs"]
+mod fake_openai;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use backpack_app::gui::remote_link::{ModelList, RemoteModelRef};
 use backpack_app::gui::store::{AnswerStats, Conversation, Message, Preset, Store};
 use backpack_app::gui::{AppConfig, BackpackApp, ModelState, engine_link};
 use eframe::{egui, egui_wgpu, wgpu};
@@ -520,6 +524,206 @@ fn status_bar_items_never_overlap() {
             let whole = *whole_speed.get_or_insert(speed);
             assert_eq!(speed, whole, "at {width}: the speed is cut");
         }
+    }
+    drop(h);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+fn remote_models_ready(app: &BackpackApp) -> bool {
+    let lists = app.shared.remote.as_ref().map(|r| r.models.get("lab"));
+    matches!(lists, Some(Some(ModelList::Ready(m))) if !m.is_empty())
+}
+
+#[test]
+fn chat_answers_from_a_remote_backend() {
+    use fake_openai::{Config, FakeOpenAi, Fault};
+    let server = FakeOpenAi::start(Config {
+        key: Some("sk-ui".into()),
+        ..Default::default()
+    });
+    let answer = server.config.lock().expect("config").answer();
+    let dir = fresh_dir("remote");
+    let mut h = harness(&dir, None, true);
+
+    // Settings → Backends: the server, with its key; its models are listed.
+    h.get_by_label("Settings").click();
+    h.run_steps(2);
+    type_into(&mut h, "Backend name", "lab");
+    type_into(&mut h, "Backend URL", &server.base);
+    type_into(&mut h, "Backend API key", "sk-ui");
+    h.get_by_label("Add backend").click();
+    h.step();
+    wait_for(&mut h, "the backend's models", remote_models_ready);
+    h.get_by_label("1 model");
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let saved = std::fs::metadata(dir.join("backends.json")).expect("saved");
+        assert_eq!(
+            saved.permissions().mode() & 0o777,
+            0o600,
+            "the key is private"
+        );
+    }
+
+    // The chat's picker lists the remote model; the answer streams from it.
+    h.get_by_label("Chat").click();
+    h.run_steps(2);
+    h.get_by_label("Model for this chat").click();
+    h.run_steps(2);
+    h.get_by_label("big-model (remote)").click();
+    h.run_steps(2);
+    let wanted = RemoteModelRef {
+        backend: "lab".into(),
+        model: "big-model".into(),
+    };
+    assert_eq!(selected(h.state()).remote.as_ref(), Some(&wanted));
+    type_into(&mut h, "Message", "Hello there");
+    h.get_by_label("Send").click();
+    h.step();
+    assert!(h.state().chat.is_busy(), "Send starts a remote answer");
+    wait_for(&mut h, "the remote answer", idle);
+    {
+        let conv = selected(h.state());
+        assert_eq!(conv.messages.len(), 2);
+        let m = &conv.messages[1];
+        assert_eq!(m.content, answer);
+        assert_eq!(m.error, None);
+        let stats = m.stats.as_ref().expect("stats");
+        assert_eq!((stats.prompt_tokens, stats.tokens), (17, 5));
+    }
+    h.get_by_label_contains("Remote: big-model on lab");
+    let sent = server
+        .last("POST /v1/chat/completions")
+        .expect("a chat request");
+    assert!(sent.contains("Hello there"), "{sent}");
+
+    // Regenerate asks again; a busy server's 429 is shown under the answer.
+    h.get_by_label("Regenerate").click();
+    h.step();
+    wait_for(&mut h, "the regenerated answer", idle);
+    assert_eq!(selected(h.state()).messages.len(), 2);
+    server.set_fault(Fault::RateLimited);
+    type_into(&mut h, "Message", "Again");
+    h.get_by_label("Send").click();
+    h.step();
+    wait_for(&mut h, "the refused answer", idle);
+    let error = selected(h.state()).messages[3].error.clone();
+    assert!(
+        error.as_deref().is_some_and(|e| e.contains("429")),
+        "{error:?}"
+    );
+
+    // Stop ends a stalled stream and keeps what came.
+    server.set_fault(Fault::Stall {
+        pieces: 1,
+        pause: Duration::from_secs(30),
+    });
+    h.get_by_label("Regenerate").click();
+    h.step();
+    wait_for(&mut h, "the first piece", |app| {
+        app.chat.generation().is_some_and(|g| g.tokens >= 1)
+    });
+    h.get_by_label("Stop").click();
+    wait_for(&mut h, "the stop", idle);
+    {
+        let m = &selected(h.state()).messages[3];
+        assert_eq!(m.content, "Grüße");
+        assert_eq!(m.stats.as_ref().map(|s| s.stop.as_str()), Some("stopped"));
+    }
+    server.set_fault(Fault::None);
+
+    // After a restart the backend and the conversation's remote model are still there.
+    drop(h);
+    let mut h = harness(&dir, None, true);
+    wait_for(&mut h, "the backend's models", remote_models_ready);
+    assert_eq!(selected(h.state()).remote.as_ref(), Some(&wanted));
+    drop(h);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn settings_runs_the_server_over_the_loaded_model() {
+    use backpack_engine::remote::chat::RemoteInput;
+    use backpack_engine::remote::{ChatParams, Endpoint, RemoteClient};
+    let dir = fresh_dir("server");
+    let mut h = harness(&dir, Some(fixture_model("tiny-qwen2")), true);
+    wait_for(&mut h, "the model to load", model_ready);
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .expect("bind")
+        .local_addr()
+        .expect("addr")
+        .port();
+    h.state_mut().shared.store.state.server_port = Some(port);
+    h.get_by_label("Settings").click();
+    h.run_steps(2);
+    type_into(
+        &mut h,
+        "Server API key: required as Authorization: Bearer when set",
+        "sk-app",
+    );
+    // Below the fold: clicked through accessibility, as a screen reader would.
+    h.get_by_label("Serve the OpenAI API").click_accesskit();
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let url = format!("http://127.0.0.1:{port}/v1");
+    while h.query_by_label_contains(&format!("at {url}")).is_none() {
+        assert!(Instant::now() < deadline, "the server did not start");
+        assert!(
+            h.query_by_label_contains("listening on").is_none(),
+            "bind failed"
+        );
+        h.step();
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    h.get_by_label_contains("Serving tiny-qwen2");
+
+    // The app's own remote client talks to it, with the key; the window stays responsive.
+    let runtime = tokio::runtime::Runtime::new().expect("runtime");
+    let client = RemoteClient::new(Endpoint::new(&url, Some("sk-app".into())).expect("url"))
+        .expect("client");
+    let models = runtime.block_on(client.models()).expect("models");
+    assert_eq!(models[0].id, "tiny-qwen2");
+    let messages = [backpack_engine::load::ChatMessage::new("user", "Hi")];
+    let params = ChatParams {
+        max_tokens: Some(4),
+        temperature: Some(0.0),
+        ..Default::default()
+    };
+    let answer = runtime
+        .block_on(client.stream(
+            "tiny-qwen2",
+            RemoteInput::Chat(&messages),
+            &params,
+            &|| false,
+            &mut |_| {},
+        ))
+        .expect("an answer");
+    assert_eq!(answer.completion_tokens, 4);
+    let keyless = RemoteClient::new(Endpoint::new(&url, None).expect("url")).expect("client");
+    let refused = runtime.block_on(keyless.models());
+    assert!(
+        matches!(
+            refused,
+            Err(backpack_engine::remote::RemoteError::Unauthorized { .. })
+        ),
+        "{refused:?}"
+    );
+
+    // Off: the port is released.
+    // Below the fold: clicked through accessibility, as a screen reader would.
+    h.get_by_label("Serve the OpenAI API").click_accesskit();
+    h.run_steps(2);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
+        assert!(Instant::now() < deadline, "the server did not stop");
+        h.step();
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let key = std::fs::metadata(dir.join("server-key")).expect("key saved");
+        assert_eq!(key.permissions().mode() & 0o777, 0o600);
     }
     drop(h);
     let _ = std::fs::remove_dir_all(&dir);

@@ -2,7 +2,8 @@
 //! text completions (whole and streamed), answers equal to `backpack generate` with the same
 //! settings, usage counts, stop strings, errors (400, 401, 404, 413, 429), concurrent requests,
 //! a client that goes away cancelling its generation, and transcriptions and images equal to
-//! `backpack transcribe` and `backpack image`.
+//! `backpack transcribe` and `backpack image`; the remote client (`generate`, `transcribe` and
+//! `image` with `--endpoint`) against this server gives the local commands' results.
 
 use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
@@ -171,6 +172,29 @@ async fn serves_openai_shapes_with_the_answers_of_generate() {
         "{completion} of {generated}"
     );
     assert_eq!(chat["usage"]["total_tokens"], prompt_tokens + completion);
+
+    // `generate --endpoint` (the remote client) against this server: the text of local
+    // `generate`, and the server's usage.
+    let endpoint = format!("{}/v1", server.base);
+    let remote = cli(&[
+        "generate",
+        "--endpoint",
+        &endpoint,
+        "--model",
+        &id,
+        "--prompt",
+        PROMPT,
+        "--temperature",
+        "0",
+        "--max-tokens",
+        "12",
+        "--json",
+    ]);
+    let stdout = String::from_utf8_lossy(&remote.stdout);
+    let got: Value = serde_json::from_str(stdout.lines().last().expect("json")).expect("json");
+    assert_eq!(got["text"], want["text"]);
+    assert_eq!(got["usage"]["prompt_tokens"], prompt_tokens);
+    assert_eq!(got["usage"]["completion_tokens"], completion);
 
     // Chat, streamed: the deltas add up to the same text; usage last; then [DONE].
     let mut streamed = body.clone();
@@ -560,6 +584,32 @@ async fn transcriptions_and_images_match_the_cli() {
         want["segments"].as_array().map(Vec::len)
     );
     assert!(got["duration"].as_f64().expect("duration") > 3.0);
+    // The same through `transcribe --endpoint`.
+    let endpoint = format!("{}/v1", server.base);
+    let out = cli(&[
+        "transcribe",
+        "--endpoint",
+        &endpoint,
+        "--model",
+        "whisper-1",
+        "--audio",
+        audio.to_str().expect("utf-8"),
+        "--language",
+        "en",
+        "--temperature",
+        "0.3",
+        "--json",
+    ]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let remote: Value = serde_json::from_str(stdout.lines().last().expect("json")).expect("json");
+    assert_eq!(
+        remote["text"].as_str(),
+        want["text"].as_str().map(str::trim)
+    );
+    assert_eq!(
+        remote["segments"].as_array().map(Vec::len),
+        want["segments"].as_array().map(Vec::len)
+    );
     // Not audio: a 400 that says so, and the service keeps serving.
     let junk = reqwest::multipart::Form::new().part(
         "file",
@@ -615,6 +665,28 @@ async fn transcriptions_and_images_match_the_cli() {
         .decode(data[0]["b64_json"].as_str().expect("b64"))
         .expect("base64");
     assert_eq!(png_pixels(&first), want);
+    // The same through `image --endpoint`.
+    let remote_png = dir.join("remote-fox.png");
+    cli(&[
+        "image",
+        "--endpoint",
+        &endpoint,
+        "--model",
+        "tiny-sd-turbo",
+        "--prompt",
+        "a red fox",
+        "--width",
+        "64",
+        "--height",
+        "64",
+        "--steps",
+        "2",
+        "--seed",
+        "11",
+        "--out",
+        remote_png.to_str().expect("utf-8"),
+    ]);
+    assert_eq!(png_pixels(&std::fs::read(&remote_png).expect("png")), want);
     let r = client
         .post(url("/v1/images/generations"))
         .json(&json!({"prompt": "x", "size": "63x64"}))

@@ -5,6 +5,7 @@ use anyhow::{Context, Result, bail};
 use backpack_engine::load::ChatMessage;
 use backpack_engine::models::{GenerateParams, Prompt};
 use backpack_engine::ops::SamplerParams;
+use backpack_engine::remote::ChatParams;
 use backpack_engine::runtime::{Engine, Event};
 use clap::Args;
 
@@ -13,9 +14,12 @@ use crate::{DTypeArg, KvCacheArg, QuantArg};
 #[derive(Args)]
 pub struct GenerateArgs {
     /// Model: a folder (HF layout: config.json, *.safetensors, tokenizer.json), a .gguf file, or
-    /// the repo id of an installed model (see `backpack models`).
+    /// the repo id of an installed model (see `backpack models`); with --endpoint, the name of
+    /// one of the server's models.
     #[arg(long)]
     model: PathBuf,
+    #[command(flatten)]
+    remote: crate::remote_cmd::RemoteArgs,
     /// The prompt: one user message put through the model's chat template.
     #[arg(long)]
     prompt: String,
@@ -31,8 +35,8 @@ pub struct GenerateArgs {
     no_think: bool,
     #[arg(long, default_value_t = 256)]
     max_tokens: u32,
-    /// 0 picks the most likely token every time (greedy). Default: the model's generation
-    /// config, else greedy.
+    /// 0 picks the most likely token every time (greedy). Default: greedy (with --endpoint,
+    /// the server's default).
     #[arg(long)]
     temperature: Option<f32>,
     #[arg(long)]
@@ -48,13 +52,13 @@ pub struct GenerateArgs {
     dtype: DTypeArg,
     /// Quantize weight matrices while loading (q8_0, q4_0, q4_k) or store them as f16. GGUF
     /// files keep their own quantization.
-    #[arg(long, value_enum)]
+    #[arg(long, value_enum, conflicts_with = "endpoint")]
     quant: Option<QuantArg>,
     /// Context length to allocate (default 4096, capped by the model).
-    #[arg(long)]
+    #[arg(long, conflicts_with = "endpoint")]
     context: Option<u32>,
     /// How the KV cache stores keys and values (default: as --dtype); q8_0 halves it.
-    #[arg(long, value_enum)]
+    #[arg(long, value_enum, conflicts_with = "endpoint")]
     kv_cache: Option<KvCacheArg>,
     /// Print one JSON object with ids, text and timings after the text.
     #[arg(long)]
@@ -81,7 +85,33 @@ pub fn resolve_model(model: &std::path::Path) -> Result<PathBuf> {
     bail!("model path {} does not exist", model.display())
 }
 
+/// The answer from `--endpoint`'s model.
+fn run_remote(args: &GenerateArgs, url: &str) -> Result<()> {
+    let params = ChatParams {
+        max_tokens: Some(args.max_tokens),
+        temperature: args.temperature,
+        top_p: args.top_p,
+        top_k: args.top_k,
+        repeat_penalty: args.repeat_penalty,
+        thinking: args.no_think.then_some(false),
+        seed: Some(args.seed),
+        stop: Vec::new(),
+    };
+    let prompt = crate::remote_cmd::RemotePrompt {
+        model: &args.model.to_string_lossy(),
+        prompt: &args.prompt,
+        system: args.system.as_deref(),
+        raw: args.raw,
+        params,
+        json: args.json,
+    };
+    crate::remote_cmd::generate(&args.remote, url, prompt)
+}
+
 pub fn run(args: GenerateArgs, adapter: Option<&str>) -> Result<()> {
+    if let Some(url) = &args.remote.endpoint {
+        return run_remote(&args, url);
+    }
     let model = resolve_model(&args.model)?;
     let gpu = crate::open_gpu(adapter)?;
     let runtime = tokio::runtime::Builder::new_multi_thread()

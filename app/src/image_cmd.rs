@@ -9,6 +9,7 @@ use backpack_engine::load::SafeTensors;
 use backpack_engine::models::diffusion::{
     DiffusionModel, ImageModelOptions, ImageParams, SchedulerKind,
 };
+use backpack_engine::remote::media::RemoteImageRequest;
 use clap::{Args, ValueEnum};
 
 use crate::DTypeArg;
@@ -36,9 +37,12 @@ impl From<SchedulerArg> for SchedulerKind {
 
 #[derive(Args)]
 pub struct ImageArgs {
-    /// A diffusers folder, a single-file .safetensors checkpoint, or an installed repo id.
+    /// A diffusers folder, a single-file .safetensors checkpoint, or an installed repo id; with
+    /// --endpoint, the name of one of the server's models.
     #[arg(long)]
     model: PathBuf,
+    #[command(flatten)]
+    remote: crate::remote_cmd::RemoteArgs,
     #[arg(long)]
     prompt: String,
     /// What the image should not show (used when guidance > 1).
@@ -58,17 +62,17 @@ pub struct ImageArgs {
     #[arg(long)]
     height: Option<u32>,
     /// Scheduler (default: the one the model ships with).
-    #[arg(long, value_enum)]
+    #[arg(long, conflicts_with = "endpoint", value_enum)]
     scheduler: Option<SchedulerArg>,
     /// Start from this PNG (image-to-image), resized to the output size.
-    #[arg(long, value_name = "PNG")]
+    #[arg(long, conflicts_with = "endpoint", value_name = "PNG")]
     init_image: Option<PathBuf>,
     /// How much of the start image is repainted (0..1].
     #[arg(long, default_value_t = 0.75)]
     strength: f32,
     /// A safetensors file with one f32 tensor `latents` [1, 4, H/8, W/8] used in place of the
     /// seeded noise (scaled by the scheduler's initial sigma, as diffusers' `latents=`).
-    #[arg(long, value_name = "FILE")]
+    #[arg(long, conflicts_with = "endpoint", value_name = "FILE")]
     init_latents: Option<PathBuf>,
     /// Images to generate.
     #[arg(long, default_value_t = 1)]
@@ -118,7 +122,51 @@ fn output_path(out: Option<&Path>, seed: u64, index: u32) -> PathBuf {
     base.with_file_name(format!("{stem}-{}.{ext}", index + 1))
 }
 
+/// Images from `--endpoint`'s model, written as the server encoded them.
+fn run_remote(args: &ImageArgs, url: &str) -> Result<()> {
+    let size = match (args.width, args.height) {
+        (None, None) => None,
+        (w, h) => Some((w.or(h).unwrap_or(512), h.or(w).unwrap_or(512))),
+    };
+    let request = RemoteImageRequest {
+        prompt: args.prompt.clone(),
+        negative: Some(args.negative.clone()).filter(|n| !n.is_empty()),
+        n: args.batch.max(1),
+        size,
+        steps: args.steps,
+        guidance: args.guidance,
+        seed: args.seed,
+    };
+    let started = Instant::now();
+    let seed = args.seed.unwrap_or_else(random_seed);
+    let model = args.model.to_string_lossy();
+    let written = crate::remote_cmd::images(&args.remote, url, &model, &request, |index| {
+        output_path(args.out.as_deref(), seed, index)
+    })?;
+    let total_ms = started.elapsed().as_secs_f64() * 1e3;
+    for (index, (out, size)) in (0u64..).zip(written) {
+        let (width, height) = size.unzip();
+        eprintln!("{}: from {url} in {total_ms:.0} ms", out.display());
+        if args.json {
+            let line = serde_json::json!({
+                "out": out,
+                "seed": args.seed.map(|s| s.wrapping_add(index)),
+                "steps": args.steps,
+                "width": width,
+                "height": height,
+                "ms_per_step": null,
+                "total_ms": total_ms,
+            });
+            println!("{line}");
+        }
+    }
+    Ok(())
+}
+
 pub fn run(args: ImageArgs, adapter: Option<&str>) -> Result<()> {
+    if let Some(url) = &args.remote.endpoint {
+        return run_remote(&args, url);
+    }
     let model_path = crate::generate::resolve_model(&args.model)?;
     if !(args.strength > 0.0 && args.strength <= 1.0) {
         bail!("--strength must be in (0, 1], not {}", args.strength);

@@ -9,6 +9,7 @@ mod generate;
 mod image_cmd;
 mod listen;
 mod models_cmd;
+mod remote_cmd;
 mod selftest_cmd;
 mod serve_cmd;
 mod transcribe;
@@ -48,7 +49,7 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Generate text from a prompt with a local model.
+    /// Generate text from a prompt with a local model (or a remote one, --endpoint).
     Generate(generate::GenerateArgs),
     /// Serve a model over an OpenAI-compatible HTTP API (chat and text completions).
     Serve(serve_cmd::ServeArgs),

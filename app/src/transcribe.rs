@@ -5,8 +5,10 @@ use std::time::Instant;
 
 use anyhow::{Context, Result};
 use backpack_engine::models::whisper::{
-    Progress, Task, TranscribeOptions, Transcriber, WhisperModel, WhisperOptions, subtitles,
+    Progress, Segment, Task, TranscribeOptions, Transcriber, Transcript, WhisperModel,
+    WhisperOptions, subtitles,
 };
+use backpack_engine::remote::media::RemoteAudio;
 use clap::{Args, ValueEnum};
 
 use crate::DTypeArg;
@@ -42,9 +44,12 @@ pub enum SpeechQuantArg {
 
 #[derive(Args)]
 pub struct TranscribeArgs {
-    /// A Whisper model folder (HF layout) or the repo id of an installed one.
+    /// A Whisper model folder (HF layout) or the repo id of an installed one; with --endpoint,
+    /// the name of one of the server's models (e.g. whisper-1).
     #[arg(long)]
     model: PathBuf,
+    #[command(flatten)]
+    remote: crate::remote_cmd::RemoteArgs,
     /// The audio file: WAV, FLAC, MP3, Ogg/Vorbis or M4A/AAC, any rate and channel count.
     #[arg(long)]
     audio: PathBuf,
@@ -66,7 +71,7 @@ pub struct TranscribeArgs {
     #[arg(long, value_enum, default_value = "f16")]
     dtype: DTypeArg,
     /// Quantize weight matrices while loading.
-    #[arg(long, value_enum)]
+    #[arg(long, value_enum, conflicts_with = "endpoint")]
     quant: Option<SpeechQuantArg>,
     /// Output format on stdout.
     #[arg(long, value_enum, default_value = "txt")]
@@ -102,6 +107,9 @@ pub fn options(args: &TranscribeArgs) -> TranscribeOptions {
 }
 
 pub fn run(args: TranscribeArgs, adapter: Option<&str>) -> Result<()> {
+    if let Some(url) = &args.remote.endpoint {
+        return run_remote(&args, url);
+    }
     let model_dir = crate::generate::resolve_model(&args.model)?;
     let gpu = crate::open_gpu(adapter)?;
     let started = Instant::now();
@@ -135,21 +143,31 @@ pub fn run(args: TranscribeArgs, adapter: Option<&str>) -> Result<()> {
         _ => {}
     })?;
     let elapsed = began.elapsed().as_secs_f64();
+    eprintln!(
+        "{:.1} s of audio in {elapsed:.2} s (real-time factor {:.3}), {} windows",
+        transcript.audio_s,
+        real_time_factor(elapsed, transcript.audio_s),
+        transcript.windows
+    );
+    print_transcript(&transcript, &args, elapsed)
+}
+
+fn real_time_factor(elapsed: f64, audio_s: f64) -> f64 {
+    if audio_s > 0.0 {
+        elapsed / audio_s
+    } else {
+        0.0
+    }
+}
+
+/// The transcript on stdout in `--format`, then the `--json` line.
+fn print_transcript(transcript: &Transcript, args: &TranscribeArgs, elapsed: f64) -> Result<()> {
     match args.format {
         FormatArg::Txt => println!("{}", transcript.text),
         FormatArg::Srt => print!("{}", subtitles::to_srt(&transcript.segments)),
         FormatArg::Vtt => print!("{}", subtitles::to_vtt(&transcript.segments)),
-        FormatArg::Json => println!("{}", subtitles::to_json(&transcript)),
+        FormatArg::Json => println!("{}", subtitles::to_json(transcript)),
     }
-    let rtf = if transcript.audio_s > 0.0 {
-        elapsed / transcript.audio_s
-    } else {
-        0.0
-    };
-    eprintln!(
-        "{:.1} s of audio in {elapsed:.2} s (real-time factor {rtf:.3}), {} windows",
-        transcript.audio_s, transcript.windows
-    );
     if args.json {
         let line = serde_json::json!({
             "prompt_tokens": transcript.prompt_tokens,
@@ -159,9 +177,61 @@ pub fn run(args: TranscribeArgs, adapter: Option<&str>) -> Result<()> {
             "language": transcript.language,
             "audio_s": transcript.audio_s,
             "elapsed_s": elapsed,
-            "rtf": rtf,
+            "rtf": real_time_factor(elapsed, transcript.audio_s),
         });
         println!("{line}");
     }
     Ok(())
+}
+
+/// The transcript from `--endpoint`'s model; the server decodes the file. Servers that give no
+/// segment timings get one segment spanning the audio.
+fn run_remote(args: &TranscribeArgs, url: &str) -> Result<()> {
+    let language = Some(args.language.trim())
+        .filter(|l| !l.is_empty() && !l.eq_ignore_ascii_case("auto"))
+        .map(str::to_owned);
+    let request = RemoteAudio {
+        language,
+        prompt: args.prompt.clone(),
+        temperature: Some(args.temperature),
+        translate: matches!(args.task, TaskArg::Translate),
+        ..Default::default()
+    };
+    let model = args.model.to_string_lossy();
+    let (remote, elapsed) =
+        crate::remote_cmd::transcribe(&args.remote, url, &model, &args.audio, request)?;
+    let audio_s = remote
+        .duration
+        .or_else(|| remote.segments.last().map(|s| s.end))
+        .unwrap_or(0.0);
+    let text = remote.text.trim().to_owned();
+    let mut segments: Vec<Segment> = remote
+        .segments
+        .into_iter()
+        .map(|s| segment(s.start, s.end, s.text.trim()))
+        .collect();
+    if segments.is_empty() && !text.is_empty() {
+        segments.push(segment(0.0, audio_s, &text));
+    }
+    let transcript = Transcript {
+        language: remote.language,
+        segments,
+        text,
+        audio_s,
+        ..Default::default()
+    };
+    eprintln!("{url}: {audio_s:.1} s of audio in {elapsed:.2} s");
+    print_transcript(&transcript, args, elapsed)
+}
+
+fn segment(start: f64, end: f64, text: &str) -> Segment {
+    Segment {
+        start,
+        end,
+        text: text.to_owned(),
+        tokens: Vec::new(),
+        avg_logprob: 0.0,
+        no_speech_prob: 0.0,
+        temperature: 0.0,
+    }
 }

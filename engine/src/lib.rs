@@ -4,7 +4,8 @@
 //! The path of a prompt: [`runtime`] receives a request → [`models::TextModel`] tokenizes it
 //! ([`load`]) → [`models::DecoderModel`] records the forward pass of [`ops`] kernels with a
 //! [`gpu::Recorder`] → the GPU samples the next token → its id comes back → a text delta goes
-//! out as an [`runtime::Event`].
+//! out as an [`runtime::Event`]. Models too big for the GPU can answer from a server instead
+//! ([`remote`], any OpenAI-compatible API), through the same events.
 
 pub mod audio;
 pub mod gpu;
@@ -12,6 +13,7 @@ pub mod hub;
 pub mod load;
 pub mod models;
 pub mod ops;
+pub mod remote;
 pub mod runtime;
 pub mod selftest;
 

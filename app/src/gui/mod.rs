@@ -14,6 +14,8 @@ mod frame_stats;
 pub mod image;
 pub mod image_link;
 pub mod models;
+pub mod remote_link;
+pub mod server_link;
 pub mod settings;
 pub mod shared;
 pub mod speech;
@@ -127,8 +129,19 @@ impl BackpackApp {
                     self.chat.on_model_failed();
                 }
                 // Every generation request is the chat's.
-                event => self.chat.on_event(&mut self.shared, event),
+                event => self.chat.on_event(&mut self.shared, event, false),
             }
+        }
+    }
+
+    /// Answers streamed from remote backends are the chat's.
+    fn handle_remote_events(&mut self) {
+        let events = match &mut self.shared.remote {
+            Some(r) => r.drain(),
+            None => return,
+        };
+        for event in events {
+            self.chat.on_event(&mut self.shared, event, true);
         }
     }
 
@@ -320,6 +333,7 @@ impl eframe::App for BackpackApp {
             .record(frame.info().cpu_usage, self.chat.is_busy());
         let ctx = ui.ctx().clone();
         self.handle_events();
+        self.handle_remote_events();
         self.handle_speech_events();
         self.handle_image_events(&ctx);
         self.handle_dialogs(&ctx);
@@ -339,9 +353,10 @@ impl eframe::App for BackpackApp {
             .exact_size(96.0)
             .show(ui, |ui| self.rail(ui));
         egui::Panel::bottom("status").show(ui, |ui| {
+            let source = self.chat.remote_source(&self.shared);
             let speed = self.chat.speed_text();
             let frame_ms = self.chat.is_busy().then(|| self.frames.recent_cpu_ms());
-            status_bar::show(ui, &self.shared, speed, frame_ms);
+            status_bar::show(ui, &self.shared, source, speed, frame_ms);
         });
         if !self.shared.notices.is_empty() {
             egui::Panel::top("notices").show(ui, |ui| self.notices_ui(ui));
@@ -362,6 +377,7 @@ impl eframe::App for BackpackApp {
         self.chat.stop_dictation(&self.shared);
         self.speech.stop(&self.shared);
         self.image.stop(&self.shared);
+        self.settings.stop_server();
         self.shared.save_now();
         if self.shared.config.frame_stats {
             eprintln!("{}", self.frames.report());

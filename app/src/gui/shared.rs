@@ -15,6 +15,7 @@ use super::dialogs::{DialogKind, Dialogs};
 use super::downloads::Downloads;
 use super::engine_link::{self, EngineLink, GpuSummary};
 use super::image_link::{self, ImageLink, ImageModelState};
+use super::remote_link::RemoteLink;
 use super::speech_link::{SpeechLink, SpeechModelState};
 use super::store::{Panel, Store};
 
@@ -47,6 +48,8 @@ pub struct Shared {
     pub image_model: ImageModelState,
     /// What went wrong loading the image model; Image shows it.
     pub image_error: Option<String>,
+    /// Remote OpenAI-compatible backends and the chat answers streamed from them.
+    pub remote: Option<RemoteLink>,
     /// The hub client, the models folder and the download queue.
     pub downloads: Option<Downloads>,
     pub dialogs: Dialogs,
@@ -58,7 +61,17 @@ pub struct Shared {
 impl Shared {
     pub fn new(cc: &eframe::CreationContext<'_>, config: AppConfig) -> Self {
         let store = Store::open(&config.data_dir);
-        let notices = store.notices.clone();
+        let mut notices = store.notices.clone();
+        let remote = match RemoteLink::start(&config.data_dir, &cc.egui_ctx) {
+            Ok((link, problem)) => {
+                notices.extend(problem);
+                Some(link)
+            }
+            Err(e) => {
+                notices.push(format!("Remote backends are unavailable: {e}"));
+                None
+            }
+        };
         let gpu = engine_link::shared_gpu(cc.wgpu_render_state.as_ref());
         let mut summary = gpu.as_ref().map(GpuSummary::of);
         let (engine, engine_error) = match gpu.clone() {
@@ -108,6 +121,7 @@ impl Shared {
             image,
             image_model: ImageModelState::None,
             image_error: None,
+            remote,
             downloads,
             dialogs: Dialogs::default(),
             notices,
@@ -135,7 +149,7 @@ impl Shared {
         self.gpu.as_ref().map(GpuSummary::budget)
     }
 
-    fn load_options(&self) -> ModelOptions {
+    pub fn load_options(&self) -> ModelOptions {
         use backpack_engine::load::GgmlType;
         let load = &self.store.state.load;
         let quantize = match load.quant.as_deref() {

@@ -1,4 +1,4 @@
-//! The status bar: the model and what it costs, the answer speed, and the GPU. The left items
+//! The status bar: the model (or the remote backend answering) and what it costs, the answer speed, and the GPU. The left items
 //! come first; the GPU takes the room left on the right and is elided (full text on hover),
 //! so the two never overlap however narrow the window.
 
@@ -18,9 +18,19 @@ enum Item {
     Text(egui::WidgetText),
 }
 
-/// `speed`: the chat's answer speed; `frame_ms`: UI time per frame, shown while answering.
-pub fn show(ui: &mut egui::Ui, shared: &Shared, speed: Option<String>, frame_ms: Option<f32>) {
-    let mut items = model_items(&shared.model);
+/// `remote`: the remote model answering the chat, shown in place of the local one; `speed`:
+/// the chat's answer speed; `frame_ms`: UI time per frame, shown while answering.
+pub fn show(
+    ui: &mut egui::Ui,
+    shared: &Shared,
+    remote: Option<String>,
+    speed: Option<String>,
+    frame_ms: Option<f32>,
+) {
+    let mut items = match remote {
+        Some(source) => vec![Item::Text(egui::RichText::new(source).strong().into())],
+        None => model_items(&shared.model),
+    };
     items.push(Item::Separator);
     items.extend(speed.map(|s| Item::Text(s.into())));
     items.extend(frame_ms.map(|ms| Item::Text(format!("UI {ms:.1} ms/frame").into())));

@@ -12,6 +12,7 @@ use anyhow::{Context, Result};
 use serde::{Deserialize, Serialize};
 
 use super::image::ImageSettings;
+use super::remote_link::RemoteModelRef;
 use super::speech::{SpeechSettings, Transcript};
 
 const STATE_FILE: &str = "state.json";
@@ -156,6 +157,9 @@ pub struct Conversation {
     /// The model this conversation talks to (loaded when the conversation is opened).
     #[serde(default)]
     pub model: Option<PathBuf>,
+    /// Set when the conversation talks to a remote backend's model instead.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub remote: Option<RemoteModelRef>,
     #[serde(default)]
     pub messages: Vec<Message>,
     #[serde(default)]
@@ -175,6 +179,7 @@ impl Conversation {
             title: "New chat".into(),
             system_prompt: String::new(),
             model,
+            remote: None,
             messages: Vec::new(),
             sampling,
             created: now_secs(),
@@ -195,7 +200,9 @@ impl Conversation {
 
     pub fn to_markdown(&self) -> String {
         let mut out = format!("# {}\n\n", self.title);
-        if let Some(model) = &self.model {
+        if let Some(remote) = &self.remote {
+            out += &format!("Model: `{}` (remote)\n\n", remote.label());
+        } else if let Some(model) = &self.model {
             out += &format!("Model: `{}`\n\n", model.display());
         }
         if !self.system_prompt.trim().is_empty() {
@@ -273,6 +280,8 @@ pub struct AppState {
     pub speech: SpeechSettings,
     /// The image model and the settings of the next image (the Image panel's).
     pub image: ImageSettings,
+    /// The port of the server switched on in Settings (default 8080).
+    pub server_port: Option<u16>,
 }
 
 impl Default for AppState {
@@ -289,6 +298,7 @@ impl Default for AppState {
             models_dir: None,
             speech: SpeechSettings::default(),
             image: ImageSettings::default(),
+            server_port: None,
         }
     }
 }

@@ -113,8 +113,11 @@ pub struct Sampling {
     pub seed: Option<u64>,
     pub presence_penalty: Option<f32>,
     pub frequency_penalty: Option<f32>,
-    /// llama.cpp's multiplicative penalty, which the engine implements.
+    /// llama.cpp's multiplicative penalty, which the engine implements (vLLM's name too).
+    #[serde(alias = "repetition_penalty")]
     pub repeat_penalty: Option<f32>,
+    /// vLLM's and SGLang's way to pass template switches; `enable_thinking` is honoured.
+    pub chat_template_kwargs: Option<Value>,
     pub n: Option<u32>,
     pub logprobs: Option<Value>,
     pub logit_bias: Option<Value>,
@@ -349,7 +352,11 @@ impl Sampling {
                 repeat_penalty,
                 seed,
             },
-            thinking: None,
+            thinking: self
+                .chat_template_kwargs
+                .as_ref()
+                .and_then(|k| k.get("enable_thinking"))
+                .and_then(Value::as_bool),
         };
         let include_usage = self.stream_options.is_some_and(|o| o.include_usage);
         Ok((params, stops, self.stream, include_usage))

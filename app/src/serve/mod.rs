@@ -85,41 +85,26 @@ pub async fn serve(
     load: ModelOptions,
     opts: ServeOptions,
 ) -> Result<()> {
-    let (mut text, mut speech, mut image) = (None, None, None);
-    for path in models {
-        if backpack_engine::models::whisper::is_whisper_dir(&path) {
-            if speech.is_some() {
-                bail!(
-                    "one speech model at a time ({} is the second)",
-                    path.display()
-                );
-            }
-            speech = Some(load_speech(&gpu, &path, opts.queue).await?);
-        } else if crate::gui::image_link::is_image_model(&path) {
-            if image.is_some() {
-                bail!(
-                    "one image model at a time ({} is the second)",
-                    path.display()
-                );
-            }
-            image = Some(load_image(&gpu, &path, opts.queue).await?);
-        } else {
-            if text.is_some() {
-                bail!(
-                    "one text model at a time ({} is the second)",
-                    path.display()
-                );
-            }
-            text = Some(load_text(&gpu, &path, load.clone(), opts.queue).await?);
-        }
-    }
-    let server = Arc::new(Server {
-        text,
-        speech,
-        image,
-        created: routes::unix_now(),
-        api_key: opts.api_key.clone(),
-    });
+    let shutdown = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    serve_until(gpu, models, load, opts, shutdown, |local, served| {
+        eprintln!("serving {} at http://{local}/v1", served.join(", "));
+    })
+    .await
+}
+
+/// As [`serve`], until `shutdown` completes; `listening` gets the bound address and the model
+/// ids served once requests are taken (the app's server switch shows them).
+pub async fn serve_until(
+    gpu: Gpu,
+    models: Vec<PathBuf>,
+    load: ModelOptions,
+    opts: ServeOptions,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+    listening: impl FnOnce(SocketAddr, Vec<String>),
+) -> Result<()> {
+    let server = Arc::new(load_all(&gpu, models, load, &opts).await?);
     let addr: SocketAddr = format!("{}:{}", opts.host, opts.port)
         .parse()
         .or_else(|_| {
@@ -133,7 +118,6 @@ pub async fn serve(
         .await
         .with_context(|| format!("listening on {addr}"))?;
     let local = listener.local_addr()?;
-    eprintln!("serving at http://{local}/v1");
     if !local.ip().is_loopback() {
         eprintln!(
             "warning: {local} is reachable from the network{}",
@@ -144,12 +128,53 @@ pub async fn serve(
             }
         );
     }
+    listening(local, server.model_ids());
     axum::serve(listener, router(server, opts.body_limit))
-        .with_graceful_shutdown(async {
-            let _ = tokio::signal::ctrl_c().await;
-        })
+        .with_graceful_shutdown(shutdown)
         .await
         .context("serving")
+}
+
+/// Each model in the service of its kind.
+async fn load_all(
+    gpu: &Gpu,
+    models: Vec<PathBuf>,
+    load: ModelOptions,
+    opts: &ServeOptions,
+) -> Result<Server> {
+    let (mut text, mut speech, mut image) = (None, None, None);
+    for path in models {
+        let kind = if backpack_engine::models::whisper::is_whisper_dir(&path) {
+            "speech"
+        } else if crate::gui::image_link::is_image_model(&path) {
+            "image"
+        } else {
+            "text"
+        };
+        let taken = match kind {
+            "speech" => speech.is_some(),
+            "image" => image.is_some(),
+            _ => text.is_some(),
+        };
+        if taken {
+            bail!(
+                "one {kind} model at a time ({} is the second)",
+                path.display()
+            );
+        }
+        match kind {
+            "speech" => speech = Some(load_speech(gpu, &path, opts.queue).await?),
+            "image" => image = Some(load_image(gpu, &path, opts.queue).await?),
+            _ => text = Some(load_text(gpu, &path, load.clone(), opts.queue).await?),
+        }
+    }
+    Ok(Server {
+        text,
+        speech,
+        image,
+        created: routes::unix_now(),
+        api_key: opts.api_key.clone(),
+    })
 }
 
 async fn load_text(gpu: &Gpu, path: &Path, load: ModelOptions, queue: usize) -> Result<TextSide> {

@@ -43,15 +43,22 @@ enum Kind {
     Text,
 }
 
+impl Server {
+    /// The ids `/v1/models` lists: text, speech, image.
+    pub fn model_ids(&self) -> Vec<String> {
+        let ids = [
+            self.text.as_ref().map(|t| &t.model),
+            self.speech.as_ref().map(|m| &m.model),
+            self.image.as_ref().map(|(m, _)| &m.model),
+        ];
+        ids.into_iter().flatten().cloned().collect()
+    }
+}
+
 pub async fn models(State(s): State<Arc<Server>>) -> Json<Value> {
-    let ids = [
-        s.text.as_ref().map(|t| t.model.as_str()),
-        s.speech.as_ref().map(|m| m.model.as_str()),
-        s.image.as_ref().map(|(m, _)| m.model.as_str()),
-    ];
-    let data: Vec<Value> = ids
+    let data: Vec<Value> = s
+        .model_ids()
         .into_iter()
-        .flatten()
         .map(
             |id| json!({"id": id, "object": "model", "created": s.created, "owned_by": "backpack"}),
         )

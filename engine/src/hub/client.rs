@@ -378,9 +378,15 @@ pub(crate) fn check_status(
 
 /// Saves a hub token readable by its owner only.
 pub fn store_token(path: &Path, token: &str) -> Result<(), HubError> {
+    write_owner_only(path, token.trim().as_bytes()).map_err(|e| HubError::io(path, e))
+}
+
+/// Writes `bytes` to `path` (creating its folder) so that only the file's owner can read it:
+/// for secrets such as tokens and API keys.
+pub fn write_owner_only(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     use std::io::Write;
     if let Some(dir) = path.parent() {
-        std::fs::create_dir_all(dir).map_err(|e| HubError::io(dir, e))?;
+        std::fs::create_dir_all(dir)?;
     }
     let mut options = std::fs::OpenOptions::new();
     options.write(true).create(true).truncate(true);
@@ -389,16 +395,14 @@ pub fn store_token(path: &Path, token: &str) -> Result<(), HubError> {
         use std::os::unix::fs::OpenOptionsExt;
         options.mode(0o600);
     }
-    let mut f = options.open(path).map_err(|e| HubError::io(path, e))?;
+    let mut f = options.open(path)?;
     // The mode only applies to new files; tighten an existing one too.
     #[cfg(unix)]
     {
         use std::os::unix::fs::PermissionsExt;
-        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))
-            .map_err(|e| HubError::io(path, e))?;
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
     }
-    f.write_all(token.trim().as_bytes())
-        .map_err(|e| HubError::io(path, e))
+    f.write_all(bytes)
 }
 
 #[cfg(test)]

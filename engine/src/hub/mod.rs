@@ -21,6 +21,7 @@ pub use catalog::{
 };
 pub use client::{
     HubClient, ModelSummary, RepoFile, RepoListing, quant_label, quant_variants, store_token,
+    write_owner_only,
 };
 pub use download::{
     DownloadControl, DownloadEvent, DownloadPlan, DownloadProgress, download, partial_dir,

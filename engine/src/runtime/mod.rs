@@ -1,14 +1,16 @@
 //! The engine's services, each a background task with its own request and event channels,
 //! all sharing one [`Gpu`](crate::gpu::Gpu) (wgpu's device and queue are safe to share): text
-//! generation ([`text`]), speech recognition ([`speech`]) and image generation ([`image`]). A long transcription never
-//! waits for a chat answer or the other way round. They share one design: requests go in
-//! over an unbounded channel, events come out over another, an optional wake callback tells
-//! a UI to repaint, cancellation is an atomic "cancelled through request N", and a panic
-//! inside a dependency while loading or serving a request becomes an error event — the
-//! service keeps serving.
+//! generation ([`text`]), speech recognition ([`speech`]) and image generation ([`image`]);
+//! beside them, chat answers from remote OpenAI-compatible servers ([`remote`]), sent as the
+//! text engine's events. A long transcription never waits for a chat answer or the other way
+//! round. They share one design: requests go in over an unbounded channel, events come out
+//! over another, an optional wake callback tells a UI to repaint, cancellation is an atomic
+//! "cancelled through request N", and a panic inside a dependency while loading or serving a
+//! request becomes an error event — the service keeps serving.
 
 pub mod image;
 mod live;
+pub mod remote;
 pub mod speech;
 pub mod text;
 

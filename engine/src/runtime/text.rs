@@ -31,6 +31,7 @@ pub enum Event {
     Loaded(ModelInfo),
     Token {
         request: u64,
+        /// The token's id; 0 from a remote backend, which sends text, not ids.
         id: u32,
         text_delta: String,
     },

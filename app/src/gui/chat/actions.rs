@@ -4,11 +4,15 @@
 use std::path::Path;
 use std::time::Instant;
 
+use backpack_engine::models::Prompt;
 use eframe::egui;
 
-use super::prompt::{drop_oldest_turn, file_stem_for, generate_params, prompt_for, title_from};
+use super::prompt::{
+    drop_oldest_turn, file_stem_for, generate_params, prompt_for, remote_params, title_from,
+};
 use super::{ChatPanel, Generation, Overflow};
 use crate::gui::dialogs::DialogKind;
+use crate::gui::remote_link::RemoteModelRef;
 use crate::gui::shared::{ModelState, Shared};
 use crate::gui::store::{self, Conversation, Message, Role};
 
@@ -75,15 +79,16 @@ impl ChatPanel {
         shared.store.mark_dirty();
     }
 
+    /// A new conversation with the model in use: the selected conversation's remote model if
+    /// it has one, else the local model.
     pub fn new_conversation(&mut self, shared: &mut Shared) -> u64 {
         let model = shared.model_path().map(Path::to_owned);
+        let remote = self.selected(shared).and_then(|c| c.remote.clone());
         let store = &mut shared.store;
         let id = store.next_conversation_id();
-        store.conversations.push(Conversation::new(
-            id,
-            store.state.default_sampling.clone(),
-            model,
-        ));
+        let mut conversation = Conversation::new(id, store.state.default_sampling.clone(), model);
+        conversation.remote = remote;
+        store.conversations.push(conversation);
         self.select(shared, id);
         self.focus_composer = true;
         id
@@ -183,6 +188,10 @@ impl ChatPanel {
     /// the conversation's model first when none is loaded.
     pub fn answer(&mut self, shared: &mut Shared, id: u64) {
         self.overflow = None;
+        if let Some(remote) = shared.store.conversation(id).and_then(|c| c.remote.clone()) {
+            self.answer_remotely(shared, id, &remote);
+            return;
+        }
         let info = match &shared.model {
             ModelState::Ready { info, .. } => info.clone(),
             ModelState::Loading(_) => {
@@ -197,8 +206,10 @@ impl ChatPanel {
                         self.pending_send = Some(id);
                     }
                     _ => {
-                        shared.model_error =
-                            Some("Open a model first: Models, then Open model….".into());
+                        shared.model_error = Some(
+                            "Open a model first: Models, then Open model… (or pick a remote one after adding it in Settings → Backends)."
+                                .into(),
+                        );
                     }
                 }
                 return;
@@ -222,6 +233,7 @@ impl ChatPanel {
         let request = engine.generate(prompt, params);
         self.active = Some(Generation {
             request,
+            remote: false,
             conversation: id,
             message,
             started: Instant::now(),
@@ -232,9 +244,52 @@ impl ChatPanel {
         shared.store.mark_dirty();
     }
 
+    /// Streams a new answer to conversation `id` from `model` on a remote backend; the
+    /// server applies the chat template.
+    fn answer_remotely(&mut self, shared: &mut Shared, id: u64, model: &RemoteModelRef) {
+        let Some(remote) = &shared.remote else {
+            shared.model_error = Some("Remote backends are unavailable.".into());
+            return;
+        };
+        let Some(conv) = shared.store.conversation_mut(id) else {
+            return;
+        };
+        if conv.messages.last().map(|m| m.role) != Some(Role::User) {
+            return;
+        }
+        let Prompt::Chat(messages) = prompt_for(conv, true) else {
+            return;
+        };
+        let request = match remote.generate(model, messages, remote_params(&conv.sampling)) {
+            Ok(request) => request,
+            Err(e) => {
+                shared.model_error = Some(e);
+                return;
+            }
+        };
+        conv.messages.push(Message::assistant());
+        self.active = Some(Generation {
+            request,
+            remote: true,
+            conversation: id,
+            message: conv.messages.len() - 1,
+            started: Instant::now(),
+            first_token: None,
+            tokens: 0,
+            truncating: false,
+        });
+        shared.model_error = None;
+        shared.store.mark_dirty();
+    }
+
     /// Stops the answer being streamed; it ends within one token.
     pub fn stop(&self, shared: &Shared) {
-        if let (Some(g), Some(engine)) = (&self.active, &shared.engine) {
+        let Some(g) = &self.active else { return };
+        if g.remote {
+            if let Some(remote) = &shared.remote {
+                remote.cancel(g.request);
+            }
+        } else if let Some(engine) = &shared.engine {
             engine.cancel(g.request);
         }
     }

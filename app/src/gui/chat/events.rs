@@ -12,13 +12,14 @@ use crate::gui::shared::Shared;
 use crate::gui::store::AnswerStats;
 
 impl ChatPanel {
-    /// A model finished loading: an empty selected conversation adopts it, and a conversation
-    /// waiting for it is answered.
+    /// A model finished loading: an empty selected conversation adopts it (unless a remote
+    /// model was picked for it), and a conversation waiting for it is answered.
     pub fn on_model_loaded(&mut self, shared: &mut Shared, path: &Path) {
         if let Some(conv) = self
             .selected
             .and_then(|id| shared.store.conversation_mut(id))
             && conv.messages.is_empty()
+            && conv.remote.is_none()
         {
             conv.model = Some(path.to_owned());
         }
@@ -31,8 +32,12 @@ impl ChatPanel {
         self.pending_send = None;
     }
 
-    /// Tokens, ends and errors of generation requests; those of other requests are ignored.
-    pub fn on_event(&mut self, shared: &mut Shared, event: Event) {
+    /// Tokens, ends and errors of generation requests from the local engine (`remote`
+    /// false) or a remote backend; those of other requests are ignored.
+    pub fn on_event(&mut self, shared: &mut Shared, event: Event, remote: bool) {
+        if self.active.as_ref().is_some_and(|g| g.remote != remote) {
+            return;
+        }
         match event {
             Event::Token {
                 request,
@@ -134,6 +139,21 @@ impl ChatPanel {
             }
         }
         shared.store.mark_dirty();
+    }
+
+    /// Where the selected conversation's answers come from, when that is a remote backend
+    /// (the status bar says so instead of naming the local model).
+    pub fn remote_source(&self, shared: &Shared) -> Option<String> {
+        let remote = self.selected(shared)?.remote.as_ref()?;
+        let url = shared
+            .remote
+            .as_ref()
+            .and_then(|r| r.backend(&remote.backend))
+            .map_or_else(|| "not set up".to_owned(), |b| b.url.clone());
+        Some(format!(
+            "Remote: {} on {} ({url})",
+            remote.model, remote.backend
+        ))
     }
 
     /// The status bar's word on speed: live while an answer streams, else the last answer's.

@@ -8,6 +8,7 @@ use eframe::egui;
 use super::{Action, ChatPanel};
 use crate::gui::common::{display_name, sampling_editor};
 use crate::gui::dialogs::DialogKind;
+use crate::gui::remote_link::{ModelList, RemoteModelRef};
 use crate::gui::shared::Shared;
 use crate::gui::store::Conversation;
 
@@ -20,6 +21,8 @@ struct HeaderInfo {
     models: Option<backpack_engine::hub::Library>,
     /// Tokens of the answer streaming into this conversation.
     live_tokens: Option<usize>,
+    /// Each remote backend's models, by backend name.
+    remote: Vec<(String, ModelList)>,
 }
 
 pub(super) fn show(
@@ -41,6 +44,19 @@ pub(super) fn show(
             .as_ref()
             .filter(|g| g.conversation == id)
             .map(|g| g.tokens),
+        remote: shared
+            .remote
+            .as_ref()
+            .map(|r| {
+                let names = r.backends.iter().map(|b| b.name.clone());
+                names
+                    .map(|n| {
+                        let list = r.models.get(&n).cloned().unwrap_or(ModelList::Loading);
+                        (n, list)
+                    })
+                    .collect()
+            })
+            .unwrap_or_default(),
     };
     let Some(conv) = shared.store.conversation_mut(id) else {
         return;
@@ -49,6 +65,7 @@ pub(super) fn show(
         conv.system_prompt.clone(),
         conv.sampling.clone(),
         conv.model.clone(),
+        conv.remote.clone(),
     );
     title_row(ui, &conv.title, id, &mut panel.show_settings, actions);
     ui.horizontal(|ui| {
@@ -72,6 +89,7 @@ pub(super) fn show(
         conv.system_prompt.clone(),
         conv.sampling.clone(),
         conv.model.clone(),
+        conv.remote.clone(),
     );
     if before != after {
         shared.store.mark_dirty();
@@ -124,11 +142,14 @@ fn model_picker(
     actions: &mut Vec<Action>,
 ) {
     ui.label("Model");
-    let current = conv
-        .model
-        .as_deref()
-        .or(cx.loaded.as_deref())
-        .map_or_else(|| "none".to_owned(), display_name);
+    let current = match &conv.remote {
+        Some(remote) => format!("{} (remote)", remote.label()),
+        None => conv
+            .model
+            .as_deref()
+            .or(cx.loaded.as_deref())
+            .map_or_else(|| "none".to_owned(), display_name),
+    };
     egui::ComboBox::from_id_salt("conversation-model")
         .selected_text(current)
         .width(260.0)
@@ -136,6 +157,7 @@ fn model_picker(
         .response
         .on_hover_text("Model for this chat");
     if let (Some(wanted), false) = (&conv.model, conv.model == cx.loaded)
+        && conv.remote.is_none()
         && wanted.exists()
         && ui
             .button(format!("Load {}", display_name(wanted)))
@@ -157,13 +179,15 @@ fn model_choices(
     for path in &cx.recent {
         let is_loaded = cx.loaded.as_deref() == Some(path.as_path());
         if ui
-            .selectable_label(is_loaded, display_name(path))
+            .selectable_label(is_loaded && conv.remote.is_none(), display_name(path))
             .on_hover_text(path.display().to_string())
             .clicked()
-            && !is_loaded
         {
             conv.model = Some(path.clone());
-            actions.push(Action::LoadModel(path.clone()));
+            conv.remote = None;
+            if !is_loaded {
+                actions.push(Action::LoadModel(path.clone()));
+            }
         }
     }
     let installed: Vec<_> = installed
@@ -178,18 +202,57 @@ fn model_choices(
     for (repo, path) in installed {
         if ui.selectable_label(false, repo).clicked() {
             conv.model = Some(path.clone());
+            conv.remote = None;
             actions.push(Action::LoadModel(path));
         }
     }
+    remote_choices(ui, conv, &cx.remote);
     ui.separator();
     if ui.button("Open model…").clicked() {
         actions.push(Action::OpenModel);
     }
 }
 
+/// Each remote backend's models, marked as remote (Settings → Backends adds backends).
+fn remote_choices(ui: &mut egui::Ui, conv: &mut Conversation, remote: &[(String, ModelList)]) {
+    for (backend, list) in remote {
+        ui.separator();
+        ui.weak(format!("Remote: {backend}"));
+        match list {
+            ModelList::Loading => {
+                ui.weak("Listing models…");
+            }
+            ModelList::Failed(e) => {
+                ui.colored_label(ui.visuals().error_fg_color, "Unreachable")
+                    .on_hover_text(e);
+            }
+            ModelList::Ready(models) if models.is_empty() => {
+                ui.weak("No models");
+            }
+            ModelList::Ready(models) => {
+                for model in models {
+                    let choice = RemoteModelRef {
+                        backend: backend.clone(),
+                        model: model.clone(),
+                    };
+                    let selected = conv.remote.as_ref() == Some(&choice);
+                    if ui
+                        .selectable_label(selected, format!("{model} (remote)"))
+                        .on_hover_text(format!("{model} on {backend}"))
+                        .clicked()
+                    {
+                        conv.remote = Some(choice);
+                    }
+                }
+            }
+        }
+    }
+}
+
 /// What the last answer left in the context, plus what is streaming.
 fn context_meter(ui: &mut egui::Ui, conv: &Conversation, cx: &HeaderInfo) {
-    let Some(context) = cx.context else {
+    // A remote model's context is the server's business.
+    let Some(context) = cx.context.filter(|_| conv.remote.is_none()) else {
         return;
     };
     let used = conv.context_used.unwrap_or(0) + cx.live_tokens.unwrap_or(0);

@@ -24,6 +24,8 @@ pub use dictation::Dictation;
 /// The answer being streamed.
 pub struct Generation {
     pub request: u64,
+    /// Streamed from a remote backend rather than the local engine (their ids are separate).
+    pub remote: bool,
     pub conversation: u64,
     pub message: usize,
     pub started: Instant,

@@ -3,6 +3,7 @@
 use backpack_engine::load::ChatMessage;
 use backpack_engine::models::{GenerateParams, Prompt};
 use backpack_engine::ops::SamplerParams;
+use backpack_engine::remote::ChatParams;
 
 use crate::gui::store::{Conversation, Role, Sampling};
 
@@ -51,6 +52,21 @@ pub fn generate_params(s: &Sampling) -> GenerateParams {
         },
         // Templates keep their own default unless thinking is turned off.
         thinking: (!s.thinking).then_some(false),
+    }
+}
+
+/// A conversation's sampling as a remote server takes it (top-k 0 and repeat penalty 1 mean
+/// "off" and are not sent; the server keeps its own seed unless one is fixed).
+pub fn remote_params(s: &Sampling) -> ChatParams {
+    ChatParams {
+        max_tokens: Some(s.max_tokens.max(1)),
+        temperature: Some(s.temperature),
+        top_p: Some(s.top_p),
+        top_k: Some(s.top_k).filter(|&k| k > 0),
+        repeat_penalty: Some(s.repeat_penalty).filter(|&r| r != 1.0),
+        thinking: (!s.thinking).then_some(false),
+        seed: s.seed,
+        stop: Vec::new(),
     }
 }
 

@@ -1,5 +1,9 @@
-//! The Settings panel: appearance, default sampling for new chats, the GPU in use, the hub
-//! token, and where data is kept.
+//! The Settings panel: appearance, default sampling for new chats, the GPU in use, remote
+//! backends ([`backends`]), the local server switch ([`server`]), the hub token, and where
+//! data is kept.
+
+mod backends;
+mod server;
 
 use eframe::egui;
 
@@ -11,6 +15,8 @@ use super::shared::Shared;
 pub struct SettingsPanel {
     /// The hub token being typed; cleared once saved.
     token_input: String,
+    backends: backends::BackendForm,
+    server: server::ServerSwitch,
 }
 
 impl SettingsPanel {
@@ -44,6 +50,10 @@ impl SettingsPanel {
                         }
                     });
                     ui.add_space(8.0);
+                    self.backends.show(ui, shared);
+                    ui.add_space(8.0);
+                    self.server.show(ui, shared);
+                    ui.add_space(8.0);
                     self.hub_token(ui, shared);
                     ui.add_space(8.0);
                     ui.group(|ui| {
@@ -55,6 +65,11 @@ impl SettingsPanel {
                     });
                 });
         });
+    }
+
+    /// Stops the local server, if it runs (the app is closing).
+    pub fn stop_server(&mut self) {
+        self.server.stop();
     }
 
     fn hub_token(&mut self, ui: &mut egui::Ui, shared: &mut Shared) {
