@@ -11,10 +11,11 @@ backpack_setup --tests
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets --locked -- -D warnings
 cargo test --workspace --locked "$@"
-# The kernels again with naga's runtime bounds checks on (they run trusted above). --workspace
-# keeps the features of the build above, so nothing is compiled again.
+# The kernels again with naga's runtime bounds checks on (they run trusted above). Cargo unifies
+# features over the packages whose targets are built, so one quick app test (no GPU) rides along:
+# without it the app's dependencies drop out, features change, and half the tree compiles again.
 BACKPACK_SHADER_CHECKS=1 cargo test --workspace --locked \
-  --test kernels --test kernels_speech --test kernels_diffusion "$@"
+  --test kernels --test kernels_speech --test kernels_diffusion --test remote "$@"
 # The package check reuses the test build (dev profile) rather than compiling everything again
 # in release.
 BACKPACK_DEB_PROFILE=dev tests/package.sh
