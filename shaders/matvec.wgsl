@@ -14,7 +14,10 @@
 // (K-quant rows by sub-block pairs, see q_dot_pairs), NR (rows per lane group, 1..4), COMBINE
 // (x is the attention output of one token, split over runs of keys as attention.wgsl SPLIT
 // leaves it: the runs are merged while staging; needs XCACHE), HEADS, MIN_SPLIT, MAX_SPLITS,
-// WINDOW (the keys a sliding-window layer's attention saw).
+// WINDOW (the keys a sliding-window layer's attention saw), XQ8 (the input quantized to int8
+// per workgroup, products by packed integer dots: Q8_0, Q4_0, Q4_1, Q4_K, Q5_K, Q6_K; XQ8_VIEW for
+// the formats that read their blocks through the 16-byte view), RMS_LATE (XQ8 with a fused
+// RMSNorm: its scale applied to the row sums).
 
 struct Params {
     n: u32,
@@ -81,7 +84,86 @@ fn xs_slot(i: u32) -> u32 {
 }
 #endif
 
-fn wg_sum(tid: u32, v: f32) -> f32 {
+#if XQ8
+// The input row quantized to int8 once per workgroup (see q_dot8 in quant.wgsl): word i holds
+// values 4i..4i+3 at xq_slot(i); block b of 32 values has (scale, dequantized sum) xqd[b].
+// Lanes read word j of consecutive sub-blocks (pairs with KPAIR) at once, so word j of unit u
+// sits at j·(units) + u: consecutive words rather than a few banks.
+var<workgroup> xq: array<u32, {{ROW_VECS}}>;
+var<workgroup> xqd: array<vec2<f32>, {{ROW_VECS}}u / 8u>;
+#if KPAIR
+const XQ_UNIT: u32 = 16u;
+#else
+const XQ_UNIT: u32 = 8u;
+#endif
+fn xq_slot(i: u32) -> u32 {
+    return (i % XQ_UNIT) * ({{ROW_VECS}}u / XQ_UNIT) + i / XQ_UNIT;
+}
+
+// Quantizes the (normalised, or merged) input into xq / xqd: one 32-value block per
+// invocation, symmetric, scale = max |x| / 127.
+fn stage_int8(tid: u32, base: u32, sg_lane: u32, sg_size: u32) {
+    var squares = 0.0;
+    for (var b = tid; b < {{ROW_VECS}}u / 8u; b += {{WG}}u) {
+#if RMS_LATE
+        // RMSNorm scales a row by one number, which int8 blocks absorb in their scales: the
+        // gains are applied here and the norm's scale to the row sums (finish_row), so the
+        // input is read once and summed once.
+#for j in 0..8
+        let raw{{j}} = x4_raw(base, 32u * b + 4u * {{j}}u);
+        squares += dot(raw{{j}}, raw{{j}});
+        let v{{j}} = raw{{j}} * norm_gain4(32u * b + 4u * {{j}}u);
+#endfor
+#else
+#for j in 0..8
+        let v{{j}} = xin4(base, 32u * b + 4u * {{j}}u);
+#endfor
+#endif
+        let m = max(max(max(abs(v0), abs(v1)), max(abs(v2), abs(v3))),
+                    max(max(abs(v4), abs(v5)), max(abs(v6), abs(v7))));
+        let amax = max(max(m.x, m.y), max(m.z, m.w));
+        let inv = select(0.0, 127.0 / amax, amax > 0.0);
+        var total = vec4<i32>(0);
+#for j in 0..8
+        {
+            let q = vec4<i32>(round(v{{j}} * inv));
+            total += q;
+            xq[xq_slot(8u * b + {{j}}u)] = pack4xI8(q);
+        }
+#endfor
+        let d = amax / 127.0;
+        xqd[b] = vec2<f32>(d, d * f32(total.x + total.y + total.z + total.w));
+    }
+#if RMS_LATE
+    set_rms_stats(tid, squares, sg_lane, sg_size);
+#endif
+    workgroupBarrier();
+}
+#endif
+
+// RMSNorm statistics from each invocation's sum of squares (read after a barrier).
+fn set_rms_stats(tid: u32, squares: f32, sg_lane: u32, sg_size: u32) {
+    let mean_sq = wg_sum(tid, squares, sg_lane, sg_size) / f32(p.k);
+    if (tid == 0u) {
+        norm_stats = vec2<f32>(0.0, inverseSqrt(mean_sq + p.eps));
+    }
+}
+
+fn wg_sum(tid: u32, v: f32, sg_lane: u32, sg_size: u32) -> f32 {
+#if SUBGROUP
+    // As row_sum: subgroups of consecutive invocations, then their sums.
+    let s = subgroupAdd(v);
+    if (sg_lane == 0u) {
+        red[tid / sg_size] = s;
+    }
+    workgroupBarrier();
+    var total = 0.0;
+    for (var i = 0u; i < {{WG}}u / sg_size; i++) {
+        total += red[i];
+    }
+    workgroupBarrier();
+    return total;
+#else
     red[tid] = v;
     workgroupBarrier();
     for (var s = {{WG}}u / 2u; s > 0u; s = s >> 1u) {
@@ -93,6 +175,7 @@ fn wg_sum(tid: u32, v: f32) -> f32 {
     let total = red[0];
     workgroupBarrier();
     return total;
+#endif
 }
 
 // Sum of `v` over the TPR lanes of each row; the result is valid in lane 0.
@@ -140,6 +223,37 @@ fn row_sum(tid: u32, lane: u32, v: f32, sg_lane: u32, sg_size: u32) -> f32 {
 
 // Four inputs starting at k0 (zero past the end), normalised if a norm is fused.
 fn x4(base: u32, k0: u32) -> vec4<f32> {
+#if RMS_LATE
+    return x4_raw(base, k0) * norm_gain4(k0);
+#else
+    var v = x4_raw(base, k0);
+#if NORM
+    var g = norm_gain4(k0);
+    var b = vec4<f32>(0.0);
+#if NORM_LAYER
+    for (var i = 0u; i < 4u; i++) {
+        b[i] = select(0.0, norm_b[min(k0 + i, p.k - 1u)], k0 + i < p.k);
+    }
+#endif
+    v = (v - norm_stats.x) * norm_stats.y * g + b;
+#endif
+    return v;
+#endif
+}
+
+// The norm's gains for the four inputs at k0 (zero past the end; ones without a norm).
+fn norm_gain4(k0: u32) -> vec4<f32> {
+    var g = vec4<f32>(1.0);
+#if NORM
+    for (var i = 0u; i < 4u; i++) {
+        g[i] = select(0.0, norm_w[min(k0 + i, p.k - 1u)], k0 + i < p.k);
+    }
+#endif
+    return g;
+}
+
+// Four inputs starting at k0 as stored (zero past the end).
+fn x4_raw(base: u32, k0: u32) -> vec4<f32> {
     var v: vec4<f32>;
     if (k0 + 4u <= p.k) {
 #if XVEC4
@@ -152,18 +266,6 @@ fn x4(base: u32, k0: u32) -> vec4<f32> {
             v[i] = select(0.0, x[base + min(k0 + i, p.k - 1u)], k0 + i < p.k);
         }
     }
-#if NORM
-    var g: vec4<f32>;
-    var b = vec4<f32>(0.0);
-    for (var i = 0u; i < 4u; i++) {
-        let kk = min(k0 + i, p.k - 1u);
-        g[i] = select(0.0, norm_w[kk], k0 + i < p.k);
-#if NORM_LAYER
-        b[i] = select(0.0, norm_b[kk], k0 + i < p.k);
-#endif
-    }
-    v = (v - norm_stats.x) * norm_stats.y * g + b;
-#endif
     return v;
 }
 
@@ -203,6 +305,12 @@ fn finish_row(row: u32, acc: f32, acc_up: f32, tid: u32, lane: u32, sg_lane: u32
     var r = row_sum(tid, lane, acc, sg_lane, sg_size);
 #if GLU
     var up = row_sum(tid, lane, acc_up, sg_lane, sg_size);
+#endif
+#if RMS_LATE
+    r *= norm_stats.y;
+#if GLU
+    up *= norm_stats.y;
+#endif
 #endif
     if (row < p.n && lane == 0u) {
 #if BIAS
@@ -250,18 +358,19 @@ fn main(
     // Decoding has one token; for a prompt only the last token's output is wanted.
     let base = (step.n_tokens - 1u) * p.k;
 #if NORM
+#if !RMS_LATE
     var s = 0.0;
 #if NORM_LAYER
     for (var k = tid; k < p.k; k += {{WG}}u) {
         s += x[base + k];
     }
-    let mean = wg_sum(tid, s) / f32(p.k);
+    let mean = wg_sum(tid, s, sg_lane, sg_size) / f32(p.k);
     var sq = 0.0;
     for (var k = tid; k < p.k; k += {{WG}}u) {
         let d = x[base + k] - mean;
         sq += d * d;
     }
-    let variance = wg_sum(tid, sq) / f32(p.k);
+    let variance = wg_sum(tid, sq, sg_lane, sg_size) / f32(p.k);
     if (tid == 0u) {
         norm_stats = vec2<f32>(mean, inverseSqrt(variance + p.eps));
     }
@@ -270,12 +379,10 @@ fn main(
         let v = x[base + k];
         s += v * v;
     }
-    let mean_sq = wg_sum(tid, s) / f32(p.k);
-    if (tid == 0u) {
-        norm_stats = vec2<f32>(0.0, inverseSqrt(mean_sq + p.eps));
-    }
+    set_rms_stats(tid, s, sg_lane, sg_size);
 #endif
     workgroupBarrier();
+#endif
 #endif
 #if COMBINE
     // The keys attention saw: the whole context, or the last WINDOW positions.
@@ -318,6 +425,9 @@ fn main(
 #endif
 #endif
     let lane = tid % {{TPR}}u;
+#if XQ8
+    stage_int8(tid, base, sg_lane, sg_size);
+#endif
     // RB blocks of NR·WG/TPR rows share one staged (and normalised) input. Each lane group
     // takes NR rows of a block, ROW_STEP apart, and reads each input once for all of them.
     for (var rb = 0u; rb < {{RB}}u; rb++) {
@@ -326,6 +436,25 @@ fn main(
         var acc_up = vec4<f32>(0.0);
         if (row0 < p.n) {
 #if QUANT
+#if XQ8
+#if KPAIR
+            for (var sp = lane; sp < {{SUBS}}u / 2u; sp += {{TPR}}u) {
+                acc += q_dot8_pairs(row0, p.n - 1u, sp);
+#if GLU
+                acc_up += q_dot8_pairs(row0 + p.n, 2u * p.n - 1u, sp);
+#endif
+            }
+#else
+            for (var sb = lane; sb < {{SUBS}}u; sb += {{TPR}}u) {
+#for r in 0..NR
+                acc[{{r}}] += q_dot8(row_at(row0, {{r}}u), sb, p.q_scales);
+#if GLU
+                acc_up[{{r}}] += q_dot8(row_at(row0, {{r}}u) + p.n, sb, p.q_scales);
+#endif
+#endfor
+            }
+#endif
+#else
 #if KPAIR
             for (var sp = lane; sp < {{SUBS}}u / 2u; sp += {{TPR}}u) {
                 acc += q_dot_pairs(row0, p.n - 1u, sp, base);
@@ -342,6 +471,7 @@ fn main(
 #endif
 #endfor
             }
+#endif
 #endif
 #else
             for (var v = lane; v < {{ROW_VECS}}u; v += {{TPR}}u) {

@@ -75,6 +75,12 @@ struct QPair {
     b: vec4<f32>,
 }
 
+#if XQ8_VIEW
+// The blocks as 16-byte words (the same buffer), for whole-block loads: Q8_0 blocks are two
+// such words, Q4_0 / Q4_1 payloads one; Q6_K blocks (208 bytes) start on one.
+@group(0) @binding(11) var<storage, read> qw4: array<vec4<u32>>;
+#endif
+
 #if KQ
 // Q4_K: 144-byte blocks = 36 words: d|dmin, 12 scale bytes, 128 quant bytes.
 // Q5_K: 176-byte blocks = 44 words: the same with 32 high-bit bytes before the quants.
@@ -222,6 +228,127 @@ fn q_dot_pairs(first: u32, last: u32, sp: u32, xbase: u32) -> vec4<f32> {
 #endfor
     return out;
 }
+#endif
+#if XQ8
+// The same products against the input quantized to int8 in 32-value blocks (xq, xqd: staged by
+// matvec.wgsl): four weight integers times four input integers per packed dot product, the
+// block scales applied once per sub-block. This replaces most of the per-weight conversions and
+// multiplies, which bound the float path on block formats; xqd[b].y is the block's dequantized
+// sum, so the whole product equals W·x̃ with x̃ the int8 input, offsets and mins included.
+const NIBBLES: u32 = 0x0F0F0F0Fu;
+
+#if KPAIR
+// Sub-blocks 2·sp and 2·sp + 1 of NR rows against the int8 input (as q_dot_pairs).
+fn q_dot8_pairs(first: u32, last: u32, sp: u32) -> vec4<f32> {
+    let x_lo = xqd[2u * sp];
+    let x_hi = xqd[2u * sp + 1u];
+#for r in 0..NR
+    let kp{{r}} = k_pair(min(first + {{r}}u * ROW_STEP, last), sp);
+    var lo{{r}} = 0;
+    var hi{{r}} = 0;
+#endfor
+#for j in 0..8
+    {
+        let xl = xq[xq_slot(16u * sp + {{j}}u)];
+        let xh = xq[xq_slot(16u * sp + 8u + {{j}}u)];
+#for r in 0..NR
+        lo{{r}} += dot4I8Packed(k_quants8(kp{{r}}.q[{{j}}], kp{{r}}.h[{{j}}], kp{{r}}.pair, 0u), xl);
+        hi{{r}} += dot4I8Packed(k_quants8(kp{{r}}.q[{{j}}], kp{{r}}.h[{{j}}], kp{{r}}.pair, 1u), xh);
+#endfor
+    }
+#endfor
+    var out = vec4<f32>(0.0);
+#for r in 0..NR
+    out[{{r}}] = kp{{r}}.scale.x * x_lo.x * f32(lo{{r}}) + kp{{r}}.scale.y * x_hi.x * f32(hi{{r}})
+        - (kp{{r}}.shift.x * x_lo.y + kp{{r}}.shift.y * x_hi.y);
+#endfor
+    return out;
+}
+
+// Four quants of k_quants as packed bytes (0..31).
+fn k_quants8(q: u32, h: u32, pair: u32, half: u32) -> u32 {
+#if Q5_K
+    return ((q >> (4u * half)) & NIBBLES) | (((h >> (2u * pair + half)) & 0x01010101u) << 4u);
+#else
+    return (q >> (4u * half)) & NIBBLES;
+#endif
+}
+#else
+// Sub-block s of row `row` against the int8 input.
+fn q_dot8(row: u32, s: u32, scales: u32) -> f32 {
+    let blk = row * {{SUBS}}u + s;
+    let xd = xqd[s];
+#if Q6_K
+    // As the float template: low nibbles, two high bits, a signed scale per 16 values.
+    let blk6 = row * ({{SUBS}}u / 8u) + s / 8u;
+    let base = blk6 * 52u;
+    let sub = s % 8u;
+    let half_ = sub / 4u;
+    let part = sub % 4u;
+    let nshift = select(4u, 0u, part < 2u);
+    let hshift = 2u * part;
+    let ql = (base + 16u * half_ + 8u * (part % 2u)) / 4u;
+    let qh = (base + 32u + 8u * half_) / 4u;
+    let l0 = qw4[ql];
+    let l1 = qw4[ql + 1u];
+    let h0 = qw4[qh];
+    let h1 = qw4[qh + 1u];
+    let ia = dot4I8Packed(q6_bytes(l0.x, h0.x, nshift, hshift), xq[xq_slot(8u * s)])
+        + dot4I8Packed(q6_bytes(l0.y, h0.y, nshift, hshift), xq[xq_slot(8u * s + 1u)])
+        + dot4I8Packed(q6_bytes(l0.z, h0.z, nshift, hshift), xq[xq_slot(8u * s + 2u)])
+        + dot4I8Packed(q6_bytes(l0.w, h0.w, nshift, hshift), xq[xq_slot(8u * s + 3u)]);
+    let ib = dot4I8Packed(q6_bytes(l1.x, h1.x, nshift, hshift), xq[xq_slot(8u * s + 4u)])
+        + dot4I8Packed(q6_bytes(l1.y, h1.y, nshift, hshift), xq[xq_slot(8u * s + 5u)])
+        + dot4I8Packed(q6_bytes(l1.z, h1.z, nshift, hshift), xq[xq_slot(8u * s + 6u)])
+        + dot4I8Packed(q6_bytes(l1.w, h1.w, nshift, hshift), xq[xq_slot(8u * s + 7u)]);
+    // The sub-block's two scale bytes: an even index, so both sit in one word.
+    let sc_index = 8u * half_ + 2u * part;
+    let sc_word = qw[base + 48u + sc_index / 4u];
+    let sa = f32(i32(sc_word << (24u - 8u * (sc_index % 4u))) >> 24u);
+    let sb = f32(i32(sc_word << (16u - 8u * (sc_index % 4u))) >> 24u);
+    return scale_half(scales, blk6) * xd.x * (sa * f32(ia) + sb * f32(ib));
+#endif
+#if Q8_0
+    let a = qw4[2u * blk];
+    let b = qw4[2u * blk + 1u];
+    let i = dot4I8Packed(a.x, xq[xq_slot(8u * s)]) + dot4I8Packed(a.y, xq[xq_slot(8u * s + 1u)])
+        + dot4I8Packed(a.z, xq[xq_slot(8u * s + 2u)]) + dot4I8Packed(a.w, xq[xq_slot(8u * s + 3u)])
+        + dot4I8Packed(b.x, xq[xq_slot(8u * s + 4u)]) + dot4I8Packed(b.y, xq[xq_slot(8u * s + 5u)])
+        + dot4I8Packed(b.z, xq[xq_slot(8u * s + 6u)]) + dot4I8Packed(b.w, xq[xq_slot(8u * s + 7u)]);
+    return scale_half(scales, blk) * xd.x * f32(i);
+#endif
+#if Q4_0
+    let d = scale_half(scales, blk);
+    return d * (xd.x * f32(nibble_dot8(qw4[blk], s)) - 8.0 * xd.y);
+#endif
+#if Q4_1
+    let dm = unpack2x16float(qw[scales + blk]);
+    return dm.x * xd.x * f32(nibble_dot8(qw4[blk], s)) + dm.y * xd.y;
+#endif
+}
+
+// Four Q6_K quants minus 32, as packed i8: the nibbles at `nshift` of `lo`, the two bits at
+// `hshift` of `hi` above them. For q < 32, q - 32 is q with bits 5..7 set; otherwise q with
+// bit 5 cleared.
+fn q6_bytes(lo: u32, hi: u32, nshift: u32, hshift: u32) -> u32 {
+    let q = ((lo >> nshift) & NIBBLES) | (((hi >> hshift) & 0x03030303u) << 4u);
+    let high = (q >> 5u) & 0x01010101u;
+    return (q & 0x1F1F1F1Fu) | ((high ^ 0x01010101u) * 0xE0u);
+}
+
+// The 16 bytes of a Q4_0 / Q4_1 sub-block against the input's sub-block s: byte j holds
+// value j in its low nibble and value j + 16 in its high one.
+fn nibble_dot8(w: vec4<u32>, s: u32) -> i32 {
+    return dot4I8Packed(w.x & NIBBLES, xq[xq_slot(8u * s)])
+        + dot4I8Packed(w.y & NIBBLES, xq[xq_slot(8u * s + 1u)])
+        + dot4I8Packed(w.z & NIBBLES, xq[xq_slot(8u * s + 2u)])
+        + dot4I8Packed(w.w & NIBBLES, xq[xq_slot(8u * s + 3u)])
+        + dot4I8Packed((w.x >> 4u) & NIBBLES, xq[xq_slot(8u * s + 4u)])
+        + dot4I8Packed((w.y >> 4u) & NIBBLES, xq[xq_slot(8u * s + 5u)])
+        + dot4I8Packed((w.z >> 4u) & NIBBLES, xq[xq_slot(8u * s + 6u)])
+        + dot4I8Packed((w.w >> 4u) & NIBBLES, xq[xq_slot(8u * s + 7u)]);
+}
+#endif
 #endif
 #else
 fn q_pair(row: u32, s: u32, scales: u32, j0: u32) -> QPair {

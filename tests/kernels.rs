@@ -117,6 +117,38 @@ fn matvec_ref(w: &[f32], x: &[f32], rows: usize, cols: usize) -> (Vec<f32>, Vec<
     (out, mag)
 }
 
+/// `x` as the int8 decode products see it: 32-value blocks, scale max |x| / 127, rounded to
+/// even; and per value, the weight of one rounding step where the rounding is a near tie (the
+/// GPU normalises the input in f32, so such a value may round the other way there).
+fn int8_input(x: &[f32]) -> (Vec<f32>, Vec<f32>) {
+    let (mut quantized, mut near_tie) = (Vec::with_capacity(x.len()), Vec::new());
+    for block in x.chunks(32) {
+        let amax = block.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+        let d = amax / 127.0;
+        let inv = if amax > 0.0 { 127.0 / amax } else { 0.0 };
+        for &v in block {
+            let t = v * inv;
+            quantized.push(t.round_ties_even() * d);
+            let tie = ((t - t.trunc()).abs() - 0.5).abs() < 1e-3;
+            near_tie.push(if tie { d } else { 0.0 });
+        }
+    }
+    (quantized, near_tie)
+}
+
+/// [`matvec_ref`] of the int8 input, the allowance for near-tie roundings added to Σ|terms|.
+fn matvec_ref_int8(w: &[f32], x: &[f32], rows: usize, cols: usize) -> (Vec<f32>, Vec<f32>) {
+    let (quantized, near_tie) = int8_input(x);
+    let (out, mut mag) = matvec_ref(w, &quantized, rows, cols);
+    let w_abs: Vec<f32> = w.iter().map(|v| v.abs()).collect();
+    let (ties, _) = matvec_ref(&w_abs, &near_tie, rows, cols);
+    // Callers allow rtol·mag with rtol 2e-5: two rounding steps per near tie.
+    for (m, t) in mag.iter_mut().zip(ties) {
+        *m += t * 1e5;
+    }
+    (out, mag)
+}
+
 #[derive(Clone, Copy, Debug)]
 enum Variant {
     Plain,
@@ -149,13 +181,25 @@ fn matvec_without_subgroups_matches_cpu() {
 /// each (shuffle reductions where the subgroup size is fixed), lanes spanning subgroups
 /// (workgroup reductions) with two rows, the input staged or streamed against the default,
 /// smaller workgroups, and several row blocks per workgroup.
-const MATVEC_LAYOUTS: [MatVecLayout; 4] = [
+const MATVEC_LAYOUTS: [MatVecLayout; 5] = [
     MatVecLayout {
         lanes: None,
         rows: None,
         stage: None,
         workgroup: None,
         blocks: None,
+        int8: None,
+        int8_max_cols: None,
+    },
+    // Block formats keep f32 inputs (dense weights always do).
+    MatVecLayout {
+        lanes: None,
+        rows: None,
+        stage: None,
+        workgroup: None,
+        blocks: None,
+        int8: Some(false),
+        int8_max_cols: None,
     },
     MatVecLayout {
         lanes: Some(4),
@@ -163,6 +207,8 @@ const MATVEC_LAYOUTS: [MatVecLayout; 4] = [
         stage: Some(true),
         workgroup: Some(64),
         blocks: Some(3),
+        int8: None,
+        int8_max_cols: None,
     },
     MatVecLayout {
         lanes: Some(64),
@@ -170,6 +216,8 @@ const MATVEC_LAYOUTS: [MatVecLayout; 4] = [
         stage: Some(false),
         workgroup: None,
         blocks: None,
+        int8: None,
+        int8_max_cols: None,
     },
     MatVecLayout {
         lanes: Some(8),
@@ -177,6 +225,8 @@ const MATVEC_LAYOUTS: [MatVecLayout; 4] = [
         stage: None,
         workgroup: Some(128),
         blocks: Some(1),
+        int8: None,
+        int8_max_cols: None,
     },
 ];
 
@@ -1215,8 +1265,29 @@ fn split_attention_merged_by_the_output_product_matches_cpu() {
                 )
                 .expect("split attention");
                 let rows = 37u32;
-                let w = rng.vec((rows * width) as usize, 1.0);
-                let wm = Matrix::from_f32(&gpu, "w", &w, rows, width, WeightDType::F32).expect("w");
+                // Block-format weights too (without RoPE): their product quantizes the merged
+                // input to int8.
+                let quant = match width {
+                    _ if with_rope => None,
+                    w if w % 256 == 0 => Some(GgmlType::Q4K),
+                    w if w % 64 == 0 => Some(GgmlType::Q8_0),
+                    w if w % 32 == 0 => Some(GgmlType::Q4_0),
+                    _ => None,
+                };
+                let (w, wm) = match quant {
+                    Some(ty) => {
+                        let blocks = random_blocks(&mut rng, ty, rows as usize, width as usize);
+                        let mut w = vec![0.0f32; (rows * width) as usize];
+                        dequantize(ty, &blocks, &mut w);
+                        let wm = Matrix::from_blocks(&gpu, "w", ty, &blocks, rows, width);
+                        (w, wm.expect("w"))
+                    }
+                    None => {
+                        let w = rng.vec((rows * width) as usize, 1.0);
+                        let wm = Matrix::from_f32(&gpu, "w", &w, rows, width, WeightDType::F32);
+                        (w, wm.expect("w"))
+                    }
+                };
                 let unused_x = gpu.storage("x", u64::from(width) * 4).expect("x");
                 let y = gpu.storage("y", u64::from(rows) * 4).expect("y");
                 let merge = MatVec::new(
@@ -1243,9 +1314,14 @@ fn split_attention_merged_by_the_output_product_matches_cpu() {
                 rec.submit();
                 let got = read(&gpu, &y, rows as usize);
                 let attn = attention_ref(&inp, c);
-                let (want, mag) = matvec_ref(&w, &attn, rows as usize, width as usize);
+                assert_eq!(merge.takes_int8(), quant.is_some(), "{quant:?}");
+                let (want, mag) = if merge.takes_int8() {
+                    matvec_ref_int8(&w, &attn, rows as usize, width as usize)
+                } else {
+                    matvec_ref(&w, &attn, rows as usize, width as usize)
+                };
                 let what = format!(
-                    "split attention {dtype:?} rope={with_rope} {c:?} ({} runs)",
+                    "split attention {dtype:?} rope={with_rope} {c:?} {quant:?} ({} runs)",
                     splits_for(pos0 + 1)
                 );
                 // The token's own k/v enter in f32 here but are stored rounded: allow f16 error.
@@ -1655,6 +1731,7 @@ const QUANT_TYPES: [GgmlType; 8] = [
 fn quantized_matvec_matches_cpu_dequantize() {
     let gpu = gpu();
     let mut rng = Rng::new(21);
+    let mut int8_runs = 0;
     for ty in QUANT_TYPES {
         // Rows not a multiple of the rows per workgroup; 4864 columns stream x instead of staging;
         // 33,001 rows are enough for the few-lanes-per-row shuffle reduction (SGX) on adapters
@@ -1716,7 +1793,12 @@ fn quantized_matvec_matches_cpu_dequantize() {
                 } else {
                     x.clone()
                 };
-                let (all, mag) = matvec_ref(&w, &xin, rows, k);
+                int8_runs += usize::from(op.takes_int8());
+                let (all, mag) = if op.takes_int8() {
+                    matvec_ref_int8(&w, &xin, rows, k)
+                } else {
+                    matvec_ref(&w, &xin, rows, k)
+                };
                 let (want, scale): (Vec<f32>, Vec<f32>) = if glu {
                     (0..n)
                         .map(|i| {
@@ -1738,6 +1820,8 @@ fn quantized_matvec_matches_cpu_dequantize() {
             }
         }
     }
+    // Every format with an integer form, in most layouts.
+    assert!(int8_runs >= 5 * 4, "int8 products ran {int8_runs} times");
 }
 
 /// Quantized weights in the prompt product: tiles dequantized into workgroup memory.

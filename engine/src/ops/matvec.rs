@@ -55,7 +55,8 @@ pub struct MatVecOptions<'a> {
 /// How a decode product spreads over a workgroup: `lanes` invocations per row (a power of two
 /// up to the workgroup), `rows` rows per group of lanes (1 to 4, sharing each input read),
 /// whether the input is staged in workgroup memory (`stage`, honoured where it fits), the
-/// `workgroup` size (64, 128 or 256) and the row `blocks` each workgroup computes (1 to 16).
+/// `workgroup` size (64, 128 or 256), the row `blocks` each workgroup computes (1 to 16) and,
+/// for block formats, whether the input is quantized to int8 (`int8`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct MatVecLayout {
     pub lanes: Option<u32>,
@@ -63,6 +64,10 @@ pub struct MatVecLayout {
     pub stage: Option<bool>,
     pub workgroup: Option<u32>,
     pub blocks: Option<u32>,
+    /// Block formats: quantize the input to int8 for packed integer products (default) or
+    /// keep it f32; `int8_max_cols` limits that to rows of at most so many values.
+    pub int8: Option<bool>,
+    pub int8_max_cols: Option<u32>,
 }
 
 /// `y = W · x̂` for the last token of the step (decoding, and the LM head after a prompt).
@@ -70,6 +75,7 @@ pub struct MatVec {
     kernel: Kernel,
     bind_group: wgpu::BindGroup,
     workgroups: u32,
+    int8: bool,
     _params: UniformBuffer,
 }
 
@@ -132,6 +138,17 @@ impl MatVec {
             rows_per_group = 2;
             xcache = Self::input_fits(gpu, w.cols);
         }
+        // K-quant rows too short for that still take sub-block pairs (and int8 products): the
+        // most lanes, a power of two, that leave every lane a pair. On an H200 (Qwen2.5-1.5B
+        // Q4_K, rows of 1536) 16 lanes per row decoded 490 tok/s against 442 with 64 lanes,
+        // which left the pairs and the int8 products to the per-sub-block float path.
+        if let Some(sg) = fixed_subgroup
+            && k_quant(w)
+            && w.cols / 64 < sg
+        {
+            tpr = prev_power_of_two(w.cols / 64).clamp(4, sg);
+            rows_per_group = 1;
+        }
         let forced = opts.layout.or(MatVecLayout::from_env());
         let wg = forced
             .workgroup
@@ -147,6 +164,16 @@ impl MatVec {
         if let Some(stage) = forced.stage {
             // Merging split attention always stages its input.
             xcache = (stage || opts.combine.is_some()) && Self::input_fits(gpu, w.cols);
+        }
+        // Block formats with an integer form take the input as int8, quantized per workgroup
+        // (then only merged attention output is staged as f32, for merging).
+        let int8 = int8_input(w)
+            && (!k_quant(w) || tpr <= w.cols / 64)
+            && forced.int8.unwrap_or(true)
+            && forced.int8_max_cols.is_none_or(|max| w.cols <= max)
+            && Self::int8_fits(gpu, w.cols, opts.combine.is_some());
+        if int8 {
+            xcache = opts.combine.is_some() && Self::input_fits(gpu, w.cols);
         }
         let shuffle_reduce = fixed_subgroup.is_some_and(|sg| tpr <= sg);
         // K-quant rows by sub-block pairs (q_dot_pairs) when every lane gets at least one.
@@ -205,6 +232,12 @@ impl MatVec {
             flag("GLU", opts.glu),
             flag("RESIDUAL", opts.residual),
             flag("KPAIR", k_pairs),
+            flag("XQ8", int8),
+            flag("XQ8_VIEW", int8 && !k_quant(w)),
+            flag(
+                "RMS_LATE",
+                int8 && matches!(opts.norm, Some((NormKind::Rms, ..))),
+            ),
         ]);
         let kernel = if w.quant.is_some() {
             gpu.kernel(
@@ -241,6 +274,10 @@ impl MatVec {
             (if k_pairs { 11 } else { 3 }, &w.buffer.buffer),
             (4, &y.buffer),
         ];
+        if int8 && !k_pairs {
+            // The int8 products load whole blocks through the vec4 view, scales through words.
+            entries.push((11, &w.buffer.buffer));
+        }
         // Merged attention runs replace x entirely.
         if opts.combine.is_none() {
             entries.push((2, &x.buffer));
@@ -270,8 +307,14 @@ impl MatVec {
             kernel,
             bind_group,
             workgroups: n.div_ceil(block_rows * rb),
+            int8,
             _params: params,
         })
+    }
+
+    /// Whether the input is quantized to int8 for packed integer products.
+    pub fn takes_int8(&self) -> bool {
+        self.int8
     }
 
     /// How many blocks of rows one workgroup computes. Each workgroup stages (and normalises)
@@ -289,6 +332,16 @@ impl MatVec {
         u64::from(Matrix::padded_cols(cols)) * 4 <= XCACHE_MAX_BYTES && Self::input_fits(gpu, cols)
     }
 
+    /// Whether the int8 input of `cols` (a byte per value, 8 bytes of scale and sum per 32),
+    /// and the f32 input too where it is staged first (merged attention), fit the device's
+    /// workgroup memory.
+    fn int8_fits(gpu: &Gpu, cols: u32, staged_f32: bool) -> bool {
+        let cols = u64::from(Matrix::padded_cols(cols));
+        let f32_stage = if staged_f32 { cols * 4 } else { 0 };
+        f32_stage + cols + cols / 4 + u64::from(WG) * 4 + 64 + 8 * 1024
+            <= u64::from(gpu.caps().max_workgroup_storage)
+    }
+
     /// Whether the staged input of `cols` fits the device's workgroup memory.
     fn input_fits(gpu: &Gpu, cols: u32) -> bool {
         let x_bytes = u64::from(Matrix::padded_cols(cols)) * 4;
@@ -301,9 +354,35 @@ impl MatVec {
     }
 }
 
+/// The largest power of two at most `n` (1 for 0).
+fn prev_power_of_two(n: u32) -> u32 {
+    if n == 0 {
+        1
+    } else {
+        1 << (31 - n.leading_zeros())
+    }
+}
+
 /// Q4_K / Q5_K weights, decoded by sub-block pairs through a vec4 view (q_dot_pairs).
 fn k_quant(w: &Matrix) -> bool {
     matches!(w.quant, Some((GgmlType::Q4K | GgmlType::Q5K, _)))
+}
+
+/// Block formats whose decode product can run on int8 inputs (q_dot8 in quant.wgsl; K-quant
+/// rows only in sub-block pairs, which need a lane group per row of at most k / 64).
+fn int8_input(w: &Matrix) -> bool {
+    matches!(
+        w.quant,
+        Some((
+            GgmlType::Q8_0
+                | GgmlType::Q4_0
+                | GgmlType::Q4_1
+                | GgmlType::Q4K
+                | GgmlType::Q5K
+                | GgmlType::Q6K,
+            _
+        ))
+    )
 }
 
 impl MatVecLayout {
@@ -315,11 +394,14 @@ impl MatVecLayout {
             stage: self.stage.or(other.stage),
             workgroup: self.workgroup.or(other.workgroup),
             blocks: self.blocks.or(other.blocks),
+            int8: self.int8.or(other.int8),
+            int8_max_cols: self.int8_max_cols.or(other.int8_max_cols),
         }
     }
 
-    /// `BACKPACK_MATVEC=lanes=32,rows=2,stage=1,wg=128,blocks=1` forces layouts for measuring them on a
-    /// device (`backpack bench`); parts left out or malformed are chosen as usual.
+    /// `BACKPACK_MATVEC=lanes=32,rows=2,stage=1,wg=128,blocks=1,int8=0,int8_max_cols=4096`
+    /// forces layouts for measuring them on a device (`backpack bench`); parts left out or
+    /// malformed are chosen as usual.
     fn from_env() -> Self {
         let mut layout = Self::default();
         let Ok(text) = std::env::var("BACKPACK_MATVEC") else {
@@ -338,6 +420,8 @@ impl MatVecLayout {
                 "stage" => layout.stage = Some(value != 0),
                 "wg" => layout.workgroup = Some(value),
                 "blocks" => layout.blocks = Some(value),
+                "int8" => layout.int8 = Some(value != 0),
+                "int8_max_cols" => layout.int8_max_cols = Some(value),
                 _ => {}
             }
         }
