@@ -7,6 +7,7 @@ use crate::load::GgmlType;
 use crate::load::quant::{dequantize, quantize_q8_0};
 use crate::ops::{
     MatVec, MatVecOptions, Matrix, NormKind, Sample, SamplerParams, StepParams, WeightDType,
+    int8_rounded_input,
 };
 
 /// One check: what ran, whether it matched, and the largest error seen.
@@ -101,6 +102,12 @@ fn matvec_check(gpu: &Gpu, case: ProductCase<'_>, rng: &mut Lcg) -> Result<Check
     rec.submit();
     let got: Vec<f32> = gpu.read(&yb.buffer, 0, rows as u64)?;
     let input = if norm { rms_norm(&x, &gain, 1e-5) } else { x };
+    // Block formats multiply an int8 copy of the input: the reference rounds it the same way.
+    let input = if op.takes_int8() {
+        int8_rounded_input(&input)
+    } else {
+        input
+    };
     let want = product(host_w, &input, rows, cols);
     let err = worst_error(&got, &want);
     Ok(Check {

@@ -354,6 +354,20 @@ impl MatVec {
     }
 }
 
+/// An input row as the int8 products see it, for CPU references: 32-value blocks, each scaled
+/// by max |x| / 127 and rounded to even, as `stage_int8` in shaders/matvec.wgsl does.
+pub fn int8_rounded_input(x: &[f32]) -> Vec<f32> {
+    x.chunks(32)
+        .flat_map(|block| {
+            let amax = block.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+            let inv = if amax > 0.0 { 127.0 / amax } else { 0.0 };
+            block
+                .iter()
+                .map(move |v| (v * inv).round_ties_even() * (amax / 127.0))
+        })
+        .collect()
+}
+
 /// The largest power of two at most `n` (1 for 0).
 fn prev_power_of_two(n: u32) -> u32 {
     if n == 0 {

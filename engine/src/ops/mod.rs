@@ -29,7 +29,7 @@ pub use elementwise::{Embed, Glu};
 pub use fill::{fill_random, fill_value};
 pub use group_norm::{GroupNorm, GroupNormShape};
 pub use matmul::{MatMul, MatMulOptions, k_slices};
-pub use matvec::{MatVec, MatVecLayout, MatVecOptions, SplitAttention};
+pub use matvec::{MatVec, MatVecLayout, MatVecOptions, SplitAttention, int8_rounded_input};
 pub use norm::{HeadNorm, Norm, NormKind};
 pub use pass::{KernelSpec, Pass};
 pub use pixels::{affine, concat, silu, slice_channels, softmax_rows, tanh_clamp, transpose};
