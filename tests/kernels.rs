@@ -1736,7 +1736,17 @@ fn quantized_matvec_matches_cpu_dequantize() {
         // Rows not a multiple of the rows per workgroup; 4864 columns stream x instead of staging;
         // 33,001 rows are enough for the few-lanes-per-row shuffle reduction (SGX) on adapters
         // with a fixed subgroup size, lavapipe included.
-        for &(n, k) in &[(37usize, 256usize), (5, 768), (9, 4864), (33_001, 256)] {
+        for &(n, k) in &[
+            (37usize, 256usize),
+            (5, 768),
+            (9, 4864),
+            (33_001, 256),
+            (49_153, 576),
+        ] {
+            // 576 (SmolLM2-135M's width, a tied LM head's rows) is no whole number of K blocks.
+            if k % ty.block_elems() != 0 {
+                continue;
+            }
             // The small shapes run every forced layout (K-quant pairs need at most k / 64 lanes).
             let layouts = if n * k < 10_000 {
                 &MATVEC_LAYOUTS[..]
@@ -1755,16 +1765,19 @@ fn quantized_matvec_matches_cpu_dequantize() {
                 let blocks = random_blocks(&mut rng, ty, rows, k);
                 let mut w = vec![0.0f32; rows * k];
                 dequantize(ty, &blocks, &mut w);
-                let x = rng.vec(k, 2.0);
+                // One to three token rows: the kernel must take the last.
+                let tokens = 1 + n % 3;
+                let x_rows = rng.vec(tokens * k, 2.0);
+                let x = x_rows[(tokens - 1) * k..].to_vec();
                 let gain = rng.vec(k, 1.0);
                 let wm =
                     Matrix::from_blocks(&gpu, "w", ty, &blocks, rows as u32, k as u32).expect("w");
                 let (xb, yb, gb) = (
-                    buf(&gpu, &x),
+                    buf(&gpu, &x_rows),
                     gpu.storage("y", n as u64 * 4).expect("y"),
                     buf(&gpu, &gain),
                 );
-                let st = step(&gpu, 0, 1);
+                let st = step(&gpu, 0, tokens as u32);
                 let op = MatVec::new(
                     &gpu,
                     &wm,

@@ -1,6 +1,6 @@
 use bytemuck::{Pod, Zeroable};
 
-use super::{Gelu, Matrix, NormKind, bind, flag, gelu_flags};
+use super::{Gelu, Matrix, NormKind, WeightDType, bind, flag, gelu_flags};
 use crate::gpu::{Gpu, GpuError, Kernel, Recorder, StorageBuffer, UniformBuffer};
 use crate::load::GgmlType;
 
@@ -149,7 +149,8 @@ impl MatVec {
             tpr = prev_power_of_two(w.cols / 64).clamp(4, sg);
             rows_per_group = 1;
         }
-        let forced = opts.layout.or(MatVecLayout::from_env());
+        // The environment's layout (for measuring) wins over the caller's.
+        let forced = MatVecLayout::from_env().or(opts.layout);
         let wg = forced
             .workgroup
             .filter(|w| [64, 128, 256].contains(w))
@@ -400,6 +401,16 @@ fn int8_input(w: &Matrix) -> bool {
 }
 
 impl MatVecLayout {
+    /// The layout a model computing in `dtype` asks for: int8 inputs to block-format products
+    /// in f16 models (the fast path, as llama.cpp quantizes activations); f32 models keep exact
+    /// float products, so they reproduce a float32 reference.
+    pub fn for_dtype(dtype: WeightDType) -> Self {
+        Self {
+            int8: Some(dtype == WeightDType::F16),
+            ..Self::default()
+        }
+    }
+
     /// Each part set here, else the other's.
     fn or(self, other: Self) -> Self {
         Self {

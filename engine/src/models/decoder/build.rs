@@ -6,8 +6,8 @@ use crate::gpu::{Gpu, StorageBuffer, UniformBuffer};
 use crate::load::{DecoderSpec, MlpKind};
 use crate::ops::{
     Attention, CacheShape, Dequantize, Embed, Gelu, Glu, HeadNorm, KvDType, MAX_SPLITS, MatMul,
-    MatMulOptions, MatVec, MatVecOptions, Matrix, Norm, NormKind, RopeKv, RopeTable, Sample,
-    SplitAttention, StepParams,
+    MatMulOptions, MatVec, MatVecLayout, MatVecOptions, Matrix, Norm, NormKind, RopeKv, RopeTable,
+    Sample, SplitAttention, StepParams,
 };
 
 use super::super::weights::{Part, Uploader, WeightSource};
@@ -123,6 +123,8 @@ struct LayerContext<'a> {
     gpu: &'a Gpu,
     spec: &'a DecoderSpec,
     kv_dtype: KvDType,
+    /// The decode products' layout for the model's dtype (int8 inputs or not).
+    decode_layout: MatVecLayout,
     capacity: u32,
     chunk: u32,
     step: &'a UniformBuffer,
@@ -244,6 +246,7 @@ impl LayerContext<'_> {
             MatVecOptions {
                 norm: Some(fused(self.norm_kind(), &w.attn_norm, eps)),
                 bias: w.qkv_bias.as_ref(),
+                layout: self.decode_layout,
                 ..Default::default()
             },
         )?;
@@ -263,6 +266,7 @@ impl LayerContext<'_> {
                     head_dim: spec.head_dim,
                     window: cache.window,
                 }),
+                layout: self.decode_layout,
                 ..Default::default()
             },
         )?;
@@ -280,6 +284,7 @@ impl LayerContext<'_> {
                     MlpKind::GeGlu => Some(Gelu::Tanh),
                     _ => self.gelu(),
                 },
+                layout: self.decode_layout,
                 ..Default::default()
             },
         )?;
@@ -292,6 +297,7 @@ impl LayerContext<'_> {
             MatVecOptions {
                 bias: w.down_bias.as_ref(),
                 residual,
+                layout: self.decode_layout,
                 ..Default::default()
             },
         )?;
@@ -503,6 +509,7 @@ impl DecoderModel {
             gpu,
             spec,
             kv_dtype: opts.kv_cache.unwrap_or(dtype.into()),
+            decode_layout: MatVecLayout::for_dtype(dtype),
             capacity,
             chunk,
             step: &step,
@@ -545,6 +552,7 @@ impl DecoderModel {
                     final_norm.1.as_ref(),
                     spec.norm_eps,
                 )),
+                layout: MatVecLayout::for_dtype(dtype),
                 ..Default::default()
             },
         )?;

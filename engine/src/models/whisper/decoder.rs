@@ -9,8 +9,8 @@ use crate::Error;
 use crate::gpu::{Gpu, Recorder, StorageBuffer, UniformBuffer};
 use crate::models::weights::{Part, Uploader};
 use crate::ops::{
-    Embed, MAX_SPLITS, MatVec, MatVecOptions, Matrix, NormKind, Sample, SamplerParams,
-    SpeechLogits, SpeechRules, SpeechTokenIds, StepParams,
+    Embed, MAX_SPLITS, MatVec, MatVecLayout, MatVecOptions, Matrix, NormKind, Sample,
+    SamplerParams, SpeechLogits, SpeechRules, SpeechTokenIds, StepParams,
 };
 
 use super::config::WhisperConfig;
@@ -121,6 +121,7 @@ impl Decoder {
         }
         let head_opts = || MatVecOptions {
             norm: Some((NormKind::Layer, &final_norm.0, Some(&final_norm.1), LN_EPS)),
+            layout: MatVecLayout::for_dtype(up.dtype),
             ..Default::default()
         };
         let head_mv = MatVec::new(gpu, &table, &acts.x, &acts.logits, &step, head_opts())?;

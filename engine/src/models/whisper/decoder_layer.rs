@@ -8,7 +8,7 @@ use crate::gpu::{Gpu, StorageBuffer, UniformBuffer};
 use crate::models::weights::{Part, Uploader};
 use crate::ops::{
     Attention, CacheShape, FullAttention, FullLayout, Gelu, MatMul, MatMulOptions, MatVec,
-    MatVecOptions, Matrix, Norm, NormKind, RopeKv, SplitAttention, WeightDType,
+    MatVecLayout, MatVecOptions, Matrix, Norm, NormKind, RopeKv, SplitAttention, WeightDType,
 };
 
 use super::config::WhisperConfig;
@@ -265,6 +265,7 @@ pub(super) fn build_layer(
             MatVecOptions {
                 norm: fused(&w.self_norm),
                 bias: Some(&w.qkv_b),
+                layout: MatVecLayout::for_dtype(b.dtype),
                 ..Default::default()
             },
         )?,
@@ -295,6 +296,7 @@ pub(super) fn build_layer(
                     head_dim: hd,
                     window: None,
                 }),
+                layout: MatVecLayout::for_dtype(b.dtype),
                 ..Default::default()
             },
         )?,
@@ -307,6 +309,7 @@ pub(super) fn build_layer(
             MatVecOptions {
                 norm: fused(&w.cross_norm),
                 bias: Some(&w.cross_q_b),
+                layout: MatVecLayout::for_dtype(b.dtype),
                 ..Default::default()
             },
         )?,
@@ -319,6 +322,7 @@ pub(super) fn build_layer(
             MatVecOptions {
                 bias: Some(&w.cross_out_b),
                 residual: true,
+                layout: MatVecLayout::for_dtype(b.dtype),
                 ..Default::default()
             },
         )?,
@@ -332,6 +336,7 @@ pub(super) fn build_layer(
                 norm: fused(&w.mlp_norm),
                 bias: Some(&w.fc1_b),
                 gelu: Some(Gelu::Erf),
+                layout: MatVecLayout::for_dtype(b.dtype),
                 ..Default::default()
             },
         )?,
@@ -344,6 +349,7 @@ pub(super) fn build_layer(
             MatVecOptions {
                 bias: Some(&w.fc2_b),
                 residual: true,
+                layout: MatVecLayout::for_dtype(b.dtype),
                 ..Default::default()
             },
         )?,
