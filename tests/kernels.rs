@@ -188,10 +188,11 @@ const MATVEC_LAYOUTS: [MatVecLayout; 5] = [
         stage: None,
         workgroup: None,
         blocks: None,
-        int8: None,
+        int8: Some(true),
         int8_max_cols: None,
     },
-    // Block formats keep f32 inputs (dense weights always do).
+    // Block formats keep f32 inputs (dense weights always do; the other layouts turn int8
+    // inputs on).
     MatVecLayout {
         lanes: None,
         rows: None,
@@ -207,7 +208,7 @@ const MATVEC_LAYOUTS: [MatVecLayout; 5] = [
         stage: Some(true),
         workgroup: Some(64),
         blocks: Some(3),
-        int8: None,
+        int8: Some(true),
         int8_max_cols: None,
     },
     MatVecLayout {
@@ -216,7 +217,7 @@ const MATVEC_LAYOUTS: [MatVecLayout; 5] = [
         stage: Some(false),
         workgroup: None,
         blocks: None,
-        int8: None,
+        int8: Some(true),
         int8_max_cols: None,
     },
     MatVecLayout {
@@ -225,7 +226,7 @@ const MATVEC_LAYOUTS: [MatVecLayout; 5] = [
         stage: None,
         workgroup: Some(128),
         blocks: Some(1),
-        int8: None,
+        int8: Some(true),
         int8_max_cols: None,
     },
 ];
@@ -1304,6 +1305,10 @@ fn split_attention_merged_by_the_output_product_matches_cpu() {
                             head_dim: hd,
                             window: None,
                         }),
+                        layout: MatVecLayout {
+                            int8: Some(true),
+                            ..Default::default()
+                        },
                         ..Default::default()
                     },
                 )

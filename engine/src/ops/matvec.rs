@@ -64,8 +64,8 @@ pub struct MatVecLayout {
     pub stage: Option<bool>,
     pub workgroup: Option<u32>,
     pub blocks: Option<u32>,
-    /// Block formats: quantize the input to int8 for packed integer products (default) or
-    /// keep it f32; `int8_max_cols` limits that to rows of at most so many values.
+    /// Block formats: quantize the input to int8 for packed integer products, or keep it f32
+    /// (default); `int8_max_cols` limits that to rows of at most so many values.
     pub int8: Option<bool>,
     pub int8_max_cols: Option<u32>,
 }
@@ -166,11 +166,14 @@ impl MatVec {
             // Merging split attention always stages its input.
             xcache = (stage || opts.combine.is_some()) && Self::input_fits(gpu, w.cols);
         }
-        // Block formats with an integer form take the input as int8, quantized per workgroup
-        // (then only merged attention output is staged as f32, for merging).
+        // Block formats with an integer form may take the input as int8, quantized per
+        // workgroup (then only merged attention output is staged as f32, for merging). Off by
+        // default: it moves logits by tenths, which flips near-tie greedy steps of small models
+        // (SmolLM2-135M Q4_1 answers "L'Étoile…" instead of "The capital of France is Paris").
+        // `BACKPACK_MATVEC=int8=1` turns it on.
         let int8 = int8_input(w)
             && (!k_quant(w) || tpr <= w.cols / 64)
-            && forced.int8.unwrap_or(true)
+            && forced.int8.unwrap_or(false)
             && forced.int8_max_cols.is_none_or(|max| w.cols <= max)
             && Self::int8_fits(gpu, w.cols, opts.combine.is_some());
         if int8 {
@@ -401,12 +404,11 @@ fn int8_input(w: &Matrix) -> bool {
 }
 
 impl MatVecLayout {
-    /// The layout a model computing in `dtype` asks for: int8 inputs to block-format products
-    /// in f16 models (the fast path, as llama.cpp quantizes activations); f32 models keep exact
-    /// float products, so they reproduce a float32 reference.
+    /// The layout a model computing in `dtype` asks for: f32 models keep exact float products
+    /// (they reproduce a float32 reference) even where int8 inputs are turned on.
     pub fn for_dtype(dtype: WeightDType) -> Self {
         Self {
-            int8: Some(dtype == WeightDType::F16),
+            int8: (dtype == WeightDType::F32).then_some(false),
             ..Self::default()
         }
     }
