@@ -180,8 +180,9 @@ fn matvec_without_subgroups_matches_cpu() {
 /// Layouts the decode-product tests force besides the chosen one: few lanes with several rows
 /// each (shuffle reductions where the subgroup size is fixed), lanes spanning subgroups
 /// (workgroup reductions) with two rows, the input staged or streamed against the default,
-/// smaller workgroups, and several row blocks per workgroup.
-const MATVEC_LAYOUTS: [MatVecLayout; 5] = [
+/// smaller workgroups, several row blocks per workgroup, and a whole row per invocation (what
+/// CPU adapters choose).
+const MATVEC_LAYOUTS: [MatVecLayout; 6] = [
     MatVecLayout {
         lanes: None,
         rows: None,
@@ -226,6 +227,15 @@ const MATVEC_LAYOUTS: [MatVecLayout; 5] = [
         stage: None,
         workgroup: Some(128),
         blocks: Some(1),
+        int8: Some(true),
+        int8_max_cols: None,
+    },
+    MatVecLayout {
+        lanes: Some(1),
+        rows: Some(4),
+        stage: Some(true),
+        workgroup: Some(64),
+        blocks: None,
         int8: Some(true),
         int8_max_cols: None,
     },
@@ -389,7 +399,17 @@ fn matmul_parity(gpu: &Gpu) {
         (67, 1024, 300),
         (5, 640, 1100),
     ];
-    for dtype in DTYPES {
+    // A CPU adapter chooses the 128-wide SIMT tiles for dense products; the 64-wide ones (what
+    // GPUs without tensor cores run) are forced too.
+    let tile_choices: &[Option<bool>] = if gpu.is_software() {
+        &[None, Some(false)]
+    } else {
+        &[None]
+    };
+    for (dtype, big_tiles) in DTYPES
+        .into_iter()
+        .flat_map(|d| tile_choices.iter().map(move |&t| (d, t)))
+    {
         for &(m, n, k) in &shapes {
             for (bias_on, gelu, residual) in [
                 (false, None, false),
@@ -418,6 +438,7 @@ fn matmul_parity(gpu: &Gpu) {
                         gelu,
                         residual,
                         split_scratch: Some((&scratch, m as u32)),
+                        big_tiles,
                         ..Default::default()
                     },
                 )
@@ -452,7 +473,7 @@ fn matmul_parity(gpu: &Gpu) {
                     }
                 }
                 let what = format!(
-                    "matmul {dtype:?} m={m} n={n} k={k} slices={} bias={bias_on} gelu={gelu:?} residual={residual} tensor_cores={tc}",
+                    "matmul {dtype:?} m={m} n={n} k={k} slices={} bias={bias_on} gelu={gelu:?} residual={residual} tensor_cores={tc} big_tiles={big_tiles:?}",
                     k_slices(n as u32, k as u32)
                 );
                 assert_close(&what, &got, &want, &scale, 1e-5, 2e-5);

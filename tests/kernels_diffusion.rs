@@ -167,7 +167,7 @@ fn convolution_parity(gpu: &Gpu) {
                 bias: Some(&bb),
                 residual: true,
                 conv: Some(shape),
-                big_tiles: big,
+                big_tiles: Some(big),
                 ..Default::default()
             },
         )
@@ -215,7 +215,7 @@ fn big_tile_parity(gpu: &Gpu) {
             MatMulOptions {
                 bias: Some(&bb),
                 gelu: Some(Gelu::Erf),
-                big_tiles: true,
+                big_tiles: Some(true),
                 ..Default::default()
             },
         )

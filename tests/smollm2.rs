@@ -50,9 +50,11 @@ fn golden() -> Golden {
 fn smollm2_gguf_chats_like_transformers() {
     let path = model_file();
     let golden = golden();
-    // f32 reproduces transformers' float32 dequantization; f16 rounds the weights and the
-    // KV cache, so a step whose top-2 margin is under 0.05 may legitimately flip.
-    for (dtype, near_tie) in [(WeightDType::F32, 1e-3), (WeightDType::F16, 0.05)] {
+    // f32 reproduces transformers' float32 dequantization. f16 rounds the weights and the KV
+    // cache, and its products on blocks take the input rounded to int8 (as llama.cpp's q8_1
+    // activations are), which moves logits by up to about 0.08 on this model: a step whose
+    // top-2 margin is under 0.1 may legitimately flip.
+    for (dtype, near_tie) in [(WeightDType::F32, 1e-3), (WeightDType::F16, 0.1)] {
         let opts = ModelOptions {
             dtype,
             context: Some(256),

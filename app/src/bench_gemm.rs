@@ -208,7 +208,7 @@ fn time_product(gpu: &Gpu, shape: &Shape, args: &BenchGemmArgs) -> Result<f64> {
                 Shape::Conv(c, _) => Some(*c),
                 Shape::Product { .. } => None,
             },
-            big_tiles: args.big,
+            big_tiles: Some(args.big),
             ..Default::default()
         },
     )?;

@@ -61,9 +61,10 @@ pub struct MatMulOptions<'a> {
     /// max(0, ·) after the residual.
     pub relu: bool,
     /// SIMT tiles 128 wide with 8×8 outputs per invocation: for dense products over
-    /// thousands of rows with at least 128 outputs per row (never split along k). The
+    /// thousands of rows with at least 128 outputs per row (never split along k). `None`
+    /// leaves it to the adapter (CPU adapters take them, GPUs the 64-wide tiles). The
     /// tensor-core tiles choose their size from the product's width.
-    pub big_tiles: bool,
+    pub big_tiles: Option<bool>,
 }
 
 /// `Y = X · Wᵀ` over all tokens of a step (prompt processing).
@@ -101,8 +102,10 @@ impl MatMul {
         };
         let tensor_cores = gpu.caps().cooperative_matrix;
         // The tensor-core tiles pick their own size; the SIMT ones decode blocks only into the
-        // 64-wide tile.
-        let big = opts.big_tiles && !tensor_cores && w.quant.is_none();
+        // 64-wide tile. A CPU adapter takes the big tile for every dense product: its barriers
+        // and workgroup-memory loads cost more than the rows a big tile computes for nothing
+        // (lavapipe, `bench-gemm`: 1500×384×384 from 582 to 301 ms).
+        let big = opts.big_tiles.unwrap_or(gpu.is_software()) && !tensor_cores && w.quant.is_none();
         let slices = if big { 1 } else { slices };
         let split = slices > 1;
         let mut defines = w.defines();

@@ -64,8 +64,8 @@ pub struct MatVecLayout {
     pub stage: Option<bool>,
     pub workgroup: Option<u32>,
     pub blocks: Option<u32>,
-    /// Block formats: quantize the input to int8 for packed integer products, or keep it f32
-    /// (default); `int8_max_cols` limits that to rows of at most so many values.
+    /// Block formats: quantize the input to int8 for packed integer products (default), or
+    /// keep it f32; `int8_max_cols` limits that to rows of at most so many values.
     pub int8: Option<bool>,
     pub int8_max_cols: Option<u32>,
 }
@@ -149,8 +149,11 @@ impl MatVec {
             tpr = prev_power_of_two(w.cols / 64).clamp(4, sg);
             rows_per_group = 1;
         }
-        // The environment's layout (for measuring) wins over the caller's.
-        let forced = MatVecLayout::from_env().or(opts.layout);
+        // The environment's layout (for measuring) wins over the caller's, and that over a
+        // CPU adapter's.
+        let forced = MatVecLayout::from_env()
+            .or(opts.layout)
+            .or(MatVecLayout::software(gpu));
         let wg = forced
             .workgroup
             .filter(|w| [64, 128, 256].contains(w))
@@ -166,14 +169,12 @@ impl MatVec {
             // Merging split attention always stages its input.
             xcache = (stage || opts.combine.is_some()) && Self::input_fits(gpu, w.cols);
         }
-        // Block formats with an integer form may take the input as int8, quantized per
-        // workgroup (then only merged attention output is staged as f32, for merging). Off by
-        // default: it moves logits by tenths, which flips near-tie greedy steps of small models
-        // (SmolLM2-135M Q4_1 answers "L'Étoile…" instead of "The capital of France is Paris").
-        // `BACKPACK_MATVEC=int8=1` turns it on.
+        // Block formats with an integer form take the input as int8, quantized per workgroup
+        // (then only merged attention output is staged as f32, for merging). LM heads and f32
+        // models keep float inputs (see `MatVecLayout::for_head`, `for_dtype`).
         let int8 = int8_input(w)
             && (!k_quant(w) || tpr <= w.cols / 64)
-            && forced.int8.unwrap_or(false)
+            && forced.int8.unwrap_or(true)
             && forced.int8_max_cols.is_none_or(|max| w.cols <= max)
             && Self::int8_fits(gpu, w.cols, opts.combine.is_some());
         if int8 {
@@ -409,6 +410,35 @@ impl MatVecLayout {
     pub fn for_dtype(dtype: WeightDType) -> Self {
         Self {
             int8: (dtype == WeightDType::F32).then_some(false),
+            ..Self::default()
+        }
+    }
+
+    /// The layout of an LM head: a float input whatever the dtype. Its outputs are the logits
+    /// that pick each greedy token, and int8 inputs move them by tenths: the real SmolLM2-135M
+    /// Q4_1 then answers "What is the capital of France?" with "L'Étoile…" (that step's top-2
+    /// margin is 0.08). The layers' products absorb that rounding; the head would pass it on.
+    pub fn for_head(dtype: WeightDType) -> Self {
+        Self {
+            int8: Some(false),
+            ..Self::for_dtype(dtype)
+        }
+    }
+
+    /// On a CPU adapter (llvmpipe/lavapipe) an invocation is one SIMD lane of a CPU thread,
+    /// where reductions across lanes and barriers cost far more than arithmetic: a whole row
+    /// per invocation, four rows sharing each input read, the input staged. On lavapipe
+    /// (`bench-gemm --decode`, 8192×576) that took Q4_0 from 37.8 to 5.3 ms and f16 from 39.0
+    /// to 14.9 ms. Other adapters choose per shape (nothing set here).
+    fn software(gpu: &Gpu) -> Self {
+        if !gpu.is_software() {
+            return Self::default();
+        }
+        Self {
+            lanes: Some(1),
+            rows: Some(4),
+            stage: Some(true),
+            workgroup: Some(64),
             ..Self::default()
         }
     }

@@ -552,7 +552,7 @@ impl DecoderModel {
                     final_norm.1.as_ref(),
                     spec.norm_eps,
                 )),
-                layout: MatVecLayout::for_dtype(dtype),
+                layout: MatVecLayout::for_head(dtype),
                 ..Default::default()
             },
         )?;

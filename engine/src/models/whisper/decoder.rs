@@ -121,7 +121,7 @@ impl Decoder {
         }
         let head_opts = || MatVecOptions {
             norm: Some((NormKind::Layer, &final_norm.0, Some(&final_norm.1), LN_EPS)),
-            layout: MatVecLayout::for_dtype(up.dtype),
+            layout: MatVecLayout::for_head(up.dtype),
             ..Default::default()
         };
         let head_mv = MatVec::new(gpu, &table, &acts.x, &acts.logits, &step, head_opts())?;
