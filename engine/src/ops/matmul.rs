@@ -62,7 +62,8 @@ pub struct MatMulOptions<'a> {
     pub relu: bool,
     /// SIMT tiles 128 wide with 8×8 outputs per invocation: for dense products over
     /// thousands of rows with at least 128 outputs per row (never split along k). `None`
-    /// leaves it to the adapter (CPU adapters take them, GPUs the 64-wide tiles). The
+    /// leaves it to the adapter (CPU adapters take them for 128 outputs or more, GPUs the
+    /// 64-wide tiles). The
     /// tensor-core tiles choose their size from the product's width.
     pub big_tiles: Option<bool>,
 }
@@ -102,10 +103,14 @@ impl MatMul {
         };
         let tensor_cores = gpu.caps().cooperative_matrix;
         // The tensor-core tiles pick their own size; the SIMT ones decode blocks only into the
-        // 64-wide tile. A CPU adapter takes the big tile for every dense product: its barriers
-        // and workgroup-memory loads cost more than the rows a big tile computes for nothing
-        // (lavapipe, `bench-gemm`: 1500×384×384 from 582 to 301 ms).
-        let big = opts.big_tiles.unwrap_or(gpu.is_software()) && !tensor_cores && w.quant.is_none();
+        // 64-wide tile. A CPU adapter takes the big tile for dense products at least a tile
+        // wide: its barriers and workgroup-memory loads cost more than the rows a big tile
+        // computes for nothing (lavapipe, `bench-gemm`: 1500×384×384 from 582 to 301 ms).
+        let big = opts
+            .big_tiles
+            .unwrap_or(gpu.is_software() && w.rows >= 2 * TILE)
+            && !tensor_cores
+            && w.quant.is_none();
         let slices = if big { 1 } else { slices };
         let split = slices > 1;
         let mut defines = w.defines();

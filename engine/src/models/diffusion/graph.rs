@@ -311,8 +311,7 @@ impl<'a, 'w> Builder<'a, 'w> {
                 split_scratch: scratch.as_deref().map(|s| (s, rows)),
                 conv,
                 relu,
-                big_tiles: (rows.div_ceil(128) * w.rows.div_ceil(128) >= BIG_TILES_FROM)
-                    .then_some(true),
+                big_tiles: Some(rows.div_ceil(128) * w.rows.div_ceil(128) >= BIG_TILES_FROM),
             },
         )?;
         self.push(move |rec| mm.encode(rec, rows));
