@@ -63,8 +63,7 @@ pub struct MatMulOptions<'a> {
     /// SIMT tiles 128 wide with 8×8 outputs per invocation: for dense products over
     /// thousands of rows with at least 128 outputs per row (never split along k). `None`
     /// leaves it to the adapter (CPU adapters take them for 128 outputs or more, GPUs the
-    /// 64-wide tiles). The
-    /// tensor-core tiles choose their size from the product's width.
+    /// 64-wide tiles). The tensor-core tiles choose their size from the product's width.
     pub big_tiles: Option<bool>,
 }
 
