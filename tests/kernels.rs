@@ -399,8 +399,8 @@ fn matmul_parity(gpu: &Gpu) {
         (67, 1024, 300),
         (5, 640, 1100),
     ];
-    // A CPU adapter chooses the 128-wide SIMT tiles for dense products; the 64-wide ones (what
-    // GPUs without tensor cores run) are forced too.
+    // A CPU adapter chooses the 128-wide SIMT tiles for dense products at least 128 outputs
+    // wide; the 64-wide ones (what GPUs without tensor cores run) are forced too.
     let tile_choices: &[Option<bool>] = if gpu.is_software() {
         &[None, Some(false)]
     } else {
