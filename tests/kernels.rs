@@ -399,14 +399,15 @@ fn matmul_parity(gpu: &Gpu) {
         (67, 1024, 300),
         (5, 640, 1100),
     ];
-    // A CPU adapter chooses the 128-wide SIMT tiles for dense products at least 128 outputs
-    // wide; the 64-wide ones (what GPUs without tensor cores run) are forced too.
-    let tile_choices: &[Option<bool>] = if gpu.is_software() {
-        &[None, Some(false)]
+    // A CPU adapter runs its own tiles (matmul_cpu.wgsl); the GPU's SIMT tiles are forced
+    // there too: the 128-wide ones it falls back to for products at least 128 wide, and the
+    // 64-wide ones (what GPUs without tensor cores run).
+    let tile_choices: &[(Option<bool>, bool)] = if gpu.is_software() {
+        &[(None, false), (None, true), (Some(false), true)]
     } else {
-        &[None]
+        &[(None, false)]
     };
-    for (dtype, big_tiles) in DTYPES
+    for (dtype, (big_tiles, gpu_tiles)) in DTYPES
         .into_iter()
         .flat_map(|d| tile_choices.iter().map(move |&t| (d, t)))
     {
@@ -439,6 +440,7 @@ fn matmul_parity(gpu: &Gpu) {
                         residual,
                         split_scratch: Some((&scratch, m as u32)),
                         big_tiles,
+                        gpu_tiles,
                         ..Default::default()
                     },
                 )
@@ -473,7 +475,7 @@ fn matmul_parity(gpu: &Gpu) {
                     }
                 }
                 let what = format!(
-                    "matmul {dtype:?} m={m} n={n} k={k} slices={} bias={bias_on} gelu={gelu:?} residual={residual} tensor_cores={tc} big_tiles={big_tiles:?}",
+                    "matmul {dtype:?} m={m} n={n} k={k} slices={} bias={bias_on} gelu={gelu:?} residual={residual} tensor_cores={tc} big_tiles={big_tiles:?} gpu_tiles={gpu_tiles}",
                     k_slices(n as u32, k as u32)
                 );
                 assert_close(&what, &got, &want, &scale, 1e-5, 2e-5);

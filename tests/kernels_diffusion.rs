@@ -153,35 +153,44 @@ fn convolution_parity(gpu: &Gpu) {
         .expect("matrix");
         let rows = (out_h * out_w) as usize;
         let residual = rng.vec(rows * cout, 1.0);
-        let xb = buf(&gpu, &x);
-        let bb = buf(&gpu, &bias);
-        let yb = buf(&gpu, &residual);
-        let st = step(&gpu, rows as u32);
-        let mm = MatMul::new(
-            &gpu,
-            &m,
-            &xb,
-            &yb,
-            &st,
-            MatMulOptions {
-                bias: Some(&bb),
-                residual: true,
-                conv: Some(shape),
-                big_tiles: Some(big),
-                ..Default::default()
-            },
-        )
-        .expect("conv");
-        let mut rec = Recorder::new(&gpu);
-        mm.encode(&mut rec, rows as u32);
-        rec.submit();
-        let got = read(&gpu, &yb, rows * cout);
         let want: Vec<f32> = want.iter().zip(&residual).map(|(a, b)| a + b).collect();
-        let what = format!(
-            "conv {h}×{w}×{cin}→{cout} k{k} s{stride} p{pad} up={up} big={big} {dtype:?} tensor_cores={}",
-            mm.uses_tensor_cores()
-        );
-        assert_close(&what, &got, &want, &ones(want.len()), 1e-4, 1e-4);
+        // A CPU adapter runs its own tiles; the GPU's are forced there too.
+        let tile_modes: &[bool] = if gpu.is_software() {
+            &[false, true]
+        } else {
+            &[false]
+        };
+        for &gpu_tiles in tile_modes {
+            let xb = buf(&gpu, &x);
+            let bb = buf(&gpu, &bias);
+            let yb = buf(&gpu, &residual);
+            let st = step(&gpu, rows as u32);
+            let mm = MatMul::new(
+                &gpu,
+                &m,
+                &xb,
+                &yb,
+                &st,
+                MatMulOptions {
+                    bias: Some(&bb),
+                    residual: true,
+                    conv: Some(shape),
+                    big_tiles: Some(big),
+                    gpu_tiles,
+                    ..Default::default()
+                },
+            )
+            .expect("conv");
+            let mut rec = Recorder::new(&gpu);
+            mm.encode(&mut rec, rows as u32);
+            rec.submit();
+            let got = read(&gpu, &yb, rows * cout);
+            let what = format!(
+                "conv {h}×{w}×{cin}→{cout} k{k} s{stride} p{pad} up={up} big={big} gpu_tiles={gpu_tiles} {dtype:?} tensor_cores={}",
+                mm.uses_tensor_cores()
+            );
+            assert_close(&what, &got, &want, &ones(want.len()), 1e-4, 1e-4);
+        }
     }
 }
 
@@ -216,6 +225,7 @@ fn big_tile_parity(gpu: &Gpu) {
                 bias: Some(&bb),
                 gelu: Some(Gelu::Erf),
                 big_tiles: Some(true),
+                gpu_tiles: true,
                 ..Default::default()
             },
         )
@@ -456,17 +466,20 @@ fn causal_attention_matches_cpu() {
         k_off: d as u32,
     };
     let att = FullAttention::with_mask(&gpu, layout, &qb, &qb, &ob, &st, true).expect("attention");
-    let mut rec = Recorder::new(&gpu);
-    att.encode(&mut rec, tokens as u32);
-    rec.submit();
-    assert_close(
-        "causal attention",
-        &read(&gpu, &ob, tokens * d),
-        &want,
-        &ones(want.len()),
-        1e-4,
-        1e-4,
-    );
+    for kernel in att.kernels() {
+        let mut rec = Recorder::new(&gpu);
+        rec.clear(&ob.buffer);
+        att.encode_with(&mut rec, tokens as u32, kernel);
+        rec.submit();
+        assert_close(
+            &format!("causal attention, {kernel:?}"),
+            &read(&gpu, &ob, tokens * d),
+            &want,
+            &ones(want.len()),
+            1e-4,
+            1e-4,
+        );
+    }
 }
 
 #[test]

@@ -149,10 +149,13 @@ struct AttnCase {
     q_extra: usize,
     k_off: usize,
     kv_extra: usize,
+    /// Query rows the query buffer holds (at least `queries`): what a CPU adapter sizes its
+    /// scores buffer for.
+    q_rows: usize,
 }
 
 #[test]
-fn full_attention_matches_cpu_in_both_forms() {
+fn full_attention_matches_cpu_in_every_form() {
     let gpu = gpu();
     let mut rng = Rng::new(5);
     let cases = [
@@ -165,6 +168,7 @@ fn full_attention_matches_cpu_in_both_forms() {
             q_extra: 8,
             k_off: 4,
             kv_extra: 12,
+            q_rows: 0,
         },
         AttnCase {
             heads: 4,
@@ -175,6 +179,7 @@ fn full_attention_matches_cpu_in_both_forms() {
             q_extra: 0,
             k_off: 64,
             kv_extra: 0,
+            q_rows: 0,
         },
         AttnCase {
             heads: 2,
@@ -185,6 +190,7 @@ fn full_attention_matches_cpu_in_both_forms() {
             q_extra: 4,
             k_off: 0,
             kv_extra: 4,
+            q_rows: 0,
         },
         // The UNet's head sizes (SD 1.x: 40 and 160), over more queries than a block holds.
         AttnCase {
@@ -196,6 +202,7 @@ fn full_attention_matches_cpu_in_both_forms() {
             q_extra: 0,
             k_off: 0,
             kv_extra: 0,
+            q_rows: 0,
         },
         AttnCase {
             heads: 1,
@@ -206,6 +213,7 @@ fn full_attention_matches_cpu_in_both_forms() {
             q_extra: 0,
             k_off: 160,
             kv_extra: 0,
+            q_rows: 0,
         },
         AttnCase {
             heads: 1,
@@ -216,13 +224,27 @@ fn full_attention_matches_cpu_in_both_forms() {
             q_extra: 0,
             k_off: 0,
             kv_extra: 0,
+            q_rows: 0,
+        },
+        // Scores for 2048 query rows × 4100 keys take 34 MB a head: a CPU adapter runs the two
+        // heads in two rounds of its three passes.
+        AttnCase {
+            heads: 2,
+            kv_heads: 1,
+            hd: 8,
+            queries: 40,
+            keys: 4100,
+            q_extra: 0,
+            k_off: 0,
+            kv_extra: 0,
+            q_rows: 2048,
         },
     ];
     for c in &cases {
         let q_stride = c.heads * c.hd + c.q_extra;
         let kv_width = c.kv_heads * c.hd;
         let kv_stride = c.k_off + 2 * kv_width + c.kv_extra;
-        let q = rng.vec(c.queries * q_stride, 1.0);
+        let q = rng.vec(c.queries.max(c.q_rows) * q_stride, 1.0);
         let kv = rng.vec(c.keys * kv_stride, 1.0);
         let scale = 1.0 / (c.hd as f32).sqrt();
         let mut want = vec![0.0f32; c.queries * c.heads * c.hd];
@@ -271,16 +293,16 @@ fn full_attention_matches_cpu_in_both_forms() {
             &st,
         )
         .expect("attention");
-        for tiled in [false, true] {
+        for kernel in attention.kernels() {
             let mut rec = Recorder::new(&gpu);
             rec.clear(&out.buffer);
-            attention.encode_with(&mut rec, c.queries as u32, tiled);
+            attention.encode_with(&mut rec, c.queries as u32, kernel);
             rec.submit();
             let got = read(&gpu, &out, want.len());
             let ones = vec![1.0; want.len()];
             assert_close(
                 &format!(
-                    "{} heads ({} kv) of {} dims, {} queries over {} keys, tiled {tiled}",
+                    "{} heads ({} kv) of {} dims, {} queries over {} keys, {kernel:?}",
                     c.heads, c.kv_heads, c.hd, c.queries, c.keys
                 ),
                 &got,

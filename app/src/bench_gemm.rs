@@ -28,6 +28,9 @@ pub struct BenchGemmArgs {
     /// 128-wide tiles (as the image networks use for large products).
     #[arg(long)]
     big: bool,
+    /// On a CPU adapter, the GPU's SIMT tiles (as --big picks) instead of the CPU tiles.
+    #[arg(long)]
+    gpu_tiles: bool,
     /// Timed repetitions per shape (the median is reported).
     #[arg(long, default_value_t = 20)]
     runs: u32,
@@ -106,7 +109,12 @@ pub fn run(args: BenchGemmArgs, adapter: Option<&str>) -> Result<()> {
     } else {
         args.shapes.clone()
     };
-    let mut paths = vec![("simt", gpu.without_cooperative_matrix())];
+    let simt = if gpu.is_software() && !args.gpu_tiles {
+        "cpu tiles"
+    } else {
+        "simt"
+    };
+    let mut paths = vec![(simt, gpu.without_cooperative_matrix())];
     if gpu.caps().cooperative_matrix {
         paths.push(("tensor cores", gpu.clone()));
     }
@@ -116,7 +124,7 @@ pub fn run(args: BenchGemmArgs, adapter: Option<&str>) -> Result<()> {
             let ms = time_product(gpu, &shape, &args)?;
             let (m, n, k) = shape.mnk();
             let tflops = 2.0 * f64::from(m) * f64::from(n) * f64::from(k) / (ms * 1e-3) / 1e12;
-            println!("{text:>22}  {name:<12}  {ms:8.3} ms  {tflops:7.1} TFLOP/s");
+            println!("{text:>22}  {name:<12}  {ms:8.3} ms  {tflops:9.3} TFLOP/s");
         }
     }
     Ok(())
@@ -209,6 +217,7 @@ fn time_product(gpu: &Gpu, shape: &Shape, args: &BenchGemmArgs) -> Result<f64> {
                 Shape::Product { .. } => None,
             },
             big_tiles: Some(args.big),
+            gpu_tiles: args.gpu_tiles,
             ..Default::default()
         },
     )?;

@@ -2,7 +2,8 @@ use bytemuck::Pod;
 
 use super::device::{Gpu, GpuError};
 
-/// A storage buffer on the device, with its size in bytes.
+/// A storage buffer on the device, with its size in bytes (clones share the buffer).
+#[derive(Clone)]
 pub struct StorageBuffer {
     pub buffer: wgpu::Buffer,
     pub size: u64,
@@ -37,6 +38,31 @@ fn padded(size: u64) -> u64 {
 }
 
 impl Gpu {
+    /// A scratch buffer of at least `size` bytes, shared by every kernel that asks under
+    /// `label` on this device: for intermediates written and read back within one sequence
+    /// of dispatches (the queue orders the sequences), so the layers of a model, and models,
+    /// need not each hold their own. A larger request replaces the shared buffer; earlier
+    /// holders keep theirs.
+    pub fn shared_scratch(
+        &self,
+        label: &'static str,
+        size: u64,
+    ) -> Result<StorageBuffer, GpuError> {
+        let mut pool = self
+            .inner
+            .scratch
+            .lock()
+            .map_err(|_| GpuError::Device("scratch pool poisoned".into()))?;
+        if let Some(buffer) = pool.get(label)
+            && buffer.size >= size
+        {
+            return Ok(buffer.clone());
+        }
+        let buffer = self.storage(label, size)?;
+        pool.insert(label, buffer.clone());
+        Ok(buffer)
+    }
+
     /// A zero-filled storage buffer of `size` bytes.
     pub fn storage(&self, label: &str, size: u64) -> Result<StorageBuffer, GpuError> {
         let size = padded(size);

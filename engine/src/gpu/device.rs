@@ -56,6 +56,9 @@ pub(crate) struct GpuInner {
     pub info: wgpu::AdapterInfo,
     pub caps: GpuCaps,
     pub pipelines: PipelineCache,
+    /// Scratch buffers shared by the kernels that ask under one label (see
+    /// `Gpu::shared_scratch`).
+    pub scratch: std::sync::Mutex<std::collections::HashMap<&'static str, super::StorageBuffer>>,
 }
 
 /// A cheap-to-clone handle to the device and queue every kernel runs on.
@@ -184,6 +187,7 @@ impl Gpu {
                 info,
                 caps,
                 pipelines: PipelineCache::default(),
+                scratch: Default::default(),
             }),
         }
     }
@@ -213,6 +217,7 @@ impl Gpu {
                 info: self.inner.info.clone(),
                 caps,
                 pipelines: PipelineCache::default(),
+                scratch: Default::default(),
             }),
         }
     }

@@ -1,5 +1,6 @@
 use bytemuck::{Pod, Zeroable};
 
+use super::attention_cpu::CpuAttention;
 use super::{RopeTable, WeightDType, bind, flag};
 use crate::gpu::{Gpu, GpuError, Kernel, Recorder, StorageBuffer, UniformBuffer};
 
@@ -331,6 +332,8 @@ pub struct FullAttention {
     bind_group: wgpu::BindGroup,
     /// The query-block kernel, for more than a few queries.
     tiled: (Kernel, wgpu::BindGroup),
+    /// What CPU adapters run instead of the query-block kernel.
+    cpu: Option<CpuAttention>,
     heads: u32,
     head_dim: u32,
     causal: bool,
@@ -451,10 +454,12 @@ impl FullAttention {
                 (5, &out.buffer),
             ],
         );
+        let cpu = CpuAttention::new(gpu, &layout, (q, kv, out, step), causal)?;
         Ok(Self {
             kernel,
             bind_group,
             tiled: (tiled, tiled_group),
+            cpu,
             heads,
             head_dim,
             causal,
@@ -464,21 +469,55 @@ impl FullAttention {
 
     /// Records attention for `n_queries` query rows (which must match the step's n_tokens).
     pub fn encode(&self, rec: &mut Recorder<'_>, n_queries: u32) {
-        // The tiled kernel has no mask; causal attention is for short prompts anyway.
-        self.encode_with(rec, n_queries, n_queries >= TILED_FROM && !self.causal);
+        let kernel = if n_queries < TILED_FROM {
+            FullKernel::PerQuery
+        } else if self.cpu.is_some() {
+            FullKernel::Cpu
+        } else if self.causal {
+            // The query-block kernel has no mask; causal attention is for short prompts anyway.
+            FullKernel::PerQuery
+        } else {
+            FullKernel::QueryBlocks
+        };
+        self.encode_with(rec, n_queries, kernel);
     }
 
     fn block_queries(&self) -> u32 {
         tiles_for(self.head_dim).0
     }
 
-    /// As [`FullAttention::encode`], choosing the kernel (tests cover both).
-    pub fn encode_with(&self, rec: &mut Recorder<'_>, n_queries: u32, tiled: bool) {
-        if tiled {
-            let blocks = n_queries.div_ceil(self.block_queries());
-            rec.dispatch_xyz(&self.tiled.0, &self.tiled.1, [self.heads, blocks, 1]);
-        } else {
-            rec.dispatch_xyz(&self.kernel, &self.bind_group, [self.heads, n_queries, 1]);
+    /// The kernels this attention can run on its adapter (tests cover each).
+    pub fn kernels(&self) -> Vec<FullKernel> {
+        let mut kernels = vec![FullKernel::PerQuery];
+        if !self.causal {
+            kernels.push(FullKernel::QueryBlocks);
+        }
+        if self.cpu.is_some() {
+            kernels.push(FullKernel::Cpu);
+        }
+        kernels
+    }
+
+    /// As [`FullAttention::encode`] with the kernel chosen (one of [`FullAttention::kernels`]).
+    pub fn encode_with(&self, rec: &mut Recorder<'_>, n_queries: u32, kernel: FullKernel) {
+        match (kernel, &self.cpu) {
+            (FullKernel::Cpu, Some(cpu)) => cpu.encode(rec, n_queries),
+            (FullKernel::QueryBlocks | FullKernel::Cpu, _) if !self.causal => {
+                let blocks = n_queries.div_ceil(self.block_queries());
+                rec.dispatch_xyz(&self.tiled.0, &self.tiled.1, [self.heads, blocks, 1]);
+            }
+            _ => rec.dispatch_xyz(&self.kernel, &self.bind_group, [self.heads, n_queries, 1]),
         }
     }
+}
+
+/// The kernels of a [`FullAttention`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FullKernel {
+    /// One workgroup per query and head: few queries (a decoder's cross-attention).
+    PerQuery,
+    /// Blocks of queries over staged key tiles (attention.wgsl `tiled`), without a mask.
+    QueryBlocks,
+    /// CPU adapters: scores, row statistics and values as three passes (attention_cpu.wgsl).
+    Cpu,
 }

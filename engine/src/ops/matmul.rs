@@ -19,6 +19,13 @@ pub(crate) static COOP_SOURCE: LazyLock<String> = LazyLock::new(|| {
     )
 });
 
+/// The CPU adapters' tiles (`matmul_cpu.wgsl`): subgroups of 8 lanes, no workgroup memory.
+pub(crate) static CPU_SOURCE: LazyLock<String> =
+    LazyLock::new(|| format!("{IO}\n{}", include_str!("../../../shaders/matmul_cpu.wgsl")));
+
+/// Output tile edge of the CPU adapters' tiles.
+const CPU_TILE: u32 = 32;
+
 /// Output tile edge of the default tiles (both paths); `big_tiles` doubles it.
 const TILE: u32 = 64;
 
@@ -65,6 +72,9 @@ pub struct MatMulOptions<'a> {
     /// leaves it to the adapter (CPU adapters take them for 128 outputs or more, GPUs the
     /// 64-wide tiles). The tensor-core tiles choose their size from the product's width.
     pub big_tiles: Option<bool>,
+    /// A CPU adapter runs the GPU's SIMT tiles (as `big_tiles` picks) instead of its own:
+    /// for tests and benchmarks of those tiles there.
+    pub gpu_tiles: bool,
 }
 
 /// `Y = X · Wᵀ` over all tokens of a step (prompt processing).
@@ -101,20 +111,25 @@ impl MatMul {
             _ => 1,
         };
         let tensor_cores = gpu.caps().cooperative_matrix;
+        let cpu = !opts.gpu_tiles && !tensor_cores && w.quant.is_none() && super::cpu_tiles(gpu);
         // The tensor-core tiles pick their own size; the SIMT ones decode blocks only into the
-        // 64-wide tile. A CPU adapter takes the big tile for dense products at least a tile
-        // wide: its barriers and workgroup-memory loads cost more than the rows a big tile
-        // computes for nothing (lavapipe, `bench-gemm`: 1500×384×384 from 582 to 301 ms).
+        // 64-wide tile. A CPU adapter without its own tiles takes the big tile for dense
+        // products at least a tile wide: its barriers and workgroup-memory loads cost more
+        // than the rows a big tile computes for nothing (lavapipe, `bench-gemm`: 1500×384×384
+        // from 582 to 301 ms).
         let big = opts
             .big_tiles
             .unwrap_or(gpu.is_software() && w.rows >= 2 * TILE)
             && !tensor_cores
+            && !cpu
             && w.quant.is_none();
-        let slices = if big { 1 } else { slices };
+        let slices = if big || cpu { 1 } else { slices };
         let split = slices > 1;
         let mut defines = w.defines();
         let mut tile = if big {
             (2 * TILE, 2 * TILE)
+        } else if cpu {
+            (CPU_TILE, CPU_TILE)
         } else {
             (TILE, TILE)
         };
@@ -141,6 +156,9 @@ impl MatMul {
             flag("RELU", opts.relu),
             flag("BIG", big),
         ]);
+        if cpu {
+            defines.push(("KQ", (w.dtype.per_vec4() / 4).to_string()));
+        }
         if let Some(conv) = opts.conv
             && conv.width() != w.cols
         {
@@ -152,6 +170,7 @@ impl MatMul {
         }
         let conv_params = opts.conv.map(|c| gpu.uniform("conv params", &c));
         let (family, source) = match (w.quant.is_some(), tensor_cores) {
+            _ if cpu => ("matmul_cpu", CPU_SOURCE.as_str()),
             (true, false) => ("matmul_q", super::quant_source::QUANT_MATMUL.as_str()),
             (true, true) => (
                 "matmul_coop_q",

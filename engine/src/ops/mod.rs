@@ -2,6 +2,7 @@
 //! cache) its specialised pipeline, binds its buffers once, and records dispatches.
 
 mod attention;
+mod attention_cpu;
 mod conv;
 mod denoise;
 mod dequant;
@@ -20,7 +21,8 @@ mod sample;
 mod speech_logits;
 
 pub use attention::{
-    Attention, CacheShape, FullAttention, FullLayout, KvDType, MAX_SPLITS, MIN_SPLIT, splits_for,
+    Attention, CacheShape, FullAttention, FullKernel, FullLayout, KvDType, MAX_SPLITS, MIN_SPLIT,
+    splits_for,
 };
 pub use conv::{Conv1dShape, Conv2dShape, Im2Col};
 pub use denoise::{Denoise, DenoiseBuffers, DenoiseParams, Preview, PreviewSource};
@@ -287,6 +289,16 @@ pub(crate) fn bind(
         layout: &kernel.layout,
         entries: &entries,
     })
+}
+
+/// Whether the adapter runs the CPU kernels (matmul_cpu.wgsl, attention_cpu.wgsl): a CPU
+/// adapter whose subgroups are the 8 lanes they are written for (llvmpipe on AVX2 machines).
+pub(crate) fn cpu_tiles(gpu: &Gpu) -> bool {
+    let caps = gpu.caps();
+    gpu.is_software()
+        && caps.subgroups
+        && caps.subgroup_min_size == 8
+        && caps.subgroup_max_size == 8
 }
 
 pub(crate) fn flag(name: &'static str, on: bool) -> (&'static str, String) {

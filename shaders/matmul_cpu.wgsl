@@ -1,0 +1,128 @@
+// Prompt products for CPU adapters (llvmpipe/lavapipe): Y[m][n] = Σ_k X[m][k] · W[n][k], as
+// matmul.wgsl, laid out for how such a driver runs a kernel. It runs a subgroup of 8
+// invocations as the lanes of one SIMD register, and a load whose address differs between
+// lanes goes one lane and one component at a time through the stack: loads, not arithmetic,
+// set the speed (they are ~80 % of the GPU tiles' time on lavapipe, `perf`). So a workgroup is
+// one subgroup computing a 32×32 tile with no workgroup memory (the CPU's caches stage it).
+// Per 4-deep step of k, each lane loads a vec4 of X for 4 of the tile's rows, which
+// subgroupBroadcast hands to every lane, and a vec4 of W for each of its 4 columns: 512
+// multiply-adds per 8 loads, where the 128-wide GPU tile does 64 per 4. No k split.
+//
+// Defines: as matmul.wgsl (no SPLIT_K), and KQ: 4-deep k steps per W word (1 for f32, 2 for
+// f16). The bindings and the epilogue are in matmul_io.wgsl.
+
+// Rows and columns of a workgroup's tile; the subgroup's lanes own columns n0 + lane + 8c.
+const SR: u32 = 32u;
+const SC: u32 = 32u;
+
+// For a convolution: the top-left input pixel of output row `row`.
+fn corner(row: u32) -> vec2<i32> {
+#if CONV
+    return vec2<i32>(
+        i32((row / cv.out_w) * cv.stride) - i32(cv.pad),
+        i32((row % cv.out_w) * cv.stride) - i32(cv.pad));
+#else
+    return vec2<i32>(0);
+#endif
+}
+
+// X[row][col] (zero past k, or outside a convolution's input; `at` is the row's corner).
+fn x_at(row: u32, at: vec2<i32>, col: u32) -> f32 {
+    if (col >= p.k) {
+        return 0.0;
+    }
+#if CONV
+    let tap = col / cv.cin;
+    let iy = at.x + i32(tap / cv.ksize);
+    let ix = at.y + i32(tap % cv.ksize);
+    if (iy < 0 || ix < 0 || iy >= i32(cv.in_h << cv.up) || ix >= i32(cv.in_w << cv.up)) {
+        return 0.0;
+    }
+    return x[((u32(iy) >> cv.up) * cv.in_w + (u32(ix) >> cv.up)) * cv.cin + col % cv.cin];
+#else
+    return x[row * p.k + col];
+#endif
+}
+
+fn x4(row: u32, at: vec2<i32>, col: u32) -> vec4<f32> {
+    return vec4<f32>(x_at(row, at, col), x_at(row, at, col + 1u), x_at(row, at, col + 2u),
+        x_at(row, at, col + 3u));
+}
+
+// acc += x[0]·k0 + … + x[3]·k3: one row's four k against this lane's four columns.
+fn madd(acc: vec4<f32>, x: vec4<f32>, k0: vec4<f32>, k1: vec4<f32>, k2: vec4<f32>,
+    k3: vec4<f32>) -> vec4<f32> {
+    return acc + x.x * k0 + x.y * k1 + x.z * k2 + x.w * k3;
+}
+
+// Writes a row's outputs at this lane's columns through the epilogue.
+fn store_row(row: u32, col0: u32, v: vec4<f32>) {
+    if (row >= step.n_tokens) {
+        return;
+    }
+    for (var c = 0u; c < 4u; c++) {
+        let col = col0 + 8u * c;
+        if (col < p.n) {
+            y[row * p.n + col] = epilogue(v[c], row, col);
+        }
+    }
+}
+
+@compute @workgroup_size(8)
+fn main(@builtin(subgroup_invocation_id) lane: u32, @builtin(workgroup_id) wid: vec3<u32>) {
+    let m0 = wid.y * SR;
+    let n0 = wid.x * SC;
+    // Rows and columns past the product are clamped to its last ones; their outputs are
+    // never stored.
+#for i in 0..4
+    let row{{i}} = min(m0 + {{i}}u * 8u + lane, step.n_tokens - 1u);
+    let at{{i}} = corner(row{{i}});
+#endfor
+#for c in 0..4
+    let wrow{{c}} = min(n0 + {{c}}u * 8u + lane, p.n - 1u) * p.row_vecs;
+#endfor
+    // acc<i>_<l>: row m0 + 8i + l at this lane's four columns.
+#for i in 0..4
+#for l in 0..8
+    var acc{{i}}_{{l}} = vec4<f32>(0.0);
+#endfor
+#endfor
+    for (var k0 = 0u; k0 < p.k; k0 += 4u * {{KQ}}u) {
+#for c in 0..4
+        let word{{c}} = w[wrow{{c}} + k0 / (4u * {{KQ}}u)];
+#endfor
+#for h in 0..KQ
+        {
+            let kh = k0 + 4u * {{h}}u;
+#for i in 0..4
+            let x{{i}} = x4(row{{i}}, at{{i}}, kh);
+#endfor
+#if F16
+#for c in 0..4
+            let w{{c}} = vec4<f32>(unpack2x16float(word{{c}}[2u * {{h}}u]),
+                unpack2x16float(word{{c}}[2u * {{h}}u + 1u]));
+#endfor
+#else
+#for c in 0..4
+            let w{{c}} = word{{c}};
+#endfor
+#endif
+            // The step's four k, each across this lane's four columns.
+            let k0v = vec4<f32>(w0.x, w1.x, w2.x, w3.x);
+            let k1v = vec4<f32>(w0.y, w1.y, w2.y, w3.y);
+            let k2v = vec4<f32>(w0.z, w1.z, w2.z, w3.z);
+            let k3v = vec4<f32>(w0.w, w1.w, w2.w, w3.w);
+#for i in 0..4
+#for l in 0..8
+            acc{{i}}_{{l}} = madd(acc{{i}}_{{l}}, subgroupBroadcast(x{{i}}, {{l}}u), k0v, k1v, k2v, k3v);
+#endfor
+#endfor
+        }
+#endfor
+    }
+#for i in 0..4
+#for l in 0..8
+    store_row(m0 + {{i}}u * 8u + {{l}}u, n0 + lane, acc{{i}}_{{l}});
+#endfor
+#endfor
+}
