@@ -8,8 +8,9 @@
 // subgroupBroadcast hands to every lane, and a vec4 of W for each of its 4 columns: 512
 // multiply-adds per 8 loads, where the 128-wide GPU tile does 64 per 4. No k split.
 //
-// Defines: as matmul.wgsl (no SPLIT_K), and KQ: 4-deep k steps per W word (1 for f32, 2 for
-// f16). The bindings and the epilogue are in matmul_io.wgsl.
+// Defines: as matmul.wgsl (no SPLIT_K; QUANT: block-quantized W decoded by quant.wgsl's q_pair),
+// and KSTEPS: 4-deep k steps per W load (1 for f32, 2 for f16 and blocks). The bindings and the
+// epilogue are in matmul_io.wgsl.
 
 // Rows and columns of a workgroup's tile; the subgroup's lanes own columns n0 + lane + 8c.
 const SR: u32 = 32u;
@@ -55,6 +56,15 @@ fn madd(acc: vec4<f32>, x: vec4<f32>, k0: vec4<f32>, k1: vec4<f32>, k2: vec4<f32
     return acc + x.x * k0 + x.y * k1 + x.z * k2 + x.w * k3;
 }
 
+#if QUANT
+fn pair_half(pair: QPair, h: u32) -> vec4<f32> {
+    if (h == 0u) {
+        return pair.a;
+    }
+    return pair.b;
+}
+#endif
+
 // Writes a row's outputs at this lane's columns through the epilogue.
 fn store_row(row: u32, col0: u32, v: vec4<f32>) {
     if (row >= step.n_tokens) {
@@ -79,7 +89,7 @@ fn main(@builtin(subgroup_invocation_id) lane: u32, @builtin(workgroup_id) wid: 
     let at{{i}} = corner(row{{i}});
 #endfor
 #for c in 0..4
-    let wrow{{c}} = min(n0 + {{c}}u * 8u + lane, p.n - 1u) * p.row_vecs;
+    let wcol{{c}} = min(n0 + {{c}}u * 8u + lane, p.n - 1u);
 #endfor
     // acc<i>_<l>: row m0 + 8i + l at this lane's four columns.
 #for i in 0..4
@@ -87,16 +97,28 @@ fn main(@builtin(subgroup_invocation_id) lane: u32, @builtin(workgroup_id) wid: 
     var acc{{i}}_{{l}} = vec4<f32>(0.0);
 #endfor
 #endfor
-    for (var k0 = 0u; k0 < p.k; k0 += 4u * {{KQ}}u) {
+    for (var k0 = 0u; k0 < p.k; k0 += 4u * {{KSTEPS}}u) {
+#if QUANT
+        // Eight k of a 32-weight sub-block (block formats have whole sub-blocks in k).
 #for c in 0..4
-        let word{{c}} = w[wrow{{c}} + k0 / (4u * {{KQ}}u)];
+        let pair{{c}} = q_pair(wcol{{c}}, k0 / 32u, p.q_scales, (k0 % 32u) / 4u);
 #endfor
-#for h in 0..KQ
+#else
+#for c in 0..4
+        let word{{c}} = w[wcol{{c}} * p.row_vecs + k0 / (4u * {{KSTEPS}}u)];
+#endfor
+#endif
+#for h in 0..KSTEPS
         {
             let kh = k0 + 4u * {{h}}u;
 #for i in 0..4
             let x{{i}} = x4(row{{i}}, at{{i}}, kh);
 #endfor
+#if QUANT
+#for c in 0..4
+            let w{{c}} = pair_half(pair{{c}}, {{h}}u);
+#endfor
+#else
 #if F16
 #for c in 0..4
             let w{{c}} = vec4<f32>(unpack2x16float(word{{c}}[2u * {{h}}u]),
@@ -106,6 +128,7 @@ fn main(@builtin(subgroup_invocation_id) lane: u32, @builtin(workgroup_id) wid: 
 #for c in 0..4
             let w{{c}} = word{{c}};
 #endfor
+#endif
 #endif
             // The step's four k, each across this lane's four columns.
             let k0v = vec4<f32>(w0.x, w1.x, w2.x, w3.x);

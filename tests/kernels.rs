@@ -1899,39 +1899,51 @@ fn quantized_matmul_parity(gpu: &Gpu) {
                 )
                 .expect("scratch");
             let st = step(&gpu, 0, m as u32);
-            let op = MatMul::new(
-                &gpu,
-                &wm,
-                &xb,
-                &yb,
-                &st,
-                MatMulOptions {
-                    split_scratch: Some((&scratch, m as u32)),
-                    ..Default::default()
-                },
-            )
-            .expect("matmul");
-            let mut rec = Recorder::new(&gpu);
-            op.encode(&mut rec, m as u32);
-            rec.submit();
-            let got = read(&gpu, &yb, m * n);
-            let tc = op.uses_tensor_cores();
-            let (w, x) = (product_input(tc, &w), product_input(tc, &x));
-            let mut want = Vec::new();
-            let mut scale = Vec::new();
-            for row in 0..m {
-                let (v, mag) = matvec_ref(&w, &x[row * k..(row + 1) * k], n, k);
-                want.extend(v);
-                scale.extend(mag);
+            // A CPU adapter runs its own tiles; the GPUs' 64-wide ones are forced there too.
+            let tile_modes: &[bool] = if gpu.is_software() {
+                &[false, true]
+            } else {
+                &[false]
+            };
+            for &gpu_tiles in tile_modes {
+                let op = MatMul::new(
+                    &gpu,
+                    &wm,
+                    &xb,
+                    &yb,
+                    &st,
+                    MatMulOptions {
+                        split_scratch: Some((&scratch, m as u32)),
+                        gpu_tiles,
+                        ..Default::default()
+                    },
+                )
+                .expect("matmul");
+                let mut rec = Recorder::new(&gpu);
+                rec.clear(&yb.buffer);
+                op.encode(&mut rec, m as u32);
+                rec.submit();
+                let got = read(&gpu, &yb, m * n);
+                let tc = op.uses_tensor_cores();
+                let (w, x) = (product_input(tc, &w), product_input(tc, &x));
+                let mut want = Vec::new();
+                let mut scale = Vec::new();
+                for row in 0..m {
+                    let (v, mag) = matvec_ref(&w, &x[row * k..(row + 1) * k], n, k);
+                    want.extend(v);
+                    scale.extend(mag);
+                }
+                assert_close(
+                    &format!(
+                        "quantized matmul {ty:?} m={m} n={n} k={k} tensor_cores={tc} gpu_tiles={gpu_tiles}"
+                    ),
+                    &got,
+                    &want,
+                    &scale,
+                    1e-5,
+                    2e-5,
+                );
             }
-            assert_close(
-                &format!("quantized matmul {ty:?} m={m} n={n} k={k} tensor_cores={tc}"),
-                &got,
-                &want,
-                &scale,
-                1e-5,
-                2e-5,
-            );
         }
     }
 }

@@ -111,7 +111,7 @@ impl MatMul {
             _ => 1,
         };
         let tensor_cores = gpu.caps().cooperative_matrix;
-        let cpu = !opts.gpu_tiles && !tensor_cores && w.quant.is_none() && super::cpu_tiles(gpu);
+        let cpu = !opts.gpu_tiles && !tensor_cores && super::cpu_tiles(gpu);
         // The tensor-core tiles pick their own size; the SIMT ones decode blocks only into the
         // 64-wide tile. A CPU adapter without its own tiles takes the big tile for dense
         // products at least a tile wide: its barriers and workgroup-memory loads cost more
@@ -157,7 +157,12 @@ impl MatMul {
             flag("BIG", big),
         ]);
         if cpu {
-            defines.push(("KQ", (w.dtype.per_vec4() / 4).to_string()));
+            let steps = if w.quant.is_some() {
+                2
+            } else {
+                w.dtype.per_vec4() / 4
+            };
+            defines.push(("KSTEPS", steps.to_string()));
         }
         if let Some(conv) = opts.conv
             && conv.width() != w.cols
@@ -170,6 +175,10 @@ impl MatMul {
         }
         let conv_params = opts.conv.map(|c| gpu.uniform("conv params", &c));
         let (family, source) = match (w.quant.is_some(), tensor_cores) {
+            (true, _) if cpu => (
+                "matmul_cpu_q",
+                super::quant_source::QUANT_MATMUL_CPU.as_str(),
+            ),
             _ if cpu => ("matmul_cpu", CPU_SOURCE.as_str()),
             (true, false) => ("matmul_q", super::quant_source::QUANT_MATMUL.as_str()),
             (true, true) => (

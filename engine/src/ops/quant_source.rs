@@ -79,6 +79,10 @@ pub static QUANT_MATMUL: LazyLock<String> =
 pub static QUANT_MATMUL_COOP: LazyLock<String> =
     LazyLock::new(|| quant_source() + super::matmul::COOP_SOURCE.as_str());
 
+/// The quantized prompt product on CPU adapters: quant.wgsl expanded, then the CPU tiles.
+pub static QUANT_MATMUL_CPU: LazyLock<String> =
+    LazyLock::new(|| quant_source() + super::matmul::CPU_SOURCE.as_str());
+
 #[cfg(test)]
 mod tests {
     #[test]
@@ -87,6 +91,7 @@ mod tests {
             super::QUANT_MATVEC.as_str(),
             super::QUANT_MATMUL.as_str(),
             super::QUANT_MATMUL_COOP.as_str(),
+            super::QUANT_MATMUL_CPU.as_str(),
         ] {
             let starts = |prefix: &str| source.lines().any(|l| l.trim_start().starts_with(prefix));
             assert!(!starts("EMIT("));
