@@ -27,27 +27,54 @@ fn corner(row: u32) -> vec2<i32> {
 #endif
 }
 
-// X[row][col] (zero past k, or outside a convolution's input; `at` is the row's corner).
-fn x_at(row: u32, at: vec2<i32>, col: u32) -> f32 {
+// Where k index `col` reads a convolution's input: channel, tap column, tap row. Carried from
+// step to step rather than divided out of `col`: a CPU adapter divides lane by lane.
+struct Tap {
+    c: u32,
+    kx: u32,
+    ky: u32,
+}
+
+fn tap_after(t: Tap, by: u32) -> Tap {
+    var r = t;
+#if CONV
+    r.c += by;
+    while (r.c >= cv.cin) {
+        r.c -= cv.cin;
+        r.kx += 1u;
+        if (r.kx == cv.ksize) {
+            r.kx = 0u;
+            r.ky += 1u;
+        }
+    }
+#endif
+    return r;
+}
+
+// X[row][col] (zero past k, or outside a convolution's input; `at` is the row's corner and
+// `t` the tap of `col`).
+fn x_at(row: u32, at: vec2<i32>, col: u32, t: Tap) -> f32 {
     if (col >= p.k) {
         return 0.0;
     }
 #if CONV
-    let tap = col / cv.cin;
-    let iy = at.x + i32(tap / cv.ksize);
-    let ix = at.y + i32(tap % cv.ksize);
+    let iy = at.x + i32(t.ky);
+    let ix = at.y + i32(t.kx);
     if (iy < 0 || ix < 0 || iy >= i32(cv.in_h << cv.up) || ix >= i32(cv.in_w << cv.up)) {
         return 0.0;
     }
-    return x[((u32(iy) >> cv.up) * cv.in_w + (u32(ix) >> cv.up)) * cv.cin + col % cv.cin];
+    return x[((u32(iy) >> cv.up) * cv.in_w + (u32(ix) >> cv.up)) * cv.cin + t.c];
 #else
     return x[row * p.k + col];
 #endif
 }
 
-fn x4(row: u32, at: vec2<i32>, col: u32) -> vec4<f32> {
-    return vec4<f32>(x_at(row, at, col), x_at(row, at, col + 1u), x_at(row, at, col + 2u),
-        x_at(row, at, col + 3u));
+fn x4(row: u32, at: vec2<i32>, col: u32, t: Tap) -> vec4<f32> {
+    let t1 = tap_after(t, 1u);
+    let t2 = tap_after(t1, 1u);
+    let t3 = tap_after(t2, 1u);
+    return vec4<f32>(x_at(row, at, col, t), x_at(row, at, col + 1u, t1),
+        x_at(row, at, col + 2u, t2), x_at(row, at, col + 3u, t3));
 }
 
 // acc += x[0]·k0 + … + x[3]·k3: one row's four k against this lane's four columns.
@@ -97,6 +124,7 @@ fn main(@builtin(subgroup_invocation_id) lane: u32, @builtin(workgroup_id) wid: 
     var acc{{i}}_{{l}} = vec4<f32>(0.0);
 #endfor
 #endfor
+    var tap = Tap(0u, 0u, 0u);
     for (var k0 = 0u; k0 < p.k; k0 += 4u * {{KSTEPS}}u) {
 #if QUANT
         // Eight k of a 32-weight sub-block (block formats have whole sub-blocks in k).
@@ -112,8 +140,9 @@ fn main(@builtin(subgroup_invocation_id) lane: u32, @builtin(workgroup_id) wid: 
         {
             let kh = k0 + 4u * {{h}}u;
 #for i in 0..4
-            let x{{i}} = x4(row{{i}}, at{{i}}, kh);
+            let x{{i}} = x4(row{{i}}, at{{i}}, kh, tap);
 #endfor
+            tap = tap_after(tap, 4u);
 #if QUANT
 #for c in 0..4
             let w{{c}} = pair_half(pair{{c}}, {{h}}u);

@@ -154,13 +154,13 @@ fn convolution_parity(gpu: &Gpu) {
         let rows = (out_h * out_w) as usize;
         let residual = rng.vec(rows * cout, 1.0);
         let want: Vec<f32> = want.iter().zip(&residual).map(|(a, b)| a + b).collect();
-        // A CPU adapter runs its own tiles; the GPU's are forced there too.
-        let tile_modes: &[bool] = if gpu.is_software() {
-            &[false, true]
+        // A CPU adapter's own tiles and the GPUs' SIMT ones, each forced there.
+        let tile_modes: &[Option<bool>] = if gpu.is_software() {
+            &[Some(true), Some(false)]
         } else {
-            &[false]
+            &[None]
         };
-        for &gpu_tiles in tile_modes {
+        for &cpu_tiles in tile_modes {
             let xb = buf(&gpu, &x);
             let bb = buf(&gpu, &bias);
             let yb = buf(&gpu, &residual);
@@ -176,7 +176,7 @@ fn convolution_parity(gpu: &Gpu) {
                     residual: true,
                     conv: Some(shape),
                     big_tiles: Some(big),
-                    gpu_tiles,
+                    cpu_tiles,
                     ..Default::default()
                 },
             )
@@ -186,7 +186,7 @@ fn convolution_parity(gpu: &Gpu) {
             rec.submit();
             let got = read(&gpu, &yb, rows * cout);
             let what = format!(
-                "conv {h}×{w}×{cin}→{cout} k{k} s{stride} p{pad} up={up} big={big} gpu_tiles={gpu_tiles} {dtype:?} tensor_cores={}",
+                "conv {h}×{w}×{cin}→{cout} k{k} s{stride} p{pad} up={up} big={big} cpu_tiles={cpu_tiles:?} {dtype:?} tensor_cores={}",
                 mm.uses_tensor_cores()
             );
             assert_close(&what, &got, &want, &ones(want.len()), 1e-4, 1e-4);
@@ -225,7 +225,7 @@ fn big_tile_parity(gpu: &Gpu) {
                 bias: Some(&bb),
                 gelu: Some(Gelu::Erf),
                 big_tiles: Some(true),
-                gpu_tiles: true,
+                cpu_tiles: Some(false),
                 ..Default::default()
             },
         )

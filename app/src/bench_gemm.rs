@@ -217,7 +217,7 @@ fn time_product(gpu: &Gpu, shape: &Shape, args: &BenchGemmArgs) -> Result<f64> {
                 Shape::Product { .. } => None,
             },
             big_tiles: Some(args.big),
-            gpu_tiles: args.gpu_tiles,
+            cpu_tiles: Some(!args.gpu_tiles),
             ..Default::default()
         },
     )?;

@@ -26,6 +26,13 @@ pub(crate) static CPU_SOURCE: LazyLock<String> =
 /// Output tile edge of the CPU adapters' tiles.
 const CPU_TILE: u32 = 32;
 
+/// Products with fewer weights keep the SIMT tiles on CPU adapters: on lavapipe a CPU-tile
+/// dispatch can cost ~1.5 ms of fixed time inside a long sequence of different dispatches,
+/// which only pays where the product itself takes longer (tiny-sdxl's UNet step, whose
+/// products have at most 8 K weights: 873 ms on the CPU tiles, 207 ms on the SIMT ones;
+/// Whisper tiny.en's 147 K-weight products: 4.7× faster on the CPU tiles).
+pub const CPU_TILES_FROM: u32 = 64 * 1024;
+
 /// Output tile edge of the default tiles (both paths); `big_tiles` doubles it.
 const TILE: u32 = 64;
 
@@ -69,12 +76,16 @@ pub struct MatMulOptions<'a> {
     pub relu: bool,
     /// SIMT tiles 128 wide with 8×8 outputs per invocation: for dense products over
     /// thousands of rows with at least 128 outputs per row (never split along k). `None`
-    /// leaves it to the adapter (CPU adapters take them for 128 outputs or more, GPUs the
-    /// 64-wide tiles). The tensor-core tiles choose their size from the product's width.
+    /// leaves it to the adapter (GPUs take the 64-wide tiles; CPU adapters without tiles of
+    /// their own the 128-wide ones for 128 outputs or more). The tensor-core tiles choose
+    /// their size from the product's width, and CPU adapters with 8-lane subgroups run their
+    /// own tiles (`matmul_cpu.wgsl`, never split) whatever this says.
     pub big_tiles: Option<bool>,
-    /// A CPU adapter runs the GPU's SIMT tiles (as `big_tiles` picks) instead of its own:
-    /// for tests and benchmarks of those tiles there.
-    pub gpu_tiles: bool,
+    /// The CPU adapters' own tiles (`matmul_cpu.wgsl`, never split): `None` leaves it to the
+    /// adapter (CPU adapters with 8-lane subgroups take them for products of at least
+    /// [`CPU_TILES_FROM`] weights); `Some` forces them on (where the adapter has them) or off
+    /// (tests and benchmarks of the other tiles there).
+    pub cpu_tiles: Option<bool>,
 }
 
 /// `Y = X · Wᵀ` over all tokens of a step (prompt processing).
@@ -111,9 +122,13 @@ impl MatMul {
             _ => 1,
         };
         let tensor_cores = gpu.caps().cooperative_matrix;
-        let cpu = !opts.gpu_tiles && !tensor_cores && super::cpu_tiles(gpu);
+        let cpu = !tensor_cores
+            && super::cpu_tiles(gpu)
+            && opts
+                .cpu_tiles
+                .unwrap_or(w.rows.saturating_mul(w.cols) >= CPU_TILES_FROM);
         // The tensor-core tiles pick their own size; the SIMT ones decode blocks only into the
-        // 64-wide tile. A CPU adapter without its own tiles takes the big tile for dense
+        // 64-wide tile. A CPU adapter not on its own tiles takes the big tile for dense
         // products at least a tile wide: its barriers and workgroup-memory loads cost more
         // than the rows a big tile computes for nothing (lavapipe, `bench-gemm`: 1500×384×384
         // from 582 to 301 ms).

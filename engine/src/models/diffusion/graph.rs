@@ -312,7 +312,7 @@ impl<'a, 'w> Builder<'a, 'w> {
                 conv,
                 relu,
                 big_tiles: Some(rows.div_ceil(128) * w.rows.div_ceil(128) >= BIG_TILES_FROM),
-                gpu_tiles: false,
+                cpu_tiles: None,
             },
         )?;
         self.push(move |rec| mm.encode(rec, rows));
