@@ -28,17 +28,6 @@ const ROW: u32 = 33u;
 var<workgroup> xs: array<vec4<f32>, 528>;
 var<workgroup> ws: array<vec4<f32>, 528>;
 
-// For a convolution: the top-left input pixel of output row `row`.
-fn corner(row: u32) -> vec2<i32> {
-#if CONV
-    return vec2<i32>(
-        i32((row / cv.out_w) * cv.stride) - i32(cv.pad),
-        i32((row % cv.out_w) * cv.stride) - i32(cv.pad));
-#else
-    return vec2<i32>(0);
-#endif
-}
-
 // Stages X[m0 + mm][col] (zero outside the product; for a convolution, tap `tap` = (ky, kx,
 // channel) from the corner (cy, cx)).
 fn stage_x(m0: u32, mm: u32, col: u32, cy: i32, cx: i32, tap: vec3<u32>) {

@@ -16,17 +16,6 @@
 const SR: u32 = 32u;
 const SC: u32 = 32u;
 
-// For a convolution: the top-left input pixel of output row `row`.
-fn corner(row: u32) -> vec2<i32> {
-#if CONV
-    return vec2<i32>(
-        i32((row / cv.out_w) * cv.stride) - i32(cv.pad),
-        i32((row % cv.out_w) * cv.stride) - i32(cv.pad));
-#else
-    return vec2<i32>(0);
-#endif
-}
-
 // Where k index `col` reads a convolution's input: channel, tap column, tap row. Carried from
 // step to step rather than divided out of `col`: a CPU adapter divides lane by lane.
 struct Tap {

@@ -55,6 +55,17 @@ struct Conv {
 
 #endif
 
+// For a convolution: the top-left input pixel of output row `row`.
+fn corner(row: u32) -> vec2<i32> {
+#if CONV
+    return vec2<i32>(
+        i32((row / cv.out_w) * cv.stride) - i32(cv.pad),
+        i32((row % cv.out_w) * cv.stride) - i32(cv.pad));
+#else
+    return vec2<i32>(0);
+#endif
+}
+
 fn epilogue(sum: f32, row: u32, col: u32) -> f32 {
     var v = sum;
 #if BIAS
