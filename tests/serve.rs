@@ -130,7 +130,9 @@ async fn serves_openai_shapes_with_the_answers_of_generate() {
         "binds loopback by default: {}",
         server.address_line
     );
-    let client = reqwest::Client::new();
+    let client = backpack_engine::http::client_builder()
+        .build()
+        .expect("HTTP client");
     let url = |path: &str| format!("{}{path}", server.base);
 
     let models: Value = client
@@ -308,7 +310,9 @@ async fn serves_openai_shapes_with_the_answers_of_generate() {
     assert_eq!(e["error"]["param"], "presence_penalty");
     let huge = format!("{{\"prompt\": \"{}\"}}", "a".repeat(5 << 20));
     // Its own connection: the server closes it without reading the rest of the body.
-    let r = reqwest::Client::new()
+    let r = backpack_engine::http::client_builder()
+        .build()
+        .expect("HTTP client")
         .post(url("/v1/completions"))
         .header("content-type", "application/json")
         .body(huge)
@@ -337,7 +341,9 @@ async fn serves_openai_shapes_with_the_answers_of_generate() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn keys_queues_concurrency_and_cancellation() {
     let server = start(&["--api-key", "s3cret", "--queue", "2"]);
-    let client = reqwest::Client::new();
+    let client = backpack_engine::http::client_builder()
+        .build()
+        .expect("HTTP client");
     let url = format!("{}/v1/completions", server.base);
     let ask = |max: u32, stream: bool| json!({"prompt": PROMPT, "temperature": 0, "max_tokens": max, "stream": stream});
     let r = client
@@ -513,7 +519,9 @@ async fn transcriptions_and_images_match_the_cli() {
         "--model",
         sd.to_str().expect("utf-8"),
     ]);
-    let client = reqwest::Client::new();
+    let client = backpack_engine::http::client_builder()
+        .build()
+        .expect("HTTP client");
     let url = |path: &str| format!("{}{path}", server.base);
     let models: Value = client
         .get(url("/v1/models"))

@@ -9,6 +9,7 @@
 
 pub mod audio;
 pub mod gpu;
+pub mod http;
 pub mod hub;
 pub mod load;
 pub mod models;

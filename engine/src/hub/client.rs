@@ -1,11 +1,11 @@
-//! Talking to the hub: search and repo info through `hf-hub`, the file listing (sizes and LFS
-//! hashes) and file bodies over plain HTTP.
+//! Talking to the hub over its HTTP API: search, repo info, the file listing (sizes and LFS
+//! hashes) and file bodies. Four JSON-or-bytes requests on reqwest; the `hf-hub` crate would
+//! add its storage client (about 75 crates, minutes of every cold build) for two of them.
 
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::Duration;
 
-use futures_util::StreamExt;
 use serde::Deserialize;
 
 use super::{HubError, safe_relative_path, valid_repo_id};
@@ -87,6 +87,32 @@ pub fn quant_variants(files: &[RepoFile]) -> Vec<(String, Vec<RepoFile>)> {
     out
 }
 
+/// The fields of `/api/models` and `/api/models/{repo}/revision/{rev}` answers this client uses.
+#[derive(Deserialize)]
+struct ModelInfo {
+    #[serde(default, alias = "modelId")]
+    id: String,
+    #[serde(default)]
+    sha: Option<String>,
+    #[serde(default)]
+    downloads: Option<u64>,
+    #[serde(default)]
+    likes: Option<u64>,
+    #[serde(default)]
+    pipeline_tag: Option<String>,
+    /// `false`, or the kind of gate (`"auto"`, `"manual"`).
+    #[serde(default)]
+    gated: Option<serde_json::Value>,
+}
+
+impl ModelInfo {
+    fn gated(&self) -> bool {
+        self.gated
+            .as_ref()
+            .is_some_and(|g| !matches!(g, serde_json::Value::Bool(false) | serde_json::Value::Null))
+    }
+}
+
 #[derive(Deserialize)]
 struct TreeEntry {
     #[serde(rename = "type")]
@@ -111,7 +137,6 @@ pub struct HubClient {
     endpoint: String,
     token: Option<String>,
     http: reqwest::Client,
-    hf: hf_hub::HFClient,
 }
 
 impl HubClient {
@@ -136,26 +161,17 @@ impl HubClient {
             .or_else(|| std::env::var("HF_TOKEN").ok())
             .filter(|t| !t.trim().is_empty());
         let invalid = |e: &dyn std::fmt::Display| HubError::Invalid(format!("HTTP client: {e}"));
-        let http = reqwest::Client::builder()
+        let http = crate::http::client_builder()
             .user_agent(concat!("backpack/", env!("CARGO_PKG_VERSION")))
             .connect_timeout(Duration::from_secs(15))
             // A stalled transfer is noticed and retried (resuming), however large the file.
             .read_timeout(read_timeout)
             .build()
             .map_err(|e| invalid(&e))?;
-        let mut builder = hf_hub::HFClient::builder()
-            .endpoint(endpoint.clone())
-            .client(http.clone())
-            .cache_enabled(false);
-        if let Some(t) = &token {
-            builder = builder.token(t.clone());
-        }
-        let hf = builder.build().map_err(|e| invalid(&e))?;
         Ok(Self {
             endpoint,
             token,
             http,
-            hf,
         })
     }
 
@@ -167,50 +183,25 @@ impl HubClient {
         self.token.is_some()
     }
 
-    fn hf_error(&self, what: &str, e: hf_hub::HFError) -> HubError {
-        use hf_hub::HFError as E;
-        match e {
-            E::RepoNotFound { .. } | E::RevisionNotFound { .. } | E::EntryNotFound { .. } => {
-                HubError::NotFound { what: what.into() }
-            }
-            E::AuthRequired { .. } => HubError::Gated { repo: what.into() },
-            other => HubError::Http {
-                url: self.endpoint.clone(),
-                status: None,
-                message: other.to_string(),
-            },
-        }
-    }
-
     /// Models whose id (or card) matches `text`, most downloaded first.
     pub async fn search(&self, text: &str, limit: usize) -> Result<Vec<ModelSummary>, HubError> {
-        let stream = self
-            .hf
-            .list_models()
-            .search(text.to_owned())
-            .sort("downloads".to_owned())
-            .limit(limit)
-            .send()
-            .map_err(|e| self.hf_error("the search", e))?;
-        let mut stream = std::pin::pin!(stream);
-        let mut out = Vec::new();
-        while let Some(item) = stream.next().await {
-            let info = item.map_err(|e| self.hf_error("the search", e))?;
-            out.push(ModelSummary {
+        let url = format!(
+            "{}/api/models?search={}&sort=downloads&direction=-1&limit={limit}",
+            self.endpoint,
+            percent_encode(text)
+        );
+        let found: Vec<ModelInfo> = self.get_json(&url, "the search").await?;
+        Ok(found
+            .into_iter()
+            .take(limit)
+            .map(|info| ModelSummary {
+                gated: info.gated(),
                 id: info.id,
                 downloads: info.downloads,
                 likes: info.likes,
                 pipeline_tag: info.pipeline_tag,
-                gated: info
-                    .gated
-                    .as_ref()
-                    .is_some_and(|g| !matches!(g, serde_json::Value::Bool(false))),
-            });
-            if out.len() >= limit {
-                break;
-            }
-        }
-        Ok(out)
+            })
+            .collect())
     }
 
     /// The files of `repo` at `revision` (a branch, tag or commit), pinned to its commit.
@@ -220,24 +211,23 @@ impl HubClient {
                 "{repo:?} is not a repo id (expected owner/name)"
             )));
         }
-        let (owner, name) = repo.split_once('/').unwrap_or((repo, repo));
-        let info = self
-            .hf
-            .model(owner, name)
-            .info()
-            .revision(revision.to_owned())
-            .send()
-            .await
-            .map_err(|e| self.hf_error(repo, e))?;
+        let info_url = format!(
+            "{}/api/models/{repo}/revision/{}",
+            self.endpoint,
+            percent_encode(revision)
+        );
+        let info: ModelInfo = self.get_json(&info_url, repo).await.map_err(|e| match e {
+            HubError::NotFound { .. } => HubError::NotFound {
+                what: format!("{repo} at {revision}"),
+            },
+            other => other,
+        })?;
         let commit = info.sha.clone().ok_or_else(|| HubError::Http {
             url: format!("{}/api/models/{repo}", self.endpoint),
             status: None,
             message: "the hub did not say which commit this is".into(),
         })?;
-        let gated = info
-            .gated
-            .as_ref()
-            .is_some_and(|g| !matches!(g, serde_json::Value::Bool(false)));
+        let gated = info.gated();
         let url = format!(
             "{}/api/models/{repo}/tree/{commit}?recursive=true",
             self.endpoint

@@ -2,9 +2,9 @@
 //! hashes, downloads that resume and verify, the local model library, and "will it fit" checks
 //! made before a byte is fetched.
 //!
-//! Metadata and search go through `hf-hub`; file bodies are streamed with `reqwest` directly,
-//! since a download here must resume from a partial file (HTTP Range), be paused and cancelled,
-//! report its speed, and be verified against the hub's hashes before it gets its final name.
+//! Metadata, search and file bodies go through the hub's HTTP API on `reqwest`: a download here
+//! must resume from a partial file (HTTP Range), be paused and cancelled, report its speed, and
+//! be verified against the hub's hashes before it gets its final name.
 
 mod catalog;
 mod client;

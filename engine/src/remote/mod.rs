@@ -129,7 +129,7 @@ pub struct RemoteClient {
 
 impl RemoteClient {
     pub fn new(endpoint: Endpoint) -> Result<Self, RemoteError> {
-        let http = reqwest::Client::builder()
+        let http = crate::http::client_builder()
             .user_agent(concat!("backpack/", env!("CARGO_PKG_VERSION")))
             .connect_timeout(Duration::from_secs(15))
             // The stream's own watch (which names the stall) fires first; this one guards
