@@ -13,7 +13,7 @@ use backpack_engine::gpu::{Gpu, Recorder, StorageBuffer, UniformBuffer};
 use backpack_engine::load::quant::dequantize;
 use backpack_engine::load::{GgmlType, RopeScaling, RopeSpec};
 use backpack_engine::ops::*;
-use common::{Rng, assert_close, gpu, product_gpus, product_input, round_f16};
+use common::{Rng, assert_close, gpu, own_gpu, product_gpus, product_input, round_f16};
 
 const DTYPES: [WeightDType; 2] = [WeightDType::F32, WeightDType::F16];
 
@@ -163,18 +163,35 @@ enum Variant {
     Residual,
 }
 
+// A test (and a device) per weight type, so that the test threads share the shader compilation.
 #[test]
-fn matvec_matches_cpu() {
-    matvec_parity(&gpu());
+fn matvec_f32_matches_cpu() {
+    matvec_parity(&own_gpu(), WeightDType::F32);
 }
 
 #[test]
-fn matvec_without_subgroups_matches_cpu() {
-    let gpu = gpu();
+fn matvec_f16_matches_cpu() {
+    matvec_parity(&own_gpu(), WeightDType::F16);
+}
+
+fn matvec_without_subgroups_parity(dtype: WeightDType) {
+    let gpu = own_gpu();
     if !gpu.caps().subgroups {
-        eprintln!("this adapter has no subgroups: the fallback already ran in matvec_matches_cpu");
+        eprintln!(
+            "this adapter has no subgroups: the fallback already ran in matvec_*_matches_cpu"
+        );
     }
-    matvec_parity(&gpu.without_subgroups());
+    matvec_parity(&gpu.without_subgroups(), dtype);
+}
+
+#[test]
+fn matvec_f32_without_subgroups_matches_cpu() {
+    matvec_without_subgroups_parity(WeightDType::F32);
+}
+
+#[test]
+fn matvec_f16_without_subgroups_matches_cpu() {
+    matvec_without_subgroups_parity(WeightDType::F16);
 }
 
 /// Layouts the decode-product tests force besides the chosen one: few lanes with several rows
@@ -241,7 +258,7 @@ const MATVEC_LAYOUTS: [MatVecLayout; 6] = [
     },
 ];
 
-fn matvec_parity(gpu: &Gpu) {
+fn matvec_parity(gpu: &Gpu, dtype: WeightDType) {
     let gpu = gpu.clone();
     let mut rng = Rng::new(1);
     // Rows past 16 KiB (k = 4100, 8200, 4999) stream x instead of staging it; 4999 is odd.
@@ -267,109 +284,104 @@ fn matvec_parity(gpu: &Gpu) {
         Variant::GeluErfBias,
         Variant::Residual,
     ];
-    for dtype in DTYPES {
-        for (si, &(n, k)) in shapes.iter().enumerate() {
-            for (vi, variant) in variants.into_iter().enumerate() {
-                // Each shape meets the forced layouts over its variants.
-                let layout = MATVEC_LAYOUTS[(si + vi) % MATVEC_LAYOUTS.len()];
-                let glu = matches!(variant, Variant::Glu | Variant::GeGlu);
-                let rows = if glu { 2 * n } else { n };
-                let w = rng.vec(rows * k, 1.0);
-                // Three token rows: the kernel must use the last.
-                let tokens = 3;
-                let x = rng.vec(tokens * k, 2.0);
-                let last = &x[(tokens - 1) * k..];
-                let bias = rng.vec(rows, 1.0);
-                let gain = rng.vec(k, 1.0);
-                let shift = rng.vec(k, 0.5);
-                let y0 = rng.vec(n, 1.0);
-                let eps = 1e-5;
-                let wm = Matrix::from_f32(&gpu, "w", &w, rows as u32, k as u32, dtype).expect("w");
-                let (xb, yb) = (buf(&gpu, &x), buf(&gpu, &y0));
-                let (bb, gb, sb) = (buf(&gpu, &bias), buf(&gpu, &gain), buf(&gpu, &shift));
-                let st = step(&gpu, 0, tokens as u32);
-                let opts = MatVecOptions {
-                    norm: match variant {
-                        Variant::Rms => Some((NormKind::Rms, &gb, None, eps)),
-                        Variant::LayerBias => Some((NormKind::Layer, &gb, Some(&sb), eps)),
-                        _ => None,
-                    },
-                    bias: matches!(
-                        variant,
-                        Variant::Bias
-                            | Variant::LayerBias
-                            | Variant::GeluBias
-                            | Variant::GeluErfBias
-                    )
-                    .then_some(&bb),
-                    glu,
-                    gelu: match variant {
-                        Variant::GeluBias | Variant::GeGlu => Some(Gelu::Tanh),
-                        Variant::GeluErfBias => Some(Gelu::Erf),
-                        _ => None,
-                    },
-                    residual: matches!(variant, Variant::Residual),
-                    combine: None,
-                    layout,
-                };
-                let op = MatVec::new(&gpu, &wm, &xb, &yb, &st, opts).expect("matvec");
-                let mut rec = Recorder::new(&gpu);
-                op.encode(&mut rec);
-                rec.submit();
-                let got = read(&gpu, &yb, n);
+    for (si, &(n, k)) in shapes.iter().enumerate() {
+        for (vi, variant) in variants.into_iter().enumerate() {
+            // Each shape meets the forced layouts over its variants.
+            let layout = MATVEC_LAYOUTS[(si + vi) % MATVEC_LAYOUTS.len()];
+            let glu = matches!(variant, Variant::Glu | Variant::GeGlu);
+            let rows = if glu { 2 * n } else { n };
+            let w = rng.vec(rows * k, 1.0);
+            // Three token rows: the kernel must use the last.
+            let tokens = 3;
+            let x = rng.vec(tokens * k, 2.0);
+            let last = &x[(tokens - 1) * k..];
+            let bias = rng.vec(rows, 1.0);
+            let gain = rng.vec(k, 1.0);
+            let shift = rng.vec(k, 0.5);
+            let y0 = rng.vec(n, 1.0);
+            let eps = 1e-5;
+            let wm = Matrix::from_f32(&gpu, "w", &w, rows as u32, k as u32, dtype).expect("w");
+            let (xb, yb) = (buf(&gpu, &x), buf(&gpu, &y0));
+            let (bb, gb, sb) = (buf(&gpu, &bias), buf(&gpu, &gain), buf(&gpu, &shift));
+            let st = step(&gpu, 0, tokens as u32);
+            let opts = MatVecOptions {
+                norm: match variant {
+                    Variant::Rms => Some((NormKind::Rms, &gb, None, eps)),
+                    Variant::LayerBias => Some((NormKind::Layer, &gb, Some(&sb), eps)),
+                    _ => None,
+                },
+                bias: matches!(
+                    variant,
+                    Variant::Bias | Variant::LayerBias | Variant::GeluBias | Variant::GeluErfBias
+                )
+                .then_some(&bb),
+                glu,
+                gelu: match variant {
+                    Variant::GeluBias | Variant::GeGlu => Some(Gelu::Tanh),
+                    Variant::GeluErfBias => Some(Gelu::Erf),
+                    _ => None,
+                },
+                residual: matches!(variant, Variant::Residual),
+                combine: None,
+                layout,
+            };
+            let op = MatVec::new(&gpu, &wm, &xb, &yb, &st, opts).expect("matvec");
+            let mut rec = Recorder::new(&gpu);
+            op.encode(&mut rec);
+            rec.submit();
+            let got = read(&gpu, &yb, n);
 
-                let hw = host_weights(&w, dtype);
-                let xin = match variant {
-                    Variant::Rms => rms_norm(last, &gain, eps),
-                    Variant::LayerBias => layer_norm(last, &gain, &shift, eps),
-                    _ => last.to_vec(),
-                };
-                let (mut want, mag) = matvec_ref(&hw, &xin, rows, k);
-                let mut scale = mag[..n].to_vec();
-                match variant {
-                    Variant::Bias | Variant::LayerBias => {
-                        want.iter_mut().zip(&bias).for_each(|(v, b)| *v += b)
-                    }
-                    Variant::GeluErfBias => want
-                        .iter_mut()
-                        .zip(&bias)
-                        .for_each(|(v, b)| *v = gelu_erf(*v + b)),
-                    Variant::GeluBias => want
-                        .iter_mut()
-                        .zip(&bias)
-                        .for_each(|(v, b)| *v = gelu_tanh(*v + b)),
-                    Variant::Residual => want.iter_mut().zip(&y0).for_each(|(v, r)| *v += r),
-                    Variant::Glu => {
-                        let (gate, up) = want.split_at(n);
-                        let combined: Vec<f32> =
-                            gate.iter().zip(up).map(|(g, u)| silu(*g) * u).collect();
-                        // Error of silu(g)·u: |u|·δg + |silu(g)|·δu, δ ∝ Σ|terms|.
-                        scale = (0..n)
-                            .map(|i| up[i].abs() * mag[i] + silu(gate[i]).abs() * mag[n + i])
-                            .collect();
-                        want = combined;
-                    }
-                    Variant::GeGlu => {
-                        let (gate, up) = want.split_at(n);
-                        let combined: Vec<f32> = gate
-                            .iter()
-                            .zip(up)
-                            .map(|(g, u)| gelu_tanh(*g) * u)
-                            .collect();
-                        // gelu's slope is below 1.13.
-                        scale = (0..n)
-                            .map(|i| {
-                                1.13 * up[i].abs() * mag[i] + gelu_tanh(gate[i]).abs() * mag[n + i]
-                            })
-                            .collect();
-                        want = combined;
-                    }
-                    _ => {}
+            let hw = host_weights(&w, dtype);
+            let xin = match variant {
+                Variant::Rms => rms_norm(last, &gain, eps),
+                Variant::LayerBias => layer_norm(last, &gain, &shift, eps),
+                _ => last.to_vec(),
+            };
+            let (mut want, mag) = matvec_ref(&hw, &xin, rows, k);
+            let mut scale = mag[..n].to_vec();
+            match variant {
+                Variant::Bias | Variant::LayerBias => {
+                    want.iter_mut().zip(&bias).for_each(|(v, b)| *v += b)
                 }
-                want.truncate(n);
-                let what = format!("matvec {dtype:?} {variant:?} n={n} k={k} {layout:?}");
-                assert_close(&what, &got, &want, &scale, 1e-5, 2e-5);
+                Variant::GeluErfBias => want
+                    .iter_mut()
+                    .zip(&bias)
+                    .for_each(|(v, b)| *v = gelu_erf(*v + b)),
+                Variant::GeluBias => want
+                    .iter_mut()
+                    .zip(&bias)
+                    .for_each(|(v, b)| *v = gelu_tanh(*v + b)),
+                Variant::Residual => want.iter_mut().zip(&y0).for_each(|(v, r)| *v += r),
+                Variant::Glu => {
+                    let (gate, up) = want.split_at(n);
+                    let combined: Vec<f32> =
+                        gate.iter().zip(up).map(|(g, u)| silu(*g) * u).collect();
+                    // Error of silu(g)·u: |u|·δg + |silu(g)|·δu, δ ∝ Σ|terms|.
+                    scale = (0..n)
+                        .map(|i| up[i].abs() * mag[i] + silu(gate[i]).abs() * mag[n + i])
+                        .collect();
+                    want = combined;
+                }
+                Variant::GeGlu => {
+                    let (gate, up) = want.split_at(n);
+                    let combined: Vec<f32> = gate
+                        .iter()
+                        .zip(up)
+                        .map(|(g, u)| gelu_tanh(*g) * u)
+                        .collect();
+                    // gelu's slope is below 1.13.
+                    scale = (0..n)
+                        .map(|i| {
+                            1.13 * up[i].abs() * mag[i] + gelu_tanh(gate[i]).abs() * mag[n + i]
+                        })
+                        .collect();
+                    want = combined;
+                }
+                _ => {}
             }
+            want.truncate(n);
+            let what = format!("matvec {dtype:?} {variant:?} n={n} k={k} {layout:?}");
+            assert_close(&what, &got, &want, &scale, 1e-5, 2e-5);
         }
     }
 }
@@ -1764,115 +1776,141 @@ const QUANT_TYPES: [GgmlType; 8] = [
 ];
 
 /// Fused dequantize + product (decode) for every block format, plain, with a fused RMSNorm,
-/// and as the gate/up pair of SwiGLU, against the CPU dequantizer and an f32 product.
-#[test]
-fn quantized_matvec_matches_cpu_dequantize() {
-    let gpu = gpu();
-    let mut rng = Rng::new(21);
-    let mut int8_runs = 0;
-    for ty in QUANT_TYPES {
-        // Rows not a multiple of the rows per workgroup; 4864 columns stream x instead of staging;
-        // 33,001 rows are enough for the few-lanes-per-row shuffle reduction (SGX) on adapters
-        // with a fixed subgroup size, lavapipe included.
-        for &(n, k) in &[
-            (37usize, 256usize),
-            (5, 768),
-            (9, 4864),
-            (33_001, 256),
-            (49_153, 576),
-        ] {
-            // 576 (SmolLM2-135M's width, a tied LM head's rows) is no whole number of K blocks.
-            if k % ty.block_elems() != 0 {
-                continue;
-            }
-            // The small shapes run every forced layout (K-quant pairs need at most k / 64 lanes).
-            let layouts = if n * k < 10_000 {
-                &MATVEC_LAYOUTS[..]
+/// and as the gate/up pair of SwiGLU, against the CPU dequantizer and an f32 product. A test
+/// and a device per format, so that the test threads share the work of compiling its many
+/// shader variants (most of this binary's time on a software adapter with an empty shader
+/// cache). The flag says whether the format has an integer form: then most layouts take int8
+/// inputs, otherwise none may.
+macro_rules! quantized_matvec_tests {
+    ($($name:ident: $ty:expr, $int8:expr;)*) => {$(
+        #[test]
+        fn $name() {
+            let int8_runs = quantized_matvec_parity($ty);
+            if $int8 {
+                assert!(int8_runs >= 4, "int8 products ran {int8_runs} times");
             } else {
-                &MATVEC_LAYOUTS[..1]
-            };
-            for (variant, &layout) in [Variant::Plain, Variant::Rms, Variant::Glu]
-                .into_iter()
-                .flat_map(|v| layouts.iter().map(move |l| (v, l)))
-            {
-                if n > 1000 && !matches!(variant, Variant::Rms) {
-                    continue;
-                }
-                let glu = matches!(variant, Variant::Glu);
-                let rows = if glu { 2 * n } else { n };
-                let blocks = random_blocks(&mut rng, ty, rows, k);
-                let mut w = vec![0.0f32; rows * k];
-                dequantize(ty, &blocks, &mut w);
-                // One to three token rows: the kernel must take the last.
-                let tokens = 1 + n % 3;
-                let x_rows = rng.vec(tokens * k, 2.0);
-                let x = x_rows[(tokens - 1) * k..].to_vec();
-                let gain = rng.vec(k, 1.0);
-                let wm =
-                    Matrix::from_blocks(&gpu, "w", ty, &blocks, rows as u32, k as u32).expect("w");
-                let (xb, yb, gb) = (
-                    buf(&gpu, &x_rows),
-                    gpu.storage("y", n as u64 * 4).expect("y"),
-                    buf(&gpu, &gain),
-                );
-                let st = step(&gpu, 0, tokens as u32);
-                let op = MatVec::new(
-                    &gpu,
-                    &wm,
-                    &xb,
-                    &yb,
-                    &st,
-                    MatVecOptions {
-                        norm: matches!(variant, Variant::Rms).then_some((
-                            NormKind::Rms,
-                            &gb,
-                            None,
-                            1e-5,
-                        )),
-                        glu,
-                        layout,
-                        ..Default::default()
-                    },
-                )
-                .expect("matvec");
-                let mut rec = Recorder::new(&gpu);
-                op.encode(&mut rec);
-                rec.submit();
-                let got = read(&gpu, &yb, n);
-                let xin = if matches!(variant, Variant::Rms) {
-                    rms_norm(&x, &gain, 1e-5)
-                } else {
-                    x.clone()
-                };
-                int8_runs += usize::from(op.takes_int8());
-                let (all, mag) = if op.takes_int8() {
-                    matvec_ref_int8(&w, &xin, rows, k)
-                } else {
-                    matvec_ref(&w, &xin, rows, k)
-                };
-                let (want, scale): (Vec<f32>, Vec<f32>) = if glu {
-                    (0..n)
-                        .map(|i| {
-                            let (g, u) = (all[i], all[n + i]);
-                            (silu(g) * u, u.abs() * mag[i] + silu(g).abs() * mag[n + i])
-                        })
-                        .unzip()
-                } else {
-                    (all, mag)
-                };
-                assert_close(
-                    &format!("quantized matvec {ty:?} {variant:?} n={n} k={k} {layout:?}"),
-                    &got,
-                    &want,
-                    &scale,
-                    1e-5,
-                    2e-5,
-                );
+                assert_eq!(int8_runs, 0, "a format without an integer form took int8 inputs");
             }
         }
+    )*};
+}
+
+quantized_matvec_tests! {
+    quantized_matvec_q8_0_matches_cpu_dequantize: GgmlType::Q8_0, true;
+    quantized_matvec_q4_0_matches_cpu_dequantize: GgmlType::Q4_0, true;
+    quantized_matvec_q4_1_matches_cpu_dequantize: GgmlType::Q4_1, true;
+    quantized_matvec_q5_0_matches_cpu_dequantize: GgmlType::Q5_0, false;
+    quantized_matvec_q5_1_matches_cpu_dequantize: GgmlType::Q5_1, false;
+    quantized_matvec_q4k_matches_cpu_dequantize: GgmlType::Q4K, true;
+    quantized_matvec_q5k_matches_cpu_dequantize: GgmlType::Q5K, true;
+    quantized_matvec_q6k_matches_cpu_dequantize: GgmlType::Q6K, true;
+}
+
+/// Every shape, layout and fused variant for one block format; returns how many products took
+/// int8 inputs.
+fn quantized_matvec_parity(ty: GgmlType) -> usize {
+    let gpu = own_gpu();
+    let mut rng = Rng::new(21 + ty as u64);
+    let mut int8_runs = 0;
+    // Rows not a multiple of the rows per workgroup; 4864 columns stream x instead of staging;
+    // 33,001 rows are enough for the few-lanes-per-row shuffle reduction (SGX) on adapters
+    // with a fixed subgroup size, lavapipe included.
+    for &(n, k) in &[
+        (37usize, 256usize),
+        (5, 768),
+        (9, 4864),
+        (33_001, 256),
+        (49_153, 576),
+    ] {
+        // 576 (SmolLM2-135M's width, a tied LM head's rows) is no whole number of K blocks.
+        if k % ty.block_elems() != 0 {
+            continue;
+        }
+        // The small shapes run every forced layout (K-quant pairs need at most k / 64 lanes).
+        let layouts = if n * k < 10_000 {
+            &MATVEC_LAYOUTS[..]
+        } else {
+            &MATVEC_LAYOUTS[..1]
+        };
+        for (variant, &layout) in [Variant::Plain, Variant::Rms, Variant::Glu]
+            .into_iter()
+            .flat_map(|v| layouts.iter().map(move |l| (v, l)))
+        {
+            if n > 1000 && !matches!(variant, Variant::Rms) {
+                continue;
+            }
+            let glu = matches!(variant, Variant::Glu);
+            let rows = if glu { 2 * n } else { n };
+            let blocks = random_blocks(&mut rng, ty, rows, k);
+            let mut w = vec![0.0f32; rows * k];
+            dequantize(ty, &blocks, &mut w);
+            // One to three token rows: the kernel must take the last.
+            let tokens = 1 + n % 3;
+            let x_rows = rng.vec(tokens * k, 2.0);
+            let x = x_rows[(tokens - 1) * k..].to_vec();
+            let gain = rng.vec(k, 1.0);
+            let wm = Matrix::from_blocks(&gpu, "w", ty, &blocks, rows as u32, k as u32).expect("w");
+            let (xb, yb, gb) = (
+                buf(&gpu, &x_rows),
+                gpu.storage("y", n as u64 * 4).expect("y"),
+                buf(&gpu, &gain),
+            );
+            let st = step(&gpu, 0, tokens as u32);
+            let op = MatVec::new(
+                &gpu,
+                &wm,
+                &xb,
+                &yb,
+                &st,
+                MatVecOptions {
+                    norm: matches!(variant, Variant::Rms).then_some((
+                        NormKind::Rms,
+                        &gb,
+                        None,
+                        1e-5,
+                    )),
+                    glu,
+                    layout,
+                    ..Default::default()
+                },
+            )
+            .expect("matvec");
+            let mut rec = Recorder::new(&gpu);
+            op.encode(&mut rec);
+            rec.submit();
+            let got = read(&gpu, &yb, n);
+            let xin = if matches!(variant, Variant::Rms) {
+                rms_norm(&x, &gain, 1e-5)
+            } else {
+                x.clone()
+            };
+            int8_runs += usize::from(op.takes_int8());
+            let (all, mag) = if op.takes_int8() {
+                matvec_ref_int8(&w, &xin, rows, k)
+            } else {
+                matvec_ref(&w, &xin, rows, k)
+            };
+            let (want, scale): (Vec<f32>, Vec<f32>) = if glu {
+                (0..n)
+                    .map(|i| {
+                        let (g, u) = (all[i], all[n + i]);
+                        (silu(g) * u, u.abs() * mag[i] + silu(g).abs() * mag[n + i])
+                    })
+                    .unzip()
+            } else {
+                (all, mag)
+            };
+            assert_close(
+                &format!("quantized matvec {ty:?} {variant:?} n={n} k={k} {layout:?}"),
+                &got,
+                &want,
+                &scale,
+                1e-5,
+                2e-5,
+            );
+        }
     }
-    // Every format with an integer form, in most layouts.
-    assert!(int8_runs >= 5 * 4, "int8 products ran {int8_runs} times");
+    int8_runs
 }
 
 /// Quantized weights in the prompt product: tiles dequantized into workgroup memory.

@@ -18,6 +18,13 @@ pub fn gpu() -> Gpu {
     .clone()
 }
 
+/// A device of its own, for a test that compiles many shader variants no other test uses:
+/// lavapipe compiles one pipeline at a time per device, so tests on one shared device wait for
+/// each other's compilations however many test threads run.
+pub fn own_gpu() -> Gpu {
+    Gpu::headless(None).expect("a GPU adapter (lavapipe in CI) is required for these tests")
+}
+
 /// The devices a prompt-product test runs on: the shared one, and where that one takes the
 /// tensor-core tiles, the same device on the SIMT tiles first. With `BACKPACK_REQUIRE_COOP=1`
 /// an adapter without tensor-core tiles fails the test, so a run on such a GPU cannot quietly
