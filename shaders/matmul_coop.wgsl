@@ -5,43 +5,68 @@ enable wgpu_cooperative_matrix;
 // f16 inputs, f32 accumulation. A workgroup is four subgroups in a 2×2 grid; each subgroup
 // owns WM×WN fragments of 16×16 outputs, so a tile is 32·WM rows by 32·WN columns. Each
 // 32-deep k step stages X (converted to f16) and W (f16, f32 or block-quantized, decoded as
-// it is staged) in workgroup memory, then every subgroup multiplies its fragments out of it.
+// it is staged) in workgroup memory, eight values to a store, then every subgroup multiplies
+// its fragments out of it.
 // The accumulators leave through workgroup memory, one fragment at a time, so the epilogue
 // of matmul_io.wgsl and the row and column bounds apply to each output as in the SIMT tiles.
 //
 // Defines: WM, WN (fragments per subgroup along m and n), SG (the subgroup
 // size, fixed on the adapters this path runs on), TM (= 32·WM), TN (= 32·WN), XN and WG (see
-// below), WRAW (dense f16 weights, staged as loaded), and those of matmul_io.wgsl.
+// below), WRAW (dense f16 weights, staged as loaded), and those of matmul_io.wgsl (XV: X read
+// as vec4 words, two 16-byte loads for eight values where k is a multiple of 4).
 
 const BK: u32 = 32u;
+const THREADS: u32 = 4u * {{SG}}u;
+// Staging: invocation `tid` loads eight consecutive k (k0 + 8·(tid % 4)) of X rows
+// tid / 4 + RSTEP·i (XN of them, XN = TM / RSTEP) and of W rows tid / 4 + RSTEP·j (WG of
+// them, WG = TN / RSTEP), and stores each eight as two units.
+const RSTEP: u32 = THREADS / 4u;
+
+// The staged tiles hold f16 values four to a unit, so that eight values go to workgroup
+// memory in two stores; the fragment loads count offsets and strides in units. (Packed u32
+// words, one store per eight values, fail to compile as fragment sources on NVIDIA's driver.)
+const UNIT: u32 = 4u;
 // Staged rows are BK + 8 halves (80 bytes): whole 16-byte words for the fragment loads, and
 // consecutive rows start in different memory banks.
-const LDS: u32 = 40u;
-const THREADS: u32 = 4u * {{SG}}u;
-// Staging: invocation `tid` loads k = tid % BK of rows tid / BK + RSTEP·i (XN of them, XN =
-// TM / RSTEP), and WG groups of eight k of W rows, four invocations to a row (WG = TN·4 /
-// THREADS).
-const RSTEP: u32 = THREADS / BK;
+const LDU: u32 = 40u / UNIT;
 
 // [m][k] and [n][k]: X fragments load row-major, W fragments column-major (W is Bᵀ).
-var<workgroup> xs: array<f16, {{TM}} * 40>;
-var<workgroup> ws: array<f16, {{TN}} * 40>;
+var<workgroup> xs: array<vec4<f16>, {{TM}} * LDU>;
+var<workgroup> ws: array<vec4<f16>, {{TN}} * LDU>;
 // One 16×16 fragment per subgroup on its way through the epilogue.
 var<workgroup> outs: array<f32, 1024>;
 
-fn to_f16(v: f32) -> f16 {
+fn to_f16(v: vec4<f32>) -> vec4<f16> {
     // Saturate rather than overflow to infinity.
-    return f16(clamp(v, -65504.0, 65504.0));
+    return vec4<f16>(clamp(v, vec4<f32>(-65504.0), vec4<f32>(65504.0)));
 }
 
 fn f16_pair(word: u32) -> vec2<f16> {
     return vec2<f16>(unpack2x16float(word));
 }
 
+// Stores eight values (k order) at eight-value step `at` of a tile (units 2·at and 2·at + 1).
+fn stage_x(at: u32, lo: vec4<f32>, hi: vec4<f32>) {
+    xs[2u * at] = to_f16(lo);
+    xs[2u * at + 1u] = to_f16(hi);
+}
+
+fn stage_w(at: u32, lo: vec4<f32>, hi: vec4<f32>) {
+    ws[2u * at] = to_f16(lo);
+    ws[2u * at + 1u] = to_f16(hi);
+}
+
+// Eight f16 weights as stored (four words).
+fn stage_w_raw(at: u32, word: vec4<u32>) {
+    ws[2u * at] = vec4<f16>(f16_pair(word.x), f16_pair(word.y));
+    ws[2u * at + 1u] = vec4<f16>(f16_pair(word.z), f16_pair(word.w));
+}
+
 // The next k step's tiles, loaded while the current one is multiplied. Named registers, not
 // arrays (see `#for` in engine/src/gpu/shader.rs).
 #for i in 0..XN
-var<private> xr{{i}}: f32;
+var<private> xlo{{i}}: vec4<f32>;
+var<private> xhi{{i}}: vec4<f32>;
 #endfor
 #for j in 0..WG
 #if WRAW
@@ -58,23 +83,97 @@ var<private> corner{{i}}: vec2<i32>;
 #endfor
 #endif
 
-// X[row][col] (zero outside the product); for a convolution `tap` is (ky, kx, channel) of
-// column `col` and `corner` the row's top-left input pixel.
-fn x_at(row: u32, col: u32, k_end: u32, corner: vec2<i32>, tap: vec3<i32>) -> f32 {
+struct Eight {
+    lo: vec4<f32>,
+    hi: vec4<f32>,
+}
+
 #if CONV
+// A convolution column's tap: (ky, kx, input channel).
+fn tap_of(col: u32) -> vec3<i32> {
+    let t = col / cv.cin;
+    return vec3<i32>(i32(t / cv.ksize), i32(t % cv.ksize), i32(col % cv.cin));
+}
+
+// The tap of the next column (channels first, then kx, then ky).
+fn tap_next(t: vec3<i32>) -> vec3<i32> {
+    var r = t + vec3<i32>(0, 0, 1);
+    if (r.z == i32(cv.cin)) {
+        r.z = 0;
+        r.y += 1;
+        if (r.y == i32(cv.ksize)) {
+            r.y = 0;
+            r.x += 1;
+        }
+    }
+    return r;
+}
+
+// X[row][col] of a convolution: the input pixel under tap `tap` of the row's window (zero
+// outside the input and past k).
+fn x_conv(row: u32, col: u32, k_end: u32, corner: vec2<i32>, tap: vec3<i32>) -> f32 {
     let iy = corner.x + tap.x;
     let ix = corner.y + tap.y;
     let inside = iy >= 0 && ix >= 0 && iy < i32(cv.in_h << cv.up) && ix < i32(cv.in_w << cv.up);
     if (row < step.n_tokens && col < k_end && inside) {
         return x[((u32(iy) >> cv.up) * cv.in_w + (u32(ix) >> cv.up)) * cv.cin + u32(tap.z)];
     }
-#else
-    if (row < step.n_tokens && col < k_end) {
-        return x[row * p.k + col];
-    }
-#endif
     return 0.0;
 }
+
+// Eight consecutive values of an implicit-product row from column `col`, whose taps are `t0`…
+fn x_eight(row: u32, col: u32, k_end: u32, corner: vec2<i32>, t0: vec3<i32>) -> Eight {
+    let t1 = tap_next(t0);
+    let t2 = tap_next(t1);
+    let t3 = tap_next(t2);
+    let t4 = tap_next(t3);
+    let t5 = tap_next(t4);
+    let t6 = tap_next(t5);
+    let t7 = tap_next(t6);
+    return Eight(
+        vec4<f32>(x_conv(row, col, k_end, corner, t0), x_conv(row, col + 1u, k_end, corner, t1),
+                  x_conv(row, col + 2u, k_end, corner, t2), x_conv(row, col + 3u, k_end, corner, t3)),
+        vec4<f32>(x_conv(row, col + 4u, k_end, corner, t4), x_conv(row, col + 5u, k_end, corner, t5),
+                  x_conv(row, col + 6u, k_end, corner, t6), x_conv(row, col + 7u, k_end, corner, t7)));
+}
+#else
+#if !XV
+fn x_one(at: u32, col: u32, k_end: u32) -> f32 {
+    if (col < k_end) {
+        return x[at];
+    }
+    return 0.0;
+}
+#endif
+
+// Eight consecutive values of row `row` of X from column `col` (zero outside the product).
+fn x_eight(row: u32, col: u32, k_end: u32) -> Eight {
+    var out = Eight(vec4<f32>(0.0), vec4<f32>(0.0));
+    if (row < step.n_tokens) {
+        let at = row * p.k + col;
+#if XV
+        // Slices of k are whole 32-value steps, so a row ends on a four or an eight.
+        if (col + 7u < k_end) {
+            out = Eight(xv[at / 4u], xv[at / 4u + 1u]);
+        } else if (col + 3u < k_end) {
+            out.lo = xv[at / 4u];
+        }
+#else
+        if (col + 7u < k_end) {
+            out = Eight(vec4<f32>(x[at], x[at + 1u], x[at + 2u], x[at + 3u]),
+                        vec4<f32>(x[at + 4u], x[at + 5u], x[at + 6u], x[at + 7u]));
+        } else {
+            out = Eight(
+                vec4<f32>(x_one(at, col, k_end), x_one(at + 1u, col + 1u, k_end),
+                          x_one(at + 2u, col + 2u, k_end), x_one(at + 3u, col + 3u, k_end)),
+                vec4<f32>(x_one(at + 4u, col + 4u, k_end), x_one(at + 5u, col + 5u, k_end),
+                          x_one(at + 6u, col + 6u, k_end), x_one(at + 7u, col + 7u, k_end)));
+        }
+#endif
+    }
+    return out;
+}
+#endif
 
 #if WRAW
 // Eight f16 weights of row `row` from column `kc` as they are stored.
@@ -84,78 +183,46 @@ fn w_raw(row: u32, kc: u32, k_end: u32) -> vec4<u32> {
     }
     return vec4<u32>(0u);
 }
-
-fn stage_raw(at: u32, word: vec4<u32>) {
-    let h0 = f16_pair(word.x);
-    let h1 = f16_pair(word.y);
-    let h2 = f16_pair(word.z);
-    let h3 = f16_pair(word.w);
-    ws[at] = h0.x;
-    ws[at + 1u] = h0.y;
-    ws[at + 2u] = h1.x;
-    ws[at + 3u] = h1.y;
-    ws[at + 4u] = h2.x;
-    ws[at + 5u] = h2.y;
-    ws[at + 6u] = h3.x;
-    ws[at + 7u] = h3.y;
-}
 #else
-struct W8 {
-    lo: vec4<f32>,
-    hi: vec4<f32>,
-}
-
 // Eight weights of row `row` from column `kc`, decoded to f32.
-fn w_eight(row: u32, kc: u32, k_end: u32) -> W8 {
-    var out = W8(vec4<f32>(0.0), vec4<f32>(0.0));
+fn w_eight(row: u32, kc: u32, k_end: u32) -> Eight {
+    var out = Eight(vec4<f32>(0.0), vec4<f32>(0.0));
     if (row < p.n && kc < k_end) {
 #if QUANT
         let pair = q_pair(row, kc / 32u, p.q_scales, (kc % 32u) / 4u);
-        out = W8(pair.a, pair.b);
+        out = Eight(pair.a, pair.b);
 #else
-        out = W8(w[row * p.row_vecs + kc / 4u], w[row * p.row_vecs + kc / 4u + 1u]);
+        out = Eight(w[row * p.row_vecs + kc / 4u], w[row * p.row_vecs + kc / 4u + 1u]);
 #endif
     }
     return out;
-}
-
-fn stage_eight(at: u32, lo: vec4<f32>, hi: vec4<f32>) {
-    ws[at] = to_f16(lo.x);
-    ws[at + 1u] = to_f16(lo.y);
-    ws[at + 2u] = to_f16(lo.z);
-    ws[at + 3u] = to_f16(lo.w);
-    ws[at + 4u] = to_f16(hi.x);
-    ws[at + 5u] = to_f16(hi.y);
-    ws[at + 6u] = to_f16(hi.z);
-    ws[at + 7u] = to_f16(hi.w);
 }
 #endif
 
 // Loads the X and W values this invocation stages for the k step from `k0` into registers.
 fn fetch(k0: u32, k_end: u32, m0: u32, n0: u32, tid: u32) {
-    let col = k0 + tid % BK;
-    let r0 = m0 + tid / BK;
+    let kc = k0 + (tid % 4u) * 8u;
+    let r0 = tid / 4u;
 #if CONV
-    let t = col / cv.cin;
-    let tap = vec3<i32>(i32(t / cv.ksize), i32(t % cv.ksize), i32(col % cv.cin));
-#else
-    let tap = vec3<i32>(0);
+    let tap = tap_of(kc);
 #endif
 #for i in 0..XN
+    {
 #if CONV
-    xr{{i}} = x_at(r0 + {{i}}u * RSTEP, col, k_end, corner{{i}}, tap);
+        let e = x_eight(m0 + r0 + {{i}}u * RSTEP, kc, k_end, corner{{i}}, tap);
 #else
-    xr{{i}} = x_at(r0 + {{i}}u * RSTEP, col, k_end, vec2<i32>(0), tap);
+        let e = x_eight(m0 + r0 + {{i}}u * RSTEP, kc, k_end);
 #endif
+        xlo{{i}} = e.lo;
+        xhi{{i}} = e.hi;
+    }
 #endfor
-    let kc = k0 + (tid % 4u) * 8u;
-    let w0 = n0 + tid / 4u;
 #for j in 0..WG
 #if WRAW
-    wr{{j}} = w_raw(w0 + {{j}}u * (THREADS / 4u), kc, k_end);
+    wr{{j}} = w_raw(n0 + r0 + {{j}}u * RSTEP, kc, k_end);
 #else
     {
-        let e = w_eight(w0 + {{j}}u * (THREADS / 4u), kc, k_end);
+        let e = w_eight(n0 + r0 + {{j}}u * RSTEP, kc, k_end);
         wlo{{j}} = e.lo;
         whi{{j}} = e.hi;
     }
@@ -165,16 +232,16 @@ fn fetch(k0: u32, k_end: u32, m0: u32, n0: u32, tid: u32) {
 
 // Writes the fetched values to the staged tiles as f16.
 fn stage(tid: u32) {
-    let x0 = (tid / BK) * LDS + tid % BK;
+    // In eight-value steps: a staged row is five of them (LDU units); step tid % 4 of row tid / 4.
+    let at = (tid / 4u) * 5u + tid % 4u;
 #for i in 0..XN
-    xs[x0 + {{i}}u * RSTEP * LDS] = to_f16(xr{{i}});
+    stage_x(at + {{i}}u * RSTEP * 5u, xlo{{i}}, xhi{{i}});
 #endfor
-    let w0 = (tid / 4u) * LDS + (tid % 4u) * 8u;
 #for j in 0..WG
 #if WRAW
-    stage_raw(w0 + {{j}}u * (THREADS / 4u) * LDS, wr{{j}});
+    stage_w_raw(at + {{j}}u * RSTEP * 5u, wr{{j}});
 #else
-    stage_eight(w0 + {{j}}u * (THREADS / 4u) * LDS, wlo{{j}}, whi{{j}});
+    stage_w(at + {{j}}u * RSTEP * 5u, wlo{{j}}, whi{{j}});
 #endif
 #endfor
 }
@@ -222,11 +289,7 @@ fn main(
 #endfor
 #if CONV
 #for i in 0..XN
-    {
-        let row = m0 + tid / BK + {{i}}u * RSTEP;
-        corner{{i}} = vec2<i32>(i32((row / cv.out_w) * cv.stride) - i32(cv.pad),
-                                i32((row % cv.out_w) * cv.stride) - i32(cv.pad));
-    }
+    corner{{i}} = corner(m0 + tid / 4u + {{i}}u * RSTEP);
 #endfor
 #endif
     fetch(k_begin, k_end, m0, n0, tid);
@@ -240,10 +303,10 @@ fn main(
 #for s in 0..2
         {
 #for i in 0..WM
-            let a{{i}} = coopLoadT<coop_mat16x16<f16, A>>(&xs[(sm + {{i}}u * 16u) * LDS + {{s}}u * 16u], LDS);
+            let a{{i}} = coopLoadT<coop_mat16x16<f16, A>>(&xs[(sm + {{i}}u * 16u) * LDU + {{s}}u * (16u / UNIT)], LDU);
 #endfor
 #for j in 0..WN
-            let b{{j}} = coopLoad<coop_mat16x16<f16, B>>(&ws[(sn + {{j}}u * 16u) * LDS + {{s}}u * 16u], LDS);
+            let b{{j}} = coopLoad<coop_mat16x16<f16, B>>(&ws[(sn + {{j}}u * 16u) * LDU + {{s}}u * (16u / UNIT)], LDU);
 #for i in 0..WM
             acc{{i}}_{{j}} = coopMultiplyAdd(a{{i}}, b{{j}}, acc{{i}}_{{j}});
 #endfor

@@ -3,24 +3,33 @@
 // pass that sums k slices.
 //
 // Defines: F16, BIAS, GELU (tanh form), GELU_ERF, QUICK_GELU, RESIDUAL (Y += ...), RELU (after
-// the residual), SPLIT_K, CONV, QUANT (weights bound by quant.wgsl).
+// the residual), SPLIT_K, CONV, QUANT (weights bound by quant.wgsl), XV (X bound as vec4
+// words).
 
 struct Params {
     n: u32,
     k: u32,
     row_vecs: u32,
-    // k slices of the split product (the reduce pass reads them all).
+    // The most k slices of the split product.
     slices: u32,
     // Quantized weights: word offset of the block scales (see quant.wgsl).
     q_scales: u32,
-    _pad0: u32,
-    _pad1: u32,
-    _pad2: u32,
+    // Output tiles along n, rows of a tile, and the workgroups a split aims for: `reduce`
+    // finds how many slices the product's dispatch had (MatMul::slices_for).
+    col_tiles: u32,
+    tile_rows: u32,
+    target_workgroups: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<uniform> step: Step;
+#if XV
+// X as vec4 words (the tensor-core tiles, where k is a multiple of 4 and X no convolution's
+// input): eight values in two 16-byte loads.
+@group(0) @binding(2) var<storage, read> xv: array<vec4<f32>>;
+#else
 @group(0) @binding(2) var<storage, read> x: array<f32>;
+#endif
 #if !QUANT
 #if F16
 @group(0) @binding(3) var<storage, read> w: array<vec4<u32>>;
@@ -100,8 +109,10 @@ fn reduce(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups
     if (id >= total) {
         return;
     }
+    let tiles = max(p.col_tiles * ((step.n_tokens + p.tile_rows - 1u) / p.tile_rows), 1u);
+    let slices = clamp((p.target_workgroups + tiles - 1u) / tiles, 1u, p.slices);
     var sum = 0.0;
-    for (var z = 0u; z < p.slices; z++) {
+    for (var z = 0u; z < slices; z++) {
         sum += scratch[z * total + id];
     }
     y[id] = epilogue(sum, id / p.n, id % p.n);

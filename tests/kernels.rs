@@ -416,6 +416,7 @@ fn matmul_parity(gpu: &Gpu) {
     // for products at least 128 wide, and the 64-wide ones (what GPUs without tensor cores
     // run). The SIMT tiles there take the three epilogue kinds (plain, bias with GELU,
     // residual): every variant runs on GPUs, and lavapipe is slow.
+    let mut fewer_slices = 0;
     let tile_choices: &[(Option<bool>, Option<bool>)] = if gpu.is_software() {
         &[
             (None, Some(true)),
@@ -430,6 +431,10 @@ fn matmul_parity(gpu: &Gpu) {
         .flat_map(|d| tile_choices.iter().map(move |&t| (d, t)))
     {
         let every_epilogue = (big_tiles, cpu_tiles) == tile_choices[0];
+        // A split product's dispatch takes fewer k slices the more output tiles it has, and
+        // the reduce pass must find the same count: the f16 runs aim for 4 workgroups, which
+        // gives these small products counts between one and the most.
+        let split_target = (dtype == WeightDType::F16).then_some(4);
         for &(m, n, k) in &shapes {
             for (bias_on, gelu, residual) in [
                 (false, None, false),
@@ -463,10 +468,13 @@ fn matmul_parity(gpu: &Gpu) {
                         split_scratch: Some((&scratch, m as u32)),
                         big_tiles,
                         cpu_tiles,
+                        split_target,
                         ..Default::default()
                     },
                 )
                 .expect("matmul");
+                let slices = op.slices_for(m as u32);
+                fewer_slices += usize::from(slices > 1 && slices < k_slices(n as u32, k as u32));
                 let mut rec = Recorder::new(&gpu);
                 op.encode(&mut rec, m as u32);
                 rec.submit();
@@ -497,13 +505,17 @@ fn matmul_parity(gpu: &Gpu) {
                     }
                 }
                 let what = format!(
-                    "matmul {dtype:?} m={m} n={n} k={k} slices={} bias={bias_on} gelu={gelu:?} residual={residual} tensor_cores={tc} big_tiles={big_tiles:?} cpu_tiles={cpu_tiles:?}",
+                    "matmul {dtype:?} m={m} n={n} k={k} slices={slices} of {} bias={bias_on} gelu={gelu:?} residual={residual} tensor_cores={tc} big_tiles={big_tiles:?} cpu_tiles={cpu_tiles:?}",
                     k_slices(n as u32, k as u32)
                 );
                 assert_close(&what, &got, &want, &scale, 1e-5, 2e-5);
             }
         }
     }
+    assert!(
+        fewer_slices > 0,
+        "no split product took fewer slices than its most"
+    );
 }
 
 #[test]

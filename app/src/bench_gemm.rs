@@ -31,6 +31,10 @@ pub struct BenchGemmArgs {
     /// On a CPU adapter, the GPU's SIMT tiles (as --big picks) instead of the CPU tiles.
     #[arg(long)]
     gpu_tiles: bool,
+    /// Workgroups a split product aims for (the engine's default: 256); a large value splits
+    /// every product as much as one of a single row tile.
+    #[arg(long)]
+    split_target: Option<u32>,
     /// Timed repetitions per shape (the median is reported).
     #[arg(long, default_value_t = 20)]
     runs: u32,
@@ -218,6 +222,7 @@ fn time_product(gpu: &Gpu, shape: &Shape, args: &BenchGemmArgs) -> Result<f64> {
             },
             big_tiles: Some(args.big),
             cpu_tiles: Some(!args.gpu_tiles),
+            split_target: args.split_target,
             ..Default::default()
         },
     )?;

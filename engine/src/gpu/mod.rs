@@ -15,6 +15,8 @@ pub use device::{
     Gpu, GpuCaps, GpuError, adapter_filter, device_descriptor, pick_adapter,
     required_features_and_limits,
 };
+#[cfg(test)]
+pub(crate) use pipelines::kernel_text;
 pub use pipelines::{Kernel, KernelKey};
 pub use profile::KernelTiming;
 pub(crate) use profile::Profiler;

@@ -63,12 +63,7 @@ impl Gpu {
             entry: key.entry.to_owned(),
             message,
         };
-        let body = preprocess(source, &key.defines).map_err(shader_error)?;
-        // WGSL wants `enable` directives before any declaration, COMMON's included.
-        let (enables, rest): (Vec<&str>, Vec<&str>) = body
-            .lines()
-            .partition(|line| line.trim_start().starts_with("enable "));
-        let text = format!("{}\n{COMMON}\n{}", enables.join("\n"), rest.join("\n"));
+        let text = kernel_text(source, &key.defines).map_err(shader_error)?;
         let label: Arc<str> = format!(
             "{}::{}[{}]",
             key.family,
@@ -117,4 +112,18 @@ impl Gpu {
 
 fn poisoned<T>(_: T) -> GpuError {
     GpuError::Device("pipeline cache lock poisoned".to_owned())
+}
+
+/// The WGSL a kernel is compiled from: `source` preprocessed with `defines`, after common.wgsl.
+pub(crate) fn kernel_text(source: &str, defines: &[(&str, String)]) -> Result<String, String> {
+    let body = preprocess(source, defines)?;
+    // WGSL wants `enable` directives before any declaration, COMMON's included.
+    let (enables, rest): (Vec<&str>, Vec<&str>) = body
+        .lines()
+        .partition(|line| line.trim_start().starts_with("enable "));
+    Ok(format!(
+        "{}\n{COMMON}\n{}",
+        enables.join("\n"),
+        rest.join("\n")
+    ))
 }

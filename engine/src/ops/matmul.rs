@@ -44,16 +44,20 @@ struct Params {
     row_vecs: u32,
     slices: u32,
     q_scales: u32,
-    _pad: [u32; 3],
+    // What `reduce` needs to find the slices of a dispatch (see `MatMul::slices_for`).
+    col_tiles: u32,
+    tile_rows: u32,
+    target_workgroups: u32,
 }
 
 /// Output tiles wanted in flight: enough to occupy a large GPU (an H100 has 132 SMs).
-const TARGET_WORKGROUPS: u32 = 256;
+pub const TARGET_WORKGROUPS: u32 = 256;
 /// Smallest k slice worth a workgroup of its own.
 const MIN_SLICE: u32 = 256;
 
-/// k slices for an `n`-wide product over `k` of at most one row tile: few output tiles are
-/// split along k so the GPU fills up.
+/// The most k slices an `n`-wide product over `k` takes (a prompt of at most one row tile):
+/// few output tiles are split along k so the GPU fills up. Longer prompts take fewer (see
+/// [`MatMul::slices_for`]).
 pub fn k_slices(n: u32, k: u32) -> u32 {
     let tiles = n.div_ceil(TILE);
     TARGET_WORKGROUPS
@@ -86,6 +90,9 @@ pub struct MatMulOptions<'a> {
     /// [`CPU_TILES_FROM`] weights); `Some` forces them on (where the adapter has them) or off
     /// (tests and benchmarks of the other tiles there).
     pub cpu_tiles: Option<bool>,
+    /// The workgroups a split product aims for (default [`TARGET_WORKGROUPS`]); tests lower it
+    /// to reach slice counts between one and the most on small products.
+    pub split_target: Option<u32>,
 }
 
 /// `Y = X · Wᵀ` over all tokens of a step (prompt processing).
@@ -95,7 +102,9 @@ pub struct MatMul {
     /// The pass that sums k slices, when the product is split.
     reduce: Option<(Kernel, wgpu::BindGroup)>,
     n: u32,
+    /// The most k slices, and the workgroups a split aims for.
     slices: u32,
+    split_target: u32,
     /// Output tile: rows, columns.
     tile: (u32, u32),
     tensor_cores: bool,
@@ -162,6 +171,11 @@ impl MatMul {
                 w.quant.is_none() && w.dtype == WeightDType::F16,
             ));
         }
+        // The tensor-core tiles bind X as vec4 words where its rows are whole words.
+        let x_words = tensor_cores && opts.conv.is_none() && w.cols.is_multiple_of(4);
+        if tensor_cores {
+            defines.push(flag("XV", x_words));
+        }
         defines.extend(gelu_flags(opts.gelu));
         defines.extend([
             flag("BIAS", opts.bias.is_some()),
@@ -189,6 +203,7 @@ impl MatMul {
             )));
         }
         let conv_params = opts.conv.map(|c| gpu.uniform("conv params", &c));
+        let split_target = opts.split_target.unwrap_or(TARGET_WORKGROUPS).max(1);
         let (family, source) = match (w.quant.is_some(), tensor_cores) {
             (true, _) if cpu => (
                 "matmul_cpu_q",
@@ -212,7 +227,9 @@ impl MatMul {
                 row_vecs: w.row_vecs(),
                 slices,
                 q_scales: w.q_scales(),
-                _pad: [0; 3],
+                col_tiles: w.rows.div_ceil(tile.1),
+                tile_rows: tile.0,
+                target_workgroups: split_target,
             },
         );
         let mut entries = vec![
@@ -258,6 +275,7 @@ impl MatMul {
             reduce,
             n: w.rows,
             slices,
+            split_target,
             tile,
             tensor_cores,
             _params: params,
@@ -279,6 +297,15 @@ impl MatMul {
         u64::from(slices) * u64::from(rows) * u64::from(n) * 4
     }
 
+    /// The k slices of a dispatch for `rows` rows: as many as bring the output tiles up to
+    /// the wanted workgroups, at most `slices`. Every slice's partial sums cross memory twice
+    /// (scratch, then `reduce`), so a prompt with tiles enough of its own splits less or not at
+    /// all. `reduce` in matmul_io.wgsl computes the same from its parameters.
+    pub fn slices_for(&self, rows: u32) -> u32 {
+        let tiles = (self.n.div_ceil(self.tile.1) * rows.div_ceil(self.tile.0)).max(1);
+        self.split_target.div_ceil(tiles).clamp(1, self.slices)
+    }
+
     /// Records the product for `n_tokens` rows (which must match the step uniform).
     pub fn encode(&self, rec: &mut Recorder<'_>, n_tokens: u32) {
         rec.dispatch_xyz(
@@ -287,7 +314,7 @@ impl MatMul {
             [
                 self.n.div_ceil(self.tile.1),
                 n_tokens.div_ceil(self.tile.0),
-                self.slices,
+                self.slices_for(n_tokens),
             ],
         );
         if let Some((kernel, group)) = &self.reduce {
@@ -307,8 +334,7 @@ fn coop_defines(gpu: &Gpu, n: u32) -> [(&'static str, String); 7] {
     } else {
         2
     };
-    // Four subgroups of `sg` stage a 32-deep k step: X in rows of 32 (sg / 8 rows at a time),
-    // W in groups of eight k (sg rows at a time).
+    // Four subgroups of `sg` stage a 32-deep k step in groups of eight k, sg rows at a time.
     let sg = gpu.caps().subgroup_min_size;
     [
         ("WM", wm.to_string()),
@@ -316,7 +342,89 @@ fn coop_defines(gpu: &Gpu, n: u32) -> [(&'static str, String); 7] {
         ("TM", (32 * wm).to_string()),
         ("TN", (32 * wn).to_string()),
         ("SG", sg.to_string()),
-        ("XN", (32 * wm * 8 / sg).to_string()),
+        ("XN", (32 * wm / sg).to_string()),
         ("WG", (32 * wn / sg).to_string()),
     ]
+}
+
+#[cfg(test)]
+mod tests {
+    use wgpu::naga;
+
+    use super::*;
+    use crate::load::GgmlType;
+
+    /// The tensor-core tiles only compile on adapters with cooperative matrices, which CI's
+    /// software adapter lacks: naga checks every variant here (parse, validation, SPIR-V).
+    #[test]
+    fn tensor_core_tiles_translate_in_every_variant() {
+        let dense =
+            [WeightDType::F32, WeightDType::F16].map(|d| (COOP_SOURCE.as_str(), d.defines()));
+        let quant = [
+            GgmlType::Q8_0,
+            GgmlType::Q4_1,
+            GgmlType::Q5_0,
+            GgmlType::Q4K,
+            GgmlType::Q6K,
+        ]
+        .map(|ty| {
+            let source = super::super::quant_source::QUANT_MATMUL_COOP.as_str();
+            (source, super::super::quant_defines(ty, 512))
+        });
+        let mut checked = 0;
+        for (source, base) in dense.iter().chain(&quant) {
+            let raw = base.iter().any(|(k, v)| *k == "F16" && v == "1");
+            for (wm, wn, split, conv) in [
+                (4, 4, false, false),
+                (4, 2, true, false),
+                (4, 4, false, true),
+                (4, 2, true, true),
+            ] {
+                let mut defines = base.clone();
+                defines.extend([
+                    ("WM", wm.to_string()),
+                    ("WN", wn.to_string()),
+                    ("TM", (32 * wm).to_string()),
+                    ("TN", (32 * wn).to_string()),
+                    ("SG", "32".to_string()),
+                    ("XN", wm.to_string()),
+                    ("WG", wn.to_string()),
+                    flag("WRAW", raw),
+                    flag("XV", !conv),
+                    flag("BIAS", true),
+                    flag("RESIDUAL", !split),
+                    flag("SPLIT_K", split),
+                    flag("CONV", conv),
+                    flag("RELU", false),
+                    flag("BIG", false),
+                ]);
+                defines.extend(gelu_flags(None));
+                let what = format!("{defines:?}");
+                let text = crate::gpu::kernel_text(source, &defines).expect(&what);
+                let module = naga::front::wgsl::parse_str(&text)
+                    .unwrap_or_else(|e| panic!("{what}: {}", e.emit_to_string(&text)));
+                let info = naga::valid::Validator::new(
+                    naga::valid::ValidationFlags::all(),
+                    naga::valid::Capabilities::all(),
+                )
+                .validate(&module)
+                .unwrap_or_else(|e| panic!("{what}: {}", e.emit_to_string(&text)));
+                for entry in ["main", "reduce"].into_iter().take(1 + usize::from(split)) {
+                    let pipeline = naga::back::spv::PipelineOptions {
+                        shader_stage: naga::ShaderStage::Compute,
+                        entry_point: entry.into(),
+                    };
+                    naga::back::spv::write_vec(
+                        &module,
+                        &info,
+                        &naga::back::spv::Options::default(),
+                        Some(&pipeline),
+                    )
+                    .unwrap_or_else(|e| panic!("{what} {entry}: {e}"));
+                }
+                checked += 1;
+            }
+        }
+        assert_eq!(checked, 7 * 4);
+    }
 }

@@ -226,22 +226,7 @@ impl Matrix {
     pub(crate) fn defines(&self) -> Vec<(&'static str, String)> {
         match self.quant {
             None => self.dtype.defines(),
-            Some((ty, _)) => vec![
-                ("QUANT", "1".into()),
-                (ty.name(), "1".into()),
-                // Families that share one decoding template in quant.wgsl.
-                (
-                    "Q5",
-                    u32::from(matches!(ty, GgmlType::Q5_0 | GgmlType::Q5_1)).to_string(),
-                ),
-                (
-                    "KQ",
-                    u32::from(matches!(ty, GgmlType::Q4K | GgmlType::Q5K)).to_string(),
-                ),
-                ("SUBS", (self.cols / 32).to_string()),
-                ("F16", "0".into()),
-                ("EPV", "4".into()),
-            ],
+            Some((ty, _)) => quant_defines(ty, self.cols),
         }
     }
 
@@ -249,6 +234,26 @@ impl Matrix {
     pub fn q_scales(&self) -> u32 {
         self.quant.map_or(0, |q| q.1)
     }
+}
+
+/// What quant.wgsl needs to know of blocks in format `ty` with rows of `cols` values.
+pub(crate) fn quant_defines(ty: GgmlType, cols: u32) -> Vec<(&'static str, String)> {
+    vec![
+        ("QUANT", "1".into()),
+        (ty.name(), "1".into()),
+        // Families that share one decoding template in quant.wgsl.
+        (
+            "Q5",
+            u32::from(matches!(ty, GgmlType::Q5_0 | GgmlType::Q5_1)).to_string(),
+        ),
+        (
+            "KQ",
+            u32::from(matches!(ty, GgmlType::Q4K | GgmlType::Q5K)).to_string(),
+        ),
+        ("SUBS", (cols / 32).to_string()),
+        ("F16", "0".into()),
+        ("EPV", "4".into()),
+    ]
 }
 
 /// Appends one row in `dtype`, zero-padded to `stride` elements.

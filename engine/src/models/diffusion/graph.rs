@@ -313,6 +313,7 @@ impl<'a, 'w> Builder<'a, 'w> {
                 relu,
                 big_tiles: Some(rows.div_ceil(128) * w.rows.div_ceil(128) >= BIG_TILES_FROM),
                 cpu_tiles: None,
+                split_target: None,
             },
         )?;
         self.push(move |rec| mm.encode(rec, rows));
