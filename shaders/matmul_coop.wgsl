@@ -2,21 +2,23 @@ enable f16;
 enable wgpu_cooperative_matrix;
 
 // The prompt product Y[m][n] = Σ_k X[m][k] · W[n][k] on tensor cores (cooperative matrices):
-// f16 inputs, f32 accumulation. A workgroup is four subgroups in a 2×2 grid; each subgroup
-// owns WM×WN fragments of 16×16 outputs, so a tile is 32·WM rows by 32·WN columns. Each
-// 32-deep k step stages X (converted to f16) and W (f16, f32 or block-quantized, decoded as
-// it is staged) in workgroup memory, eight values to a store, then every subgroup multiplies
-// its fragments out of it.
+// f16 inputs, f32 accumulation. A workgroup is GM×GN subgroups; each subgroup owns WM×WN
+// fragments of 16×16 outputs, so a tile is 16·WM·GM rows by 16·WN·GN columns. Each 32-deep
+// k step stages X (converted to f16) and W (f16, f32 or block-quantized, decoded as it is
+// staged) in workgroup memory, eight values to a store, then every subgroup multiplies its
+// fragments out of it.
 // The accumulators leave through workgroup memory, one fragment at a time, so the epilogue
 // of matmul_io.wgsl and the row and column bounds apply to each output as in the SIMT tiles.
 //
-// Defines: WM, WN (fragments per subgroup along m and n), SG (the subgroup
-// size, fixed on the adapters this path runs on), TM (= 32·WM), TN (= 32·WN), XN and WG (see
-// below), WRAW (dense f16 weights, staged as loaded), and those of matmul_io.wgsl (XV: X read
-// as vec4 words, two 16-byte loads for eight values where k is a multiple of 4).
+// Defines: GM, GN (the subgroup grid), WM, WN (fragments per subgroup along m and n), SG (the
+// subgroup size, fixed on the adapters this path runs on), TM (= 16·WM·GM), TN (= 16·WN·GN),
+// XN and WG (see below), WRAW (dense f16 weights, staged as loaded), and those of
+// matmul_io.wgsl (XV: X read as vec4 words, two 16-byte loads for eight values where k is a
+// multiple of 4).
 
 const BK: u32 = 32u;
-const THREADS: u32 = 4u * {{SG}}u;
+const SUBGROUPS: u32 = {{GM}}u * {{GN}}u;
+const THREADS: u32 = SUBGROUPS * {{SG}}u;
 // Staging: invocation `tid` loads eight consecutive k (k0 + 8·(tid % 4)) of X rows
 // tid / 4 + RSTEP·i (XN of them, XN = TM / RSTEP) and of W rows tid / 4 + RSTEP·j (WG of
 // them, WG = TN / RSTEP), and stores each eight as two units.
@@ -34,7 +36,7 @@ const LDU: u32 = 40u / UNIT;
 var<workgroup> xs: array<vec4<f16>, {{TM}} * LDU>;
 var<workgroup> ws: array<vec4<f16>, {{TN}} * LDU>;
 // One 16×16 fragment per subgroup on its way through the epilogue.
-var<workgroup> outs: array<f32, 1024>;
+var<workgroup> outs: array<f32, SUBGROUPS * 256u>;
 
 fn to_f16(v: vec4<f32>) -> vec4<f16> {
     // Saturate rather than overflow to infinity.
@@ -280,8 +282,8 @@ fn main(
     let sg = tid / {{SG}}u;
     let lane = tid % {{SG}}u;
     // This subgroup's corner inside the tile.
-    let sm = (sg / 2u) * 16u * {{WM}}u;
-    let sn = (sg % 2u) * 16u * {{WN}}u;
+    let sm = (sg / {{GN}}u) * 16u * {{WM}}u;
+    let sn = (sg % {{GN}}u) * 16u * {{WN}}u;
 #for i in 0..WM
 #for j in 0..WN
     var acc{{i}}_{{j}} = coop_mat16x16<f32, C>();
@@ -292,6 +294,8 @@ fn main(
     corner{{i}} = corner(m0 + tid / 4u + {{i}}u * RSTEP);
 #endfor
 #endif
+    // One staging buffer: a barrier after the products of a step and one after the staging of
+    // the next. (Two buffers, alternating with one barrier a step, ran slower on an H200.)
     fetch(k_begin, k_end, m0, n0, tid);
     for (var it = 0u; it < steps; it++) {
         stage(tid);

@@ -13,7 +13,10 @@ use backpack_engine::gpu::{Gpu, Recorder, StorageBuffer, UniformBuffer};
 use backpack_engine::load::quant::dequantize;
 use backpack_engine::load::{GgmlType, RopeScaling, RopeSpec};
 use backpack_engine::ops::*;
-use common::{Rng, assert_close, gpu, own_gpu, product_gpus, product_input, round_f16};
+use common::{
+    Rng, assert_close, attention_atol, coop_tiles, gpu, own_gpu, product_gpus, product_input,
+    round_f16,
+};
 
 const DTYPES: [WeightDType; 2] = [WeightDType::F32, WeightDType::F16];
 
@@ -417,20 +420,24 @@ fn matmul_parity(gpu: &Gpu) {
     // run). The SIMT tiles there take the three epilogue kinds (plain, bias with GELU,
     // residual): every variant runs on GPUs, and lavapipe is slow.
     let mut fewer_slices = 0;
-    let tile_choices: &[(Option<bool>, Option<bool>)] = if gpu.is_software() {
-        &[
-            (None, Some(true)),
-            (None, Some(false)),
-            (Some(false), Some(false)),
+    // A GPU with tensor cores runs every tile layout it can take.
+    let tile_choices: Vec<(Option<bool>, Option<bool>, Option<CoopTile>)> = if gpu.is_software() {
+        vec![
+            (None, Some(true), None),
+            (None, Some(false), None),
+            (Some(false), Some(false), None),
         ]
     } else {
-        &[(None, None)]
+        coop_tiles(&gpu)
+            .into_iter()
+            .map(|t| (None, None, t))
+            .collect()
     };
-    for (dtype, (big_tiles, cpu_tiles)) in DTYPES
+    for (dtype, (big_tiles, cpu_tiles, coop_tile)) in DTYPES
         .into_iter()
         .flat_map(|d| tile_choices.iter().map(move |&t| (d, t)))
     {
-        let every_epilogue = (big_tiles, cpu_tiles) == tile_choices[0];
+        let every_epilogue = (big_tiles, cpu_tiles, coop_tile) == tile_choices[0];
         // A split product's dispatch takes fewer k slices the more output tiles it has, and
         // the reduce pass must find the same count: the f16 runs aim for 4 workgroups, which
         // gives these small products counts between one and the most.
@@ -469,6 +476,7 @@ fn matmul_parity(gpu: &Gpu) {
                         big_tiles,
                         cpu_tiles,
                         split_target,
+                        coop_tile,
                         ..Default::default()
                     },
                 )
@@ -505,7 +513,7 @@ fn matmul_parity(gpu: &Gpu) {
                     }
                 }
                 let what = format!(
-                    "matmul {dtype:?} m={m} n={n} k={k} slices={slices} of {} bias={bias_on} gelu={gelu:?} residual={residual} tensor_cores={tc} big_tiles={big_tiles:?} cpu_tiles={cpu_tiles:?}",
+                    "matmul {dtype:?} m={m} n={n} k={k} slices={slices} of {} bias={bias_on} gelu={gelu:?} residual={residual} tensor_cores={tc} big_tiles={big_tiles:?} cpu_tiles={cpu_tiles:?} coop_tile={coop_tile:?}",
                     k_slices(n as u32, k as u32)
                 );
                 assert_close(&what, &got, &want, &scale, 1e-5, 2e-5);
@@ -994,6 +1002,8 @@ fn attention_matches_cpu() {
         (4, 2, 64, 37, 5, 50),
         (3, 3, 12, 70, 0, 75),
         (2, 1, 128, 19, 33, 60),
+        // Three blocks of 64 queries over four of 64 keys (tensor cores).
+        (2, 1, 32, 130, 70, 200),
     ];
     for dtype in DTYPES {
         for &(heads, kv_heads, hd, tokens, pos0, capacity) in &cases {
@@ -1013,18 +1023,19 @@ fn attention_matches_cpu() {
                 .expect("attention");
             let want = attention_ref(&inp, c);
             let ones = vec![1.0; want.len()];
-            // The per-query kernel and the query-block kernel (prompts of four or more use it).
-            for tiled in [false, true] {
+            // Every kernel a prompt can take: per query, query blocks (prompts of four or more
+            // use them), and on tensor cores blocks of 64 queries.
+            for kernel in op.kernels() {
                 let mut rec = Recorder::new(&gpu);
-                op.encode_with(&mut rec, pos0, tokens, tiled);
+                op.encode_with(&mut rec, pos0, tokens, kernel);
                 rec.submit();
                 let got = read(&gpu, &out, inp.q.len());
                 assert_close(
-                    &format!("attention {dtype:?} {c:?} tiled={tiled}"),
+                    &format!("attention {dtype:?} {c:?} {kernel:?}"),
                     &got,
                     &want,
                     &ones,
-                    2e-5,
+                    attention_atol(kernel, 2e-5),
                     0.0,
                 );
             }
@@ -1171,18 +1182,18 @@ fn windowed_attention_over_a_rolling_cache_matches_cpu() {
                     gpu.storage("out", q.len() as u64 * 4).expect("out"),
                 );
                 let op = Attention::new(&gpu, shape, &qb, &kb, &vb, &out, &st).expect("attention");
-                for tiled in [false, true] {
+                for kernel in op.kernels() {
                     let mut rec = Recorder::new(&gpu);
-                    op.encode_with(&mut rec, pos0, tokens, tiled);
+                    op.encode_with(&mut rec, pos0, tokens, kernel);
                     rec.submit();
                     let got = read(&gpu, &out, q.len());
                     let ones = vec![1.0; want.len()];
                     assert_close(
-                        &format!("{what} tiled={tiled}"),
+                        &format!("{what} {kernel:?}"),
                         &got,
                         &want,
                         &ones,
-                        2e-5,
+                        attention_atol(kernel, 2e-5),
                         0.0,
                     );
                 }
@@ -1960,12 +1971,13 @@ fn quantized_matmul_parity(gpu: &Gpu) {
                 .expect("scratch");
             let st = step(&gpu, 0, m as u32);
             // A CPU adapter's own tiles and the GPUs' 64-wide ones, each forced there.
-            let tile_modes: &[Option<bool>] = if gpu.is_software() {
-                &[Some(true), Some(false)]
+            // On tensor cores, every tile layout the adapter can take.
+            let tile_modes: Vec<(Option<bool>, Option<CoopTile>)> = if gpu.is_software() {
+                vec![(Some(true), None), (Some(false), None)]
             } else {
-                &[None]
+                coop_tiles(&gpu).into_iter().map(|t| (None, t)).collect()
             };
-            for &cpu_tiles in tile_modes {
+            for &(cpu_tiles, coop_tile) in &tile_modes {
                 let op = MatMul::new(
                     &gpu,
                     &wm,
@@ -1975,6 +1987,7 @@ fn quantized_matmul_parity(gpu: &Gpu) {
                     MatMulOptions {
                         split_scratch: Some((&scratch, m as u32)),
                         cpu_tiles,
+                        coop_tile,
                         ..Default::default()
                     },
                 )
@@ -1995,7 +2008,7 @@ fn quantized_matmul_parity(gpu: &Gpu) {
                 }
                 assert_close(
                     &format!(
-                        "quantized matmul {ty:?} m={m} n={n} k={k} tensor_cores={tc} cpu_tiles={cpu_tiles:?}"
+                        "quantized matmul {ty:?} m={m} n={n} k={k} tensor_cores={tc} cpu_tiles={cpu_tiles:?} coop_tile={coop_tile:?}"
                     ),
                     &got,
                     &want,

@@ -8,7 +8,7 @@ mod common;
 
 use backpack_engine::gpu::{Gpu, Recorder, StorageBuffer, UniformBuffer};
 use backpack_engine::ops::*;
-use common::{Rng, assert_close, gpu, product_gpus, round_f16};
+use common::{Rng, assert_close, attention_atol, coop_tiles, gpu, product_gpus, round_f16};
 
 fn step(gpu: &Gpu, n: u32) -> UniformBuffer {
     gpu.uniform("step", &StepParams::new(0, n))
@@ -155,12 +155,13 @@ fn convolution_parity(gpu: &Gpu) {
         let residual = rng.vec(rows * cout, 1.0);
         let want: Vec<f32> = want.iter().zip(&residual).map(|(a, b)| a + b).collect();
         // A CPU adapter's own tiles and the GPUs' SIMT ones, each forced there.
-        let tile_modes: &[Option<bool>] = if gpu.is_software() {
-            &[Some(true), Some(false)]
+        // On tensor cores, every tile layout the adapter can take.
+        let tile_modes: Vec<(Option<bool>, Option<CoopTile>)> = if gpu.is_software() {
+            vec![(Some(true), None), (Some(false), None)]
         } else {
-            &[None]
+            coop_tiles(&gpu).into_iter().map(|t| (None, t)).collect()
         };
-        for &cpu_tiles in tile_modes {
+        for &(cpu_tiles, coop_tile) in &tile_modes {
             let xb = buf(&gpu, &x);
             let bb = buf(&gpu, &bias);
             let yb = buf(&gpu, &residual);
@@ -177,6 +178,7 @@ fn convolution_parity(gpu: &Gpu) {
                     conv: Some(shape),
                     big_tiles: Some(big),
                     cpu_tiles,
+                    coop_tile,
                     ..Default::default()
                 },
             )
@@ -186,7 +188,7 @@ fn convolution_parity(gpu: &Gpu) {
             rec.submit();
             let got = read(&gpu, &yb, rows * cout);
             let what = format!(
-                "conv {h}×{w}×{cin}→{cout} k{k} s{stride} p{pad} up={up} big={big} cpu_tiles={cpu_tiles:?} {dtype:?} tensor_cores={}",
+                "conv {h}×{w}×{cin}→{cout} k{k} s{stride} p{pad} up={up} big={big} cpu_tiles={cpu_tiles:?} coop_tile={coop_tile:?} {dtype:?} tensor_cores={}",
                 mm.uses_tensor_cores()
             );
             assert_close(&what, &got, &want, &ones(want.len()), 1e-4, 1e-4);
@@ -476,7 +478,7 @@ fn causal_attention_matches_cpu() {
             &read(&gpu, &ob, tokens * d),
             &want,
             &ones(want.len()),
-            1e-4,
+            attention_atol(kernel, 1e-4),
             1e-4,
         );
     }

@@ -9,7 +9,8 @@ use anyhow::{Context, Result, bail};
 use backpack_engine::gpu::{Gpu, Recorder};
 use backpack_engine::load::quant::random_blocks;
 use backpack_engine::ops::{
-    Conv2dShape, MatMul, MatMulOptions, MatVec, MatVecOptions, Matrix, StepParams, WeightDType,
+    Conv2dShape, CoopTile, MatMul, MatMulOptions, MatVec, MatVecOptions, Matrix, StepParams,
+    WeightDType,
 };
 use clap::Args;
 
@@ -35,6 +36,11 @@ pub struct BenchGemmArgs {
     /// every product as much as one of a single row tile.
     #[arg(long)]
     split_target: Option<u32>,
+    /// Tensor-core tile layouts to time, each as GMxGN/WMxWN: a grid of subgroups and the
+    /// 16×16 fragments each owns (e.g. 2x2/4x4, 4x4/2x2). Defaults to the one the engine picks
+    /// for each product.
+    #[arg(long = "coop-tile")]
+    coop_tiles: Vec<CoopTile>,
     /// Timed repetitions per shape (the median is reported).
     #[arg(long, default_value_t = 20)]
     runs: u32,
@@ -118,14 +124,26 @@ pub fn run(args: BenchGemmArgs, adapter: Option<&str>) -> Result<()> {
     } else {
         "simt"
     };
-    let mut paths = vec![(simt, gpu.without_cooperative_matrix())];
+    // (label, device, tensor-core tile): the SIMT tiles unless tiles were named, then the
+    // tensor-core tiles the engine picks or each named one.
+    let mut paths: Vec<(String, Gpu, Option<CoopTile>)> = Vec::new();
+    if args.coop_tiles.is_empty() {
+        paths.push((simt.to_owned(), gpu.without_cooperative_matrix(), None));
+    }
     if gpu.caps().cooperative_matrix {
-        paths.push(("tensor cores", gpu.clone()));
+        if args.coop_tiles.is_empty() {
+            paths.push(("tensor cores".to_owned(), gpu.clone(), None));
+        }
+        for tile in &args.coop_tiles {
+            paths.push((format!("tensor cores {tile}"), gpu.clone(), Some(*tile)));
+        }
+    } else if !args.coop_tiles.is_empty() {
+        bail!("--coop-tile needs an adapter with cooperative matrices");
     }
     for text in &texts {
         let shape = Shape::parse(text)?;
-        for (name, gpu) in &paths {
-            let ms = time_product(gpu, &shape, &args)?;
+        for (name, gpu, tile) in &paths {
+            let ms = time_product(gpu, &shape, &args, *tile)?;
             let (m, n, k) = shape.mnk();
             let tflops = 2.0 * f64::from(m) * f64::from(n) * f64::from(k) / (ms * 1e-3) / 1e12;
             println!("{text:>22}  {name:<12}  {ms:8.3} ms  {tflops:9.3} TFLOP/s");
@@ -197,7 +215,12 @@ fn run_decode(gpu: &Gpu, args: &BenchGemmArgs) -> Result<()> {
     Ok(())
 }
 
-fn time_product(gpu: &Gpu, shape: &Shape, args: &BenchGemmArgs) -> Result<f64> {
+fn time_product(
+    gpu: &Gpu,
+    shape: &Shape,
+    args: &BenchGemmArgs,
+    coop_tile: Option<CoopTile>,
+) -> Result<f64> {
     let (m, n, k) = shape.mnk();
     let weights = weights(gpu, args.quant, n, k)?;
     let input_len = match shape {
@@ -223,6 +246,7 @@ fn time_product(gpu: &Gpu, shape: &Shape, args: &BenchGemmArgs) -> Result<f64> {
             big_tiles: Some(args.big),
             cpu_tiles: Some(!args.gpu_tiles),
             split_target: args.split_target,
+            coop_tile,
             ..Default::default()
         },
     )?;

@@ -44,6 +44,32 @@ pub fn product_gpus() -> Vec<Gpu> {
     }
 }
 
+/// The tensor-core tile layouts a product test runs on `gpu`: the engine's own choice, then,
+/// on adapters with tensor cores, the four-subgroup layouts it falls back to on adapters
+/// with smaller workgroups.
+pub fn coop_tiles(gpu: &Gpu) -> Vec<Option<backpack_engine::ops::CoopTile>> {
+    let mut tiles = vec![None];
+    if gpu.caps().cooperative_matrix {
+        for text in ["2x2/4x4", "2x2/4x2"] {
+            let tile: backpack_engine::ops::CoopTile = text.parse().expect("tile");
+            if tile.fits(gpu.caps()) {
+                tiles.push(Some(tile));
+            }
+        }
+    }
+    tiles
+}
+
+/// Absolute tolerance of an attention kernel's outputs: `exact` for the f32 kernels, and for
+/// the tensor-core kernel what f16 queries, keys, values and probabilities allow.
+pub fn attention_atol(kernel: backpack_engine::ops::AttentionKernel, exact: f32) -> f32 {
+    if kernel == backpack_engine::ops::AttentionKernel::TensorCores {
+        4e-3
+    } else {
+        exact
+    }
+}
+
 /// What a product's inputs become on the path it took: rounded to f16 on tensor cores.
 pub fn product_input(tensor_cores: bool, v: &[f32]) -> Vec<f32> {
     if tensor_cores {

@@ -122,12 +122,12 @@ fn offers_tensor_core_tiles(adapter: &wgpu::Adapter) -> bool {
 }
 
 /// The tensor-core tiles' layout: one fixed subgroup size of 16, 32 or 64 (four subgroups
-/// stage 32-deep k steps), and workgroup memory for the largest tile (two 128×40 f16 tiles and
-/// four 16×16 f32 fragments: 24 KiB).
+/// stage 32-deep k steps), and workgroup memory for the largest default tile (two 128×40 f16
+/// tiles and four 16×16 f32 fragments: 24 KiB).
 fn tile_layout_fits(info: &wgpu::AdapterInfo, workgroup_storage: u32) -> bool {
     info.subgroup_min_size == info.subgroup_max_size
         && [16, 32, 64].contains(&info.subgroup_min_size)
-        && workgroup_storage >= 24 * 1024
+        && workgroup_storage >= crate::ops::COOP_MIN_WORKGROUP_BYTES
 }
 
 /// `BACKPACK_MATMUL=simt`: prompt products keep the SIMT tiles even on tensor-core adapters.

@@ -1,5 +1,6 @@
 use bytemuck::{Pod, Zeroable};
 
+use super::attention_coop;
 use super::attention_cpu::CpuAttention;
 use super::{RopeTable, WeightDType, bind, flag};
 use crate::gpu::{Gpu, GpuError, Kernel, Recorder, StorageBuffer, UniformBuffer};
@@ -143,6 +144,8 @@ pub struct Attention {
     /// The query-block kernel for prompts (see attention.wgsl `tiled`); none for a split step
     /// or where its tiles do not fit the device's workgroup memory.
     tiled: Option<(Kernel, wgpu::BindGroup)>,
+    /// The tensor-core kernel for prompts, where the adapter and head size take it.
+    flash: Option<(Kernel, wgpu::BindGroup)>,
     block_queries: u32,
     heads: u32,
     window: Option<u32>,
@@ -261,11 +264,19 @@ impl Attention {
         } else {
             None
         };
+        let flash = if split.is_none() && attention_coop::fits(gpu, head_dim) {
+            let flash = attention_coop::kernel(gpu, &defines, head_dim)?;
+            let group = bind(gpu, &flash, &entries);
+            Some((flash, group))
+        } else {
+            None
+        };
         let bind_group = bind(gpu, &kernel, &entries);
         Ok(Self {
             kernel,
             bind_group,
             tiled,
+            flash,
             block_queries: bq,
             heads: shape.heads,
             window: shape.window,
@@ -277,14 +288,49 @@ impl Attention {
     /// Records attention for `n_tokens` queries starting at position `pos0` (which must match
     /// the step uniform). A split attention handles one token.
     pub fn encode(&self, rec: &mut Recorder<'_>, pos0: u32, n_tokens: u32) {
-        self.encode_with(rec, pos0, n_tokens, n_tokens >= TILED_FROM);
+        let kernel = if n_tokens < TILED_FROM {
+            AttentionKernel::PerQuery
+        } else if self.flash.is_some() {
+            AttentionKernel::TensorCores
+        } else {
+            AttentionKernel::QueryBlocks
+        };
+        self.encode_with(rec, pos0, n_tokens, kernel);
     }
 
-    /// As [`Attention::encode`], choosing whether a prompt runs on the query-block kernel
-    /// (tests cover both).
-    pub fn encode_with(&self, rec: &mut Recorder<'_>, pos0: u32, n_tokens: u32, tiled: bool) {
-        if let Some((kernel, group)) = self.tiled.as_ref().filter(|_| tiled) {
-            let blocks = n_tokens.div_ceil(self.block_queries);
+    /// The kernels a prompt can run on this adapter (tests cover each).
+    pub fn kernels(&self) -> Vec<AttentionKernel> {
+        let mut kernels = vec![AttentionKernel::PerQuery];
+        if self.tiled.is_some() {
+            kernels.push(AttentionKernel::QueryBlocks);
+        }
+        if self.flash.is_some() {
+            kernels.push(AttentionKernel::TensorCores);
+        }
+        kernels
+    }
+
+    /// As [`Attention::encode`] with the kernel chosen (one of [`Attention::kernels`]; any
+    /// other runs the per-query kernel, as a split attention always does).
+    pub fn encode_with(
+        &self,
+        rec: &mut Recorder<'_>,
+        pos0: u32,
+        n_tokens: u32,
+        kernel: AttentionKernel,
+    ) {
+        let blocks = match kernel {
+            AttentionKernel::TensorCores => self
+                .flash
+                .as_ref()
+                .map(|f| (f, n_tokens.div_ceil(attention_coop::QUERIES))),
+            AttentionKernel::QueryBlocks => self
+                .tiled
+                .as_ref()
+                .map(|t| (t, n_tokens.div_ceil(self.block_queries))),
+            AttentionKernel::PerQuery | AttentionKernel::Cpu => None,
+        };
+        if let Some(((kernel, group), blocks)) = blocks {
             rec.dispatch_xyz(kernel, group, [self.heads, blocks, 1]);
             return;
         }
@@ -332,6 +378,8 @@ pub struct FullAttention {
     bind_group: wgpu::BindGroup,
     /// The query-block kernel, for more than a few queries.
     tiled: (Kernel, wgpu::BindGroup),
+    /// The tensor-core kernel, where the adapter and head size take it (no mask).
+    flash: Option<(Kernel, wgpu::BindGroup)>,
     /// What CPU adapters run instead of the query-block kernel.
     cpu: Option<CpuAttention>,
     heads: u32,
@@ -454,11 +502,29 @@ impl FullAttention {
                 (5, &out.buffer),
             ],
         );
+        let flash = if !causal && attention_coop::fits(gpu, head_dim) {
+            let flash = attention_coop::kernel(gpu, &defines, head_dim)?;
+            let group = bind(
+                gpu,
+                &flash,
+                &[
+                    (0, &params.buffer),
+                    (1, &step.buffer),
+                    (2, &q.buffer),
+                    (3, &kv.buffer),
+                    (5, &out.buffer),
+                ],
+            );
+            Some((flash, group))
+        } else {
+            None
+        };
         let cpu = CpuAttention::new(gpu, &layout, (q, kv, out, step), causal)?;
         Ok(Self {
             kernel,
             bind_group,
             tiled: (tiled, tiled_group),
+            flash,
             cpu,
             heads,
             head_dim,
@@ -470,14 +536,16 @@ impl FullAttention {
     /// Records attention for `n_queries` query rows (which must match the step's n_tokens).
     pub fn encode(&self, rec: &mut Recorder<'_>, n_queries: u32) {
         let kernel = if n_queries < TILED_FROM {
-            FullKernel::PerQuery
+            AttentionKernel::PerQuery
         } else if self.cpu.is_some() {
-            FullKernel::Cpu
+            AttentionKernel::Cpu
         } else if self.causal {
             // The query-block kernel has no mask; causal attention is for short prompts anyway.
-            FullKernel::PerQuery
+            AttentionKernel::PerQuery
+        } else if self.flash.is_some() {
+            AttentionKernel::TensorCores
         } else {
-            FullKernel::QueryBlocks
+            AttentionKernel::QueryBlocks
         };
         self.encode_with(rec, n_queries, kernel);
     }
@@ -487,22 +555,29 @@ impl FullAttention {
     }
 
     /// The kernels this attention can run on its adapter (tests cover each).
-    pub fn kernels(&self) -> Vec<FullKernel> {
-        let mut kernels = vec![FullKernel::PerQuery];
+    pub fn kernels(&self) -> Vec<AttentionKernel> {
+        let mut kernels = vec![AttentionKernel::PerQuery];
         if !self.causal {
-            kernels.push(FullKernel::QueryBlocks);
+            kernels.push(AttentionKernel::QueryBlocks);
         }
         if self.cpu.is_some() {
-            kernels.push(FullKernel::Cpu);
+            kernels.push(AttentionKernel::Cpu);
+        }
+        if self.flash.is_some() {
+            kernels.push(AttentionKernel::TensorCores);
         }
         kernels
     }
 
     /// As [`FullAttention::encode`] with the kernel chosen (one of [`FullAttention::kernels`]).
-    pub fn encode_with(&self, rec: &mut Recorder<'_>, n_queries: u32, kernel: FullKernel) {
-        match (kernel, &self.cpu) {
-            (FullKernel::Cpu, Some(cpu)) => cpu.encode(rec, n_queries),
-            (FullKernel::QueryBlocks | FullKernel::Cpu, _) if !self.causal => {
+    pub fn encode_with(&self, rec: &mut Recorder<'_>, n_queries: u32, kernel: AttentionKernel) {
+        match (kernel, &self.cpu, &self.flash) {
+            (AttentionKernel::Cpu, Some(cpu), _) => cpu.encode(rec, n_queries),
+            (AttentionKernel::TensorCores, _, Some((flash, group))) if !self.causal => {
+                let blocks = n_queries.div_ceil(attention_coop::QUERIES);
+                rec.dispatch_xyz(flash, group, [self.heads, blocks, 1]);
+            }
+            (AttentionKernel::QueryBlocks | AttentionKernel::Cpu, _, _) if !self.causal => {
                 let blocks = n_queries.div_ceil(self.block_queries());
                 rec.dispatch_xyz(&self.tiled.0, &self.tiled.1, [self.heads, blocks, 1]);
             }
@@ -511,13 +586,18 @@ impl FullAttention {
     }
 }
 
-/// The kernels of a [`FullAttention`].
+/// The kernels of an [`Attention`] or a [`FullAttention`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum FullKernel {
-    /// One workgroup per query and head: few queries (a decoder's cross-attention).
+pub enum AttentionKernel {
+    /// One workgroup per query and head: few queries (a decoded token, a decoder's
+    /// cross-attention).
     PerQuery,
-    /// Blocks of queries over staged key tiles (attention.wgsl `tiled`), without a mask.
+    /// Blocks of queries over staged key tiles (attention.wgsl `tiled`; causal where the
+    /// attention is, without a mask in a [`FullAttention`]).
     QueryBlocks,
     /// CPU adapters: scores, row statistics and values as three passes (attention_cpu.wgsl).
     Cpu,
+    /// Blocks of 64 queries on tensor cores (attention_coop.wgsl), without a mask where the
+    /// attention is not causal.
+    TensorCores,
 }

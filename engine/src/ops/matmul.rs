@@ -93,6 +93,8 @@ pub struct MatMulOptions<'a> {
     /// The workgroups a split product aims for (default [`TARGET_WORKGROUPS`]); tests lower it
     /// to reach slice counts between one and the most on small products.
     pub split_target: Option<u32>,
+    /// The tensor-core tile layout (benchmarks and tests); `None` picks one for the product.
+    pub coop_tile: Option<CoopTile>,
 }
 
 /// `Y = X · Wᵀ` over all tokens of a step (prompt processing).
@@ -158,14 +160,20 @@ impl MatMul {
             (TILE, TILE)
         };
         if tensor_cores {
-            let coop = coop_defines(gpu, w.rows);
-            let size = |name: &str| {
-                coop.iter()
-                    .find(|(k, _)| *k == name)
-                    .and_then(|(_, v)| v.parse().ok())
-            };
-            tile = (size("TM").unwrap_or(tile.0), size("TN").unwrap_or(tile.1));
-            defines.extend(coop);
+            let caps = gpu.caps();
+            let coop = opts
+                .coop_tile
+                .unwrap_or_else(|| default_coop_tile(w.rows, caps));
+            let sg = caps.subgroup_min_size;
+            if !coop.fits(caps) {
+                return Err(GpuError::Device(format!(
+                    "tensor-core tile {coop} does not fit this adapter (subgroups of {sg}, \
+                     {} invocations and {} bytes of workgroup memory a workgroup)",
+                    caps.max_workgroup_invocations, caps.max_workgroup_storage
+                )));
+            }
+            tile = coop.size();
+            defines.extend(coop.defines(sg));
             defines.push(flag(
                 "WRAW",
                 w.quant.is_none() && w.dtype == WeightDType::F16,
@@ -323,29 +331,112 @@ impl MatMul {
     }
 }
 
-/// The tensor-core tile: four subgroups of WM×WN fragments of 16×16. Four fragments down
-/// (128 rows) always; four across (128 columns) when `n` fills such tiles well, else two.
-/// Measured on an H100 (`backpack bench-gemm`): 4×4 runs LLM prompt products at 50–100
-/// TFLOP/s where 2×2 reaches 40–70; 4×2 suits the UNet's 320-wide convolutions.
-fn coop_defines(gpu: &Gpu, n: u32) -> [(&'static str, String); 7] {
-    let wm = 4;
-    let wn = if n >= 1024 || (n >= 512 && n.is_multiple_of(128)) {
-        4
-    } else {
-        2
-    };
-    // Four subgroups of `sg` stage a 32-deep k step in groups of eight k, sg rows at a time.
-    let sg = gpu.caps().subgroup_min_size;
-    [
-        ("WM", wm.to_string()),
-        ("WN", wn.to_string()),
-        ("TM", (32 * wm).to_string()),
-        ("TN", (32 * wn).to_string()),
-        ("SG", sg.to_string()),
-        ("XN", (32 * wm / sg).to_string()),
-        ("WG", (32 * wn / sg).to_string()),
-    ]
+/// A tensor-core tile layout (matmul_coop.wgsl): a `grid` of subgroups (along m, along n),
+/// each owning `frags` 16×16 fragments (along m, along n).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CoopTile {
+    pub grid: (u32, u32),
+    pub frags: (u32, u32),
 }
+
+impl CoopTile {
+    /// Output rows and columns of one tile.
+    pub fn size(&self) -> (u32, u32) {
+        (
+            16 * self.grid.0 * self.frags.0,
+            16 * self.grid.1 * self.frags.1,
+        )
+    }
+
+    /// Workgroup memory: the staged f16 tiles (rows of 80 bytes) and one f32 fragment per
+    /// subgroup for the epilogue.
+    pub fn workgroup_bytes(&self) -> u32 {
+        let (tm, tn) = self.size();
+        (tm + tn) * 80 + self.grid.0 * self.grid.1 * 1024
+    }
+
+    /// Whether the layout runs on `caps`' adapter: its invocations fit one workgroup and its
+    /// tiles workgroup memory, and since a 32-deep k step is staged eight k per invocation,
+    /// every tile's rows are a whole number of passes of its invocations.
+    pub fn fits(&self, caps: &crate::gpu::GpuCaps) -> bool {
+        let threads = self.grid.0 * self.grid.1 * caps.subgroup_min_size;
+        let (tm, tn) = self.size();
+        let rows_per_pass = threads / 4;
+        rows_per_pass > 0
+            && threads <= caps.max_workgroup_invocations
+            && threads <= caps.max_workgroup_size_x
+            && tm.is_multiple_of(rows_per_pass)
+            && tn.is_multiple_of(rows_per_pass)
+            && self.workgroup_bytes() <= caps.max_workgroup_storage
+    }
+
+    fn defines(&self, sg: u32) -> Vec<(&'static str, String)> {
+        let (tm, tn) = self.size();
+        let rows_per_pass = self.grid.0 * self.grid.1 * sg / 4;
+        vec![
+            ("GM", self.grid.0.to_string()),
+            ("GN", self.grid.1.to_string()),
+            ("WM", self.frags.0.to_string()),
+            ("WN", self.frags.1.to_string()),
+            ("TM", tm.to_string()),
+            ("TN", tn.to_string()),
+            ("SG", sg.to_string()),
+            ("XN", (tm / rows_per_pass).to_string()),
+            ("WG", (tn / rows_per_pass).to_string()),
+        ]
+    }
+}
+
+impl std::fmt::Display for CoopTile {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let (gm, gn) = self.grid;
+        let (wm, wn) = self.frags;
+        write!(f, "{gm}x{gn}/{wm}x{wn}")
+    }
+}
+
+impl std::str::FromStr for CoopTile {
+    type Err = String;
+
+    /// `GMxGN/WMxWN`, e.g. `2x2/4x4` (four subgroups of 4×4 fragments: 128×128 outputs).
+    fn from_str(text: &str) -> Result<Self, String> {
+        let bad = || format!("a tensor-core tile is GMxGN/WMxWN, not {text}");
+        let pair = |part: &str| -> Result<(u32, u32), String> {
+            let (a, b) = part.split_once('x').ok_or_else(bad)?;
+            Ok((a.parse().map_err(|_| bad())?, b.parse().map_err(|_| bad())?))
+        };
+        let (grid, frags) = text.split_once('/').ok_or_else(bad)?;
+        let (grid, frags) = (pair(grid)?, pair(frags)?);
+        if [grid.0, grid.1, frags.0, frags.1].contains(&0) {
+            return Err(bad());
+        }
+        Ok(Self { grid, frags })
+    }
+}
+
+/// The tensor-core tile for an `n`-wide product: 128 rows, and 128 columns when `n` fills such
+/// tiles well, else 64. Sixteen subgroups of 2×2 fragments where the adapter takes workgroups
+/// of 512 (8 of 2×2 for 64 columns), else four of 4×4 (4×2). On an H200 (`backpack bench-gemm
+/// --coop-tile`, TFLOP/s) sixteen subgroups against four: 504×6144×2048 83 against 67,
+/// 1500×3072×768 52 against 42, the UNet's 64×64×320 convolution 38 against 30, and level
+/// (within 5 %) at 504×2048×8192 and 504×8192×2048; two staging buffers ran slower.
+fn default_coop_tile(n: u32, caps: &crate::gpu::GpuCaps) -> CoopTile {
+    let wide = n >= 1024 || (n >= 512 && n.is_multiple_of(128));
+    let many = CoopTile {
+        grid: (4, if wide { 4 } else { 2 }),
+        frags: (2, 2),
+    };
+    if many.fits(caps) {
+        return many;
+    }
+    CoopTile {
+        grid: (2, 2),
+        frags: (4, if wide { 4 } else { 2 }),
+    }
+}
+
+/// The smallest workgroup memory the tensor-core tiles need (the four-subgroup 128×128 tile).
+pub(crate) const COOP_MIN_WORKGROUP_BYTES: u32 = 24 * 1024;
 
 #[cfg(test)]
 mod tests {
@@ -374,21 +465,16 @@ mod tests {
         let mut checked = 0;
         for (source, base) in dense.iter().chain(&quant) {
             let raw = base.iter().any(|(k, v)| *k == "F16" && v == "1");
-            for (wm, wn, split, conv) in [
-                (4, 4, false, false),
-                (4, 2, true, false),
-                (4, 4, false, true),
-                (4, 2, true, true),
+            for (tile, split, conv) in [
+                ("2x2/4x4", false, false),
+                ("4x4/2x2", true, false),
+                ("4x2/2x2", false, true),
+                ("2x2/4x2", true, true),
             ] {
+                let tile: CoopTile = tile.parse().expect("tile");
                 let mut defines = base.clone();
+                defines.extend(tile.defines(32));
                 defines.extend([
-                    ("WM", wm.to_string()),
-                    ("WN", wn.to_string()),
-                    ("TM", (32 * wm).to_string()),
-                    ("TN", (32 * wn).to_string()),
-                    ("SG", "32".to_string()),
-                    ("XN", wm.to_string()),
-                    ("WG", wn.to_string()),
                     flag("WRAW", raw),
                     flag("XV", !conv),
                     flag("BIAS", true),

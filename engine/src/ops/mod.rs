@@ -2,6 +2,7 @@
 //! cache) its specialised pipeline, binds its buffers once, and records dispatches.
 
 mod attention;
+mod attention_coop;
 mod attention_cpu;
 mod conv;
 mod denoise;
@@ -21,8 +22,8 @@ mod sample;
 mod speech_logits;
 
 pub use attention::{
-    Attention, CacheShape, FullAttention, FullKernel, FullLayout, KvDType, MAX_SPLITS, MIN_SPLIT,
-    splits_for,
+    Attention, AttentionKernel, CacheShape, FullAttention, FullLayout, KvDType, MAX_SPLITS,
+    MIN_SPLIT, splits_for,
 };
 pub use conv::{Conv1dShape, Conv2dShape, Im2Col};
 pub use denoise::{Denoise, DenoiseBuffers, DenoiseParams, Preview, PreviewSource};
@@ -30,7 +31,8 @@ pub use dequant::Dequantize;
 pub use elementwise::{Embed, Glu};
 pub use fill::{fill_random, fill_value};
 pub use group_norm::{GroupNorm, GroupNormShape};
-pub use matmul::{MatMul, MatMulOptions, k_slices};
+pub(crate) use matmul::COOP_MIN_WORKGROUP_BYTES;
+pub use matmul::{CoopTile, MatMul, MatMulOptions, k_slices};
 pub use matvec::{MatVec, MatVecLayout, MatVecOptions, SplitAttention, int8_rounded_input};
 pub use norm::{HeadNorm, Norm, NormKind};
 pub use pass::{KernelSpec, Pass};

@@ -314,6 +314,7 @@ impl<'a, 'w> Builder<'a, 'w> {
                 big_tiles: Some(rows.div_ceil(128) * w.rows.div_ceil(128) >= BIG_TILES_FROM),
                 cpu_tiles: None,
                 split_target: None,
+                coop_tile: None,
             },
         )?;
         self.push(move |rec| mm.encode(rec, rows));
