@@ -5,7 +5,8 @@ enable wgpu_cooperative_matrix;
 // (whose bindings, cache readers and masks it uses, causal or FULL). A workgroup of four
 // subgroups of 32 takes 64 queries of one head, 16 per subgroup, and walks the keys in blocks
 // of 64 with an online softmax:
-// - the block's keys and values are staged in workgroup memory as f16;
+// - the block's keys and values are staged in workgroup memory as f16 (loaded into registers
+//   while the previous block is multiplied);
 // - each subgroup multiplies its queries (f16, pre-scaled, held in fragments) by the keys into
 //   16×64 f32 scores, which it stores to workgroup memory;
 // - two lanes per query mask the scores, keep the running max and sum (combined by a shuffle)
@@ -13,7 +14,8 @@ enable wgpu_cooperative_matrix;
 // - the probabilities times the values give the block's 16×HD outputs, which the same two
 //   lanes add to the outputs they hold, rescaled by the change of the running max.
 // Defines: those of attention.wgsl, HD a multiple of 16 up to 64, DF = HD / 16, OQ = HD / 8
-// (output quads each lane holds).
+// (the output quads each lane holds, and the quads of a block's keys and of its values each
+// invocation stages).
 
 const FQ: u32 = 64u;
 const FK: u32 = 64u;
@@ -51,6 +53,40 @@ fn query_at(row: u32, head: u32) -> u32 {
 #for c in 0..OQ
 var<private> o{{c}}: vec4<f32>;
 #endfor
+// The next block's keys and values this invocation stages (OQ quads of each), loaded while the
+// current block is multiplied.
+#for c in 0..OQ
+var<private> kn{{c}}: vec4<f16>;
+var<private> vn{{c}}: vec4<f16>;
+#endfor
+
+// Loads this invocation's quads of the keys and values of the block from key `k0`.
+fn fetch_kv(k0: u32, keys_end: u32, k_base: u32, v_base: u32, row_quads: u32, tid: u32) {
+#for c in 0..OQ
+    {
+        let i = tid + {{c}}u * FLASH_THREADS;
+        let j = k0 + i / QUADS;
+        var kq = vec4<f32>(0.0);
+        var vq = vec4<f32>(0.0);
+        if (j < keys_end) {
+            kq = k_quad(k_base + cache_row(j) * row_quads + i % QUADS);
+            vq = v_quad(v_base + cache_row(j) * row_quads + i % QUADS);
+        }
+        kn{{c}} = to_half(kq);
+        vn{{c}} = to_half(vq);
+    }
+#endfor
+}
+
+fn stage_kv(tid: u32) {
+#for c in 0..OQ
+    {
+        let i = tid + {{c}}u * FLASH_THREADS;
+        fk[(i / QUADS) * LDH + i % QUADS] = kn{{c}};
+        fv[(i / QUADS) * LDH + i % QUADS] = vn{{c}};
+    }
+#endfor
+}
 
 @compute @workgroup_size(FLASH_THREADS)
 fn flash(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id) wid: vec3<u32>) {
@@ -102,21 +138,15 @@ fn flash(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id) wid: 
     var run_max = NEG_BIG;
     var run_sum = 0.0;
     let srow = (sg * 16u + r) * LDS;
+    fetch_kv(keys_start, keys_end, k_base, v_base, row_quads, tid);
     for (var k0 = keys_start; k0 < keys_end; k0 += FK) {
         // Every subgroup is done with the previous block (or the queries) in fk and fv.
         workgroupBarrier();
-        for (var i = tid; i < FK * QUADS; i += FLASH_THREADS) {
-            let j = k0 + i / QUADS;
-            var kq = vec4<f32>(0.0);
-            var vq = vec4<f32>(0.0);
-            if (j < keys_end) {
-                kq = k_quad(k_base + cache_row(j) * row_quads + i % QUADS);
-                vq = v_quad(v_base + cache_row(j) * row_quads + i % QUADS);
-            }
-            fk[(i / QUADS) * LDH + i % QUADS] = to_half(kq);
-            fv[(i / QUADS) * LDH + i % QUADS] = to_half(vq);
-        }
+        stage_kv(tid);
         workgroupBarrier();
+        if (k0 + FK < keys_end) {
+            fetch_kv(k0 + FK, keys_end, k_base, v_base, row_quads, tid);
+        }
 #for j in 0..4
         {
             var s = coop_mat16x16<f32, C>();
