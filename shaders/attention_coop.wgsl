@@ -4,33 +4,37 @@ enable wgpu_cooperative_matrix;
 // Attention over a prompt on tensor cores (cooperative matrices), appended to attention.wgsl
 // (whose bindings, cache readers and masks it uses, causal or FULL). A workgroup of four
 // subgroups of 32 takes 64 queries of one head, 16 per subgroup, and walks the keys in blocks
-// of 64 with an online softmax:
+// of FK (64, or 32 for heads wider than 64) with an online softmax:
 // - the block's keys and values are staged in workgroup memory as f16 (loaded into registers
 //   while the previous block is multiplied);
 // - each subgroup multiplies its queries (f16, pre-scaled, held in fragments) by the keys into
-//   16×64 f32 scores, which it stores to workgroup memory;
+//   16×FK f32 scores, which it stores to workgroup memory;
 // - two lanes per query mask the scores, keep the running max and sum (combined by a shuffle)
 //   and write the probabilities back as f16;
 // - the probabilities times the values give the block's 16×HD outputs, which the same two
-//   lanes add to the outputs they hold, rescaled by the change of the running max.
-// Defines: those of attention.wgsl, HD a multiple of 16 up to 64, DF = HD / 16, OQ = HD / 8
-// (the output quads each lane holds, and the quads of a block's keys and of its values each
-// invocation stages).
+//   lanes add to the outputs they hold, rescaled by the change of the running max. Heads wider
+//   than 64 pass them through workgroup memory in two halves (TWO_PASS), each lane taking its
+//   half of the dims in one.
+// Defines: those of attention.wgsl, HD (a multiple of 16 up to 64, or of 32 up to 128), FK,
+// KF = FK / 16, DF = HD / 16 (fragments across a head), DFP (those of one pass), OQ = HD / 8
+// (output quads each lane holds), KVQ = FK·HD / 512 (quads of a block's keys and of its values
+// each invocation stages), TWO_PASS.
 
 const FQ: u32 = 64u;
-const FK: u32 = 64u;
+const FK: u32 = {{FK}}u;
 const FLASH_THREADS: u32 = 128u;
 // Staged rows of HD + 8 halves in units of four (whole 16-byte words for the fragment loads,
 // and consecutive rows in different memory banks).
 const LDH: u32 = {{HD}}u / 4u + 2u;
 // Probability rows of FK + 8 halves, in units of four.
 const LDP: u32 = FK / 4u + 2u;
-// Score and output-block rows of one subgroup (f32): FK or HD values, padded.
-const LDS: u32 = FK + 4u;
+// Score and output-block rows of one subgroup (f32): at most 64 values, padded.
+const LDS: u32 = 68u;
+// Where the values start in `kv_tile`.
+const V_AT: u32 = FK * LDH;
 
-// The queries (first), then each block's keys; and its values, [key][dim].
-var<workgroup> fk: array<vec4<f16>, FK * LDH>;
-var<workgroup> fv: array<vec4<f16>, FK * LDH>;
+// The queries (first, all 64 rows), then each block's keys and its values, [key][dim].
+var<workgroup> kv_tile: array<vec4<f16>, 2u * FK * LDH>;
 // Per subgroup: 16 rows of scores, then of the block's outputs.
 var<workgroup> fs: array<f32, 64u * LDS>;
 // Per subgroup: 16 rows of probabilities.
@@ -53,16 +57,16 @@ fn query_at(row: u32, head: u32) -> u32 {
 #for c in 0..OQ
 var<private> o{{c}}: vec4<f32>;
 #endfor
-// The next block's keys and values this invocation stages (OQ quads of each), loaded while the
+// The next block's keys and values this invocation stages (KVQ quads of each), loaded while the
 // current block is multiplied.
-#for c in 0..OQ
+#for c in 0..KVQ
 var<private> kn{{c}}: vec4<f16>;
 var<private> vn{{c}}: vec4<f16>;
 #endfor
 
 // Loads this invocation's quads of the keys and values of the block from key `k0`.
 fn fetch_kv(k0: u32, keys_end: u32, k_base: u32, v_base: u32, row_quads: u32, tid: u32) {
-#for c in 0..OQ
+#for c in 0..KVQ
     {
         let i = tid + {{c}}u * FLASH_THREADS;
         let j = k0 + i / QUADS;
@@ -79,11 +83,11 @@ fn fetch_kv(k0: u32, keys_end: u32, k_base: u32, v_base: u32, row_quads: u32, ti
 }
 
 fn stage_kv(tid: u32) {
-#for c in 0..OQ
+#for c in 0..KVQ
     {
         let i = tid + {{c}}u * FLASH_THREADS;
-        fk[(i / QUADS) * LDH + i % QUADS] = kn{{c}};
-        fv[(i / QUADS) * LDH + i % QUADS] = vn{{c}};
+        kv_tile[(i / QUADS) * LDH + i % QUADS] = kn{{c}};
+        kv_tile[V_AT + (i / QUADS) * LDH + i % QUADS] = vn{{c}};
     }
 #endfor
 }
@@ -118,7 +122,7 @@ fn flash(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id) wid: 
     let keys_start = first_visible(step.pos0 + q0);
     let lowest = first_visible(step.pos0 + row);
 #endif
-    // The block's queries, scaled, staged in fk and loaded into fragments.
+    // The block's queries, scaled, staged in kv_tile and loaded into fragments.
     for (var i = tid; i < FQ * QUADS; i += FLASH_THREADS) {
         let qr = q0 + i / QUADS;
         var v = vec4<f32>(0.0);
@@ -126,11 +130,11 @@ fn flash(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id) wid: 
             let b = query_at(qr, head) + 4u * (i % QUADS);
             v = vec4<f32>(q[b], q[b + 1u], q[b + 2u], q[b + 3u]) * p.scale;
         }
-        fk[(i / QUADS) * LDH + i % QUADS] = to_half(v);
+        kv_tile[(i / QUADS) * LDH + i % QUADS] = to_half(v);
     }
     workgroupBarrier();
 #for d in 0..DF
-    let qa{{d}} = coopLoadT<coop_mat16x16<f16, A>>(&fk[sg * 16u * LDH + {{d}}u * 4u], LDH);
+    let qa{{d}} = coopLoadT<coop_mat16x16<f16, A>>(&kv_tile[sg * 16u * LDH + {{d}}u * 4u], LDH);
 #endfor
 #for c in 0..OQ
     o{{c}} = vec4<f32>(0.0);
@@ -140,54 +144,75 @@ fn flash(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id) wid: 
     let srow = (sg * 16u + r) * LDS;
     fetch_kv(keys_start, keys_end, k_base, v_base, row_quads, tid);
     for (var k0 = keys_start; k0 < keys_end; k0 += FK) {
-        // Every subgroup is done with the previous block (or the queries) in fk and fv.
+        // Every subgroup is done with the previous block (or the queries) in kv_tile.
         workgroupBarrier();
         stage_kv(tid);
         workgroupBarrier();
         if (k0 + FK < keys_end) {
             fetch_kv(k0 + FK, keys_end, k_base, v_base, row_quads, tid);
         }
-#for j in 0..4
+#for j in 0..KF
         {
             var s = coop_mat16x16<f32, C>();
 #for d in 0..DF
-            s = coopMultiplyAdd(qa{{d}}, coopLoad<coop_mat16x16<f16, B>>(&fk[{{j}}u * 16u * LDH + {{d}}u * 4u], LDH), s);
+            s = coopMultiplyAdd(qa{{d}}, coopLoad<coop_mat16x16<f16, B>>(&kv_tile[{{j}}u * 16u * LDH + {{d}}u * 4u], LDH), s);
 #endfor
             coopStoreT(s, &fs[sg * 16u * LDS + {{j}}u * 16u], LDS);
         }
 #endfor
         workgroupBarrier();
-        // The online softmax over this lane's 32 keys of the block.
-        let key0 = k0 + half * 32u;
+        // The online softmax over this lane's half of the block's keys.
+        let key0 = k0 + half * (FK / 2u);
         var block_max = NEG_BIG;
-        for (var t = 0u; t < 32u; t++) {
+        for (var t = 0u; t < FK / 2u; t++) {
             let key = key0 + t;
-            let s = select(NEG_BIG, fs[srow + half * 32u + t], key < visible && key >= lowest && key < keys_end);
-            fs[srow + half * 32u + t] = s;
+            let at = srow + half * (FK / 2u) + t;
+            let s = select(NEG_BIG, fs[at], key < visible && key >= lowest && key < keys_end);
+            fs[at] = s;
             block_max = max(block_max, s);
         }
         block_max = max(block_max, subgroupShuffleXor(block_max, 1u));
         let new_max = max(run_max, block_max);
         var block_sum = 0.0;
-        for (var t = 0u; t < 32u; t += 4u) {
-            let at = srow + half * 32u + t;
+        for (var t = 0u; t < FK / 2u; t += 4u) {
+            let at = srow + half * (FK / 2u) + t;
             let e = exp(vec4<f32>(fs[at], fs[at + 1u], fs[at + 2u], fs[at + 3u]) - new_max);
             block_sum += e.x + e.y + e.z + e.w;
-            fp[(sg * 16u + r) * LDP + half * 8u + t / 4u] = vec4<f16>(e);
+            fp[(sg * 16u + r) * LDP + half * (FK / 8u) + t / 4u] = vec4<f16>(e);
         }
         block_sum += subgroupShuffleXor(block_sum, 1u);
         let corr = exp(run_max - new_max);
         run_sum = run_sum * corr + block_sum;
         run_max = new_max;
         workgroupBarrier();
-#for j in 0..4
+#for j in 0..KF
         let pa{{j}} = coopLoadT<coop_mat16x16<f16, A>>(&fp[sg * 16u * LDP + {{j}}u * 4u], LDP);
 #endfor
+#if TWO_PASS
+#for h in 0..2
+#for d in 0..DFP
+        {
+            var ob = coop_mat16x16<f32, C>();
+#for j in 0..KF
+            ob = coopMultiplyAdd(pa{{j}}, coopLoadT<coop_mat16x16<f16, B>>(&kv_tile[V_AT + {{j}}u * 16u * LDH + ({{h}}u * {{DFP}}u + {{d}}u) * 4u], LDH), ob);
+#endfor
+            coopStoreT(ob, &fs[sg * 16u * LDS + {{d}}u * 16u], LDS);
+        }
+#endfor
+        workgroupBarrier();
+        if (half == {{h}}u) {
+#for c in 0..OQ
+            o{{c}} = o{{c}} * corr + vec4<f32>(fs[srow + {{c}}u * 4u], fs[srow + {{c}}u * 4u + 1u], fs[srow + {{c}}u * 4u + 2u], fs[srow + {{c}}u * 4u + 3u]);
+#endfor
+        }
+        workgroupBarrier();
+#endfor
+#else
 #for d in 0..DF
         {
             var ob = coop_mat16x16<f32, C>();
-#for j in 0..4
-            ob = coopMultiplyAdd(pa{{j}}, coopLoadT<coop_mat16x16<f16, B>>(&fv[{{j}}u * 16u * LDH + {{d}}u * 4u], LDH), ob);
+#for j in 0..KF
+            ob = coopMultiplyAdd(pa{{j}}, coopLoadT<coop_mat16x16<f16, B>>(&kv_tile[V_AT + {{j}}u * 16u * LDH + {{d}}u * 4u], LDH), ob);
 #endfor
             coopStoreT(ob, &fs[sg * 16u * LDS + {{d}}u * 16u], LDS);
         }
@@ -197,6 +222,7 @@ fn flash(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id) wid: 
 #for c in 0..OQ
         o{{c}} = o{{c}} * corr + vec4<f32>(fs[dim0 + {{c}}u * 4u], fs[dim0 + {{c}}u * 4u + 1u], fs[dim0 + {{c}}u * 4u + 2u], fs[dim0 + {{c}}u * 4u + 3u]);
 #endfor
+#endif
     }
     if (row < n_queries) {
         let inv = 1.0 / run_sum;

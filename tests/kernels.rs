@@ -1004,6 +1004,8 @@ fn attention_matches_cpu() {
         (2, 1, 128, 19, 33, 60),
         // Three blocks of 64 queries over four of 64 keys (tensor cores).
         (2, 1, 32, 130, 70, 200),
+        // Heads of 96: blocks of 32 keys, outputs in two halves (tensor cores).
+        (2, 2, 96, 70, 40, 120),
     ];
     for dtype in DTYPES {
         for &(heads, kv_heads, hd, tokens, pos0, capacity) in &cases {

@@ -1,6 +1,7 @@
 //! Prompt attention on tensor cores (attention_coop.wgsl, appended to attention.wgsl): 64
-//! queries of a head per workgroup, keys in blocks of 64, scores and value sums as f16
-//! fragment products with f32 accumulation, and an online softmax between them.
+//! queries of a head per workgroup, keys in blocks of 64 (32 for heads wider than 64), scores
+//! and value sums as f16 fragment products with f32 accumulation, and an online softmax
+//! between them.
 
 use std::sync::LazyLock;
 
@@ -18,21 +19,54 @@ static SOURCE: LazyLock<String> = LazyLock::new(|| {
 /// Queries per workgroup.
 pub(super) const QUERIES: u32 = 64;
 
-/// Workgroup memory of the kernel: staged keys and values (64 rows of 72 halves each), and
-/// per query 68 f32 scores and 72 f16 probabilities.
-const WORKGROUP_BYTES: u32 = 2 * 64 * 72 * 2 + 64 * 68 * 4 + 64 * 72 * 2;
+/// Keys per block for heads of `head_dim`: 64, or 32 where the staged keys and values of wider
+/// heads would not fit beside the scores.
+fn block_keys(head_dim: u32) -> u32 {
+    if head_dim <= 64 { 64 } else { 32 }
+}
+
+/// Workgroup memory of the kernel: staged keys and values (rows of head_dim + 8 halves), and
+/// per query 68 f32 scores (or outputs) and block_keys + 8 f16 probabilities.
+fn workgroup_bytes(head_dim: u32) -> u32 {
+    let keys = block_keys(head_dim);
+    2 * keys * (head_dim + 8) * 2 + 64 * 68 * 4 + 64 * (keys + 8) * 2
+}
 
 /// Whether the kernel runs on `gpu` for heads of `head_dim`: cooperative matrices (16×16×16
-/// f16 → f32), subgroups of 32 (two lanes per query), heads of 16 to 64 dims in whole
-/// fragments, and its workgroup memory.
+/// f16 → f32), subgroups of 32 (two lanes per query), heads of whole fragments up to 64 dims
+/// or of whole fragment pairs up to 128 (their outputs pass in two halves), and its workgroup
+/// memory.
 pub(super) fn fits(gpu: &Gpu, head_dim: u32) -> bool {
     let caps = gpu.caps();
+    let shape = match head_dim {
+        16..=64 => head_dim.is_multiple_of(16),
+        65..=128 => head_dim.is_multiple_of(32),
+        _ => false,
+    };
     caps.cooperative_matrix
         && caps.subgroup_min_size == 32
         && caps.subgroup_max_size == 32
-        && head_dim.is_multiple_of(16)
-        && (16..=64).contains(&head_dim)
-        && caps.max_workgroup_storage >= WORKGROUP_BYTES
+        && shape
+        && caps.max_workgroup_storage >= workgroup_bytes(head_dim)
+}
+
+/// The kernel's own defines for heads of `head_dim`.
+fn head_defines(head_dim: u32) -> [(&'static str, String); 7] {
+    let keys = block_keys(head_dim);
+    let two_pass = head_dim > 64;
+    let fragments = head_dim / 16;
+    [
+        ("FK", keys.to_string()),
+        ("KF", (keys / 16).to_string()),
+        ("DF", fragments.to_string()),
+        (
+            "DFP",
+            (if two_pass { fragments / 2 } else { fragments }).to_string(),
+        ),
+        ("OQ", (head_dim / 8).to_string()),
+        ("KVQ", (keys * head_dim / 512).to_string()),
+        flag("TWO_PASS", two_pass),
+    ]
 }
 
 /// The kernel for attention.wgsl's `defines` (which must not ask for its `tiled` entry).
@@ -46,11 +80,8 @@ pub(super) fn kernel(
         .filter(|(k, _)| !matches!(*k, "TILED" | "BQ" | "BK"))
         .cloned()
         .collect();
-    defines.extend([
-        flag("TILED", false),
-        ("DF", (head_dim / 16).to_string()),
-        ("OQ", (head_dim / 8).to_string()),
-    ]);
+    defines.push(flag("TILED", false));
+    defines.extend(head_defines(head_dim));
     gpu.kernel("attention_coop", SOURCE.as_str(), "flash", &defines)
 }
 
@@ -62,14 +93,12 @@ mod tests {
     #[test]
     fn tensor_core_attention_translates_in_every_variant() {
         let mut checked = 0;
-        for hd in [16u32, 32, 48, 64] {
+        for hd in [16u32, 32, 48, 64, 96, 128] {
             for (full, cache) in [(true, ""), (false, ""), (false, "F16"), (false, "Q8")] {
                 for ring in [false, true].into_iter().take(1 + usize::from(!full)) {
-                    let defines = vec![
+                    let mut defines = vec![
                         ("WG", "256".to_string()),
                         ("HD", hd.to_string()),
-                        ("DF", (hd / 16).to_string()),
-                        ("OQ", (hd / 8).to_string()),
                         super::flag("FULL", full),
                         super::flag("F16", cache == "F16"),
                         super::flag("Q8", cache == "Q8"),
@@ -80,6 +109,8 @@ mod tests {
                         ("MIN_SPLIT", "64".to_string()),
                         ("MAX_SPLITS", "16".to_string()),
                     ];
+                    defines.extend(super::head_defines(hd));
+                    assert!(super::workgroup_bytes(hd) <= 48 * 1024);
                     let what = format!("{defines:?}");
                     let text =
                         crate::gpu::kernel_text(super::SOURCE.as_str(), &defines).expect(&what);
@@ -106,6 +137,6 @@ mod tests {
                 }
             }
         }
-        assert_eq!(checked, 4 * 7);
+        assert_eq!(checked, 6 * 7);
     }
 }
