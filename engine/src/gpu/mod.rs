@@ -16,7 +16,7 @@ pub use device::{
     required_features_and_limits,
 };
 #[cfg(test)]
-pub(crate) use pipelines::kernel_text;
+pub(crate) use pipelines::assert_translates;
 pub use pipelines::{Kernel, KernelKey};
 pub use profile::KernelTiming;
 pub(crate) use profile::Profiler;

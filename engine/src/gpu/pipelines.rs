@@ -127,3 +127,34 @@ pub(crate) fn kernel_text(source: &str, defines: &[(&str, String)]) -> Result<St
         rest.join("\n")
     ))
 }
+
+/// Translates `source` with `defines` through naga (parse, validate, SPIR-V for each entry in
+/// `entries`), panicking with the shader's diagnostics: the unit tests' check of kernels that CI's
+/// software adapter cannot compile (cooperative matrices).
+#[cfg(test)]
+pub(crate) fn assert_translates(source: &str, defines: &[(&str, String)], entries: &[&str]) {
+    use wgpu::naga;
+    let what = format!("{defines:?}");
+    let text = kernel_text(source, defines).unwrap_or_else(|e| panic!("{what}: {e}"));
+    let module = naga::front::wgsl::parse_str(&text)
+        .unwrap_or_else(|e| panic!("{what}: {}", e.emit_to_string(&text)));
+    let info = naga::valid::Validator::new(
+        naga::valid::ValidationFlags::all(),
+        naga::valid::Capabilities::all(),
+    )
+    .validate(&module)
+    .unwrap_or_else(|e| panic!("{what}: {}", e.emit_to_string(&text)));
+    for entry in entries {
+        let pipeline = naga::back::spv::PipelineOptions {
+            shader_stage: naga::ShaderStage::Compute,
+            entry_point: (*entry).into(),
+        };
+        naga::back::spv::write_vec(
+            &module,
+            &info,
+            &naga::back::spv::Options::default(),
+            Some(&pipeline),
+        )
+        .unwrap_or_else(|e| panic!("{what} {entry}: {e}"));
+    }
+}

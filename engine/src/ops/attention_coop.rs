@@ -87,8 +87,6 @@ pub(super) fn kernel(
 
 #[cfg(test)]
 mod tests {
-    use wgpu::naga;
-
     /// CI's software adapter has no cooperative matrices: naga checks each variant here.
     #[test]
     fn tensor_core_attention_translates_in_every_variant() {
@@ -111,28 +109,7 @@ mod tests {
                     ];
                     defines.extend(super::head_defines(hd));
                     assert!(super::workgroup_bytes(hd) <= 48 * 1024);
-                    let what = format!("{defines:?}");
-                    let text =
-                        crate::gpu::kernel_text(super::SOURCE.as_str(), &defines).expect(&what);
-                    let module = naga::front::wgsl::parse_str(&text)
-                        .unwrap_or_else(|e| panic!("{what}: {}", e.emit_to_string(&text)));
-                    let info = naga::valid::Validator::new(
-                        naga::valid::ValidationFlags::all(),
-                        naga::valid::Capabilities::all(),
-                    )
-                    .validate(&module)
-                    .unwrap_or_else(|e| panic!("{what}: {}", e.emit_to_string(&text)));
-                    let pipeline = naga::back::spv::PipelineOptions {
-                        shader_stage: naga::ShaderStage::Compute,
-                        entry_point: "flash".into(),
-                    };
-                    naga::back::spv::write_vec(
-                        &module,
-                        &info,
-                        &naga::back::spv::Options::default(),
-                        Some(&pipeline),
-                    )
-                    .unwrap_or_else(|e| panic!("{what}: {e}"));
+                    crate::gpu::assert_translates(super::SOURCE.as_str(), &defines, &["flash"]);
                     checked += 1;
                 }
             }

@@ -440,8 +440,6 @@ pub(crate) const COOP_MIN_WORKGROUP_BYTES: u32 = 24 * 1024;
 
 #[cfg(test)]
 mod tests {
-    use wgpu::naga;
-
     use super::*;
     use crate::load::GgmlType;
 
@@ -485,29 +483,8 @@ mod tests {
                     flag("BIG", false),
                 ]);
                 defines.extend(gelu_flags(None));
-                let what = format!("{defines:?}");
-                let text = crate::gpu::kernel_text(source, &defines).expect(&what);
-                let module = naga::front::wgsl::parse_str(&text)
-                    .unwrap_or_else(|e| panic!("{what}: {}", e.emit_to_string(&text)));
-                let info = naga::valid::Validator::new(
-                    naga::valid::ValidationFlags::all(),
-                    naga::valid::Capabilities::all(),
-                )
-                .validate(&module)
-                .unwrap_or_else(|e| panic!("{what}: {}", e.emit_to_string(&text)));
-                for entry in ["main", "reduce"].into_iter().take(1 + usize::from(split)) {
-                    let pipeline = naga::back::spv::PipelineOptions {
-                        shader_stage: naga::ShaderStage::Compute,
-                        entry_point: entry.into(),
-                    };
-                    naga::back::spv::write_vec(
-                        &module,
-                        &info,
-                        &naga::back::spv::Options::default(),
-                        Some(&pipeline),
-                    )
-                    .unwrap_or_else(|e| panic!("{what} {entry}: {e}"));
-                }
+                let entries = ["main", "reduce"];
+                crate::gpu::assert_translates(source, &defines, &entries[..1 + usize::from(split)]);
                 checked += 1;
             }
         }
