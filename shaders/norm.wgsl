@@ -7,6 +7,11 @@
 // and k_norm, before RoPE): workgroup (h, t) normalises head h of token t's row of
 // heads + 2·kv_heads head vectors, query heads with `weight`, key heads with `k_weight`;
 // value heads are left alone.
+//
+// With LANE_ROWS (CPU adapters), each invocation normalises whole rows on its own: there an
+// invocation is one SIMD lane of a CPU thread, and the barriers of a workgroup reduction cost
+// far more than reading the row lane by lane (lavapipe: Whisper tiny.en's encoder LayerNorm,
+// 1500 rows of 384, took 65 ms on workgroups of 256).
 
 struct Params {
     k: u32,
@@ -29,9 +34,19 @@ struct Params {
 @group(0) @binding(6) var<storage, read> k_weight: array<f32>;
 #endif
 
+#if LANE_ROWS
+// A row's elements this invocation reads: all of them, one after another.
+const FIRST_STRIDE = vec2<u32>(0u, 1u);
+
+fn total(tid: u32, v: f32) -> f32 {
+    return v;
+}
+#else
+const FIRST_STRIDE = vec2<u32>(1u, 256u);
+
 var<workgroup> red: array<f32, 256>;
 
-fn wg_sum(tid: u32, v: f32) -> f32 {
+fn total(tid: u32, v: f32) -> f32 {
     red[tid] = v;
     workgroupBarrier();
     for (var s = 128u; s > 0u; s = s >> 1u) {
@@ -40,12 +55,14 @@ fn wg_sum(tid: u32, v: f32) -> f32 {
         }
         workgroupBarrier();
     }
-    let total = red[0];
+    let sum = red[0];
     workgroupBarrier();
-    return total;
+    return sum;
 }
+#endif
 
 #if HEADS
+// (No LANE_ROWS form: the engine runs these head norms on workgroups everywhere.)
 @compute @workgroup_size(256)
 fn main(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id) wid: vec3<u32>) {
     let head = wid.x;
@@ -59,44 +76,42 @@ fn main(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id) wid: v
         let v = y[base + k];
         sq += v * v;
     }
-    // Every invocation has read its elements before any is rewritten (wg_sum synchronises).
-    let inv = inverseSqrt(wg_sum(tid, sq) / f32(p.k) + p.eps);
+    // Every invocation has read its elements before any is rewritten (total synchronises).
+    let inv = inverseSqrt(total(tid, sq) / f32(p.k) + p.eps);
     let is_q = head < p.heads;
     for (var k = tid; k < p.k; k += 256u) {
         y[base + k] = y[base + k] * inv * select(k_weight[k], weight[k], is_q);
     }
 }
 #else
-@compute @workgroup_size(256)
-fn main(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id) wid: vec3<u32>) {
-    let row = wid.x;
-    if (row >= step.n_tokens) {
-        return;
-    }
+// Normalises `row` of the step; `tid` is this invocation's place among those sharing the row.
+fn normalize_row(row: u32, tid: u32) {
     let base = row * p.k;
+    let first = tid * FIRST_STRIDE.x;
+    let stride = FIRST_STRIDE.y;
 #if LAYER
     var s = 0.0;
-    for (var k = tid; k < p.k; k += 256u) {
+    for (var k = first; k < p.k; k += stride) {
         s += x[base + k];
     }
-    let mean = wg_sum(tid, s) / f32(p.k);
+    let mean = total(tid, s) / f32(p.k);
     var sq = 0.0;
-    for (var k = tid; k < p.k; k += 256u) {
+    for (var k = first; k < p.k; k += stride) {
         let d = x[base + k] - mean;
         sq += d * d;
     }
-    let inv = inverseSqrt(wg_sum(tid, sq) / f32(p.k) + p.eps);
-    for (var k = tid; k < p.k; k += 256u) {
+    let inv = inverseSqrt(total(tid, sq) / f32(p.k) + p.eps);
+    for (var k = first; k < p.k; k += stride) {
         y[base + k] = (x[base + k] - mean) * inv * weight[k] + bias[k];
     }
 #else
     var sq = 0.0;
-    for (var k = tid; k < p.k; k += 256u) {
+    for (var k = first; k < p.k; k += stride) {
         let v = x[base + k];
         sq += v * v;
     }
-    let inv = inverseSqrt(wg_sum(tid, sq) / f32(p.k) + p.eps);
-    for (var k = tid; k < p.k; k += 256u) {
+    let inv = inverseSqrt(total(tid, sq) / f32(p.k) + p.eps);
+    for (var k = first; k < p.k; k += stride) {
 #if RESIDUAL
         y[base + k] += x[base + k] * inv * weight[k];
 #else
@@ -105,4 +120,20 @@ fn main(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id) wid: v
     }
 #endif
 }
+
+#if LANE_ROWS
+@compute @workgroup_size(64)
+fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
+    if (gid.x < step.n_tokens) {
+        normalize_row(gid.x, 0u);
+    }
+}
+#else
+@compute @workgroup_size(256)
+fn main(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id) wid: vec3<u32>) {
+    if (wid.x < step.n_tokens) {
+        normalize_row(wid.x, tid);
+    }
+}
+#endif
 #endif

@@ -120,6 +120,17 @@ fn matvec_ref(w: &[f32], x: &[f32], rows: usize, cols: usize) -> (Vec<f32>, Vec<
     (out, mag)
 }
 
+/// Y = X·Wᵀ for `m` rows of `x`, with each output's sum of absolute terms (for tolerances).
+fn product_ref(w: &[f32], x: &[f32], m: usize, n: usize, k: usize) -> (Vec<f32>, Vec<f32>) {
+    let (mut out, mut mag) = (Vec::with_capacity(m * n), Vec::with_capacity(m * n));
+    for row in x.chunks(k).take(m) {
+        let (v, a) = matvec_ref(w, row, n, k);
+        out.extend(v);
+        mag.extend(a);
+    }
+    (out, mag)
+}
+
 /// `x` as the int8 decode products see it: 32-value blocks, scale max |x| / 127, rounded to
 /// even; and per value, the weight of one rounding step where the rounding is a near tie (the
 /// GPU normalises the input in f32, so such a value may round the other way there).
@@ -433,90 +444,89 @@ fn matmul_parity(gpu: &Gpu) {
             .map(|t| (None, None, t))
             .collect()
     };
-    for (dtype, (big_tiles, cpu_tiles, coop_tile)) in DTYPES
-        .into_iter()
-        .flat_map(|d| tile_choices.iter().map(move |&t| (d, t)))
-    {
-        let every_epilogue = (big_tiles, cpu_tiles, coop_tile) == tile_choices[0];
-        // A split product's dispatch takes fewer k slices the more output tiles it has, and
-        // the reduce pass must find the same count: the f16 runs aim for 4 workgroups, which
-        // gives these small products counts between one and the most.
-        let split_target = (dtype == WeightDType::F16).then_some(4);
+    // The reference product depends only on the shape, the inputs and whether tensor cores
+    // round them to f16, so each is computed once for every tile layout and epilogue.
+    for dtype in DTYPES {
         for &(m, n, k) in &shapes {
-            for (bias_on, gelu, residual) in [
-                (false, None, false),
-                (true, None, false),
-                (true, Some(Gelu::Tanh), false),
-                (true, Some(Gelu::Erf), false),
-                (false, None, true),
-            ]
-            .into_iter()
-            .filter(|&(bias, gelu, _)| every_epilogue || bias == matches!(gelu, Some(Gelu::Tanh)))
-            {
-                let w = rng.vec(n * k, 1.0);
-                let x = rng.vec(m * k, 1.0);
-                let bias = rng.vec(n, 1.0);
-                let y0 = rng.vec(m * n, 1.0);
-                let wm = Matrix::from_f32(&gpu, "w", &w, n as u32, k as u32, dtype).expect("w");
-                let (xb, yb, bb) = (buf(&gpu, &x), buf(&gpu, &y0), buf(&gpu, &bias));
-                let scratch_bytes = MatMul::scratch_bytes(n as u32, k as u32, m as u32);
-                let scratch = gpu.storage("scratch", scratch_bytes).expect("scratch");
-                let st = step(&gpu, 0, m as u32);
-                let op = MatMul::new(
-                    &gpu,
-                    &wm,
-                    &xb,
-                    &yb,
-                    &st,
-                    MatMulOptions {
-                        bias: bias_on.then_some(&bb),
-                        gelu,
-                        residual,
-                        split_scratch: Some((&scratch, m as u32)),
-                        big_tiles,
-                        cpu_tiles,
-                        split_target,
-                        coop_tile,
-                        ..Default::default()
-                    },
-                )
-                .expect("matmul");
-                let slices = op.slices_for(m as u32);
-                fewer_slices += usize::from(slices > 1 && slices < k_slices(n as u32, k as u32));
-                let mut rec = Recorder::new(&gpu);
-                op.encode(&mut rec, m as u32);
-                rec.submit();
-                let got = read(&gpu, &yb, m * n);
-                let tc = op.uses_tensor_cores();
-                let hw = product_input(tc, &host_weights(&w, dtype));
-                let x = product_input(tc, &x);
-                let mut want = Vec::with_capacity(m * n);
-                let mut scale = Vec::with_capacity(m * n);
-                for row in 0..m {
-                    let (v, mag) = matvec_ref(&hw, &x[row * k..(row + 1) * k], n, k);
-                    for j in 0..n {
-                        let mut r = v[j];
-                        if bias_on {
-                            r += bias[j];
-                        }
-                        match gelu {
-                            Some(Gelu::Tanh) => r = gelu_tanh(r),
-                            Some(Gelu::Erf) => r = gelu_erf(r),
-                            Some(Gelu::Quick) => r /= 1.0 + (-1.702 * r).exp(),
-                            None => {}
-                        }
-                        if residual {
-                            r += y0[row * n + j];
-                        }
-                        want.push(r);
-                        scale.push(mag[j]);
-                    }
+            let w = rng.vec(n * k, 1.0);
+            let x = rng.vec(m * k, 1.0);
+            let bias = rng.vec(n, 1.0);
+            let y0 = rng.vec(m * n, 1.0);
+            let wm = Matrix::from_f32(&gpu, "w", &w, n as u32, k as u32, dtype).expect("w");
+            let xb = buf(&gpu, &x);
+            let bb = buf(&gpu, &bias);
+            let hw = host_weights(&w, dtype);
+            let mut products: [Option<(Vec<f32>, Vec<f32>)>; 2] = [None, None];
+            for &(big_tiles, cpu_tiles, coop_tile) in &tile_choices {
+                let every_epilogue = (big_tiles, cpu_tiles, coop_tile) == tile_choices[0];
+                // A split product's dispatch takes fewer k slices the more output tiles it
+                // has, and the reduce pass must find the same count: the f16 runs aim for 4
+                // workgroups, which gives these small products counts between one and the
+                // most.
+                let split_target = (dtype == WeightDType::F16).then_some(4);
+                for (bias_on, gelu, residual) in [
+                    (false, None, false),
+                    (true, None, false),
+                    (true, Some(Gelu::Tanh), false),
+                    (true, Some(Gelu::Erf), false),
+                    (false, None, true),
+                ]
+                .into_iter()
+                .filter(|&(bias, gelu, _)| {
+                    every_epilogue || bias == matches!(gelu, Some(Gelu::Tanh))
+                }) {
+                    let yb = buf(&gpu, &y0);
+                    let scratch_bytes = MatMul::scratch_bytes(n as u32, k as u32, m as u32);
+                    let scratch = gpu.storage("scratch", scratch_bytes).expect("scratch");
+                    let st = step(&gpu, 0, m as u32);
+                    let op = MatMul::new(
+                        &gpu,
+                        &wm,
+                        &xb,
+                        &yb,
+                        &st,
+                        MatMulOptions {
+                            bias: bias_on.then_some(&bb),
+                            gelu,
+                            residual,
+                            split_scratch: Some((&scratch, m as u32)),
+                            big_tiles,
+                            cpu_tiles,
+                            split_target,
+                            coop_tile,
+                            ..Default::default()
+                        },
+                    )
+                    .expect("matmul");
+                    let slices = op.slices_for(m as u32);
+                    fewer_slices +=
+                        usize::from(slices > 1 && slices < k_slices(n as u32, k as u32));
+                    let mut rec = Recorder::new(&gpu);
+                    op.encode(&mut rec, m as u32);
+                    rec.submit();
+                    let got = read(&gpu, &yb, m * n);
+                    let tc = op.uses_tensor_cores();
+                    let (product, mag) = products[usize::from(tc)].get_or_insert_with(|| {
+                        product_ref(&product_input(tc, &hw), &product_input(tc, &x), m, n, k)
+                    });
+                    let want: Vec<f32> = (0..m * n)
+                        .map(|i| {
+                            let mut r = product[i] + if bias_on { bias[i % n] } else { 0.0 };
+                            match gelu {
+                                Some(Gelu::Tanh) => r = gelu_tanh(r),
+                                Some(Gelu::Erf) => r = gelu_erf(r),
+                                Some(Gelu::Quick) => r /= 1.0 + (-1.702 * r).exp(),
+                                None => {}
+                            }
+                            if residual { r + y0[i] } else { r }
+                        })
+                        .collect();
+                    let what = format!(
+                        "matmul {dtype:?} m={m} n={n} k={k} slices={slices} of {} bias={bias_on} gelu={gelu:?} residual={residual} tensor_cores={tc} big_tiles={big_tiles:?} cpu_tiles={cpu_tiles:?} coop_tile={coop_tile:?}",
+                        k_slices(n as u32, k as u32)
+                    );
+                    assert_close(&what, &got, &want, mag, 1e-5, 2e-5);
                 }
-                let what = format!(
-                    "matmul {dtype:?} m={m} n={n} k={k} slices={slices} of {} bias={bias_on} gelu={gelu:?} residual={residual} tensor_cores={tc} big_tiles={big_tiles:?} cpu_tiles={cpu_tiles:?} coop_tile={coop_tile:?}",
-                    k_slices(n as u32, k as u32)
-                );
-                assert_close(&what, &got, &want, &scale, 1e-5, 2e-5);
             }
         }
     }
@@ -544,62 +554,68 @@ fn reference_erf_is_accurate() {
 fn norms_match_cpu() {
     let gpu = gpu();
     let mut rng = Rng::new(3);
-    for kind in [NormKind::Rms, NormKind::Layer] {
-        for &width in &[1usize, 7, 300, 1001] {
-            let rows = 3;
-            let x: Vec<f32> = rng.vec(rows * width, 3.0).iter().map(|v| v + 0.5).collect();
-            let w = rng.vec(width, 1.0);
-            let b = rng.vec(width, 1.0);
-            let (xb, yb, wb, bb) = (
-                buf(&gpu, &x),
-                gpu.storage("y", (rows * width * 4) as u64).expect("y"),
-                buf(&gpu, &w),
-                buf(&gpu, &b),
-            );
-            let st = step(&gpu, 0, rows as u32);
-            let eps = 1e-5;
-            let op = Norm::new(&gpu, kind, width as u32, eps, &wb, Some(&bb), &xb, &yb, &st)
-                .expect("norm");
-            let mut rec = Recorder::new(&gpu);
-            op.encode(&mut rec, rows as u32);
-            rec.submit();
-            let got = read(&gpu, &yb, rows * width);
-            let mut want = Vec::new();
-            for r in 0..rows {
-                let row = &x[r * width..(r + 1) * width];
-                want.extend(match kind {
-                    NormKind::Rms => rms_norm(row, &w, eps),
-                    NormKind::Layer => layer_norm(row, &w, &b, eps),
-                });
-            }
-            let scale: Vec<f32> = want.iter().map(|v| v.abs() + 1.0).collect();
-            assert_close(
-                &format!("{kind:?} width {width}"),
-                &got,
-                &want,
-                &scale,
-                1e-5,
-                1e-5,
-            );
-            if kind == NormKind::Rms {
-                // Gemma's post-norms: the normalised row is added into y.
-                let add =
-                    Norm::add_into(&gpu, width as u32, eps, &wb, &xb, &yb, &st).expect("norm add");
-                let mut rec = Recorder::new(&gpu);
-                add.encode(&mut rec, rows as u32);
-                rec.submit();
-                let got = read(&gpu, &yb, rows * width);
-                let twice: Vec<f32> = want.iter().map(|v| 2.0 * v).collect();
-                assert_close(
-                    &format!("Rms add width {width}"),
-                    &got,
-                    &twice,
-                    &scale,
-                    1e-5,
-                    1e-5,
-                );
+    // Both forms on every adapter: a workgroup per row, and a row per invocation (which CPU
+    // adapters take), the latter over more rows than one workgroup of 64 holds.
+    for lane_rows in [false, true] {
+        for kind in [NormKind::Rms, NormKind::Layer] {
+            for &(rows, width) in &[(3usize, 1usize), (3, 7), (70, 300), (3, 1001)] {
+                let what = format!("{kind:?} {rows}×{width} (a row per invocation: {lane_rows})");
+                check_norm(&gpu, &mut rng, kind, rows, width, lane_rows, &what);
             }
         }
+    }
+}
+
+fn check_norm(
+    gpu: &Gpu,
+    rng: &mut Rng,
+    kind: NormKind,
+    rows: usize,
+    width: usize,
+    lane_rows: bool,
+    what: &str,
+) {
+    let x: Vec<f32> = rng.vec(rows * width, 3.0).iter().map(|v| v + 0.5).collect();
+    let w = rng.vec(width, 1.0);
+    let b = rng.vec(width, 1.0);
+    let (xb, yb, wb, bb) = (
+        buf(gpu, &x),
+        gpu.storage("y", (rows * width * 4) as u64).expect("y"),
+        buf(gpu, &w),
+        buf(gpu, &b),
+    );
+    let st = step(gpu, 0, rows as u32);
+    let eps = 1e-5;
+    let norm = |residual| {
+        let form = NormForm {
+            residual,
+            lane_rows: Some(lane_rows),
+        };
+        let bias = (kind == NormKind::Layer).then_some(&bb);
+        let op = Norm::with_form(gpu, kind, width as u32, eps, &wb, bias, &xb, &yb, &st, form)
+            .expect("norm");
+        let mut rec = Recorder::new(gpu);
+        op.encode(&mut rec, rows as u32);
+        rec.submit();
+        read(gpu, &yb, rows * width)
+    };
+    let got = norm(false);
+    let mut want = Vec::new();
+    for r in 0..rows {
+        let row = &x[r * width..(r + 1) * width];
+        want.extend(match kind {
+            NormKind::Rms => rms_norm(row, &w, eps),
+            NormKind::Layer => layer_norm(row, &w, &b, eps),
+        });
+    }
+    let scale: Vec<f32> = want.iter().map(|v| v.abs() + 1.0).collect();
+    assert_close(what, &got, &want, &scale, 1e-5, 1e-5);
+    if kind == NormKind::Rms {
+        // Gemma's post-norms: the normalised row is added into y.
+        let got = norm(true);
+        let twice: Vec<f32> = want.iter().map(|v| 2.0 * v).collect();
+        let what = format!("{what}, added");
+        assert_close(&what, &got, &twice, &scale, 1e-5, 1e-5);
     }
 }
 
@@ -1646,7 +1662,7 @@ fn softmax(l: &[f32], t: f32) -> Vec<f64> {
 fn sampling_follows_the_filtered_distribution() {
     let gpu = gpu();
     let logits = [1.0f32, 2.0, 0.5, 3.0, -1.0, 2.5, 0.0];
-    let draws = 600u64;
+    let draws = 300u64;
     let count = |params: SamplerParams| -> Vec<u32> {
         let mut counts = vec![0u32; logits.len()];
         for s in 0..draws {
@@ -1979,6 +1995,8 @@ fn quantized_matmul_parity(gpu: &Gpu) {
             } else {
                 coop_tiles(&gpu).into_iter().map(|t| (None, t)).collect()
             };
+            // The reference, once per rounding of the inputs.
+            let mut products: [Option<(Vec<f32>, Vec<f32>)>; 2] = [None, None];
             for &(cpu_tiles, coop_tile) in &tile_modes {
                 let op = MatMul::new(
                     &gpu,
@@ -2000,21 +2018,16 @@ fn quantized_matmul_parity(gpu: &Gpu) {
                 rec.submit();
                 let got = read(&gpu, &yb, m * n);
                 let tc = op.uses_tensor_cores();
-                let (w, x) = (product_input(tc, &w), product_input(tc, &x));
-                let mut want = Vec::new();
-                let mut scale = Vec::new();
-                for row in 0..m {
-                    let (v, mag) = matvec_ref(&w, &x[row * k..(row + 1) * k], n, k);
-                    want.extend(v);
-                    scale.extend(mag);
-                }
+                let (want, scale) = products[usize::from(tc)].get_or_insert_with(|| {
+                    product_ref(&product_input(tc, &w), &product_input(tc, &x), m, n, k)
+                });
                 assert_close(
                     &format!(
                         "quantized matmul {ty:?} m={m} n={n} k={k} tensor_cores={tc} cpu_tiles={cpu_tiles:?} coop_tile={coop_tile:?}"
                     ),
                     &got,
-                    &want,
-                    &scale,
+                    want,
+                    scale,
                     1e-5,
                     2e-5,
                 );

@@ -53,15 +53,21 @@ fn smollm2_gguf_chats_like_transformers() {
     // f32 reproduces transformers' float32 dequantization. f16 rounds the weights and the KV
     // cache, and its products on blocks take the input rounded to int8 (as llama.cpp's q8_1
     // activations are), which moves logits by up to about 0.08 on this model: a step whose
-    // top-2 margin is under 0.1 may legitimately flip.
-    for (dtype, near_tie) in [(WeightDType::F32, 1e-3), (WeightDType::F16, 0.1)] {
+    // top-2 margin is under 0.1 may legitimately flip. Each prompt runs in one dtype, the two
+    // taking turns (a software GPU spends about a third of a second on each token here); f16
+    // gets the France prompt, whose 0.08-margin step its float-input LM head exists for (see
+    // `MatVecLayout::for_head`).
+    for (parity, (dtype, near_tie)) in [(WeightDType::F16, 0.1), (WeightDType::F32, 1e-3)]
+        .into_iter()
+        .enumerate()
+    {
         let opts = ModelOptions {
             dtype,
             context: Some(256),
             ..Default::default()
         };
         let mut model = TextModel::load(&gpu(), &path, &opts).expect("SmolLM2 loads");
-        for case in &golden.cases {
+        for case in golden.cases.iter().skip(parity).step_by(2) {
             let prompt = Prompt::Chat(vec![ChatMessage::new("user", &case.prompt)]);
             assert_eq!(
                 model.tokenize(&prompt).expect("tokenize"),

@@ -32,7 +32,8 @@ pub struct BenchSpeechArgs {
     /// Timed repetitions (the best is reported).
     #[arg(long, default_value_t = 3)]
     repeat: u32,
-    /// Also print per-kernel GPU time of the encoder (timestamp queries).
+    /// Also print per-kernel GPU time of the encoder and of one decoder step (timestamp
+    /// queries).
     #[arg(long)]
     profile: bool,
     /// Print the result as one JSON line.
@@ -77,15 +78,12 @@ pub fn run(args: BenchSpeechArgs, adapter: Option<&str>) -> Result<()> {
     for _ in 0..repeat {
         encode = encode.min(model.time_encode(&window)?);
     }
-    if args.profile {
-        let mut timings = model.profile_encode()?;
-        timings.sort_by(|a, b| b.total_ns.total_cmp(&a.total_ns));
-        eprintln!("encoder kernels (GPU time):");
-        for t in &timings {
-            eprintln!("{:>10.3} ms {:>4}×  {}", t.total_ns / 1e6, t.calls, t.label);
-        }
-    }
     let prompt: Vec<u32> = model.tokens.prompt(Some("en"), Default::default(), true);
+    if args.profile {
+        show_kernels("encoder", model.profile_encode()?);
+        let step = model.profile_decode(&prompt, args.tokens.min(64))?;
+        show_kernels("one decoder step", step);
+    }
     model.time_decode(&prompt, 4)?;
     let mut decode = Duration::MAX;
     let mut prefill = Duration::MAX;
@@ -154,4 +152,13 @@ pub fn run(args: BenchSpeechArgs, adapter: Option<&str>) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// Prints per-kernel GPU times, the costliest first.
+fn show_kernels(what: &str, mut timings: Vec<backpack_engine::gpu::KernelTiming>) {
+    timings.sort_by(|a, b| b.total_ns.total_cmp(&a.total_ns));
+    eprintln!("{what} kernels (GPU time):");
+    for t in &timings {
+        eprintln!("{:>10.3} ms {:>4}×  {}", t.total_ns / 1e6, t.calls, t.label);
+    }
 }

@@ -34,7 +34,7 @@ pub use group_norm::{GroupNorm, GroupNormShape};
 pub(crate) use matmul::COOP_MIN_WORKGROUP_BYTES;
 pub use matmul::{CoopTile, MatMul, MatMulOptions, k_slices};
 pub use matvec::{MatVec, MatVecLayout, MatVecOptions, SplitAttention, int8_rounded_input};
-pub use norm::{HeadNorm, Norm, NormKind};
+pub use norm::{HeadNorm, Norm, NormForm, NormKind};
 pub use pass::{KernelSpec, Pass};
 pub use pixels::{affine, concat, silu, slice_channels, softmax_rows, tanh_clamp, transpose};
 pub use reduce::SumReduce;

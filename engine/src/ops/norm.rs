@@ -1,6 +1,6 @@
 use bytemuck::{Pod, Zeroable};
 
-use super::{bind, flag};
+use super::{bind, flag, groups_of_64};
 use crate::gpu::{Gpu, GpuError, Kernel, Recorder, StorageBuffer, UniformBuffer};
 
 const SOURCE: &str = include_str!("../../../shaders/norm.wgsl");
@@ -20,10 +20,22 @@ struct Params {
     kv_heads: u32,
 }
 
+/// How a [`Norm`] runs.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct NormForm {
+    /// Add the normalised row into y (RMSNorm only).
+    pub residual: bool,
+    /// A row per invocation rather than per workgroup of 256: `None` takes it on CPU
+    /// adapters, where workgroup barriers cost more than reading a row lane by lane.
+    pub lane_rows: Option<bool>,
+}
+
 /// Row-wise RMSNorm / LayerNorm of the step's tokens into a separate buffer.
 pub struct Norm {
     kernel: Kernel,
     bind_group: wgpu::BindGroup,
+    /// A row per invocation (CPU adapters) rather than per workgroup.
+    lane_rows: bool,
     _params: UniformBuffer,
 }
 
@@ -40,7 +52,8 @@ impl Norm {
         y: &StorageBuffer,
         step: &UniformBuffer,
     ) -> Result<Self, GpuError> {
-        Self::build(gpu, kind, width, eps, weight, bias, x, y, step, false)
+        let form = NormForm::default();
+        Self::with_form(gpu, kind, width, eps, weight, bias, x, y, step, form)
     }
 
     /// RMSNorm of the step's rows of `x` added into `y` (`y += norm(x)`).
@@ -54,7 +67,11 @@ impl Norm {
         y: &StorageBuffer,
         step: &UniformBuffer,
     ) -> Result<Self, GpuError> {
-        Self::build(
+        let form = NormForm {
+            residual: true,
+            lane_rows: None,
+        };
+        Self::with_form(
             gpu,
             NormKind::Rms,
             width,
@@ -64,12 +81,13 @@ impl Norm {
             x,
             y,
             step,
-            true,
+            form,
         )
     }
 
+    /// As [`Norm::new`] in the given form.
     #[allow(clippy::too_many_arguments)]
-    fn build(
+    pub fn with_form(
         gpu: &Gpu,
         kind: NormKind,
         width: u32,
@@ -79,9 +97,14 @@ impl Norm {
         x: &StorageBuffer,
         y: &StorageBuffer,
         step: &UniformBuffer,
-        residual: bool,
+        form: NormForm,
     ) -> Result<Self, GpuError> {
+        let NormForm {
+            residual,
+            lane_rows,
+        } = form;
         let layer = kind == NormKind::Layer;
+        let lane_rows = lane_rows.unwrap_or_else(|| gpu.is_software());
         let kernel = gpu.kernel(
             "norm",
             SOURCE,
@@ -90,6 +113,7 @@ impl Norm {
                 flag("LAYER", layer),
                 flag("HEADS", false),
                 flag("RESIDUAL", residual),
+                flag("LANE_ROWS", lane_rows),
             ],
         )?;
         let params = gpu.uniform(
@@ -116,12 +140,18 @@ impl Norm {
         Ok(Self {
             kernel,
             bind_group,
+            lane_rows,
             _params: params,
         })
     }
 
     pub fn encode(&self, rec: &mut Recorder<'_>, n_tokens: u32) {
-        rec.dispatch_xyz(&self.kernel, &self.bind_group, [n_tokens, 1, 1]);
+        let groups = if self.lane_rows {
+            groups_of_64(n_tokens)
+        } else {
+            n_tokens
+        };
+        rec.dispatch_xyz(&self.kernel, &self.bind_group, [groups, 1, 1]);
     }
 }
 
@@ -152,7 +182,11 @@ impl HeadNorm {
             "norm",
             SOURCE,
             "main",
-            &[flag("LAYER", false), flag("HEADS", true)],
+            &[
+                flag("LAYER", false),
+                flag("HEADS", true),
+                flag("LANE_ROWS", false),
+            ],
         )?;
         let params = gpu.uniform(
             "head norm params",

@@ -296,32 +296,56 @@ impl Decoder {
 
     /// Feeds the last sampled token and samples the next.
     pub fn decode(&mut self) -> Result<Sampled, Error> {
+        self.check_room()?;
+        let gpu = self.gpu.clone();
+        let mut rec = Recorder::new(&gpu);
+        self.record_step(&mut rec);
+        let submission = rec.submit();
+        let sampled = self.read_sampled(submission)?;
+        self.seq_len += 1;
+        Ok(sampled)
+    }
+
+    /// As `decode`, timing each kernel of the step (timestamp queries).
+    pub fn profile_decode(&mut self) -> Result<Vec<crate::gpu::KernelTiming>, Error> {
+        self.check_room()?;
+        let gpu = self.gpu.clone();
+        let mut profiler = crate::gpu::Profiler::new(&gpu, 16 * self.layers.len() as u32 + 16);
+        let mut rec = Recorder::with_profiler(&gpu, Some(&mut profiler));
+        self.record_step(&mut rec);
+        let submission = rec.submit();
+        self.read_sampled(submission)?;
+        self.seq_len += 1;
+        Ok(profiler.read(&gpu)?)
+    }
+
+    /// A token can follow: a prompt ran and the positions are not used up.
+    fn check_room(&self) -> Result<(), Error> {
         if self.seq_len == 0 || self.seq_len + 1 >= self.capacity {
             return Err(Error::ContextFull {
                 capacity: self.capacity,
             });
         }
-        let gpu = self.gpu.clone();
+        Ok(())
+    }
+
+    /// One token's step at the current position, through sampling.
+    fn record_step(&self, rec: &mut Recorder<'_>) {
         let pos = self.seq_len;
-        self.step.write(&gpu, &StepParams::new(pos, 1));
-        let mut rec = Recorder::new(&gpu);
-        self.embed.encode(&mut rec, 1);
+        self.step.write(&self.gpu, &StepParams::new(pos, 1));
+        self.embed.encode(rec, 1);
         for l in &self.layers {
-            l.qkv_mv.encode(&mut rec);
-            l.split_attention.encode(&mut rec, pos, 1);
-            l.out_mv.encode(&mut rec);
-            l.cross_q_mv.encode(&mut rec);
-            l.cross_attention.encode(&mut rec, 1);
-            l.cross_out_mv.encode(&mut rec);
-            l.fc1_mv.encode(&mut rec);
-            l.fc2_mv.encode(&mut rec);
+            l.qkv_mv.encode(rec);
+            l.split_attention.encode(rec, pos, 1);
+            l.out_mv.encode(rec);
+            l.cross_q_mv.encode(rec);
+            l.cross_attention.encode(rec, 1);
+            l.cross_out_mv.encode(rec);
+            l.fc1_mv.encode(rec);
+            l.fc2_mv.encode(rec);
         }
-        self.head_mv.encode(&mut rec);
-        self.encode_sampling(&mut rec, pos + 1);
-        let submission = rec.submit();
-        let sampled = self.read_sampled(submission)?;
-        self.seq_len += 1;
-        Ok(sampled)
+        self.head_mv.encode(rec);
+        self.encode_sampling(rec, pos + 1);
     }
 
     /// The processed logits of the last step (for tests and tools).

@@ -217,6 +217,17 @@ impl WhisperModel {
         Ok(profiler.read(&self.gpu)?)
     }
 
+    /// Per-kernel GPU time of one decoder step after `prompt` and `n` decoded tokens (after
+    /// `profile_encode` or a transcription, so the cross-attention keys exist).
+    pub fn profile_decode(
+        &mut self,
+        prompt: &[u32],
+        n: u32,
+    ) -> Result<Vec<crate::gpu::KernelTiming>, Error> {
+        self.time_decode(prompt, n)?;
+        self.decoder.profile_decode()
+    }
+
     /// Times a prompt of `prompt` and then `n` more decoded tokens whatever they are (no end
     /// token stops it): (prompt time, decode time).
     pub fn time_decode(
