@@ -33,12 +33,6 @@ const CPU_TILE: u32 = 32;
 /// Whisper tiny.en's 147 K-weight products: 4.7× faster on the CPU tiles).
 pub const CPU_TILES_FROM: u32 = 64 * 1024;
 
-/// Smaller products take the CPU tiles too where the output buffer holds enough rows for this
-/// many multiply-adds: lavapipe (`bench-gemm`, one dispatch) runs 1500×96×96 in 3.9 ms on
-/// them and 49 ms on the SIMT ones, level at 256×64×64 (3.0 against 2.7 ms), while
-/// 64×128×32 takes 2.5 ms against 0.75.
-pub const CPU_TILES_WORK_FROM: u64 = 4 << 20;
-
 /// Output tile edge of the default tiles (both paths); `big_tiles` doubles it.
 const TILE: u32 = 64;
 
@@ -93,8 +87,7 @@ pub struct MatMulOptions<'a> {
     pub big_tiles: Option<bool>,
     /// The CPU adapters' own tiles (`matmul_cpu.wgsl`, never split): `None` leaves it to the
     /// adapter (CPU adapters with 8-lane subgroups take them for products of at least
-    /// [`CPU_TILES_FROM`] weights, or room for [`CPU_TILES_WORK_FROM`] multiply-adds in the
-    /// output buffer); `Some` forces them on (where the adapter has them) or off
+    /// [`CPU_TILES_FROM`] weights); `Some` forces them on (where the adapter has them) or off
     /// (tests and benchmarks of the other tiles there).
     pub cpu_tiles: Option<bool>,
     /// The workgroups a split product aims for (default [`TARGET_WORKGROUPS`]); tests lower it
@@ -142,11 +135,9 @@ impl MatMul {
         let tensor_cores = gpu.caps().cooperative_matrix;
         let cpu = !tensor_cores
             && super::cpu_tiles(gpu)
-            && opts.cpu_tiles.unwrap_or_else(|| {
-                let weights = u64::from(w.rows) * u64::from(w.cols);
-                let rows = y.size / (4 * u64::from(w.rows.max(1)));
-                weights >= u64::from(CPU_TILES_FROM) || rows * weights >= CPU_TILES_WORK_FROM
-            });
+            && opts
+                .cpu_tiles
+                .unwrap_or(w.rows.saturating_mul(w.cols) >= CPU_TILES_FROM);
         // The tensor-core tiles pick their own size; the SIMT ones decode blocks only into the
         // 64-wide tile. A CPU adapter not on its own tiles takes the big tile for dense
         // products at least a tile wide: its barriers and workgroup-memory loads cost more

@@ -359,7 +359,8 @@ pub(super) fn build_layer(
             b.encoder_out,
             &cross_kv,
             b.encoder_step,
-            bias(&w.cross_kv_b),
+            // The keys and values of the encoder's whole window.
+            super::encoder::window_rows(bias(&w.cross_kv_b)),
         )?,
         _weights: w,
         _buffers: vec![k_cache, v_cache, cross_kv],
