@@ -1594,6 +1594,20 @@ fn fill_matches_its_host_formula() {
 
 /// Runs the sampler once over `logits` with the given history and settings.
 fn sample_once(gpu: &Gpu, logits: &[f32], history: &[u32], params: &SamplerParams) -> u32 {
+    sample_with(gpu, logits, history, params, None)
+}
+
+/// Sampler widths the tests cover: the adapter's choice (64 lanes on a CPU adapter, 1024 where
+/// GPUs allow it) and the 256 that GPUs with smaller workgroups take.
+const SAMPLER_WIDTHS: [Option<u32>; 2] = [None, Some(256)];
+
+fn sample_with(
+    gpu: &Gpu,
+    logits: &[f32],
+    history: &[u32],
+    params: &SamplerParams,
+    width: Option<u32>,
+) -> u32 {
     let vocab = logits.len() as u32;
     // Pad to whole vec4 words with values that would win if the padding were read.
     let mut padded = logits.to_vec();
@@ -1608,7 +1622,7 @@ fn sample_once(gpu: &Gpu, logits: &[f32], history: &[u32], params: &SamplerParam
     }
     let seen = gpu.storage_from("seen", &bits).expect("seen");
     let st = step(gpu, 0, history.len() as u32);
-    let op = Sample::new(gpu, vocab, &lb, &hb, &seen, &st).expect("sample");
+    let op = Sample::with_width(gpu, vocab, &lb, &hb, &seen, &st, width).expect("sample");
     op.set(gpu, params);
     let mut rec = Recorder::new(gpu);
     op.encode(&mut rec);
@@ -1621,19 +1635,21 @@ fn sample_once(gpu: &Gpu, logits: &[f32], history: &[u32], params: &SamplerParam
 fn greedy_sampling_is_argmax_with_lowest_index_on_ties() {
     let gpu = gpu();
     let mut rng = Rng::new(8);
-    for &vocab in &[1usize, 7, 1000, 50_257] {
-        let mut logits = rng.vec(vocab, 5.0);
-        let top = rng.below(vocab as u32) as usize;
-        logits[top] = 10.0;
-        if vocab > 10 {
-            // A tie later in the vocabulary must lose.
-            logits[vocab - 1] = 10.0;
+    for width in SAMPLER_WIDTHS {
+        for &vocab in &[1usize, 7, 1000, 50_257] {
+            let mut logits = rng.vec(vocab, 5.0);
+            let top = rng.below(vocab as u32) as usize;
+            logits[top] = 10.0;
+            if vocab > 10 {
+                // A tie later in the vocabulary must lose.
+                logits[vocab - 1] = 10.0;
+            }
+            assert_eq!(
+                sample_with(&gpu, &logits, &[0], &SamplerParams::default(), width),
+                top as u32,
+                "vocab {vocab}, width {width:?}"
+            );
         }
-        assert_eq!(
-            sample_once(&gpu, &logits, &[0], &SamplerParams::default()),
-            top as u32,
-            "vocab {vocab}"
-        );
     }
 }
 
@@ -1734,6 +1750,12 @@ fn sampling_follows_the_filtered_distribution() {
 #[test]
 fn sampling_with_many_near_ties_uses_exact_thresholds() {
     let gpu = gpu();
+    for width in SAMPLER_WIDTHS {
+        near_ties_use_exact_thresholds(&gpu, width);
+    }
+}
+
+fn near_ties_use_exact_thresholds(gpu: &Gpu, width: Option<u32>) {
     let vocab = 3001usize;
     // Slowly decreasing logits: every token is within a few logits of the best.
     let logits: Vec<f32> = (0..vocab).map(|i| -(i as f32) * 0.001).collect();
@@ -1745,8 +1767,8 @@ fn sampling_with_many_near_ties_uses_exact_thresholds() {
             seed,
             ..Default::default()
         };
-        let t = sample_once(&gpu, &logits, &[0], &p);
-        assert!(t < 5, "top-k 5 gave token {t}");
+        let t = sample_with(gpu, &logits, &[0], &p, width);
+        assert!(t < 5, "top-k 5 gave token {t} (width {width:?})");
     }
     // Top-p 0.3: the smallest prefix holding 30% of the mass.
     let probs = softmax(&logits, 1.0);
@@ -1767,7 +1789,7 @@ fn sampling_with_many_near_ties_uses_exact_thresholds() {
             seed,
             ..Default::default()
         };
-        let t = sample_once(&gpu, &logits, &[0], &p) as usize;
+        let t = sample_with(gpu, &logits, &[0], &p, width) as usize;
         assert!(
             t <= last,
             "top-p 0.3 gave token {t}, nucleus ends at {last}"

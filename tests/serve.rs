@@ -547,9 +547,10 @@ async fn transcriptions_and_images_match_the_cli() {
         .expect("no text model");
     assert_eq!(r.status(), 404);
 
-    // Transcription: the text `transcribe` prints for the same file, language and temperature
-    // (one temperature, no fallback: the random model never passes the quality checks, and
-    // falling back through six temperatures takes minutes on a software GPU). The other
+    // Transcription: the text `transcribe` prints for the same file, language, temperature
+    // and token limit (one temperature, no fallback: the random model never passes the
+    // quality checks, and falling back through six temperatures takes minutes on a software
+    // GPU; it never ends a window either, so the limit keeps each window short). The other
     // response formats are checked by media.rs's unit test.
     let audio =
         PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/audio/speech_short.wav");
@@ -564,6 +565,8 @@ async fn transcriptions_and_images_match_the_cli() {
         "--temperature",
         "0.3",
         "--no-fallback",
+        "--max-new-tokens",
+        "40",
         "--json",
     ]);
     let stdout = String::from_utf8_lossy(&out.stdout);
@@ -577,6 +580,7 @@ async fn transcriptions_and_images_match_the_cli() {
         .text("model", "whisper-1")
         .text("language", "en")
         .text("temperature", "0.3")
+        .text("max_new_tokens", "40")
         .text("response_format", "verbose_json");
     let r = client
         .post(url("/v1/audio/transcriptions"))
@@ -606,6 +610,8 @@ async fn transcriptions_and_images_match_the_cli() {
         "en",
         "--temperature",
         "0.3",
+        "--max-new-tokens",
+        "40",
         "--json",
     ]);
     let stdout = String::from_utf8_lossy(&out.stdout);
@@ -632,6 +638,25 @@ async fn transcriptions_and_images_match_the_cli() {
     assert_eq!(r.status(), 400);
     let e: Value = r.json().await.expect("error json");
     assert_eq!(e["error"]["type"], "invalid_request_error");
+    // A token limit that is not a whole number from 1: a 400 naming it.
+    for bad in ["0", "-3", "many"] {
+        let form = reqwest::multipart::Form::new()
+            .part(
+                "file",
+                reqwest::multipart::Part::bytes(std::fs::read(&audio).expect("audio"))
+                    .file_name("speech.wav"),
+            )
+            .text("max_new_tokens", bad);
+        let r = client
+            .post(url("/v1/audio/transcriptions"))
+            .multipart(form)
+            .send()
+            .await
+            .expect("bad limit");
+        assert_eq!(r.status(), 400, "max_new_tokens {bad}");
+        let e: Value = r.json().await.expect("error json");
+        assert_eq!(e["error"]["param"], "max_new_tokens");
+    }
 
     // Images: the pixels `image` writes for the same prompt, size, steps and seed.
     let dir = std::env::temp_dir().join(format!("backpack-serve-images-{}", std::process::id()));

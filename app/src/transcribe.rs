@@ -82,6 +82,11 @@ pub struct TranscribeArgs {
     /// Text that precedes the audio (names, spelling) given to the first window as context.
     #[arg(long)]
     prompt: Option<String>,
+    /// At most this many tokens decoded per 30 s window (default: as many as the decoder
+    /// holds, 448 positions for every Whisper, less the prompt).
+    /// (With --endpoint, sent as the form field max_new_tokens, which Backpack's server reads.)
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
+    max_new_tokens: Option<u32>,
 }
 
 pub fn options(args: &TranscribeArgs) -> TranscribeOptions {
@@ -97,6 +102,7 @@ pub fn options(args: &TranscribeArgs) -> TranscribeOptions {
         timestamps: !args.no_timestamps,
         temperatures,
         initial_prompt: args.prompt.clone(),
+        max_new_tokens: args.max_new_tokens,
         ..Default::default()
     };
     if args.no_fallback {
@@ -195,6 +201,7 @@ fn run_remote(args: &TranscribeArgs, url: &str) -> Result<()> {
         prompt: args.prompt.clone(),
         temperature: Some(args.temperature),
         translate: matches!(args.task, TaskArg::Translate),
+        max_new_tokens: args.max_new_tokens,
         ..Default::default()
     };
     let model = args.model.to_string_lossy();

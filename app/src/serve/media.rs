@@ -90,6 +90,8 @@ struct AudioForm {
     format: Option<String>,
     temperature: Option<f32>,
     word_timestamps: bool,
+    /// An extension to OpenAI's form: at most this many tokens per 30 s window.
+    max_new_tokens: Option<u32>,
 }
 
 async fn read_form(mut form: Multipart) -> Result<AudioForm, ApiError> {
@@ -113,6 +115,16 @@ async fn read_form(mut form: Multipart) -> Result<AudioForm, ApiError> {
                 out.temperature = Some(text.trim().parse().map_err(|_| {
                     ApiError::bad_request("temperature must be a number", Some("temperature"))
                 })?)
+            }
+            "max_new_tokens" => {
+                let bad = || {
+                    ApiError::bad_request(
+                        "max_new_tokens must be a whole number from 1",
+                        Some("max_new_tokens"),
+                    )
+                };
+                let n = text.trim().parse::<u32>().ok().filter(|&n| n > 0);
+                out.max_new_tokens = Some(n.ok_or_else(bad)?);
             }
             "timestamp_granularities[]" | "timestamp_granularities" => {
                 out.word_timestamps |= text.contains("word")
@@ -167,6 +179,7 @@ async fn audio(s: &Server, form: Form, task: Task) -> Result<Response, ApiError>
         language: form.language,
         task,
         initial_prompt: form.prompt,
+        max_new_tokens: form.max_new_tokens,
         ..Default::default()
     };
     // OpenAI's meaning: 0 (the default) decodes greedily and raises the temperature where a

@@ -18,6 +18,8 @@ pub struct RemoteAudio {
     pub temperature: Option<f32>,
     /// Translate to English instead of transcribing.
     pub translate: bool,
+    /// Backpack's extension: at most this many tokens per 30 s window (sent only when set).
+    pub max_new_tokens: Option<u32>,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Deserialize)]
@@ -95,6 +97,9 @@ impl RemoteClient {
         }
         if let Some(t) = audio.temperature {
             form = form.text("temperature", t.to_string());
+        }
+        if let Some(n) = audio.max_new_tokens {
+            form = form.text("max_new_tokens", n.to_string());
         }
         let response = self
             .send(self.http.post(&url).multipart(form), &url)
