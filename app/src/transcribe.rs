@@ -83,8 +83,8 @@ pub struct TranscribeArgs {
     #[arg(long)]
     prompt: Option<String>,
     /// At most this many tokens decoded per 30 s window (default: as many as the decoder
-    /// holds, 448 positions for every Whisper, less the prompt).
-    /// (With --endpoint, sent as the form field max_new_tokens, which Backpack's server reads.)
+    /// holds, 448 positions for every Whisper, less the prompt); with --endpoint, sent as the
+    /// form field max_new_tokens, which Backpack's server reads.
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
     max_new_tokens: Option<u32>,
 }

@@ -296,37 +296,30 @@ impl Decoder {
 
     /// Feeds the last sampled token and samples the next.
     pub fn decode(&mut self) -> Result<Sampled, Error> {
-        self.check_room()?;
-        let gpu = self.gpu.clone();
-        let mut rec = Recorder::new(&gpu);
-        self.record_step(&mut rec);
-        let submission = rec.submit();
-        let sampled = self.read_sampled(submission)?;
-        self.seq_len += 1;
-        Ok(sampled)
+        self.step_with(None)
     }
 
     /// As `decode`, timing each kernel of the step (timestamp queries).
     pub fn profile_decode(&mut self) -> Result<Vec<crate::gpu::KernelTiming>, Error> {
-        self.check_room()?;
         let gpu = self.gpu.clone();
         let mut profiler = crate::gpu::Profiler::new(&gpu, 16 * self.layers.len() as u32 + 16);
-        let mut rec = Recorder::with_profiler(&gpu, Some(&mut profiler));
-        self.record_step(&mut rec);
-        let submission = rec.submit();
-        self.read_sampled(submission)?;
-        self.seq_len += 1;
+        self.step_with(Some(&mut profiler))?;
         Ok(profiler.read(&gpu)?)
     }
 
-    /// A token can follow: a prompt ran and the positions are not used up.
-    fn check_room(&self) -> Result<(), Error> {
+    fn step_with(&mut self, profiler: Option<&mut crate::gpu::Profiler>) -> Result<Sampled, Error> {
         if self.seq_len == 0 || self.seq_len + 1 >= self.capacity {
             return Err(Error::ContextFull {
                 capacity: self.capacity,
             });
         }
-        Ok(())
+        let gpu = self.gpu.clone();
+        let mut rec = Recorder::with_profiler(&gpu, profiler);
+        self.record_step(&mut rec);
+        let submission = rec.submit();
+        let sampled = self.read_sampled(submission)?;
+        self.seq_len += 1;
+        Ok(sampled)
     }
 
     /// One token's step at the current position, through sampling.
