@@ -28,38 +28,76 @@ fn require(tool: &str) {
     );
 }
 
-/// Starts Xvfb on a free display number.
-fn start_xvfb() -> (KillOnDrop, String) {
-    for n in 90..140 {
-        if Path::new(&format!("/tmp/.X11-unix/X{n}")).exists()
-            || Path::new(&format!("/tmp/.X{n}-lock")).exists()
-        {
-            continue;
-        }
-        let display = format!(":{n}");
-        let child = Command::new("Xvfb")
-            .args([
-                display.as_str(),
-                "-screen",
-                "0",
-                "1280x800x24",
-                "-nolisten",
-                "tcp",
-            ])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("Xvfb starts");
-        let guard = KillOnDrop(child);
-        let deadline = Instant::now() + Duration::from_secs(10);
+/// A running Xvfb, stopped with SIGTERM so that it removes its lock file and socket: a server
+/// killed outright leaves `/tmp/.X<n>-lock` behind, and on a machine that runs this test often
+/// those pile up.
+struct Xvfb {
+    child: Child,
+    display: String,
+}
+
+impl Drop for Xvfb {
+    fn drop(&mut self) {
+        let pid = self.child.id().to_string();
+        let _ = Command::new("kill").args(["-TERM", &pid]).status();
+        let deadline = Instant::now() + Duration::from_secs(5);
         while Instant::now() < deadline {
-            if Path::new(&format!("/tmp/.X11-unix/X{n}")).exists() {
-                return (guard, display);
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return;
             }
             std::thread::sleep(Duration::from_millis(50));
         }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
     }
-    panic!("could not start Xvfb");
+}
+
+/// Starts Xvfb on a display number it picks itself (`-displayfd`): the server skips displays in
+/// use and clears stale locks whose process is gone, which no check made from here can do
+/// without racing it.
+fn start_xvfb() -> Xvfb {
+    let mut child = Command::new("Xvfb")
+        .args([
+            "-displayfd",
+            "1",
+            "-screen",
+            "0",
+            "1280x800x24",
+            "-nolisten",
+            "tcp",
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("Xvfb starts");
+    let stdout = child.stdout.take().expect("piped stdout");
+    let mut stderr = child.stderr.take().expect("piped stderr");
+    // Xvfb's log is drained for the whole run (a full pipe would stall it) and shown on failure.
+    let log = std::thread::spawn(move || {
+        let mut text = String::new();
+        let _ = std::io::Read::read_to_string(&mut stderr, &mut text);
+        text
+    });
+    let (sender, receiver) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut line = String::new();
+        let _ = std::io::BufRead::read_line(&mut std::io::BufReader::new(stdout), &mut line);
+        let _ = sender.send(line);
+    });
+    let line = receiver
+        .recv_timeout(Duration::from_secs(20))
+        .unwrap_or_default();
+    let number = line.trim();
+    if number.is_empty() || !number.bytes().all(|b| b.is_ascii_digit()) {
+        let _ = child.kill();
+        let _ = child.wait();
+        let log = log.join().unwrap_or_default();
+        panic!("Xvfb did not report a display ({line:?}):\n{log}");
+    }
+    Xvfb {
+        child,
+        display: format!(":{number}"),
+    }
 }
 
 fn x_tool(display: &str, tool: &str, args: &[&str]) -> std::process::Output {
@@ -96,7 +134,8 @@ fn window_opens_renders_and_closes_cleanly() {
     for tool in ["Xvfb", "xdotool", "xwd"] {
         require(tool);
     }
-    let (_xvfb, display) = start_xvfb();
+    let xvfb = start_xvfb();
+    let display = xvfb.display.clone();
     let data_dir = std::env::temp_dir().join(format!("backpack-smoke-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&data_dir);
     let model: PathBuf =

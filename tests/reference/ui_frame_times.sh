@@ -8,27 +8,33 @@ bin=$1
 model=$2
 data=$(mktemp -d)
 log=$data/stderr
-Xvfb :77 -screen 0 1280x800x24 -nolisten tcp >/dev/null 2>&1 &
+# Xvfb picks a free display itself and writes its number to stdout (-displayfd 1).
+Xvfb -displayfd 1 -screen 0 1280x800x24 -nolisten tcp >"$data/display" 2>/dev/null &
 xvfb=$!
 trap 'kill $xvfb 2>/dev/null; rm -rf "$data"' EXIT
-sleep 1
-DISPLAY=:77 BACKPACK_FRAME_STATS=1 "$bin" --model "$model" --data-dir "$data" 2>"$log" &
+for _ in $(seq 100); do
+    [ -s "$data/display" ] && break
+    sleep 0.1
+done
+[ -s "$data/display" ] || { echo "Xvfb did not start" >&2; exit 1; }
+export DISPLAY=":$(tr -d '[:space:]' <"$data/display")"
+BACKPACK_FRAME_STATS=1 "$bin" --model "$model" --data-dir "$data" 2>"$log" &
 app=$!
 window=""
 for _ in $(seq 100); do
-    window=$(DISPLAY=:77 xdotool search --name '^Backpack$' 2>/dev/null | head -1 || true)
+    window=$(xdotool search --name '^Backpack$' 2>/dev/null | head -1 || true)
     [ -n "$window" ] && break
     sleep 0.2
 done
 [ -n "$window" ] || { echo "no window" >&2; cat "$log" >&2; exit 1; }
 sleep 3
-DISPLAY=:77 xdotool windowfocus --sync "$window"
+xdotool windowfocus --sync "$window"
 for prompt in "Tell me a story about a fox" "And then what happened" "Write more please"; do
-    DISPLAY=:77 xdotool type --delay 10 "$prompt"
-    DISPLAY=:77 xdotool key Return
+    xdotool type --delay 10 "$prompt"
+    xdotool key Return
     sleep 4
 done
-DISPLAY=:77 xdotool key --clearmodifiers ctrl+q
+xdotool key --clearmodifiers ctrl+q
 wait $app
 grep "frame stats" "$log"
 python3 - "$data/conversations.json" <<'PY'
