@@ -126,6 +126,24 @@ impl MatVec {
         };
         let mut rows_per_group = 1;
         let mut xcache = Self::stages_input(gpu, w.cols);
+        // Long rows of 32-weight int8 blocks with too few rows for sub-block lanes (down
+        // products): a subgroup per row, two rows per subgroup sharing each input read, where
+        // that still leaves 128 workgroups. On an H200 (`bench`, 128 tokens) SmolLM2-1.7B
+        // decoded Q4_0 at 742 tok/s against 726 with 64 lanes per row, Q8_0 670 against 659,
+        // and Llama-3.2-1B Q4_0 936 against 919; Qwen2.5-1.5B's 1536 rows (96 workgroups) were
+        // 0.5 % slower so.
+        if let Some(sg) = fixed_subgroup
+            && quant_lanes.is_none()
+            && matches!(
+                w.quant,
+                Some((GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q8_0, _))
+            )
+            && w.cols >= 4096
+            && n / ((WG / sg).max(1) * 2) >= 128
+        {
+            tpr = sg;
+            rows_per_group = 2;
+        }
         // K-quant rows with a sub-block pair for every lane of a subgroup: a subgroup per row,
         // two rows per subgroup sharing each input read, the input staged where it fits. On an
         // H100 (SmolLM2-1.7B Q4_K) that decoded 601 tok/s against 505 with the layouts above;
