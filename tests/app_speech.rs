@@ -238,9 +238,14 @@ fn transcribe_a_dropped_file(h: &mut App) -> Transcript {
             .is_some_and(|j| j.progress.is_some_and(midway))
             || speech_idle(app)
     });
+    let app = h.state();
     assert!(
-        h.state().speech.is_busy(),
-        "progress is seen before the end"
+        app.speech.is_busy(),
+        "progress is seen before the end (error: {:?}, transcript: {:?})",
+        app.speech.error,
+        app.speech
+            .selected_id()
+            .and_then(|id| app.shared.store.transcript(id))
     );
     h.get_by_label_contains("s of 48.2 s");
     wait_for(h, "the transcription", speech_idle);
