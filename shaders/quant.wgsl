@@ -37,6 +37,16 @@ fn bits4(w: u32, shift: u32) -> vec4<f32> {
         (w >> (shift + 24u)) & 1u));
 }
 
+// Bits first .. first + 3 of w.
+fn bit_run(w: u32, first: u32) -> vec4<f32> {
+    return vec4<f32>((vec4<u32>(w) >> vec4<u32>(first, first + 1u, first + 2u, first + 3u)) & vec4<u32>(1u));
+}
+
+// The two bits at `shift` of each byte of w.
+fn two_bits(w: u32, shift: u32) -> vec4<f32> {
+    return vec4<f32>((vec4<u32>(w) >> vec4<u32>(shift, shift + 8u, shift + 16u, shift + 24u)) & vec4<u32>(3u));
+}
+
 fn scale_half(scales: u32, index: u32) -> f32 {
     return unpack2x16float(qw[scales + index / 2u])[index % 2u];
 }
@@ -67,9 +77,10 @@ fn scale_min_words(w0: u32, w1: u32, w2: u32, j: u32) -> vec2<f32> {
 // The decoding of one 32-weight sub-block `s` of row `row`, written once: every
 // `EMIT(j; value);` line gives weights 4j..4j+3 as a vec4. The engine expands it into `q_dot`
 // (decode products: multiplied with the inputs as they are decoded, using the including
-// kernel's xin4) and `q_pair` (prompt-product tiles: weights 4·j0 .. 4·j0 + 8), so neither
-// keeps a per-invocation array, which GPUs would place in slow local memory; `q_store`
-// (expansion to dense f16 for prompt products) and `q_gather` (embedding rows).
+// kernel's xin4), so that it keeps no per-invocation array, which GPUs would place in slow
+// local memory; `q_store` (expansion to dense f16 for prompt products) and `q_gather`
+// (embedding rows). `q_pair` (prompt-product tiles: eight weights at a time) decodes only the
+// words it needs, so it is written out per format below.
 struct QPair {
     a: vec4<f32>,
     b: vec4<f32>,
@@ -351,10 +362,84 @@ fn nibble_dot8(w: vec4<u32>, s: u32) -> i32 {
 #endif
 #endif
 #else
+// Weights 4·j0 .. 4·j0 + 7 (j0 even) of sub-block `s` of row `row`, loading only the words
+// that hold them: the template's form would decode the whole sub-block for every eight.
 fn q_pair(row: u32, s: u32, scales: u32, j0: u32) -> QPair {
-    var out: QPair;
-Q_DECODE_PAIR
-    return out;
+#if Q8_0
+    let blk = row * {{SUBS}}u + s;
+    let d = scale_half(scales, blk);
+    return QPair(bytes_i8(qw[blk * 8u + j0]) * d, bytes_i8(qw[blk * 8u + j0 + 1u]) * d);
+#endif
+#if Q4_0
+    // Weights 0..15 are the low nibbles of the sub-block's bytes, 16..31 the high ones.
+    let blk = row * {{SUBS}}u + s;
+    let d = scale_half(scales, blk);
+    let at = blk * 4u + j0 % 4u;
+    let shift = 4u * (j0 / 4u);
+    return QPair((nib_at(qw[at], shift) - 8.0) * d, (nib_at(qw[at + 1u], shift) - 8.0) * d);
+#endif
+#if Q4_1
+    let blk = row * {{SUBS}}u + s;
+    let d = scale_half(scales, 2u * blk);
+    let m = scale_half(scales, 2u * blk + 1u);
+    let at = blk * 4u + j0 % 4u;
+    let shift = 4u * (j0 / 4u);
+    return QPair(nib_at(qw[at], shift) * d + m, nib_at(qw[at + 1u], shift) * d + m);
+#endif
+#if Q5
+    // As Q4_0 / Q4_1, and weight e takes bit e of qh as its fifth bit.
+    let blk = row * {{SUBS}}u + s;
+#if Q5_1
+    let d = scale_half(scales, 2u * blk);
+    let m = scale_half(scales, 2u * blk + 1u);
+#else
+    let d = scale_half(scales, blk);
+    let m = -16.0 * d;
+#endif
+    let qh = qw[blk * 5u + 4u];
+    let at = blk * 5u + j0 % 4u;
+    let shift = 4u * (j0 / 4u);
+    let qa = nib_at(qw[at], shift) + 16.0 * bit_run(qh, 4u * j0);
+    let qb = nib_at(qw[at + 1u], shift) + 16.0 * bit_run(qh, 4u * j0 + 4u);
+    return QPair(qa * d + m, qb * d + m);
+#endif
+#if KQ
+    let base = (row * ({{SUBS}}u / 8u) + s / 8u) * K_WORDS;
+    let sub = s % 8u;
+    let dd = unpack2x16float(qw[base]);
+    let sm = scale_min_k4(base, sub);
+    let scale = dd.x * sm.x;
+    let shift = dd.y * sm.y;
+    // Even sub-blocks are the low nibbles of their 32 bytes, odd ones the high nibbles.
+    let at = base + K_QUANTS + 8u * (sub / 2u) + j0;
+    let nshift = 4u * (sub % 2u);
+#if Q5_K
+    let qa = nib_at(qw[at], nshift) + 16.0 * bits4(qw[base + 4u + j0], sub);
+    let qb = nib_at(qw[at + 1u], nshift) + 16.0 * bits4(qw[base + 5u + j0], sub);
+#else
+    let qa = nib_at(qw[at], nshift);
+    let qb = nib_at(qw[at + 1u], nshift);
+#endif
+    return QPair(scale * qa - shift, scale * qb - shift);
+#endif
+#if Q6_K
+    // 208 payload bytes = 52 words: 128 low-nibble bytes, 64 high-bit bytes, 16 i8 scales
+    // (one per 16 weights: j0 and j0 + 1 share one).
+    let blk = row * ({{SUBS}}u / 8u) + s / 8u;
+    let base = blk * 52u;
+    let sub = s % 8u;
+    let half_ = sub / 4u;
+    let part = sub % 4u;
+    let ql = base + 16u * half_ + 8u * (part % 2u) + j0;
+    let qh = base + 32u + 8u * half_ + j0;
+    let nshift = select(4u, 0u, part < 2u);
+    let sc_index = 8u * half_ + 2u * part + j0 / 4u;
+    let sc_word = qw[base + 48u + sc_index / 4u];
+    let scale = scale_half(scales, blk) * f32(i32(sc_word << (24u - 8u * (sc_index % 4u))) >> 24u);
+    let qa = nib_at(qw[ql], nshift) + 16.0 * two_bits(qw[qh], 2u * part);
+    let qb = nib_at(qw[ql + 1u], nshift) + 16.0 * two_bits(qw[qh + 1u], 2u * part);
+    return QPair(scale * (qa - 32.0), scale * (qb - 32.0));
+#endif
 }
 #endif
 #endif

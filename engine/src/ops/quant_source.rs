@@ -1,5 +1,5 @@
 //! Expands the sub-block decoding template of shaders/quant.wgsl (written once, with
-//! `EMIT(j; value);` lines) into the two functions kernels use: `q_dot` and `q_pair`.
+//! `EMIT(j; value);` lines) into the functions kernels use: `q_dot`, `q_store` and `q_gather`.
 
 use std::sync::LazyLock;
 
@@ -35,9 +35,6 @@ fn expand(emit: impl Fn(&str, &str) -> String) -> String {
 /// quant.wgsl with its template expanded and the template itself removed.
 fn quant_source() -> String {
     let dot = expand(|j, v| format!("acc += dot({v}, xin4(xbase, 32u * s + 4u * ({j})));"));
-    let pair = expand(|j, v| {
-        format!("if (({j}) == j0) {{ out.a = {v}; }} else if (({j}) == j0 + 1u) {{ out.b = {v}; }}")
-    });
     let store = expand(|j, v| {
         format!(
             "{{ let q4 = {v}; staged[out + 2u * ({j})] = pack2x16float(q4.xy); staged[out + 2u * ({j}) + 1u] = pack2x16float(q4.zw); }}"
@@ -54,7 +51,6 @@ fn quant_source() -> String {
     };
     without_template
         .replace("Q_DECODE_DOT\n", &dot)
-        .replace("Q_DECODE_PAIR\n", &pair)
         .replace("Q_DECODE_STORE\n", &store)
         .replace("Q_DECODE_GATHER\n", &gather)
 }
@@ -96,8 +92,8 @@ mod tests {
             let starts = |prefix: &str| source.lines().any(|l| l.trim_start().starts_with(prefix));
             assert!(!starts("EMIT("));
             assert!(!starts("Q_DECODE") && !source.contains("/*Q_DECODE"));
-            assert!(source.contains("out.a = "));
             assert!(source.contains("acc += dot("));
+            assert!(source.contains("staged[out + 2u * ("));
         }
     }
 }
