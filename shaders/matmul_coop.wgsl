@@ -3,40 +3,46 @@ enable wgpu_cooperative_matrix;
 
 // The prompt product Y[m][n] = Σ_k X[m][k] · W[n][k] on tensor cores (cooperative matrices):
 // f16 inputs, f32 accumulation. A workgroup is GM×GN subgroups; each subgroup owns WM×WN
-// fragments of 16×16 outputs, so a tile is 16·WM·GM rows by 16·WN·GN columns. Each 32-deep
-// k step stages X (converted to f16) and W (f16, f32 or block-quantized, decoded as it is
-// staged) in workgroup memory, eight values to a store, then every subgroup multiplies its
-// fragments out of it.
+// fragments of 16×16 outputs, so a tile is 16·WM·GM rows by 16·WN·GN columns. Each BK-deep
+// k step (32 or 64) stages X (converted to f16) and W (f16, f32 or block-quantized, decoded as
+// it is staged) in workgroup memory, eight values to a store, then every subgroup multiplies
+// its fragments out of it.
 // The accumulators leave through workgroup memory, one fragment at a time, so the epilogue
 // of matmul_io.wgsl and the row and column bounds apply to each output as in the SIMT tiles.
 //
 // Defines: GM, GN (the subgroup grid), WM, WN (fragments per subgroup along m and n), SG (the
 // subgroup size, fixed on the adapters this path runs on), TM (= 16·WM·GM), TN (= 16·WN·GN),
-// XN and WG (see below), WRAW (dense f16 weights, staged as loaded), and those of
+// BK and KSUB (= BK / 16), OUT_SG (subgroups whose fragments pass through workgroup memory at
+// once in the epilogue: all, or half where 64-deep steps leave no room for more), XN and WG
+// (see below), WRAW (dense f16 weights, staged as loaded), and those of
 // matmul_io.wgsl (XV: X read as vec4 words, two 16-byte loads for eight values where k is a
 // multiple of 4).
 
-const BK: u32 = 32u;
+const BK: u32 = {{BK}}u;
 const SUBGROUPS: u32 = {{GM}}u * {{GN}}u;
 const THREADS: u32 = SUBGROUPS * {{SG}}u;
-// Staging: invocation `tid` loads eight consecutive k (k0 + 8·(tid % 4)) of X rows
-// tid / 4 + RSTEP·i (XN of them, XN = TM / RSTEP) and of W rows tid / 4 + RSTEP·j (WG of
-// them, WG = TN / RSTEP), and stores each eight as two units.
-const RSTEP: u32 = THREADS / 4u;
+// Invocations that stage one row's BK values, eight each.
+const KPARTS: u32 = BK / 8u;
+// Staging: invocation `tid` loads eight consecutive k (k0 + 8·(tid % KPARTS)) of X rows
+// tid / KPARTS + RSTEP·i (XN of them, XN = TM / RSTEP) and of W rows tid / KPARTS + RSTEP·j
+// (WG of them, WG = TN / RSTEP), and stores each eight as two units.
+const RSTEP: u32 = THREADS / KPARTS;
 
 // The staged tiles hold f16 values four to a unit, so that eight values go to workgroup
 // memory in two stores; the fragment loads count offsets and strides in units. (Packed u32
 // words, one store per eight values, fail to compile as fragment sources on NVIDIA's driver.)
 const UNIT: u32 = 4u;
-// Staged rows are BK + 8 halves (80 bytes): whole 16-byte words for the fragment loads, and
-// consecutive rows start in different memory banks.
-const LDU: u32 = 40u / UNIT;
+// Staged rows are BK + 8 halves (80 or 144 bytes): whole 16-byte words for the fragment
+// loads, and consecutive rows start in different memory banks.
+const LDU: u32 = (BK + 8u) / UNIT;
+// A staged row in eight-value steps.
+const ROW_EIGHTS: u32 = LDU / 2u;
 
 // [m][k] and [n][k]: X fragments load row-major, W fragments column-major (W is Bᵀ).
 var<workgroup> xs: array<vec4<f16>, {{TM}} * LDU>;
 var<workgroup> ws: array<vec4<f16>, {{TN}} * LDU>;
-// One 16×16 fragment per subgroup on its way through the epilogue.
-var<workgroup> outs: array<f32, SUBGROUPS * 256u>;
+// One 16×16 fragment per epilogue subgroup on its way out.
+var<workgroup> outs: array<f32, {{OUT_SG}}u * 256u>;
 
 fn to_f16(v: vec4<f32>) -> vec4<f16> {
     // Saturate rather than overflow to infinity.
@@ -203,8 +209,8 @@ fn w_eight(row: u32, kc: u32, k_end: u32) -> Eight {
 
 // Loads the X and W values this invocation stages for the k step from `k0` into registers.
 fn fetch(k0: u32, k_end: u32, m0: u32, n0: u32, tid: u32) {
-    let kc = k0 + (tid % 4u) * 8u;
-    let r0 = tid / 4u;
+    let kc = k0 + (tid % KPARTS) * 8u;
+    let r0 = tid / KPARTS;
 #if CONV
     let tap = tap_of(kc);
 #endif
@@ -234,16 +240,16 @@ fn fetch(k0: u32, k_end: u32, m0: u32, n0: u32, tid: u32) {
 
 // Writes the fetched values to the staged tiles as f16.
 fn stage(tid: u32) {
-    // In eight-value steps: a staged row is five of them (LDU units); step tid % 4 of row tid / 4.
-    let at = (tid / 4u) * 5u + tid % 4u;
+    // In eight-value steps: step tid % KPARTS of row tid / KPARTS.
+    let at = (tid / KPARTS) * ROW_EIGHTS + tid % KPARTS;
 #for i in 0..XN
-    stage_x(at + {{i}}u * RSTEP * 5u, xlo{{i}}, xhi{{i}});
+    stage_x(at + {{i}}u * RSTEP * ROW_EIGHTS, xlo{{i}}, xhi{{i}});
 #endfor
 #for j in 0..WG
 #if WRAW
-    stage_w_raw(at + {{j}}u * RSTEP * 5u, wr{{j}});
+    stage_w_raw(at + {{j}}u * RSTEP * ROW_EIGHTS, wr{{j}});
 #else
-    stage_w(at + {{j}}u * RSTEP * 5u, wlo{{j}}, whi{{j}});
+    stage_w(at + {{j}}u * RSTEP * ROW_EIGHTS, wlo{{j}}, whi{{j}});
 #endif
 #endfor
 }
@@ -291,7 +297,7 @@ fn main(
 #endfor
 #if CONV
 #for i in 0..XN
-    corner{{i}} = corner(m0 + tid / 4u + {{i}}u * RSTEP);
+    corner{{i}} = corner(m0 + tid / KPARTS + {{i}}u * RSTEP);
 #endfor
 #endif
     // One staging buffer: a barrier after the products of a step and one after the staging of
@@ -304,7 +310,7 @@ fn main(
         if (it + 1u < steps) {
             fetch(k_begin + (it + 1u) * BK, k_end, m0, n0, tid);
         }
-#for s in 0..2
+#for s in 0..KSUB
         {
 #for i in 0..WM
             let a{{i}} = coopLoadT<coop_mat16x16<f16, A>>(&xs[(sm + {{i}}u * 16u) * LDU + {{s}}u * (16u / UNIT)], LDU);
@@ -319,13 +325,38 @@ fn main(
 #endfor
         workgroupBarrier();
     }
+#if OUT_SPLIT
+    // Half of the subgroups at a time: the first half's fragments, then the second's.
+    let at = (sg % {{OUT_SG}}u) * 256u;
+    let second = sg >= {{OUT_SG}}u;
+#else
     let at = sg * 256u;
+#endif
 #for i in 0..WM
 #for j in 0..WN
+#if OUT_SPLIT
+    if (!second) {
+        coopStoreT(acc{{i}}_{{j}}, &outs[at], 16u);
+    }
+    workgroupBarrier();
+    if (!second) {
+        write_fragment(at, m0 + sm + {{i}}u * 16u, n0 + sn + {{j}}u * 16u, lane, wid.z);
+    }
+    workgroupBarrier();
+    if (second) {
+        coopStoreT(acc{{i}}_{{j}}, &outs[at], 16u);
+    }
+    workgroupBarrier();
+    if (second) {
+        write_fragment(at, m0 + sm + {{i}}u * 16u, n0 + sn + {{j}}u * 16u, lane, wid.z);
+    }
+    workgroupBarrier();
+#else
     coopStoreT(acc{{i}}_{{j}}, &outs[at], 16u);
     workgroupBarrier();
     write_fragment(at, m0 + sm + {{i}}u * 16u, n0 + sn + {{j}}u * 16u, lane, wid.z);
     workgroupBarrier();
+#endif
 #endfor
 #endfor
 }

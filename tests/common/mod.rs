@@ -45,12 +45,12 @@ pub fn product_gpus() -> Vec<Gpu> {
 }
 
 /// The tensor-core tile layouts a product test runs on `gpu`: the engine's own choice, then,
-/// on adapters with tensor cores, the four-subgroup layouts it falls back to on adapters
-/// with smaller workgroups.
+/// on adapters with tensor cores, the layouts it falls back to where workgroups or their
+/// memory are smaller (four subgroups; sixteen staging 32 k a step), and sixteen staging 64.
 pub fn coop_tiles(gpu: &Gpu) -> Vec<Option<backpack_engine::ops::CoopTile>> {
     let mut tiles = vec![None];
     if gpu.caps().cooperative_matrix {
-        for text in ["2x2/4x4", "2x2/4x2"] {
+        for text in ["2x2/4x4", "2x2/4x2", "4x4/2x2", "4x4/2x2/64"] {
             let tile: backpack_engine::ops::CoopTile = text.parse().expect("tile");
             if tile.fits(gpu.caps()) {
                 tiles.push(Some(tile));

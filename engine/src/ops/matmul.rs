@@ -163,7 +163,7 @@ impl MatMul {
             let caps = gpu.caps();
             let coop = opts
                 .coop_tile
-                .unwrap_or_else(|| default_coop_tile(w.rows, caps));
+                .unwrap_or_else(|| default_coop_tile(w.rows, w.cols, caps));
             let sg = caps.subgroup_min_size;
             if !coop.fits(caps) {
                 return Err(GpuError::Device(format!(
@@ -332,11 +332,13 @@ impl MatMul {
 }
 
 /// A tensor-core tile layout (matmul_coop.wgsl): a `grid` of subgroups (along m, along n),
-/// each owning `frags` 16×16 fragments (along m, along n).
+/// each owning `frags` 16×16 fragments (along m, along n), staging `depth` k (32 or 64) per
+/// step between two barriers.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct CoopTile {
     pub grid: (u32, u32),
     pub frags: (u32, u32),
+    pub depth: u32,
 }
 
 impl CoopTile {
@@ -348,20 +350,31 @@ impl CoopTile {
         )
     }
 
-    /// Workgroup memory: the staged f16 tiles (rows of 80 bytes) and one f32 fragment per
-    /// subgroup for the epilogue.
+    /// Subgroups whose fragments pass through workgroup memory at once in the epilogue: all
+    /// of them, or half where 64-deep staging leaves room for no more (48 KiB on NVIDIA).
+    fn epilogue_subgroups(&self) -> u32 {
+        let subgroups = self.grid.0 * self.grid.1;
+        if self.depth > 32 && subgroups.is_multiple_of(2) {
+            subgroups / 2
+        } else {
+            subgroups
+        }
+    }
+
+    /// Workgroup memory: the staged f16 tiles (rows of `depth` + 8 halves) and one f32
+    /// fragment per epilogue subgroup.
     pub fn workgroup_bytes(&self) -> u32 {
         let (tm, tn) = self.size();
-        (tm + tn) * 80 + self.grid.0 * self.grid.1 * 1024
+        (tm + tn) * (self.depth + 8) * 2 + self.epilogue_subgroups() * 1024
     }
 
     /// Whether the layout runs on `caps`' adapter: its invocations fit one workgroup and its
-    /// tiles workgroup memory, and since a 32-deep k step is staged eight k per invocation,
-    /// every tile's rows are a whole number of passes of its invocations.
+    /// tiles workgroup memory, and since a k step is staged eight k per invocation, every
+    /// tile's rows are a whole number of passes of its invocations.
     pub fn fits(&self, caps: &crate::gpu::GpuCaps) -> bool {
         let threads = self.grid.0 * self.grid.1 * caps.subgroup_min_size;
         let (tm, tn) = self.size();
-        let rows_per_pass = threads / 4;
+        let rows_per_pass = threads / (self.depth / 8);
         rows_per_pass > 0
             && threads <= caps.max_workgroup_invocations
             && threads <= caps.max_workgroup_size_x
@@ -372,8 +385,15 @@ impl CoopTile {
 
     fn defines(&self, sg: u32) -> Vec<(&'static str, String)> {
         let (tm, tn) = self.size();
-        let rows_per_pass = self.grid.0 * self.grid.1 * sg / 4;
+        let rows_per_pass = self.grid.0 * self.grid.1 * sg / (self.depth / 8);
         vec![
+            ("BK", self.depth.to_string()),
+            ("KSUB", (self.depth / 16).to_string()),
+            ("OUT_SG", self.epilogue_subgroups().to_string()),
+            flag(
+                "OUT_SPLIT",
+                self.epilogue_subgroups() < self.grid.0 * self.grid.1,
+            ),
             ("GM", self.grid.0.to_string()),
             ("GN", self.grid.1.to_string()),
             ("WM", self.frags.0.to_string()),
@@ -391,48 +411,74 @@ impl std::fmt::Display for CoopTile {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let (gm, gn) = self.grid;
         let (wm, wn) = self.frags;
-        write!(f, "{gm}x{gn}/{wm}x{wn}")
+        write!(f, "{gm}x{gn}/{wm}x{wn}")?;
+        if self.depth != 32 {
+            write!(f, "/{}", self.depth)?;
+        }
+        Ok(())
     }
 }
 
 impl std::str::FromStr for CoopTile {
     type Err = String;
 
-    /// `GMxGN/WMxWN`, e.g. `2x2/4x4` (four subgroups of 4×4 fragments: 128×128 outputs).
+    /// `GMxGN/WMxWN[/DEPTH]`, e.g. `2x2/4x4` (four subgroups of 4×4 fragments: 128×128
+    /// outputs, 32 k a step) or `4x4/2x2/64`.
     fn from_str(text: &str) -> Result<Self, String> {
-        let bad = || format!("a tensor-core tile is GMxGN/WMxWN, not {text}");
+        let bad = || format!("a tensor-core tile is GMxGN/WMxWN[/32|/64], not {text}");
         let pair = |part: &str| -> Result<(u32, u32), String> {
             let (a, b) = part.split_once('x').ok_or_else(bad)?;
             Ok((a.parse().map_err(|_| bad())?, b.parse().map_err(|_| bad())?))
         };
-        let (grid, frags) = text.split_once('/').ok_or_else(bad)?;
+        let mut parts = text.split('/');
+        let (Some(grid), Some(frags)) = (parts.next(), parts.next()) else {
+            return Err(bad());
+        };
+        let depth = match parts.next() {
+            None => 32,
+            Some(d) => d.parse().map_err(|_| bad())?,
+        };
         let (grid, frags) = (pair(grid)?, pair(frags)?);
-        if [grid.0, grid.1, frags.0, frags.1].contains(&0) {
+        if [grid.0, grid.1, frags.0, frags.1].contains(&0)
+            || ![32, 64].contains(&depth)
+            || parts.next().is_some()
+        {
             return Err(bad());
         }
-        Ok(Self { grid, frags })
+        Ok(Self { grid, frags, depth })
     }
 }
 
-/// The tensor-core tile for an `n`-wide product: 128 rows, and 128 columns when `n` fills such
+/// The tensor-core tile for an `n`-wide product over `k`: 128 rows, and 128 columns when `n` fills such
 /// tiles well, else 64. Sixteen subgroups of 2×2 fragments where the adapter takes workgroups
 /// of 512 (8 of 2×2 for 64 columns), else four of 4×4 (4×2). On an H200 (`backpack bench-gemm
 /// --coop-tile`, TFLOP/s) sixteen subgroups against four: 504×6144×2048 83 against 67,
 /// 1500×3072×768 52 against 42, the UNet's 64×64×320 convolution 38 against 30, and level
 /// (within 5 %) at 504×2048×8192 and 504×8192×2048; two staging buffers ran slower.
-fn default_coop_tile(n: u32, caps: &crate::gpu::GpuCaps) -> CoopTile {
+/// The sixteen-subgroup 128×128 tile stages 64 k a step over k of 2048 or more, where
+/// workgroup memory allows (half the barriers per product): same H200, two runs of
+/// `--runs 50`, 32 against 64 deep, 504×2048×8192 86 against 104–108, 504×1536×8960 63–65
+/// against 82, 504×16384×2048 113–115 against 128–131, 504×8960×1536 58–59 against 64–66,
+/// level at 504×2048×2048. Shallower products measured slower 64 deep (1500×768×768: 35
+/// against 32; Whisper small's encoder 9.2–9.4 ms against 9.5–10.2), and so did the narrower
+/// and the four-subgroup tiles.
+fn default_coop_tile(n: u32, k: u32, caps: &crate::gpu::GpuCaps) -> CoopTile {
     let wide = n >= 1024 || (n >= 512 && n.is_multiple_of(128));
     let many = CoopTile {
         grid: (4, if wide { 4 } else { 2 }),
         frags: (2, 2),
+        depth: if wide && k >= 2048 { 64 } else { 32 },
     };
-    if many.fits(caps) {
-        return many;
-    }
-    CoopTile {
+    let shallow = CoopTile { depth: 32, ..many };
+    let few = CoopTile {
         grid: (2, 2),
         frags: (4, if wide { 4 } else { 2 }),
-    }
+        depth: 32,
+    };
+    [many, shallow]
+        .into_iter()
+        .find(|tile| tile.fits(caps))
+        .unwrap_or(few)
 }
 
 /// The smallest workgroup memory the tensor-core tiles need (the four-subgroup 128×128 tile).
@@ -468,6 +514,8 @@ mod tests {
                 ("4x4/2x2", true, false),
                 ("4x2/2x2", false, true),
                 ("2x2/4x2", true, true),
+                ("4x4/2x2/64", false, false),
+                ("4x2/2x2/64", true, true),
             ] {
                 let tile: CoopTile = tile.parse().expect("tile");
                 let mut defines = base.clone();
@@ -488,6 +536,6 @@ mod tests {
                 checked += 1;
             }
         }
-        assert_eq!(checked, 7 * 4);
+        assert_eq!(checked, 7 * 6);
     }
 }
