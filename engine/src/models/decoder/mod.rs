@@ -523,7 +523,7 @@ impl PromptProduct {
         step: &UniformBuffer,
         opts: MatMulOptions<'_>,
     ) -> Result<Self, Error> {
-        if let (Some(_), Some(scratch)) = (w.quant, scratch) {
+        if let Some(scratch) = scratch.filter(|_| build::expands_for_prompts(gpu, w)) {
             let (expand, dense) = Dequantize::new(gpu, w, scratch)?;
             return Ok(Self {
                 expand: Some(expand),
