@@ -114,6 +114,57 @@ fn chat_prompts_use_the_template() {
     assert_eq!(json["prompt_tokens"], case["prompt_ids"]);
 }
 
+/// `bench --json --profile`: speeds, dispatches, and per-kernel GPU time of the prompt and of
+/// one decode step (what tests/reference/bench_llamacpp.sh's targets table reads). The decode
+/// profile times every dispatch of the step, so its calls add up to the dispatches per token.
+#[test]
+fn bench_json_carries_the_profile() {
+    let dir = fixtures().join("models/tiny-llama");
+    let out = backpack(&[
+        "bench",
+        "--model",
+        dir.to_str().expect("path"),
+        "--prompt-len",
+        "7",
+        "--gen",
+        "3",
+        "--repeat",
+        "1",
+        "--json",
+        "--profile",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let json: serde_json::Value =
+        serde_json::from_str(stdout.lines().last().expect("a line")).expect("JSON");
+    for key in [
+        "prefill_tok_s",
+        "decode_tok_s",
+        "ttft_ms",
+        "decode_ms_per_token",
+    ] {
+        assert!(json[key].as_f64().expect(key) > 0.0, "{key}: {json}");
+    }
+    assert_eq!(json["prompt_len"], 7);
+    let dispatches = json["dispatches_per_token"].as_u64().expect("dispatches");
+    let calls = |part: &str| -> u64 {
+        let timings = json["profile"][part].as_array().expect(part);
+        assert!(!timings.is_empty(), "{part}: {json}");
+        for t in timings {
+            let label = t["label"].as_str().expect("label");
+            assert!(label.contains("::"), "{part}: label {label}");
+            assert!(t["us"].as_f64().expect("us") >= 0.0, "{part}: {t}");
+        }
+        timings.iter().filter_map(|t| t["calls"].as_u64()).sum()
+    };
+    assert_eq!(calls("decode"), dispatches, "{json}");
+    assert!(calls("prefill") > 0);
+}
+
 #[test]
 fn bad_input_exits_nonzero_with_a_reason() {
     let out = backpack(&["generate", "--model", "/no/such/model", "--prompt", "hi"]);

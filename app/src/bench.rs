@@ -33,7 +33,8 @@ pub struct BenchArgs {
     /// Timed repetitions (the best is reported).
     #[arg(long, default_value_t = 3)]
     repeat: u32,
-    /// Also print per-kernel GPU time of one decode step (timestamp queries).
+    /// Also measure per-kernel GPU time of the prompt and of one decode step (timestamp
+    /// queries), printed after the summary, or under "profile" with --json.
     #[arg(long)]
     profile: bool,
     /// Sampling temperature (0: greedy argmax).
@@ -44,7 +45,7 @@ pub struct BenchArgs {
     #[arg(long, default_value_t = 1.0)]
     top_p: f32,
     /// Also measure the GPU's read bandwidth with a plain streaming reduction and report the
-    /// fraction of it that decoding achieves.
+    /// fraction of it that decoding achieves, and the cost of a dependent dispatch alone.
     #[arg(long)]
     bandwidth: bool,
     /// Wait for every decode step before submitting the next (no lookahead).
@@ -140,100 +141,162 @@ pub fn run(args: BenchArgs, adapter: Option<&str>) -> Result<()> {
     let decode_tps = decoded / best.decode.as_secs_f64();
     let encode_us = best.encode.as_secs_f64() * 1e6 / decoded.max(1.0);
     let weights_gb = model.weight_bytes() as f64 / 1e9;
-    let bandwidth = if args.bandwidth {
-        Some(read_bandwidth(&gpu)?)
+    let (bandwidth, floor_us) = if args.bandwidth {
+        (Some(read_bandwidth(&gpu)?), Some(dispatch_floor_us(&gpu)?))
+    } else {
+        (None, None)
+    };
+    let dispatches = model.dispatches_per_token();
+    // After the timed runs: timestamp queries slow the GPU down a little.
+    let profile = if args.profile {
+        Some((model.profile_prefill(&prompt)?, model.profile_decode()?))
     } else {
         None
     };
-    let dispatches = model.dispatches_per_token();
     if args.json {
-        println!(
-            "{}",
-            serde_json::json!({
-                "config": source.display().to_string(),
-                "adapter": gpu.info().name,
-                "dtype": format!("{:?}", model.dtype()).to_lowercase(),
-                "quant": args.quant.map(|q| format!("{q:?}").to_lowercase()),
-                "parameters": spec.parameters(),
-                "weight_bytes": model.weight_bytes(),
-                "prompt_len": prompt.len(),
-                "gen": args.generate,
-                "lookahead": !args.sync,
-                "temperature": args.temperature,
-                "top_k": args.top_k,
-                "top_p": args.top_p,
-                "prefill_tok_s": prefill_tps,
-                "ttft_ms": best.prefill.as_secs_f64() * 1e3,
-                "decode_tok_s": decode_tps,
-                "decode_ms_per_token": 1e3 / decode_tps,
-                "dispatches_per_token": dispatches,
-                "encode_us_per_token": encode_us,
-                "weight_read_gb_s": weights_gb * decode_tps,
-                "read_bandwidth_gb_s": bandwidth,
-                "bandwidth_fraction": bandwidth.map(|b| weights_gb * decode_tps / b),
-            })
-        );
+        let mut out = serde_json::json!({
+            "config": source.display().to_string(),
+            "adapter": gpu.info().name,
+            "dtype": format!("{:?}", model.dtype()).to_lowercase(),
+            "quant": args.quant.map(|q| format!("{q:?}").to_lowercase()),
+            "parameters": spec.parameters(),
+            "weight_bytes": model.weight_bytes(),
+            "prompt_len": prompt.len(),
+            "gen": args.generate,
+            "lookahead": !args.sync,
+            "temperature": args.temperature,
+            "top_k": args.top_k,
+            "top_p": args.top_p,
+            "prefill_tok_s": prefill_tps,
+            "ttft_ms": best.prefill.as_secs_f64() * 1e3,
+            "decode_tok_s": decode_tps,
+            "decode_ms_per_token": 1e3 / decode_tps,
+            "dispatches_per_token": dispatches,
+            "encode_us_per_token": encode_us,
+            "weight_read_gb_s": weights_gb * decode_tps,
+            "read_bandwidth_gb_s": bandwidth,
+            "bandwidth_fraction": bandwidth.map(|b| weights_gb * decode_tps / b),
+            "dispatch_floor_us": floor_us,
+        });
+        if let Some((prefill, decode)) = &profile {
+            out["profile"] = serde_json::json!({
+                "prefill": timings_json(prefill),
+                "decode": timings_json(decode),
+            });
+        }
+        println!("{out}");
     } else {
-        println!(
-            "model        {} ({:.0}M params, {} layers)",
-            source.display(),
-            spec.parameters() as f64 / 1e6,
-            spec.layers
-        );
-        println!("adapter      {}", gpu.describe());
-        println!(
-            "weights      {:.1} MiB {:?} (built in {:.2} s)",
-            model.weight_bytes() as f64 / (1 << 20) as f64,
-            model.dtype(),
-            build.as_secs_f64()
-        );
-        println!(
-            "prefill      {:.0} tok/s ({} tokens, TTFT {:.2} ms)",
+        print_summary(&Summary {
+            source: &source,
+            spec: &spec,
+            model: &model,
+            adapter: gpu.describe(),
+            build,
+            prompt_len: prompt.len(),
+            prefill: best.prefill,
             prefill_tps,
-            prompt.len(),
-            best.prefill.as_secs_f64() * 1e3
-        );
-        println!(
-            "decode       {:.1} tok/s ({:.3} ms/token, {} tokens)",
             decode_tps,
-            1e3 / decode_tps,
-            decoded
-        );
-        println!(
-            "dispatches   {} per token ({:.2} per layer)",
+            decoded,
             dispatches,
-            f64::from(dispatches) / f64::from(spec.layers)
-        );
-        println!("encode       {:.1} µs CPU per token", encode_us);
-        println!("weight read  {:.0} GB/s", weights_gb * decode_tps);
-        if let Some(b) = bandwidth {
-            println!(
-                "bandwidth    {:.0} GB/s streaming read; decode reads weights at {:.0}% of it",
-                b,
-                100.0 * weights_gb * decode_tps / b
-            );
+            encode_us,
+            bandwidth,
+            floor_us,
+        });
+        if let Some((prefill, decode)) = profile {
+            print_timings("the prompt", prefill);
+            print_timings("one decode step", decode);
         }
     }
-    if args.profile {
-        let show = |what: &str, timings: Vec<backpack_engine::gpu::KernelTiming>| {
-            let total: f64 = timings.iter().map(|t| t.total_ns).sum();
-            println!(
-                "per-kernel GPU time of {what} ({:.1} µs in all):",
-                total / 1e3
-            );
-            for t in timings {
-                println!(
-                    "  {:>9.1} µs  {:>4} calls  {}",
-                    t.total_ns / 1e3,
-                    t.calls,
-                    t.label
-                );
-            }
-        };
-        show("the prompt", model.profile_prefill(&prompt)?);
-        show("one decode step", model.profile_decode()?);
-    }
     Ok(())
+}
+
+struct Summary<'a> {
+    source: &'a std::path::Path,
+    spec: &'a DecoderSpec,
+    model: &'a DecoderModel,
+    adapter: String,
+    build: Duration,
+    prompt_len: usize,
+    prefill: Duration,
+    prefill_tps: f64,
+    decode_tps: f64,
+    decoded: f64,
+    dispatches: u32,
+    encode_us: f64,
+    bandwidth: Option<f64>,
+    floor_us: Option<f64>,
+}
+
+fn print_summary(s: &Summary<'_>) {
+    let weights_gb = s.model.weight_bytes() as f64 / 1e9;
+    println!(
+        "model        {} ({:.0}M params, {} layers)",
+        s.source.display(),
+        s.spec.parameters() as f64 / 1e6,
+        s.spec.layers
+    );
+    println!("adapter      {}", s.adapter);
+    println!(
+        "weights      {:.1} MiB {:?} (built in {:.2} s)",
+        s.model.weight_bytes() as f64 / (1 << 20) as f64,
+        s.model.dtype(),
+        s.build.as_secs_f64()
+    );
+    println!(
+        "prefill      {:.0} tok/s ({} tokens, TTFT {:.2} ms)",
+        s.prefill_tps,
+        s.prompt_len,
+        s.prefill.as_secs_f64() * 1e3
+    );
+    println!(
+        "decode       {:.1} tok/s ({:.3} ms/token, {} tokens)",
+        s.decode_tps,
+        1e3 / s.decode_tps,
+        s.decoded
+    );
+    println!(
+        "dispatches   {} per token ({:.2} per layer)",
+        s.dispatches,
+        f64::from(s.dispatches) / f64::from(s.spec.layers)
+    );
+    println!("encode       {:.1} µs CPU per token", s.encode_us);
+    println!("weight read  {:.0} GB/s", weights_gb * s.decode_tps);
+    if let Some(b) = s.bandwidth {
+        println!(
+            "bandwidth    {:.0} GB/s streaming read; decode reads weights at {:.0}% of it",
+            b,
+            100.0 * weights_gb * s.decode_tps / b
+        );
+    }
+    if let Some(us) = s.floor_us {
+        println!(
+            "dispatch     {us:.1} µs alone (a chain of tiny dependent ones): {:.2} ms of each token",
+            us * f64::from(s.dispatches) / 1e3
+        );
+    }
+}
+
+fn timings_json(timings: &[backpack_engine::gpu::KernelTiming]) -> serde_json::Value {
+    timings
+        .iter()
+        .map(|t| serde_json::json!({"label": t.label, "calls": t.calls, "us": t.total_ns / 1e3}))
+        .collect()
+}
+
+fn print_timings(what: &str, timings: Vec<backpack_engine::gpu::KernelTiming>) {
+    let total: f64 = timings.iter().map(|t| t.total_ns).sum();
+    println!(
+        "per-kernel GPU time of {what} ({:.1} µs in all):",
+        total / 1e3
+    );
+    for t in timings {
+        println!(
+            "  {:>9.1} µs  {:>4} calls  {}",
+            t.total_ns / 1e3,
+            t.calls,
+            t.label
+        );
+    }
 }
 
 /// GB/s of a plain streaming read (a sum over the largest buffer the GPU binds, up to 1 GiB).
@@ -266,4 +329,37 @@ fn read_bandwidth(gpu: &backpack_engine::gpu::Gpu) -> Result<f64> {
         .min()
         .context("runs")?;
     Ok(f64::from(n) * bytes as f64 / best.as_secs_f64() / 1e9)
+}
+
+/// µs per dispatch in a chain of tiny dependent dispatches (a 32×256 product writing the same
+/// output each time, so each waits for the last; one submit per 200): what each of a decode
+/// step's dispatches costs before it reads anything.
+fn dispatch_floor_us(gpu: &backpack_engine::gpu::Gpu) -> Result<f64> {
+    use backpack_engine::gpu::Recorder;
+    use backpack_engine::ops::{MatVec, MatVecOptions, Matrix, StepParams, WeightDType};
+    const CHAIN: u32 = 200;
+    let data: Vec<f32> = (0..32 * 256).map(|i| (i % 7) as f32 / 7.0).collect();
+    let w = Matrix::from_f32(gpu, "floor weights", &data, 32, 256, WeightDType::F16)?;
+    let x = gpu.storage("floor input", 256 * 4)?;
+    let y = gpu.storage("floor output", 32 * 4)?;
+    let step = gpu.uniform("floor step", &StepParams::new(0, 1));
+    let op = MatVec::new(gpu, &w, &x, &y, &step, MatVecOptions::default())?;
+    let run = || -> Result<Duration> {
+        let t = Instant::now();
+        let mut rec = Recorder::new(gpu);
+        for _ in 0..CHAIN {
+            op.encode(&mut rec);
+        }
+        rec.submit();
+        gpu.wait()?;
+        Ok(t.elapsed())
+    };
+    run()?;
+    let best = (0..5)
+        .map(|_| run())
+        .collect::<Result<Vec<_>>>()?
+        .into_iter()
+        .min()
+        .context("runs")?;
+    Ok(best.as_secs_f64() * 1e6 / f64::from(CHAIN))
 }

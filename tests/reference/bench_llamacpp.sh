@@ -30,7 +30,11 @@
 #     tokens_per_s (after the first token). Each measured process loads the model anew, so its
 #     first prefill also pays whatever first-use work is left after loading; --backpack-bench
 #     adds `backpack bench --model FILE` (the same file in one process: an unmeasured run, then
-#     the best of --runs) as a second table, the like-for-like figure against a warmed server.
+#     the best of --runs) as a second table, the like-for-like figure against a warmed server,
+#     and with it (bench's --profile and --bandwidth, after its timed runs) a third: each row
+#     against the targets (decode twice llama.cpp's, prefill level with it) and where the time
+#     goes (kernels against the gaps between dispatches, the weights' bytes against the GPU's
+#     streaming read rate, the prompt's largest kernels).
 # Best of the runs on each side; a markdown table at the end (--json: one JSON line per row too).
 # Backpack has no ignore-EOS switch: the files give the end-of-text token an all-zero LM-head
 # row so greedy decoding never picks it, and the script checks that --gen tokens came out.

@@ -282,8 +282,10 @@ def cmd_backpack_bench(args):
     cmd = [args.backpack]
     if args.adapter:
         cmd += ["--adapter", args.adapter]
+    # --profile and --bandwidth run after the timed runs: they explain the figures without
+    # changing them (the targets table below).
     cmd += ["bench", "--model", args.model, "--prompt-len", str(args.prompt_len), "--gen",
-            str(args.gen), "--repeat", str(args.runs), "--json"]
+            str(args.gen), "--repeat", str(args.runs), "--json", "--profile", "--bandwidth"]
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
     if args.log:
         with open(args.log, "a", encoding="utf-8") as log:
@@ -383,7 +385,71 @@ def cmd_table(args):
                 f"| {r['shape']}, {r['format']} | {fmt(bb.get('decode'))} | "
                 f"{ratio(bb.get('decode'), l.get('decode'))} | {fmt(bb.get('prefill'))} | "
                 f"{ratio(bb.get('prefill'), l.get('prefill'))} |")
+        out += targets_tables(benched)
     print("\n".join(out))
+
+
+def kernel_ms(profile, part):
+    """GPU time of one part ("prefill" or "decode") per kernel family::entry, in ms."""
+    groups = {}
+    for t in (profile or {}).get(part) or []:
+        name = t["label"].split("[", 1)[0]
+        groups[name] = groups.get(name, 0.0) + t["us"] / 1e3
+    return groups
+
+
+def targets_tables(rows):
+    """How far each row is from the issue's targets (decode 2x llama.cpp, prefill level with
+    it), and where Backpack's time goes. Decode: the step against two floors, the dispatches'
+    own cost (each as much as a tiny dependent dispatch alone) and the weights' bytes at the
+    GPU's streaming read rate. Prefill: the kernels' GPU time (timestamp queries) and the
+    largest kernels."""
+    out = ["", "Against the targets (decode twice llama.cpp's, prefill level with it), from the "
+           "same `bench` run with `--profile --bandwidth`. Decode: *dispatches × floor* is what "
+           "the step's dispatches cost before reading anything (a chain of tiny dependent "
+           "dispatches, µs each); *at full read* is the weights' bytes at the measured "
+           "streaming read rate; *rest* is the step's time beyond both (the kernels' own "
+           "latency: loads waiting on memory, reductions, barriers).",
+           "",
+           "| shape, format | decode target | Backpack | of target | ms/token | dispatches "
+           "| dispatches × floor | at full read | rest | weights read at |",
+           "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    prefill = ["", "Prefill: *in kernels* sums the kernels' GPU time (timestamp queries, one pass "
+               "per dispatch); *between* is the rest of the time to the first token.", "",
+               "| shape, format | prefill target | Backpack | of target | TTFT ms | target TTFT "
+               "| in kernels | between | largest kernels (ms) |",
+               "|---|---:|---:|---:|---:|---:|---:|---:|---|"]
+    pct = lambda x: "—" if x is None else f"{100 * x:.0f} %"
+    ms = lambda x: "—" if x is None else f"{x:.2f}"
+    for r in rows:
+        label = f"{r['shape']}, {r['format']}"
+        l, raw = r.get("llama") or {}, (r["backpack_bench"].get("raw") or {})
+        profile = raw.get("profile")
+        dec, pre = raw.get("decode_tok_s"), raw.get("prefill_tok_s")
+        target = 2 * l["decode"] if l.get("decode") else None
+        step = raw.get("decode_ms_per_token")
+        disp, floor_us = raw.get("dispatches_per_token"), raw.get("dispatch_floor_us")
+        latency = disp * floor_us / 1e3 if disp and floor_us else None
+        bw, wb = raw.get("read_bandwidth_gb_s"), raw.get("weight_bytes")
+        read = wb / 1e9 / bw * 1e3 if bw and wb else None
+        rest = step - latency - read if None not in (step, latency, read) else None
+        floor_text = "—" if latency is None else f"{latency:.2f} ({floor_us:.1f} µs)"
+        out.append(
+            f"| {label} | {fmt(target)} | {fmt(dec)} | {pct(dec / target if dec and target else None)} "
+            f"| {ms(step)} | {disp if disp is not None else '—'} | {floor_text} | {ms(read)} "
+            f"| {ms(rest)} | {pct(raw.get('bandwidth_fraction'))} |")
+        ptarget = l.get("prefill")
+        ttft = raw.get("ttft_ms")
+        ttarget = raw["prompt_len"] / ptarget * 1e3 if ptarget and raw.get("prompt_len") else None
+        groups = kernel_ms(profile, "prefill")
+        pk = sum(groups.values()) if profile else None
+        top = sorted(groups.items(), key=lambda kv: -kv[1])[:4]
+        prefill.append(
+            f"| {label} | {fmt(ptarget)} | {fmt(pre)} | "
+            f"{pct(pre / ptarget if pre and ptarget else None)} | {ms(ttft)} | {ms(ttarget)} "
+            f"| {ms(pk)} | {ms(ttft - pk if ttft is not None and pk is not None else None)} "
+            f"| {', '.join(f'{n} {v:.2f}' for n, v in top) or '—'} |")
+    return out + prefill
 
 
 def main():
