@@ -299,9 +299,35 @@ fn print_timings(what: &str, timings: Vec<backpack_engine::gpu::KernelTiming>) {
     }
 }
 
+/// The best of `repeats` timings of `chain` encodings of one operation in one submission (after
+/// one untimed submission: pipelines, clocks), waited for.
+fn best_chain(
+    gpu: &backpack_engine::gpu::Gpu,
+    chain: u32,
+    repeats: u32,
+    encode: impl Fn(&mut backpack_engine::gpu::Recorder<'_>),
+) -> Result<Duration> {
+    let run = || -> Result<Duration> {
+        let t = Instant::now();
+        let mut rec = backpack_engine::gpu::Recorder::new(gpu);
+        for _ in 0..chain {
+            encode(&mut rec);
+        }
+        rec.submit();
+        gpu.wait()?;
+        Ok(t.elapsed())
+    };
+    run()?;
+    (0..repeats)
+        .map(|_| run())
+        .collect::<Result<Vec<_>>>()?
+        .into_iter()
+        .min()
+        .context("runs")
+}
+
 /// GB/s of a plain streaming read (a sum over the largest buffer the GPU binds, up to 1 GiB).
 fn read_bandwidth(gpu: &backpack_engine::gpu::Gpu) -> Result<f64> {
-    use backpack_engine::gpu::Recorder;
     use backpack_engine::ops::{SumReduce, WeightDType, fill_random};
     let bytes =
         (1u64 << 30).min(gpu.caps().max_storage_binding.min(gpu.caps().max_buffer)) / 16 * 16;
@@ -310,32 +336,15 @@ fn read_bandwidth(gpu: &backpack_engine::gpu::Gpu) -> Result<f64> {
     let groups = 4096;
     let partials = gpu.storage("bandwidth partials", u64::from(groups) * 4)?;
     let op = SumReduce::new(gpu, &input, &partials, groups)?;
-    let run = |n: u32| -> Result<Duration> {
-        let t = Instant::now();
-        let mut rec = Recorder::new(gpu);
-        for _ in 0..n {
-            op.encode(&mut rec);
-        }
-        rec.submit();
-        gpu.wait()?;
-        Ok(t.elapsed())
-    };
-    run(3)?;
-    let n = 30;
-    let best = (0..3)
-        .map(|_| run(n))
-        .collect::<Result<Vec<_>>>()?
-        .into_iter()
-        .min()
-        .context("runs")?;
-    Ok(f64::from(n) * bytes as f64 / best.as_secs_f64() / 1e9)
+    const READS: u32 = 30;
+    let best = best_chain(gpu, READS, 3, |rec| op.encode(rec))?;
+    Ok(f64::from(READS) * bytes as f64 / best.as_secs_f64() / 1e9)
 }
 
 /// µs per dispatch in a chain of tiny dependent dispatches (a 32×256 product writing the same
 /// output each time, so each waits for the last; one submit per 200): what each of a decode
 /// step's dispatches costs before it reads anything.
 fn dispatch_floor_us(gpu: &backpack_engine::gpu::Gpu) -> Result<f64> {
-    use backpack_engine::gpu::Recorder;
     use backpack_engine::ops::{MatVec, MatVecOptions, Matrix, StepParams, WeightDType};
     const CHAIN: u32 = 200;
     let data: Vec<f32> = (0..32 * 256).map(|i| (i % 7) as f32 / 7.0).collect();
@@ -344,22 +353,6 @@ fn dispatch_floor_us(gpu: &backpack_engine::gpu::Gpu) -> Result<f64> {
     let y = gpu.storage("floor output", 32 * 4)?;
     let step = gpu.uniform("floor step", &StepParams::new(0, 1));
     let op = MatVec::new(gpu, &w, &x, &y, &step, MatVecOptions::default())?;
-    let run = || -> Result<Duration> {
-        let t = Instant::now();
-        let mut rec = Recorder::new(gpu);
-        for _ in 0..CHAIN {
-            op.encode(&mut rec);
-        }
-        rec.submit();
-        gpu.wait()?;
-        Ok(t.elapsed())
-    };
-    run()?;
-    let best = (0..5)
-        .map(|_| run())
-        .collect::<Result<Vec<_>>>()?
-        .into_iter()
-        .min()
-        .context("runs")?;
+    let best = best_chain(gpu, CHAIN, 5, |rec| op.encode(rec))?;
     Ok(best.as_secs_f64() * 1e6 / f64::from(CHAIN))
 }
