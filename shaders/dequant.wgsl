@@ -1,11 +1,11 @@
 // Expands a block-quantized matrix into dense f16 rows (the layout of f16 weights: rows of
 // `cols` halves packed in u32 pairs) so prompts multiply at dense speed. The expansion lives in
 // a scratch buffer reused by every product. Stores are arranged so that neighbouring
-// invocations write neighbouring words: K-quants give each invocation one 16-byte word of a
-// sub-block pair; other formats decode one 32-weight sub-block per invocation into workgroup
-// memory, then the workgroup copies its 4 KiB out word by word.
+// invocations write neighbouring words: K-quants give each invocation WORDS 16-byte words of
+// sub-block pairs; other formats decode one 32-weight sub-block per invocation into workgroup
+// memory, then the workgroup copies its 16 KiB out word by word.
 //
-// Defines: the block format and SUBS (see quant.wgsl), QSTORE.
+// Defines: the block format and SUBS (see quant.wgsl), QSTORE, WORDS.
 
 struct Params {
     rows: u32,
@@ -19,27 +19,37 @@ struct Params {
 @group(0) @binding(4) var<storage, read_write> dense: array<vec4<u32>>;
 #else
 @group(0) @binding(4) var<storage, read_write> dense: array<u32>;
-// 64 sub-blocks of 16 words.
-var<workgroup> staged: array<u32, 1024>;
+// 256 sub-blocks of 16 words.
+var<workgroup> staged: array<u32, 4096>;
 #endif
 
-@compute @workgroup_size(64)
+// Workgroups of 256, K-quants with several words an invocation: launched as many workgroups
+// of 64 with one word each, the expansion wrote well under half the memory rate of an H200.
+@compute @workgroup_size(256)
 fn main(
     @builtin(local_invocation_index) lid: u32,
     @builtin(workgroup_id) wid: vec3<u32>,
     @builtin(num_workgroups) nwg: vec3<u32>,
 ) {
     let group = wid.y * nwg.x + wid.x;
-    let id = group * 64u + lid;
 #if KQ
-    // Eight invocations per sub-block pair, one output word each.
-    if (id >= p.rows * {{SUBS}}u * 4u) {
-        return;
+    // Eight words per sub-block pair (word id of the expansion: pair id / 8, word id % 8),
+    // WORDS of them per invocation, 256 apart, so that each store of a subgroup lands in
+    // consecutive words; the last one's decoding is repeated past the end, never stored.
+    let words = p.rows * {{SUBS}}u * 4u;
+#for i in 0..WORDS
+    {
+        let id = (group * {{WORDS}}u + {{i}}u) * 256u + lid;
+        let at = min(id, words - 1u);
+        let pair = at / 8u;
+        let word = q_word(pair / ({{SUBS}}u / 2u), pair % ({{SUBS}}u / 2u), at % 8u);
+        if (id < words) {
+            dense[id] = word;
+        }
     }
-    let t = id % 8u;
-    let pair = id / 8u;
-    q_store_word(pair / ({{SUBS}}u / 2u), pair % ({{SUBS}}u / 2u), t);
+#endfor
 #else
+    let id = group * 256u + lid;
     let total = p.rows * {{SUBS}}u;
     if (id < total) {
         q_store(id / {{SUBS}}u, id % {{SUBS}}u, p.q_scales, lid * 16u);
@@ -47,9 +57,9 @@ fn main(
     workgroupBarrier();
     // A row of SUBS sub-blocks is 16·SUBS words of f16 pairs, so sub-block `id` starts at
     // word 16·id.
-    let first = group * 1024u;
+    let first = group * 4096u;
     for (var i = 0u; i < 16u; i++) {
-        let at = i * 64u + lid;
+        let at = i * 256u + lid;
         if (first + at < total * 16u) {
             dense[first + at] = staged[at];
         }

@@ -3,8 +3,8 @@
 // pass that sums k slices.
 //
 // Defines: F16, BIAS, GELU (tanh form), GELU_ERF, QUICK_GELU, RESIDUAL (Y += ...), RELU (after
-// the residual), SPLIT_K, CONV, QUANT (weights bound by quant.wgsl), XV (X bound as vec4
-// words).
+// the residual), SPLIT_K (with REDUCE_V4 where n is a multiple of 4), CONV, QUANT (weights
+// bound by quant.wgsl), XV (X bound as vec4 words).
 
 struct Params {
     n: u32,
@@ -44,6 +44,10 @@ struct Params {
 #if SPLIT_K
 // [slice][m][n] partial sums.
 @group(0) @binding(6) var<storage, read_write> scratch: array<f32>;
+#if REDUCE_V4
+// The same as vec4 words, for `reduce` where n is a multiple of 4.
+@group(0) @binding(12) var<storage, read> scratch4: array<vec4<f32>>;
+#endif
 #endif
 
 #if CONV
@@ -101,6 +105,35 @@ fn epilogue(sum: f32, row: u32, col: u32) -> f32 {
 }
 
 #if SPLIT_K
+// The k slices the product's dispatch had (MatMul::slices_for).
+fn dispatched_slices() -> u32 {
+    let tiles = max(p.col_tiles * ((step.n_tokens + p.tile_rows - 1u) / p.tile_rows), 1u);
+    return clamp((p.target_workgroups + tiles - 1u) / tiles, 1u, p.slices);
+}
+
+#if REDUCE_V4
+// Sums the k slices of each output and applies the epilogue, four outputs of a row per
+// invocation: each then has 16 bytes a slice in flight, which a streaming pass needs to
+// approach the memory's rate (one f32 each read about a quarter of it on an H200).
+@compute @workgroup_size(256)
+fn reduce(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let id = gid.y * nwg.x * 256u + gid.x;
+    let words = step.n_tokens * p.n / 4u;
+    if (id >= words) {
+        return;
+    }
+    let slices = dispatched_slices();
+    var sum = vec4<f32>(0.0);
+    for (var z = 0u; z < slices; z++) {
+        sum += scratch4[z * words + id];
+    }
+    let row = (4u * id) / p.n;
+    let col = (4u * id) % p.n;
+    for (var c = 0u; c < 4u; c++) {
+        y[4u * id + c] = epilogue(sum[c], row, col + c);
+    }
+}
+#else
 // Sums the k slices of each output and applies the epilogue.
 @compute @workgroup_size(64)
 fn reduce(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
@@ -109,12 +142,12 @@ fn reduce(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups
     if (id >= total) {
         return;
     }
-    let tiles = max(p.col_tiles * ((step.n_tokens + p.tile_rows - 1u) / p.tile_rows), 1u);
-    let slices = clamp((p.target_workgroups + tiles - 1u) / tiles, 1u, p.slices);
+    let slices = dispatched_slices();
     var sum = 0.0;
     for (var z = 0u; z < slices; z++) {
         sum += scratch[z * total + id];
     }
     y[id] = epilogue(sum, id / p.n, id % p.n);
 }
+#endif
 #endif

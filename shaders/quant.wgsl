@@ -109,8 +109,8 @@ const K_QUANTS: u32 = 4u;
 
 // Sub-blocks 2·sp and 2·sp + 1 of a Q4_K / Q5_K row share their 32 quant bytes (low and high
 // nibbles): one invocation decodes both from whole-word loads (header, quants, and for Q5_K
-// the high bits) — q_dot_pairs for decode products; q_store_word decodes one 16-byte word of
-// a pair for the f16 expansion.
+// the high bits) — q_dot_pairs for decode products; q_word decodes one 16-byte word of a
+// pair for the f16 expansion.
 struct KPair {
     // Per sub-block (x: 2·sp, y: 2·sp + 1): weight = scale · q - shift.
     scale: vec2<f32>,
@@ -161,10 +161,9 @@ fn k_quants(q: u32, h: u32, pair: u32, half: u32) -> vec4<f32> {
 
 #if QSTORE
 #if KQ
-// Writes word t (0..7) of the f16 expansion of sub-blocks 2·sp and 2·sp + 1 of row `row`:
-// weights 4j..4j+7 (j = 2·(t % 4)) of sub-block 2·sp + t / 4, eight halves to a 16-byte word.
-// Eight invocations share a pair, so a subgroup's stores land in consecutive words.
-fn q_store_word(row: u32, sp: u32, t: u32) {
+// Word t (0..7) of the f16 expansion of sub-blocks 2·sp and 2·sp + 1 of row `row`: weights
+// 4j..4j+7 (j = 2·(t % 4)) of sub-block 2·sp + t / 4, eight halves to a 16-byte word.
+fn q_word(row: u32, sp: u32, t: u32) -> vec4<u32> {
     let half = t / 4u;
     let j = t % 4u;
     let base = (row * ({{SUBS}}u / 8u) + sp / 4u) * K_WORDS;
@@ -188,7 +187,7 @@ fn q_store_word(row: u32, sp: u32, t: u32) {
 #endif
     let a = scale * k_quants(q0, h0, pair, half) - shift;
     let b = scale * k_quants(q1, h1, pair, half) - shift;
-    dense[row * {{SUBS}}u * 4u + 8u * sp + t] = vec4<u32>(
+    return vec4<u32>(
         pack2x16float(a.xy), pack2x16float(a.zw), pack2x16float(b.xy), pack2x16float(b.zw));
 }
 #else

@@ -1,6 +1,6 @@
 use bytemuck::{Pod, Zeroable};
 
-use super::{Matrix, WeightDType, bind, groups_of_64};
+use super::{Matrix, WeightDType, bind};
 use crate::gpu::{Gpu, GpuError, Kernel, Recorder, StorageBuffer, UniformBuffer};
 use crate::load::GgmlType;
 
@@ -21,6 +21,9 @@ pub struct Dequantize {
     _params: UniformBuffer,
 }
 
+/// 16-byte words a K-quant expansion invocation writes (dequant.wgsl's WORDS).
+const K_WORDS_PER_INVOCATION: u32 = 4;
+
 impl Dequantize {
     /// Bytes of scratch that `w` expands to.
     pub fn scratch_bytes(w: &Matrix) -> u64 {
@@ -40,6 +43,7 @@ impl Dequantize {
         let k_quant = matches!(w.quant, Some((GgmlType::Q4K | GgmlType::Q5K, _)));
         let mut defines = w.defines();
         defines.push(("QSTORE", "1".into()));
+        defines.push(("WORDS", K_WORDS_PER_INVOCATION.to_string()));
         let kernel = gpu.kernel(
             "dequant",
             super::quant_source::QUANT_DEQUANT.as_str(),
@@ -59,7 +63,7 @@ impl Dequantize {
             &kernel,
             &[
                 (0, &params.buffer),
-                // K-quant blocks are read through their vec4 view (q_store_word).
+                // K-quant blocks are read through their vec4 view (q_word).
                 (if k_quant { 11 } else { 3 }, &w.buffer.buffer),
                 (4, &scratch.buffer),
             ],
@@ -78,8 +82,13 @@ impl Dequantize {
             Self {
                 kernel,
                 bind_group,
-                // K-quants: eight invocations per sub-block pair; others: one per sub-block.
-                invocations: w.rows * (w.cols / 32) * if k_quant { 4 } else { 1 },
+                // K-quants: eight words per sub-block pair, WORDS an invocation; others: one
+                // sub-block an invocation.
+                invocations: if k_quant {
+                    (w.rows * (w.cols / 32) * 4).div_ceil(K_WORDS_PER_INVOCATION)
+                } else {
+                    w.rows * (w.cols / 32)
+                },
                 _params: params,
             },
             view,
@@ -90,7 +99,7 @@ impl Dequantize {
         rec.dispatch(
             &self.kernel,
             &self.bind_group,
-            groups_of_64(self.invocations),
+            self.invocations.div_ceil(256),
         );
     }
 }

@@ -161,7 +161,12 @@ impl Glu {
         step: &UniformBuffer,
         variant: (&'static str, String),
     ) -> Result<Self, GpuError> {
-        let kernel = gpu.kernel("glu", GLU_SOURCE, "main", &[variant])?;
+        let kernel = gpu.kernel(
+            "glu",
+            GLU_SOURCE,
+            "main",
+            &[variant, flag("V4", width.is_multiple_of(4))],
+        )?;
         let params = gpu.uniform(
             "glu params",
             &GluParams {
@@ -187,11 +192,16 @@ impl Glu {
         })
     }
 
+    /// Values per invocation (glu.wgsl's V4).
+    fn lanes(&self) -> u32 {
+        if self.width.is_multiple_of(4) { 4 } else { 1 }
+    }
+
     pub fn encode(&self, rec: &mut Recorder<'_>, n_tokens: u32) {
         rec.dispatch(
             &self.kernel,
             &self.bind_group,
-            groups_of_64(n_tokens * self.width),
+            (n_tokens * self.width / self.lanes()).div_ceil(256),
         );
     }
 }

@@ -189,6 +189,7 @@ impl MatMul {
             flag("BIAS", opts.bias.is_some()),
             flag("RESIDUAL", opts.residual),
             flag("SPLIT_K", split),
+            flag("REDUCE_V4", split && w.rows.is_multiple_of(4)),
             flag("CONV", opts.conv.is_some()),
             flag("RELU", opts.relu),
             flag("BIG", big),
@@ -257,11 +258,12 @@ impl MatMul {
             Some((scratch, _)) if split => {
                 entries.push((6, &scratch.buffer));
                 let reduce = gpu.kernel(family, source, "reduce", &defines)?;
+                let scratch_binding = if w.rows.is_multiple_of(4) { 12 } else { 6 };
                 let mut reduce_entries = vec![
                     (0, &params.buffer),
                     (1, &step.buffer),
                     (4, &y.buffer),
-                    (6, &scratch.buffer),
+                    (scratch_binding, &scratch.buffer),
                 ];
                 if let Some(b) = opts.bias {
                     reduce_entries.push((5, &b.buffer));
@@ -326,7 +328,14 @@ impl MatMul {
             ],
         );
         if let Some((kernel, group)) = &self.reduce {
-            rec.dispatch(kernel, group, (n_tokens * self.n).div_ceil(64));
+            // matmul_io.wgsl's reduce: four outputs to an invocation of 256 where rows are
+            // whole vec4 words, else one to an invocation of 64.
+            let groups = if self.n.is_multiple_of(4) {
+                (n_tokens * self.n).div_ceil(1024)
+            } else {
+                (n_tokens * self.n).div_ceil(64)
+            };
+            rec.dispatch(kernel, group, groups);
         }
     }
 }
@@ -526,6 +535,7 @@ mod tests {
                     flag("BIAS", true),
                     flag("RESIDUAL", !split),
                     flag("SPLIT_K", split),
+                    flag("REDUCE_V4", split && !conv),
                     flag("CONV", conv),
                     flag("RELU", false),
                     flag("BIG", false),

@@ -183,7 +183,7 @@ impl RopeKv {
         rec.dispatch(
             &self.kernel,
             &self.bind_group,
-            groups_of_64(n_tokens * slots * self.head_dim / 4),
+            (n_tokens * slots * self.head_dim / 4).div_ceil(256),
         );
         if let Some((q8, group)) = &self.store_q8 {
             let blocks = 2 * self.kv_heads * self.head_dim / 32;
