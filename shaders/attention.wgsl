@@ -392,14 +392,22 @@ fn main(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id) wid: v
         acc *= correction;
         let chunk_len = min({{WG}}u, n_keys - c0);
         if (sums_values) {
-            for (var jj = group; jj < chunk_len; jj += KEY_GROUPS) {
+            // Four keys a trip, their value loads in flight together (indices clamped into
+            // the chunk, the extra keys weighted zero).
+            for (var jj0 = group; jj0 < chunk_len; jj0 += 4u * KEY_GROUPS) {
+#for c in 0..4
+                {
+                    let jj = min(jj0 + {{c}}u * KEY_GROUPS, chunk_len - 1u);
+                    let weight = select(0.0, probs[jj], jj0 + {{c}}u * KEY_GROUPS < chunk_len);
+                    let cached = v_quad(v_base + cache_row(c0 + jj) * row_quads + quad);
 #if SPLIT
-                if (c0 + jj == pos) {
-                    acc += probs[jj] * cur_v[quad];
-                    continue;
-                }
+                    // This token's value: from workgroup memory, as the cache may not hold it yet.
+                    acc += weight * select(cached, cur_v[quad], c0 + jj == pos);
+#else
+                    acc += weight * cached;
 #endif
-                acc += probs[jj] * v_quad(v_base + cache_row(c0 + jj) * row_quads + quad);
+                }
+#endfor
             }
         }
         running_max = new_max;

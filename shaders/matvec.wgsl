@@ -17,7 +17,10 @@
 // WINDOW (the keys a sliding-window layer's attention saw), XQ8 (the input quantized to int8
 // per workgroup, products by packed integer dots: Q8_0, Q4_0, Q4_1, Q4_K, Q5_K, Q6_K; XQ8_VIEW for
 // the formats that read their blocks through the 16-byte view), RMS_LATE (XQ8 with a fused
-// RMSNorm: its scale applied to the row sums).
+// RMSNorm: its scale applied to the row sums), UNROLL and UNITS (dense or XQ8 rows of UNITS
+// vec4 words, sub-blocks, or sub-block pairs with KPAIR: where they are a multiple of TPR,
+// every lane takes as many, UNROLL a trip of a loop with a constant trip count, so that their
+// weight loads issue together).
 
 struct Params {
     n: u32,
@@ -389,15 +392,22 @@ fn main(
     let all_keys = min(step.pos0 + 1u, {{WINDOW}}u);
     let split_len = max({{MIN_SPLIT}}u, (all_keys + {{MAX_SPLITS}}u - 1u) / {{MAX_SPLITS}}u);
     let splits = (all_keys + split_len - 1u) / split_len;
+    // Runs are read four at a time (indices clamped, the extra ones weighted zero), so that
+    // their loads are in flight together: this prologue stands before every product load.
     for (var h = tid; h < p.heads; h += {{WG}}u) {
+        // One pass: the running max and the sum rescaled to it.
         var top = -3.0e38;
-        for (var s = 0u; s < splits; s++) {
-            top = max(top, split_stats[s * p.heads + h].x);
-        }
         var total = 0.0;
-        for (var s = 0u; s < splits; s++) {
-            let st = split_stats[s * p.heads + h];
-            total += st.y * exp(st.x - top);
+        for (var s0 = 0u; s0 < splits; s0 += 4u) {
+#for c in 0..4
+            let st{{c}} = select(vec2<f32>(-3.0e38, 0.0),
+                                 split_stats[min(s0 + {{c}}u, splits - 1u) * p.heads + h],
+                                 s0 + {{c}}u < splits);
+#endfor
+            let next = max(top, max(max(st0.x, st1.x), max(st2.x, st3.x)));
+            total = total * exp(top - next) + st0.y * exp(st0.x - next) + st1.y * exp(st1.x - next)
+                + st2.y * exp(st2.x - next) + st3.y * exp(st3.x - next);
+            top = next;
         }
         head_scale[h] = vec2<f32>(top, 1.0 / total);
     }
@@ -408,8 +418,12 @@ fn main(
         if (i < quads) {
             let h = (4u * i) / p.head_dim;
             let hs = head_scale[h];
-            for (var s = 0u; s < splits; s++) {
-                merged += partials[s * quads + i] * exp(split_stats[s * p.heads + h].x - hs.x);
+            for (var s0 = 0u; s0 < splits; s0 += 4u) {
+#for c in 0..4
+                let s{{c}} = min(s0 + {{c}}u, splits - 1u);
+                let w{{c}} = select(0.0, exp(split_stats[s{{c}} * p.heads + h].x - hs.x), s0 + {{c}}u < splits);
+                merged += partials[s{{c}} * quads + i] * w{{c}};
+#endfor
             }
             merged *= hs.y;
         }
@@ -437,23 +451,33 @@ fn main(
         if (row0 < p.n) {
 #if QUANT
 #if XQ8
-#if KPAIR
-            for (var sp = lane; sp < {{SUBS}}u / 2u; sp += {{TPR}}u) {
-                acc += q_dot8_pairs(row0, p.n - 1u, sp);
-#if GLU
-                acc_up += q_dot8_pairs(row0 + p.n, 2u * p.n - 1u, sp);
-#endif
-            }
+#if UNROLL
+            for (var it = 0u; it < {{UNITS}}u / {{TPR}}u; it += {{UNROLL}}u) {
+#for u in 0..UNROLL
+            {
+                let unit = lane + (it + {{u}}u) * {{TPR}}u;
 #else
-            for (var sb = lane; sb < {{SUBS}}u; sb += {{TPR}}u) {
-#for r in 0..NR
-                acc[{{r}}] += q_dot8(row_at(row0, {{r}}u), sb, p.q_scales);
+            for (var unit = lane; unit < {{UNITS}}u; unit += {{TPR}}u) {
+            {
+#endif
+#if KPAIR
+                acc += q_dot8_pairs(row0, p.n - 1u, unit);
 #if GLU
-                acc_up[{{r}}] += q_dot8(row_at(row0, {{r}}u) + p.n, sb, p.q_scales);
+                acc_up += q_dot8_pairs(row0 + p.n, 2u * p.n - 1u, unit);
+#endif
+#else
+#for r in 0..NR
+                acc[{{r}}] += q_dot8(row_at(row0, {{r}}u), unit, p.q_scales);
+#if GLU
+                acc_up[{{r}}] += q_dot8(row_at(row0, {{r}}u) + p.n, unit, p.q_scales);
 #endif
 #endfor
-            }
 #endif
+            }
+#if UNROLL
+#endfor
+#endif
+            }
 #else
 #if KPAIR
             for (var sp = lane; sp < {{SUBS}}u / 2u; sp += {{TPR}}u) {
@@ -474,7 +498,15 @@ fn main(
 #endif
 #endif
 #else
+#if UNROLL
+            for (var it = 0u; it < {{UNITS}}u / {{TPR}}u; it += {{UNROLL}}u) {
+#for u in 0..UNROLL
+            {
+                let v = lane + (it + {{u}}u) * {{TPR}}u;
+#else
             for (var v = lane; v < {{ROW_VECS}}u; v += {{TPR}}u) {
+            {
+#endif
 #if XCACHE
 #if F16
                 let xa = xs[2u * v];
@@ -505,6 +537,10 @@ fn main(
 #endif
                 }
 #endfor
+            }
+#if UNROLL
+#endfor
+#endif
             }
 #endif
         }

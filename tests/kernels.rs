@@ -212,7 +212,9 @@ fn matvec_f16_without_subgroups_matches_cpu() {
 /// each (shuffle reductions where the subgroup size is fixed), lanes spanning subgroups
 /// (workgroup reductions) with two rows, the input staged or streamed against the default,
 /// smaller workgroups, several row blocks per workgroup, and a whole row per invocation (what
-/// CPU adapters choose).
+/// CPU adapters choose). int8 products take their sub-blocks in unrolled loop trips where every
+/// lane has as many (by default, and two a trip in one layout), or in the plain strided loop
+/// (forced in the last layout).
 const MATVEC_LAYOUTS: [MatVecLayout; 6] = [
     MatVecLayout {
         lanes: None,
@@ -222,6 +224,7 @@ const MATVEC_LAYOUTS: [MatVecLayout; 6] = [
         blocks: None,
         int8: Some(true),
         int8_max_cols: None,
+        unroll: None,
     },
     // Block formats keep f32 inputs (dense weights always do; the other layouts turn int8
     // inputs on).
@@ -233,6 +236,7 @@ const MATVEC_LAYOUTS: [MatVecLayout; 6] = [
         blocks: None,
         int8: Some(false),
         int8_max_cols: None,
+        unroll: None,
     },
     MatVecLayout {
         lanes: Some(4),
@@ -242,6 +246,7 @@ const MATVEC_LAYOUTS: [MatVecLayout; 6] = [
         blocks: Some(3),
         int8: Some(true),
         int8_max_cols: None,
+        unroll: None,
     },
     MatVecLayout {
         lanes: Some(64),
@@ -251,6 +256,7 @@ const MATVEC_LAYOUTS: [MatVecLayout; 6] = [
         blocks: None,
         int8: Some(true),
         int8_max_cols: None,
+        unroll: None,
     },
     MatVecLayout {
         lanes: Some(8),
@@ -260,6 +266,7 @@ const MATVEC_LAYOUTS: [MatVecLayout; 6] = [
         blocks: Some(1),
         int8: Some(true),
         int8_max_cols: None,
+        unroll: Some(2),
     },
     MatVecLayout {
         lanes: Some(1),
@@ -269,6 +276,7 @@ const MATVEC_LAYOUTS: [MatVecLayout; 6] = [
         blocks: None,
         int8: Some(true),
         int8_max_cols: None,
+        unroll: Some(0),
     },
 ];
 
@@ -1529,37 +1537,36 @@ fn embedding_gather_matches_cpu_and_marks_seen() {
 fn glu_matches_cpu() {
     let gpu = gpu();
     let mut rng = Rng::new(7);
-    let (tokens, width) = (3u32, 37u32);
-    let gu = rng.vec((tokens * 2 * width) as usize, 4.0);
-    let (gub, h) = (
-        buf(&gpu, &gu),
-        gpu.storage("h", u64::from(tokens * width) * 4).expect("h"),
-    );
-    let st = step(&gpu, 0, tokens);
-    let op = Glu::new(&gpu, width, &gub, &h, &st).expect("glu");
-    let mut rec = Recorder::new(&gpu);
-    op.encode(&mut rec, tokens);
-    rec.submit();
-    let got = read(&gpu, &h, (tokens * width) as usize);
-    let w = width as usize;
-    let want: Vec<f32> = (0..tokens as usize)
-        .flat_map(|t| (0..w).map(move |i| (t, i)))
-        .map(|(t, i)| silu(gu[t * 2 * w + i]) * gu[t * 2 * w + w + i])
-        .collect();
-    let scale: Vec<f32> = want.iter().map(|v| v.abs()).collect();
-    assert_close("glu", &got, &want, &scale, 1e-6, 1e-5);
-    // Gemma's GeGLU: the gate block first, tanh GELU.
-    let op = Glu::gelu_tanh(&gpu, width, &gub, &h, &st).expect("geglu");
-    let mut rec = Recorder::new(&gpu);
-    op.encode(&mut rec, tokens);
-    rec.submit();
-    let got = read(&gpu, &h, (tokens * width) as usize);
-    let want: Vec<f32> = (0..tokens as usize)
-        .flat_map(|t| (0..w).map(move |i| (t, i)))
-        .map(|(t, i)| gelu_tanh(gu[t * 2 * w + i]) * gu[t * 2 * w + w + i])
-        .collect();
-    let scale: Vec<f32> = want.iter().map(|v| v.abs() + 1e-3).collect();
-    assert_close("geglu", &got, &want, &scale, 1e-5, 1e-5);
+    // An odd width (one value per invocation) and a multiple of four (vec4 views).
+    for (tokens, width) in [(3u32, 37u32), (5, 44)] {
+        let gu = rng.vec((tokens * 2 * width) as usize, 4.0);
+        let (gub, h) = (
+            buf(&gpu, &gu),
+            gpu.storage("h", u64::from(tokens * width) * 4).expect("h"),
+        );
+        let st = step(&gpu, 0, tokens);
+        let w = width as usize;
+        let pairs = || (0..tokens as usize).flat_map(move |t| (0..w).map(move |i| (t, i)));
+        let run = |op: Glu| {
+            let mut rec = Recorder::new(&gpu);
+            op.encode(&mut rec, tokens);
+            rec.submit();
+            read(&gpu, &h, (tokens * width) as usize)
+        };
+        let got = run(Glu::new(&gpu, width, &gub, &h, &st).expect("glu"));
+        let want: Vec<f32> = pairs()
+            .map(|(t, i)| silu(gu[t * 2 * w + i]) * gu[t * 2 * w + w + i])
+            .collect();
+        let scale: Vec<f32> = want.iter().map(|v| v.abs()).collect();
+        assert_close(&format!("glu {width}"), &got, &want, &scale, 1e-6, 1e-5);
+        // Gemma's GeGLU: the gate block first, tanh GELU.
+        let got = run(Glu::gelu_tanh(&gpu, width, &gub, &h, &st).expect("geglu"));
+        let want: Vec<f32> = pairs()
+            .map(|(t, i)| gelu_tanh(gu[t * 2 * w + i]) * gu[t * 2 * w + w + i])
+            .collect();
+        let scale: Vec<f32> = want.iter().map(|v| v.abs() + 1e-3).collect();
+        assert_close(&format!("geglu {width}"), &got, &want, &scale, 1e-5, 1e-5);
+    }
 }
 
 #[test]
@@ -2088,8 +2095,11 @@ fn sum_reduce_matches_cpu() {
 fn dequantize_to_f16_matches_cpu() {
     let gpu = gpu();
     let mut rng = Rng::new(41);
-    for ty in QUANT_TYPES {
-        let (rows, cols) = (7usize, 512usize);
+    // One partial workgroup, and several with a partial last one.
+    for (ty, (rows, cols)) in QUANT_TYPES
+        .into_iter()
+        .flat_map(|ty| [(ty, (7usize, 512usize)), (ty, (67, 1024))])
+    {
         let blocks = random_blocks(&mut rng, ty, rows, cols);
         let mut want = vec![0.0f32; rows * cols];
         dequantize(ty, &blocks, &mut want);

@@ -68,6 +68,9 @@ pub struct MatVecLayout {
     /// keep it f32; `int8_max_cols` limits that to rows of at most so many values.
     pub int8: Option<bool>,
     pub int8_max_cols: Option<u32>,
+    /// int8 products whose lanes all take the same number of sub-blocks: that many a trip of
+    /// a loop with a constant trip count (0: the plain strided loop).
+    pub unroll: Option<u32>,
 }
 
 /// `y = W · x̂` for the last token of the step (decoding, and the LM head after a prompt).
@@ -148,12 +151,15 @@ impl MatVec {
         // two rows per subgroup sharing each input read, the input staged where it fits. On an
         // H100 (SmolLM2-1.7B Q4_K) that decoded 601 tok/s against 505 with the layouts above;
         // four rows per subgroup, or 16 lanes per row, were slower (370, 480).
+        // Rows long enough for four pairs a lane (down products) take one row per subgroup
+        // instead: on an H200 (SmolLM2-1.7B Q4_K, rows of 8192) that decoded 704-710 tok/s
+        // against 687-699.
         if let Some(sg) = fixed_subgroup
             && k_quant(w)
             && w.cols / 64 >= sg
         {
             tpr = sg;
-            rows_per_group = 2;
+            rows_per_group = if w.cols / 64 >= 4 * sg { 1 } else { 2 };
             xcache = Self::input_fits(gpu, w.cols);
         }
         // K-quant rows too short for that still take sub-block pairs (and int8 products): the
@@ -169,7 +175,7 @@ impl MatVec {
         }
         // The environment's layout (for measuring) wins over the caller's, and that over a
         // CPU adapter's.
-        let forced = MatVecLayout::from_env()
+        let forced = MatVecLayout::from_env(w.cols)
             .or(opts.layout)
             .or(MatVecLayout::software(gpu));
         let wg = forced
@@ -208,6 +214,22 @@ impl MatVec {
         } else {
             w.row_vecs()
         };
+        // The units a row's lanes stride over (vec4 words of dense rows; sub-blocks, or K-quant
+        // sub-block pairs, of int8 products): the same count for every lane when the row's
+        // units are a multiple of its lanes. On an H200 (`bench`, SmolLM2-1.7B) taking four a
+        // trip decoded Q4_K at 688-691 tok/s against 674-678 in the plain loop, Q4_0 733-736
+        // against 704-710, Q8_0 659 against 644.
+        let units = match w.quant {
+            None => row_vecs,
+            Some(_) => (w.cols / 32) / if k_pairs { 2 } else { 1 },
+        };
+        let lane_units =
+            (units.is_multiple_of(tpr) && (int8 || w.quant.is_none())).then_some(units / tpr);
+        let unroll = match (lane_units, forced.unroll) {
+            (None, _) | (_, Some(0)) => 0,
+            (Some(n), Some(u)) if u <= n && n.is_multiple_of(u) => u,
+            (Some(n), _) => default_unroll(n),
+        };
         if opts.combine.is_some() && !xcache {
             return Err(GpuError::Device(format!(
                 "merging split attention needs rows of at most {XCACHE_MAX_BYTES} bytes of f32 input; this has {}",
@@ -244,6 +266,8 @@ impl MatVec {
             ("TPR", tpr.to_string()),
             ("RB", rb.to_string()),
             ("NR", rows_per_group.to_string()),
+            ("UNROLL", unroll.to_string()),
+            ("UNITS", units.to_string()),
             flag("SUBGROUP", subgroups),
             flag("SGX", shuffle_reduce),
             flag("NORM", opts.norm.is_some()),
@@ -392,6 +416,20 @@ pub fn int8_rounded_input(x: &[f32]) -> Vec<f32> {
 }
 
 /// The largest power of two at most `n` (1 for 0).
+/// Units a trip for `n` units a lane: four where they divide, else all of up to four, else
+/// two or one.
+fn default_unroll(n: u32) -> u32 {
+    if n.is_multiple_of(4) {
+        4
+    } else if n <= 4 {
+        n
+    } else if n.is_multiple_of(2) {
+        2
+    } else {
+        1
+    }
+}
+
 fn prev_power_of_two(n: u32) -> u32 {
     if n == 0 {
         1
@@ -471,17 +509,23 @@ impl MatVecLayout {
             blocks: self.blocks.or(other.blocks),
             int8: self.int8.or(other.int8),
             int8_max_cols: self.int8_max_cols.or(other.int8_max_cols),
+            unroll: self.unroll.or(other.unroll),
         }
     }
 
-    /// `BACKPACK_MATVEC=lanes=32,rows=2,stage=1,wg=128,blocks=1,int8=0,int8_max_cols=4096`
+    /// `BACKPACK_MATVEC=lanes=32,rows=2,stage=1,wg=128,blocks=1,int8=0,int8_max_cols=4096,unroll=2`
     /// forces layouts for measuring them on a device (`backpack bench`); parts left out or
-    /// malformed are chosen as usual.
-    fn from_env() -> Self {
+    /// malformed are chosen as usual. With `BACKPACK_MATVEC_COLS=K` only products over rows of
+    /// `K` values (`cols`) take it.
+    fn from_env(cols: u32) -> Self {
         let mut layout = Self::default();
         let Ok(text) = std::env::var("BACKPACK_MATVEC") else {
             return layout;
         };
+        let only = std::env::var("BACKPACK_MATVEC_COLS").ok();
+        if only.is_some_and(|k| k.trim().parse::<u32>().ok() != Some(cols)) {
+            return layout;
+        }
         for part in text.split(',') {
             let Some((key, value)) = part.split_once('=') else {
                 continue;
@@ -497,6 +541,7 @@ impl MatVecLayout {
                 "blocks" => layout.blocks = Some(value),
                 "int8" => layout.int8 = Some(value != 0),
                 "int8_max_cols" => layout.int8_max_cols = Some(value),
+                "unroll" => layout.unroll = Some(value),
                 _ => {}
             }
         }
