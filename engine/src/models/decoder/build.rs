@@ -3,7 +3,7 @@
 
 use crate::Error;
 use crate::gpu::{Gpu, StorageBuffer, UniformBuffer};
-use crate::load::{DecoderSpec, MlpKind};
+use crate::load::{DecoderSpec, GgmlType, MlpKind};
 use crate::ops::{
     Attention, CacheShape, Dequantize, Embed, Gelu, Glu, HeadNorm, KvDType, MAX_SPLITS, MatMul,
     MatMulOptions, MatVec, MatVecLayout, MatVecOptions, Matrix, Norm, NormKind, RopeKv, RopeTable,
@@ -616,11 +616,15 @@ impl DecoderModel {
 
 /// Whether a prompt product expands `w` to f16 first (one more dispatch; the tiles then stage
 /// plain f16) rather than decoding its blocks as the tiles are staged. On tensor cores the
-/// simple formats (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1) go direct: an H200 prefilled 504 tokens of
-/// Q4_0 weights 10 % faster so (SmolLM2-1.7B 20,700 → 22,700 tok/s, Llama-3.2-1B 31,600 →
-/// 35,000), Q8_0 level, without the expanded copy. The K formats decode their packed
-/// sub-block scales for every eight weights, and measured 2–3 % slower direct; the SIMT tiles
-/// keep the expansion. `BACKPACK_PROMPT_WEIGHTS=direct|expand` forces either (comparisons).
+/// 4- and 5-bit simple formats (Q4_0, Q4_1, Q5_0, Q5_1) go direct, without the expanded copy:
+/// on an H200 (504-token prompts, two runs each) Q4_0 prefilled level either way
+/// (SmolLM2-1.7B 23,100–23,300 tok/s direct against 23,100–23,500 expanded, Llama-3.2-1B
+/// 35,400–35,800 against 35,200–36,500, Qwen2.5-1.5B 22,300–22,900 against 22,300–22,600).
+/// Q8_0 expanded was 3–8 % faster (SmolLM2-1.7B 22,000–22,200 against 23,000–23,900,
+/// Llama-3.2-1B 33,700–34,500 against 35,500–36,700, Qwen2.5-1.5B 21,600–22,000 against
+/// 22,600–22,800), and the K formats decode their packed sub-block scales for every eight
+/// weights: both expand, as everything does on the SIMT tiles.
+/// `BACKPACK_PROMPT_WEIGHTS=direct|expand` forces either (comparisons).
 pub(super) fn expands_for_prompts(gpu: &Gpu, w: &Matrix) -> bool {
     let Some((ty, _)) = w.quant else {
         return false;
@@ -628,6 +632,6 @@ pub(super) fn expands_for_prompts(gpu: &Gpu, w: &Matrix) -> bool {
     match std::env::var("BACKPACK_PROMPT_WEIGHTS").map(|v| v.to_ascii_lowercase()) {
         Ok(v) if v == "direct" => false,
         Ok(v) if v == "expand" => true,
-        _ => !gpu.caps().cooperative_matrix || ty.block_elems() == 256,
+        _ => !gpu.caps().cooperative_matrix || ty.block_elems() == 256 || ty == GgmlType::Q8_0,
     }
 }
