@@ -401,7 +401,9 @@ fn main(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id) wid: v
                     let weight = select(0.0, probs[jj], jj0 + {{c}}u * KEY_GROUPS < chunk_len);
                     let cached = v_quad(v_base + cache_row(c0 + jj) * row_quads + quad);
 #if SPLIT
-                    // This token's value: from workgroup memory, as the cache may not hold it yet.
+                    // This token's value: from workgroup memory, as the cache may not hold it yet
+                    // (another workgroup may be writing that row now; what is read there is
+                    // discarded).
                     acc += weight * select(cached, cur_v[quad], c0 + jj == pos);
 #else
                     acc += weight * cached;

@@ -23,8 +23,9 @@ struct Params {
 var<workgroup> staged: array<u32, 4096>;
 #endif
 
-// Workgroups of 256, K-quants with several words an invocation: launched as many workgroups
-// of 64 with one word each, the expansion wrote well under half the memory rate of an H200.
+// Workgroups of 256, K-quants with several words an invocation: launched as four to sixteen
+// times as many workgroups of 64, one word each, the expansion wrote at well under half the
+// memory rate of an H200.
 @compute @workgroup_size(256)
 fn main(
     @builtin(local_invocation_index) lid: u32,
@@ -33,9 +34,9 @@ fn main(
 ) {
     let group = wid.y * nwg.x + wid.x;
 #if KQ
-    // Eight words per sub-block pair (word id of the expansion: pair id / 8, word id % 8),
-    // WORDS of them per invocation, 256 apart, so that each store of a subgroup lands in
-    // consecutive words; the last one's decoding is repeated past the end, never stored.
+    // Eight words per sub-block pair (word `id` of the expansion is word id % 8 of pair
+    // id / 8), WORDS of them per invocation, 256 apart, so that each store of a subgroup lands
+    // in consecutive words; past the end the last word is decoded again and never stored.
     let words = p.rows * {{SUBS}}u * 4u;
 #for i in 0..WORDS
     {

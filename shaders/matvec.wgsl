@@ -420,9 +420,9 @@ fn main(
             let hs = head_scale[h];
             for (var s0 = 0u; s0 < splits; s0 += 4u) {
 #for c in 0..4
-                let s{{c}} = min(s0 + {{c}}u, splits - 1u);
-                let w{{c}} = select(0.0, exp(split_stats[s{{c}} * p.heads + h].x - hs.x), s0 + {{c}}u < splits);
-                merged += partials[s{{c}} * quads + i] * w{{c}};
+                let run{{c}} = min(s0 + {{c}}u, splits - 1u);
+                let w{{c}} = select(0.0, exp(split_stats[run{{c}} * p.heads + h].x - hs.x), s0 + {{c}}u < splits);
+                merged += partials[run{{c}} * quads + i] * w{{c}};
 #endfor
             }
             merged *= hs.y;

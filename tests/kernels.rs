@@ -212,9 +212,9 @@ fn matvec_f16_without_subgroups_matches_cpu() {
 /// each (shuffle reductions where the subgroup size is fixed), lanes spanning subgroups
 /// (workgroup reductions) with two rows, the input staged or streamed against the default,
 /// smaller workgroups, several row blocks per workgroup, and a whole row per invocation (what
-/// CPU adapters choose). int8 products take their sub-blocks in unrolled loop trips where every
-/// lane has as many (by default, and two a trip in one layout), or in the plain strided loop
-/// (forced in the last layout).
+/// CPU adapters choose). Dense and int8 products take their units in unrolled loop trips where
+/// every lane has as many (by default, and two a trip in one layout where that divides), or in
+/// the plain strided loop (forced in the last layout).
 const MATVEC_LAYOUTS: [MatVecLayout; 6] = [
     MatVecLayout {
         lanes: None,
@@ -292,6 +292,9 @@ fn matvec_parity(gpu: &Gpu, dtype: WeightDType) {
         (130, 1001),
         (5, 4100),
         (3, 8200),
+        // Words enough for every lane of the few-lane layouts to take several (the unrolled
+        // loop forms).
+        (3, 2048),
         // Enough rows that one workgroup computes several row blocks (RB > 1), not a multiple.
         (8203, 37),
     ];
@@ -1888,6 +1891,9 @@ fn quantized_matvec_parity(ty: GgmlType) -> usize {
     for &(n, k) in &[
         (37usize, 256usize),
         (5, 768),
+        // Enough sub-blocks for every lane of the few-lane layouts to take two or more (the
+        // unrolled loop forms).
+        (5, 1024),
         (9, 4864),
         (33_001, 256),
         (49_153, 576),

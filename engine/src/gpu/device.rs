@@ -256,6 +256,16 @@ impl Gpu {
         format!("{} ({:?}, {kind})", info.name, info.backend)
     }
 
+    /// Sends the contents written into buffers at their creation (the weights) to the GPU and
+    /// waits for them. wgpu copies those contents from host staging memory with the next
+    /// submission and releases the staging memory afterwards; a model calls this once it is
+    /// built, so that loading ends with the weights in place and the first prompt does not pay
+    /// for the copy.
+    pub fn finish_uploads(&self) -> Result<(), GpuError> {
+        self.inner.queue.submit(std::iter::empty());
+        self.wait()
+    }
+
     /// Blocks until all submitted work has finished.
     pub fn wait(&self) -> Result<(), GpuError> {
         self.inner

@@ -328,8 +328,8 @@ impl MatMul {
             ],
         );
         if let Some((kernel, group)) = &self.reduce {
-            // matmul_io.wgsl's reduce: four outputs to an invocation of 256 where rows are
-            // whole vec4 words, else one to an invocation of 64.
+            // matmul_io.wgsl's reduce: four outputs an invocation in workgroups of 256 where
+            // rows are whole vec4 words, else one an invocation in workgroups of 64.
             let groups = if self.n.is_multiple_of(4) {
                 (n_tokens * self.n).div_ceil(1024)
             } else {

@@ -68,8 +68,9 @@ pub struct MatVecLayout {
     /// keep it f32; `int8_max_cols` limits that to rows of at most so many values.
     pub int8: Option<bool>,
     pub int8_max_cols: Option<u32>,
-    /// int8 products whose lanes all take the same number of sub-blocks: that many a trip of
-    /// a loop with a constant trip count (0: the plain strided loop).
+    /// Dense and int8 products whose lanes all take the same number of units (vec4 words,
+    /// sub-blocks or sub-block pairs): that many a trip of a loop with a constant trip count
+    /// (0: the plain strided loop).
     pub unroll: Option<u32>,
 }
 
@@ -415,7 +416,6 @@ pub fn int8_rounded_input(x: &[f32]) -> Vec<f32> {
         .collect()
 }
 
-/// The largest power of two at most `n` (1 for 0).
 /// Units a trip for `n` units a lane: four where they divide, else all of up to four, else
 /// two or one.
 fn default_unroll(n: u32) -> u32 {
@@ -430,6 +430,7 @@ fn default_unroll(n: u32) -> u32 {
     }
 }
 
+/// The largest power of two at most `n` (1 for 0).
 fn prev_power_of_two(n: u32) -> u32 {
     if n == 0 {
         1

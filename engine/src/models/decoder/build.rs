@@ -444,7 +444,9 @@ impl DecoderModel {
                 opts.dtype
             )));
         }
-        result
+        let model = result?;
+        gpu.finish_uploads()?;
+        Ok(model)
     }
 
     fn build_inner(
@@ -620,9 +622,9 @@ impl DecoderModel {
 /// on an H200 (504-token prompts, two runs each) Q4_0 prefilled level either way
 /// (SmolLM2-1.7B 23,100–23,300 tok/s direct against 23,100–23,500 expanded, Llama-3.2-1B
 /// 35,400–35,800 against 35,200–36,500, Qwen2.5-1.5B 22,300–22,900 against 22,300–22,600).
-/// Q8_0 expanded was 3–8 % faster (SmolLM2-1.7B 22,000–22,200 against 23,000–23,900,
-/// Llama-3.2-1B 33,700–34,500 against 35,500–36,700, Qwen2.5-1.5B 21,600–22,000 against
-/// 22,600–22,800), and the K formats decode their packed sub-block scales for every eight
+/// Q8_0 expanded was 3–8 % faster (direct against expanded: SmolLM2-1.7B 22,000–22,200
+/// against 23,000–23,900, Llama-3.2-1B 33,700–34,500 against 35,500–36,700, Qwen2.5-1.5B
+/// 21,600–22,000 against 22,600–22,800), and the K formats decode their packed sub-block scales for every eight
 /// weights: both expand, as everything does on the SIMT tiles.
 /// `BACKPACK_PROMPT_WEIGHTS=direct|expand` forces either (comparisons).
 pub(super) fn expands_for_prompts(gpu: &Gpu, w: &Matrix) -> bool {

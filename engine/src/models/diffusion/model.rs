@@ -91,6 +91,7 @@ impl DiffusionModel {
         let smallest = (1u32 << halvings).max(8) * parts.downscale();
         parts.plans_for(gpu, &mut plans, smallest, smallest)?;
         drop(plans);
+        gpu.finish_uploads()?;
         let info = ImageModelInfo {
             name: parts.name.clone(),
             path: path.to_owned(),

@@ -275,6 +275,7 @@ impl WhisperModel {
             &encoder.output,
             &encoder.positions_step,
         )?;
+        gpu.finish_uploads()?;
         Ok((encoder, decoder, up.bytes))
     }
 
