@@ -79,7 +79,9 @@ impl Gpu {
     /// A storage buffer holding `data`.
     pub fn storage_from<T: Pod>(&self, label: &str, data: &[T]) -> Result<StorageBuffer, GpuError> {
         let bytes: &[u8] = bytemuck::cast_slice(data);
-        self.storage_from_chunks(label, bytes.len() as u64, std::iter::once(bytes.to_vec()))
+        self.storage_filled(label, bytes.len() as u64, |mut out| {
+            out.slice(..bytes.len()).copy_from_slice(bytes)
+        })
     }
 
     /// A storage buffer of `size` bytes filled from consecutive chunks, written straight into
@@ -89,6 +91,37 @@ impl Gpu {
         label: &str,
         size: u64,
         chunks: impl IntoIterator<Item = Vec<u8>>,
+    ) -> Result<StorageBuffer, GpuError> {
+        let mut overflow = None;
+        let buffer = self.storage_filled(label, size, |mut out| {
+            let mut offset = 0usize;
+            for chunk in chunks {
+                let end = offset + chunk.len();
+                if end > out.len() {
+                    overflow = Some(end);
+                    return;
+                }
+                out.slice(offset..end).copy_from_slice(&chunk);
+                offset = end;
+            }
+        })?;
+        match overflow {
+            Some(end) => Err(GpuError::Device(format!(
+                "{label}: {end} bytes written into a {} byte buffer",
+                buffer.size
+            ))),
+            None => Ok(buffer),
+        }
+    }
+
+    /// A storage buffer of `size` bytes (padded to whole words) whose contents `fill` writes
+    /// into mapped memory (zeroed beforehand), so weights go from the mapped file to the
+    /// upload memory in one pass.
+    pub fn storage_filled(
+        &self,
+        label: &str,
+        size: u64,
+        fill: impl FnOnce(wgpu::WriteOnly<'_, [u8]>),
     ) -> Result<StorageBuffer, GpuError> {
         let padded_size = padded(size);
         self.check_binding_size(label, padded_size)?;
@@ -102,17 +135,7 @@ impl Gpu {
             let mut view = buffer
                 .get_mapped_range_mut(..)
                 .map_err(|e| GpuError::Device(format!("mapping {label}: {e}")))?;
-            let mut offset = 0usize;
-            for chunk in chunks {
-                let end = offset + chunk.len();
-                if end as u64 > padded_size {
-                    return Err(GpuError::Device(format!(
-                        "{label}: {end} bytes written into a {padded_size} byte buffer"
-                    )));
-                }
-                view.slice(offset..end).copy_from_slice(&chunk);
-                offset = end;
-            }
+            fill(view.slice(..));
         }
         buffer.unmap();
         Ok(StorageBuffer {

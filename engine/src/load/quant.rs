@@ -163,6 +163,50 @@ fn gpu_split(ty: GgmlType) -> Option<([std::ops::Range<usize>; 2], std::ops::Ran
     })
 }
 
+/// Bytes a block of `ty` takes in the GPU layout: (payload, scales); None for unquantized
+/// types.
+pub fn gpu_block_parts(ty: GgmlType) -> Option<(usize, usize)> {
+    let (payload, scale) = gpu_split(ty)?;
+    Some((payload.iter().map(|r| r.len()).sum(), scale.len()))
+}
+
+/// The GPU layout of `blocks` blocks of `ty`: (total bytes, whole words; word offset of the
+/// scales). None for unquantized types.
+pub fn gpu_layout(ty: GgmlType, blocks: usize) -> Option<(usize, u32)> {
+    let (payload, scale) = gpu_block_parts(ty)?;
+    let scales_at = blocks * payload;
+    Some((
+        (scales_at + blocks * scale).div_ceil(4) * 4,
+        (scales_at / 4) as u32,
+    ))
+}
+
+/// Repacks whole source rows of blocks into their stretch of the GPU layout's payload region
+/// and of its scales region (each exactly as long as those rows need).
+pub fn repack_rows<'r>(
+    ty: GgmlType,
+    rows: impl IntoIterator<Item = &'r [u8]>,
+    payload_out: &mut [u8],
+    scales_out: &mut [u8],
+) {
+    let Some((payload, scale)) = gpu_split(ty) else {
+        return;
+    };
+    let bb = ty.block_bytes();
+    let (mut p, mut s) = (0, 0);
+    for row in rows {
+        for block in row.chunks_exact(bb) {
+            for r in &payload {
+                payload_out[p..p + r.len()].copy_from_slice(&block[r.clone()]);
+                p += r.len();
+            }
+            scales_out[s..s + scale.len()].copy_from_slice(&block[scale.clone()]);
+            s += scale.len();
+        }
+    }
+    debug_assert_eq!((p, s), (payload_out.len(), scales_out.len()));
+}
+
 /// Repacks a quantized `[rows][cols]` matrix (row `i` taken from source row `src_row(i)`) into
 /// the GPU layout: every block's payload words, then all block scales. Returns the bytes and
 /// the word offset of the scales; None for unquantized types.
@@ -173,27 +217,14 @@ pub fn repack_for_gpu(
     cols: usize,
     src_row: impl Fn(usize) -> usize,
 ) -> Option<(Vec<u8>, u32)> {
-    let (payload, scale) = gpu_split(ty)?;
-    let bb = ty.block_bytes();
-    let row_bytes = cols / ty.block_elems() * bb;
-    let payload_len: usize = payload.iter().map(|r| r.len()).sum();
     let blocks = rows * (cols / ty.block_elems());
-    let mut out = Vec::with_capacity(blocks * bb + 4);
-    let mut scales = Vec::with_capacity(blocks * scale.len());
-    for i in 0..rows {
-        let src = src_row(i);
-        let row = &data[src * row_bytes..(src + 1) * row_bytes];
-        for block in row.chunks_exact(bb) {
-            for r in &payload {
-                out.extend_from_slice(&block[r.clone()]);
-            }
-            scales.extend_from_slice(&block[scale.clone()]);
-        }
-    }
-    debug_assert_eq!(out.len(), blocks * payload_len);
-    let offset = (out.len() / 4) as u32;
-    out.extend_from_slice(&scales);
-    out.resize(out.len().div_ceil(4) * 4, 0);
+    let (len, offset) = gpu_layout(ty, blocks)?;
+    let (payload, scale) = gpu_block_parts(ty)?;
+    let row_bytes = cols / ty.block_elems() * ty.block_bytes();
+    let mut out = vec![0u8; len];
+    let (payload_out, rest) = out.split_at_mut(blocks * payload);
+    let source = (0..rows).map(|i| &data[src_row(i) * row_bytes..(src_row(i) + 1) * row_bytes]);
+    repack_rows(ty, source, payload_out, &mut rest[..blocks * scale]);
     Some((out, offset))
 }
 

@@ -5,6 +5,7 @@
 mod decoder;
 pub mod diffusion;
 mod text;
+mod weight_rows;
 mod weights;
 pub mod whisper;
 

@@ -4,12 +4,16 @@
 
 use crate::Error;
 use crate::gpu::{Gpu, StorageBuffer};
-use crate::load::quant::{dequantize, quantize_q4_0, quantize_q4_k, quantize_q8_0, random_blocks};
+use crate::load::quant::{
+    dequantize, gpu_layout, quantize_q4_0, quantize_q4_k, quantize_q8_0, random_blocks,
+};
 use crate::load::{
-    DecoderSpec, GgmlType, GgufFile, LoadError, SafeTensors, TensorView, gguf_tensor_name,
+    DType, DecoderSpec, GgmlType, GgufFile, LoadError, SafeTensors, TensorView, gguf_tensor_name,
     unpermuted_row,
 };
 use crate::ops::{Matrix, WeightDType, encode_row, fill_random};
+
+use super::weight_rows::{RawRow, encode_raw_row, fill_block_rows, fill_rows};
 
 /// Where a model's weights come from.
 pub enum WeightSource<'a> {
@@ -167,30 +171,44 @@ impl<'a> Uploader<'a> {
             return Ok(None);
         }
         let cols = parts[0].cols;
-        let rows: u32 = parts.iter().map(|p| p.rows).sum();
-        // Rows of all parts in order (undoing the Q/K interleave), then repacked.
-        let mut blocks = Vec::new();
-        for t in &tensors {
-            if let HostTensor::Gguf {
-                data,
-                row_len,
-                rows,
-                heads,
-                ..
-            } = t
-            {
-                let row_bytes = row_len / ty.block_elems() * ty.block_bytes();
-                for i in 0..*rows {
-                    let src = heads.map_or(i, |h| unpermuted_row(i, *rows, h));
-                    blocks.extend_from_slice(&data[src * row_bytes..(src + 1) * row_bytes]);
-                }
-            }
+        // Rows of all parts in order (undoing the Q/K interleave), repacked straight into the
+        // upload memory.
+        let rows: Vec<&[u8]> = tensors.iter().flat_map(HostTensor::rows).collect();
+        let blocks_per_row = cols as usize / ty.block_elems();
+        let (size, scales_at) = gpu_layout(ty, rows.len() * blocks_per_row).ok_or_else(|| {
+            Error::Invalid(format!("{label}: {} is not a block format", ty.name()))
+        })?;
+        let buffer = self.gpu.storage_filled(label, size as u64, |out| {
+            fill_block_rows(ty, &rows, blocks_per_row, out)
+        })?;
+        Ok(Some(Matrix {
+            buffer,
+            rows: rows.len() as u32,
+            cols,
+            dtype: WeightDType::F32,
+            quant: Some((ty, scales_at)),
+        }))
+    }
+
+    /// The rows of the matrix made of `parts` as their files store them, where none needs
+    /// block decoding or transposing.
+    fn raw_rows(
+        &self,
+        parts: &[Part<'_>],
+        transposed: bool,
+    ) -> Result<Option<Vec<RawRow<'a>>>, Error> {
+        if transposed {
+            return Ok(None);
         }
-        self.gpu
-            .check_binding_size(label, blocks.len() as u64 + blocks.len() as u64 / 8)?;
-        Ok(Some(Matrix::from_blocks(
-            self.gpu, label, ty, &blocks, rows, cols,
-        )?))
+        let mut rows = Vec::new();
+        for part in parts {
+            let t = self.tensor(part.name, &[part.rows as usize, part.cols as usize])?;
+            let Some(ty) = t.raw_type() else {
+                return Ok(None);
+            };
+            rows.extend(t.rows().filter_map(|bytes| RawRow::of(ty, bytes)));
+        }
+        Ok(Some(rows))
     }
 
     /// Calls `f` with every row of the matrix made of `parts`, as f32.
@@ -283,8 +301,21 @@ impl<'a> Uploader<'a> {
                 buffer
             }
             WeightSource::Files(_) | WeightSource::Gguf(..) => {
-                let mut chunks: Vec<Vec<u8>> = Vec::new();
                 let stride = Matrix::padded_cols(cols) as usize;
+                if let Some(rows) = self.raw_rows(parts, transposed)? {
+                    let dtype = self.dtype;
+                    let row_bytes = stride * dtype.bytes() as usize;
+                    return self.finish_dense(
+                        self.gpu.storage_filled(label, size, |out| {
+                            fill_rows(&rows, row_bytes, out, |row, dst| {
+                                encode_raw_row(*row, dtype, dst)
+                            })
+                        })?,
+                        rows.len() as u32,
+                        cols,
+                    );
+                }
+                let mut chunks: Vec<Vec<u8>> = Vec::new();
                 let mut bytes = Vec::new();
                 self.for_each_row(parts, transposed, |row| {
                     encode_row(row, stride, self.dtype, &mut bytes);
@@ -296,6 +327,15 @@ impl<'a> Uploader<'a> {
                 self.gpu.storage_from_chunks(label, size, chunks)?
             }
         };
+        self.finish_dense(buffer, rows, cols)
+    }
+
+    fn finish_dense(
+        &mut self,
+        buffer: StorageBuffer,
+        rows: u32,
+        cols: u32,
+    ) -> Result<Matrix, Error> {
         self.bytes += buffer.size;
         Ok(Matrix {
             buffer,
@@ -523,7 +563,45 @@ enum HostTensor<'a> {
     },
 }
 
-impl HostTensor<'_> {
+impl<'a> HostTensor<'a> {
+    /// The bytes of each row, in order (Q/K rows of a GGUF file un-interleaved).
+    fn rows(&self) -> impl Iterator<Item = &'a [u8]> + '_ {
+        let (bytes, rows, row_bytes, heads): (&'a [u8], usize, usize, Option<u32>) = match self {
+            Self::Safe(view) => {
+                let rows = view.shape.first().copied().unwrap_or(1);
+                (view.bytes, rows, view.bytes.len() / rows.max(1), None)
+            }
+            Self::Gguf {
+                ty,
+                data,
+                row_len,
+                rows,
+                heads,
+            } => (
+                data,
+                *rows,
+                row_len / ty.block_elems() * ty.block_bytes(),
+                *heads,
+            ),
+        };
+        (0..rows).map(move |i| {
+            let src = heads.map_or(i, |h| unpermuted_row(i, rows, h));
+            &bytes[src * row_bytes..(src + 1) * row_bytes]
+        })
+    }
+
+    /// The file's element type where it needs no block decoding.
+    fn raw_type(&self) -> Option<GgmlType> {
+        match self {
+            Self::Safe(view) => Some(match view.dtype {
+                DType::F32 => GgmlType::F32,
+                DType::F16 => GgmlType::F16,
+                DType::BF16 => GgmlType::BF16,
+            }),
+            Self::Gguf { ty, .. } => RawRow::of(*ty, &[]).map(|_| *ty),
+        }
+    }
+
     /// Row `i` of the tensor seen as `[rows][c]`.
     fn read_row(&self, i: usize, c: usize, out: &mut [f32]) {
         match self {
