@@ -48,6 +48,10 @@ pub struct BenchGemmArgs {
     /// 2048x8192. The layout can be forced with BACKPACK_MATVEC (see the engine's MatVec).
     #[arg(long)]
     decode: bool,
+    /// With --decode: rotate through copies of the weights totalling at least 256 MB, so that
+    /// each product reads them from memory rather than from the GPU's cache, as in a model.
+    #[arg(long, requires = "decode")]
+    cold: bool,
 }
 
 const DEFAULT_DECODE_SHAPES: &[&str] = &[
@@ -156,7 +160,7 @@ pub fn run(args: BenchGemmArgs, adapter: Option<&str>) -> Result<()> {
 fn weights(gpu: &Gpu, quant: QuantArg, n: u32, k: u32) -> Result<Matrix> {
     Ok(match quant.block_format() {
         Some(ty) => {
-            let blocks = random_blocks(ty, n as usize * k as usize, 7);
+            let blocks = random_blocks(ty, n as usize * k as usize / ty.block_elems(), 7);
             Matrix::from_blocks(gpu, "w", ty, &blocks, n, k)?
         }
         None => {
@@ -191,15 +195,28 @@ fn run_decode(gpu: &Gpu, args: &BenchGemmArgs) -> Result<()> {
             bail!("decode shapes are NxK, not {text}");
         };
         let w = weights(gpu, args.quant, n, k)?;
+        let copies = if args.cold {
+            (256u64 << 20)
+                .div_ceil(w.buffer.size)
+                .clamp(1, u64::from(CHAIN)) as usize
+        } else {
+            1
+        };
+        let ws: Vec<_> = std::iter::once(Ok(w))
+            .chain((1..copies).map(|_| weights(gpu, args.quant, n, k)))
+            .collect::<Result<_>>()?;
         let x = gpu.storage("x", u64::from(k) * 4)?;
         let y = gpu.storage("y", u64::from(n) * 4)?;
         let step = gpu.uniform("step", &StepParams::new(0, 1));
-        let op = MatVec::new(gpu, &w, &x, &y, &step, MatVecOptions::default())?;
+        let ops = ws
+            .iter()
+            .map(|w| MatVec::new(gpu, w, &x, &y, &step, MatVecOptions::default()))
+            .collect::<Result<Vec<_>, _>>()?;
         let mut times = Vec::new();
         for _ in 0..=args.runs.max(1) {
             let start = Instant::now();
             let mut rec = Recorder::new(gpu);
-            for _ in 0..CHAIN {
+            for op in ops.iter().cycle().take(CHAIN as usize) {
                 op.encode(&mut rec);
             }
             rec.submit();
@@ -209,7 +226,7 @@ fn run_decode(gpu: &Gpu, args: &BenchGemmArgs) -> Result<()> {
         times.remove(0); // warm-up
         times.sort_by(f64::total_cmp);
         let us = times[times.len() / 2];
-        let gbs = w.buffer.size as f64 / (us * 1e-6) / 1e9;
+        let gbs = ws[0].buffer.size as f64 / (us * 1e-6) / 1e9;
         println!("{text:>22}  decode        {us:8.2} µs  {gbs:7.0} GB/s");
     }
     Ok(())
