@@ -38,15 +38,20 @@ impl<'a> RawRow<'a> {
 /// the stack.
 const STEP: usize = 256;
 
+impl RawRow<'_> {
+    fn len(self) -> usize {
+        match self {
+            Self::F32(b) => b.len() / 4,
+            Self::F16(b) | Self::Bf16(b) => b.len() / 2,
+        }
+    }
+}
+
 /// Writes `row` into `out`: one row in `dtype`, zero-padded to the length of `out`. Rows
 /// already in `dtype` are copied as stored; conversions to f16 saturate.
 pub fn encode_raw_row(row: RawRow<'_>, dtype: WeightDType, out: WriteOnly<'_, [u8]>) {
-    let width = dtype.bytes() as usize;
-    let n = match row {
-        RawRow::F32(b) => b.len() / 4,
-        RawRow::F16(b) | RawRow::Bf16(b) => b.len() / 2,
-    };
-    let (mut out, mut padding) = out.split_at(n * width);
+    let n = row.len();
+    let (mut out, mut padding) = out.split_at(n * dtype.bytes() as usize);
     padding.fill(0);
     match (row, dtype) {
         (RawRow::F16(b), WeightDType::F16) | (RawRow::F32(b), WeightDType::F32) => {
@@ -54,25 +59,65 @@ pub fn encode_raw_row(row: RawRow<'_>, dtype: WeightDType, out: WriteOnly<'_, [u
         }
         (row, dtype) => {
             let mut values = [0f32; STEP];
-            let mut halves = [f16::ZERO; STEP];
             for start in (0..n).step_by(STEP) {
                 let len = STEP.min(n - start);
-                let values = &mut values[..len];
-                to_f32(row, start, values);
-                let mut out = out.slice(start * width..(start + len) * width);
-                match dtype {
-                    WeightDType::F32 => out.copy_from_slice(bytemuck::cast_slice(values)),
-                    WeightDType::F16 => {
-                        // Saturate rather than turn the rare weight beyond f16's range into
-                        // infinity.
-                        for v in values.iter_mut() {
-                            *v = v.clamp(-65504.0, 65504.0);
-                        }
-                        halves[..len].convert_from_f32_slice(values);
-                        out.copy_from_slice(bytemuck::cast_slice(&halves[..len]));
-                    }
-                }
+                to_f32(row, start, &mut values[..len]);
+                encode_values(
+                    &mut values[..len],
+                    dtype,
+                    out.slice(start * dtype.bytes() as usize..),
+                );
             }
+        }
+    }
+}
+
+/// Writes a convolution's weight row, stored `[in][taps]`, as `[taps][in]` (channels innermost,
+/// as the implicit-product kernel reads them) in `dtype`, zero-padded to the length of `out`.
+/// `scratch` is reused from row to row.
+pub fn encode_conv_row(
+    row: RawRow<'_>,
+    cin: usize,
+    taps: usize,
+    dtype: WeightDType,
+    scratch: &mut Vec<f32>,
+    out: WriteOnly<'_, [u8]>,
+) {
+    let n = row.len();
+    scratch.resize(2 * n, 0.0);
+    let (values, permuted) = scratch.split_at_mut(n);
+    for start in (0..n).step_by(STEP) {
+        to_f32(row, start, &mut values[start..(start + STEP).min(n)]);
+    }
+    for ci in 0..cin {
+        for t in 0..taps {
+            permuted[t * cin + ci] = values[ci * taps + t];
+        }
+    }
+    let (out, mut padding) = out.split_at(n * dtype.bytes() as usize);
+    padding.fill(0);
+    let mut out = out;
+    for start in (0..n).step_by(STEP) {
+        let len = STEP.min(n - start);
+        let (chunk, rest) = out.split_at(len * dtype.bytes() as usize);
+        out = rest;
+        encode_values(&mut permuted[start..start + len], dtype, chunk);
+    }
+}
+
+/// Writes at most STEP `values` in `dtype` at the start of `out` (f16 saturating).
+fn encode_values(values: &mut [f32], dtype: WeightDType, mut out: WriteOnly<'_, [u8]>) {
+    let mut out = out.slice(..values.len() * dtype.bytes() as usize);
+    match dtype {
+        WeightDType::F32 => out.copy_from_slice(bytemuck::cast_slice(values)),
+        WeightDType::F16 => {
+            // Saturate rather than turn the rare weight beyond f16's range into infinity.
+            for v in values.iter_mut() {
+                *v = v.clamp(-65504.0, 65504.0);
+            }
+            let mut halves = [f16::ZERO; STEP];
+            halves[..values.len()].convert_from_f32_slice(values);
+            out.copy_from_slice(bytemuck::cast_slice(&halves[..values.len()]));
         }
     }
 }
@@ -118,7 +163,7 @@ pub fn fill_rows<T>(
     rows: &[T],
     row_bytes: usize,
     mut out: WriteOnly<'_, [u8]>,
-    write: impl Fn(&T, WriteOnly<'_, [u8]>),
+    mut write: impl FnMut(&T, WriteOnly<'_, [u8]>),
 ) {
     for row in rows {
         let (dst, after) = out.split_at(row_bytes);
@@ -209,6 +254,46 @@ mod tests {
                 assert_eq!(out[..expected.len()], expected[..]);
                 assert!(out[expected.len()..].iter().all(|&b| b == 0));
             }
+        }
+    }
+
+    /// A convolution row comes out with its taps outermost, as converting each value and
+    /// permuting one at a time puts it, over a row longer than a conversion step.
+    #[test]
+    fn conv_rows_put_taps_outermost() {
+        let (cin, taps) = (37, 9);
+        let v = values(cin * taps);
+        let bf16_bytes: Vec<u8> = v
+            .iter()
+            .flat_map(|x| bf16::from_f32(*x).to_le_bytes())
+            .collect();
+        let exact: Vec<f32> = v.iter().map(|x| bf16::from_f32(*x).to_f32()).collect();
+        let mut scratch = Vec::new();
+        for dtype in [WeightDType::F32, WeightDType::F16] {
+            let width = dtype.bytes() as usize;
+            let mut out = vec![0xABu8; (v.len() + 5) * width];
+            encode_conv_row(
+                RawRow::Bf16(&bf16_bytes),
+                cin,
+                taps,
+                dtype,
+                &mut scratch,
+                WriteOnly::from(&mut out[..]),
+            );
+            let mut expected = Vec::new();
+            for t in 0..taps {
+                for ci in 0..cin {
+                    let x = exact[ci * taps + t];
+                    match dtype {
+                        WeightDType::F32 => expected.extend(x.to_le_bytes()),
+                        WeightDType::F16 => {
+                            expected.extend(f16::from_f32(x.clamp(-65504.0, 65504.0)).to_le_bytes())
+                        }
+                    }
+                }
+            }
+            assert_eq!(out[..expected.len()], expected[..]);
+            assert!(out[expected.len()..].iter().all(|&b| b == 0));
         }
     }
 

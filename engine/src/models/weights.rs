@@ -13,7 +13,7 @@ use crate::load::{
 };
 use crate::ops::{Matrix, WeightDType, encode_row, fill_random};
 
-use super::weight_rows::{RawRow, encode_raw_row, fill_block_rows, fill_rows};
+use super::weight_rows::{RawRow, encode_conv_row, encode_raw_row, fill_block_rows, fill_rows};
 
 /// Where a model's weights come from.
 pub enum WeightSource<'a> {
@@ -429,6 +429,16 @@ impl<'a> Uploader<'a> {
         } else {
             let view = self.tensor(name, file_shape)?;
             let stride = Matrix::padded_cols(cols) as usize;
+            if let Some(raw) = view.raw_rows_split(rows as usize) {
+                let dtype = self.dtype;
+                let row_bytes = stride * dtype.bytes() as usize;
+                let buffer = self.gpu.storage_filled(label, size, |out| {
+                    fill_rows(&raw, row_bytes, out, |row, dst| {
+                        encode_raw_row(*row, dtype, dst)
+                    })
+                })?;
+                return self.finish_dense(buffer, rows, cols);
+            }
             let mut bytes = Vec::with_capacity(rows as usize * stride * 4);
             let mut row = vec![0.0f32; cols as usize];
             for i in 0..rows as usize {
@@ -473,6 +483,17 @@ impl<'a> Uploader<'a> {
             let shape = [out as usize, cin_us, k as usize, k as usize];
             let view = self.tensor(name, &shape)?;
             let stride = Matrix::padded_cols(cols) as usize;
+            if let Some(raw) = view.raw_rows_split(out as usize) {
+                let dtype = self.dtype;
+                let row_bytes = stride * dtype.bytes() as usize;
+                let mut scratch = Vec::new();
+                let buffer = self.gpu.storage_filled(label, size, |dst| {
+                    fill_rows(&raw, row_bytes, dst, |row, dst| {
+                        encode_conv_row(*row, cin_us, taps, dtype, &mut scratch, dst)
+                    })
+                })?;
+                return self.finish_dense(buffer, out, cols);
+            }
             let mut chunks = Vec::new();
             let mut bytes = Vec::new();
             let mut row = vec![0.0f32; cols as usize];
@@ -588,6 +609,26 @@ impl<'a> HostTensor<'a> {
             let src = heads.map_or(i, |h| unpermuted_row(i, rows, h));
             &bytes[src * row_bytes..(src + 1) * row_bytes]
         })
+    }
+
+    /// The tensor's bytes cut into `rows` equal rows as the file stores them, where it needs
+    /// no block decoding and no rows are interleaved.
+    fn raw_rows_split(&self, rows: usize) -> Option<Vec<RawRow<'a>>> {
+        let ty = self.raw_type()?;
+        let bytes = match self {
+            Self::Safe(view) => view.bytes,
+            Self::Gguf {
+                data, heads: None, ..
+            } => data,
+            Self::Gguf { .. } => return None,
+        };
+        if rows == 0 || !bytes.len().is_multiple_of(rows) {
+            return None;
+        }
+        bytes
+            .chunks_exact(bytes.len() / rows)
+            .map(|b| RawRow::of(ty, b))
+            .collect()
     }
 
     /// The file's element type where it needs no block decoding.
