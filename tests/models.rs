@@ -281,6 +281,47 @@ fn quantizing_while_loading_shrinks_weights_and_keeps_logits_close() {
     }
 }
 
+/// Block-quantized weights kept as f16 copies for prompts (`f16_prompt_weights`) give the
+/// prompt logits of expanding (or multiplying) them before each product, and the copies count
+/// as weights.
+#[test]
+fn f16_prompt_weight_copies_match_the_default_prompt_path() {
+    let g = golden("tiny-llama");
+    let path = fixtures().join("models/tiny-llama");
+    for ty in [
+        backpack_engine::load::GgmlType::Q8_0,
+        backpack_engine::load::GgmlType::Q4_0,
+    ] {
+        let load = |f16_prompt_weights| {
+            let opts = ModelOptions {
+                dtype: WeightDType::F16,
+                quantize: Some(ty),
+                lookahead: false,
+                f16_prompt_weights,
+                ..Default::default()
+            };
+            TextModel::load(&gpu(), &path, &opts).expect("loads")
+        };
+        let (mut plain, mut copies) = (load(false), load(true));
+        assert!(
+            copies.model.weight_bytes() > plain.model.weight_bytes(),
+            "{ty:?}: {} with copies, {} without",
+            copies.model.weight_bytes(),
+            plain.model.weight_bytes()
+        );
+        for c in &g.cases {
+            let want = plain.model.prompt_logits(&c.prompt_ids).expect("logits");
+            let got = copies.model.prompt_logits(&c.prompt_ids).expect("logits");
+            let diff = max_diff(&got, &want);
+            assert!(
+                diff <= tolerance(WeightDType::F16),
+                "{ty:?}/{}: prompt logits differ by {diff}",
+                c.name
+            );
+        }
+    }
+}
+
 /// GGUF files written from the fixture folders (tests/reference/folder_to_gguf.py: F16
 /// matrices, F32 norms, the tokenizer and chat template as GGUF metadata) against the folders'
 /// goldens: tokenization, chat prompts, prompt logits at every position, greedy tokens.

@@ -30,6 +30,10 @@ pub struct BenchArgs {
     /// How the KV cache stores keys and values (default: as --dtype).
     #[arg(long, value_enum)]
     kv_cache: Option<KvCacheArg>,
+    /// Keep an f16 copy of block-quantized weight matrices for prompts: prompts run about 10 %
+    /// faster on GPUs with tensor cores, for 2 bytes per weight more GPU memory.
+    #[arg(long)]
+    f16_prompt_weights: bool,
     /// Timed repetitions (the best is reported).
     #[arg(long, default_value_t = 3)]
     repeat: u32,
@@ -72,6 +76,7 @@ pub fn run(args: BenchArgs, adapter: Option<&str>) -> Result<()> {
         lookahead: !args.sync,
         quantize: args.quant.and_then(QuantArg::block_format),
         kv_cache: args.kv_cache.map(Into::into),
+        f16_prompt_weights: args.f16_prompt_weights,
         ..Default::default()
     };
     let build_start = Instant::now();

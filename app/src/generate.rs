@@ -60,6 +60,10 @@ pub struct GenerateArgs {
     /// How the KV cache stores keys and values (default: as --dtype); q8_0 halves it.
     #[arg(long, value_enum, conflicts_with = "endpoint")]
     kv_cache: Option<KvCacheArg>,
+    /// Keep an f16 copy of block-quantized weight matrices for prompts: prompts run about 10 %
+    /// faster on GPUs with tensor cores, for 2 bytes per weight more GPU memory.
+    #[arg(long, conflicts_with = "endpoint")]
+    f16_prompt_weights: bool,
     /// Print one JSON object with ids, text and timings after the text.
     #[arg(long)]
     json: bool,
@@ -122,7 +126,13 @@ pub fn run(args: GenerateArgs, adapter: Option<&str>) -> Result<()> {
         let (engine, mut events) = Engine::spawn(gpu, None);
         engine.load(
             model,
-            crate::model_options(args.dtype, args.quant, args.context, args.kv_cache),
+            crate::model_options(
+                args.dtype,
+                args.quant,
+                args.context,
+                args.kv_cache,
+                args.f16_prompt_weights,
+            ),
         );
         let info = match events.recv().await {
             Some(Event::Loaded(info)) => info,

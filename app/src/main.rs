@@ -139,6 +139,7 @@ pub fn model_options(
     quant: Option<QuantArg>,
     context: Option<u32>,
     kv_cache: Option<KvCacheArg>,
+    f16_prompt_weights: bool,
 ) -> backpack_engine::models::ModelOptions {
     backpack_engine::models::ModelOptions {
         dtype: match quant {
@@ -148,6 +149,7 @@ pub fn model_options(
         quantize: quant.and_then(QuantArg::block_format),
         context,
         kv_cache: kv_cache.map(Into::into),
+        f16_prompt_weights,
         ..Default::default()
     }
 }

@@ -36,6 +36,10 @@ pub struct ServeArgs {
     /// How the KV cache stores keys and values (default: as --dtype).
     #[arg(long, value_enum)]
     kv_cache: Option<KvCacheArg>,
+    /// Keep an f16 copy of block-quantized weight matrices for prompts: prompts run about 10 %
+    /// faster on GPUs with tensor cores, for 2 bytes per weight more GPU memory.
+    #[arg(long)]
+    f16_prompt_weights: bool,
 }
 
 pub fn run(args: ServeArgs, adapter: Option<&str>) -> Result<()> {
@@ -45,7 +49,13 @@ pub fn run(args: ServeArgs, adapter: Option<&str>) -> Result<()> {
         .map(|m| crate::generate::resolve_model(m))
         .collect::<Result<Vec<_>>>()?;
     let gpu = crate::open_gpu(adapter)?;
-    let load = crate::model_options(args.dtype, args.quant, args.context, args.kv_cache);
+    let load = crate::model_options(
+        args.dtype,
+        args.quant,
+        args.context,
+        args.kv_cache,
+        args.f16_prompt_weights,
+    );
     let opts = ServeOptions {
         host: args.host,
         port: args.port,

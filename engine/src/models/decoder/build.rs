@@ -14,7 +14,7 @@ use super::super::weights::{Part, Uploader, WeightSource};
 use super::family::{LayerWeights, family_of, norm_pair};
 use super::{
     Activations, DEFAULT_CONTEXT, DecoderModel, Layer, ModelOptions, PIPELINE_DEPTH, PromptProduct,
-    embedding_clone, fused,
+    PromptWeights, embedding_clone, fused,
 };
 
 /// Everything read from the checkpoint.
@@ -131,8 +131,8 @@ struct LayerContext<'a> {
     acts: &'a Activations,
     /// One scratch for every k-split prompt product (they run one after another).
     split_scratch: &'a StorageBuffer,
-    /// Block-quantized matrices expanded to f16 for prompt products, one at a time.
-    dequant_scratch: Option<&'a StorageBuffer>,
+    /// Where prompt products find block-quantized weights as f16.
+    prompt_weights: PromptWeights<'a>,
     rope: Option<&'a RopeTable>,
     /// Sliding-window layers' RoPE where it differs (Gemma 3's local base).
     local_rope: Option<&'a RopeTable>,
@@ -196,7 +196,7 @@ impl LayerContext<'_> {
     ) -> Result<PromptProduct, Error> {
         PromptProduct::new(
             self.gpu,
-            self.dequant_scratch,
+            self.prompt_weights,
             w,
             x,
             y,
@@ -486,11 +486,28 @@ impl DecoderModel {
             .filter(|m| expands_for_prompts(gpu, m))
             .map(Dequantize::scratch_bytes)
             .max();
+        let fits = |bytes: Option<u64>| {
+            bytes.is_some_and(|b| gpu.check_binding_size("prompt weights", b).is_ok())
+        };
+        // Copies need every block-quantized matrix to fit one binding as f16.
+        let quantized = || matrices().filter(|m| m.quant.is_some());
+        let copies =
+            opts.f16_prompt_weights && fits(quantized().map(Dequantize::scratch_bytes).max());
         let dequant_scratch = match dequant_bytes {
-            Some(bytes) if gpu.check_binding_size("prompt weights", bytes).is_ok() => {
+            Some(bytes) if !copies && fits(Some(bytes)) => {
                 Some(gpu.storage("prompt weights (expanded)", bytes)?)
             }
             _ => None,
+        };
+        let prompt_weights = match &dequant_scratch {
+            Some(scratch) => PromptWeights::Scratch(scratch),
+            None if copies => PromptWeights::Copies,
+            None => PromptWeights::Blocks,
+        };
+        // The f16 copies count as weights.
+        let copy_bytes: u64 = match prompt_weights {
+            PromptWeights::Copies => quantized().map(Dequantize::scratch_bytes).sum(),
+            _ => 0,
         };
         let table = |r: &crate::load::RopeSpec| match r.longrope(spec.rotary_dim) {
             Some((long, _, scale)) => {
@@ -517,7 +534,7 @@ impl DecoderModel {
             step: &step,
             acts: &acts,
             split_scratch: &split_scratch,
-            dequant_scratch: dequant_scratch.as_ref(),
+            prompt_weights,
             rope: rope.as_ref(),
             local_rope: local_rope.as_ref(),
             split_attention,
@@ -599,7 +616,7 @@ impl DecoderModel {
             seq_len: 0,
             submitted_len: 0,
             depth: if opts.lookahead { PIPELINE_DEPTH } else { 1 },
-            weight_bytes,
+            weight_bytes: weight_bytes + copy_bytes,
             cache_bytes,
             decode_dispatches: 0,
             split_attention,

@@ -45,6 +45,10 @@ pub struct ModelOptions {
     /// Submit the next decode step before reading the current one (faster). Off makes every
     /// step finish before `decode` returns, so per-step state such as logits can be read.
     pub lookahead: bool,
+    /// Keep an f16 copy of every block-quantized matrix for prompt products instead of
+    /// expanding each into a shared scratch before its product: prompts run about 10 %
+    /// faster on tensor cores, for 2 bytes per weight more GPU memory.
+    pub f16_prompt_weights: bool,
 }
 
 impl Default for ModelOptions {
@@ -57,6 +61,7 @@ impl Default for ModelOptions {
             quantize: None,
             quantized: true,
             lookahead: true,
+            f16_prompt_weights: false,
         }
     }
 }
@@ -507,7 +512,19 @@ impl DecoderModel {
     }
 }
 
-/// A prompt product; block-quantized weights are first expanded into the shared f16 scratch.
+/// Where a prompt product finds block-quantized weights in f16, if not in their blocks.
+#[derive(Clone, Copy)]
+enum PromptWeights<'a> {
+    /// Expanded into this shared scratch before each product.
+    Scratch(&'a StorageBuffer),
+    /// Expanded once, at load, into a copy of their own.
+    Copies,
+    /// Multiplied in their blocks.
+    Blocks,
+}
+
+/// A prompt product; block-quantized weights are first expanded into the shared f16 scratch,
+/// or read from their f16 copy.
 struct PromptProduct {
     expand: Option<Dequantize>,
     product: MatMul,
@@ -516,14 +533,28 @@ struct PromptProduct {
 impl PromptProduct {
     fn new(
         gpu: &Gpu,
-        scratch: Option<&StorageBuffer>,
+        weights: PromptWeights<'_>,
         w: &Matrix,
         x: &StorageBuffer,
         y: &StorageBuffer,
         step: &UniformBuffer,
         opts: MatMulOptions<'_>,
     ) -> Result<Self, Error> {
-        if let Some(scratch) = scratch.filter(|_| build::expands_for_prompts(gpu, w)) {
+        if let (PromptWeights::Copies, Some(_)) = (weights, w.quant) {
+            let copy = gpu.storage("prompt weights (f16 copy)", Dequantize::scratch_bytes(w))?;
+            let (expand, dense) = Dequantize::new(gpu, w, &copy)?;
+            // Submitted now; loading ends by waiting for the GPU (`finish_uploads`).
+            let mut rec = Recorder::new(gpu);
+            expand.encode(&mut rec);
+            rec.submit();
+            return Ok(Self {
+                expand: None,
+                product: MatMul::new(gpu, &dense, x, y, step, opts)?,
+            });
+        }
+        if let PromptWeights::Scratch(scratch) = weights
+            && build::expands_for_prompts(gpu, w)
+        {
             let (expand, dense) = Dequantize::new(gpu, w, scratch)?;
             return Ok(Self {
                 expand: Some(expand),
