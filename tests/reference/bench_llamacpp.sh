@@ -5,7 +5,7 @@
 #       [--shapes smollm2-135m,smollm2-1.7b,qwen2.5-1.5b,llama-3.2-1b] [--config FILE.json ...] \
 #       [--formats q4_0,q4_k,q8_0,f16] [--runs 3] [--prompt-len 504] [--gen 128] [--ctx 2048] \
 #       [--work DIR] [--offline DIR] [--json OUT.jsonl] [--adapter NAME] [--keep-models]
-#       [--backpack-warmup 1] [--backpack-bench]
+#       [--backpack-warmup 1] [--backpack-bench] [--backpack-flag FLAG ...]
 #   tests/reference/bench_llamacpp.sh --stage DIR
 #
 # --shapes names configs in tests/reference/configs/ (default: the four above); --config adds an
@@ -35,6 +35,8 @@
 #     against the targets (decode twice llama.cpp's, prefill level with it) and where the time
 #     goes (kernels against the gaps between dispatches, the weights' bytes against the GPU's
 #     streaming read rate, the prompt's largest kernels).
+#   --backpack-flag FLAG (repeatable) passes FLAG to every `generate` and `bench` (e.g.
+#   --f16-prompt-weights); the table's command line shows it.
 # Best of the runs on each side; a markdown table at the end (--json: one JSON line per row too).
 # Backpack has no ignore-EOS switch: the files give the end-of-text token an all-zero LM-head
 # row so greedy decoding never picks it, and the script checks that --gen tokens came out.
@@ -104,6 +106,7 @@ adapter=""
 keep_models=0
 backpack_warmup=1
 backpack_bench=0
+backpack_flags=()
 quote() {
     if [[ $1 =~ ^[A-Za-z0-9_@%+=:,./-]+$ ]]; then printf '%s' "$1"; else printf "'%s'" "${1//\'/\'\\\'\'}"; fi
 }
@@ -129,6 +132,7 @@ while [ $# -gt 0 ]; do
         --keep-models) keep_models=1; shift ;;
         --backpack-warmup) need_value "$@"; backpack_warmup=$2; shift 2 ;;
         --backpack-bench) backpack_bench=1; shift ;;
+        --backpack-flag) need_value "$@"; backpack_flags+=("--extra=$2"); shift 2 ;;
         -h | --help) usage 0 ;;
         *) die "unknown argument $1 (see --help)" ;;
     esac
@@ -449,14 +453,15 @@ for i in "${!shape_names[@]}"; do
         set +e
         python3 "$helper" backpack --backpack "$backpack" --model "$model" --prompt "$prompt" \
             --gen "$gen" --runs "$runs" --warmup "$backpack_warmup" --context "$ctx" \
-            ${adapter:+--adapter "$adapter"} --log "$bplog" >"$tmp/backpack.json.part" 2>"$tmp/backpack.err"
+            ${adapter:+--adapter "$adapter"} ${backpack_flags[@]+"${backpack_flags[@]}"} \
+            --log "$bplog" >"$tmp/backpack.json.part" 2>"$tmp/backpack.err"
         rc=$?
         set -e
         if [ $backpack_bench = 1 ]; then
             note "[$label] Backpack: bench"
             python3 "$helper" backpack-bench --backpack "$backpack" --model "$model" \
                 --prompt-len "$prompt_len" --gen "$gen" --runs "$runs" ${adapter:+--adapter "$adapter"} \
-                --log "$bplog" >"$tmp/bpbench.json" || { rm -f "$tmp/bpbench.json"; note "[$label] backpack bench failed"; }
+                ${backpack_flags[@]+"${backpack_flags[@]}"} --log "$bplog" >"$tmp/bpbench.json" || { rm -f "$tmp/bpbench.json"; note "[$label] backpack bench failed"; }
         fi
         if [ $rc != 0 ]; then
             cat "$tmp/backpack.err" >&2

@@ -234,7 +234,7 @@ def cmd_backpack(args):
     if args.adapter:
         cmd += ["--adapter", args.adapter]
     cmd += ["generate", "--model", args.model, "--raw", "--prompt", prompt["text"],
-            "--max-tokens", str(args.gen), "--temperature", "0", "--json"]
+            "--max-tokens", str(args.gen), "--temperature", "0", "--json"] + args.extra
     if args.context:
         cmd += ["--context", str(args.context)]
     runs, notes, device, warmup_ttft = [], [], None, []
@@ -286,6 +286,7 @@ def cmd_backpack_bench(args):
     # changing them (the targets table below).
     cmd += ["bench", "--model", args.model, "--prompt-len", str(args.prompt_len), "--gen",
             str(args.gen), "--repeat", str(args.runs), "--json", "--profile", "--bandwidth"]
+    cmd += args.extra
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
     if args.log:
         with open(args.log, "a", encoding="utf-8") as log:
@@ -478,6 +479,7 @@ def main():
     p.add_argument("--log")
     p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--timeout", type=float, default=1800)
+    p.add_argument("--extra", action="append", default=[], help="a flag for `generate`")
     p = sub.add_parser("backpack-bench")
     p.add_argument("--backpack", required=True)
     p.add_argument("--model", required=True)
@@ -487,6 +489,7 @@ def main():
     p.add_argument("--adapter")
     p.add_argument("--log")
     p.add_argument("--timeout", type=float, default=1800)
+    p.add_argument("--extra", action="append", default=[], help="a flag for `bench`")
     p = sub.add_parser("llama-log")
     p.add_argument("--log", required=True)
     p = sub.add_parser("table")

@@ -444,8 +444,12 @@ impl DecoderModel {
                 opts.dtype
             )));
         }
-        let model = result?;
+        let mut model = result?;
         gpu.finish_uploads()?;
+        // Software adapters have no first-use costs worth a prompt at load.
+        if !gpu.is_software() {
+            model.warm_up()?;
+        }
         Ok(model)
     }
 

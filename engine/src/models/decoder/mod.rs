@@ -306,6 +306,27 @@ impl DecoderModel {
         self.read_oldest()
     }
 
+    /// Runs a short prompt and a decode step through every kernel once, then forgets them: what
+    /// a driver leaves to a pipeline's first use, and the first reads of the weights, then
+    /// happen while loading instead of in the first prompt (llama.cpp's server also warms up
+    /// at load). The sequence is left empty.
+    pub fn warm_up(&mut self) -> Result<(), Error> {
+        let n = self
+            .chunk
+            .min(WARM_UP_TOKENS)
+            .min(self.capacity.saturating_sub(2))
+            .max(1);
+        self.prefill(&vec![0; n as usize])?;
+        if self.seq_len < self.capacity {
+            self.decode()?;
+        }
+        self.drain()?;
+        self.seq_len = 0;
+        self.submitted_len = 0;
+        self.prompt_len = 0;
+        Ok(())
+    }
+
     /// Submits a forward pass over the first `total` tokens of the history (in chunks) that
     /// samples the next token into readback `slot`; `fresh` clears the seen-token set first.
     fn submit_forward(&mut self, total: u32, slot: usize, fresh: bool) {
@@ -522,6 +543,10 @@ enum PromptWeights<'a> {
     /// Multiplied in their blocks.
     Blocks,
 }
+
+/// Tokens of the prompt `DecoderModel::warm_up` runs: enough for the prompt kernels that
+/// long prompts use.
+const WARM_UP_TOKENS: u32 = 128;
 
 /// A prompt product; block-quantized weights are first expanded into the shared f16 scratch,
 /// or read from their f16 copy.
