@@ -80,16 +80,10 @@ impl<'a> HostTensor<'a> {
     pub(super) fn read_row(&self, i: usize, c: usize, out: &mut [f32]) {
         match self {
             Self::Safe(view) => view.read_f32(i * c, out),
-            Self::Gguf {
-                ty,
-                data,
-                row_len,
-                rows,
-                heads,
-            } => {
-                let src = heads.map_or(i, |h| unpermuted_row(i, *rows, h));
-                let row_bytes = row_len / ty.block_elems() * ty.block_bytes();
-                dequantize(*ty, &data[src * row_bytes..(src + 1) * row_bytes], out);
+            Self::Gguf { ty, .. } => {
+                if let Some(row) = self.rows().nth(i) {
+                    dequantize(*ty, row, out);
+                }
             }
         }
     }
