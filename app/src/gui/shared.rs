@@ -167,6 +167,7 @@ impl Shared {
             quantize,
             context: load.context,
             kv_cache: load.kv_q8.then_some(backpack_engine::ops::KvDType::Q8_0),
+            f16_prompt_weights: load.f16_prompt_weights,
             ..Default::default()
         }
     }

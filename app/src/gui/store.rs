@@ -248,6 +248,8 @@ pub struct LoadSettings {
     pub context: Option<u32>,
     /// Store the KV cache as q8_0 blocks (about half of f16) instead of the storage type.
     pub kv_q8: bool,
+    /// Keep f16 copies of block-quantized matrices for prompts (faster prompts, more memory).
+    pub f16_prompt_weights: bool,
 }
 
 impl Default for LoadSettings {
@@ -257,6 +259,7 @@ impl Default for LoadSettings {
             quant: None,
             context: None,
             kv_q8: false,
+            f16_prompt_weights: false,
         }
     }
 }

@@ -184,6 +184,10 @@ fn loading_options(ui: &mut egui::Ui, load: &mut LoadSettings) -> bool {
             "Keys and values as int8 blocks: about half the memory of f16 for long contexts \
              (heads of a multiple of 32 dims)",
         );
+        ui.checkbox(&mut load.f16_prompt_weights, "f16 copies for prompts")
+            .on_hover_text(
+                "Quantized models keep an f16 copy of their weight matrices for reading                  prompts: prompts run about 10 % faster on GPUs with tensor cores, and the                  weights take 2 bytes per weight more GPU memory",
+            );
         ui.horizontal(|ui| {
             let mut custom = load.context.is_some();
             ui.checkbox(&mut custom, "Context length");
