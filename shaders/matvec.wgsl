@@ -14,7 +14,9 @@
 // (K-quant rows by sub-block pairs, see q_dot_pairs), NR (rows per lane group, 1..4), COMBINE
 // (x is the attention output of one token, split over runs of keys as attention.wgsl SPLIT
 // leaves it: the runs are merged while staging; needs XCACHE), HEADS, MIN_SPLIT, MAX_SPLITS,
-// WINDOW (the keys a sliding-window layer's attention saw), XQ8 (the input quantized to int8
+// WINDOW (the keys a sliding-window layer's attention saw), PIPE (int8 products with UNROLL:
+// each trip's weights are loaded one trip ahead, the first before the prologue), PIPE_NEXT
+// (PIPE with more than one trip), XQ8 (the input quantized to int8
 // per workgroup, products by packed integer dots: Q8_0, Q4_0, Q4_1, Q4_K, Q5_K, Q6_K; XQ8_VIEW for
 // the formats that read their blocks through the 16-byte view), RMS_LATE (XQ8 with a fused
 // RMSNorm: its scale applied to the row sums), UNROLL and UNITS (dense or XQ8 rows of UNITS
@@ -302,6 +304,40 @@ fn row_at(row0: u32, r: u32) -> u32 {
     return min(row0 + r * ROW_STEP, p.n - 1u);
 }
 
+// The first row of the lane group of invocation `tid` in row block `rb` of a workgroup.
+fn block_row0(group: u32, rb: u32, tid: u32) -> u32 {
+    return (group * {{RB}}u + rb) * {{NR}}u * ROW_STEP + tid / {{TPR}}u;
+}
+
+#if XQ8
+#if UNROLL
+// Int8 products take their units in trips of UNROLL, software-pipelined: each trip's weight
+// words are loaded into these registers (named, not an array: see `#for`) one trip ahead, so
+// loads stay in flight while the previous trip's products are computed.
+const ITERS: u32 = {{UNITS}}u / {{TPR}}u;
+#for u in 0..UNROLL
+#for r in 0..NR
+var<private> next{{u}}_{{r}}: QFetch;
+#if GLU
+var<private> next_up{{u}}_{{r}}: QFetch;
+#endif
+#endfor
+#endfor
+
+// Loads the words of the trip from unit `it` (per lane) of the NR rows from row0.
+fn fetch_trip(row0: u32, it: u32, lane: u32) {
+#for u in 0..UNROLL
+#for r in 0..NR
+    next{{u}}_{{r}} = q_fetch8(row_at(row0, {{r}}u), lane + (it + {{u}}u) * {{TPR}}u, p.q_scales);
+#if GLU
+    next_up{{u}}_{{r}} = q_fetch8(row_at(row0, {{r}}u) + p.n, lane + (it + {{u}}u) * {{TPR}}u, p.q_scales);
+#endif
+#endfor
+#endfor
+}
+#endif
+#endif
+
 // Reduces one row's lane sums and writes the row (called by every invocation alike, since the
 // reduction may synchronise the workgroup).
 fn finish_row(row: u32, acc: f32, acc_up: f32, tid: u32, lane: u32, sg_lane: u32, sg_size: u32) {
@@ -358,6 +394,12 @@ fn main(
     let sg_size = 1u;
 #endif
     let group = wid.y * nwg.x + wid.x;
+    let lane = tid % {{TPR}}u;
+#if PIPE
+    // The first trip's weights are requested before the input is staged (and normalised, or
+    // merged), so that their latency overlaps that prologue and its barriers.
+    fetch_trip(block_row0(group, 0u, tid), 0u, lane);
+#endif
     // Decoding has one token; for a prompt only the last token's output is wanted.
     let base = (step.n_tokens - 1u) * p.k;
 #if NORM
@@ -438,46 +480,58 @@ fn main(
     workgroupBarrier();
 #endif
 #endif
-    let lane = tid % {{TPR}}u;
 #if XQ8
     stage_int8(tid, base, sg_lane, sg_size);
 #endif
     // RB blocks of NR·WG/TPR rows share one staged (and normalised) input. Each lane group
     // takes NR rows of a block, ROW_STEP apart, and reads each input once for all of them.
     for (var rb = 0u; rb < {{RB}}u; rb++) {
-        let row0 = (group * {{RB}}u + rb) * {{NR}}u * ROW_STEP + tid / {{TPR}}u;
+        let row0 = block_row0(group, rb, tid);
         var acc = vec4<f32>(0.0);
         var acc_up = vec4<f32>(0.0);
         if (row0 < p.n) {
 #if QUANT
 #if XQ8
 #if UNROLL
-            for (var it = 0u; it < {{UNITS}}u / {{TPR}}u; it += {{UNROLL}}u) {
+            for (var it = 0u; it < ITERS; it += {{UNROLL}}u) {
+#if !PIPE
+                fetch_trip(row0, it, lane);
+#endif
 #for u in 0..UNROLL
-            {
-                let unit = lane + (it + {{u}}u) * {{TPR}}u;
+#for r in 0..NR
+                let cur{{u}}_{{r}} = next{{u}}_{{r}};
+#if GLU
+                let cur_up{{u}}_{{r}} = next_up{{u}}_{{r}};
+#endif
+#endfor
+#endfor
+#if PIPE_NEXT
+                // The next trip's weights are requested before this one's are used: the next
+                // units of these rows, else the first of the next block (after the last trip,
+                // the last block's again, unused).
+                let last = it + {{UNROLL}}u >= ITERS;
+                fetch_trip(block_row0(group, select(rb, min(rb + 1u, {{RB}}u - 1u), last), tid),
+                           select(it + {{UNROLL}}u, 0u, last), lane);
+#endif
+#for u in 0..UNROLL
+#for r in 0..NR
+                acc[{{r}}] += q_dot8_fetched(cur{{u}}_{{r}}, lane + (it + {{u}}u) * {{TPR}}u);
+#if GLU
+                acc_up[{{r}}] += q_dot8_fetched(cur_up{{u}}_{{r}}, lane + (it + {{u}}u) * {{TPR}}u);
+#endif
+#endfor
+#endfor
+            }
 #else
             for (var unit = lane; unit < {{UNITS}}u; unit += {{TPR}}u) {
-            {
-#endif
-#if KPAIR
-                acc += q_dot8_pairs(row0, p.n - 1u, unit);
-#if GLU
-                acc_up += q_dot8_pairs(row0 + p.n, 2u * p.n - 1u, unit);
-#endif
-#else
 #for r in 0..NR
                 acc[{{r}}] += q_dot8(row_at(row0, {{r}}u), unit, p.q_scales);
 #if GLU
                 acc_up[{{r}}] += q_dot8(row_at(row0, {{r}}u) + p.n, unit, p.q_scales);
 #endif
 #endfor
-#endif
             }
-#if UNROLL
-#endfor
 #endif
-            }
 #else
 #if KPAIR
             for (var sp = lane; sp < {{SUBS}}u / 2u; sp += {{TPR}}u) {

@@ -121,17 +121,20 @@ struct KPair {
     h: array<u32, 8>,
 }
 
-fn k_pair(row: u32, sp: u32) -> KPair {
-    let words = K_WORDS;
-    let quants = K_QUANTS;
-    let base = (row * ({{SUBS}}u / 8u) + sp / 4u) * words;
+// The words of sub-block pair `sp` of row `row` as loaded: decoding them waits for the loads,
+// so kernels that request the next weights before using the current ones keep the two apart.
+struct KPairWords {
+    head: vec4<u32>,
+    qa: vec4<u32>,
+    qb: vec4<u32>,
+    ha: vec4<u32>,
+    hb: vec4<u32>,
+    pair: u32,
+}
+
+fn k_pair_words(row: u32, sp: u32) -> KPairWords {
+    let base = (row * ({{SUBS}}u / 8u) + sp / 4u) * K_WORDS;
     let pair = sp % 4u;
-    let head = qw4[base / 4u];
-    let dd = unpack2x16float(head.x);
-    let sm_lo = scale_min_words(head.y, head.z, head.w, 2u * pair);
-    let sm_hi = scale_min_words(head.y, head.z, head.w, 2u * pair + 1u);
-    let qa = qw4[(base + quants) / 4u + 2u * pair];
-    let qb = qw4[(base + quants) / 4u + 2u * pair + 1u];
 #if Q5_K
     let ha = qw4[base / 4u + 1u];
     let hb = qw4[base / 4u + 2u];
@@ -139,12 +142,24 @@ fn k_pair(row: u32, sp: u32) -> KPair {
     let ha = vec4<u32>(0u);
     let hb = vec4<u32>(0u);
 #endif
+    return KPairWords(qw4[base / 4u], qw4[(base + K_QUANTS) / 4u + 2u * pair],
+                      qw4[(base + K_QUANTS) / 4u + 2u * pair + 1u], ha, hb, pair);
+}
+
+fn k_pair_of(w: KPairWords) -> KPair {
+    let dd = unpack2x16float(w.head.x);
+    let sm_lo = scale_min_words(w.head.y, w.head.z, w.head.w, 2u * w.pair);
+    let sm_hi = scale_min_words(w.head.y, w.head.z, w.head.w, 2u * w.pair + 1u);
     return KPair(
         dd.x * vec2<f32>(sm_lo.x, sm_hi.x),
         dd.y * vec2<f32>(sm_lo.y, sm_hi.y),
-        pair,
-        array<u32, 8>(qa.x, qa.y, qa.z, qa.w, qb.x, qb.y, qb.z, qb.w),
-        array<u32, 8>(ha.x, ha.y, ha.z, ha.w, hb.x, hb.y, hb.z, hb.w));
+        w.pair,
+        array<u32, 8>(w.qa.x, w.qa.y, w.qa.z, w.qa.w, w.qb.x, w.qb.y, w.qb.z, w.qb.w),
+        array<u32, 8>(w.ha.x, w.ha.y, w.ha.z, w.ha.w, w.hb.x, w.hb.y, w.hb.z, w.hb.w));
+}
+
+fn k_pair(row: u32, sp: u32) -> KPair {
+    return k_pair_of(k_pair_words(row, sp));
 }
 
 // The quants (before scale and shift) in word `q` of the pair's bytes, for sub-block
@@ -248,31 +263,26 @@ fn q_dot_pairs(first: u32, last: u32, sp: u32, xbase: u32) -> vec4<f32> {
 const NIBBLES: u32 = 0x0F0F0F0Fu;
 
 #if KPAIR
-// Sub-blocks 2·sp and 2·sp + 1 of NR rows against the int8 input (as q_dot_pairs).
-fn q_dot8_pairs(first: u32, last: u32, sp: u32) -> vec4<f32> {
+// A unit of an int8 product is a sub-block pair (see k_pair).
+alias QFetch = KPairWords;
+
+fn q_fetch8(row: u32, sp: u32, scales: u32) -> QFetch {
+    return k_pair_words(row, sp);
+}
+
+// Sub-blocks 2·sp and 2·sp + 1 of one row, from its loaded words.
+fn q_dot8_fetched(words: QFetch, sp: u32) -> f32 {
+    let kp = k_pair_of(words);
     let x_lo = xqd[2u * sp];
     let x_hi = xqd[2u * sp + 1u];
-#for r in 0..NR
-    let kp{{r}} = k_pair(min(first + {{r}}u * ROW_STEP, last), sp);
-    var lo{{r}} = 0;
-    var hi{{r}} = 0;
-#endfor
+    var lo = 0;
+    var hi = 0;
 #for j in 0..8
-    {
-        let xl = xq[xq_slot(16u * sp + {{j}}u)];
-        let xh = xq[xq_slot(16u * sp + 8u + {{j}}u)];
-#for r in 0..NR
-        lo{{r}} += dot4I8Packed(k_quants8(kp{{r}}.q[{{j}}], kp{{r}}.h[{{j}}], kp{{r}}.pair, 0u), xl);
-        hi{{r}} += dot4I8Packed(k_quants8(kp{{r}}.q[{{j}}], kp{{r}}.h[{{j}}], kp{{r}}.pair, 1u), xh);
+    lo += dot4I8Packed(k_quants8(kp.q[{{j}}], kp.h[{{j}}], kp.pair, 0u), xq[xq_slot(16u * sp + {{j}}u)]);
+    hi += dot4I8Packed(k_quants8(kp.q[{{j}}], kp.h[{{j}}], kp.pair, 1u), xq[xq_slot(16u * sp + 8u + {{j}}u)]);
 #endfor
-    }
-#endfor
-    var out = vec4<f32>(0.0);
-#for r in 0..NR
-    out[{{r}}] = kp{{r}}.scale.x * x_lo.x * f32(lo{{r}}) + kp{{r}}.scale.y * x_hi.x * f32(hi{{r}})
-        - (kp{{r}}.shift.x * x_lo.y + kp{{r}}.shift.y * x_hi.y);
-#endfor
-    return out;
+    return kp.scale.x * x_lo.x * f32(lo) + kp.scale.y * x_hi.x * f32(hi)
+        - (kp.shift.x * x_lo.y + kp.shift.y * x_hi.y);
 }
 
 // Four quants of k_quants as packed bytes (0..31).
@@ -284,57 +294,102 @@ fn k_quants8(q: u32, h: u32, pair: u32, half: u32) -> u32 {
 #endif
 }
 #else
-// Sub-block s of row `row` against the int8 input.
-fn q_dot8(row: u32, s: u32, scales: u32) -> f32 {
+// The words one sub-block's product needs, as loaded: quant words (w0..w3), the word holding
+// its f16 scale (sw), Q6_K's word of 8-bit sub-scales (xw), and the block the scale belongs to.
+struct QWords8 {
+    w0: vec4<u32>,
+    w1: vec4<u32>,
+    w2: vec4<u32>,
+    w3: vec4<u32>,
+    sw: u32,
+    xw: u32,
+    block: u32,
+}
+
+alias QFetch = QWords8;
+
+// Loads sub-block s of row `row`; q_dot8_fetched decodes it.
+fn q_fetch8(row: u32, s: u32, scales: u32) -> QFetch {
+    var f = QWords8(vec4<u32>(0u), vec4<u32>(0u), vec4<u32>(0u), vec4<u32>(0u), 0u, 0u, 0u);
     let blk = row * {{SUBS}}u + s;
-    let xd = xqd[s];
 #if Q6_K
-    // As the float template: low nibbles, two high bits, a signed scale per 16 values.
     let blk6 = row * ({{SUBS}}u / 8u) + s / 8u;
     let base = blk6 * 52u;
     let sub = s % 8u;
     let half_ = sub / 4u;
     let part = sub % 4u;
-    let nshift = select(4u, 0u, part < 2u);
-    let hshift = 2u * part;
     let ql = (base + 16u * half_ + 8u * (part % 2u)) / 4u;
     let qh = (base + 32u + 8u * half_) / 4u;
-    let l0 = qw4[ql];
-    let l1 = qw4[ql + 1u];
-    let h0 = qw4[qh];
-    let h1 = qw4[qh + 1u];
-    let ia = dot4I8Packed(q6_bytes(l0.x, h0.x, nshift, hshift), xq[xq_slot(8u * s)])
-        + dot4I8Packed(q6_bytes(l0.y, h0.y, nshift, hshift), xq[xq_slot(8u * s + 1u)])
-        + dot4I8Packed(q6_bytes(l0.z, h0.z, nshift, hshift), xq[xq_slot(8u * s + 2u)])
-        + dot4I8Packed(q6_bytes(l0.w, h0.w, nshift, hshift), xq[xq_slot(8u * s + 3u)]);
-    let ib = dot4I8Packed(q6_bytes(l1.x, h1.x, nshift, hshift), xq[xq_slot(8u * s + 4u)])
-        + dot4I8Packed(q6_bytes(l1.y, h1.y, nshift, hshift), xq[xq_slot(8u * s + 5u)])
-        + dot4I8Packed(q6_bytes(l1.z, h1.z, nshift, hshift), xq[xq_slot(8u * s + 6u)])
-        + dot4I8Packed(q6_bytes(l1.w, h1.w, nshift, hshift), xq[xq_slot(8u * s + 7u)]);
+    f.w0 = qw4[ql];
+    f.w1 = qw4[ql + 1u];
+    f.w2 = qw4[qh];
+    f.w3 = qw4[qh + 1u];
     // The sub-block's two scale bytes: an even index, so both sit in one word.
-    let sc_index = 8u * half_ + 2u * part;
-    let sc_word = qw[base + 48u + sc_index / 4u];
-    let sa = f32(i32(sc_word << (24u - 8u * (sc_index % 4u))) >> 24u);
-    let sb = f32(i32(sc_word << (16u - 8u * (sc_index % 4u))) >> 24u);
-    return scale_half(scales, blk6) * xd.x * (sa * f32(ia) + sb * f32(ib));
+    f.xw = qw[base + 48u + (8u * half_ + 2u * part) / 4u];
+    f.sw = qw[scales + blk6 / 2u];
+    f.block = blk6;
 #endif
 #if Q8_0
-    let a = qw4[2u * blk];
-    let b = qw4[2u * blk + 1u];
-    let i = dot4I8Packed(a.x, xq[xq_slot(8u * s)]) + dot4I8Packed(a.y, xq[xq_slot(8u * s + 1u)])
-        + dot4I8Packed(a.z, xq[xq_slot(8u * s + 2u)]) + dot4I8Packed(a.w, xq[xq_slot(8u * s + 3u)])
-        + dot4I8Packed(b.x, xq[xq_slot(8u * s + 4u)]) + dot4I8Packed(b.y, xq[xq_slot(8u * s + 5u)])
-        + dot4I8Packed(b.z, xq[xq_slot(8u * s + 6u)]) + dot4I8Packed(b.w, xq[xq_slot(8u * s + 7u)]);
-    return scale_half(scales, blk) * xd.x * f32(i);
+    f.w0 = qw4[2u * blk];
+    f.w1 = qw4[2u * blk + 1u];
+    f.sw = qw[scales + blk / 2u];
+    f.block = blk;
 #endif
 #if Q4_0
-    let d = scale_half(scales, blk);
-    return d * (xd.x * f32(nibble_dot8(qw4[blk], s)) - 8.0 * xd.y);
+    f.w0 = qw4[blk];
+    f.sw = qw[scales + blk / 2u];
+    f.block = blk;
 #endif
 #if Q4_1
-    let dm = unpack2x16float(qw[scales + blk]);
-    return dm.x * xd.x * f32(nibble_dot8(qw4[blk], s)) + dm.y * xd.y;
+    f.w0 = qw4[blk];
+    f.sw = qw[scales + blk];
 #endif
+    return f;
+}
+
+// Sub-block s against the int8 input, from its loaded words.
+fn q_dot8_fetched(f: QFetch, s: u32) -> f32 {
+    let xd = xqd[s];
+#if Q6_K
+    // As the float template: low nibbles, two high bits, a signed scale per 16 values.
+    let sub = s % 8u;
+    let part = sub % 4u;
+    let nshift = select(4u, 0u, part < 2u);
+    let hshift = 2u * part;
+    let ia = dot4I8Packed(q6_bytes(f.w0.x, f.w2.x, nshift, hshift), xq[xq_slot(8u * s)])
+        + dot4I8Packed(q6_bytes(f.w0.y, f.w2.y, nshift, hshift), xq[xq_slot(8u * s + 1u)])
+        + dot4I8Packed(q6_bytes(f.w0.z, f.w2.z, nshift, hshift), xq[xq_slot(8u * s + 2u)])
+        + dot4I8Packed(q6_bytes(f.w0.w, f.w2.w, nshift, hshift), xq[xq_slot(8u * s + 3u)]);
+    let ib = dot4I8Packed(q6_bytes(f.w1.x, f.w3.x, nshift, hshift), xq[xq_slot(8u * s + 4u)])
+        + dot4I8Packed(q6_bytes(f.w1.y, f.w3.y, nshift, hshift), xq[xq_slot(8u * s + 5u)])
+        + dot4I8Packed(q6_bytes(f.w1.z, f.w3.z, nshift, hshift), xq[xq_slot(8u * s + 6u)])
+        + dot4I8Packed(q6_bytes(f.w1.w, f.w3.w, nshift, hshift), xq[xq_slot(8u * s + 7u)]);
+    let sc_index = 8u * (sub / 4u) + 2u * part;
+    let sa = f32(i32(f.xw << (24u - 8u * (sc_index % 4u))) >> 24u);
+    let sb = f32(i32(f.xw << (16u - 8u * (sc_index % 4u))) >> 24u);
+    return unpack2x16float(f.sw)[f.block % 2u] * xd.x * (sa * f32(ia) + sb * f32(ib));
+#endif
+#if Q8_0
+    let i = dot4I8Packed(f.w0.x, xq[xq_slot(8u * s)]) + dot4I8Packed(f.w0.y, xq[xq_slot(8u * s + 1u)])
+        + dot4I8Packed(f.w0.z, xq[xq_slot(8u * s + 2u)]) + dot4I8Packed(f.w0.w, xq[xq_slot(8u * s + 3u)])
+        + dot4I8Packed(f.w1.x, xq[xq_slot(8u * s + 4u)]) + dot4I8Packed(f.w1.y, xq[xq_slot(8u * s + 5u)])
+        + dot4I8Packed(f.w1.z, xq[xq_slot(8u * s + 6u)]) + dot4I8Packed(f.w1.w, xq[xq_slot(8u * s + 7u)]);
+    return unpack2x16float(f.sw)[f.block % 2u] * xd.x * f32(i);
+#endif
+#if Q4_0
+    let d = unpack2x16float(f.sw)[f.block % 2u];
+    return d * (xd.x * f32(nibble_dot8(f.w0, s)) - 8.0 * xd.y);
+#endif
+#if Q4_1
+    let dm = unpack2x16float(f.sw);
+    return dm.x * xd.x * f32(nibble_dot8(f.w0, s)) + dm.y * xd.y;
+#endif
+}
+#endif
+
+// Unit `unit` (a sub-block, or a sub-block pair) of row `row` against the int8 input.
+fn q_dot8(row: u32, unit: u32, scales: u32) -> f32 {
+    return q_dot8_fetched(q_fetch8(row, unit, scales), unit);
 }
 
 // Four Q6_K quants minus 32, as packed i8: the nibbles at `nshift` of `lo`, the two bits at
@@ -358,7 +413,6 @@ fn nibble_dot8(w: vec4<u32>, s: u32) -> i32 {
         + dot4I8Packed((w.z >> 4u) & NIBBLES, xq[xq_slot(8u * s + 6u)])
         + dot4I8Packed((w.w >> 4u) & NIBBLES, xq[xq_slot(8u * s + 7u)]);
 }
-#endif
 #endif
 #else
 // Weights 4·j0 .. 4·j0 + 7 (j0 even) of sub-block `s` of row `row`, loading only the words

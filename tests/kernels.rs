@@ -214,7 +214,8 @@ fn matvec_f16_without_subgroups_matches_cpu() {
 /// smaller workgroups, several row blocks per workgroup, and a whole row per invocation (what
 /// CPU adapters choose). Dense and int8 products take their units in unrolled loop trips where
 /// every lane has as many (by default, and two a trip in one layout where that divides), or in
-/// the plain strided loop (forced in the last layout).
+/// the plain strided loop (forced in the last layout); int8 trips load their weights as each
+/// starts, or a trip ahead (the layouts of several row blocks and of two units a trip).
 const MATVEC_LAYOUTS: [MatVecLayout; 6] = [
     MatVecLayout {
         lanes: None,
@@ -225,6 +226,7 @@ const MATVEC_LAYOUTS: [MatVecLayout; 6] = [
         int8: Some(true),
         int8_max_cols: None,
         unroll: None,
+        pipeline: None,
     },
     // Block formats keep f32 inputs (dense weights always do; the other layouts turn int8
     // inputs on).
@@ -237,6 +239,7 @@ const MATVEC_LAYOUTS: [MatVecLayout; 6] = [
         int8: Some(false),
         int8_max_cols: None,
         unroll: None,
+        pipeline: None,
     },
     MatVecLayout {
         lanes: Some(4),
@@ -247,6 +250,7 @@ const MATVEC_LAYOUTS: [MatVecLayout; 6] = [
         int8: Some(true),
         int8_max_cols: None,
         unroll: None,
+        pipeline: Some(true),
     },
     MatVecLayout {
         lanes: Some(64),
@@ -257,6 +261,7 @@ const MATVEC_LAYOUTS: [MatVecLayout; 6] = [
         int8: Some(true),
         int8_max_cols: None,
         unroll: None,
+        pipeline: None,
     },
     MatVecLayout {
         lanes: Some(8),
@@ -267,6 +272,7 @@ const MATVEC_LAYOUTS: [MatVecLayout; 6] = [
         int8: Some(true),
         int8_max_cols: None,
         unroll: Some(2),
+        pipeline: Some(true),
     },
     MatVecLayout {
         lanes: Some(1),
@@ -277,6 +283,7 @@ const MATVEC_LAYOUTS: [MatVecLayout; 6] = [
         int8: Some(true),
         int8_max_cols: None,
         unroll: Some(0),
+        pipeline: None,
     },
 ];
 
@@ -1894,6 +1901,8 @@ fn quantized_matvec_parity(ty: GgmlType) -> usize {
         // Enough sub-blocks for every lane of the few-lane layouts to take two or more (the
         // unrolled loop forms).
         (5, 1024),
+        // K-quant pairs for several trips of the few-lane layouts in one row block.
+        (3, 2048),
         (9, 4864),
         (33_001, 256),
         (49_153, 576),

@@ -11,6 +11,12 @@ const XCACHE_MAX_BYTES: u64 = 16 * 1024;
 /// H200 (Qwen2.5-1.5B shapes) 512 beat one block per workgroup by 6-8% and 256 or 128 (fewer
 /// workgroups in flight) by 10-50%.
 const MIN_WORKGROUPS: u32 = 512;
+/// Workgroups enough for a few lanes per quantized row where rows are short (under 4096
+/// values): on an H200 the attention products of 1-1.7B models (96-384 workgroups that way)
+/// decoded Llama-3.2-1B Q4_0 at 1,074 tok/s against 930 with 64 lanes per row, Q8_0 935
+/// against 840, SmolLM2-1.7B Q4_0 775 against 736, Qwen2.5-1.5B Q4_0 660 against 630.
+/// SmolLM2-135M's products (9-24 workgroups) keep 64 lanes (see `MatVec::new`).
+const SHORT_ROW_MIN_WORKGROUPS: u32 = 96;
 
 #[repr(C)]
 #[derive(Clone, Copy, Pod, Zeroable)]
@@ -72,6 +78,9 @@ pub struct MatVecLayout {
     /// sub-blocks or sub-block pairs): that many a trip of a loop with a constant trip count
     /// (0: the plain strided loop).
     pub unroll: Option<u32>,
+    /// Int8 products in trips (`unroll`): load each trip's weights one trip ahead, the first
+    /// before the input is staged, or each as its trip starts (default).
+    pub pipeline: Option<bool>,
 }
 
 /// `y = W · x̂` for the last token of the step (decoding, and the LM head after a prompt).
@@ -107,7 +116,8 @@ impl MatVec {
             .then_some(caps.subgroup_min_size);
         // Quantized rows: a few 32-weight sub-blocks per lane, then a shuffle reduction, when
         // the matrix has rows enough to keep MIN_WORKGROUPS busy that way (on an H200 the
-        // Qwen2.5-1.5B Q4_K gate/up product went from 43 to 31 µs); short matrices keep 64
+        // Qwen2.5-1.5B Q4_K gate/up product went from 43 to 31 µs; short rows need fewer
+        // workgroups, SHORT_ROW_MIN_WORKGROUPS); smaller matrices keep 64
         // lanes per row, since fewer, fuller workgroups left the GPU idle (SmolLM2-135M Q4_0
         // fell from 833 to 633 tok/s).
         // K-quant lanes take sub-blocks in pairs (see q_dot_pairs), so half as many per row.
@@ -118,7 +128,11 @@ impl MatVec {
                     .next_power_of_two()
                     .clamp(4, sg)
             })
-            .filter(|&lanes| n / (WG / lanes) >= MIN_WORKGROUPS);
+            .filter(|&lanes| {
+                let workgroups = n / (WG / lanes);
+                workgroups >= MIN_WORKGROUPS
+                    || (w.cols < 4096 && workgroups >= SHORT_ROW_MIN_WORKGROUPS)
+            });
         let mut tpr: u32 = match (w.quant.is_some(), quant_lanes) {
             (true, Some(lanes)) => lanes,
             // Without that, 64 lanes per quantized row measured fastest on an H100 (Q4_K: 317
@@ -243,6 +257,12 @@ impl MatVec {
             .filter(|b| (1..=16).contains(b))
             .unwrap_or_else(|| Self::row_blocks_per_workgroup(n.div_ceil(block_rows)));
         let xvec4 = w.cols.is_multiple_of(4);
+        // Loading a trip ahead is off by default: on an H200 (`bench`, 504-token prompt) it
+        // decoded SmolLM2-1.7B Q4_K at 709 tok/s against 736 loading each trip as it starts,
+        // Q8_0 623 against 656, Llama-3.2-1B Q4_K 990 against 1,022; only Q4_0 gained (750
+        // against 737), and Qwen2.5-1.5B Q4_0 lost (618 against 630).
+        let pipeline = int8 && unroll > 0 && forced.pipeline.unwrap_or(false);
+        let trips = lane_units.map_or(0, |n| rb * n / unroll.max(1));
         let heads = opts.combine.as_ref().map_or(1, |c| c.heads);
         let mut defines = w.defines();
         defines.push(("QDOT", "1".into()));
@@ -281,6 +301,8 @@ impl MatVec {
             flag("RESIDUAL", opts.residual),
             flag("KPAIR", k_pairs),
             flag("XQ8", int8),
+            flag("PIPE", pipeline),
+            flag("PIPE_NEXT", pipeline && trips > 1),
             flag("XQ8_VIEW", int8 && !k_quant(w)),
             flag(
                 "RMS_LATE",
@@ -511,10 +533,11 @@ impl MatVecLayout {
             int8: self.int8.or(other.int8),
             int8_max_cols: self.int8_max_cols.or(other.int8_max_cols),
             unroll: self.unroll.or(other.unroll),
+            pipeline: self.pipeline.or(other.pipeline),
         }
     }
 
-    /// `BACKPACK_MATVEC=lanes=32,rows=2,stage=1,wg=128,blocks=1,int8=0,int8_max_cols=4096,unroll=2`
+    /// `BACKPACK_MATVEC=lanes=32,rows=2,stage=1,wg=128,blocks=1,int8=0,int8_max_cols=4096,unroll=2,pipe=0`
     /// forces layouts for measuring them on a device (`backpack bench`); parts left out or
     /// malformed are chosen as usual. With `BACKPACK_MATVEC_COLS=K` only products over rows of
     /// `K` values (`cols`) take it.
@@ -543,6 +566,7 @@ impl MatVecLayout {
                 "int8" => layout.int8 = Some(value != 0),
                 "int8_max_cols" => layout.int8_max_cols = Some(value),
                 "unroll" => layout.unroll = Some(value),
+                "pipe" => layout.pipeline = Some(value != 0),
                 _ => {}
             }
         }
