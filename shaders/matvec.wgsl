@@ -18,7 +18,8 @@
 // each trip's weights are loaded one trip ahead, the first before the prologue), PIPE_NEXT
 // (PIPE with more than one trip), XQ8 (the input quantized to int8
 // per workgroup, products by packed integer dots: Q8_0, Q4_0, Q4_1, Q4_K, Q5_K, Q6_K; XQ8_VIEW for
-// the formats that read their blocks through the 16-byte view), RMS_LATE (XQ8 with a fused
+// the formats that read their blocks through the 16-byte view), XQ8_FINE (and LEVELS = 2: a
+// second int8 level carries the rounding remainders), RMS_LATE (XQ8 with a fused
 // RMSNorm: its scale applied to the row sums), UNROLL and UNITS (dense or XQ8 rows of UNITS
 // vec4 words, sub-blocks, or sub-block pairs with KPAIR: where they are a multiple of TPR,
 // every lane takes as many, UNROLL a trip of a loop with a constant trip count, so that their
@@ -94,8 +95,12 @@ fn xs_slot(i: u32) -> u32 {
 // values 4i..4i+3 at xq_slot(i); block b of 32 values has (scale, dequantized sum) xqd[b].
 // Lanes read word j of consecutive sub-blocks (pairs with KPAIR) at once, so word j of unit u
 // sits at j·(units) + u: consecutive words rather than a few banks.
-var<workgroup> xq: array<u32, {{ROW_VECS}}>;
-var<workgroup> xqd: array<vec2<f32>, {{ROW_VECS}}u / 8u>;
+// With XQ8_FINE a second level follows the first (words from ROW_VECS, blocks from
+// ROW_VECS / 8): each value's rounding remainder, quantized again, so that x = d·q + d₂·q₂ to
+// about 1/64,000 of its block's largest value (LM heads, whose logits pick tokens).
+const LEVELS: u32 = {{LEVELS}}u;
+var<workgroup> xq: array<u32, {{ROW_VECS}}u * LEVELS>;
+var<workgroup> xqd: array<vec2<f32>, {{ROW_VECS}}u / 8u * LEVELS>;
 #if KPAIR
 const XQ_UNIT: u32 = 16u;
 #else
@@ -103,6 +108,16 @@ const XQ_UNIT: u32 = 8u;
 #endif
 fn xq_slot(i: u32) -> u32 {
     return (i % XQ_UNIT) * ({{ROW_VECS}}u / XQ_UNIT) + i / XQ_UNIT;
+}
+
+// Word i of level `level` of the int8 input.
+fn xq_at(level: u32, i: u32) -> u32 {
+    return level * {{ROW_VECS}}u + xq_slot(i);
+}
+
+// Scale and dequantized sum of block b of level `level`.
+fn xqd_at(level: u32, b: u32) -> vec2<f32> {
+    return xqd[level * ({{ROW_VECS}}u / 8u) + b];
 }
 
 // Quantizes the (normalised, or merged) input into xq / xqd: one 32-value block per
@@ -128,16 +143,30 @@ fn stage_int8(tid: u32, base: u32, sg_lane: u32, sg_size: u32) {
                     max(max(abs(v4), abs(v5)), max(abs(v6), abs(v7))));
         let amax = max(max(m.x, m.y), max(m.z, m.w));
         let inv = select(0.0, 127.0 / amax, amax > 0.0);
+        let d = amax / 127.0;
         var total = vec4<i32>(0);
+#if XQ8_FINE
+        // Remainders are at most d / 2: the second level's scale is d / 254.
+        let d2 = d / 254.0;
+        let inv2 = select(0.0, 254.0 / d, amax > 0.0);
+        var total2 = vec4<i32>(0);
+#endif
 #for j in 0..8
         {
             let q = vec4<i32>(round(v{{j}} * inv));
             total += q;
             xq[xq_slot(8u * b + {{j}}u)] = pack4xI8(q);
+#if XQ8_FINE
+            let q2 = clamp(vec4<i32>(round((v{{j}} - vec4<f32>(q) * d) * inv2)), vec4<i32>(-127), vec4<i32>(127));
+            total2 += q2;
+            xq[xq_at(1u, 8u * b + {{j}}u)] = pack4xI8(q2);
+#endif
         }
 #endfor
-        let d = amax / 127.0;
         xqd[b] = vec2<f32>(d, d * f32(total.x + total.y + total.z + total.w));
+#if XQ8_FINE
+        xqd[{{ROW_VECS}}u / 8u + b] = vec2<f32>(d2, d2 * f32(total2.x + total2.y + total2.z + total2.w));
+#endif
     }
 #if RMS_LATE
     set_rms_stats(tid, squares, sg_lane, sg_size);
@@ -515,9 +544,9 @@ fn main(
 #endif
 #for u in 0..UNROLL
 #for r in 0..NR
-                acc[{{r}}] += q_dot8_fetched(cur{{u}}_{{r}}, lane + (it + {{u}}u) * {{TPR}}u);
+                acc[{{r}}] += q_dot8_levels(cur{{u}}_{{r}}, lane + (it + {{u}}u) * {{TPR}}u);
 #if GLU
-                acc_up[{{r}}] += q_dot8_fetched(cur_up{{u}}_{{r}}, lane + (it + {{u}}u) * {{TPR}}u);
+                acc_up[{{r}}] += q_dot8_levels(cur_up{{u}}_{{r}}, lane + (it + {{u}}u) * {{TPR}}u);
 #endif
 #endfor
 #endfor

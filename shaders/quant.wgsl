@@ -271,15 +271,15 @@ fn q_fetch8(row: u32, sp: u32, scales: u32) -> QFetch {
 }
 
 // Sub-blocks 2·sp and 2·sp + 1 of one row, from its loaded words.
-fn q_dot8_fetched(words: QFetch, sp: u32) -> f32 {
+fn q_dot8_fetched(words: QFetch, sp: u32, level: u32) -> f32 {
     let kp = k_pair_of(words);
-    let x_lo = xqd[2u * sp];
-    let x_hi = xqd[2u * sp + 1u];
+    let x_lo = xqd_at(level, 2u * sp);
+    let x_hi = xqd_at(level, 2u * sp + 1u);
     var lo = 0;
     var hi = 0;
 #for j in 0..8
-    lo += dot4I8Packed(k_quants8(kp.q[{{j}}], kp.h[{{j}}], kp.pair, 0u), xq[xq_slot(16u * sp + {{j}}u)]);
-    hi += dot4I8Packed(k_quants8(kp.q[{{j}}], kp.h[{{j}}], kp.pair, 1u), xq[xq_slot(16u * sp + 8u + {{j}}u)]);
+    lo += dot4I8Packed(k_quants8(kp.q[{{j}}], kp.h[{{j}}], kp.pair, 0u), xq[xq_at(level, 16u * sp + {{j}}u)]);
+    hi += dot4I8Packed(k_quants8(kp.q[{{j}}], kp.h[{{j}}], kp.pair, 1u), xq[xq_at(level, 16u * sp + 8u + {{j}}u)]);
 #endfor
     return kp.scale.x * x_lo.x * f32(lo) + kp.scale.y * x_hi.x * f32(hi)
         - (kp.shift.x * x_lo.y + kp.shift.y * x_hi.y);
@@ -348,48 +348,57 @@ fn q_fetch8(row: u32, s: u32, scales: u32) -> QFetch {
 }
 
 // Sub-block s against the int8 input, from its loaded words.
-fn q_dot8_fetched(f: QFetch, s: u32) -> f32 {
-    let xd = xqd[s];
+fn q_dot8_fetched(f: QFetch, s: u32, level: u32) -> f32 {
+    let xd = xqd_at(level, s);
 #if Q6_K
     // As the float template: low nibbles, two high bits, a signed scale per 16 values.
     let sub = s % 8u;
     let part = sub % 4u;
     let nshift = select(4u, 0u, part < 2u);
     let hshift = 2u * part;
-    let ia = dot4I8Packed(q6_bytes(f.w0.x, f.w2.x, nshift, hshift), xq[xq_slot(8u * s)])
-        + dot4I8Packed(q6_bytes(f.w0.y, f.w2.y, nshift, hshift), xq[xq_slot(8u * s + 1u)])
-        + dot4I8Packed(q6_bytes(f.w0.z, f.w2.z, nshift, hshift), xq[xq_slot(8u * s + 2u)])
-        + dot4I8Packed(q6_bytes(f.w0.w, f.w2.w, nshift, hshift), xq[xq_slot(8u * s + 3u)]);
-    let ib = dot4I8Packed(q6_bytes(f.w1.x, f.w3.x, nshift, hshift), xq[xq_slot(8u * s + 4u)])
-        + dot4I8Packed(q6_bytes(f.w1.y, f.w3.y, nshift, hshift), xq[xq_slot(8u * s + 5u)])
-        + dot4I8Packed(q6_bytes(f.w1.z, f.w3.z, nshift, hshift), xq[xq_slot(8u * s + 6u)])
-        + dot4I8Packed(q6_bytes(f.w1.w, f.w3.w, nshift, hshift), xq[xq_slot(8u * s + 7u)]);
+    let ia = dot4I8Packed(q6_bytes(f.w0.x, f.w2.x, nshift, hshift), xq[xq_at(level, 8u * s)])
+        + dot4I8Packed(q6_bytes(f.w0.y, f.w2.y, nshift, hshift), xq[xq_at(level, 8u * s + 1u)])
+        + dot4I8Packed(q6_bytes(f.w0.z, f.w2.z, nshift, hshift), xq[xq_at(level, 8u * s + 2u)])
+        + dot4I8Packed(q6_bytes(f.w0.w, f.w2.w, nshift, hshift), xq[xq_at(level, 8u * s + 3u)]);
+    let ib = dot4I8Packed(q6_bytes(f.w1.x, f.w3.x, nshift, hshift), xq[xq_at(level, 8u * s + 4u)])
+        + dot4I8Packed(q6_bytes(f.w1.y, f.w3.y, nshift, hshift), xq[xq_at(level, 8u * s + 5u)])
+        + dot4I8Packed(q6_bytes(f.w1.z, f.w3.z, nshift, hshift), xq[xq_at(level, 8u * s + 6u)])
+        + dot4I8Packed(q6_bytes(f.w1.w, f.w3.w, nshift, hshift), xq[xq_at(level, 8u * s + 7u)]);
     let sc_index = 8u * (sub / 4u) + 2u * part;
     let sa = f32(i32(f.xw << (24u - 8u * (sc_index % 4u))) >> 24u);
     let sb = f32(i32(f.xw << (16u - 8u * (sc_index % 4u))) >> 24u);
     return unpack2x16float(f.sw)[f.block % 2u] * xd.x * (sa * f32(ia) + sb * f32(ib));
 #endif
 #if Q8_0
-    let i = dot4I8Packed(f.w0.x, xq[xq_slot(8u * s)]) + dot4I8Packed(f.w0.y, xq[xq_slot(8u * s + 1u)])
-        + dot4I8Packed(f.w0.z, xq[xq_slot(8u * s + 2u)]) + dot4I8Packed(f.w0.w, xq[xq_slot(8u * s + 3u)])
-        + dot4I8Packed(f.w1.x, xq[xq_slot(8u * s + 4u)]) + dot4I8Packed(f.w1.y, xq[xq_slot(8u * s + 5u)])
-        + dot4I8Packed(f.w1.z, xq[xq_slot(8u * s + 6u)]) + dot4I8Packed(f.w1.w, xq[xq_slot(8u * s + 7u)]);
+    let i = dot4I8Packed(f.w0.x, xq[xq_at(level, 8u * s)]) + dot4I8Packed(f.w0.y, xq[xq_at(level, 8u * s + 1u)])
+        + dot4I8Packed(f.w0.z, xq[xq_at(level, 8u * s + 2u)]) + dot4I8Packed(f.w0.w, xq[xq_at(level, 8u * s + 3u)])
+        + dot4I8Packed(f.w1.x, xq[xq_at(level, 8u * s + 4u)]) + dot4I8Packed(f.w1.y, xq[xq_at(level, 8u * s + 5u)])
+        + dot4I8Packed(f.w1.z, xq[xq_at(level, 8u * s + 6u)]) + dot4I8Packed(f.w1.w, xq[xq_at(level, 8u * s + 7u)]);
     return unpack2x16float(f.sw)[f.block % 2u] * xd.x * f32(i);
 #endif
 #if Q4_0
     let d = unpack2x16float(f.sw)[f.block % 2u];
-    return d * (xd.x * f32(nibble_dot8(f.w0, s)) - 8.0 * xd.y);
+    return d * (xd.x * f32(nibble_dot8(f.w0, s, level)) - 8.0 * xd.y);
 #endif
 #if Q4_1
     let dm = unpack2x16float(f.sw);
-    return dm.x * xd.x * f32(nibble_dot8(f.w0, s)) + dm.y * xd.y;
+    return dm.x * xd.x * f32(nibble_dot8(f.w0, s, level)) + dm.y * xd.y;
 #endif
 }
 #endif
 
+// A unit against every level of the int8 input (each product is linear in the input).
+fn q_dot8_levels(f: QFetch, unit: u32) -> f32 {
+#if XQ8_FINE
+    return q_dot8_fetched(f, unit, 0u) + q_dot8_fetched(f, unit, 1u);
+#else
+    return q_dot8_fetched(f, unit, 0u);
+#endif
+}
+
 // Unit `unit` (a sub-block, or a sub-block pair) of row `row` against the int8 input.
 fn q_dot8(row: u32, unit: u32, scales: u32) -> f32 {
-    return q_dot8_fetched(q_fetch8(row, unit, scales), unit);
+    return q_dot8_levels(q_fetch8(row, unit, scales), unit);
 }
 
 // Four Q6_K quants minus 32, as packed i8: the nibbles at `nshift` of `lo`, the two bits at
@@ -403,15 +412,15 @@ fn q6_bytes(lo: u32, hi: u32, nshift: u32, hshift: u32) -> u32 {
 
 // The 16 bytes of a Q4_0 / Q4_1 sub-block against the input's sub-block s: byte j holds
 // value j in its low nibble and value j + 16 in its high one.
-fn nibble_dot8(w: vec4<u32>, s: u32) -> i32 {
-    return dot4I8Packed(w.x & NIBBLES, xq[xq_slot(8u * s)])
-        + dot4I8Packed(w.y & NIBBLES, xq[xq_slot(8u * s + 1u)])
-        + dot4I8Packed(w.z & NIBBLES, xq[xq_slot(8u * s + 2u)])
-        + dot4I8Packed(w.w & NIBBLES, xq[xq_slot(8u * s + 3u)])
-        + dot4I8Packed((w.x >> 4u) & NIBBLES, xq[xq_slot(8u * s + 4u)])
-        + dot4I8Packed((w.y >> 4u) & NIBBLES, xq[xq_slot(8u * s + 5u)])
-        + dot4I8Packed((w.z >> 4u) & NIBBLES, xq[xq_slot(8u * s + 6u)])
-        + dot4I8Packed((w.w >> 4u) & NIBBLES, xq[xq_slot(8u * s + 7u)]);
+fn nibble_dot8(w: vec4<u32>, s: u32, level: u32) -> i32 {
+    return dot4I8Packed(w.x & NIBBLES, xq[xq_at(level, 8u * s)])
+        + dot4I8Packed(w.y & NIBBLES, xq[xq_at(level, 8u * s + 1u)])
+        + dot4I8Packed(w.z & NIBBLES, xq[xq_at(level, 8u * s + 2u)])
+        + dot4I8Packed(w.w & NIBBLES, xq[xq_at(level, 8u * s + 3u)])
+        + dot4I8Packed((w.x >> 4u) & NIBBLES, xq[xq_at(level, 8u * s + 4u)])
+        + dot4I8Packed((w.y >> 4u) & NIBBLES, xq[xq_at(level, 8u * s + 5u)])
+        + dot4I8Packed((w.z >> 4u) & NIBBLES, xq[xq_at(level, 8u * s + 6u)])
+        + dot4I8Packed((w.w >> 4u) & NIBBLES, xq[xq_at(level, 8u * s + 7u)]);
 }
 #endif
 #else

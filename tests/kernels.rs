@@ -163,6 +163,25 @@ fn matvec_ref_int8(w: &[f32], x: &[f32], rows: usize, cols: usize) -> (Vec<f32>,
     (out, mag)
 }
 
+/// The exact product, with magnitudes that allow for two-level int8 inputs: each value is
+/// carried to within 1/64,516 of its 32-value block's largest, below the callers' rtol of 2e-5.
+fn matvec_ref_int8_fine(w: &[f32], x: &[f32], rows: usize, cols: usize) -> (Vec<f32>, Vec<f32>) {
+    let (out, mut mag) = matvec_ref(w, x, rows, cols);
+    let block_max: Vec<f32> = x
+        .chunks(32)
+        .flat_map(|b| {
+            let m = b.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+            std::iter::repeat_n(m, b.len())
+        })
+        .collect();
+    let w_abs: Vec<f32> = w.iter().map(|v| v.abs()).collect();
+    let (bound, _) = matvec_ref(&w_abs, &block_max, rows, cols);
+    for (m, b) in mag.iter_mut().zip(bound) {
+        *m += b;
+    }
+    (out, mag)
+}
+
 #[derive(Clone, Copy, Debug)]
 enum Variant {
     Plain,
@@ -215,8 +234,9 @@ fn matvec_f16_without_subgroups_matches_cpu() {
 /// CPU adapters choose). Dense and int8 products take their units in unrolled loop trips where
 /// every lane has as many (by default, and two a trip in one layout where that divides), or in
 /// the plain strided loop (forced in the last layout); int8 trips load their weights as each
-/// starts, or a trip ahead (the layouts of several row blocks and of two units a trip).
-const MATVEC_LAYOUTS: [MatVecLayout; 6] = [
+/// starts, or a trip ahead (the layouts of several row blocks and of two units a trip). The
+/// last layout takes int8 inputs in two levels, as LM heads do.
+const MATVEC_LAYOUTS: [MatVecLayout; 7] = [
     MatVecLayout {
         lanes: None,
         rows: None,
@@ -227,6 +247,7 @@ const MATVEC_LAYOUTS: [MatVecLayout; 6] = [
         int8_max_cols: None,
         unroll: None,
         pipeline: None,
+        int8_fine: None,
     },
     // Block formats keep f32 inputs (dense weights always do; the other layouts turn int8
     // inputs on).
@@ -240,6 +261,7 @@ const MATVEC_LAYOUTS: [MatVecLayout; 6] = [
         int8_max_cols: None,
         unroll: None,
         pipeline: None,
+        int8_fine: None,
     },
     MatVecLayout {
         lanes: Some(4),
@@ -251,6 +273,7 @@ const MATVEC_LAYOUTS: [MatVecLayout; 6] = [
         int8_max_cols: None,
         unroll: None,
         pipeline: Some(true),
+        int8_fine: None,
     },
     MatVecLayout {
         lanes: Some(64),
@@ -262,6 +285,7 @@ const MATVEC_LAYOUTS: [MatVecLayout; 6] = [
         int8_max_cols: None,
         unroll: None,
         pipeline: None,
+        int8_fine: None,
     },
     MatVecLayout {
         lanes: Some(8),
@@ -273,6 +297,7 @@ const MATVEC_LAYOUTS: [MatVecLayout; 6] = [
         int8_max_cols: None,
         unroll: Some(2),
         pipeline: Some(true),
+        int8_fine: None,
     },
     MatVecLayout {
         lanes: Some(1),
@@ -284,6 +309,20 @@ const MATVEC_LAYOUTS: [MatVecLayout; 6] = [
         int8_max_cols: None,
         unroll: Some(0),
         pipeline: None,
+        int8_fine: None,
+    },
+    // LM heads' two-level int8 inputs.
+    MatVecLayout {
+        lanes: None,
+        rows: None,
+        stage: None,
+        workgroup: None,
+        blocks: None,
+        int8: Some(true),
+        int8_max_cols: None,
+        unroll: None,
+        pipeline: None,
+        int8_fine: Some(true),
     },
 ];
 
@@ -1970,10 +2009,10 @@ fn quantized_matvec_parity(ty: GgmlType) -> usize {
                 x.clone()
             };
             int8_runs += usize::from(op.takes_int8());
-            let (all, mag) = if op.takes_int8() {
-                matvec_ref_int8(&w, &xin, rows, k)
-            } else {
-                matvec_ref(&w, &xin, rows, k)
+            let (all, mag) = match op.int8_levels() {
+                0 => matvec_ref(&w, &xin, rows, k),
+                1 => matvec_ref_int8(&w, &xin, rows, k),
+                _ => matvec_ref_int8_fine(&w, &xin, rows, k),
             };
             let (want, scale): (Vec<f32>, Vec<f32>) = if glu {
                 (0..n)

@@ -55,8 +55,8 @@ fn smollm2_gguf_chats_like_transformers() {
     // activations are), which moves logits by up to about 0.08 on this model: a step whose
     // top-2 margin is under 0.1 may legitimately flip. Each prompt runs in one dtype, the two
     // taking turns (a software GPU spends about a third of a second on each token here); f16
-    // gets the France prompt, whose 0.08-margin step its float-input LM head exists for (see
-    // `MatVecLayout::for_head`).
+    // gets the France prompt, whose 0.08-margin step its two-level int8 LM head input exists
+    // for (see `MatVecLayout::for_head`).
     for (parity, (dtype, near_tie)) in [(WeightDType::F16, 0.1), (WeightDType::F32, 1e-3)]
         .into_iter()
         .enumerate()
