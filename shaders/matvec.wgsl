@@ -23,7 +23,8 @@
 // RMSNorm: its scale applied to the row sums), UNROLL and UNITS (dense or XQ8 rows of UNITS
 // vec4 words, sub-blocks, or sub-block pairs with KPAIR: where they are a multiple of TPR,
 // every lane takes as many, UNROLL a trip of a loop with a constant trip count, so that their
-// weight loads issue together).
+// weight loads issue together; int8 rows with UNIT_TAIL take LANE_UNITS, rounded up, see
+// ITERS).
 
 struct Params {
     n: u32,
@@ -342,8 +343,29 @@ fn block_row0(group: u32, rb: u32, tid: u32) -> u32 {
 #if UNROLL
 // Int8 products take their units in trips of UNROLL, software-pipelined: each trip's weight
 // words are loaded into these registers (named, not an array: see `#for`) one trip ahead, so
-// loads stay in flight while the previous trip's products are computed.
-const ITERS: u32 = {{UNITS}}u / {{TPR}}u;
+// loads stay in flight while the previous trip's products are computed. Lanes take
+// LANE_UNITS units each, a whole number of trips; with UNIT_TAIL the row's units are no
+// multiple of its lanes, and units past the row's end are read at its last unit and left out.
+const ITERS: u32 = {{LANE_UNITS}}u;
+
+// Unit `u` of a row, clamped into it.
+fn unit_in_row(u: u32) -> u32 {
+#if UNIT_TAIL
+    return min(u, {{UNITS}}u - 1u);
+#else
+    return u;
+#endif
+}
+
+// A unit's product, zero for units past the row's end.
+fn unit_dot(f: QFetch, u: u32) -> f32 {
+    let d = q_dot8_levels(f, unit_in_row(u));
+#if UNIT_TAIL
+    return select(0.0, d, u < {{UNITS}}u);
+#else
+    return d;
+#endif
+}
 #for u in 0..UNROLL
 #for r in 0..NR
 var<private> next{{u}}_{{r}}: QFetch;
@@ -357,9 +379,9 @@ var<private> next_up{{u}}_{{r}}: QFetch;
 fn fetch_trip(row0: u32, it: u32, lane: u32) {
 #for u in 0..UNROLL
 #for r in 0..NR
-    next{{u}}_{{r}} = q_fetch8(row_at(row0, {{r}}u), lane + (it + {{u}}u) * {{TPR}}u, p.q_scales);
+    next{{u}}_{{r}} = q_fetch8(row_at(row0, {{r}}u), unit_in_row(lane + (it + {{u}}u) * {{TPR}}u), p.q_scales);
 #if GLU
-    next_up{{u}}_{{r}} = q_fetch8(row_at(row0, {{r}}u) + p.n, lane + (it + {{u}}u) * {{TPR}}u, p.q_scales);
+    next_up{{u}}_{{r}} = q_fetch8(row_at(row0, {{r}}u) + p.n, unit_in_row(lane + (it + {{u}}u) * {{TPR}}u), p.q_scales);
 #endif
 #endfor
 #endfor
@@ -544,9 +566,9 @@ fn main(
 #endif
 #for u in 0..UNROLL
 #for r in 0..NR
-                acc[{{r}}] += q_dot8_levels(cur{{u}}_{{r}}, lane + (it + {{u}}u) * {{TPR}}u);
+                acc[{{r}}] += unit_dot(cur{{u}}_{{r}}, lane + (it + {{u}}u) * {{TPR}}u);
 #if GLU
-                acc_up[{{r}}] += q_dot8_levels(cur_up{{u}}_{{r}}, lane + (it + {{u}}u) * {{TPR}}u);
+                acc_up[{{r}}] += unit_dot(cur_up{{u}}_{{r}}, lane + (it + {{u}}u) * {{TPR}}u);
 #endif
 #endfor
 #endfor
