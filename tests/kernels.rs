@@ -238,30 +238,14 @@ fn matvec_f16_without_subgroups_matches_cpu() {
 /// last layout takes int8 inputs in two levels, as LM heads do.
 const MATVEC_LAYOUTS: [MatVecLayout; 7] = [
     MatVecLayout {
-        lanes: None,
-        rows: None,
-        stage: None,
-        workgroup: None,
-        blocks: None,
         int8: Some(true),
-        int8_max_cols: None,
-        unroll: None,
-        pipeline: None,
-        int8_fine: None,
+        ..CHOSEN
     },
     // Block formats keep f32 inputs (dense weights always do; the other layouts turn int8
     // inputs on).
     MatVecLayout {
-        lanes: None,
-        rows: None,
-        stage: None,
-        workgroup: None,
-        blocks: None,
         int8: Some(false),
-        int8_max_cols: None,
-        unroll: None,
-        pipeline: None,
-        int8_fine: None,
+        ..CHOSEN
     },
     MatVecLayout {
         lanes: Some(4),
@@ -270,61 +254,56 @@ const MATVEC_LAYOUTS: [MatVecLayout; 7] = [
         workgroup: Some(64),
         blocks: Some(3),
         int8: Some(true),
-        int8_max_cols: None,
-        unroll: None,
         pipeline: Some(true),
-        int8_fine: None,
+        ..CHOSEN
     },
     MatVecLayout {
         lanes: Some(64),
         rows: Some(2),
         stage: Some(false),
-        workgroup: None,
-        blocks: None,
         int8: Some(true),
-        int8_max_cols: None,
-        unroll: None,
-        pipeline: None,
-        int8_fine: None,
+        ..CHOSEN
     },
     MatVecLayout {
         lanes: Some(8),
         rows: Some(4),
-        stage: None,
         workgroup: Some(128),
         blocks: Some(1),
         int8: Some(true),
-        int8_max_cols: None,
         unroll: Some(2),
         pipeline: Some(true),
-        int8_fine: None,
+        ..CHOSEN
     },
     MatVecLayout {
         lanes: Some(1),
         rows: Some(4),
         stage: Some(true),
         workgroup: Some(64),
-        blocks: None,
         int8: Some(true),
-        int8_max_cols: None,
         unroll: Some(0),
-        pipeline: None,
-        int8_fine: None,
+        ..CHOSEN
     },
     // LM heads' two-level int8 inputs.
     MatVecLayout {
-        lanes: None,
-        rows: None,
-        stage: None,
-        workgroup: None,
-        blocks: None,
         int8: Some(true),
-        int8_max_cols: None,
-        unroll: None,
-        pipeline: None,
         int8_fine: Some(true),
+        ..CHOSEN
     },
 ];
+
+/// Every part of the layout left to the engine (`MatVecLayout::default()`, in a constant).
+const CHOSEN: MatVecLayout = MatVecLayout {
+    lanes: None,
+    rows: None,
+    stage: None,
+    workgroup: None,
+    blocks: None,
+    int8: None,
+    int8_max_cols: None,
+    unroll: None,
+    pipeline: None,
+    int8_fine: None,
+};
 
 fn matvec_parity(gpu: &Gpu, dtype: WeightDType) {
     let gpu = gpu.clone();
