@@ -341,9 +341,10 @@ fn block_row0(group: u32, rb: u32, tid: u32) -> u32 {
 
 #if XQ8
 #if UNROLL
-// Int8 products take their units in trips of UNROLL, software-pipelined: each trip's weight
-// words are loaded into these registers (named, not an array: see `#for`) one trip ahead, so
-// loads stay in flight while the previous trip's products are computed. Lanes take
+// Int8 products take their units in trips of UNROLL: each trip's weight words, for every row
+// it computes, are loaded into these registers (named, not an array: see `#for`) before any
+// of its products, so that the loads are in flight together (with PIPE, one trip ahead,
+// while the previous trip's products are computed). Lanes take
 // LANE_UNITS units each, a whole number of trips; with UNIT_TAIL the row's units are no
 // multiple of its lanes, and units past the row's end are read at its last unit and left out.
 const ITERS: u32 = {{LANE_UNITS}}u;
