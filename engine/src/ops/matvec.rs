@@ -197,7 +197,7 @@ impl MatVec {
         // CPU adapter's.
         let forced = MatVecLayout::from_env(w.cols)
             .or(opts.layout)
-            .or(MatVecLayout::software(gpu));
+            .or(MatVecLayout::software(gpu, w.quant.is_some()));
         let wg = forced
             .workgroup
             .filter(|w| [64, 128, 256].contains(w))
@@ -558,8 +558,13 @@ impl MatVecLayout {
     /// where reductions across lanes and barriers cost far more than arithmetic: a whole row
     /// per invocation, four rows sharing each input read, the input staged. On lavapipe
     /// (`bench-gemm --decode`, 8192×576) that took Q4_0 from 37.8 to 5.3 ms and f16 from 39.0
-    /// to 14.9 ms. Other adapters choose per shape (nothing set here).
-    fn software(gpu: &Gpu) -> Self {
+    /// to 14.9 ms. Block formats take one unit a trip: loading many at once gains nothing on
+    /// a CPU, and on lavapipe SmolLM2-135M Q4_0 then decoded 15.1 tok/s against 12.5 with four,
+    /// Q4_K/Q8_0 products ran up to 1.4× faster (`bench-gemm --decode`, 576×1536), and the
+    /// large unrolled shaders LLVM compiles took far longer (the Q5_K parity test 128 s
+    /// against 51 with an empty shader cache); f16 kept four (11.5 tok/s against 10.7).
+    /// Other adapters choose per shape (nothing set here).
+    fn software(gpu: &Gpu, quantized: bool) -> Self {
         if !gpu.is_software() {
             return Self::default();
         }
@@ -568,6 +573,7 @@ impl MatVecLayout {
             rows: Some(4),
             stage: Some(true),
             workgroup: Some(64),
+            unroll: quantized.then_some(1),
             ..Self::default()
         }
     }
