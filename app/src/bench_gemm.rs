@@ -41,6 +41,10 @@ pub struct BenchGemmArgs {
     /// for each product.
     #[arg(long = "coop-tile")]
     coop_tiles: Vec<CoopTile>,
+    /// The engine's tiles for M fixed rows, as the Whisper encoder and the image networks
+    /// build them, instead of those for prompts (whose length varies).
+    #[arg(long)]
+    fixed_rows: bool,
     /// Timed repetitions per shape (the median is reported).
     #[arg(long, default_value_t = 20)]
     runs: u32,
@@ -264,22 +268,32 @@ fn time_product(
             cpu_tiles: Some(!args.gpu_tiles),
             split_target: args.split_target,
             coop_tile,
+            rows: args.fixed_rows.then_some(m),
             ..Default::default()
         },
     )?;
-    let mut times = Vec::new();
-    for _ in 0..=args.runs.max(1) {
+    // Enough products per submission that the submission's own cost (tens of µs) stays
+    // small beside them, and a warm-up of about a quarter second first: a GPU that was idle
+    // runs at a low clock for a while, which made short runs of one setting differ by 1.8×.
+    let submit = |count: u32| -> Result<f64> {
         let start = Instant::now();
         let mut rec = Recorder::new(gpu);
-        // Ten products per submission, so the submit cost does not dominate small shapes.
-        for _ in 0..10 {
+        for _ in 0..count {
             op.encode(&mut rec, m);
         }
         rec.submit();
         gpu.wait()?;
-        times.push(start.elapsed().as_secs_f64() * 1e3 / 10.0);
+        Ok(start.elapsed().as_secs_f64() * 1e3)
+    };
+    let probe = submit(10)? / 10.0;
+    let count = (5.0 / probe.max(1e-3)).ceil().clamp(10.0, 2000.0) as u32;
+    let warm_until = Instant::now() + std::time::Duration::from_millis(250);
+    while Instant::now() < warm_until {
+        submit(count)?;
     }
-    times.remove(0); // warm-up
+    let mut times = (0..args.runs.max(1))
+        .map(|_| Ok(submit(count)? / f64::from(count)))
+        .collect::<Result<Vec<f64>>>()?;
     times.sort_by(f64::total_cmp);
     Ok(times[times.len() / 2])
 }

@@ -50,7 +50,14 @@ pub fn product_gpus() -> Vec<Gpu> {
 pub fn coop_tiles(gpu: &Gpu) -> Vec<Option<backpack_engine::ops::CoopTile>> {
     let mut tiles = vec![None];
     if gpu.caps().cooperative_matrix {
-        for text in ["2x2/4x4", "2x2/4x2", "4x4/2x2", "4x4/2x2/64"] {
+        for text in [
+            "2x2/4x4",
+            "2x2/4x2",
+            "4x4/2x2",
+            "4x4/2x2/64",
+            "4x4/2x4",
+            "4x4/4x2",
+        ] {
             let tile: backpack_engine::ops::CoopTile = text.parse().expect("tile");
             if tile.fits(gpu.caps()) {
                 tiles.push(Some(tile));

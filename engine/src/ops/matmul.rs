@@ -95,6 +95,11 @@ pub struct MatMulOptions<'a> {
     pub split_target: Option<u32>,
     /// The tensor-core tile layout (benchmarks and tests); `None` picks one for the product.
     pub coop_tile: Option<CoopTile>,
+    /// The rows every call multiplies, where they are fixed (a Whisper window, an image
+    /// network's pixels): the tensor-core tiles of a product that may split along k size
+    /// themselves to them. Prompts, whose length varies, leave it `None`. Convolutions know
+    /// their rows from `conv`.
+    pub rows: Option<u32>,
 }
 
 /// `Y = X · Wᵀ` over all tokens of a step (prompt processing).
@@ -163,7 +168,17 @@ impl MatMul {
             let caps = gpu.caps();
             let coop = opts
                 .coop_tile
-                .unwrap_or_else(|| default_coop_tile(w.rows, w.cols, caps));
+                .or_else(coop_tile_from_env)
+                .unwrap_or_else(|| {
+                    let rows = match opts.conv {
+                        Some(c) => ProductRows::Conv(c.out_h() * c.out_w),
+                        None => match (opts.rows, opts.split_scratch) {
+                            (Some(rows), Some(_)) => ProductRows::Fixed(rows),
+                            _ => ProductRows::Varying,
+                        },
+                    };
+                    default_coop_tile(w.rows, w.cols, rows, caps)
+                });
             let sg = caps.subgroup_min_size;
             if !coop.fits(caps) {
                 return Err(GpuError::Device(format!(
@@ -458,25 +473,55 @@ impl std::str::FromStr for CoopTile {
     }
 }
 
-/// The tensor-core tile for an `n`-wide product over `k`: 128 rows, and 128 columns when `n` fills such
-/// tiles well, else 64. Sixteen subgroups of 2×2 fragments where the adapter takes workgroups
-/// of 512 (8 of 2×2 for 64 columns), else four of 4×4 (4×2). On an H200 (`backpack bench-gemm
-/// --coop-tile`, TFLOP/s) sixteen subgroups against four: 504×6144×2048 83 against 67,
-/// 1500×3072×768 52 against 42, the UNet's 64×64×320 convolution 38 against 30, and level
-/// (within 5 %) at 504×2048×8192 and 504×8192×2048; two staging buffers ran slower.
-/// The sixteen-subgroup 128×128 tile stages 64 k a step over k of 2048 or more, where
-/// workgroup memory allows (half the barriers per product): same H200, two runs of
-/// `--runs 50`, 32 against 64 deep, 504×2048×8192 86 against 104–108, 504×1536×8960 63–65
-/// against 82, 504×16384×2048 113–115 against 128–131, 504×8960×1536 58–59 against 64–66,
-/// level at 504×2048×2048. Shallower products measured slower 64 deep (1500×768×768: 35
-/// against 32; Whisper small's encoder 9.2–9.4 ms against 9.5–10.2), and so did the narrower
-/// and the four-subgroup tiles.
-fn default_coop_tile(n: u32, k: u32, caps: &crate::gpu::GpuCaps) -> CoopTile {
+/// The rows of a product, as far as they are known when its kernel is built.
+#[derive(Clone, Copy, Debug)]
+enum ProductRows {
+    /// A prompt's tokens: any count from one up.
+    Varying,
+    /// The same count every call, on a product that may split along k. (Unsplit, the wide
+    /// tile leaves too few workgroups: Whisper small's 1500×768×768 takes 36. Whisper's
+    /// encoders, whose products never split, ran 7–17 % slower on it.)
+    Fixed(u32),
+    /// A convolution's output pixels.
+    Conv(u32),
+}
+
+/// The tensor-core tile for an `n`-wide product over `k` with `rows`. Each candidate falls
+/// back to the next where the adapter's workgroups are too small for it.
+///
+/// - Tiles of 128 × 256 outputs, sixteen subgroups of 2×4 fragments, 32 k a step
+///   (`WIDE_TILE`): convolutions of 256 or more channels over 256 or more pixels, and
+///   products of 256 or more fixed rows (that may split along k) over k of 640 or more into
+///   512 or more outputs. A subgroup loads six fragments for eight products instead of four
+///   for four, and X is read half as often. Measured on an H200 (`backpack bench-gemm
+///   --coop-tile`, TFLOP/s, against the tile chosen before): UNet convolutions
+///   64×64×320→320 59 against 35, 32×32×640→640 66 against 50, 16×16×1280→1280 82 against
+///   62; VAE 128×128×512→512 106 against 73, 256×256×256→256 100 against 71; 504×16384×2048
+///   148 against 131, 504×1536×8960 115 against 89, 1500×2304×768 62 against 55.
+///   SD-Turbo in one run (`bench-image`): VAE decode 50 → 37 ms, UNet step 25.6–26.5 → 24.4.
+/// - Prompts keep the tiles below: 64 rows run at half the speed on the wide tile
+///   (64×16384×2048: 37 against 67 TFLOP/s), against at most 5 % of prefill gained at 504
+///   rows (SmolLM2-1.7B F16).
+/// - Where the 64-deep steps below win, the wide tile does not: products over k under 4096
+///   into fewer than 16,384 outputs keep them (504×6144×2048 101 against 87, 504×2048×2048
+///   80 against 71, 1500×768×3072 72 against 70).
+/// - Convolutions into fewer than 256 channels over many pixels take 256 × 128 tiles (the
+///   VAE's last block, 512×512×128→128: 72 against 49).
+/// - Otherwise 128 rows, and 128 columns when `n` fills such tiles well, else 64: sixteen
+///   subgroups of 2×2 fragments where the adapter takes workgroups of 512 (8 of 2×2 for 64
+///   columns), else four of 4×4 (4×2). Sixteen subgroups against four, same H200:
+///   504×6144×2048 83 against 67, 1500×3072×768 52 against 42. The 128×128 tile stages 64 k
+///   a step over k of 2048 or more (half the barriers per product): 504×2048×8192 86 against
+///   104–108, 504×16384×2048 113–115 against 128–131. Shallower products measured slower 64
+///   deep (1500×768×768: 35 against 32), as did products over k under 640 on the wide tile
+///   (Whisper tiny's 1500×1152×384: 50 against 75; the UNet's 4096×320×320: 34 against 45).
+fn default_coop_tile(n: u32, k: u32, rows: ProductRows, caps: &crate::gpu::GpuCaps) -> CoopTile {
     let wide = n >= 1024 || (n >= 512 && n.is_multiple_of(128));
+    let deep = wide && k >= 2048;
     let many = CoopTile {
         grid: (4, if wide { 4 } else { 2 }),
         frags: (2, 2),
-        depth: if wide && k >= 2048 { 64 } else { 32 },
+        depth: if deep { 64 } else { 32 },
     };
     let shallow = CoopTile { depth: 32, ..many };
     let few = CoopTile {
@@ -484,10 +529,46 @@ fn default_coop_tile(n: u32, k: u32, caps: &crate::gpu::GpuCaps) -> CoopTile {
         frags: (4, if wide { 4 } else { 2 }),
         depth: 32,
     };
-    [many, shallow]
+    let preferred = match rows {
+        ProductRows::Conv(pixels) if pixels >= 1024 && n < 256 => Some(TALL_TILE),
+        ProductRows::Conv(pixels) if pixels >= 256 && n >= 256 => Some(WIDE_TILE),
+        ProductRows::Fixed(rows)
+            if rows >= 256 && k >= 640 && n >= 512 && !(deep && n < 16384 && k < 4096) =>
+        {
+            Some(WIDE_TILE)
+        }
+        _ => None,
+    };
+    preferred
         .into_iter()
+        .chain([many, shallow])
         .find(|tile| tile.fits(caps))
         .unwrap_or(few)
+}
+
+/// 128 × 256 outputs: sixteen subgroups of 2×4 fragments (see `default_coop_tile`).
+const WIDE_TILE: CoopTile = CoopTile {
+    grid: (4, 4),
+    frags: (2, 4),
+    depth: 32,
+};
+
+/// 256 × 128 outputs: sixteen subgroups of 4×2 fragments (see `default_coop_tile`).
+const TALL_TILE: CoopTile = CoopTile {
+    grid: (4, 4),
+    frags: (4, 2),
+    depth: 32,
+};
+
+/// `BACKPACK_COOP_TILE=GMxGN/WMxWN[/32|/64]` forces one tensor-core tile on every prompt
+/// product, for measuring layouts in a whole model (`backpack bench`); malformed values are
+/// ignored.
+fn coop_tile_from_env() -> Option<CoopTile> {
+    std::env::var("BACKPACK_COOP_TILE")
+        .ok()?
+        .trim()
+        .parse()
+        .ok()
 }
 
 /// The smallest workgroup memory the tensor-core tiles need (the four-subgroup 128×128 tile).
@@ -497,6 +578,60 @@ pub(crate) const COOP_MIN_WORKGROUP_BYTES: u32 = 24 * 1024;
 mod tests {
     use super::*;
     use crate::load::GgmlType;
+
+    /// An adapter like NVIDIA's: subgroups of 32, 48 KiB of workgroup memory.
+    fn nvidia_caps(workgroup_invocations: u32) -> crate::gpu::GpuCaps {
+        crate::gpu::GpuCaps {
+            shader_f16: true,
+            subgroups: true,
+            subgroup_min_size: 32,
+            subgroup_max_size: 32,
+            timestamps: true,
+            max_storage_binding: 1 << 31,
+            max_buffer: 1 << 32,
+            max_workgroup_storage: 48 * 1024,
+            max_workgroup_invocations: workgroup_invocations,
+            max_workgroup_size_x: workgroup_invocations,
+            runtime_checks: false,
+            cooperative_matrix: true,
+        }
+    }
+
+    #[test]
+    fn default_tiles_follow_the_measured_shapes() {
+        let caps = nvidia_caps(1024);
+        let pick = |n, k, rows| default_coop_tile(n, k, rows, &caps).to_string();
+        let fixed = ProductRows::Fixed(1500);
+        // Wide products of many rows over deep enough k, and the 64-deep steps where they won.
+        assert_eq!(pick(16384, 2048, fixed), "4x4/2x4");
+        assert_eq!(pick(1536, 8960, fixed), "4x4/2x4");
+        assert_eq!(pick(2304, 768, fixed), "4x4/2x4");
+        assert_eq!(pick(6144, 2048, fixed), "4x4/2x2/64");
+        assert_eq!(pick(768, 3072, fixed), "4x4/2x2/64");
+        assert_eq!(pick(1152, 384, fixed), "4x4/2x2");
+        assert_eq!(pick(384, 1536, fixed), "4x2/2x2");
+        // Prompts and few rows keep the narrower tiles.
+        assert_eq!(pick(16384, 2048, ProductRows::Varying), "4x4/2x2/64");
+        assert_eq!(pick(2304, 768, ProductRows::Varying), "4x4/2x2");
+        assert_eq!(pick(2304, 768, ProductRows::Fixed(77)), "4x4/2x2");
+        // Convolutions: by channels and output pixels.
+        assert_eq!(pick(320, 2880, ProductRows::Conv(4096)), "4x4/2x4");
+        assert_eq!(pick(128, 1152, ProductRows::Conv(262_144)), "4x4/4x2");
+        assert_eq!(pick(1280, 11520, ProductRows::Conv(64)), "4x4/2x2/64");
+        for tile in [WIDE_TILE, TALL_TILE] {
+            assert!(tile.fits(&caps), "{tile}");
+        }
+        // Workgroups of 256 invocations take the four-subgroup tiles.
+        let small = nvidia_caps(256);
+        assert_eq!(
+            default_coop_tile(16384, 2048, fixed, &small).to_string(),
+            "2x2/4x4"
+        );
+        assert_eq!(
+            default_coop_tile(128, 1152, ProductRows::Conv(262_144), &small).to_string(),
+            "4x2/2x2"
+        );
+    }
 
     /// The tensor-core tiles only compile on adapters with cooperative matrices, which CI's
     /// software adapter lacks: naga checks every variant here (parse, validation, SPIR-V).
@@ -525,6 +660,8 @@ mod tests {
                 ("2x2/4x2", true, true),
                 ("4x4/2x2/64", false, false),
                 ("4x2/2x2/64", true, true),
+                ("4x4/2x4", false, true),
+                ("4x4/4x2", true, false),
             ] {
                 let tile: CoopTile = tile.parse().expect("tile");
                 let mut defines = base.clone();
@@ -546,6 +683,6 @@ mod tests {
                 checked += 1;
             }
         }
-        assert_eq!(checked, 7 * 6);
+        assert_eq!(checked, 7 * 8);
     }
 }

@@ -315,6 +315,7 @@ impl<'a, 'w> Builder<'a, 'w> {
                 cpu_tiles: None,
                 split_target: None,
                 coop_tile: None,
+                rows: Some(rows),
             },
         )?;
         self.push(move |rec| mm.encode(rec, rows));
