@@ -94,10 +94,23 @@ fn start_xvfb() -> Xvfb {
         let log = log.join().unwrap_or_default();
         panic!("Xvfb did not report a display ({line:?}):\n{log}");
     }
-    Xvfb {
-        child,
-        display: format!(":{number}"),
+    let display = format!(":{number}");
+    // The display number can come before the server takes connections on every transport;
+    // an app started in that gap fails with "Failed to open connection to X server".
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !x_tool(&display, "xdotool", &["getdisplaygeometry"])
+        .status
+        .success()
+    {
+        if Instant::now() >= deadline || matches!(child.try_wait(), Ok(Some(_))) {
+            let _ = child.kill();
+            let _ = child.wait();
+            let log = log.join().unwrap_or_default();
+            panic!("Xvfb reported display {display} but takes no connections:\n{log}");
+        }
+        std::thread::sleep(Duration::from_millis(100));
     }
+    Xvfb { child, display }
 }
 
 fn x_tool(display: &str, tool: &str, args: &[&str]) -> std::process::Output {
