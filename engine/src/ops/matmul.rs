@@ -227,7 +227,11 @@ impl MatMul {
             )));
         }
         let conv_params = opts.conv.map(|c| gpu.uniform("conv params", &c));
-        let split_target = opts.split_target.unwrap_or(TARGET_WORKGROUPS).max(1);
+        let split_target = opts
+            .split_target
+            .or_else(split_target_from_env)
+            .unwrap_or(TARGET_WORKGROUPS)
+            .max(1);
         let (family, source) = match (w.quant.is_some(), tensor_cores) {
             (true, _) if cpu => (
                 "matmul_cpu_q",
@@ -565,6 +569,17 @@ const TALL_TILE: CoopTile = CoopTile {
 /// ignored.
 fn coop_tile_from_env() -> Option<CoopTile> {
     std::env::var("BACKPACK_COOP_TILE")
+        .ok()?
+        .trim()
+        .parse()
+        .ok()
+}
+
+/// `BACKPACK_SPLIT_TARGET=N` sets the workgroups every split product aims for (at most the
+/// slices its scratch was sized for), for measuring in a whole model; malformed values are
+/// ignored.
+fn split_target_from_env() -> Option<u32> {
+    std::env::var("BACKPACK_SPLIT_TARGET")
         .ok()?
         .trim()
         .parse()
