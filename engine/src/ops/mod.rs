@@ -5,6 +5,7 @@ mod attention;
 mod attention_coop;
 mod attention_cpu;
 mod conv;
+mod coop_tile;
 mod denoise;
 mod dequant;
 mod elementwise;
@@ -26,13 +27,14 @@ pub use attention::{
     MIN_SPLIT, splits_for,
 };
 pub use conv::{Conv1dShape, Conv2dShape, Im2Col};
+pub(crate) use coop_tile::COOP_MIN_WORKGROUP_BYTES;
+pub use coop_tile::CoopTile;
 pub use denoise::{Denoise, DenoiseBuffers, DenoiseParams, Preview, PreviewSource};
 pub use dequant::Dequantize;
 pub use elementwise::{Embed, Glu};
 pub use fill::{fill_random, fill_value};
 pub use group_norm::{GroupNorm, GroupNormShape};
-pub(crate) use matmul::COOP_MIN_WORKGROUP_BYTES;
-pub use matmul::{CoopTile, MatMul, MatMulOptions, k_slices};
+pub use matmul::{MatMul, MatMulOptions, k_slices};
 pub use matvec::{MatVec, MatVecLayout, MatVecOptions, SplitAttention, int8_rounded_input};
 pub use norm::{HeadNorm, Norm, NormForm, NormKind};
 pub use pass::{KernelSpec, Pass};
