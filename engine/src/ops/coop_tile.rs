@@ -145,7 +145,8 @@ pub(super) enum ProductRows {
 ///   64×64×320→320 59 against 35, 32×32×640→640 66 against 50, 16×16×1280→1280 82 against
 ///   62; VAE 128×128×512→512 106 against 73, 256×256×256→256 100 against 71; 504×16384×2048
 ///   148 against 131, 504×1536×8960 115 against 89, 1500×2304×768 62 against 55.
-///   SD-Turbo in one run (`bench-image`): VAE decode 50 → 37 ms, UNet step 25.6–26.5 → 24.4.
+///   SD-Turbo, old and new binary in one run (`bench-image`): VAE decode 50.4–50.7 → 37.3–37.7
+///   ms, UNet step 26.7–27.1 → 24.8–25.6.
 /// - Prompts keep the tiles below: 64 rows run at half the speed on the wide tile
 ///   (64×16384×2048: 37 against 67 TFLOP/s), against at most 5 % of prefill gained at 504
 ///   rows (SmolLM2-1.7B F16).
