@@ -166,13 +166,10 @@ fn encoder_layer(
             b.xn,
             b.qkv,
             b.step,
-            window_rows(
-                cfg.max_source_positions,
-                MatMulOptions {
-                    bias: Some(&qkv_b),
-                    ..Default::default()
-                },
-            ),
+            window_rows(MatMulOptions {
+                bias: Some(&qkv_b),
+                ..Default::default()
+            }),
         )?,
         attention: FullAttention::new(
             gpu,
@@ -196,14 +193,11 @@ fn encoder_layer(
             b.attn,
             b.x,
             b.step,
-            window_rows(
-                cfg.max_source_positions,
-                MatMulOptions {
-                    bias: Some(&out_b),
-                    residual: true,
-                    ..Default::default()
-                },
-            ),
+            window_rows(MatMulOptions {
+                bias: Some(&out_b),
+                residual: true,
+                ..Default::default()
+            }),
         )?,
         mlp_norm: Norm::new(
             gpu,
@@ -222,14 +216,11 @@ fn encoder_layer(
             b.xn,
             b.h,
             b.step,
-            window_rows(
-                cfg.max_source_positions,
-                MatMulOptions {
-                    bias: Some(&fc1_b),
-                    gelu: Some(Gelu::Erf),
-                    ..Default::default()
-                },
-            ),
+            window_rows(MatMulOptions {
+                bias: Some(&fc1_b),
+                gelu: Some(Gelu::Erf),
+                ..Default::default()
+            }),
         )?,
         fc2: MatMul::new(
             gpu,
@@ -237,14 +228,11 @@ fn encoder_layer(
             b.h,
             b.x,
             b.step,
-            window_rows(
-                cfg.max_source_positions,
-                MatMulOptions {
-                    bias: Some(&fc2_b),
-                    residual: true,
-                    ..Default::default()
-                },
-            ),
+            window_rows(MatMulOptions {
+                bias: Some(&fc2_b),
+                residual: true,
+                ..Default::default()
+            }),
         )?,
         _weights: vec![qkv_w, out_w, fc1_w, fc2_w],
         _vectors: vec![qkv_b, out_b, fc1_b, fc2_b, an_w, an_b, mn_w, mn_b],
@@ -321,14 +309,11 @@ impl Encoder {
             &cols,
             &qkv,
             &frames_step,
-            window_rows(
-                frames,
-                MatMulOptions {
-                    bias: Some(&conv1_b),
-                    gelu: Some(Gelu::Erf),
-                    ..Default::default()
-                },
-            ),
+            window_rows(MatMulOptions {
+                bias: Some(&conv1_b),
+                gelu: Some(Gelu::Erf),
+                ..Default::default()
+            }),
         )?;
         let im2col2 = Im2Col::new(gpu, conv2_shape, &qkv, &cols)?;
         // x holds the positions when this runs: x = positions + gelu(conv2).
@@ -338,15 +323,12 @@ impl Encoder {
             &cols,
             &x,
             &positions_step,
-            window_rows(
-                positions_len,
-                MatMulOptions {
-                    bias: Some(&conv2_b),
-                    gelu: Some(Gelu::Erf),
-                    residual: true,
-                    ..Default::default()
-                },
-            ),
+            window_rows(MatMulOptions {
+                bias: Some(&conv2_b),
+                gelu: Some(Gelu::Erf),
+                residual: true,
+                ..Default::default()
+            }),
         )?;
         let buffers = Buffers {
             x: &x,
@@ -419,15 +401,13 @@ impl Encoder {
     }
 }
 
-/// The encoder's products always run a whole window of `rows` (1500, or 3000 for the first
+/// The encoder's products always run a whole window (1500 rows, or 3000 for the first
 /// convolution), where a CPU adapter's own tiles win at any width: lavapipe (`bench-gemm`)
 /// runs 1500×96×96 in 3.9 ms on them and in 49 ms on the SIMT tiles, which the engine keeps
-/// for products of fewer weights since an LLM's prompt may be a few rows. The tensor-core
-/// tiles size themselves to the fixed rows too.
-pub(super) fn window_rows(rows: u32, opts: MatMulOptions<'_>) -> MatMulOptions<'_> {
+/// for products of fewer weights since an LLM's prompt may be a few rows.
+pub(super) fn window_rows(opts: MatMulOptions<'_>) -> MatMulOptions<'_> {
     MatMulOptions {
         cpu_tiles: Some(true),
-        rows: Some(rows),
         ..opts
     }
 }
