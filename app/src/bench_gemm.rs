@@ -41,8 +41,8 @@ pub struct BenchGemmArgs {
     /// for each product.
     #[arg(long = "coop-tile")]
     coop_tiles: Vec<CoopTile>,
-    /// The engine's tiles for M fixed rows, as the Whisper encoder and the image networks
-    /// build them, instead of those for prompts (whose length varies).
+    /// The engine's tiles for M fixed rows, as the image networks build them, instead of
+    /// those for prompts (whose length varies).
     #[arg(long)]
     fixed_rows: bool,
     /// Timed repetitions per shape (the median is reported).

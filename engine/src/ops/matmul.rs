@@ -96,10 +96,10 @@ pub struct MatMulOptions<'a> {
     pub split_target: Option<u32>,
     /// The tensor-core tile layout (benchmarks and tests); `None` picks one for the product.
     pub coop_tile: Option<CoopTile>,
-    /// The rows every call multiplies, where they are fixed (a Whisper window, an image
-    /// network's pixels): the tensor-core tiles of a product that may split along k size
-    /// themselves to them. Prompts, whose length varies, leave it `None`. Convolutions know
-    /// their rows from `conv`.
+    /// The rows every call multiplies, where they are fixed (an image network's pixels): the
+    /// tensor-core tiles of a product that may split along k size themselves to them.
+    /// Prompts, whose length varies, leave it `None`. Convolutions know their rows from
+    /// `conv`.
     pub rows: Option<u32>,
 }
 
