@@ -16,7 +16,12 @@ enable wgpu_cooperative_matrix;
 // once in the epilogue: all, or half where 64-deep steps leave no room for more), XN and WG
 // (see below), WRAW (dense f16 weights, staged as loaded), and those of
 // matmul_io.wgsl (XV: X read as vec4 words, two 16-byte loads for eight values where k is a
-// multiple of 4).
+// multiple of 4; GLU).
+//
+// GLU: the first half of a tile's columns multiplies rows of W's first block, the second half
+// the same rows of its second block, so each subgroup of the first half has a partner GN / 2
+// subgroups on holding the other block's outputs for the same rows and columns; their fragments
+// meet in workgroup memory and the first half's subgroups write the gated outputs.
 
 const BK: u32 = {{BK}}u;
 const SUBGROUPS: u32 = {{GM}}u * {{GN}}u;
@@ -43,6 +48,25 @@ var<workgroup> xs: array<vec4<f16>, {{TM}} * LDU>;
 var<workgroup> ws: array<vec4<f16>, {{TN}} * LDU>;
 // One 16×16 fragment per epilogue subgroup on its way out.
 var<workgroup> outs: array<f32, {{OUT_SG}}u * 256u>;
+
+#if GLU
+// A tile's columns per block, and how far a partner's fragment lies in `outs`. (Epilogue
+// halves are whole rows of the subgroup grid, so partners pass through `outs` together.)
+const HALF_TN: u32 = {{TN}}u / 2u;
+const PARTNER: u32 = ({{GN}}u / 2u) * 256u;
+#endif
+
+// The weight row behind column `c` of the tile whose columns start at `n0`; p.n (no row)
+// past the product.
+fn w_row(n0: u32, c: u32) -> u32 {
+#if GLU
+    let width = p.n / 2u;
+    let col = n0 / 2u + c % HALF_TN;
+    return select(p.n, col + (c / HALF_TN) * width, col < width);
+#else
+    return n0 + c;
+#endif
+}
 
 fn to_f16(v: vec4<f32>) -> vec4<f16> {
     // Saturate rather than overflow to infinity.
@@ -227,10 +251,10 @@ fn fetch(k0: u32, k_end: u32, m0: u32, n0: u32, tid: u32) {
 #endfor
 #for j in 0..WG
 #if WRAW
-    wr{{j}} = w_raw(n0 + r0 + {{j}}u * RSTEP, kc, k_end);
+    wr{{j}} = w_raw(w_row(n0, r0 + {{j}}u * RSTEP), kc, k_end);
 #else
     {
-        let e = w_eight(n0 + r0 + {{j}}u * RSTEP, kc, k_end);
+        let e = w_eight(w_row(n0, r0 + {{j}}u * RSTEP), kc, k_end);
         wlo{{j}} = e.lo;
         whi{{j}} = e.hi;
     }
@@ -254,19 +278,39 @@ fn stage(tid: u32) {
 #endfor
 }
 
-// Writes the fragment staged at `outs[at]` to outputs (row0.., col0..) through the epilogue
-// (or to the k slice's scratch).
-fn write_fragment(at: u32, row0: u32, col0: u32, lane: u32, slice: u32) {
+// Writes the fragment staged at `outs[at]` (rows row0.., tile columns c0.. of the tile at n0)
+// through the epilogue, or to the k slice's scratch (columns in weight rows).
+fn write_fragment(at: u32, row0: u32, c0: u32, n0: u32, lane: u32, slice: u32) {
+#if GLU
+#if !SPLIT_K
+    // The second block's outputs are gated by their partners.
+    if (c0 >= HALF_TN) {
+        return;
+    }
+#endif
+#endif
     for (var e = lane; e < 256u; e += {{SG}}u) {
         let row = row0 + e / 16u;
-        let col = col0 + e % 16u;
-        if (row < step.n_tokens && col < p.n) {
+        let c = c0 + e % 16u;
 #if SPLIT_K
+        let col = w_row(n0, c);
+        if (row < step.n_tokens && col < p.n) {
             scratch[(slice * step.n_tokens + row) * p.n + col] = outs[at + e];
-#else
-            y[row * p.n + col] = epilogue(outs[at + e], row, col);
-#endif
         }
+#else
+#if GLU
+        let col = n0 / 2u + c;
+        let width = p.n / 2u;
+        if (row < step.n_tokens && col < width) {
+            y[row * width + col] = glu_epilogue(outs[at + e], outs[at + PARTNER + e], col);
+        }
+#else
+        let col = n0 + c;
+        if (row < step.n_tokens && col < p.n) {
+            y[row * p.n + col] = epilogue(outs[at + e], row, col);
+        }
+#endif
+#endif
     }
 }
 
@@ -340,7 +384,7 @@ fn main(
     }
     workgroupBarrier();
     if (!second) {
-        write_fragment(at, m0 + sm + {{i}}u * 16u, n0 + sn + {{j}}u * 16u, lane, wid.z);
+        write_fragment(at, m0 + sm + {{i}}u * 16u, sn + {{j}}u * 16u, n0, lane, wid.z);
     }
     workgroupBarrier();
     if (second) {
@@ -348,13 +392,13 @@ fn main(
     }
     workgroupBarrier();
     if (second) {
-        write_fragment(at, m0 + sm + {{i}}u * 16u, n0 + sn + {{j}}u * 16u, lane, wid.z);
+        write_fragment(at, m0 + sm + {{i}}u * 16u, sn + {{j}}u * 16u, n0, lane, wid.z);
     }
     workgroupBarrier();
 #else
     coopStoreT(acc{{i}}_{{j}}, &outs[at], 16u);
     workgroupBarrier();
-    write_fragment(at, m0 + sm + {{i}}u * 16u, n0 + sn + {{j}}u * 16u, lane, wid.z);
+    write_fragment(at, m0 + sm + {{i}}u * 16u, sn + {{j}}u * 16u, n0, lane, wid.z);
     workgroupBarrier();
 #endif
 #endfor

@@ -3,8 +3,10 @@
 // pass that sums k slices.
 //
 // Defines: F16, BIAS, GELU (tanh form), GELU_ERF, QUICK_GELU, RESIDUAL (Y += ...), RELU (after
-// the residual), SPLIT_K (with REDUCE_V4 where n is a multiple of 4), CONV, QUANT (weights
-// bound by quant.wgsl), XV (X bound as vec4 words).
+// the residual), SPLIT_K (with REDUCE_V4 where Y's rows are whole vec4 words), CONV, QUANT
+// (weights bound by quant.wgsl), XV (X bound as vec4 words), GLU (the tensor-core tiles only:
+// W is a fused gate/up matrix of n = 2·width rows, and Y holds the `width` gated outputs;
+// GEGLU and GATE_TANH pick the form as in glu.wgsl; no residual, GELU or RELU).
 
 struct Params {
     n: u32,
@@ -104,6 +106,32 @@ fn epilogue(sum: f32, row: u32, col: u32) -> f32 {
     return v;
 }
 
+#if GLU
+// The form of glu.wgsl: `first` and `second` are the outputs of the two blocks' same row.
+fn gated(first: f32, second: f32) -> f32 {
+#if GEGLU
+    return gelu_erf(second) * first;
+#else
+#if GATE_TANH
+    return gelu_tanh(first) * second;
+#else
+    return first / (1.0 + exp(-first)) * second;
+#endif
+#endif
+}
+
+// Output `col` of a row from the sums of weight rows `col` and width + `col`.
+fn glu_epilogue(first: f32, second: f32, col: u32) -> f32 {
+    var a = first;
+    var b = second;
+#if BIAS
+    a += bias[col];
+    b += bias[p.n / 2u + col];
+#endif
+    return gated(a, b);
+}
+#endif
+
 #if SPLIT_K
 // The k slices the product's dispatch had (MatMul::slices_for).
 fn dispatched_slices() -> u32 {
@@ -111,6 +139,56 @@ fn dispatched_slices() -> u32 {
     return clamp((p.target_workgroups + tiles - 1u) / tiles, 1u, p.slices);
 }
 
+#if GLU
+#if REDUCE_V4
+// Sums the k slices of both blocks' outputs and gates them, four outputs of a row per
+// invocation (as below). Scratch rows hold all n = 2·width sums, each block's in weight order.
+@compute @workgroup_size(256)
+fn reduce(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let id = gid.y * nwg.x * 256u + gid.x;
+    let width = p.n / 2u;
+    if (id >= step.n_tokens * width / 4u) {
+        return;
+    }
+    let slices = dispatched_slices();
+    let row = (4u * id) / width;
+    let col = (4u * id) % width;
+    let slice_words = step.n_tokens * p.n / 4u;
+    let first = (row * p.n + col) / 4u;
+    let second = first + width / 4u;
+    var a = vec4<f32>(0.0);
+    var b = vec4<f32>(0.0);
+    for (var z = 0u; z < slices; z++) {
+        a += scratch4[z * slice_words + first];
+        b += scratch4[z * slice_words + second];
+    }
+    for (var c = 0u; c < 4u; c++) {
+        y[4u * id + c] = glu_epilogue(a[c], b[c], col + c);
+    }
+}
+#else
+// Sums the k slices of both blocks' outputs and gates them, one output an invocation.
+@compute @workgroup_size(64)
+fn reduce(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let id = gid.y * nwg.x * 64u + gid.x;
+    let width = p.n / 2u;
+    if (id >= step.n_tokens * width) {
+        return;
+    }
+    let slices = dispatched_slices();
+    let row = id / width;
+    let col = id % width;
+    let total = step.n_tokens * p.n;
+    var a = 0.0;
+    var b = 0.0;
+    for (var z = 0u; z < slices; z++) {
+        a += scratch[z * total + row * p.n + col];
+        b += scratch[z * total + row * p.n + width + col];
+    }
+    y[id] = glu_epilogue(a, b, col);
+}
+#endif
+#else
 #if REDUCE_V4
 // Sums the k slices of each output and applies the epilogue, four outputs of a row per
 // invocation: each then has 16 bytes a slice in flight, which a streaming pass needs to
@@ -149,5 +227,6 @@ fn reduce(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups
     }
     y[id] = epilogue(sum, id / p.n, id % p.n);
 }
+#endif
 #endif
 #endif

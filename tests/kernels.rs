@@ -572,6 +572,204 @@ fn matmul_parity(gpu: &Gpu) {
     );
 }
 
+/// One product recorded for a short and a long prompt: where the adapter's tensor cores give
+/// long prompts a wider tile (`LONG_PROMPT_ROWS`), each length must dispatch its own tile
+/// with its own parameters, split along k as its tiles need, and reduce to the same product.
+#[test]
+fn matmul_long_prompts_take_their_own_tile() {
+    for gpu in product_gpus() {
+        let mut rng = Rng::new(21);
+        // Wide enough (n = 1024) over k deep enough (≥ 640) for the wide tile, k not so deep
+        // that 64-deep steps win.
+        let (n, k) = (1024usize, 700usize);
+        let longest = LONG_PROMPT_ROWS as usize + 37;
+        let w = rng.vec(n * k, 1.0);
+        let x = rng.vec(longest * k, 1.0);
+        let bias = rng.vec(n, 1.0);
+        let dtype = WeightDType::F16;
+        let wm = Matrix::from_f32(&gpu, "w", &w, n as u32, k as u32, dtype).expect("w");
+        let (xb, bb) = (buf(&gpu, &x), buf(&gpu, &bias));
+        let yb = buf(&gpu, &vec![0.0; longest * n]);
+        let scratch_bytes = MatMul::scratch_bytes(n as u32, k as u32, longest as u32);
+        let scratch = gpu.storage("scratch", scratch_bytes).expect("scratch");
+        let st = step(&gpu, 0, 1);
+        let op = MatMul::new(
+            &gpu,
+            &wm,
+            &xb,
+            &yb,
+            &st,
+            MatMulOptions {
+                bias: Some(&bb),
+                split_scratch: Some((&scratch, longest as u32)),
+                ..Default::default()
+            },
+        )
+        .expect("matmul");
+        let tc = op.uses_tensor_cores();
+        let short_tile = op.tile_for(67);
+        let long_tile = op.tile_for(longest as u32);
+        if tc {
+            assert_ne!(short_tile, long_tile, "long prompts keep the short tile");
+        }
+        let hw = host_weights(&w, dtype);
+        let (product, mag) = product_ref(
+            &product_input(tc, &hw),
+            &product_input(tc, &x),
+            longest,
+            n,
+            k,
+        );
+        for m in [67, LONG_PROMPT_ROWS as usize, longest] {
+            st.write(&gpu, &StepParams::new(0, m as u32));
+            let mut rec = Recorder::new(&gpu);
+            op.encode(&mut rec, m as u32);
+            rec.submit();
+            let got = read(&gpu, &yb, m * n);
+            let want: Vec<f32> = (0..m * n).map(|i| product[i] + bias[i % n]).collect();
+            let what = format!(
+                "matmul m={m} n={n} k={k} tile={:?} slices={}",
+                op.tile_for(m as u32),
+                op.slices_for(m as u32)
+            );
+            assert_close(&what, &got, &want, &mag[..m * n], 1e-5, 2e-5);
+        }
+    }
+}
+
+/// Fused gate/up products that gate in their epilogue (tensor-core tiles): every form, with
+/// and without bias, split along k and not, on every tile layout, at widths that leave a
+/// tile's halves part-filled (odd, and a multiple of four for the vec4 k-split sums).
+#[test]
+fn matmul_gates_in_its_epilogue() {
+    for gpu in product_gpus() {
+        let mut rng = Rng::new(23);
+        // k of two 256-deep slices at most, so the split products split.
+        let (m, k) = (70usize, 576usize);
+        let x = rng.vec(m * k, 1.0);
+        let xb = buf(&gpu, &x);
+        let st = step(&gpu, 0, m as u32);
+        if !MatMul::gates_in_epilogue(&gpu) {
+            let w = Matrix::from_f32(
+                &gpu,
+                "w",
+                &rng.vec(2 * 8 * k, 1.0),
+                16,
+                k as u32,
+                WeightDType::F16,
+            )
+            .expect("w");
+            let yb = buf(&gpu, &vec![0.0; m * 8]);
+            let refused = MatMul::new(
+                &gpu,
+                &w,
+                &xb,
+                &yb,
+                &st,
+                MatMulOptions {
+                    glu: Some(GluKind::Silu),
+                    ..Default::default()
+                },
+            );
+            assert!(
+                refused.is_err(),
+                "an adapter without tensor cores gates in a product"
+            );
+            continue;
+        }
+        let mut tiles = coop_tiles(&gpu);
+        tiles.retain(|t| t.is_none_or(|t| t.grid.1.is_multiple_of(2)));
+        for (case, (width, kind)) in [
+            (37usize, GluKind::Silu),
+            (200, GluKind::GeluTanh),
+            (132, GluKind::GeluErf),
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            let n = 2 * width;
+            let bias = rng.vec(n, 1.0);
+            let bb = buf(&gpu, &bias);
+            // The second form multiplies Q4_0 blocks as they are staged.
+            let (wm, w) = if kind == GluKind::GeluTanh {
+                let blocks = random_blocks(&mut rng, GgmlType::Q4_0, n, k);
+                let mut w = vec![0.0f32; n * k];
+                dequantize(GgmlType::Q4_0, &blocks, &mut w);
+                let wm =
+                    Matrix::from_blocks(&gpu, "w", GgmlType::Q4_0, &blocks, n as u32, k as u32);
+                (wm.expect("w"), w)
+            } else {
+                let w = rng.vec(n * k, 1.0);
+                let wm = Matrix::from_f32(&gpu, "w", &w, n as u32, k as u32, WeightDType::F16);
+                (wm.expect("w"), w)
+            };
+            let hw = product_input(true, &w);
+            let (product, mag) = product_ref(&hw, &product_input(true, &x), m, n, k);
+            let scratch_bytes = MatMul::scratch_bytes(n as u32, k as u32, m as u32);
+            let scratch = gpu
+                .storage("scratch", scratch_bytes.max(4))
+                .expect("scratch");
+            for (i, &tile) in tiles.iter().enumerate() {
+                let bias_on = (case + i) % 2 == 0;
+                for split in [false, true] {
+                    let yb = buf(&gpu, &vec![0.0; m * width]);
+                    let op = MatMul::new(
+                        &gpu,
+                        &wm,
+                        &xb,
+                        &yb,
+                        &st,
+                        MatMulOptions {
+                            bias: bias_on.then_some(&bb),
+                            split_scratch: split.then_some((&scratch, m as u32)),
+                            // More workgroups wanted than these small products have
+                            // tiles, so the split ones split.
+                            split_target: Some(64),
+                            coop_tile: tile,
+                            glu: Some(kind),
+                            ..Default::default()
+                        },
+                    )
+                    .expect("gated matmul");
+                    assert_eq!(op.slices_for(m as u32) > 1, split, "split {split}");
+                    let mut rec = Recorder::new(&gpu);
+                    op.encode(&mut rec, m as u32);
+                    rec.submit();
+                    let got = read(&gpu, &yb, m * width);
+                    let b = |c: usize| if bias_on { bias[c] } else { 0.0 };
+                    let (mut want, mut scale) = (Vec::new(), Vec::new());
+                    for r in 0..m {
+                        for c in 0..width {
+                            let (i0, i1) = (r * n + c, r * n + width + c);
+                            let (a, bv) = (product[i0] + b(c), product[i1] + b(width + c));
+                            let (v, s) = match kind {
+                                GluKind::Silu => {
+                                    (silu(a) * bv, bv.abs() * mag[i0] + silu(a).abs() * mag[i1])
+                                }
+                                GluKind::GeluTanh => (
+                                    gelu_tanh(a) * bv,
+                                    1.13 * bv.abs() * mag[i0] + gelu_tanh(a).abs() * mag[i1],
+                                ),
+                                GluKind::GeluErf => (
+                                    a * gelu_erf(bv),
+                                    gelu_erf(bv).abs() * mag[i0] + 1.13 * a.abs() * mag[i1],
+                                ),
+                            };
+                            want.push(v);
+                            scale.push(s);
+                        }
+                    }
+                    let what = format!(
+                        "gated matmul {kind:?} m={m} width={width} k={k} bias={bias_on} split={split} slices={} tile={tile:?}",
+                        op.slices_for(m as u32)
+                    );
+                    assert_close(&what, &got, &want, &scale, 1e-5, 2e-5);
+                }
+            }
+        }
+    }
+}
+
 #[test]
 fn reference_erf_is_accurate() {
     // Values from tables of erf.
@@ -1581,14 +1779,14 @@ fn glu_matches_cpu() {
             rec.submit();
             read(&gpu, &h, (tokens * width) as usize)
         };
-        let got = run(Glu::new(&gpu, width, &gub, &h, &st).expect("glu"));
+        let got = run(Glu::new(&gpu, GluKind::Silu, width, &gub, &h, &st).expect("glu"));
         let want: Vec<f32> = pairs()
             .map(|(t, i)| silu(gu[t * 2 * w + i]) * gu[t * 2 * w + w + i])
             .collect();
         let scale: Vec<f32> = want.iter().map(|v| v.abs()).collect();
         assert_close(&format!("glu {width}"), &got, &want, &scale, 1e-6, 1e-5);
         // Gemma's GeGLU: the gate block first, tanh GELU.
-        let got = run(Glu::gelu_tanh(&gpu, width, &gub, &h, &st).expect("geglu"));
+        let got = run(Glu::new(&gpu, GluKind::GeluTanh, width, &gub, &h, &st).expect("geglu"));
         let want: Vec<f32> = pairs()
             .map(|(t, i)| gelu_tanh(gu[t * 2 * w + i]) * gu[t * 2 * w + w + i])
             .collect();

@@ -359,7 +359,7 @@ fn geglu_and_quick_gelu_match_cpu() {
         .collect();
     let (xb, yb) = (buf(&gpu, &x), zeros(&gpu, rows * width));
     let st = step(&gpu, rows as u32);
-    let glu = Glu::with_gelu(&gpu, width as u32, &xb, &yb, &st, true).expect("geglu");
+    let glu = Glu::new(&gpu, GluKind::GeluErf, width as u32, &xb, &yb, &st).expect("geglu");
     let mut rec = Recorder::new(&gpu);
     glu.encode(&mut rec, rows as u32);
     rec.submit();

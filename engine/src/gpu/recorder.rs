@@ -4,14 +4,20 @@ use super::profile::Profiler;
 
 /// Encodes a sequence of dispatches (a whole forward pass) into one command buffer, inside one
 /// compute pass unless a copy or profiling needs a break. wgpu places the barriers between
-/// dependent dispatches.
+/// dependent dispatches. Made with [`Recorder::in_parts`], it submits as it goes.
 pub struct Recorder<'a> {
     gpu: &'a Gpu,
     encoder: wgpu::CommandEncoder,
     pass: Option<wgpu::ComputePass<'static>>,
     profiler: Option<&'a mut Profiler>,
     dispatches: u32,
+    in_parts: bool,
 }
+
+/// Dispatches recorded before the first part of a [`Recorder::in_parts`] sequence is
+/// submitted, and in each part after it.
+const FIRST_PART: u32 = 16;
+const PART: u32 = 64;
 
 impl<'a> Recorder<'a> {
     pub fn new(gpu: &'a Gpu) -> Self {
@@ -26,7 +32,25 @@ impl<'a> Recorder<'a> {
             pass: None,
             profiler: None,
             dispatches: 0,
+            in_parts: false,
         }
+    }
+
+    /// A recorder that submits what it has recorded after the first few dispatches, then
+    /// every few dozen, so the GPU starts on a long sequence (a prompt's layers, a UNet step)
+    /// while the host records the rest: the GPU waits for a command buffer's submission, and
+    /// the host takes µs per dispatch, ~1 ms for a 1–2B model's prompt. For sequences with no
+    /// queue writes between their dispatches (a write lands before the next part, not before
+    /// the whole). `BACKPACK_SUBMIT_PARTS=0` records whole (comparisons).
+    pub fn in_parts(gpu: &'a Gpu) -> Self {
+        let mut rec = Self::new(gpu);
+        rec.in_parts = !matches!(
+            std::env::var("BACKPACK_SUBMIT_PARTS")
+                .as_deref()
+                .map(str::trim),
+            Ok("0")
+        );
+        rec
     }
 
     pub(crate) fn with_profiler(gpu: &'a Gpu, profiler: Option<&'a mut Profiler>) -> Self {
@@ -49,6 +73,13 @@ impl<'a> Recorder<'a> {
     pub fn dispatch_xyz(&mut self, kernel: &Kernel, bind_group: &wgpu::BindGroup, grid: [u32; 3]) {
         if grid.contains(&0) {
             return;
+        }
+        let done = self.dispatches;
+        if self.in_parts
+            && (done == FIRST_PART
+                || (done > FIRST_PART && (done - FIRST_PART).is_multiple_of(PART)))
+        {
+            self.submit_so_far();
         }
         self.dispatches += 1;
         if let Some(profiler) = self.profiler.as_deref_mut() {
@@ -99,6 +130,23 @@ impl<'a> Recorder<'a> {
     /// Number of kernel dispatches recorded so far.
     pub fn dispatches(&self) -> u32 {
         self.dispatches
+    }
+
+    /// Submits what is recorded so far and goes on recording into a fresh command buffer.
+    /// Profiling records everything into one command buffer, so this does nothing there.
+    fn submit_so_far(&mut self) {
+        if self.profiler.is_some() {
+            return;
+        }
+        self.pass = None;
+        let fresh = self
+            .gpu
+            .device()
+            .create_command_encoder(&wgpu::CommandEncoderDescriptor {
+                label: Some("forward"),
+            });
+        let done = std::mem::replace(&mut self.encoder, fresh);
+        self.gpu.queue().submit([done.finish()]);
     }
 
     /// Ends encoding and submits the work in one `queue.submit`.

@@ -125,7 +125,8 @@ impl std::str::FromStr for CoopTile {
 pub(super) enum ProductRows {
     /// A prompt's tokens: any count from one up.
     Varying,
-    /// The same count every call, on a product that may split along k. (Unsplit, the wide
+    /// The same count every call (or at least this many: long prompts), on a product that
+    /// may split along k. (Unsplit, the wide
     /// tile leaves too few workgroups: Whisper small's 1500×768×768 takes 36. Whisper's
     /// encoders, whose products never split, ran 7–17 % slower on it.)
     Fixed(u32),
@@ -147,9 +148,9 @@ pub(super) enum ProductRows {
 ///   148 against 131, 504×1536×8960 115 against 89, 1500×2304×768 62 against 55.
 ///   SD-Turbo, old and new binary in one run (`bench-image`): VAE decode 50.4–50.7 → 37.3–37.7
 ///   ms, UNet step 26.7–27.1 → 24.8–25.6.
-/// - Prompts keep the tiles below: 64 rows run at half the speed on the wide tile
-///   (64×16384×2048: 37 against 67 TFLOP/s), against at most 5 % of prefill gained at 504
-///   rows (SmolLM2-1.7B F16).
+/// - Prompts (`Varying`) keep the tiles below: 64 rows run at half the speed on the wide tile
+///   (64×16384×2048: 37 against 67 TFLOP/s). Prompts of `LONG_PROMPT_ROWS` or more take
+///   the `Fixed` choice through a second pipeline (matmul.rs).
 /// - Where the 64-deep steps below win, the wide tile does not: products over k under 4096
 ///   into fewer than 16,384 outputs keep them (504×6144×2048 101 against 87, 504×2048×2048
 ///   80 against 71, 1500×768×3072 72 against 70).

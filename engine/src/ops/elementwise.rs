@@ -110,6 +110,28 @@ struct GluParams {
     _pad: [u32; 3],
 }
 
+/// How a fused gate/up product's two blocks of outputs combine (glu.wgsl, and the tensor-core
+/// products that gate in their epilogue).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GluKind {
+    /// SwiGLU: silu(gate) · up, the gate block first.
+    Silu,
+    /// Gemma's GeGLU: gelu_tanh(gate) · up, the gate block first.
+    GeluTanh,
+    /// diffusers' GEGLU: value · gelu(gate) (exact GELU), the value block first.
+    GeluErf,
+}
+
+impl GluKind {
+    /// The shader define that selects the form (none for SwiGLU).
+    pub(crate) fn defines(self) -> [(&'static str, String); 2] {
+        [
+            flag("GEGLU", self == Self::GeluErf),
+            flag("GATE_TANH", self == Self::GeluTanh),
+        ]
+    }
+}
+
 /// silu(gate) * up (or a GELU-gated form) over the fused gate/up product of a prompt.
 pub struct Glu {
     kernel: Kernel,
@@ -121,52 +143,15 @@ pub struct Glu {
 impl Glu {
     pub fn new(
         gpu: &Gpu,
+        kind: GluKind,
         width: u32,
         gate_up: &StorageBuffer,
         h: &StorageBuffer,
         step: &UniformBuffer,
     ) -> Result<Self, GpuError> {
-        Self::with_gelu(gpu, width, gate_up, h, step, false)
-    }
-
-    /// With `gelu`, diffusers' GEGLU (value block first, exact GELU of the gate) instead of
-    /// SwiGLU.
-    pub fn with_gelu(
-        gpu: &Gpu,
-        width: u32,
-        gate_up: &StorageBuffer,
-        h: &StorageBuffer,
-        step: &UniformBuffer,
-        gelu: bool,
-    ) -> Result<Self, GpuError> {
-        Self::build(gpu, width, gate_up, h, step, flag("GEGLU", gelu))
-    }
-
-    /// Gemma's GeGLU: gelu_tanh(gate) * up, gate block first.
-    pub fn gelu_tanh(
-        gpu: &Gpu,
-        width: u32,
-        gate_up: &StorageBuffer,
-        h: &StorageBuffer,
-        step: &UniformBuffer,
-    ) -> Result<Self, GpuError> {
-        Self::build(gpu, width, gate_up, h, step, flag("GATE_TANH", true))
-    }
-
-    fn build(
-        gpu: &Gpu,
-        width: u32,
-        gate_up: &StorageBuffer,
-        h: &StorageBuffer,
-        step: &UniformBuffer,
-        variant: (&'static str, String),
-    ) -> Result<Self, GpuError> {
-        let kernel = gpu.kernel(
-            "glu",
-            GLU_SOURCE,
-            "main",
-            &[variant, flag("V4", width.is_multiple_of(4))],
-        )?;
+        let mut defines = kind.defines().to_vec();
+        defines.push(flag("V4", width.is_multiple_of(4)));
+        let kernel = gpu.kernel("glu", GLU_SOURCE, "main", &defines)?;
         let params = gpu.uniform(
             "glu params",
             &GluParams {

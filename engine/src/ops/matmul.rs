@@ -3,7 +3,7 @@ use std::sync::LazyLock;
 use bytemuck::{Pod, Zeroable};
 
 use super::coop_tile::{CoopTile, ProductRows, coop_tile_from_env, default_coop_tile};
-use super::{Conv2dShape, Gelu, Matrix, WeightDType, bind, flag, gelu_flags};
+use super::{Conv2dShape, Gelu, GluKind, Matrix, WeightDType, bind, flag, gelu_flags};
 use crate::gpu::{Gpu, GpuError, Kernel, Recorder, StorageBuffer, UniformBuffer};
 
 const IO: &str = include_str!("../../../shaders/matmul_io.wgsl");
@@ -101,23 +101,57 @@ pub struct MatMulOptions<'a> {
     /// Prompts, whose length varies, leave it `None`. Convolutions know their rows from
     /// `conv`.
     pub rows: Option<u32>,
+    /// W is a fused gate/up matrix (two blocks of `width` rows) and Y takes the `width` gated
+    /// outputs, gated in the tiles' epilogue (or the k-split sums): tensor-core tiles only
+    /// (see [`MatMul::gates_in_epilogue`]), with no residual, GELU or ReLU.
+    pub glu: Option<GluKind>,
 }
 
 /// `Y = X · Wᵀ` over all tokens of a step (prompt processing).
 pub struct MatMul {
-    kernel: Kernel,
-    bind_group: wgpu::BindGroup,
+    tiled: Tiled,
+    /// Prompts of at least [`LONG_PROMPT_ROWS`] tokens take this tile, where it differs.
+    long: Option<Tiled>,
     /// The pass that sums k slices, when the product is split.
-    reduce: Option<(Kernel, wgpu::BindGroup)>,
+    reduce: Option<Kernel>,
     n: u32,
+    /// Outputs per row: n, or n / 2 where the product gates its two blocks.
+    out_width: u32,
+    /// The k-split sums read four outputs at a time.
+    reduce_v4: bool,
     /// The most k slices, and the workgroups a split aims for.
     slices: u32,
     split_target: u32,
+    tensor_cores: bool,
+    _conv: Option<UniformBuffer>,
+}
+
+/// One compiled tile layout of a product.
+struct Tiled {
+    kernel: Kernel,
+    bind_group: wgpu::BindGroup,
+    /// The reduce pass's bindings (its parameters know this tile's size).
+    reduce_group: Option<wgpu::BindGroup>,
     /// Output tile: rows, columns.
     tile: (u32, u32),
-    tensor_cores: bool,
     _params: UniformBuffer,
-    _conv: Option<UniformBuffer>,
+}
+
+/// Prompts of this many tokens or more may take a wider tensor-core tile than shorter ones
+/// (`ProductRows::Fixed` in coop_tile.rs): the wide tiles pay where a product has row tiles
+/// enough, and run short prompts at half speed.
+pub const LONG_PROMPT_ROWS: u32 = 256;
+
+/// What `MatMul::new` settles before building a tile: the kernel family and the defines
+/// every tile of the product shares.
+struct Plan<'a> {
+    family: &'static str,
+    source: &'static str,
+    defines: Vec<(&'static str, String)>,
+    slices: u32,
+    split_target: u32,
+    reduce_v4: bool,
+    w: &'a Matrix,
 }
 
 impl MatMul {
@@ -157,59 +191,39 @@ impl MatMul {
             && w.quant.is_none();
         let slices = if big || cpu { 1 } else { slices };
         let split = slices > 1;
-        let mut defines = w.defines();
-        let mut tile = if big {
-            (2 * TILE, 2 * TILE)
-        } else if cpu {
-            (CPU_TILE, CPU_TILE)
-        } else {
-            (TILE, TILE)
-        };
-        if tensor_cores {
-            let caps = gpu.caps();
-            let coop = opts
-                .coop_tile
-                .or_else(coop_tile_from_env)
-                .unwrap_or_else(|| {
-                    let rows = match opts.conv {
-                        Some(c) => ProductRows::Conv(c.out_h() * c.out_w),
-                        None => match (opts.rows, opts.split_scratch) {
-                            (Some(rows), Some(_)) => ProductRows::Fixed(rows),
-                            _ => ProductRows::Varying,
-                        },
-                    };
-                    default_coop_tile(w.rows, w.cols, rows, caps)
-                });
-            let sg = caps.subgroup_min_size;
-            if !coop.fits(caps) {
-                return Err(GpuError::Device(format!(
-                    "tensor-core tile {coop} does not fit this adapter (subgroups of {sg}, \
-                     {} invocations and {} bytes of workgroup memory a workgroup)",
-                    caps.max_workgroup_invocations, caps.max_workgroup_storage
-                )));
-            }
-            tile = coop.size();
-            defines.extend(coop.defines(sg));
-            defines.push(flag(
-                "WRAW",
-                w.quant.is_none() && w.dtype == WeightDType::F16,
-            ));
+        if let Some(kind) = opts.glu {
+            Self::check_glu(gpu, w, &opts, kind)?;
         }
+        let out_width = if opts.glu.is_some() {
+            w.rows / 2
+        } else {
+            w.rows
+        };
+        let reduce_v4 = split && out_width.is_multiple_of(4);
+        let mut defines = w.defines();
         // The tensor-core tiles bind X as vec4 words where its rows are whole words.
         let x_words = tensor_cores && opts.conv.is_none() && w.cols.is_multiple_of(4);
         if tensor_cores {
             defines.push(flag("XV", x_words));
+            defines.push(flag(
+                "WRAW",
+                w.quant.is_none() && w.dtype == WeightDType::F16,
+            ));
         }
         defines.extend(gelu_flags(opts.gelu));
         defines.extend([
             flag("BIAS", opts.bias.is_some()),
             flag("RESIDUAL", opts.residual),
             flag("SPLIT_K", split),
-            flag("REDUCE_V4", split && w.rows.is_multiple_of(4)),
+            flag("REDUCE_V4", reduce_v4),
             flag("CONV", opts.conv.is_some()),
             flag("RELU", opts.relu),
             flag("BIG", big),
+            flag("GLU", opts.glu.is_some()),
         ]);
+        if let Some(kind) = opts.glu {
+            defines.extend(kind.defines());
+        }
         if cpu {
             let steps = if w.quant.is_some() {
                 2
@@ -247,22 +261,17 @@ impl MatMul {
             (false, false) => ("matmul", SIMT_SOURCE.as_str()),
             (false, true) => ("matmul_coop", COOP_SOURCE.as_str()),
         };
-        let kernel = gpu.kernel(family, source, "main", &defines)?;
-        let params = gpu.uniform(
-            "matmul params",
-            &Params {
-                n: w.rows,
-                k: w.cols,
-                row_vecs: w.row_vecs(),
-                slices,
-                q_scales: w.q_scales(),
-                col_tiles: w.rows.div_ceil(tile.1),
-                tile_rows: tile.0,
-                target_workgroups: split_target,
-            },
-        );
+        let plan = Plan {
+            family,
+            source,
+            defines,
+            slices,
+            split_target,
+            reduce_v4,
+            w,
+        };
+        // Everything but the parameters, which are each tile's own.
         let mut entries = vec![
-            (0, &params.buffer),
             (1, &step.buffer),
             (2, &x.buffer),
             (3, &w.buffer.buffer),
@@ -274,43 +283,130 @@ impl MatMul {
         if let Some(c) = &conv_params {
             entries.push((7, &c.buffer));
         }
+        let coop = if tensor_cores {
+            Some(Self::coop_tiles(gpu, w, &opts)?)
+        } else {
+            None
+        };
         let reduce = match opts.split_scratch {
             Some((scratch, _)) if split => {
                 entries.push((6, &scratch.buffer));
-                let reduce = gpu.kernel(family, source, "reduce", &defines)?;
-                let scratch_binding = if w.rows.is_multiple_of(4) { 12 } else { 6 };
-                let mut reduce_entries = vec![
-                    (0, &params.buffer),
-                    (1, &step.buffer),
-                    (4, &y.buffer),
-                    (scratch_binding, &scratch.buffer),
-                ];
-                if let Some(b) = opts.bias {
-                    reduce_entries.push((5, &b.buffer));
+                // The source's tile code needs a tile's defines even where `reduce` ignores it.
+                let mut defines = plan.defines.clone();
+                if let Some((short, _)) = coop {
+                    defines.extend(short.defines(gpu.caps().subgroup_min_size));
                 }
-                let group = bind(gpu, &reduce, &reduce_entries);
-                Some((reduce, group))
+                Some(gpu.kernel(family, source, "reduce", &defines)?)
             }
             _ => None,
         };
-        // The split product writes only scratch; y is touched by the reduce pass.
-        let entries: Vec<_> = entries
-            .into_iter()
-            .filter(|(b, _)| !split || (*b != 4 && *b != 5))
-            .collect();
-        let bind_group = bind(gpu, &kernel, &entries);
+        let (tiled, long) = match coop {
+            Some((short, long)) => {
+                let build = |tile: CoopTile| {
+                    Tiled::new(gpu, &plan, tile.size(), Some(tile), &entries, &reduce)
+                };
+                (build(short)?, long.map(build).transpose()?)
+            }
+            None => {
+                let tile = if big {
+                    (2 * TILE, 2 * TILE)
+                } else if cpu {
+                    (CPU_TILE, CPU_TILE)
+                } else {
+                    (TILE, TILE)
+                };
+                (Tiled::new(gpu, &plan, tile, None, &entries, &reduce)?, None)
+            }
+        };
         Ok(Self {
-            kernel,
-            bind_group,
+            tiled,
+            long,
             reduce,
             n: w.rows,
+            out_width,
+            reduce_v4,
             slices,
             split_target,
-            tile,
             tensor_cores,
-            _params: params,
             _conv: conv_params,
         })
+    }
+
+    /// Whether products on `gpu` can gate a fused gate/up product in their epilogue
+    /// ([`MatMulOptions::glu`]): the tensor-core tiles can; elsewhere a separate pass (`Glu`)
+    /// gates the product's output.
+    pub fn gates_in_epilogue(gpu: &Gpu) -> bool {
+        gpu.caps().cooperative_matrix
+    }
+
+    fn check_glu(
+        gpu: &Gpu,
+        w: &Matrix,
+        opts: &MatMulOptions<'_>,
+        kind: GluKind,
+    ) -> Result<(), GpuError> {
+        let fits = Self::gates_in_epilogue(gpu)
+            && w.rows.is_multiple_of(2)
+            && !opts.residual
+            && !opts.relu
+            && opts.gelu.is_none()
+            && opts.conv.is_none();
+        if fits {
+            Ok(())
+        } else {
+            Err(GpuError::Device(format!(
+                "a {kind:?} gate in the product's epilogue needs tensor-core tiles, an even \
+                 number of weight rows ({}), and no residual, GELU, ReLU or convolution",
+                w.rows
+            )))
+        }
+    }
+
+    /// The tensor-core tile for the product, and for prompts whose length varies, the one
+    /// long prompts take where it differs.
+    fn coop_tiles(
+        gpu: &Gpu,
+        w: &Matrix,
+        opts: &MatMulOptions<'_>,
+    ) -> Result<(CoopTile, Option<CoopTile>), GpuError> {
+        let caps = gpu.caps();
+        let forced = opts.coop_tile.or_else(coop_tile_from_env);
+        let rows = match opts.conv {
+            Some(c) => ProductRows::Conv(c.out_h() * c.out_w),
+            None => match (opts.rows, opts.split_scratch) {
+                (Some(rows), Some(_)) => ProductRows::Fixed(rows),
+                _ => ProductRows::Varying,
+            },
+        };
+        let short = forced.unwrap_or_else(|| default_coop_tile(w.rows, w.cols, rows, caps));
+        // Gating pairs each subgroup of a tile's first half of columns with one of its second.
+        let pairs = |tile: &CoopTile| opts.glu.is_none() || tile.grid.1.is_multiple_of(2);
+        let long = match (forced, rows, opts.split_scratch) {
+            (None, ProductRows::Varying, Some(_)) => Some(default_coop_tile(
+                w.rows,
+                w.cols,
+                ProductRows::Fixed(LONG_PROMPT_ROWS),
+                caps,
+            ))
+            .filter(|long| *long != short),
+            _ => None,
+        };
+        let sg = caps.subgroup_min_size;
+        for tile in std::iter::once(short).chain(long) {
+            if !pairs(&tile) {
+                return Err(GpuError::Device(format!(
+                    "tensor-core tile {tile} cannot gate: its subgroup grid has an odd width"
+                )));
+            }
+            if !tile.fits(caps) {
+                return Err(GpuError::Device(format!(
+                    "tensor-core tile {tile} does not fit this adapter (subgroups of {sg}, \
+                     {} invocations and {} bytes of workgroup memory a workgroup)",
+                    caps.max_workgroup_invocations, caps.max_workgroup_storage
+                )));
+            }
+        }
+        Ok((short, long))
     }
 
     /// Whether this product runs on the tensor-core tiles (its inputs are rounded to f16).
@@ -327,36 +423,115 @@ impl MatMul {
         u64::from(slices) * u64::from(rows) * u64::from(n) * 4
     }
 
+    /// The output tile (rows, columns) a dispatch of `rows` rows takes.
+    pub fn tile_for(&self, rows: u32) -> (u32, u32) {
+        self.tiled_for(rows).tile
+    }
+
+    /// The tile layout a dispatch of `rows` rows takes.
+    fn tiled_for(&self, rows: u32) -> &Tiled {
+        match &self.long {
+            Some(long) if rows >= LONG_PROMPT_ROWS => long,
+            _ => &self.tiled,
+        }
+    }
+
     /// The k slices of a dispatch for `rows` rows: as many as bring the output tiles up to
     /// the wanted workgroups, at most `slices`. Every slice's partial sums cross memory twice
     /// (scratch, then `reduce`), so a prompt with tiles enough of its own splits less or not at
     /// all. `reduce` in matmul_io.wgsl computes the same from its parameters.
     pub fn slices_for(&self, rows: u32) -> u32 {
-        let tiles = (self.n.div_ceil(self.tile.1) * rows.div_ceil(self.tile.0)).max(1);
+        let tile = self.tiled_for(rows).tile;
+        let tiles = (self.n.div_ceil(tile.1) * rows.div_ceil(tile.0)).max(1);
         self.split_target.div_ceil(tiles).clamp(1, self.slices)
     }
 
     /// Records the product for `n_tokens` rows (which must match the step uniform).
     pub fn encode(&self, rec: &mut Recorder<'_>, n_tokens: u32) {
+        let tiled = self.tiled_for(n_tokens);
         rec.dispatch_xyz(
-            &self.kernel,
-            &self.bind_group,
+            &tiled.kernel,
+            &tiled.bind_group,
             [
-                self.n.div_ceil(self.tile.1),
-                n_tokens.div_ceil(self.tile.0),
+                self.n.div_ceil(tiled.tile.1),
+                n_tokens.div_ceil(tiled.tile.0),
                 self.slices_for(n_tokens),
             ],
         );
-        if let Some((kernel, group)) = &self.reduce {
+        if let (Some(kernel), Some(group)) = (&self.reduce, &tiled.reduce_group) {
             // matmul_io.wgsl's reduce: four outputs an invocation in workgroups of 256 where
             // rows are whole vec4 words, else one an invocation in workgroups of 64.
-            let groups = if self.n.is_multiple_of(4) {
-                (n_tokens * self.n).div_ceil(1024)
+            let outputs = n_tokens * self.out_width;
+            let groups = if self.reduce_v4 {
+                outputs.div_ceil(1024)
             } else {
-                (n_tokens * self.n).div_ceil(64)
+                outputs.div_ceil(64)
             };
             rec.dispatch(kernel, group, groups);
         }
+    }
+}
+
+impl Tiled {
+    /// Compiles the product's kernel for `tile` outputs (a tensor-core layout, or the SIMT or
+    /// CPU tiles') and binds `entries` (everything but the parameters) with parameters of its
+    /// own.
+    fn new(
+        gpu: &Gpu,
+        plan: &Plan<'_>,
+        tile: (u32, u32),
+        coop: Option<CoopTile>,
+        entries: &[(u32, &wgpu::Buffer)],
+        reduce: &Option<Kernel>,
+    ) -> Result<Self, GpuError> {
+        let w = plan.w;
+        let mut defines = plan.defines.clone();
+        if let Some(coop) = coop {
+            defines.extend(coop.defines(gpu.caps().subgroup_min_size));
+        }
+        let kernel = gpu.kernel(plan.family, plan.source, "main", &defines)?;
+        let params = gpu.uniform(
+            "matmul params",
+            &Params {
+                n: w.rows,
+                k: w.cols,
+                row_vecs: w.row_vecs(),
+                slices: plan.slices,
+                q_scales: w.q_scales(),
+                col_tiles: w.rows.div_ceil(tile.1),
+                tile_rows: tile.0,
+                target_workgroups: plan.split_target,
+            },
+        );
+        let split = plan.slices > 1;
+        let mut main_entries = vec![(0, &params.buffer)];
+        // The split product writes only scratch; y is touched by the reduce pass.
+        main_entries.extend(
+            entries
+                .iter()
+                .filter(|(b, _)| !split || (*b != 4 && *b != 5))
+                .copied(),
+        );
+        let bind_group = bind(gpu, &kernel, &main_entries);
+        let reduce_group = reduce.as_ref().map(|reduce| {
+            let scratch_binding = if plan.reduce_v4 { 12 } else { 6 };
+            let mut reduce_entries = vec![(0, &params.buffer)];
+            for &(binding, buffer) in entries {
+                match binding {
+                    1 | 4 | 5 => reduce_entries.push((binding, buffer)),
+                    6 => reduce_entries.push((scratch_binding, buffer)),
+                    _ => {}
+                }
+            }
+            bind(gpu, reduce, &reduce_entries)
+        });
+        Ok(Self {
+            kernel,
+            bind_group,
+            reduce_group,
+            tile,
+            _params: params,
+        })
     }
 }
 
@@ -427,5 +602,33 @@ mod tests {
             }
         }
         assert_eq!(checked, 7 * 8);
+        // Gating in the epilogue (GLU), split and not, halved epilogues (64-deep steps)
+        // included, in each form.
+        let gates = [
+            (GluKind::Silu, "4x4/2x2", false, true),
+            (GluKind::GeluTanh, "2x2/4x4", true, false),
+            (GluKind::GeluErf, "4x4/2x2/64", false, true),
+            (GluKind::Silu, "4x4/2x4", true, true),
+            (GluKind::Silu, "4x2/2x2/64", true, false),
+        ];
+        for (i, (kind, tile, split, bias)) in gates.into_iter().enumerate() {
+            let (source, base) = if i % 2 == 0 { &dense[1] } else { &quant[3] };
+            let raw = base.iter().any(|(k, v)| *k == "F16" && v == "1");
+            let tile: CoopTile = tile.parse().expect("tile");
+            let mut defines = base.clone();
+            defines.extend(tile.defines(32));
+            defines.extend(kind.defines());
+            defines.extend([
+                flag("GLU", true),
+                flag("WRAW", raw),
+                flag("XV", true),
+                flag("BIAS", bias),
+                flag("SPLIT_K", split),
+                flag("REDUCE_V4", split && i % 3 == 0),
+            ]);
+            defines.extend(gelu_flags(None));
+            let entries = ["main", "reduce"];
+            crate::gpu::assert_translates(source, &defines, &entries[..1 + usize::from(split)]);
+        }
     }
 }

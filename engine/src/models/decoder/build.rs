@@ -5,9 +5,9 @@ use crate::Error;
 use crate::gpu::{Gpu, StorageBuffer, UniformBuffer};
 use crate::load::{DecoderSpec, GgmlType, MlpKind};
 use crate::ops::{
-    Attention, CacheShape, Dequantize, Embed, Gelu, Glu, HeadNorm, KvDType, MAX_SPLITS, MatMul,
-    MatMulOptions, MatVec, MatVecLayout, MatVecOptions, Matrix, Norm, NormKind, RopeKv, RopeTable,
-    Sample, SplitAttention, StepParams,
+    Attention, CacheShape, Dequantize, Embed, Gelu, Glu, GluKind, HeadNorm, KvDType, MAX_SPLITS,
+    MatMul, MatMulOptions, MatVec, MatVecLayout, MatVecOptions, Matrix, Norm, NormKind, RopeKv,
+    RopeTable, Sample, SplitAttention, StepParams,
 };
 
 use super::super::weights::{Part, Uploader, WeightSource};
@@ -97,7 +97,8 @@ impl Activations {
             qkv: gpu.storage("qkv", f(t * qkv_width))?,
             q: gpu.storage("q", f(t * heads * hd))?,
             attn: gpu.storage("attention out", f(t * heads * hd))?,
-            gate_up: if spec.mlp.gated() {
+            // Tensor-core products gate in their epilogue, straight into `h`.
+            gate_up: if spec.mlp.gated() && !MatMul::gates_in_epilogue(gpu) {
                 Some(gpu.storage("gate_up", f(t * 2 * spec.intermediate))?)
             } else {
                 None
@@ -153,6 +154,14 @@ impl LayerContext<'_> {
         }
     }
 
+    fn glu(&self) -> Option<GluKind> {
+        match self.spec.mlp {
+            MlpKind::SwiGlu => Some(GluKind::Silu),
+            MlpKind::GeGlu => Some(GluKind::GeluTanh),
+            MlpKind::Gelu(_) => None,
+        }
+    }
+
     /// Layer `i`'s cache: the whole context, or for a sliding-window layer a rolling cache of
     /// the window plus one prompt chunk (what one submission stores before attending).
     fn cache_shape(&self, i: u32) -> CacheShape {
@@ -185,14 +194,13 @@ impl LayerContext<'_> {
         }
     }
 
+    /// A prompt product with `opts`' epilogue, split along k through the shared scratch.
     fn prompt_product(
         &self,
         w: &Matrix,
         x: &StorageBuffer,
         y: &StorageBuffer,
-        bias: Option<&StorageBuffer>,
-        residual: bool,
-        gelu: Option<Gelu>,
+        opts: MatMulOptions<'_>,
     ) -> Result<PromptProduct, Error> {
         PromptProduct::new(
             self.gpu,
@@ -203,10 +211,7 @@ impl LayerContext<'_> {
             self.step,
             MatMulOptions {
                 split_scratch: Some((self.split_scratch, self.chunk)),
-                bias,
-                residual,
-                gelu,
-                ..Default::default()
+                ..opts
             },
         )
     }
@@ -369,7 +374,9 @@ impl LayerContext<'_> {
             None => (None, None),
         };
         let gelu = self.gelu();
+        // Without the gate/up buffer the product gates its own output.
         let up_out = a.gate_up.as_ref().unwrap_or(&a.h);
+        let glu = self.glu();
         let spec = self.spec;
         let qk_norm = match &w.qk_norm {
             Some((q, k)) => Some(HeadNorm::new(
@@ -392,29 +399,58 @@ impl LayerContext<'_> {
             up_mv,
             down_mv,
             attn_norm: self.norm(&w.attn_norm)?,
-            qkv_mm: self.prompt_product(&w.qkv, &a.xn, &a.qkv, w.qkv_bias.as_ref(), false, None)?,
-            o_mm: self.prompt_product(&w.o, &a.attn, out, w.o_bias.as_ref(), residual, None)?,
+            qkv_mm: self.prompt_product(
+                &w.qkv,
+                &a.xn,
+                &a.qkv,
+                MatMulOptions {
+                    bias: w.qkv_bias.as_ref(),
+                    ..Default::default()
+                },
+            )?,
+            o_mm: self.prompt_product(
+                &w.o,
+                &a.attn,
+                out,
+                MatMulOptions {
+                    bias: w.o_bias.as_ref(),
+                    residual,
+                    ..Default::default()
+                },
+            )?,
             post_attn_norm,
             mlp_norm: self.norm(&w.mlp_norm)?,
-            up_mm: self.prompt_product(&w.up, &a.xn, up_out, w.up_bias.as_ref(), false, gelu)?,
-            glu: match &a.gate_up {
-                Some(gu) if spec.mlp == MlpKind::GeGlu => Some(Glu::gelu_tanh(
+            up_mm: self.prompt_product(
+                &w.up,
+                &a.xn,
+                up_out,
+                MatMulOptions {
+                    bias: w.up_bias.as_ref(),
+                    gelu,
+                    glu: glu.filter(|_| a.gate_up.is_none()),
+                    ..Default::default()
+                },
+            )?,
+            glu: match (&a.gate_up, glu) {
+                (Some(gu), Some(kind)) => Some(Glu::new(
                     self.gpu,
+                    kind,
                     spec.intermediate,
                     gu,
                     &a.h,
                     self.step,
                 )?),
-                Some(gu) => Some(Glu::new(self.gpu, spec.intermediate, gu, &a.h, self.step)?),
-                None => None,
+                _ => None,
             },
             down_mm: self.prompt_product(
                 &w.down,
                 &a.h,
                 out,
-                w.down_bias.as_ref(),
-                residual,
-                None,
+                MatMulOptions {
+                    bias: w.down_bias.as_ref(),
+                    residual,
+                    ..Default::default()
+                },
             )?,
             post_mlp_norm,
             rope,
@@ -631,6 +667,7 @@ impl DecoderModel {
                 .map(|(_, original, _)| original),
             prompt_len: 0,
             last_encode: std::time::Duration::ZERO,
+            last_forward_encode: std::time::Duration::ZERO,
         };
         model.decode_dispatches = model.count_decode_dispatches();
         Ok(model)

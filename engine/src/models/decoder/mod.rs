@@ -15,8 +15,8 @@ use crate::Error;
 use crate::gpu::{Gpu, Recorder, StorageBuffer, UniformBuffer};
 use crate::load::DecoderSpec;
 use crate::ops::{
-    Attention, Dequantize, Embed, Glu, HeadNorm, KvDType, MatMul, MatMulOptions, MatVec, Matrix,
-    Norm, NormKind, RopeKv, Sample, SamplerParams, StepParams, WeightDType,
+    Attention, Dequantize, Embed, Glu, HeadNorm, KvDType, LONG_PROMPT_ROWS, MatMul, MatMulOptions,
+    MatVec, Matrix, Norm, NormKind, RopeKv, Sample, SamplerParams, StepParams, WeightDType,
 };
 
 mod build;
@@ -150,6 +150,8 @@ pub struct DecoderModel {
     split_attention: bool,
     /// Host time spent recording the last decode step's commands.
     last_encode: std::time::Duration,
+    /// Host time spent recording and submitting the last prompt's forward pass.
+    last_forward_encode: std::time::Duration,
     /// Longrope: forward passes reaching past this many positions read the long half of the
     /// RoPE table.
     long_rope_after: Option<u32>,
@@ -192,6 +194,12 @@ impl DecoderModel {
     /// Host time spent recording the last decoded token's commands.
     pub fn last_encode_time(&self) -> std::time::Duration {
         self.last_encode
+    }
+
+    /// Host time spent recording and submitting the last prompt's forward pass (submitted in
+    /// parts: the GPU runs its first layers meanwhile).
+    pub fn last_prompt_encode_time(&self) -> std::time::Duration {
+        self.last_forward_encode
     }
 
     pub fn set_sampler(&self, params: &SamplerParams) {
@@ -311,12 +319,12 @@ impl DecoderModel {
     /// happen while loading instead of in the first prompt (llama.cpp's server also warms up
     /// at load). The sequence is left empty.
     pub fn warm_up(&mut self) -> Result<(), Error> {
-        let n = self
-            .chunk
-            .min(WARM_UP_TOKENS)
-            .min(self.capacity.saturating_sub(2))
-            .max(1);
-        self.prefill(&vec![0; n as usize])?;
+        let longest = self.chunk.min(self.capacity.saturating_sub(2)).max(1);
+        // Long prompts may take tiles of their own (`LONG_PROMPT_ROWS`): warm those too.
+        if longest >= LONG_PROMPT_ROWS {
+            self.prefill(&vec![0; LONG_PROMPT_ROWS as usize])?;
+        }
+        self.prefill(&vec![0; longest.min(WARM_UP_TOKENS) as usize])?;
         if self.seq_len < self.capacity {
             self.decode()?;
         }
@@ -331,11 +339,12 @@ impl DecoderModel {
     /// samples the next token into readback `slot`; `fresh` clears the seen-token set first.
     fn submit_forward(&mut self, total: u32, slot: usize, fresh: bool) {
         let gpu = self.gpu.clone();
+        let started = std::time::Instant::now();
         let mut pos = 0;
         while pos < total {
             let n = (total - pos).min(self.chunk);
             self.step.write(&gpu, &self.step_params(pos, n, total));
-            let mut rec = Recorder::new(&gpu);
+            let mut rec = Recorder::in_parts(&gpu);
             if pos == 0 && fresh {
                 rec.clear(&self.acts.seen.buffer);
             }
@@ -351,6 +360,7 @@ impl DecoderModel {
                 rec.submit();
             }
         }
+        self.last_forward_encode = started.elapsed();
     }
 
     /// Feeds the last sampled token and returns the next one.

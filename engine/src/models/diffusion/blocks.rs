@@ -200,10 +200,8 @@ fn transformer_block(
     b.release(att);
 
     let n3 = b.layer_norm(&h, &format!("{name}.norm3"), 1e-5)?;
-    let gate_up = b.linear(&n3, &format!("{name}.ff.net.0.proj"), 8 * inner, None, None)?;
+    let g = b.linear_geglu(&n3, &format!("{name}.ff.net.0.proj"), 4 * inner)?;
     b.release(n3);
-    let g = b.geglu(&gate_up)?;
-    b.release(gate_up);
     let h = b.linear(&g, &format!("{name}.ff.net.2"), inner, None, Some(h))?;
     b.release(g);
     Ok(h)

@@ -367,7 +367,7 @@ impl Parts {
                     ..Default::default()
                 },
             );
-            let mut rec = Recorder::new(gpu);
+            let mut rec = Recorder::in_parts(gpu);
             record_step(&mut rec, plans, guided);
             rec.submit();
             gpu.wait()?;
@@ -382,7 +382,7 @@ impl Parts {
         }
         let steps_ms = steps_start.elapsed().as_secs_f64() * 1e3;
         let vae_start = Instant::now();
-        let mut rec = Recorder::new(gpu);
+        let mut rec = Recorder::in_parts(gpu);
         plans.decoder.plan.encode(&mut rec);
         rec.submit();
         let pixels = u64::from(plans.width * plans.height * 3);

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use crate::Error;
 use crate::gpu::{Gpu, Recorder, StorageBuffer, UniformBuffer};
 use crate::models::weights::Uploader;
-use crate::ops::{Conv2dShape, Gelu, MatMul, MatMulOptions, Matrix, StepParams};
+use crate::ops::{Conv2dShape, Gelu, GluKind, MatMul, MatMulOptions, Matrix, StepParams};
 
 /// A channel-last activation `[h·w][channels]` (a token sequence is `h = 1`).
 pub struct Act {
@@ -43,6 +43,9 @@ pub enum Activation {
     None,
     Gelu(Gelu),
     Relu,
+    /// diffusers' GEGLU over the product's two blocks of outputs (value, gate), in its
+    /// epilogue: half the weight rows come out (see `MatMul::gates_in_epilogue`).
+    Geglu,
 }
 
 type Encoder = Box<dyn Fn(&mut Recorder<'_>) + Send + Sync>;
@@ -279,13 +282,15 @@ impl<'a, 'w> Builder<'a, 'w> {
     ) -> Result<Act, Error> {
         let rows = out_h * out_w;
         let (gelu, relu) = match activation {
-            Activation::None => (None, false),
+            Activation::None | Activation::Geglu => (None, false),
             Activation::Gelu(g) => (Some(g), false),
             Activation::Relu => (None, true),
         };
+        let glu = (activation == Activation::Geglu).then_some(GluKind::GeluErf);
+        let out_channels = if glu.is_some() { w.rows / 2 } else { w.rows };
         let accumulate = residual.is_some();
         let y = match residual {
-            Some(r) if r.channels == w.rows && r.pixels() == rows => r,
+            Some(r) if r.channels == out_channels && r.pixels() == rows => r,
             Some(r) => {
                 return Err(Error::Invalid(format!(
                     "residual [{}×{}] does not match a product of [{rows}×{}]",
@@ -294,7 +299,7 @@ impl<'a, 'w> Builder<'a, 'w> {
                     w.rows
                 )));
             }
-            None => self.alloc(out_h, out_w, w.rows)?,
+            None => self.alloc(out_h, out_w, out_channels)?,
         };
         let step = self.step(rows);
         let scratch = self.scratch_for(w.rows, w.cols, rows)?;
@@ -316,6 +321,7 @@ impl<'a, 'w> Builder<'a, 'w> {
                 split_target: None,
                 coop_tile: None,
                 rows: Some(rows),
+                glu,
             },
         )?;
         self.push(move |rec| mm.encode(rec, rows));

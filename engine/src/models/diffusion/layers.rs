@@ -9,8 +9,9 @@ use crate::Error;
 use crate::gpu::StorageBuffer;
 use crate::models::weights::Part;
 use crate::ops::{
-    Conv2dShape, Embed, FullAttention, FullLayout, Gelu, Glu, GroupNorm, GroupNormShape, Matrix,
-    Norm, NormKind, affine, concat, silu, slice_channels, softmax_rows, tanh_clamp, transpose,
+    Conv2dShape, Embed, FullAttention, FullLayout, Gelu, Glu, GluKind, GroupNorm, GroupNormShape,
+    MatMul, Matrix, Norm, NormKind, affine, concat, silu, slice_channels, softmax_rows, tanh_clamp,
+    transpose,
 };
 
 impl Builder<'_, '_> {
@@ -34,6 +35,30 @@ impl Builder<'_, '_> {
         names: &[&str],
         out_each: u32,
         gelu: Option<Gelu>,
+        residual: Option<Act>,
+    ) -> Result<Act, Error> {
+        let activation = gelu.map_or(Activation::None, Activation::Gelu);
+        self.linear_with(x, names, out_each, activation, residual)
+    }
+
+    /// Linear `name` into `2·width` outputs (value, gate) through diffusers' GEGLU: gated in
+    /// the product's epilogue on tensor cores, else by a pass of its own.
+    pub fn linear_geglu(&mut self, x: &Act, name: &str, width: u32) -> Result<Act, Error> {
+        if MatMul::gates_in_epilogue(self.gpu) {
+            return self.linear_with(x, &[name], 2 * width, Activation::Geglu, None);
+        }
+        let gate_up = self.linear(x, name, 2 * width, None, None)?;
+        let gated = self.geglu(&gate_up)?;
+        self.release(gate_up);
+        Ok(gated)
+    }
+
+    fn linear_with(
+        &mut self,
+        x: &Act,
+        names: &[&str],
+        out_each: u32,
+        activation: Activation,
         residual: Option<Act>,
     ) -> Result<Act, Error> {
         let key = names.join("+");
@@ -72,15 +97,7 @@ impl Builder<'_, '_> {
         } else {
             None
         };
-        self.product(
-            x,
-            w,
-            bias,
-            gelu.map_or(Activation::None, Activation::Gelu),
-            residual,
-            None,
-            (x.h, x.w),
-        )
+        self.product(x, w, bias, activation, residual, None, (x.h, x.w))
     }
 
     /// A 2-D convolution `name` (`.weight` `[out][in][k][k]`, `.bias`) over a channel-last
@@ -310,12 +327,19 @@ impl Builder<'_, '_> {
     }
 
     /// `gate_up` `[rows][2·width]` → `[rows][width]` through GEGLU.
-    pub fn geglu(&mut self, gate_up: &Act) -> Result<Act, Error> {
+    fn geglu(&mut self, gate_up: &Act) -> Result<Act, Error> {
         let width = gate_up.channels / 2;
         let y = self.alloc(gate_up.h, gate_up.w, width)?;
         let rows = gate_up.pixels();
         let step = self.step(rows);
-        let glu = Glu::with_gelu(self.gpu, width, &gate_up.buf, &y.buf, &step, true)?;
+        let glu = Glu::new(
+            self.gpu,
+            GluKind::GeluErf,
+            width,
+            &gate_up.buf,
+            &y.buf,
+            &step,
+        )?;
         self.push(move |rec| glu.encode(rec, rows));
         Ok(y)
     }

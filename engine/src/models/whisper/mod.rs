@@ -318,7 +318,7 @@ impl WhisperModel {
         self.gpu
             .queue()
             .write_buffer(&self.encoder.mel.buffer, 0, bytemuck::cast_slice(window));
-        let mut rec = Recorder::new(&self.gpu);
+        let mut rec = Recorder::in_parts(&self.gpu);
         self.encoder.encode(&mut rec);
         self.decoder
             .encode_cross_kv(&mut rec, self.encoder.positions_len);
