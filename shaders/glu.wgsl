@@ -1,7 +1,7 @@
 // SwiGLU for prompts: h[t][i] = silu(gate[t][i]) * up[t][i], where each row of the fused
 // gate/up product holds the gate block then the up block. With GEGLU (diffusers' feed-forward):
 // h[t][i] = up[t][i] * gelu(gate[t][i]) with the up block first. With GATE_TANH (Gemma):
-// gelu_tanh of the gate block, which comes first.
+// gelu_tanh of the gate block, which comes first (`gated`, glu_forms.wgsl).
 //
 // With V4 (the width a multiple of 4) each invocation takes four values through vec4 views:
 // a streaming kernel needs that many bytes in flight per invocation to approach the memory's
@@ -29,19 +29,6 @@ const LANES: u32 = 4u;
 #else
 const LANES: u32 = 1u;
 #endif
-
-fn gated(first: f32, second: f32) -> f32 {
-#if GEGLU
-    // The value block first, then the gate, exact GELU.
-    return gelu_erf(second) * first;
-#else
-#if GATE_TANH
-    return gelu_tanh(first) * second;
-#else
-    return first / (1.0 + exp(-first)) * second;
-#endif
-#endif
-}
 
 #if V4
 fn gated_at(a: vec4<f32>, b: vec4<f32>) -> vec4<f32> {

@@ -107,20 +107,8 @@ fn epilogue(sum: f32, row: u32, col: u32) -> f32 {
 }
 
 #if GLU
-// The form of glu.wgsl: `first` and `second` are the outputs of the two blocks' same row.
-fn gated(first: f32, second: f32) -> f32 {
-#if GEGLU
-    return gelu_erf(second) * first;
-#else
-#if GATE_TANH
-    return gelu_tanh(first) * second;
-#else
-    return first / (1.0 + exp(-first)) * second;
-#endif
-#endif
-}
-
-// Output `col` of a row from the sums of weight rows `col` and width + `col`.
+// Output `col` of a row from the sums of weight rows `col` and width + `col` (`gated`:
+// glu_forms.wgsl).
 fn glu_epilogue(first: f32, second: f32, col: u32) -> f32 {
     var a = first;
     var b = second;

@@ -1,10 +1,16 @@
+use std::sync::LazyLock;
+
 use bytemuck::{Pod, Zeroable};
 
 use super::{Matrix, bind, flag, groups_of_64};
 use crate::gpu::{Gpu, GpuError, Kernel, Recorder, StorageBuffer, UniformBuffer};
 
 const EMBED_SOURCE: &str = include_str!("../../../shaders/embed.wgsl");
-const GLU_SOURCE: &str = include_str!("../../../shaders/glu.wgsl");
+/// The gated forms, shared with the prompt products that gate in their epilogue.
+pub(super) const GLU_FORMS: &str = include_str!("../../../shaders/glu_forms.wgsl");
+
+static GLU_SOURCE: LazyLock<String> =
+    LazyLock::new(|| format!("{GLU_FORMS}\n{}", include_str!("../../../shaders/glu.wgsl")));
 
 #[repr(C)]
 #[derive(Clone, Copy, Pod, Zeroable)]
@@ -151,7 +157,7 @@ impl Glu {
     ) -> Result<Self, GpuError> {
         let mut defines = kind.defines().to_vec();
         defines.push(flag("V4", width.is_multiple_of(4)));
-        let kernel = gpu.kernel("glu", GLU_SOURCE, "main", &defines)?;
+        let kernel = gpu.kernel("glu", GLU_SOURCE.as_str(), "main", &defines)?;
         let params = gpu.uniform(
             "glu params",
             &GluParams {

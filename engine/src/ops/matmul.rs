@@ -6,23 +6,27 @@ use super::coop_tile::{CoopTile, ProductRows, coop_tile_from_env, default_coop_t
 use super::{Conv2dShape, Gelu, GluKind, Matrix, WeightDType, bind, flag, gelu_flags};
 use crate::gpu::{Gpu, GpuError, Kernel, Recorder, StorageBuffer, UniformBuffer};
 
-const IO: &str = include_str!("../../../shaders/matmul_io.wgsl");
+/// What every prompt-product kernel shares: the gated forms (glu_forms.wgsl), then
+/// matmul_io.wgsl, before the tiles' own file.
+fn product_source(tiles: &str) -> String {
+    format!(
+        "{}\n{}\n{tiles}",
+        super::elementwise::GLU_FORMS,
+        include_str!("../../../shaders/matmul_io.wgsl")
+    )
+}
 
 /// The SIMT tiles: any adapter.
 pub(crate) static SIMT_SOURCE: LazyLock<String> =
-    LazyLock::new(|| format!("{IO}\n{}", include_str!("../../../shaders/matmul.wgsl")));
+    LazyLock::new(|| product_source(include_str!("../../../shaders/matmul.wgsl")));
 
 /// The tensor-core tiles: adapters with cooperative matrices (see `GpuCaps`).
-pub(crate) static COOP_SOURCE: LazyLock<String> = LazyLock::new(|| {
-    format!(
-        "{IO}\n{}",
-        include_str!("../../../shaders/matmul_coop.wgsl")
-    )
-});
+pub(crate) static COOP_SOURCE: LazyLock<String> =
+    LazyLock::new(|| product_source(include_str!("../../../shaders/matmul_coop.wgsl")));
 
 /// The CPU adapters' tiles (`matmul_cpu.wgsl`): subgroups of 8 lanes, no workgroup memory.
 pub(crate) static CPU_SOURCE: LazyLock<String> =
-    LazyLock::new(|| format!("{IO}\n{}", include_str!("../../../shaders/matmul_cpu.wgsl")));
+    LazyLock::new(|| product_source(include_str!("../../../shaders/matmul_cpu.wgsl")));
 
 /// Output tile edge of the CPU adapters' tiles.
 const CPU_TILE: u32 = 32;
