@@ -2,9 +2,11 @@
 // weight rows and `second` from its second: prepended to glu.wgsl and to the prompt products
 // (which gate in their epilogue, see matmul_io.wgsl's GLU).
 //
-// Defines: GEGLU (diffusers' feed-forward: the value block first, exact GELU of the gate),
-// GATE_TANH (Gemma: gelu_tanh of the gate block, first); otherwise SwiGLU, silu(gate) · up.
+// Defines: GLU (the kernel gates: without it the file is empty), GEGLU (diffusers'
+// feed-forward: the value block first, exact GELU of the gate), GATE_TANH (Gemma: gelu_tanh
+// of the gate block, first); otherwise SwiGLU, silu(gate) · up.
 
+#if GLU
 fn gated(first: f32, second: f32) -> f32 {
 #if GEGLU
     return gelu_erf(second) * first;
@@ -16,3 +18,4 @@ fn gated(first: f32, second: f32) -> f32 {
 #endif
 #endif
 }
+#endif

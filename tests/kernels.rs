@@ -1795,6 +1795,37 @@ fn glu_matches_cpu() {
     }
 }
 
+/// A recorder submitting in parts holds the device's submission lock from its first part to
+/// its last, so another thread's submission (here a read-back) cannot land between the parts
+/// and clobber scratch the parts share (the CPU adapters' attention scratch, for one).
+#[test]
+fn parts_keep_other_submissions_out() {
+    let gpu = gpu();
+    let gate_up = buf(&gpu, &[1.0; 8]);
+    let h = buf(&gpu, &[0.0; 4]);
+    let st = step(&gpu, 0, 1);
+    let glu = Glu::new(&gpu, GluKind::Silu, 4, &gate_up, &h, &st).expect("glu");
+    let read_back = std::sync::atomic::AtomicBool::new(false);
+    std::thread::scope(|scope| {
+        let mut rec = Recorder::in_parts(&gpu);
+        // Past the first part, which is submitted.
+        for _ in 0..40 {
+            glu.encode(&mut rec, 1);
+        }
+        scope.spawn(|| {
+            gpu.read::<f32>(&h.buffer, 0, 4).expect("read");
+            read_back.store(true, std::sync::atomic::Ordering::SeqCst);
+        });
+        std::thread::sleep(std::time::Duration::from_millis(300));
+        assert!(
+            !read_back.load(std::sync::atomic::Ordering::SeqCst),
+            "another thread's submission landed between the parts"
+        );
+        rec.submit();
+    });
+    assert!(read_back.load(std::sync::atomic::Ordering::SeqCst));
+}
+
 #[test]
 fn fill_matches_its_host_formula() {
     let gpu = gpu();

@@ -59,6 +59,11 @@ pub(crate) struct GpuInner {
     /// Scratch buffers shared by the kernels that ask under one label (see
     /// `Gpu::shared_scratch`).
     pub scratch: std::sync::Mutex<std::collections::HashMap<&'static str, super::StorageBuffer>>,
+    /// Held around every submission, and by a recorder submitting in parts from its first
+    /// part to its last (`Recorder::in_parts`), so the parts reach the queue with no other
+    /// thread's work between them: services share a device and its shared scratch. One per
+    /// queue (views with other capabilities share it).
+    pub submit_lock: Arc<std::sync::Mutex<()>>,
 }
 
 /// A cheap-to-clone handle to the device and queue every kernel runs on.
@@ -188,6 +193,7 @@ impl Gpu {
                 caps,
                 pipelines: PipelineCache::default(),
                 scratch: Default::default(),
+                submit_lock: Default::default(),
             }),
         }
     }
@@ -218,6 +224,7 @@ impl Gpu {
                 caps,
                 pipelines: PipelineCache::default(),
                 scratch: Default::default(),
+                submit_lock: self.inner.submit_lock.clone(),
             }),
         }
     }
@@ -262,8 +269,19 @@ impl Gpu {
     /// built, so that loading ends with the weights in place and the first prompt does not pay
     /// for the copy.
     pub fn finish_uploads(&self) -> Result<(), GpuError> {
+        let held = self.submit_lock();
         self.inner.queue.submit(std::iter::empty());
+        drop(held);
         self.wait()
+    }
+
+    /// The lock every submission holds (see `GpuInner::submit_lock`). A panic elsewhere
+    /// while it was held leaves nothing half-done to guard, so a poisoned lock is taken as is.
+    pub(crate) fn submit_lock(&self) -> std::sync::MutexGuard<'_, ()> {
+        self.inner
+            .submit_lock
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     /// Blocks until all submitted work has finished.

@@ -12,6 +12,8 @@ pub struct Recorder<'a> {
     profiler: Option<&'a mut Profiler>,
     dispatches: u32,
     in_parts: bool,
+    /// The submission lock, from the first part submitted until the last.
+    parts_lock: Option<std::sync::MutexGuard<'a, ()>>,
 }
 
 /// Dispatches recorded before the first part of a [`Recorder::in_parts`] sequence is
@@ -33,6 +35,7 @@ impl<'a> Recorder<'a> {
             profiler: None,
             dispatches: 0,
             in_parts: false,
+            parts_lock: None,
         }
     }
 
@@ -41,7 +44,10 @@ impl<'a> Recorder<'a> {
     /// while the host records the rest: the GPU waits for a command buffer's submission, and
     /// the host takes µs per dispatch, ~1 ms for a 1–2B model's prompt. For sequences with no
     /// queue writes between their dispatches (a write lands before the next part, not before
-    /// the whole). `BACKPACK_SUBMIT_PARTS=0` records whole (comparisons).
+    /// the whole). The parts reach the queue together: the recorder holds the device's
+    /// submission lock from its first part to its last, so no other thread's work (which may
+    /// reuse the same shared scratch) lands between them. `BACKPACK_SUBMIT_PARTS=0` records
+    /// whole (comparisons).
     pub fn in_parts(gpu: &'a Gpu) -> Self {
         let mut rec = Self::new(gpu);
         rec.in_parts = !matches!(
@@ -146,6 +152,9 @@ impl<'a> Recorder<'a> {
                 label: Some("forward"),
             });
         let done = std::mem::replace(&mut self.encoder, fresh);
+        if self.parts_lock.is_none() {
+            self.parts_lock = Some(self.gpu.submit_lock());
+        }
         self.gpu.queue().submit([done.finish()]);
     }
 
@@ -155,7 +164,13 @@ impl<'a> Recorder<'a> {
         if let Some(profiler) = self.profiler.as_deref() {
             profiler.resolve(&mut self.encoder);
         }
-        self.gpu.queue().submit([self.encoder.finish()])
+        let held = self
+            .parts_lock
+            .take()
+            .unwrap_or_else(|| self.gpu.submit_lock());
+        let index = self.gpu.queue().submit([self.encoder.finish()]);
+        drop(held);
+        index
     }
 }
 

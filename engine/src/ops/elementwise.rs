@@ -156,6 +156,7 @@ impl Glu {
         step: &UniformBuffer,
     ) -> Result<Self, GpuError> {
         let mut defines = kind.defines().to_vec();
+        defines.push(flag("GLU", true));
         defines.push(flag("V4", width.is_multiple_of(4)));
         let kernel = gpu.kernel("glu", GLU_SOURCE.as_str(), "main", &defines)?;
         let params = gpu.uniform(
