@@ -223,9 +223,7 @@ impl Gpu {
         let staging = self.readback_buffer("read", bytes);
         let mut encoder = self.device().create_command_encoder(&Default::default());
         encoder.copy_buffer_to_buffer(buffer, offset * elem, &staging, 0, padded(bytes));
-        let held = self.submit_lock();
-        self.queue().submit([encoder.finish()]);
-        drop(held);
+        self.submit([encoder.finish()]);
         self.map_read(&staging, bytes)
     }
 }

@@ -269,10 +269,17 @@ impl Gpu {
     /// built, so that loading ends with the weights in place and the first prompt does not pay
     /// for the copy.
     pub fn finish_uploads(&self) -> Result<(), GpuError> {
-        let held = self.submit_lock();
-        self.inner.queue.submit(std::iter::empty());
-        drop(held);
+        self.submit(None);
         self.wait()
+    }
+
+    /// Submits command buffers under the submission lock (see `GpuInner::submit_lock`).
+    pub(crate) fn submit(
+        &self,
+        buffers: impl IntoIterator<Item = wgpu::CommandBuffer>,
+    ) -> wgpu::SubmissionIndex {
+        let _held = self.submit_lock();
+        self.inner.queue.submit(buffers)
     }
 
     /// The lock every submission holds (see `GpuInner::submit_lock`). A panic elsewhere

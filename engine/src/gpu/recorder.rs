@@ -164,13 +164,11 @@ impl<'a> Recorder<'a> {
         if let Some(profiler) = self.profiler.as_deref() {
             profiler.resolve(&mut self.encoder);
         }
-        let held = self
-            .parts_lock
-            .take()
-            .unwrap_or_else(|| self.gpu.submit_lock());
-        let index = self.gpu.queue().submit([self.encoder.finish()]);
-        drop(held);
-        index
+        match self.parts_lock.take() {
+            // The parts hold the lock already: the last one goes under it.
+            Some(_held) => self.gpu.queue().submit([self.encoder.finish()]),
+            None => self.gpu.submit([self.encoder.finish()]),
+        }
     }
 }
 

@@ -667,7 +667,7 @@ impl DecoderModel {
                 .map(|(_, original, _)| original),
             prompt_len: 0,
             last_encode: std::time::Duration::ZERO,
-            last_forward_encode: std::time::Duration::ZERO,
+            last_prompt_encode: std::time::Duration::ZERO,
         };
         model.decode_dispatches = model.count_decode_dispatches();
         Ok(model)

@@ -151,7 +151,7 @@ pub struct DecoderModel {
     /// Host time spent recording the last decode step's commands.
     last_encode: std::time::Duration,
     /// Host time spent recording and submitting the last prompt's forward pass.
-    last_forward_encode: std::time::Duration,
+    last_prompt_encode: std::time::Duration,
     /// Longrope: forward passes reaching past this many positions read the long half of the
     /// RoPE table.
     long_rope_after: Option<u32>,
@@ -199,7 +199,7 @@ impl DecoderModel {
     /// Host time spent recording and submitting the last prompt's forward pass (submitted in
     /// parts: the GPU runs its first layers meanwhile).
     pub fn last_prompt_encode_time(&self) -> std::time::Duration {
-        self.last_forward_encode
+        self.last_prompt_encode
     }
 
     pub fn set_sampler(&self, params: &SamplerParams) {
@@ -360,7 +360,7 @@ impl DecoderModel {
                 rec.submit();
             }
         }
-        self.last_forward_encode = started.elapsed();
+        self.last_prompt_encode = started.elapsed();
     }
 
     /// Feeds the last sampled token and returns the next one.
