@@ -9,16 +9,19 @@ enable wgpu_cooperative_matrix;
 //   while the previous block is multiplied);
 // - each subgroup multiplies its queries (f16, pre-scaled, held in fragments) by the keys into
 //   16×FK f32 scores, which it stores to workgroup memory;
-// - two lanes per query mask the scores, keep the running max and sum (combined by a shuffle)
-//   and write the probabilities back as f16;
+// - two lanes per query read its scores as vec4s (alternate quads each, so that the eight
+//   lanes of a 16-byte access phase touch eight different bank groups), mask them, keep the
+//   running max and sum (combined by a shuffle) and write the probabilities back as f16;
 // - the probabilities times the values give the block's 16×HD outputs, which the same two
-//   lanes add to the outputs they hold, rescaled by the change of the running max. Heads wider
-//   than 64 pass them through workgroup memory in two halves (TWO_PASS), each lane taking its
-//   half of the dims in one.
+//   lanes add to the outputs they hold (alternate quads again), rescaled by the change of the
+//   running max. Heads wider than 64 pass them through workgroup memory in two halves
+//   (TWO_PASS), each lane taking its half of the dims in one.
+// Scalar reads with both lanes of a query in one bank cost four times the accesses: on an
+// H200, Whisper large-v3-turbo's encoder attention took 11.1 ms that way.
 // Defines: those of attention.wgsl, HD (a multiple of 16 up to 64, or of 32 up to 128), FK,
 // KF = FK / 16, DF = HD / 16 (fragments across a head), DFP (those of one pass), OQ = HD / 8
 // (output quads each lane holds), KVQ = FK·HD / 512 (quads of a block's keys and of its values
-// each invocation stages), TWO_PASS.
+// each invocation stages), SQ = FK / 8 (score quads each lane takes), TWO_PASS.
 
 const FQ: u32 = 64u;
 const FK: u32 = {{FK}}u;
@@ -28,15 +31,16 @@ const FLASH_THREADS: u32 = 128u;
 const LDH: u32 = {{HD}}u / 4u + 2u;
 // Probability rows of FK + 8 halves, in units of four.
 const LDP: u32 = FK / 4u + 2u;
-// Score and output-block rows of one subgroup (f32): at most 64 values, padded.
-const LDS: u32 = 68u;
+// Score and output-block rows (f32, in vec4s): at most 64 values, padded to 72 so that the
+// rows of four queries start in different bank groups.
+const LDS4: u32 = 18u;
 // Where the values start in `kv_tile`.
 const V_AT: u32 = FK * LDH;
 
 // The queries (first, all 64 rows), then each block's keys and its values, [key][dim].
 var<workgroup> kv_tile: array<vec4<f16>, 2u * FK * LDH>;
 // Per subgroup: 16 rows of scores, then of the block's outputs.
-var<workgroup> fs: array<f32, 64u * LDS>;
+var<workgroup> fs: array<vec4<f32>, 64u * LDS4>;
 // Per subgroup: 16 rows of probabilities.
 var<workgroup> fp: array<vec4<f16>, 64u * LDP>;
 
@@ -141,7 +145,8 @@ fn flash(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id) wid: 
 #endfor
     var run_max = NEG_BIG;
     var run_sum = 0.0;
-    let srow = (sg * 16u + r) * LDS;
+    let srow = (sg * 16u + r) * LDS4;
+    let prow = (sg * 16u + r) * LDP;
     fetch_kv(keys_start, keys_end, k_base, v_base, row_quads, tid);
     for (var k0 = keys_start; k0 < keys_end; k0 += FK) {
         // Every subgroup is done with the previous block (or the queries) in kv_tile.
@@ -157,29 +162,28 @@ fn flash(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id) wid: 
 #for d in 0..DF
             s = coopMultiplyAdd(qa{{d}}, coopLoad<coop_mat16x16<f16, B>>(&kv_tile[{{j}}u * 16u * LDH + {{d}}u * 4u], LDH), s);
 #endfor
-            coopStoreT(s, &fs[sg * 16u * LDS + {{j}}u * 16u], LDS);
+            coopStoreT(s, &fs[sg * 16u * LDS4 + {{j}}u * 4u], LDS4);
         }
 #endfor
         workgroupBarrier();
-        // The online softmax over this lane's half of the block's keys.
-        let key0 = k0 + half * (FK / 2u);
+        // The online softmax over this lane's quads of the block's keys (quads half, half + 2,
+        // ...), masked as they are read.
         var block_max = NEG_BIG;
-        for (var t = 0u; t < FK / 2u; t++) {
-            let key = key0 + t;
-            let at = srow + half * (FK / 2u) + t;
-            let s = select(NEG_BIG, fs[at], key < visible && key >= lowest && key < keys_end);
-            fs[at] = s;
-            block_max = max(block_max, s);
-        }
+#for c in 0..SQ
+        let key{{c}} = vec4<u32>(k0 + 4u * (2u * {{c}}u + half)) + vec4<u32>(0u, 1u, 2u, 3u);
+        let s{{c}} = select(vec4<f32>(NEG_BIG), fs[srow + 2u * {{c}}u + half], (key{{c}} < vec4<u32>(visible)) & (key{{c}} >= vec4<u32>(lowest)) & (key{{c}} < vec4<u32>(keys_end)));
+        block_max = max(block_max, max(max(s{{c}}.x, s{{c}}.y), max(s{{c}}.z, s{{c}}.w)));
+#endfor
         block_max = max(block_max, subgroupShuffleXor(block_max, 1u));
         let new_max = max(run_max, block_max);
         var block_sum = 0.0;
-        for (var t = 0u; t < FK / 2u; t += 4u) {
-            let at = srow + half * (FK / 2u) + t;
-            let e = exp(vec4<f32>(fs[at], fs[at + 1u], fs[at + 2u], fs[at + 3u]) - new_max);
-            block_sum += e.x + e.y + e.z + e.w;
-            fp[(sg * 16u + r) * LDP + half * (FK / 8u) + t / 4u] = vec4<f16>(e);
+#for c in 0..SQ
+        {
+            let e = exp(s{{c}} - new_max);
+            block_sum += (e.x + e.y) + (e.z + e.w);
+            fp[prow + 2u * {{c}}u + half] = vec4<f16>(e);
         }
+#endfor
         block_sum += subgroupShuffleXor(block_sum, 1u);
         let corr = exp(run_max - new_max);
         run_sum = run_sum * corr + block_sum;
@@ -196,13 +200,13 @@ fn flash(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id) wid: 
 #for j in 0..KF
             ob = coopMultiplyAdd(pa{{j}}, coopLoadT<coop_mat16x16<f16, B>>(&kv_tile[V_AT + {{j}}u * 16u * LDH + ({{h}}u * {{DFP}}u + {{d}}u) * 4u], LDH), ob);
 #endfor
-            coopStoreT(ob, &fs[sg * 16u * LDS + {{d}}u * 16u], LDS);
+            coopStoreT(ob, &fs[sg * 16u * LDS4 + {{d}}u * 4u], LDS4);
         }
 #endfor
         workgroupBarrier();
         if (half == {{h}}u) {
 #for c in 0..OQ
-            o{{c}} = o{{c}} * corr + vec4<f32>(fs[srow + {{c}}u * 4u], fs[srow + {{c}}u * 4u + 1u], fs[srow + {{c}}u * 4u + 2u], fs[srow + {{c}}u * 4u + 3u]);
+            o{{c}} = o{{c}} * corr + fs[srow + {{c}}u];
 #endfor
         }
         workgroupBarrier();
@@ -214,24 +218,31 @@ fn flash(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id) wid: 
 #for j in 0..KF
             ob = coopMultiplyAdd(pa{{j}}, coopLoadT<coop_mat16x16<f16, B>>(&kv_tile[V_AT + {{j}}u * 16u * LDH + {{d}}u * 4u], LDH), ob);
 #endfor
-            coopStoreT(ob, &fs[sg * 16u * LDS + {{d}}u * 16u], LDS);
+            coopStoreT(ob, &fs[sg * 16u * LDS4 + {{d}}u * 4u], LDS4);
         }
 #endfor
         workgroupBarrier();
-        let dim0 = srow + half * ({{HD}}u / 2u);
 #for c in 0..OQ
-        o{{c}} = o{{c}} * corr + vec4<f32>(fs[dim0 + {{c}}u * 4u], fs[dim0 + {{c}}u * 4u + 1u], fs[dim0 + {{c}}u * 4u + 2u], fs[dim0 + {{c}}u * 4u + 3u]);
+        o{{c}} = o{{c}} * corr + fs[srow + 2u * {{c}}u + half];
 #endfor
 #endif
     }
     if (row < n_queries) {
         let inv = 1.0 / run_sum;
-        let b = (row * p.heads + head) * {{HD}}u + half * ({{HD}}u / 2u);
+        let b = (row * p.heads + head) * {{HD}}u;
 #for c in 0..OQ
-        out[b + {{c}}u * 4u] = o{{c}}.x * inv;
-        out[b + {{c}}u * 4u + 1u] = o{{c}}.y * inv;
-        out[b + {{c}}u * 4u + 2u] = o{{c}}.z * inv;
-        out[b + {{c}}u * 4u + 3u] = o{{c}}.w * inv;
+        {
+            // Pass `half`'s dims with TWO_PASS, else alternate quads.
+#if TWO_PASS
+            let at = b + half * ({{HD}}u / 2u) + {{c}}u * 4u;
+#else
+            let at = b + (2u * {{c}}u + half) * 4u;
+#endif
+            out[at] = o{{c}}.x * inv;
+            out[at + 1u] = o{{c}}.y * inv;
+            out[at + 2u] = o{{c}}.z * inv;
+            out[at + 3u] = o{{c}}.w * inv;
+        }
 #endfor
     }
 }

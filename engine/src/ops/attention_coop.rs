@@ -26,10 +26,10 @@ fn block_keys(head_dim: u32) -> u32 {
 }
 
 /// Workgroup memory of the kernel: staged keys and values (rows of head_dim + 8 halves), and
-/// per query 68 f32 scores (or outputs) and block_keys + 8 f16 probabilities.
+/// per query 72 f32 scores (or outputs) and block_keys + 8 f16 probabilities.
 fn workgroup_bytes(head_dim: u32) -> u32 {
     let keys = block_keys(head_dim);
-    2 * keys * (head_dim + 8) * 2 + 64 * 68 * 4 + 64 * (keys + 8) * 2
+    2 * keys * (head_dim + 8) * 2 + 64 * 72 * 4 + 64 * (keys + 8) * 2
 }
 
 /// Whether the kernel runs on `gpu` for heads of `head_dim`: cooperative matrices (16×16×16
@@ -51,13 +51,14 @@ pub(super) fn fits(gpu: &Gpu, head_dim: u32) -> bool {
 }
 
 /// The kernel's own defines for heads of `head_dim`.
-fn head_defines(head_dim: u32) -> [(&'static str, String); 7] {
+fn head_defines(head_dim: u32) -> [(&'static str, String); 8] {
     let keys = block_keys(head_dim);
     let two_pass = head_dim > 64;
     let fragments = head_dim / 16;
     [
         ("FK", keys.to_string()),
         ("KF", (keys / 16).to_string()),
+        ("SQ", (keys / 8).to_string()),
         ("DF", fragments.to_string()),
         (
             "DFP",
