@@ -12,16 +12,19 @@ enable wgpu_cooperative_matrix;
 // - two lanes per query read its scores as vec4s (alternate quads each, so that the eight
 //   lanes of a 16-byte access phase touch eight different bank groups), mask them, keep the
 //   running max and sum (combined by a shuffle) and write the probabilities back as f16;
-// - the probabilities times the values give the block's 16×HD outputs, which the same two
-//   lanes add to the outputs they hold (alternate quads again), rescaled by the change of the
-//   running max. Heads wider than 64 pass them through workgroup memory in two halves
-//   (TWO_PASS), each lane taking its half of the dims in one.
+// - the probabilities times the values are added to the block's 16×HD outputs, which stay in
+//   fragments (f32) for the whole walk. A row's reference max moves only when a block's max
+//   passes it by more than RESCALE_MARGIN; then (rarely after the first block) every subgroup
+//   passes its outputs through workgroup memory once to rescale them. The probabilities stay
+//   below e^RESCALE_MARGIN, well inside f16. Heads wider than 64 pass their outputs in two
+//   halves (PASSES) wherever they go through workgroup memory.
 // Scalar reads with both lanes of a query in one bank cost four times the accesses: on an
 // H200, Whisper large-v3-turbo's encoder attention took 11.1 ms that way.
 // Defines: those of attention.wgsl, HD (a multiple of 16 up to 64, or of 32 up to 128), FK,
-// KF = FK / 16, DF = HD / 16 (fragments across a head), DFP (those of one pass), OQ = HD / 8
-// (output quads each lane holds), KVQ = FK·HD / 512 (quads of a block's keys and of its values
-// each invocation stages), SQ = FK / 8 (score quads each lane takes), TWO_PASS.
+// KF = FK / 16, DF = HD / 16 (fragments across a head), PASSES (1, or 2 for heads wider than
+// 64), DFP = DF / PASSES (fragments of one pass), OQP = 2·DFP (output quads each lane takes in
+// a pass), KVQ = FK·HD / 512 (quads of a block's keys and of its values each invocation
+// stages), SQ = FK / 8 (score quads each lane takes).
 
 const FQ: u32 = 64u;
 const FK: u32 = {{FK}}u;
@@ -31,7 +34,9 @@ const FLASH_THREADS: u32 = 128u;
 const LDH: u32 = {{HD}}u / 4u + 2u;
 // Probability rows of FK + 8 halves, in units of four.
 const LDP: u32 = FK / 4u + 2u;
-// Score and output-block rows (f32, in vec4s): at most 64 values, padded to 72 so that the
+// How far past a row's reference max a block's max may go before the outputs are rescaled.
+const RESCALE_MARGIN: f32 = 8.0;
+// Score and output rows (f32, in vec4s): at most 64 values, padded to 72 so that the
 // rows of four queries start in different bank groups.
 const LDS4: u32 = 18u;
 // Where the values start in `kv_tile`.
@@ -39,10 +44,12 @@ const V_AT: u32 = FK * LDH;
 
 // The queries (first, all 64 rows), then each block's keys and its values, [key][dim].
 var<workgroup> kv_tile: array<vec4<f16>, 2u * FK * LDH>;
-// Per subgroup: 16 rows of scores, then of the block's outputs.
+// Per subgroup: 16 rows of scores, or of outputs being rescaled or written.
 var<workgroup> fs: array<vec4<f32>, 64u * LDS4>;
 // Per subgroup: 16 rows of probabilities.
 var<workgroup> fp: array<vec4<f16>, 64u * LDP>;
+// Per subgroup: whether a row's reference max moved in this block.
+var<workgroup> moved: array<u32, 4>;
 
 fn to_half(v: vec4<f32>) -> vec4<f16> {
     // Saturate rather than overflow to infinity.
@@ -58,9 +65,6 @@ fn query_at(row: u32, head: u32) -> u32 {
 #endif
 }
 
-#for c in 0..OQ
-var<private> o{{c}}: vec4<f32>;
-#endfor
 // The next block's keys and values this invocation stages (KVQ quads of each), loaded while the
 // current block is multiplied.
 #for c in 0..KVQ
@@ -140,8 +144,10 @@ fn flash(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id) wid: 
 #for d in 0..DF
     let qa{{d}} = coopLoadT<coop_mat16x16<f16, A>>(&kv_tile[sg * 16u * LDH + {{d}}u * 4u], LDH);
 #endfor
-#for c in 0..OQ
-    o{{c}} = vec4<f32>(0.0);
+#for h in 0..PASSES
+#for d in 0..DFP
+    var oa{{h}}_{{d}} = coop_mat16x16<f32, C>();
+#endfor
 #endfor
     var run_max = NEG_BIG;
     var run_sum = 0.0;
@@ -175,74 +181,75 @@ fn flash(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id) wid: 
         block_max = max(block_max, max(max(s{{c}}.x, s{{c}}.y), max(s{{c}}.z, s{{c}}.w)));
 #endfor
         block_max = max(block_max, subgroupShuffleXor(block_max, 1u));
-        let new_max = max(run_max, block_max);
+        let moves = block_max > run_max + RESCALE_MARGIN;
+        let new_max = select(run_max, block_max, moves);
+        let corr = exp(run_max - new_max);
+        run_max = new_max;
         var block_sum = 0.0;
 #for c in 0..SQ
         {
-            let e = exp(s{{c}} - new_max);
+            let e = exp(s{{c}} - run_max);
             block_sum += (e.x + e.y) + (e.z + e.w);
             fp[prow + 2u * {{c}}u + half] = vec4<f16>(e);
         }
 #endfor
         block_sum += subgroupShuffleXor(block_sum, 1u);
-        let corr = exp(run_max - new_max);
         run_sum = run_sum * corr + block_sum;
-        run_max = new_max;
-        workgroupBarrier();
+        let any_moved = subgroupAny(moves);
+        // The first block's outputs are still zero: nothing to rescale.
+        if (lane == 0u) {
+            moved[sg] = select(0u, 1u, any_moved && k0 != keys_start);
+        }
+        // Also the barrier between the probabilities' stores and their loads.
+        let moved_now = workgroupUniformLoad(&moved);
+        if (moved_now[0] + moved_now[1] + moved_now[2] + moved_now[3] != 0u) {
+#for h in 0..PASSES
+#for d in 0..DFP
+            coopStoreT(oa{{h}}_{{d}}, &fs[sg * 16u * LDS4 + {{d}}u * 4u], LDS4);
+#endfor
+            workgroupBarrier();
+#for c in 0..OQP
+            fs[srow + 2u * {{c}}u + half] *= corr;
+#endfor
+            workgroupBarrier();
+#for d in 0..DFP
+            oa{{h}}_{{d}} = coopLoadT<coop_mat16x16<f32, C>>(&fs[sg * 16u * LDS4 + {{d}}u * 4u], LDS4);
+#endfor
+            workgroupBarrier();
+#endfor
+        }
 #for j in 0..KF
         let pa{{j}} = coopLoadT<coop_mat16x16<f16, A>>(&fp[sg * 16u * LDP + {{j}}u * 4u], LDP);
 #endfor
-#if TWO_PASS
-#for h in 0..2
+#for h in 0..PASSES
 #for d in 0..DFP
-        {
-            var ob = coop_mat16x16<f32, C>();
 #for j in 0..KF
-            ob = coopMultiplyAdd(pa{{j}}, coopLoadT<coop_mat16x16<f16, B>>(&kv_tile[V_AT + {{j}}u * 16u * LDH + ({{h}}u * {{DFP}}u + {{d}}u) * 4u], LDH), ob);
+        oa{{h}}_{{d}} = coopMultiplyAdd(pa{{j}}, coopLoadT<coop_mat16x16<f16, B>>(&kv_tile[V_AT + {{j}}u * 16u * LDH + ({{h}}u * {{DFP}}u + {{d}}u) * 4u], LDH), oa{{h}}_{{d}});
 #endfor
-            coopStoreT(ob, &fs[sg * 16u * LDS4 + {{d}}u * 4u], LDS4);
-        }
 #endfor
-        workgroupBarrier();
-        if (half == {{h}}u) {
-#for c in 0..OQ
-            o{{c}} = o{{c}} * corr + fs[srow + {{c}}u];
 #endfor
-        }
-        workgroupBarrier();
-#endfor
-#else
-#for d in 0..DF
-        {
-            var ob = coop_mat16x16<f32, C>();
-#for j in 0..KF
-            ob = coopMultiplyAdd(pa{{j}}, coopLoadT<coop_mat16x16<f16, B>>(&kv_tile[V_AT + {{j}}u * 16u * LDH + {{d}}u * 4u], LDH), ob);
-#endfor
-            coopStoreT(ob, &fs[sg * 16u * LDS4 + {{d}}u * 4u], LDS4);
-        }
-#endfor
-        workgroupBarrier();
-#for c in 0..OQ
-        o{{c}} = o{{c}} * corr + fs[srow + 2u * {{c}}u + half];
-#endfor
-#endif
     }
+    // The outputs, a pass at a time through workgroup memory (every subgroup is done with the
+    // last block's scores there), divided by the row's sum.
+    let inv = 1.0 / run_sum;
+    let b = (row * p.heads + head) * {{HD}}u;
+#for h in 0..PASSES
+    workgroupBarrier();
+#for d in 0..DFP
+    coopStoreT(oa{{h}}_{{d}}, &fs[sg * 16u * LDS4 + {{d}}u * 4u], LDS4);
+#endfor
+    workgroupBarrier();
     if (row < n_queries) {
-        let inv = 1.0 / run_sum;
-        let b = (row * p.heads + head) * {{HD}}u;
-#for c in 0..OQ
+#for c in 0..OQP
         {
-            // Pass `half`'s dims with TWO_PASS, else alternate quads.
-#if TWO_PASS
-            let at = b + half * ({{HD}}u / 2u) + {{c}}u * 4u;
-#else
-            let at = b + (2u * {{c}}u + half) * 4u;
-#endif
-            out[at] = o{{c}}.x * inv;
-            out[at + 1u] = o{{c}}.y * inv;
-            out[at + 2u] = o{{c}}.z * inv;
-            out[at + 3u] = o{{c}}.w * inv;
+            let v = fs[srow + 2u * {{c}}u + half] * inv;
+            let at = b + ({{h}}u * {{DFP}}u * 4u + 2u * {{c}}u + half) * 4u;
+            out[at] = v.x;
+            out[at + 1u] = v.y;
+            out[at + 2u] = v.z;
+            out[at + 3u] = v.w;
         }
 #endfor
     }
+#endfor
 }

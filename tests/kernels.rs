@@ -1172,23 +1172,8 @@ fn attention_inputs(
             }
         }
     }
-    let upload = |data: &[f32]| -> StorageBuffer {
-        match dtype {
-            WeightDType::F32 => buf(gpu, data),
-            WeightDType::F16 => {
-                let halves: Vec<u16> = data
-                    .iter()
-                    .map(|x| half::f16::from_f32(*x).to_bits())
-                    .collect();
-                gpu.storage_from("cache", &halves).expect("cache")
-            }
-        }
-    };
-    let (kb, vb) = (upload(&k), upload(&v));
-    let (k, v) = match dtype {
-        WeightDType::F32 => (k, v),
-        WeightDType::F16 => (round_f16(&k), round_f16(&v)),
-    };
+    let (kb, k) = upload_cache(gpu, dtype, &k);
+    let (vb, v) = upload_cache(gpu, dtype, &v);
     let qb = buf(gpu, &q);
     AttentionInputs {
         q,
@@ -1197,6 +1182,21 @@ fn attention_inputs(
         qb,
         kb,
         vb,
+    }
+}
+
+/// A cache buffer holding `data` as `dtype`, and the values it holds.
+fn upload_cache(gpu: &Gpu, dtype: WeightDType, data: &[f32]) -> (StorageBuffer, Vec<f32>) {
+    match dtype {
+        WeightDType::F32 => (buf(gpu, data), data.to_vec()),
+        WeightDType::F16 => {
+            let halves: Vec<u16> = data
+                .iter()
+                .map(|x| half::f16::from_f32(*x).to_bits())
+                .collect();
+            let cache = gpu.storage_from("cache", &halves).expect("cache");
+            (cache, round_f16(data))
+        }
     }
 }
 
@@ -1284,6 +1284,76 @@ fn attention_matches_cpu() {
                 let got = read(&gpu, &out, inp.q.len());
                 assert_close(
                     &format!("attention {dtype:?} {c:?} {kernel:?}"),
+                    &got,
+                    &want,
+                    &ones,
+                    attention_atol(kernel, 2e-5),
+                    0.0,
+                );
+            }
+        }
+    }
+}
+
+/// Prompt attention whose scores climb along the keys, so that a later block's max passes the
+/// rows' running max by far (the tensor-core kernel rescales its outputs then), and falls for
+/// other rows (whose first block keeps the max).
+#[test]
+fn attention_follows_a_climbing_max() {
+    let gpu = gpu();
+    let mut rng = Rng::new(31);
+    let cases = [
+        AttentionCase {
+            heads: 2,
+            kv_heads: 1,
+            hd: 64,
+            tokens: 130,
+            pos0: 70,
+            capacity: 200,
+        },
+        // Outputs in two halves.
+        AttentionCase {
+            heads: 2,
+            kv_heads: 2,
+            hd: 128,
+            tokens: 70,
+            pos0: 60,
+            capacity: 130,
+        },
+    ];
+    for dtype in DTYPES {
+        for c in cases {
+            let mut inp = attention_inputs(&gpu, &mut rng, dtype, c);
+            // Dim 0 of key j is 3j (exact in f16) and of each query ±1 by head: the first
+            // head's scores climb by 3 / sqrt(hd) a key, past the running max by more than a
+            // block's worth, the second's fall.
+            let hdu = c.hd as usize;
+            let visible = (c.pos0 + c.tokens) as usize;
+            let mut k = inp.k.clone();
+            for g in 0..c.kv_heads as usize {
+                for j in 0..visible {
+                    k[(g * c.capacity as usize + j) * hdu] = 3.0 * j as f32;
+                }
+            }
+            for (i, row) in inp.q.chunks_mut(hdu).enumerate() {
+                row[0] = if i % c.heads as usize == 0 { 1.0 } else { -1.0 };
+            }
+            (inp.kb, inp.k) = upload_cache(&gpu, dtype, &k);
+            inp.qb = buf(&gpu, &inp.q);
+            let out = gpu.storage("out", inp.q.len() as u64 * 4).expect("out");
+            let st = step(&gpu, c.pos0, c.tokens);
+            let shape = CacheShape::new(c.heads, c.kv_heads, c.hd, c.capacity, dtype);
+            let op = Attention::new(&gpu, shape, &inp.qb, &inp.kb, &inp.vb, &out, &st)
+                .expect("attention");
+            let want = attention_ref(&inp, c);
+            let ones = vec![1.0; want.len()];
+            for kernel in op.kernels() {
+                let mut rec = Recorder::new(&gpu);
+                op.encode_with(&mut rec, c.pos0, c.tokens, kernel);
+                rec.submit();
+                let got = read(&gpu, &out, inp.q.len());
+                assert_close(
+                    &format!("climbing attention {dtype:?} {c:?} {kernel:?}"),
                     &got,
                     &want,
                     &ones,

@@ -1,7 +1,7 @@
 //! Prompt attention on tensor cores (attention_coop.wgsl, appended to attention.wgsl): 64
 //! queries of a head per workgroup, keys in blocks of 64 (32 for heads wider than 64), scores
-//! and value sums as f16 fragment products with f32 accumulation, and an online softmax
-//! between them.
+//! and value sums as f16 fragment products with f32 accumulation, the outputs held in
+//! fragments, and an online softmax between them.
 
 use std::sync::LazyLock;
 
@@ -53,20 +53,17 @@ pub(super) fn fits(gpu: &Gpu, head_dim: u32) -> bool {
 /// The kernel's own defines for heads of `head_dim`.
 fn head_defines(head_dim: u32) -> [(&'static str, String); 8] {
     let keys = block_keys(head_dim);
-    let two_pass = head_dim > 64;
-    let fragments = head_dim / 16;
+    let passes = if head_dim > 64 { 2 } else { 1 };
+    let per_pass = head_dim / 16 / passes;
     [
         ("FK", keys.to_string()),
         ("KF", (keys / 16).to_string()),
         ("SQ", (keys / 8).to_string()),
-        ("DF", fragments.to_string()),
-        (
-            "DFP",
-            (if two_pass { fragments / 2 } else { fragments }).to_string(),
-        ),
-        ("OQ", (head_dim / 8).to_string()),
+        ("DF", (head_dim / 16).to_string()),
+        ("PASSES", passes.to_string()),
+        ("DFP", per_pass.to_string()),
+        ("OQP", (2 * per_pass).to_string()),
         ("KVQ", (keys * head_dim / 512).to_string()),
-        flag("TWO_PASS", two_pass),
     ]
 }
 
