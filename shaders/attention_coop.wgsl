@@ -24,7 +24,8 @@ enable wgpu_cooperative_matrix;
 // KF = FK / 16, DF = HD / 16 (fragments across a head), PASSES (1, or 2 for heads wider than
 // 64), DFP = DF / PASSES (fragments of one pass), OQP = 2·DFP (output quads each lane takes in
 // a pass), KVQ = FK·HD / 512 (quads of a block's keys and of its values each invocation
-// stages), SQ = FK / 8 (score quads each lane takes).
+// stages), SQ = FK / 8 (score quads each lane takes), KV_WORDS (an f16 or q8_0 cache, kept
+// as its own words until staged).
 
 const FQ: u32 = 64u;
 const FK: u32 = {{FK}}u;
@@ -73,70 +74,57 @@ fn query_at(row: u32, head: u32) -> u32 {
 // caches) are converted once loaded: kept as f32 they take twice the registers, and Whisper
 // large-v3-turbo's encoder attention went from 7.75 to 8.35 ms (11.6 with the conversion
 // inside the bounds check).
-#if FULL
-alias KvLoad = vec4<f32>;
-alias KvKept = vec4<f16>;
-fn k_load(i: u32) -> KvLoad {
-    return kv[i];
-}
-fn v_load(i: u32) -> KvLoad {
-    return kv[i];
-}
-fn keep(r: KvLoad) -> KvKept {
-    return to_half(r);
-}
-fn kept_half(r: KvKept) -> vec4<f16> {
-    return r;
-}
-#else
-#if Q8
-// The word of four int8 values and its block's scale.
+#if KV_WORDS
 alias KvLoad = vec2<u32>;
 alias KvKept = vec2<u32>;
+fn keep(r: KvLoad) -> KvKept {
+    return r;
+}
+#if Q8
+// The word of four int8 values and its block's scale.
 fn k_load(i: u32) -> KvLoad {
     return vec2<u32>(k_cache[i], k_cache[p.scale_base + i / 8u]);
 }
 fn v_load(i: u32) -> KvLoad {
     return vec2<u32>(v_cache[i], v_cache[p.scale_base + i / 8u]);
 }
-fn keep(r: KvLoad) -> KvKept {
-    return r;
-}
 fn kept_half(r: KvKept) -> vec4<f16> {
     return to_half(q8_unpack(r.x) * bitcast<f32>(r.y));
 }
 #else
-#if F16
-alias KvLoad = vec2<u32>;
-alias KvKept = vec2<u32>;
 fn k_load(i: u32) -> KvLoad {
     return k_cache[i];
 }
 fn v_load(i: u32) -> KvLoad {
     return v_cache[i];
-}
-fn keep(r: KvLoad) -> KvKept {
-    return r;
 }
 fn kept_half(r: KvKept) -> vec4<f16> {
     return vec4<f16>(vec4<f32>(unpack2x16float(r.x), unpack2x16float(r.y)));
 }
+#endif
 #else
 alias KvLoad = vec4<f32>;
 alias KvKept = vec4<f16>;
-fn k_load(i: u32) -> KvLoad {
-    return k_cache[i];
-}
-fn v_load(i: u32) -> KvLoad {
-    return v_cache[i];
-}
 fn keep(r: KvLoad) -> KvKept {
     return to_half(r);
 }
 fn kept_half(r: KvKept) -> vec4<f16> {
     return r;
 }
-#endif
+#if FULL
+fn k_load(i: u32) -> KvLoad {
+    return kv[i];
+}
+fn v_load(i: u32) -> KvLoad {
+    return kv[i];
+}
+#else
+fn k_load(i: u32) -> KvLoad {
+    return k_cache[i];
+}
+fn v_load(i: u32) -> KvLoad {
+    return v_cache[i];
+}
 #endif
 #endif
 

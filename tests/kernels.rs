@@ -1268,30 +1268,39 @@ fn attention_matches_cpu() {
                 capacity,
             };
             let inp = attention_inputs(&gpu, &mut rng, dtype, c);
-            let out = gpu.storage("out", inp.q.len() as u64 * 4).expect("out");
-            let st = step(&gpu, pos0, tokens);
-            let shape = CacheShape::new(heads, kv_heads, hd, capacity, dtype);
-            let op = Attention::new(&gpu, shape, &inp.qb, &inp.kb, &inp.vb, &out, &st)
-                .expect("attention");
-            let want = attention_ref(&inp, c);
-            let ones = vec![1.0; want.len()];
-            // Every kernel a prompt can take: per query, query blocks (prompts of four or more
-            // use them), and on tensor cores blocks of 64 queries.
-            for kernel in op.kernels() {
-                let mut rec = Recorder::new(&gpu);
-                op.encode_with(&mut rec, pos0, tokens, kernel);
-                rec.submit();
-                let got = read(&gpu, &out, inp.q.len());
-                assert_close(
-                    &format!("attention {dtype:?} {c:?} {kernel:?}"),
-                    &got,
-                    &want,
-                    &ones,
-                    attention_atol(kernel, 2e-5),
-                    0.0,
-                );
-            }
+            check_prompt_kernels(&gpu, &inp, dtype, c, "attention");
         }
+    }
+}
+
+/// Runs every kernel a prompt can take over `inp` (per query, query blocks for prompts of four
+/// or more, and on tensor cores blocks of 64 queries) against the f64 reference.
+fn check_prompt_kernels(
+    gpu: &Gpu,
+    inp: &AttentionInputs,
+    dtype: WeightDType,
+    c: AttentionCase,
+    what: &str,
+) {
+    let out = gpu.storage("out", inp.q.len() as u64 * 4).expect("out");
+    let st = step(gpu, c.pos0, c.tokens);
+    let shape = CacheShape::new(c.heads, c.kv_heads, c.hd, c.capacity, dtype);
+    let op = Attention::new(gpu, shape, &inp.qb, &inp.kb, &inp.vb, &out, &st).expect("attention");
+    let want = attention_ref(inp, c);
+    let ones = vec![1.0; want.len()];
+    for kernel in op.kernels() {
+        let mut rec = Recorder::new(gpu);
+        op.encode_with(&mut rec, c.pos0, c.tokens, kernel);
+        rec.submit();
+        let got = read(gpu, &out, inp.q.len());
+        assert_close(
+            &format!("{what} {dtype:?} {c:?} {kernel:?}"),
+            &got,
+            &want,
+            &ones,
+            attention_atol(kernel, 2e-5),
+            0.0,
+        );
     }
 }
 
@@ -1340,27 +1349,7 @@ fn attention_follows_a_climbing_max() {
             }
             (inp.kb, inp.k) = upload_cache(&gpu, dtype, &k);
             inp.qb = buf(&gpu, &inp.q);
-            let out = gpu.storage("out", inp.q.len() as u64 * 4).expect("out");
-            let st = step(&gpu, c.pos0, c.tokens);
-            let shape = CacheShape::new(c.heads, c.kv_heads, c.hd, c.capacity, dtype);
-            let op = Attention::new(&gpu, shape, &inp.qb, &inp.kb, &inp.vb, &out, &st)
-                .expect("attention");
-            let want = attention_ref(&inp, c);
-            let ones = vec![1.0; want.len()];
-            for kernel in op.kernels() {
-                let mut rec = Recorder::new(&gpu);
-                op.encode_with(&mut rec, c.pos0, c.tokens, kernel);
-                rec.submit();
-                let got = read(&gpu, &out, inp.q.len());
-                assert_close(
-                    &format!("climbing attention {dtype:?} {c:?} {kernel:?}"),
-                    &got,
-                    &want,
-                    &ones,
-                    attention_atol(kernel, 2e-5),
-                    0.0,
-                );
-            }
+            check_prompt_kernels(&gpu, &inp, dtype, c, "climbing attention");
         }
     }
 }

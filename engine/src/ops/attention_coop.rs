@@ -67,6 +67,13 @@ fn head_defines(head_dim: u32) -> [(&'static str, String); 8] {
     ]
 }
 
+/// Whether the keys and values come from an f16 or q8_0 cache, whose words the kernel keeps as
+/// loaded until it stages them (f32 sources it converts as they load).
+fn kv_words(defines: &[(&'static str, String)]) -> (&'static str, String) {
+    let set = |name: &str| defines.iter().any(|(k, v)| *k == name && v != "0");
+    flag("KV_WORDS", !set("FULL") && (set("F16") || set("Q8")))
+}
+
 /// The kernel for attention.wgsl's `defines` (which must not ask for its `tiled` entry).
 pub(super) fn kernel(
     gpu: &Gpu,
@@ -79,6 +86,7 @@ pub(super) fn kernel(
         .cloned()
         .collect();
     defines.push(flag("TILED", false));
+    defines.push(kv_words(&defines));
     defines.extend(head_defines(head_dim));
     gpu.kernel("attention_coop", SOURCE.as_str(), "flash", &defines)
 }
@@ -105,6 +113,7 @@ mod tests {
                         ("MIN_SPLIT", "64".to_string()),
                         ("MAX_SPLITS", "16".to_string()),
                     ];
+                    defines.push(super::kv_words(&defines));
                     defines.extend(super::head_defines(hd));
                     assert!(super::workgroup_bytes(hd) <= 48 * 1024);
                     crate::gpu::assert_translates(super::SOURCE.as_str(), &defines, &["flash"]);
