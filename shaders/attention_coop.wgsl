@@ -99,7 +99,9 @@ fn v_load(i: u32) -> KvLoad {
     return v_cache[i];
 }
 fn kept_half(r: KvKept) -> vec4<f16> {
-    return vec4<f16>(vec4<f32>(unpack2x16float(r.x), unpack2x16float(r.y)));
+    // Through f32 and to_half: a cache word may hold an infinity (a value past f16's range
+    // when stored), staged as f16's largest value as everywhere in this kernel.
+    return to_half(vec4<f32>(unpack2x16float(r.x), unpack2x16float(r.y)));
 }
 #endif
 #else

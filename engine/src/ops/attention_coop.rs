@@ -26,10 +26,11 @@ fn block_keys(head_dim: u32) -> u32 {
 }
 
 /// Workgroup memory of the kernel: staged keys and values (rows of head_dim + 8 halves), and
-/// per query 72 f32 scores (or outputs) and block_keys + 8 f16 probabilities.
+/// per query 72 f32 scores (or outputs) and block_keys + 8 f16 probabilities, and a flag per
+/// subgroup.
 fn workgroup_bytes(head_dim: u32) -> u32 {
     let keys = block_keys(head_dim);
-    2 * keys * (head_dim + 8) * 2 + 64 * 72 * 4 + 64 * (keys + 8) * 2
+    2 * keys * (head_dim + 8) * 2 + 64 * 72 * 4 + 64 * (keys + 8) * 2 + 4 * 4
 }
 
 /// Whether the kernel runs on `gpu` for heads of `head_dim`: cooperative matrices (16×16×16
