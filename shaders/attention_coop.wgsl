@@ -70,7 +70,8 @@ fn query_at(row: u32, head: u32) -> u32 {
 // f16 and q8_0 caches keep their own words: converting right after the loads would wait for
 // them there; kept raw, they stay in flight while the current block is multiplied. On an H200
 // (`bench --profile`, 504-token prompts, f16 caches) SmolLM2-1.7B's prompt attention went from
-// 1.47 to 1.01 ms, Qwen2.5-1.5B's from 2.16 to 1.91. f32 sources (encoders' QKV rows, f32
+// 1.47 to 1.01 ms, Qwen2.5-1.5B's from 2.16 to 1.91 (1.07 and 1.40 in a later run, infinities
+// clamped as they are staged). f32 sources (encoders' QKV rows, f32
 // caches) are converted once loaded: kept as f32 they take twice the registers, and Whisper
 // large-v3-turbo's encoder attention went from 7.75 to 8.35 ms (11.6 with the conversion
 // inside the bounds check).
