@@ -18,7 +18,9 @@
 // each trip's weights are loaded one trip ahead, the first before the prologue), PIPE_NEXT
 // (PIPE with more than one trip), XQ8 (the input quantized to int8
 // per workgroup, products by packed integer dots: Q8_0, Q4_0, Q4_1, Q4_K, Q5_K, Q6_K; XQ8_VIEW for
-// the formats that read their blocks through the 16-byte view), XQ8_FINE (and LEVELS = 2: a
+// the formats that read their blocks through the 16-byte view), GAIN4 (NORM with k a multiple
+// of 4: the gains are read as vec4s, a quarter of the loads in every workgroup's prologue),
+// XQ8_FINE (and LEVELS = 2: a
 // second int8 level carries the rounding remainders), RMS_LATE (XQ8 with a fused
 // RMSNorm: its scale applied to the row sums), UNROLL and UNITS (dense or XQ8 rows of UNITS
 // vec4 words, sub-blocks, or sub-block pairs with KPAIR: where they are a multiple of TPR,
@@ -63,6 +65,10 @@ var<workgroup> head_scale: array<vec2<f32>, {{HEADS}}>;
 #endif
 #if NORM
 @group(0) @binding(6) var<storage, read> norm_w: array<f32>;
+#if GAIN4
+// The gains again as vec4s (k is a multiple of 4), one load for four.
+@group(0) @binding(13) var<storage, read> norm_w4: array<vec4<f32>>;
+#endif
 #endif
 #if NORM_LAYER
 @group(0) @binding(7) var<storage, read> norm_b: array<f32>;
@@ -279,6 +285,11 @@ fn x4(base: u32, k0: u32) -> vec4<f32> {
 // The norm's gains for the four inputs at k0 (zero past the end; ones without a norm).
 fn norm_gain4(k0: u32) -> vec4<f32> {
     var g = vec4<f32>(1.0);
+#if GAIN4
+    if (k0 + 4u <= p.k) {
+        return norm_w4[k0 / 4u];
+    }
+#endif
 #if NORM
     for (var i = 0u; i < 4u; i++) {
         g[i] = select(0.0, norm_w[min(k0 + i, p.k - 1u)], k0 + i < p.k);
@@ -472,9 +483,10 @@ fn main(
         norm_stats = vec2<f32>(mean, inverseSqrt(variance + p.eps));
     }
 #else
-    for (var k = tid; k < p.k; k += {{WG}}u) {
-        let v = x[base + k];
-        s += v * v;
+    // Four inputs a load (zero past the end), as they are staged.
+    for (var i = tid; i < (p.k + 3u) / 4u; i += {{WG}}u) {
+        let v = x4_raw(base, 4u * i);
+        s += dot(v, v);
     }
     set_rms_stats(tid, s, sg_lane, sg_size);
 #endif
