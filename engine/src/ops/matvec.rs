@@ -292,6 +292,11 @@ impl MatVec {
             .filter(|b| (1..=16).contains(b))
             .unwrap_or_else(|| Self::row_blocks_per_workgroup(n.div_ceil(block_rows)));
         let xvec4 = w.cols.is_multiple_of(4);
+        // x through its vec4 view too, wherever x is read (merged attention replaces it): rows
+        // staged in workgroup memory load four inputs at a time as well. On an H200 (`bench`,
+        // f16 weights, whose rows of 2048 are staged) SmolLM2-1.7B decoded 603-606 tok/s
+        // against 598, Qwen2.5-1.5B 559-560 against 557, Llama-3.2-1B level at 864.
+        let x_vec4 = xvec4 && opts.combine.is_none();
         // Loading a trip ahead is off by default: on an H200 (`bench`, 504-token prompt) it
         // decoded SmolLM2-1.7B Q4_K at 709 tok/s against 736 loading each trip as it starts,
         // Q8_0 623 against 656, Llama-3.2-1B Q4_K 990 against 1,022; only Q4_0 gained (750
@@ -306,7 +311,7 @@ impl MatVec {
             ("WG", wg.to_string()),
             ("ROW_VECS", row_vecs.to_string()),
             flag("XCACHE", xcache),
-            flag("XVEC4", xvec4 && !xcache),
+            flag("XVEC4", x_vec4),
             flag("GAIN4", xvec4 && opts.norm.is_some()),
             flag("COMBINE", opts.combine.is_some()),
             (
@@ -395,7 +400,7 @@ impl MatVec {
         if let Some(b) = opts.bias {
             entries.push((5, &b.buffer));
         }
-        if xvec4 && !xcache {
+        if x_vec4 {
             entries.push((8, &x.buffer));
         }
 
