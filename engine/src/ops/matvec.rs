@@ -291,12 +291,12 @@ impl MatVec {
             .blocks
             .filter(|b| (1..=16).contains(b))
             .unwrap_or_else(|| Self::row_blocks_per_workgroup(n.div_ceil(block_rows)));
-        let xvec4 = w.cols.is_multiple_of(4);
+        let rows_of_vec4s = w.cols.is_multiple_of(4);
         // x through its vec4 view too, wherever x is read (merged attention replaces it): rows
         // staged in workgroup memory load four inputs at a time as well. On an H200 (`bench`,
         // f16 weights, whose rows of 2048 are staged) SmolLM2-1.7B decoded 603-606 tok/s
         // against 598, Qwen2.5-1.5B 559-560 against 557, Llama-3.2-1B level at 864.
-        let x_vec4 = xvec4 && opts.combine.is_none();
+        let x_vec4 = rows_of_vec4s && opts.combine.is_none();
         // Loading a trip ahead is off by default: on an H200 (`bench`, 504-token prompt) it
         // decoded SmolLM2-1.7B Q4_K at 709 tok/s against 736 loading each trip as it starts,
         // Q8_0 623 against 656, Llama-3.2-1B Q4_K 990 against 1,022; only Q4_0 gained (750
@@ -312,7 +312,7 @@ impl MatVec {
             ("ROW_VECS", row_vecs.to_string()),
             flag("XCACHE", xcache),
             flag("XVEC4", x_vec4),
-            flag("GAIN4", xvec4 && opts.norm.is_some()),
+            flag("GAIN4", rows_of_vec4s && opts.norm.is_some()),
             flag("COMBINE", opts.combine.is_some()),
             (
                 "WINDOW",
@@ -414,7 +414,7 @@ impl MatVec {
             // time decoded SmolLM2-1.7B Q4_K at 789 tok/s against 739, Q4_0 856 against 791,
             // Q8_0 735 against 694; Llama-3.2-1B Q4_K 1,098 against 1,045; Qwen2.5-1.5B Q4_K
             // 636 against 609: every normed product's workgroups stage the whole row.
-            if xvec4 {
+            if rows_of_vec4s {
                 entries.push((13, &weight.buffer));
             }
             if kind == NormKind::Layer {
