@@ -26,7 +26,8 @@
 // vec4 words, sub-blocks, or sub-block pairs with KPAIR: where they are a multiple of TPR,
 // every lane takes as many, UNROLL a trip of a loop with a constant trip count, so that their
 // weight loads issue together; int8 rows with UNIT_TAIL take LANE_UNITS, rounded up, see
-// ITERS).
+// ITERS), XQ8_IN (the int8 input handed off by the product before, see matvec_handoff.wgsl),
+// XQ8_OUT (hand the output row off so; OUT_GAIN: scaled by the next norm's gains).
 
 struct Params {
     n: u32,
@@ -439,6 +440,9 @@ fn finish_row(row: u32, acc: f32, acc_up: f32, tid: u32, lane: u32, sg_lane: u32
         r += y[row];
 #endif
         y[row] = r;
+#if XQ8_OUT
+        hand_off_row(row, r);
+#endif
     }
 }
 
@@ -458,6 +462,9 @@ fn main(
 #endif
     let group = wid.y * nwg.x + wid.x;
     let lane = tid % {{TPR}}u;
+#if XQ8_OUT
+    load_out_gains(group, tid);
+#endif
 #if PIPE
     // The first trip's weights are requested before the input is staged (and normalised, or
     // merged), so that their latency overlaps that prologue and its barriers.
@@ -545,7 +552,11 @@ fn main(
 #endif
 #endif
 #if XQ8
+#if XQ8_IN
+    stage_handoff(tid, sg_lane, sg_size);
+#else
     stage_int8(tid, base, sg_lane, sg_size);
+#endif
 #endif
     // RB blocks of NR·WG/TPR rows share one staged (and normalised) input. Each lane group
     // takes NR rows of a block, ROW_STEP apart, and reads each input once for all of them.
@@ -666,4 +677,7 @@ fn main(
         finish_row(row0 + {{r}}u * ROW_STEP, acc[{{r}}], acc_up[{{r}}], tid, lane, sg_lane, sg_size);
 #endfor
     }
+#if XQ8_OUT
+    hand_off(group, tid);
+#endif
 }

@@ -303,6 +303,7 @@ const CHOSEN: MatVecLayout = MatVecLayout {
     unroll: None,
     pipeline: None,
     int8_fine: None,
+    handoff: None,
 };
 
 fn matvec_parity(gpu: &Gpu, dtype: WeightDType) {
@@ -372,8 +373,8 @@ fn matvec_parity(gpu: &Gpu, dtype: WeightDType) {
                     _ => None,
                 },
                 residual: matches!(variant, Variant::Residual),
-                combine: None,
                 layout,
+                ..Default::default()
             };
             let op = MatVec::new(&gpu, &wm, &xb, &yb, &st, opts).expect("matvec");
             let mut rec = Recorder::new(&gpu);
@@ -2302,6 +2303,167 @@ fn quantized_matvec_parity(ty: GgmlType) -> usize {
         }
     }
     int8_runs
+}
+
+/// A product hands its output row to the next as int8 blocks (shaders/matvec_handoff.wgsl):
+/// the next product's output equals what it computes staging the f32 row itself, for writers
+/// whose workgroups take one block, several, or several row blocks (dense and block weights,
+/// residual and gated), readers with and without a fused RMSNorm, and a second round. Writers
+/// whose workgroups cannot take whole blocks do not hand off.
+#[test]
+fn int8_handoff_matches_staging_the_row() {
+    let gpu = own_gpu();
+    let mut rng = Rng::new(91);
+    // Writer rows per workgroup: 16 with 256 invocations (grown to 512 where the adapter's
+    // layout leaves the workgroup size free), 128 (four blocks), 32 in four row blocks, the
+    // engine's choice, and one row (no handoff).
+    let writer_layouts = [
+        MatVecLayout {
+            lanes: Some(32),
+            rows: Some(2),
+            blocks: Some(1),
+            ..CHOSEN
+        },
+        MatVecLayout {
+            lanes: Some(4),
+            rows: Some(2),
+            workgroup: Some(256),
+            blocks: Some(1),
+            ..CHOSEN
+        },
+        MatVecLayout {
+            lanes: Some(16),
+            rows: Some(1),
+            workgroup: Some(128),
+            blocks: Some(4),
+            ..CHOSEN
+        },
+        CHOSEN,
+        MatVecLayout {
+            lanes: Some(64),
+            rows: Some(1),
+            workgroup: Some(64),
+            blocks: Some(1),
+            ..CHOSEN
+        },
+    ];
+    let mut handed_off = 0;
+    // (reader's format, handed-off row, writer's input, reader's outputs, writer's weights)
+    let cases = [
+        (GgmlType::Q8_0, 96, 64, 37, None),
+        (GgmlType::Q4K, 512, 256, 19, Some(GgmlType::Q6K)),
+        (GgmlType::Q4_0, 224, 100, 5, None),
+        (GgmlType::Q6K, 256, 512, 9, Some(GgmlType::Q4K)),
+    ];
+    for (ci, &(reader_ty, len, k_in, n_out, writer_ty)) in cases.iter().enumerate() {
+        let handoff = Int8Handoff::new(&gpu, len as u32).expect("handoff");
+        let reader_blocks = random_blocks(&mut rng, reader_ty, n_out, len);
+        let reader_w = Matrix::from_blocks(
+            &gpu,
+            "reader",
+            reader_ty,
+            &reader_blocks,
+            n_out as u32,
+            len as u32,
+        )
+        .expect("reader");
+        for (li, &layout) in writer_layouts.iter().enumerate() {
+            let normed = (ci + li) % 2 == 0;
+            let glu = li == 1 && writer_ty.is_none();
+            let rows = if glu { 2 * len } else { len };
+            let writer_w = match writer_ty {
+                Some(ty) => {
+                    let blocks = random_blocks(&mut rng, ty, rows, k_in);
+                    Matrix::from_blocks(&gpu, "writer", ty, &blocks, rows as u32, k_in as u32)
+                }
+                None => Matrix::from_f32(
+                    &gpu,
+                    "writer",
+                    &rng.vec(rows * k_in, 1.0),
+                    rows as u32,
+                    k_in as u32,
+                    WeightDType::F16,
+                ),
+            }
+            .expect("writer");
+            let gain = buf(&gpu, &rng.vec(len, 1.0));
+            let x = buf(&gpu, &rng.vec(k_in, 2.0));
+            let row = buf(&gpu, &rng.vec(len, 1.0));
+            let (via_handoff, staged) = (
+                gpu.storage("via handoff", n_out as u64 * 4).expect("y"),
+                gpu.storage("staged", n_out as u64 * 4).expect("y"),
+            );
+            let st = step(&gpu, 0, 1);
+            let writer = MatVec::new(
+                &gpu,
+                &writer_w,
+                &x,
+                &row,
+                &st,
+                MatVecOptions {
+                    residual: !glu,
+                    glu,
+                    layout,
+                    handoff_out: Some((&handoff, normed.then_some(&gain))),
+                    ..Default::default()
+                },
+            )
+            .expect("writer");
+            let reader = |y: &StorageBuffer, handoff_in| {
+                MatVec::new(
+                    &gpu,
+                    &reader_w,
+                    &row,
+                    y,
+                    &st,
+                    MatVecOptions {
+                        norm: normed.then_some((NormKind::Rms, &gain, None, 1e-5)),
+                        handoff_in,
+                        ..Default::default()
+                    },
+                )
+                .expect("reader")
+            };
+            if li == 4 {
+                assert!(!writer.hands_off(), "one row per workgroup handed off");
+                continue;
+            }
+            if !writer.hands_off() {
+                continue;
+            }
+            handed_off += 1;
+            let (reads_handoff, stages) =
+                (reader(&via_handoff, Some(&handoff)), reader(&staged, None));
+            assert!(reads_handoff.reads_handoff() && !stages.reads_handoff());
+            for round in 0..2 {
+                if round == 1 {
+                    gpu.queue().write_buffer(
+                        &x.buffer,
+                        0,
+                        bytemuck::cast_slice(&rng.vec(k_in, 2.0)),
+                    );
+                }
+                let mut rec = Recorder::new(&gpu);
+                writer.encode(&mut rec);
+                reads_handoff.encode(&mut rec);
+                stages.encode(&mut rec);
+                rec.submit();
+                let want = read(&gpu, &staged, n_out);
+                let scale: Vec<f32> = want.iter().map(|v| v.abs() + 1.0).collect();
+                assert_close(
+                    &format!(
+                        "handoff {reader_ty:?} len={len} writer {writer_ty:?} glu={glu} normed={normed} round {round} {layout:?}"
+                    ),
+                    &read(&gpu, &via_handoff, n_out),
+                    &want,
+                    &scale,
+                    0.0,
+                    1e-4,
+                );
+            }
+        }
+    }
+    assert!(handed_off >= 12, "{handed_off} writers handed off");
 }
 
 /// Quantized weights in the prompt product: tiles dequantized into workgroup memory.

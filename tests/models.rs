@@ -283,6 +283,27 @@ fn quantizing_while_loading_shrinks_weights_and_keeps_logits_close() {
         }
         eprintln!("{ty:?}: largest prompt-logit difference {worst}");
         assert!(worst <= allowed, "{ty:?}: logits differ by {worst}");
+        // Decode steps (int8 inputs to the products; the output product hands the residual
+        // stream to the up product as int8 blocks) give the logits of the prompt path over the
+        // same tokens, within the same bound.
+        m.model.set_sampler(&SamplerParams::default());
+        let mut worst = 0.0f32;
+        for c in &g.cases {
+            let mut tokens = c.prompt_ids.clone();
+            let mut steps = vec![];
+            tokens.push(m.model.prefill(&c.prompt_ids).expect("prefill"));
+            for _ in 0..3 {
+                tokens.push(m.model.decode().expect("decode"));
+                steps.push(m.model.last_logits().expect("logits"));
+            }
+            let all = m.model.prompt_logits(&tokens).expect("logits");
+            for (i, got) in steps.iter().enumerate() {
+                let at = c.prompt_ids.len() + i;
+                worst = worst.max(max_diff(got, &all[at * vocab..(at + 1) * vocab]));
+            }
+        }
+        eprintln!("{ty:?}: decode against prompt logits {worst}");
+        assert!(worst <= allowed, "{ty:?}: decode logits differ by {worst}");
     }
 }
 

@@ -1,10 +1,13 @@
 use bytemuck::{Pod, Zeroable};
 
-use super::{Gelu, Matrix, NormKind, WeightDType, bind, flag, gelu_flags};
+use super::{Gelu, MatVecLayout, Matrix, NormKind, bind, flag, gelu_flags};
 use crate::gpu::{Gpu, GpuError, Kernel, Recorder, StorageBuffer, UniformBuffer};
 use crate::load::GgmlType;
 
-const SOURCE: &str = include_str!("../../../shaders/matvec.wgsl");
+pub(super) const SOURCE: &str = concat!(
+    include_str!("../../../shaders/matvec.wgsl"),
+    include_str!("../../../shaders/matvec_handoff.wgsl")
+);
 const WG: u32 = 256;
 const XCACHE_MAX_BYTES: u64 = 16 * 1024;
 /// Workgroups a product keeps at least, before rows are grouped into fewer workgroups. On an
@@ -17,6 +20,10 @@ const MIN_WORKGROUPS: u32 = 512;
 /// against 840, SmolLM2-1.7B Q4_0 775 against 736, Qwen2.5-1.5B Q4_0 660 against 630.
 /// SmolLM2-135M's products (9-24 workgroups) keep 64 lanes (see `MatVec::new`).
 const SHORT_ROW_MIN_WORKGROUPS: u32 = 96;
+/// The most invocations a product handing its output off may take per workgroup to make its
+/// rows whole blocks. On an H200 a down product of K-quant rows grown to 1,024 (8 rows per 256
+/// invocations) lost what the QKV product reading its output gained.
+pub const HANDOFF_MAX_WORKGROUP: u32 = 512;
 
 #[repr(C)]
 #[derive(Clone, Copy, Pod, Zeroable)]
@@ -41,6 +48,33 @@ pub struct SplitAttention<'a> {
     pub window: Option<u32>,
 }
 
+/// A row handed from one decode product to the next as int8 blocks (shaders/matvec_handoff.wgsl):
+/// the product writing the row quantizes it once, where each workgroup of the product reading
+/// it would otherwise read and quantize the whole f32 row (and its norm's gains) itself. On an
+/// H200 that prologue took 4-6 µs of each 13-18 µs product (SmolLM2-1.7B Q4_K, `bench
+/// --profile`).
+pub struct Int8Handoff {
+    buffer: StorageBuffer,
+    len: u32,
+}
+
+impl Int8Handoff {
+    /// A handoff of rows of `len` values, a multiple of 32 (whole int8 blocks).
+    pub fn new(gpu: &Gpu, len: u32) -> Result<Self, GpuError> {
+        if len == 0 || !len.is_multiple_of(32) {
+            return Err(GpuError::Device(format!(
+                "an int8 handoff takes whole 32-value blocks; rows of {len} are not"
+            )));
+        }
+        // The int8 words, then four words of statistics per block (see the shader).
+        let words = len / 4 + len / 8;
+        Ok(Self {
+            buffer: gpu.storage("int8 handoff", u64::from(words) * 4)?,
+            len,
+        })
+    }
+}
+
 /// Options of the decode product. A fused norm normalises the input row in each workgroup.
 #[derive(Default)]
 pub struct MatVecOptions<'a> {
@@ -56,35 +90,12 @@ pub struct MatVecOptions<'a> {
     pub combine: Option<SplitAttention<'a>>,
     /// Parts of the kernel layout to force (unset parts are chosen from the shape and device).
     pub layout: MatVecLayout,
-}
-
-/// How a decode product spreads over a workgroup: `lanes` invocations per row (a power of two
-/// up to the workgroup), `rows` rows per group of lanes (1 to 4, sharing each input read),
-/// whether the input is staged in workgroup memory (`stage`, honoured where it fits), the
-/// `workgroup` size (64, 128 or 256), the row `blocks` each workgroup computes (1 to 16) and,
-/// for block formats, whether the input is quantized to int8 (`int8`).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct MatVecLayout {
-    pub lanes: Option<u32>,
-    pub rows: Option<u32>,
-    pub stage: Option<bool>,
-    pub workgroup: Option<u32>,
-    pub blocks: Option<u32>,
-    /// Block formats: quantize the input to int8 for packed integer products (default), or
-    /// keep it f32; `int8_max_cols` limits that to rows of at most so many values.
-    pub int8: Option<bool>,
-    pub int8_max_cols: Option<u32>,
-    /// Dense and int8 products whose lanes all take the same number of units (vec4 words,
-    /// sub-blocks or sub-block pairs): that many a trip of a loop with a constant trip count
-    /// (0: the plain strided loop).
-    pub unroll: Option<u32>,
-    /// Int8 products in trips (`unroll`): load each trip's weights one trip ahead, the first
-    /// before the input is staged, or each as its trip starts (default).
-    pub pipeline: Option<bool>,
-    /// Int8 inputs in two levels: the second quantizes each value's rounding remainder, so
-    /// the input is exact to about 1/64,000 of its block's largest value, for twice the
-    /// integer products (LM heads, see [`MatVecLayout::for_head`]).
-    pub int8_fine: Option<bool>,
+    /// The input as the product before handed it off, instead of `x`, where this product takes
+    /// int8 inputs in one level (the caller makes sure that product writes it).
+    pub handoff_in: Option<&'a Int8Handoff>,
+    /// Also hand the output off to the next product, times the gains of its fused RMSNorm if
+    /// it has one.
+    pub handoff_out: Option<(&'a Int8Handoff, Option<&'a StorageBuffer>)>,
 }
 
 /// `y = W · x̂` for the last token of the step (decoding, and the LM head after a prompt).
@@ -94,6 +105,8 @@ pub struct MatVec {
     workgroups: u32,
     int8: bool,
     int8_levels: u32,
+    reads_handoff: bool,
+    hands_off: bool,
     _params: UniformBuffer,
 }
 
@@ -198,9 +211,9 @@ impl MatVec {
         let forced = MatVecLayout::from_env(w.cols)
             .or(opts.layout)
             .or(MatVecLayout::software(gpu, w.quant.is_some()));
-        let wg = forced
+        let mut wg = forced
             .workgroup
-            .filter(|w| [64, 128, 256].contains(w))
+            .filter(|w| [64, 128, 256, 512, 1024].contains(w))
             .unwrap_or(WG);
         if let Some(lanes) = forced.lanes.filter(|l| l.is_power_of_two() && *l <= wg) {
             tpr = lanes;
@@ -208,6 +221,24 @@ impl MatVec {
         let tpr = tpr.min(wg);
         if let Some(rows) = forced.rows.filter(|r| (1..=4).contains(r)) {
             rows_per_group = rows;
+        }
+        let handoffs = forced.handoff != Some(false);
+        let mut handoff_out = opts.handoff_out.filter(|_| handoffs);
+        // A product handing its output off quantizes whole 32-row blocks in each workgroup, so
+        // its workgroups take more invocations (the same rows each) where a block spans
+        // several, up to HANDOFF_MAX_WORKGROUP.
+        if handoff_out.is_some() && forced.workgroup.is_none() {
+            let largest = gpu
+                .caps()
+                .max_workgroup_invocations
+                .min(HANDOFF_MAX_WORKGROUP);
+            let mut grown = wg;
+            while !(grown / tpr * rows_per_group).is_multiple_of(32) && grown * 2 <= largest {
+                grown *= 2;
+            }
+            if (grown / tpr * rows_per_group).is_multiple_of(32) {
+                wg = grown;
+            }
         }
         if let Some(stage) = forced.stage {
             // Merging split attention always stages its input.
@@ -234,6 +265,21 @@ impl MatVec {
         };
         if int8 {
             xcache = opts.combine.is_some() && Self::input_fits(gpu, w.cols);
+        }
+        let handoff_in = opts.handoff_in.filter(|h| {
+            handoffs
+                && int8_levels == 1
+                && opts.combine.is_none()
+                && matches!(opts.norm, None | Some((NormKind::Rms, ..)))
+                && h.len == w.cols
+        });
+        if let Some((h, _)) = handoff_out
+            && h.len != n
+        {
+            return Err(GpuError::Device(format!(
+                "a product of {n} outputs cannot hand off rows of {}",
+                h.len
+            )));
         }
         let shuffle_reduce = fixed_subgroup.is_some_and(|sg| tpr <= sg);
         // K-quant rows by sub-block pairs (q_dot_pairs) when every lane gets at least one.
@@ -291,12 +337,15 @@ impl MatVec {
             .blocks
             .filter(|b| (1..=16).contains(b))
             .unwrap_or_else(|| Self::row_blocks_per_workgroup(n.div_ceil(block_rows)));
+        if !(rb * block_rows).is_multiple_of(32) {
+            handoff_out = None;
+        }
         let rows_of_vec4s = w.cols.is_multiple_of(4);
         // x through its vec4 view too, wherever x is read (merged attention replaces it): rows
         // staged in workgroup memory load four inputs at a time as well. On an H200 (`bench`,
         // f16 weights, whose rows of 2048 are staged) SmolLM2-1.7B decoded 603-606 tok/s
         // against 598, Qwen2.5-1.5B 559-560 against 557, Llama-3.2-1B level at 864.
-        let x_vec4 = rows_of_vec4s && opts.combine.is_none();
+        let x_vec4 = rows_of_vec4s && opts.combine.is_none() && handoff_in.is_none();
         // Loading a trip ahead is off by default: on an H200 (`bench`, 504-token prompt) it
         // decoded SmolLM2-1.7B Q4_K at 709 tok/s against 736 loading each trip as it starts,
         // Q8_0 623 against 656, Llama-3.2-1B Q4_K 990 against 1,022; only Q4_0 gained (750
@@ -312,7 +361,13 @@ impl MatVec {
             ("ROW_VECS", row_vecs.to_string()),
             flag("XCACHE", xcache),
             flag("XVEC4", x_vec4),
-            flag("GAIN4", rows_of_vec4s && opts.norm.is_some()),
+            flag(
+                "GAIN4",
+                rows_of_vec4s && opts.norm.is_some() && handoff_in.is_none(),
+            ),
+            flag("XQ8_IN", handoff_in.is_some()),
+            flag("XQ8_OUT", handoff_out.is_some()),
+            flag("OUT_GAIN", handoff_out.is_some_and(|(_, g)| g.is_some())),
             flag("COMBINE", opts.combine.is_some()),
             (
                 "WINDOW",
@@ -393,9 +448,18 @@ impl MatVec {
             // The int8 products load whole blocks through the vec4 view, scales through words.
             entries.push((11, &w.buffer.buffer));
         }
-        // Merged attention runs replace x entirely.
-        if opts.combine.is_none() {
+        // Merged attention runs, or a handed-off row, replace x entirely.
+        if opts.combine.is_none() && handoff_in.is_none() {
             entries.push((2, &x.buffer));
+        }
+        if let Some(h) = handoff_in {
+            entries.push((14, &h.buffer.buffer));
+        }
+        if let Some((h, gain)) = handoff_out {
+            entries.push((15, &h.buffer.buffer));
+            if let Some(g) = gain {
+                entries.push((16, &g.buffer));
+            }
         }
         if let Some(b) = opts.bias {
             entries.push((5, &b.buffer));
@@ -408,7 +472,7 @@ impl MatVec {
             entries.push((9, &c.partials.buffer));
             entries.push((10, &c.stats.buffer));
         }
-        if let Some((kind, weight, bias, _)) = opts.norm {
+        if let Some((kind, weight, bias, _)) = opts.norm.filter(|_| handoff_in.is_none()) {
             entries.push((6, &weight.buffer));
             // The gains' vec4 view: on an H200 (`bench`, 504-token prompt) reading them four at a
             // time decoded SmolLM2-1.7B Q4_K at 789 tok/s against 739, Q4_0 856 against 791,
@@ -431,13 +495,32 @@ impl MatVec {
             workgroups: n.div_ceil(block_rows * rb),
             int8,
             int8_levels,
+            reads_handoff: handoff_in.is_some(),
+            hands_off: handoff_out.is_some(),
             _params: params,
         })
+    }
+
+    /// Whether a product of `w` with `layout` may take its input as int8 (its weights have an
+    /// integer form and the layout does not turn int8 inputs off), and so read a handed-off row.
+    pub fn may_take_int8(w: &Matrix, layout: MatVecLayout) -> bool {
+        int8_input(w) && layout.int8 != Some(false)
     }
 
     /// Whether the input is quantized to int8 for packed integer products.
     pub fn takes_int8(&self) -> bool {
         self.int8
+    }
+
+    /// Whether the input is the int8 row another product hands off (`handoff_in`).
+    pub fn reads_handoff(&self) -> bool {
+        self.reads_handoff
+    }
+
+    /// Whether the output is handed off (`handoff_out`): only where each workgroup's rows are
+    /// whole 32-row blocks, with at most [`HANDOFF_MAX_WORKGROUP`] invocations.
+    pub fn hands_off(&self) -> bool {
+        self.hands_off
     }
 
     /// Levels of the int8 input: 0 (float input), 1, or 2 (`int8_fine`).
@@ -539,108 +622,4 @@ fn int8_input(w: &Matrix) -> bool {
             _
         ))
     )
-}
-
-impl MatVecLayout {
-    /// The layout a model computing in `dtype` asks for: f32 models keep exact float products
-    /// (they reproduce a float32 reference) even where int8 inputs are turned on.
-    pub fn for_dtype(dtype: WeightDType) -> Self {
-        Self {
-            int8: (dtype == WeightDType::F32).then_some(false),
-            ..Self::default()
-        }
-    }
-
-    /// The layout of an LM head: int8 inputs in two levels (`int8_fine`). Its outputs are the
-    /// logits that pick each greedy token, and one level moves them by tenths: the real
-    /// SmolLM2-135M Q4_1 then answers "What is the capital of France?" with "L'Étoile…" (that
-    /// step's top-2 margin is 0.08). The layers' products absorb that rounding; the head would
-    /// pass it on. The second level makes the input finer than f16 and keeps the integer
-    /// products, which beat the float path's per-weight conversions: on an H200 (`bench`,
-    /// 504-token prompt) Llama-3.2-1B decoded Q4_K at 1,043 tok/s against 1,020 with a float
-    /// input, Q8_0 990 against 953, Q4_0 1,144 against 1,083 (its 128,256-row head had taken
-    /// 115 µs of each 1,009 µs step); Qwen2.5-1.5B gained 1-2 %.
-    pub fn for_head(dtype: WeightDType) -> Self {
-        Self {
-            int8_fine: Some(true),
-            ..Self::for_dtype(dtype)
-        }
-    }
-
-    /// On a CPU adapter (llvmpipe/lavapipe) an invocation is one SIMD lane of a CPU thread,
-    /// where reductions across lanes and barriers cost far more than arithmetic: a whole row
-    /// per invocation, four rows sharing each input read, the input staged. On lavapipe
-    /// (`bench-gemm --decode`, 8192×576) that took Q4_0 from 37.8 to 5.3 ms and f16 from 39.0
-    /// to 14.9 ms. Block formats take one unit a trip: loading many at once gains nothing on
-    /// a CPU, and on lavapipe SmolLM2-135M Q4_0 then decoded 15.1 tok/s against 12.5 with four,
-    /// Q4_K/Q8_0 products ran up to 1.4× faster (`bench-gemm --decode`, 576×1536), and the
-    /// large unrolled shaders LLVM compiles took far longer (the Q5_K parity test 128 s
-    /// against 51 with an empty shader cache); f16 kept four (11.5 tok/s against 10.7).
-    /// Other adapters choose per shape (nothing set here).
-    fn software(gpu: &Gpu, quantized: bool) -> Self {
-        if !gpu.is_software() {
-            return Self::default();
-        }
-        Self {
-            lanes: Some(1),
-            rows: Some(4),
-            stage: Some(true),
-            workgroup: Some(64),
-            unroll: quantized.then_some(1),
-            ..Self::default()
-        }
-    }
-
-    /// Each part set here, else the other's.
-    fn or(self, other: Self) -> Self {
-        Self {
-            lanes: self.lanes.or(other.lanes),
-            rows: self.rows.or(other.rows),
-            stage: self.stage.or(other.stage),
-            workgroup: self.workgroup.or(other.workgroup),
-            blocks: self.blocks.or(other.blocks),
-            int8: self.int8.or(other.int8),
-            int8_max_cols: self.int8_max_cols.or(other.int8_max_cols),
-            unroll: self.unroll.or(other.unroll),
-            pipeline: self.pipeline.or(other.pipeline),
-            int8_fine: self.int8_fine.or(other.int8_fine),
-        }
-    }
-
-    /// `BACKPACK_MATVEC=lanes=32,rows=2,stage=1,wg=128,blocks=1,int8=0,int8_max_cols=4096,unroll=2,pipe=0,fine=1`
-    /// forces layouts for measuring them on a device (`backpack bench`); parts left out or
-    /// malformed are chosen as usual. With `BACKPACK_MATVEC_COLS=K` only products over rows of
-    /// `K` values (`cols`) take it.
-    fn from_env(cols: u32) -> Self {
-        let mut layout = Self::default();
-        let Ok(text) = std::env::var("BACKPACK_MATVEC") else {
-            return layout;
-        };
-        let only = std::env::var("BACKPACK_MATVEC_COLS").ok();
-        if only.is_some_and(|k| k.trim().parse::<u32>().ok() != Some(cols)) {
-            return layout;
-        }
-        for part in text.split(',') {
-            let Some((key, value)) = part.split_once('=') else {
-                continue;
-            };
-            let Ok(value) = value.trim().parse::<u32>() else {
-                continue;
-            };
-            match key.trim() {
-                "lanes" => layout.lanes = Some(value),
-                "rows" => layout.rows = Some(value),
-                "stage" => layout.stage = Some(value != 0),
-                "wg" => layout.workgroup = Some(value),
-                "blocks" => layout.blocks = Some(value),
-                "int8" => layout.int8 = Some(value != 0),
-                "int8_max_cols" => layout.int8_max_cols = Some(value),
-                "unroll" => layout.unroll = Some(value),
-                "pipe" => layout.pipeline = Some(value != 0),
-                "fine" => layout.int8_fine = Some(value != 0),
-                _ => {}
-            }
-        }
-        layout
-    }
 }

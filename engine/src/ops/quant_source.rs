@@ -55,9 +55,9 @@ fn quant_source() -> String {
         .replace("Q_DECODE_GATHER\n", &gather)
 }
 
-/// The quantized decode product: quant.wgsl expanded, then matvec.wgsl.
+/// The quantized decode product: quant.wgsl expanded, then matvec.wgsl (and its handoff).
 pub static QUANT_MATVEC: LazyLock<String> =
-    LazyLock::new(|| quant_source() + include_str!("../../../shaders/matvec.wgsl"));
+    LazyLock::new(|| quant_source() + super::matvec::SOURCE);
 
 /// Expansion of a quantized matrix to dense f16: quant.wgsl expanded, then dequant.wgsl.
 pub static QUANT_DEQUANT: LazyLock<String> =

@@ -15,8 +15,9 @@ use crate::Error;
 use crate::gpu::{Gpu, Recorder, StorageBuffer, UniformBuffer};
 use crate::load::DecoderSpec;
 use crate::ops::{
-    Attention, Dequantize, Embed, Glu, HeadNorm, KvDType, LONG_PROMPT_ROWS, MatMul, MatMulOptions,
-    MatVec, Matrix, Norm, NormKind, RopeKv, Sample, SamplerParams, StepParams, WeightDType,
+    Attention, Dequantize, Embed, Glu, HeadNorm, Int8Handoff, KvDType, LONG_PROMPT_ROWS, MatMul,
+    MatMulOptions, MatVec, Matrix, Norm, NormKind, RopeKv, Sample, SamplerParams, StepParams,
+    WeightDType,
 };
 
 mod build;
@@ -117,6 +118,9 @@ struct Activations {
     seen: StorageBuffer,
     split_partials: StorageBuffer,
     split_stats: StorageBuffer,
+    /// The residual stream as the output product hands it to the normed up product, int8
+    /// (see `LayerContext::decode_products`).
+    handoff: Option<Int8Handoff>,
 }
 
 /// A model resident on the GPU with its KV cache and sampling state.
