@@ -6,8 +6,12 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
+#[path = "support/temp_dir.rs"]
+mod temp_dir;
+
 use backpack_app::image_files::{parse_parameters, read_png};
 use backpack_engine::load::SafeTensors;
+use temp_dir::TempDir;
 
 fn fixtures() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures")
@@ -18,13 +22,6 @@ fn backpack(args: &[&str]) -> Output {
         .args(args)
         .output()
         .expect("the binary runs")
-}
-
-fn tempdir(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("backpack-cli-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).expect("temp dir");
-    dir
 }
 
 /// A safetensors file holding one f32 tensor `latents`.
@@ -67,7 +64,7 @@ const PROMPT: &str = "a red fox in the snow, highly detailed";
 
 #[test]
 fn image_json_reproduces_diffusers_and_writes_parameters() {
-    let dir = tempdir("image");
+    let dir = TempDir::new("cli-image");
     let latents = dir.join("latents.safetensors");
     write_latents(&latents, &[1, 4, 8, 8], &golden("image.init_latents"));
     let out_png = dir.join("fox.png");
@@ -134,7 +131,7 @@ fn image_json_reproduces_diffusers_and_writes_parameters() {
 
 #[test]
 fn batches_step_the_seed_and_img2img_runs() {
-    let dir = tempdir("batch");
+    let dir = TempDir::new("cli-batch");
     let out_png = dir.join("batch.png");
     let out = backpack(&[
         "image",
@@ -200,7 +197,7 @@ fn batches_step_the_seed_and_img2img_runs() {
 
 #[test]
 fn bad_image_input_exits_nonzero_with_a_reason() {
-    let dir = tempdir("bad");
+    let dir = TempDir::new("cli-bad");
     let cases: Vec<(Vec<String>, &str)> = vec![
         (
             vec!["--model".into(), "/nonexistent/sd".into()],

@@ -5,6 +5,8 @@
 //! variant files, a single-file checkpoint, TAESD, seeds, cancellation and bad input.
 
 mod common;
+#[path = "support/temp_dir.rs"]
+mod temp_dir;
 
 use std::path::{Path, PathBuf};
 
@@ -15,6 +17,7 @@ use backpack_engine::models::diffusion::{
 use backpack_engine::ops::WeightDType;
 use common::{assert_close, gpu};
 use serde_json::Value;
+use temp_dir::TempDir;
 
 fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
@@ -48,15 +51,32 @@ fn load(path: &Path, dtype: WeightDType) -> DiffusionModel {
 
 /// A fixture pipeline's folder; tiny-sd2-v keeps only its scheduler and shares
 /// tiny-sd-turbo's weights, so it is put together in a temporary folder.
-fn model_dir(pipeline: &str) -> PathBuf {
+fn model_dir(pipeline: &str) -> ModelDir {
     let models = root().join("tests/fixtures/models");
     if pipeline != "tiny-sd2-v" {
-        return models.join(pipeline);
+        return ModelDir::Fixture(models.join(pipeline));
     }
-    let dir = tempdir("tiny-sd2-v");
+    let dir = TempDir::new("tiny-sd2-v");
     copy_dir(&models.join("tiny-sd-turbo"), &dir);
     copy_dir(&models.join("tiny-sd2-v"), &dir);
-    dir
+    ModelDir::Assembled(dir)
+}
+
+/// A fixture pipeline's folder, or one put together for the test (removed when dropped).
+enum ModelDir {
+    Fixture(PathBuf),
+    Assembled(TempDir),
+}
+
+impl std::ops::Deref for ModelDir {
+    type Target = Path;
+
+    fn deref(&self) -> &Path {
+        match self {
+            ModelDir::Fixture(path) => path,
+            ModelDir::Assembled(dir) => dir,
+        }
+    }
 }
 
 fn model(pipeline: &str) -> DiffusionModel {
@@ -319,7 +339,7 @@ fn fp16_variant_files_and_f16_storage_match() {
 #[test]
 fn single_file_checkpoint_gives_the_same_image() {
     // A single file carries no tokenizer: it is looked up next to the checkpoint.
-    let dir = tempdir("single-file");
+    let dir = TempDir::new("single-file");
     std::fs::copy(
         root().join("tests/fixtures/models/tiny-sd.safetensors"),
         dir.join("tiny-sd.safetensors"),
@@ -351,15 +371,6 @@ fn single_file_checkpoint_gives_the_same_image() {
     let mut m = load(&dir.join("tiny-sd.safetensors"), WeightDType::F32);
     let p = euler_two_steps(&mut m, &st);
     assert!(p >= 35.0, "single file: PSNR {p:.1} dB");
-}
-
-fn tempdir(name: &str) -> PathBuf {
-    static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
-    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    let dir = std::env::temp_dir().join(format!("backpack-{name}-{}-{n}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).expect("temp dir");
-    dir
 }
 
 #[test]
@@ -399,7 +410,7 @@ fn bad_input_is_a_clear_error() {
         "{missing}"
     );
 
-    let dir = tempdir("bad-pipeline");
+    let dir = TempDir::new("bad-pipeline");
     copy_dir(&root().join("tests/fixtures/models/tiny-sd"), &dir);
     std::fs::write(
         dir.join("model_index.json"),
@@ -411,7 +422,7 @@ fn bad_input_is_a_clear_error() {
         .expect("unsupported");
     assert!(e.to_string().contains("FluxPipeline"), "{e}");
 
-    let dir = tempdir("truncated");
+    let dir = TempDir::new("truncated");
     copy_dir(&root().join("tests/fixtures/models/tiny-sd"), &dir);
     let unet = dir.join("unet/diffusion_pytorch_model.safetensors");
     let bytes = std::fs::read(&unet).expect("read");
@@ -514,7 +525,7 @@ fn rename_tensors(path: &Path, rename: impl Fn(&str) -> String) {
 
 #[test]
 fn vae_files_with_pre_0_14_attention_names_load() {
-    let dir = tempdir("legacy-vae");
+    let dir = TempDir::new("legacy-vae");
     copy_dir(&model_dir("tiny-sd"), &dir);
     rename_tensors(
         &dir.join("vae/diffusion_pytorch_model.safetensors"),
