@@ -283,9 +283,8 @@ fn quantizing_while_loading_shrinks_weights_and_keeps_logits_close() {
         }
         eprintln!("{ty:?}: largest prompt-logit difference {worst}");
         assert!(worst <= allowed, "{ty:?}: logits differ by {worst}");
-        // Decode steps (int8 inputs to the products; the output product hands the residual
-        // stream to the up product as int8 blocks) give the logits of the prompt path over the
-        // same tokens, within the same bound.
+        // Decode steps (int8 inputs to the products, which hand their outputs on as int8
+        // blocks) give the logits of the prompt path over the same tokens, within the same bound.
         m.model.set_sampler(&SamplerParams::default());
         let mut worst = 0.0f32;
         for c in &g.cases {

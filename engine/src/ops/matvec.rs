@@ -66,7 +66,7 @@ impl Int8Handoff {
                 "an int8 handoff takes whole 32-value blocks; rows of {len} are not"
             )));
         }
-        // The int8 words, then four words of statistics per block (see the shader).
+        // The int8 words, then two words of statistics per 16 values (see the shader).
         let words = len / 4 + len / 8;
         Ok(Self {
             buffer: gpu.storage("int8 handoff", u64::from(words) * 4)?,
@@ -224,19 +224,19 @@ impl MatVec {
         }
         let handoffs = forced.handoff != Some(false);
         let mut handoff_out = opts.handoff_out.filter(|_| handoffs);
-        // A product handing its output off quantizes whole 32-row blocks in each workgroup, so
-        // its workgroups take more invocations (the same rows each) where a block spans
-        // several, up to HANDOFF_MAX_WORKGROUP.
+        // A product handing its output off quantizes whole blocks of 16 or 32 rows in each
+        // workgroup, so its workgroups take more invocations (the same rows each) where a
+        // block spans several, up to HANDOFF_MAX_WORKGROUP.
         if handoff_out.is_some() && forced.workgroup.is_none() {
             let largest = gpu
                 .caps()
                 .max_workgroup_invocations
                 .min(HANDOFF_MAX_WORKGROUP);
             let mut grown = wg;
-            while !(grown / tpr * rows_per_group).is_multiple_of(32) && grown * 2 <= largest {
+            while !(grown / tpr * rows_per_group).is_multiple_of(16) && grown * 2 <= largest {
                 grown *= 2;
             }
-            if (grown / tpr * rows_per_group).is_multiple_of(32) {
+            if (grown / tpr * rows_per_group).is_multiple_of(16) {
                 wg = grown;
             }
         }
@@ -337,9 +337,15 @@ impl MatVec {
             .blocks
             .filter(|b| (1..=16).contains(b))
             .unwrap_or_else(|| Self::row_blocks_per_workgroup(n.div_ceil(block_rows)));
-        if !(rb * block_rows).is_multiple_of(32) {
+        if !(rb * block_rows).is_multiple_of(16) {
             handoff_out = None;
         }
+        // Rows a workgroup quantizes together (see matvec_handoff.wgsl).
+        let out_block = if (rb * block_rows).is_multiple_of(32) {
+            32
+        } else {
+            16
+        };
         let rows_of_vec4s = w.cols.is_multiple_of(4);
         // x through its vec4 view too, wherever x is read (merged attention replaces it): rows
         // staged in workgroup memory load four inputs at a time as well. On an H200 (`bench`,
@@ -368,6 +374,7 @@ impl MatVec {
             flag("XQ8_IN", handoff_in.is_some()),
             flag("XQ8_OUT", handoff_out.is_some()),
             flag("OUT_GAIN", handoff_out.is_some_and(|(_, g)| g.is_some())),
+            ("OUT_BLOCK", out_block.to_string()),
             flag("COMBINE", opts.combine.is_some()),
             (
                 "WINDOW",
@@ -518,7 +525,7 @@ impl MatVec {
     }
 
     /// Whether the output is handed off (`handoff_out`): only where each workgroup's rows are
-    /// whole 32-row blocks, with at most [`HANDOFF_MAX_WORKGROUP`] invocations.
+    /// whole blocks of 16 or 32 rows, with at most [`HANDOFF_MAX_WORKGROUP`] invocations.
     pub fn hands_off(&self) -> bool {
         self.hands_off
     }

@@ -13,8 +13,8 @@ use crate::ops::{
 use super::super::weights::{Part, Uploader, WeightSource};
 use super::family::{LayerWeights, family_of, norm_pair};
 use super::{
-    Activations, DEFAULT_CONTEXT, DecoderModel, Layer, ModelOptions, PIPELINE_DEPTH, PromptProduct,
-    PromptWeights, embedding_clone, fused,
+    Activations, DEFAULT_CONTEXT, DecoderModel, Handoffs, Layer, ModelOptions, PIPELINE_DEPTH,
+    PromptProduct, PromptWeights, embedding_clone, fused,
 };
 
 /// Everything read from the checkpoint.
@@ -121,27 +121,28 @@ impl Activations {
             seen: gpu.storage("seen tokens", f(spec.vocab.div_ceil(32)))?,
             split_partials: gpu.storage("attention runs", f(MAX_SPLITS * heads * hd))?,
             split_stats: gpu.storage("attention run stats", f(2 * MAX_SPLITS * heads))?,
-            handoff: handoff(gpu, spec, dtype)?,
+            handoffs: Handoffs::new(gpu, spec, dtype)?,
         })
     }
 }
 
-/// The output product's int8 handoff to the up product: for RMSNorm models without post-norms
-/// (whose up product normalises the residual stream the output product wrote), outside f32
-/// models (which keep float inputs).
-fn handoff(
-    gpu: &Gpu,
-    spec: &DecoderSpec,
-    dtype: WeightDType,
-) -> Result<Option<Int8Handoff>, Error> {
-    if spec.norm != NormKind::Rms
-        || spec.post_norms
-        || dtype == WeightDType::F32
-        || !spec.hidden.is_multiple_of(32)
-    {
-        return Ok(None);
+impl Handoffs {
+    /// For RMSNorm models without post-norms (whose normed products read the residual stream
+    /// the products before them wrote), outside f32 models (which keep float inputs).
+    fn new(gpu: &Gpu, spec: &DecoderSpec, dtype: WeightDType) -> Result<Option<Self>, Error> {
+        if spec.norm != NormKind::Rms
+            || spec.post_norms
+            || dtype == WeightDType::F32
+            || !spec.hidden.is_multiple_of(32)
+            || !spec.intermediate.is_multiple_of(32)
+        {
+            return Ok(None);
+        }
+        Ok(Some(Self {
+            residual: Int8Handoff::new(gpu, spec.hidden)?,
+            hidden: Int8Handoff::new(gpu, spec.intermediate)?,
+        }))
     }
-    Ok(Some(Int8Handoff::new(gpu, spec.hidden)?))
 }
 
 /// What every layer's kernels share.
@@ -259,20 +260,28 @@ impl LayerContext<'_> {
     /// The decode products of a layer: norm+QKV, output (merging split attention) + residual,
     /// norm+up (+SwiGLU or GELU), down + residual.
     ///
-    /// The output product hands the residual stream to an int8 up product as int8 blocks (see
-    /// [`Int8Handoff`]) where it can. On an H200 (`bench`, 504-token prompt) that decoded
-    /// SmolLM2-1.7B Q4_K at 806 tok/s against 786, Q8_0 753 against 737; Llama-3.2-1B Q4_K
-    /// 1,118 against 1,093, Q8_0 1,050 against 1,029; Qwen2.5-1.5B Q4_K 649 against 631, Q8_0
-    /// 652 against 633. Handing the down product's output to the next QKV product, or the up
-    /// product's to the down product, grows those products' workgroups as well (the largest
-    /// products of a layer); that moved decode between -4 and +4 % by model and was left out.
-    fn decode_products(&self, w: &LayerWeights, cache: CacheShape) -> Result<[MatVec; 4], Error> {
+    /// Each product whose output an int8 product reads next hands it off as int8 blocks where
+    /// it can (see [`Int8Handoff`]): the output product to the up product, the up product to
+    /// the down product, and the down product to the next layer's QKV product (`next`; the
+    /// first layer's reads the embedding's row). `qkv_handed` says whether the previous layer's
+    /// down product hands its output off. On an H100 (`bench`, 504-token prompt, none → all
+    /// three) that decoded SmolLM2-1.7B Q4_K at 779 tok/s against 741, Q8_0 669 against 651;
+    /// Llama-3.2-1B Q4_K 1,092 against 1,048, Q8_0 932 against 914; Qwen2.5-1.5B Q4_K 654
+    /// against 619, Q8_0 603 against 581.
+    fn decode_products(
+        &self,
+        w: &LayerWeights,
+        next: Option<&LayerWeights>,
+        qkv_handed: bool,
+        cache: CacheShape,
+    ) -> Result<[MatVec; 4], Error> {
         let (gpu, a, step, eps) = (self.gpu, self.acts, self.step, self.spec.norm_eps);
         let spec = self.spec;
-        let handoff = a
-            .handoff
-            .as_ref()
-            .filter(|_| MatVec::may_take_int8(&w.up, self.decode_layout));
+        let reads_int8 = |m: &Matrix| {
+            a.handoffs
+                .as_ref()
+                .filter(|_| MatVec::may_take_int8(m, self.decode_layout))
+        };
         // With post-norms, the output and down products leave their result for the norm that
         // adds it to the residual stream.
         let (out, residual) = match &a.branch {
@@ -289,9 +298,13 @@ impl LayerContext<'_> {
                 norm: Some(fused(self.norm_kind(), &w.attn_norm, eps)),
                 bias: w.qkv_bias.as_ref(),
                 layout: self.decode_layout,
+                handoff_in: reads_int8(&w.qkv)
+                    .filter(|_| qkv_handed)
+                    .map(|h| &h.residual),
                 ..Default::default()
             },
         )?;
+        let up_in = reads_int8(&w.up).map(|h| &h.residual);
         let o = MatVec::new(
             gpu,
             &w.o,
@@ -309,10 +322,11 @@ impl LayerContext<'_> {
                     window: cache.window,
                 }),
                 layout: self.decode_layout,
-                handoff_out: handoff.map(|h| (h, Some(&w.mlp_norm.0))),
+                handoff_out: up_in.map(|h| (h, Some(&w.mlp_norm.0))),
                 ..Default::default()
             },
         )?;
+        let down_in = reads_int8(&w.down).map(|h| &h.hidden);
         let up = MatVec::new(
             gpu,
             &w.up,
@@ -328,7 +342,8 @@ impl LayerContext<'_> {
                     _ => self.gelu(),
                 },
                 layout: self.decode_layout,
-                handoff_in: handoff.filter(|_| o.hands_off()),
+                handoff_in: up_in.filter(|_| o.hands_off()),
+                handoff_out: down_in.map(|h| (h, None)),
                 ..Default::default()
             },
         )?;
@@ -342,6 +357,9 @@ impl LayerContext<'_> {
                 bias: w.down_bias.as_ref(),
                 residual,
                 layout: self.decode_layout,
+                handoff_in: down_in.filter(|_| up.hands_off()),
+                handoff_out: next
+                    .and_then(|n| reads_int8(&n.qkv).map(|h| (&h.residual, Some(&n.attn_norm.0)))),
                 ..Default::default()
             },
         )?;
@@ -382,12 +400,13 @@ impl LayerContext<'_> {
         &self,
         i: u32,
         w: &LayerWeights,
+        decode_products: [MatVec; 4],
         cache: CacheShape,
         k_cache: &StorageBuffer,
         v_cache: &StorageBuffer,
     ) -> Result<Layer, Error> {
         let a = self.acts;
-        let [qkv_mv, o_mv, up_mv, down_mv] = self.decode_products(w, cache)?;
+        let [qkv_mv, o_mv, up_mv, down_mv] = decode_products;
         let (rope, attention, decode_attention) =
             self.attentions(cache, self.rope_of(i), k_cache, v_cache)?;
         let (out, residual) = match &a.branch {
@@ -620,13 +639,19 @@ impl DecoderModel {
         };
         let mut cache_bytes = 0;
         let mut layers = Vec::with_capacity(weights.layers.len());
+        // Whether the previous layer's down product hands the residual stream off.
+        let mut qkv_handed = false;
         for (i, w) in (0..).zip(&weights.layers) {
             let cache = context.cache_shape(i);
             let cache_len = cache.buffer_bytes();
             let k_cache = gpu.storage(&format!("layer {i} k cache"), cache_len)?;
             let v_cache = gpu.storage(&format!("layer {i} v cache"), cache_len)?;
             cache_bytes += k_cache.size + v_cache.size;
-            layers.push(context.layer(i, w, cache, &k_cache, &v_cache)?);
+            let next = weights.layers.get(i as usize + 1);
+            let products = context.decode_products(w, next, qkv_handed, cache)?;
+            let layer = context.layer(i, w, products, cache, &k_cache, &v_cache)?;
+            qkv_handed = layer.down_mv.hands_off();
+            layers.push(layer);
         }
         let Uploaded {
             embedding,

@@ -118,9 +118,17 @@ struct Activations {
     seen: StorageBuffer,
     split_partials: StorageBuffer,
     split_stats: StorageBuffer,
-    /// The residual stream as the output product hands it to the normed up product, int8
-    /// (see `LayerContext::decode_products`).
-    handoff: Option<Int8Handoff>,
+    /// Rows the decode products hand each other as int8 blocks (see `Handoffs`).
+    handoffs: Option<Handoffs>,
+}
+
+/// The rows decode products hand off as int8 blocks (see [`crate::ops::Int8Handoff`] and
+/// `LayerContext::decode_products`): the residual stream, from the output and down products to
+/// the normed products after them, and the MLP's hidden row, from the up product to the down
+/// product.
+struct Handoffs {
+    residual: Int8Handoff,
+    hidden: Int8Handoff,
 }
 
 /// A model resident on the GPU with its KV cache and sampling state.
