@@ -24,6 +24,8 @@ const SHORT_ROW_MIN_WORKGROUPS: u32 = 96;
 /// rows whole blocks. On an H200 a down product of K-quant rows grown to 1,024 (8 rows per 256
 /// invocations) lost what the QKV product reading its output gained.
 pub const HANDOFF_MAX_WORKGROUP: u32 = 512;
+/// The most rows a workgroup handing its output off takes (12 bytes of workgroup memory each).
+const HANDOFF_MAX_ROWS: u32 = 1024;
 
 #[repr(C)]
 #[derive(Clone, Copy, Pod, Zeroable)]
@@ -272,6 +274,8 @@ impl MatVec {
                 && opts.combine.is_none()
                 && matches!(opts.norm, None | Some((NormKind::Rms, ..)))
                 && h.len == w.cols
+                // Staging keeps a sum per 16 values besides the int8 row.
+                && Self::int8_fits(gpu, w.cols + w.cols / 4, false, 1)
         });
         if let Some((h, _)) = handoff_out
             && h.len != n
@@ -337,7 +341,8 @@ impl MatVec {
             .blocks
             .filter(|b| (1..=16).contains(b))
             .unwrap_or_else(|| Self::row_blocks_per_workgroup(n.div_ceil(block_rows)));
-        if !(rb * block_rows).is_multiple_of(16) {
+        // The writer keeps its rows, their squares and the gains in workgroup memory.
+        if !(rb * block_rows).is_multiple_of(16) || rb * block_rows > HANDOFF_MAX_ROWS {
             handoff_out = None;
         }
         // Rows a workgroup quantizes together (see matvec_handoff.wgsl).
