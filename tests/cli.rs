@@ -71,7 +71,12 @@ fn generate_json_reproduces_greedy_tokens() {
         assert_eq!(got, want, "{model} {dtype}");
         assert_eq!(json["prompt_tokens"], case["prompt_ids"], "{model}");
         assert!(json["dispatches_per_token"].as_u64().expect("dispatches") > 0);
-        assert!(json["ttft_ms"].as_f64().expect("ttft") > 0.0);
+        let ttft = json["ttft_ms"].as_f64().expect("ttft");
+        let prompt = json["prompt_ms"].as_f64().expect("prompt_ms");
+        assert!(
+            prompt > 0.0 && prompt <= ttft,
+            "prompt {prompt} ms, ttft {ttft} ms"
+        );
         // The streamed text precedes the JSON line.
         let text = json["text"].as_str().expect("text");
         assert!(

@@ -195,6 +195,7 @@ pub fn run(args: GenerateArgs, adapter: Option<&str>) -> Result<()> {
                     request: r,
                     prompt_ids,
                     ttft,
+                    prompt_time,
                     tokens_per_s,
                     stop,
                     ..
@@ -213,6 +214,7 @@ pub fn run(args: GenerateArgs, adapter: Option<&str>) -> Result<()> {
                             "tokens": tokens,
                             "text": text,
                             "ttft_ms": ttft.as_secs_f64() * 1e3,
+                            "prompt_ms": prompt_time.map(|t| t.as_secs_f64() * 1e3),
                             "tokens_per_s": tokens_per_s,
                             "dispatches_per_token": info.dispatches_per_token,
                         });

@@ -26,8 +26,9 @@
 #   Backpack: --backpack-warmup unmeasured, then --runs measured, fresh `backpack generate
 #     --model FILE --raw --prompt TEXT --max-tokens GEN --temperature 0 --context CTX --json`
 #     processes, TEXT being words that tokenize to exactly those ids (checked against the JSON's
-#     prompt_tokens); prefill tok/s = prompt tokens / time to first token, decode tok/s =
-#     tokens_per_s (after the first token). Each measured process loads the model anew, so its
+#     prompt_tokens); prefill tok/s = prompt tokens / prompt_ms (the time to first token less
+#     tokenizing, the span llama.cpp's prompt_per_second covers; the time to first token where a
+#     binary does not print it), decode tok/s = tokens_per_s (after the first token). Each measured process loads the model anew, so its
 #     first prefill also pays whatever first-use work is left after loading; --backpack-bench
 #     adds `backpack bench --model FILE` (the same file in one process: an unmeasured run, then
 #     the best of --runs) as a second table, the like-for-like figure against a warmed server,

@@ -25,8 +25,9 @@ Subcommands (each prints one JSON object on stdout unless said otherwise; standa
         Runs `BIN generate --model FILE --raw --prompt TEXT --max-tokens N --temperature 0 --json`
         W times unmeasured (default 1: fills the driver's shader cache, as llama.cpp's warm-up
         request does for llama-server), then R times measured, each a fresh process. Prefill
-        tok/s = prompt tokens / time to first token, decode tok/s = the JSON's tokens_per_s; best
-        of the runs. Checks that Backpack's prompt ids are the ones llama.cpp was given and that
+        tok/s = prompt tokens / prompt_ms (the time to first token less tokenizing, as
+        llama.cpp's prompt timing; the time to first token from binaries without it), decode
+        tok/s = the JSON's tokens_per_s; best of the runs. Checks that Backpack's prompt ids are the ones llama.cpp was given and that
         it generated N tokens.
 
     backpack-bench --backpack BIN --model FILE.gguf --prompt-len N --gen G --runs R
@@ -255,10 +256,14 @@ def cmd_backpack(args):
         if warm:
             warmup_ttft.append(round(out["ttft_ms"], 3))
             continue
+        # llama.cpp's prompt_ms times prompt processing after tokenizing; Backpack's
+        # prompt_ms is the same span (its time to first token less tokenizing).
+        prompt_ms = out.get("prompt_ms") or out["ttft_ms"]
         runs.append({
             "prompt_n": n_prompt,
             "ttft_ms": out["ttft_ms"],
-            "prefill_per_second": n_prompt / (out["ttft_ms"] / 1e3),
+            "prompt_ms": prompt_ms,
+            "prefill_per_second": n_prompt / (prompt_ms / 1e3),
             "predicted_n": len(out["tokens"]),
             "tokens_per_s": out["tokens_per_s"],
             "dispatches_per_token": out.get("dispatches_per_token"),

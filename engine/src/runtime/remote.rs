@@ -138,6 +138,7 @@ fn done(id: u64, answer: &RemoteAnswer) -> Event {
         prompt_tokens: answer.prompt_tokens.unwrap_or(0),
         generated_tokens: answer.completion_tokens,
         ttft: answer.ttft,
+        prompt_time: None,
         tokens_per_s: answer.tokens_per_s,
         stop,
     }

@@ -41,6 +41,9 @@ pub enum Event {
         prompt_tokens: usize,
         generated_tokens: usize,
         ttft: Duration,
+        /// The local model's time over the prompt (the time to first token less tokenizing);
+        /// unknown for a remote backend.
+        prompt_time: Option<Duration>,
         tokens_per_s: f64,
         stop: StopReason,
     },
@@ -171,6 +174,7 @@ impl Engine {
                                 prompt_ids: stats.prompt_tokens,
                                 generated_tokens: stats.tokens.len(),
                                 ttft: stats.ttft,
+                                prompt_time: Some(stats.prompt_time),
                                 tokens_per_s: stats.tokens_per_s,
                                 stop: stats.stop,
                             }),
