@@ -247,36 +247,53 @@ fn v_quad(index: u32) -> vec4<f32> {
 #endif
 }
 
-fn wg_max(tid: u32, v: f32) -> f32 {
+// Workgroup-wide max (`want_max`) or sum; every invocation gets the result. With subgroups,
+// each subgroup reduces in registers and one pass over the subgroups' results follows: two
+// barriers instead of one per halving.
+fn wg_reduce(tid: u32, v: f32, sg_lane: u32, sg_size: u32, want_max: bool) -> f32 {
+#if SUBGROUP
+    var mine: f32;
+    if (want_max) {
+        mine = subgroupMax(v);
+    } else {
+        mine = subgroupAdd(v);
+    }
+    if (sg_lane == 0u) {
+        red[tid / sg_size] = mine;
+    }
+    workgroupBarrier();
+    var r = red[0];
+    for (var i = 1u; i < {{WG}}u / sg_size; i++) {
+        r = select(r + red[i], max(r, red[i]), want_max);
+    }
+#else
     red[tid] = v;
     workgroupBarrier();
     for (var s = {{WG}}u / 2u; s > 0u; s = s >> 1u) {
         if (tid < s) {
-            red[tid] = max(red[tid], red[tid + s]);
+            red[tid] = select(red[tid] + red[tid + s], max(red[tid], red[tid + s]), want_max);
         }
         workgroupBarrier();
     }
     let r = red[0];
-    workgroupBarrier();
-    return r;
-}
-
-fn wg_sum(tid: u32, v: f32) -> f32 {
-    red[tid] = v;
-    workgroupBarrier();
-    for (var s = {{WG}}u / 2u; s > 0u; s = s >> 1u) {
-        if (tid < s) {
-            red[tid] += red[tid + s];
-        }
-        workgroupBarrier();
-    }
-    let r = red[0];
+#endif
     workgroupBarrier();
     return r;
 }
 
 @compute @workgroup_size({{WG}})
-fn main(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id) wid: vec3<u32>) {
+fn main(
+    @builtin(local_invocation_index) tid: u32,
+    @builtin(workgroup_id) wid: vec3<u32>,
+#if SUBGROUP
+    @builtin(subgroup_invocation_id) sg_lane: u32,
+    @builtin(subgroup_size) sg_size: u32,
+#endif
+) {
+#if !SUBGROUP
+    let sg_lane = 0u;
+    let sg_size = 1u;
+#endif
     let head = wid.x;
 #if SPLIT
     let t = 0u;
@@ -384,11 +401,11 @@ fn main(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id) wid: v
 #endif
             score = s;
         }
-        let new_max = max(running_max, wg_max(tid, score));
+        let new_max = max(running_max, wg_reduce(tid, score, sg_lane, sg_size, true));
         let correction = exp(running_max - new_max);
         let prob = select(0.0, exp(score - new_max), j < n_keys);
         probs[tid] = prob;
-        running_sum = running_sum * correction + wg_sum(tid, prob);
+        running_sum = running_sum * correction + wg_reduce(tid, prob, sg_lane, sg_size, false);
         acc *= correction;
         let chunk_len = min({{WG}}u, n_keys - c0);
         if (sums_values) {
