@@ -13,6 +13,18 @@ pub const MAX_HEAD_DIM: u32 = 256;
 pub const MIN_SPLIT: u32 = 64;
 pub const MAX_SPLITS: u32 = 16;
 
+/// Invocations of a split decode attention workgroup (one run of keys of one head): 128 for
+/// heads of 128 values or more, else `WG`. On an H200 (`bench --prompt-len 504 --gen 64`, two
+/// rounds, 256 → 128 invocations) that decoded Qwen3-1.7B Q4_K at 646 / 647 tok/s against
+/// 636 / 636, Phi-4-mini Q4_K 453 / 453 against 448 / 448, Qwen2.5-1.5B Q4_K 684 / 683
+/// against 672 / 671 and Q8_0 677 / 678 against 667 / 667; Gemma-3-1B (heads of 256) was level
+/// (Q8_0 559 / 557 against 558 / 557), while heads of 64 lost (SmolLM2-1.7B Q4_K 845 / 845
+/// against 856 / 856, Llama-3.2-1B Q4_K 1,171 / 1,171 against 1,189 / 1,183). 64 invocations
+/// were slower on every shape.
+fn split_workgroup(head_dim: u32) -> u32 {
+    if head_dim >= 128 { 128 } else { WG }
+}
+
 /// Number of key runs a decode step over `keys` keys uses.
 pub fn splits_for(keys: u32) -> u32 {
     let len = MIN_SPLIT.max(keys.div_ceil(MAX_SPLITS));
@@ -212,8 +224,13 @@ impl Attention {
         super::rope::check_rotary(table, head_dim)?;
         let rotary_dim = table.map_or(head_dim, |t| t.rotary_dim);
         let (bq, bk) = tiles_for(head_dim);
+        let wg = if split.is_some() {
+            split_workgroup(head_dim)
+        } else {
+            WG
+        };
         let defines = [
-            ("WG", WG.to_string()),
+            ("WG", wg.to_string()),
             ("HD", head_dim.to_string()),
             // Softmax max and sum through subgroups: on an H200 (`bench --prompt-len 504
             // --gen 64`, Q4_K, two rounds) decode went SmolLM2-1.7B 835 / 830 → 856 / 856
