@@ -1568,13 +1568,15 @@ fn windowed_attention_over_a_rolling_cache_matches_cpu() {
 fn split_attention_merged_by_the_output_product_matches_cpu() {
     let gpu = gpu();
     let mut rng = Rng::new(15);
-    // 1 run, 5 runs of 64 keys, 16 runs of 125 keys, GQA with head_dim 128, head_dim 12;
-    // partial rotary (the last field: rotating dims).
+    // 1 run, 5 runs of 64 keys, 16 runs of 125 keys, GQA with head_dim 128 and 256 (their
+    // runs take narrower workgroups), head_dim 12; partial rotary (the last field: rotating
+    // dims).
     let cases = [
         (4u32, 2u32, 16u32, 0u32, 8u32, 16u32),
         (4, 2, 16, 300, 310, 16),
         (2, 1, 64, 1999, 2001, 64),
         (4, 1, 128, 700, 701, 128),
+        (2, 1, 256, 150, 160, 256),
         (3, 1, 12, 70, 90, 12),
         (4, 2, 20, 90, 100, 8),
     ];
