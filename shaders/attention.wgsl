@@ -25,8 +25,9 @@
 // word), then every block's f32 scale from word `scale_base` on.
 //
 // Defines: WG, HD (head_dim, a multiple of 4; of 32 with Q8), F16 (f16 cache), Q8, SPLIT, MIN_SPLIT, MAX_SPLITS,
-// NO_ROPE (learned positions), ROT (rotating dims of a head), RING, FULL, TILED (the `tiled`
-// entry point, with BQ and BK).
+// NO_ROPE (learned positions), ROT (rotating dims of a head), RING, FULL, HALVES (with FULL: q
+// and kv hold f16 values, two to a word, offsets and strides still counted in values), TILED
+// (the `tiled` entry point, with BQ and BK).
 
 #if FULL
 struct Params {
@@ -61,11 +62,18 @@ const KEY_GROUPS: u32 = {{WG}}u / QUADS;
 
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<uniform> step: Step;
+#if HALVES
+// FULL over f16 operands, two values to a word: a quad of four is one vec2<u32>.
+@group(0) @binding(2) var<storage, read> q: array<vec2<u32>>;
+@group(0) @binding(3) var<storage, read> kv: array<vec2<u32>>;
+#else
 // Rotated queries [token][head][HD]; with SPLIT, the token's fused QKV row instead.
 @group(0) @binding(2) var<storage, read> q: array<f32>;
 #if FULL
 @group(0) @binding(3) var<storage, read> kv: array<vec4<f32>>;
-#else
+#endif
+#endif
+#if !FULL
 #if SPLIT
 #if Q8
 @group(0) @binding(3) var<storage, read_write> k_cache: array<u32>;
@@ -102,6 +110,31 @@ const KEY_GROUPS: u32 = {{WG}}u / QUADS;
 #if SPLIT
 // (running max, running sum) per (split, head).
 @group(0) @binding(6) var<storage, read_write> split_stats: array<vec2<f32>>;
+#endif
+
+// Four values of an f16 word pair.
+fn halves_quad(w: vec2<u32>) -> vec4<f32> {
+    return vec4<f32>(unpack2x16float(w.x), unpack2x16float(w.y));
+}
+
+// The four query values from value offset `b` (a multiple of 4).
+fn q_quad(b: u32) -> vec4<f32> {
+#if HALVES
+    return halves_quad(q[b / 4u]);
+#else
+    return vec4<f32>(q[b], q[b + 1u], q[b + 2u], q[b + 3u]);
+#endif
+}
+
+#if FULL
+// Quad `index` of the keys and values' rows.
+fn kv_quad(index: u32) -> vec4<f32> {
+#if HALVES
+    return halves_quad(kv[index]);
+#else
+    return kv[index];
+#endif
+}
 #endif
 
 var<workgroup> qs: array<vec4<f32>, QUADS>;
@@ -215,7 +248,7 @@ fn q8_pack(v: vec4<f32>) -> u32 {
 // Four consecutive dims starting at quad index `index` (in units of 4 elements).
 fn k_quad(index: u32) -> vec4<f32> {
 #if FULL
-    return kv[index];
+    return kv_quad(index);
 #else
 #if Q8
     return q8_unpack(k_cache[index]) * bitcast<f32>(k_cache[p.scale_base + index / 8u]);
@@ -232,7 +265,7 @@ fn k_quad(index: u32) -> vec4<f32> {
 
 fn v_quad(index: u32) -> vec4<f32> {
 #if FULL
-    return kv[index];
+    return kv_quad(index);
 #else
 #if Q8
     return q8_unpack(v_cache[index]) * bitcast<f32>(v_cache[p.scale_base + index / 8u]);
@@ -368,7 +401,7 @@ fn main(
     // The softmax scale is folded into q.
     for (var i = tid; i < QUADS; i += {{WG}}u) {
         let b = q_base + 4u * i;
-        qs[i] = vec4<f32>(q[b], q[b + 1u], q[b + 2u], q[b + 3u]) * p.scale;
+        qs[i] = q_quad(b) * p.scale;
     }
     workgroupBarrier();
 #endif
@@ -519,7 +552,7 @@ fn tiled(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id) wid: 
         var v = vec4<f32>(0.0);
         if (row < n_queries) {
             let b = q_row + 4u * c;
-            v = vec4<f32>(q[b], q[b + 1u], q[b + 2u], q[b + 3u]) * p.scale;
+            v = q_quad(b) * p.scale;
         }
         qv[c] = v;
     }

@@ -24,8 +24,8 @@ enable wgpu_cooperative_matrix;
 // KF = FK / 16, DF = HD / 16 (fragments across a head), PASSES (1, or 2 for heads wider than
 // 64), DFP = DF / PASSES (fragments of one pass), OQP = 2·DFP (output quads each lane takes in
 // a pass), KVQ = FK·HD / 512 (quads of a block's keys and of its values each invocation
-// stages), SQ = FK / 8 (score quads each lane takes), KV_WORDS (an f16 or q8_0 cache, kept
-// as its own words until staged).
+// stages), SQ = FK / 8 (score quads each lane takes), KV_WORDS (an f16 or q8_0 cache, or
+// HALVES rows, kept as their own words until staged).
 
 const FQ: u32 = 64u;
 const FK: u32 = {{FK}}u;
@@ -71,10 +71,11 @@ fn query_at(row: u32, head: u32) -> u32 {
 // them there; kept raw, they stay in flight while the current block is multiplied. On an H200
 // (`bench --profile`, 504-token prompts, f16 caches) SmolLM2-1.7B's prompt attention went from
 // 1.47 to 1.01 ms, Qwen2.5-1.5B's from 2.16 to 1.91 (1.07 and 1.40 in a later run, infinities
-// clamped as they are staged). f32 sources (encoders' QKV rows, f32
-// caches) are converted once loaded: kept as f32 they take twice the registers, and Whisper
-// large-v3-turbo's encoder attention went from 7.75 to 8.35 ms (11.6 with the conversion
-// inside the bounds check).
+// clamped as they are staged). f16 rows (HALVES) keep their words too: Whisper
+// large-v3-turbo's encoder attention went from 7.68 ms on f32 rows to 5.75. f32 sources (f32
+// rows, f32 caches) are converted once loaded: kept as f32 they take twice the registers, and
+// that encoder attention went from 7.75 to 8.35 ms (11.6 with the conversion inside the bounds
+// check).
 #if KV_WORDS
 alias KvLoad = vec2<u32>;
 alias KvKept = vec2<u32>;
@@ -93,12 +94,6 @@ fn kept_half(r: KvKept) -> vec4<f16> {
     return to_half(q8_unpack(r.x) * bitcast<f32>(r.y));
 }
 #else
-fn k_load(i: u32) -> KvLoad {
-    return k_cache[i];
-}
-fn v_load(i: u32) -> KvLoad {
-    return v_cache[i];
-}
 fn kept_half(r: KvKept) -> vec4<f16> {
     // Through f32 and to_half: a cache word may hold an infinity (a value past f16's range
     // when stored), staged as f16's largest value as everywhere in this kernel.
@@ -114,21 +109,24 @@ fn keep(r: KvLoad) -> KvKept {
 fn kept_half(r: KvKept) -> vec4<f16> {
     return r;
 }
-#if FULL
-fn k_load(i: u32) -> KvLoad {
-    return kv[i];
-}
-fn v_load(i: u32) -> KvLoad {
-    return kv[i];
-}
-#else
-fn k_load(i: u32) -> KvLoad {
-    return k_cache[i];
-}
-fn v_load(i: u32) -> KvLoad {
-    return v_cache[i];
-}
 #endif
+#if !Q8
+// Quads as stored: in rows of an encoder's QKV product (FULL; f16 words with HALVES), or in
+// a cache.
+fn k_load(i: u32) -> KvLoad {
+#if FULL
+    return kv[i];
+#else
+    return k_cache[i];
+#endif
+}
+fn v_load(i: u32) -> KvLoad {
+#if FULL
+    return kv[i];
+#else
+    return v_cache[i];
+#endif
+}
 #endif
 
 // The next block's keys and values this invocation stages (KVQ quads of each), loaded while the
@@ -203,7 +201,7 @@ fn flash(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id) wid: 
         var v = vec4<f32>(0.0);
         if (qr < n_queries) {
             let b = query_at(qr, head) + 4u * (i % QUADS);
-            v = vec4<f32>(q[b], q[b + 1u], q[b + 2u], q[b + 3u]) * p.scale;
+            v = q_quad(b) * p.scale;
         }
         kv_tile[(i / QUADS) * LDH + i % QUADS] = to_half(v);
     }

@@ -14,7 +14,8 @@ enable wgpu_cooperative_matrix;
 // subgroup size, fixed on the adapters this path runs on), TM (= 16·WM·GM), TN (= 16·WN·GN),
 // BK and KSUB (= BK / 16), OUT_SG (subgroups whose fragments pass through workgroup memory at
 // once in the epilogue: all, or half where 64-deep steps leave no room for more), XN and WG
-// (see below), WRAW (dense f16 weights, staged as loaded), and those of
+// (see below), WRAW (dense f16 weights, staged as loaded), HALF_OUT (f16 outputs, written a
+// pair to a word), HALF_IN (f16 X, staged as loaded), and those of
 // matmul_io.wgsl (XV: X read as vec4 words, two 16-byte loads for eight values where k is a
 // multiple of 4; GLU).
 //
@@ -88,6 +89,12 @@ fn stage_w(at: u32, lo: vec4<f32>, hi: vec4<f32>) {
     ws[2u * at + 1u] = to_f16(hi);
 }
 
+// Eight f16 values of X as stored (four words).
+fn stage_x_raw(at: u32, word: vec4<u32>) {
+    xs[2u * at] = vec4<f16>(f16_pair(word.x), f16_pair(word.y));
+    xs[2u * at + 1u] = vec4<f16>(f16_pair(word.z), f16_pair(word.w));
+}
+
 // Eight f16 weights as stored (four words).
 fn stage_w_raw(at: u32, word: vec4<u32>) {
     ws[2u * at] = vec4<f16>(f16_pair(word.x), f16_pair(word.y));
@@ -97,8 +104,12 @@ fn stage_w_raw(at: u32, word: vec4<u32>) {
 // The next k step's tiles, loaded while the current one is multiplied. Named registers, not
 // arrays (see `#for` in engine/src/gpu/shader.rs).
 #for i in 0..XN
+#if HALF_IN
+var<private> xr{{i}}: vec4<u32>;
+#else
 var<private> xlo{{i}}: vec4<f32>;
 var<private> xhi{{i}}: vec4<f32>;
+#endif
 #endfor
 #for j in 0..WG
 #if WRAW
@@ -169,6 +180,16 @@ fn x_eight(row: u32, col: u32, k_end: u32, corner: vec2<i32>, t0: vec3<i32>) -> 
                   x_conv(row, col + 6u, k_end, corner, t6), x_conv(row, col + 7u, k_end, corner, t7)));
 }
 #else
+#if HALF_IN
+// Eight f16 values of row `row` of X from column `col` as they are stored (zero outside the
+// product; k is a multiple of 8, so eight are all inside or all outside).
+fn x_raw(row: u32, col: u32, k_end: u32) -> vec4<u32> {
+    if (row < step.n_tokens && col < k_end) {
+        return xh[(row * p.k + col) / 8u];
+    }
+    return vec4<u32>(0u);
+}
+#else
 #if !XV
 fn x_one(at: u32, col: u32, k_end: u32) -> f32 {
     if (col < k_end) {
@@ -206,6 +227,7 @@ fn x_eight(row: u32, col: u32, k_end: u32) -> Eight {
     return out;
 }
 #endif
+#endif
 
 #if WRAW
 // Eight f16 weights of row `row` from column `kc` as they are stored.
@@ -239,6 +261,9 @@ fn fetch(k0: u32, k_end: u32, m0: u32, n0: u32, tid: u32) {
     let tap = tap_of(kc);
 #endif
 #for i in 0..XN
+#if HALF_IN
+    xr{{i}} = x_raw(m0 + r0 + {{i}}u * RSTEP, kc, k_end);
+#else
     {
 #if CONV
         let e = x_eight(m0 + r0 + {{i}}u * RSTEP, kc, k_end, corner{{i}}, tap);
@@ -248,6 +273,7 @@ fn fetch(k0: u32, k_end: u32, m0: u32, n0: u32, tid: u32) {
         xlo{{i}} = e.lo;
         xhi{{i}} = e.hi;
     }
+#endif
 #endfor
 #for j in 0..WG
 #if WRAW
@@ -267,7 +293,11 @@ fn stage(tid: u32) {
     // In eight-value steps: step tid % KPARTS of row tid / KPARTS.
     let at = (tid / KPARTS) * ROW_EIGHTS + tid % KPARTS;
 #for i in 0..XN
+#if HALF_IN
+    stage_x_raw(at + {{i}}u * RSTEP * ROW_EIGHTS, xr{{i}});
+#else
     stage_x(at + {{i}}u * RSTEP * ROW_EIGHTS, xlo{{i}}, xhi{{i}});
+#endif
 #endfor
 #for j in 0..WG
 #if WRAW
@@ -289,6 +319,17 @@ fn write_fragment(at: u32, row0: u32, c0: u32, n0: u32, lane: u32, slice: u32) {
     }
 #endif
 #endif
+#if HALF_OUT
+    // Two neighbouring outputs a word (n is even, so a pair is inside the product or not).
+    for (var e = 2u * lane; e < 256u; e += 2u * {{SG}}u) {
+        let row = row0 + e / 16u;
+        let col = n0 + c0 + e % 16u;
+        if (row < step.n_tokens && col < p.n) {
+            let pair = vec2<f32>(epilogue(outs[at + e], row, col), epilogue(outs[at + e + 1u], row, col + 1u));
+            y[(row * p.n + col) / 2u] = pack2x16float(clamp(pair, vec2<f32>(-65504.0), vec2<f32>(65504.0)));
+        }
+    }
+#else
     for (var e = lane; e < 256u; e += {{SG}}u) {
         let row = row0 + e / 16u;
         let c = c0 + e % 16u;
@@ -312,6 +353,7 @@ fn write_fragment(at: u32, row0: u32, c0: u32, n0: u32, lane: u32, slice: u32) {
 #endif
 #endif
     }
+#endif
 }
 
 @compute @workgroup_size(THREADS)

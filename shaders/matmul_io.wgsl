@@ -6,7 +6,9 @@
 // the residual), SPLIT_K (with REDUCE_V4 where Y's rows are whole vec4 words), CONV, QUANT
 // (weights bound by quant.wgsl), XV (X bound as vec4 words), GLU (the tensor-core tiles only:
 // W is a fused gate/up matrix of n = 2·width rows, and Y holds the `width` gated outputs;
-// GEGLU and GATE_TANH pick the form as in glu.wgsl; no residual, GELU or RELU).
+// GEGLU and GATE_TANH pick the form as in glu.wgsl; no residual, GELU or RELU), HALF_OUT (the
+// tensor-core tiles only: Y holds f16 values, two to a word), HALF_IN (the tensor-core tiles
+// only: X holds f16 values, eight to a 16-byte word).
 
 struct Params {
     n: u32,
@@ -25,12 +27,18 @@ struct Params {
 
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<uniform> step: Step;
+#if HALF_IN
+// X as f16 values, eight to a 16-byte word (the tensor-core tiles, where k is a multiple of 8
+// and X no convolution's input).
+@group(0) @binding(2) var<storage, read> xh: array<vec4<u32>>;
+#else
 #if XV
 // X as vec4 words (the tensor-core tiles, where k is a multiple of 4 and X no convolution's
 // input): eight values in two 16-byte loads.
 @group(0) @binding(2) var<storage, read> xv: array<vec4<f32>>;
 #else
 @group(0) @binding(2) var<storage, read> x: array<f32>;
+#endif
 #endif
 #if !QUANT
 #if F16
@@ -39,7 +47,12 @@ struct Params {
 @group(0) @binding(3) var<storage, read> w: array<vec4<f32>>;
 #endif
 #endif
+#if HALF_OUT
+// f16 outputs, two to a word (the tensor-core tiles only; no residual, gating or k split).
+@group(0) @binding(4) var<storage, read_write> y: array<u32>;
+#else
 @group(0) @binding(4) var<storage, read_write> y: array<f32>;
+#endif
 #if BIAS
 @group(0) @binding(5) var<storage, read> bias: array<f32>;
 #endif

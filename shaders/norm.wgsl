@@ -8,6 +8,8 @@
 // heads + 2·kv_heads head vectors, query heads with `weight`, key heads with `k_weight`;
 // value heads are left alone.
 //
+// With HALF_OUT, y takes f16 values, two to a word (for a product that reads its X so).
+//
 // With LANE_ROWS (CPU adapters), each invocation normalises whole rows on its own: there an
 // invocation is one SIMD lane of a CPU thread, and the barriers of a workgroup reduction cost
 // far more than reading the row lane by lane (lavapipe: Whisper tiny.en's encoder LayerNorm,
@@ -25,7 +27,13 @@ struct Params {
 #if !HEADS
 @group(0) @binding(2) var<storage, read> x: array<f32>;
 #endif
+#if HALF_OUT
+// f16 outputs, two to a word (for a product that reads its X so); never with RESIDUAL or
+// HEADS, over an even width.
+@group(0) @binding(3) var<storage, read_write> y: array<u32>;
+#else
 @group(0) @binding(3) var<storage, read_write> y: array<f32>;
+#endif
 @group(0) @binding(4) var<storage, read> weight: array<f32>;
 #if LAYER
 @group(0) @binding(5) var<storage, read> bias: array<f32>;
@@ -84,6 +92,13 @@ fn main(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id) wid: v
     }
 }
 #else
+#if HALF_OUT
+// Writes outputs `at` and `at` + 1 (`at` even) as one f16 pair.
+fn store_pair(at: u32, a: f32, b: f32) {
+    y[at / 2u] = pack2x16float(clamp(vec2<f32>(a, b), vec2<f32>(-65504.0), vec2<f32>(65504.0)));
+}
+#endif
+
 // Normalises `row` of the step; `tid` is this invocation's place among those sharing the row.
 fn normalize_row(row: u32, tid: u32) {
     let base = row * p.k;
@@ -101,9 +116,16 @@ fn normalize_row(row: u32, tid: u32) {
         sq += d * d;
     }
     let inv = inverseSqrt(total(tid, sq) / f32(p.k) + p.eps);
+#if HALF_OUT
+    for (var k = 2u * first; k < p.k; k += 2u * stride) {
+        store_pair(base + k, (x[base + k] - mean) * inv * weight[k] + bias[k],
+                   (x[base + k + 1u] - mean) * inv * weight[k + 1u] + bias[k + 1u]);
+    }
+#else
     for (var k = first; k < p.k; k += stride) {
         y[base + k] = (x[base + k] - mean) * inv * weight[k] + bias[k];
     }
+#endif
 #else
     var sq = 0.0;
     for (var k = first; k < p.k; k += stride) {
@@ -111,6 +133,11 @@ fn normalize_row(row: u32, tid: u32) {
         sq += v * v;
     }
     let inv = inverseSqrt(total(tid, sq) / f32(p.k) + p.eps);
+#if HALF_OUT
+    for (var k = 2u * first; k < p.k; k += 2u * stride) {
+        store_pair(base + k, x[base + k] * inv * weight[k], x[base + k + 1u] * inv * weight[k + 1u]);
+    }
+#else
     for (var k = first; k < p.k; k += stride) {
 #if RESIDUAL
         y[base + k] += x[base + k] * inv * weight[k];
@@ -118,6 +145,7 @@ fn normalize_row(row: u32, tid: u32) {
         y[base + k] = x[base + k] * inv * weight[k];
 #endif
     }
+#endif
 #endif
 }
 

@@ -573,6 +573,85 @@ fn matmul_parity(gpu: &Gpu) {
     );
 }
 
+/// f16 values, two to a word, in and out (an encoder's activations between its kernels): on
+/// tensor-core tiles the outputs match the reference rounded to f16 in every tile layout, with
+/// the epilogue's bias and GELU, whether X is f32 or f16; elsewhere, with a residual to add
+/// into f16 outputs, or with k no multiple of 8 for f16 X, the product refuses them.
+#[test]
+fn matmul_takes_and_writes_f16_on_tensor_cores() {
+    for gpu in product_gpus() {
+        let mut rng = Rng::new(33);
+        // Rows and columns that fill no tile, k no whole step.
+        let (m, n, k) = (70usize, 202usize, 136usize);
+        let w = rng.vec(n * k, 1.0);
+        let x = round_f16(&rng.vec(m * k, 1.0));
+        let bias = rng.vec(n, 1.0);
+        let x_halves: Vec<half::f16> = x.iter().map(|&v| half::f16::from_f32(v)).collect();
+        let xb = buf(&gpu, &x);
+        let xhb = gpu.storage_from("x halves", &x_halves).expect("x");
+        let bb = buf(&gpu, &bias);
+        let yb = gpu.storage("y", (m * n * 2) as u64).expect("y");
+        let st = step(&gpu, 0, m as u32);
+        let short =
+            Matrix::from_f32(&gpu, "w", &w[..n * 132], n as u32, 132, WeightDType::F16).expect("w");
+        let refused = |w: &Matrix, x: &StorageBuffer, opts: MatMulOptions<'_>| {
+            MatMul::new(&gpu, w, x, &yb, &st, opts).is_err()
+        };
+        let half_in = || MatMulOptions {
+            half_in: true,
+            ..Default::default()
+        };
+        assert!(refused(&short, &xhb, half_in()), "f16 X over k = 132");
+        for dtype in [WeightDType::F16, WeightDType::F32] {
+            let wm = Matrix::from_f32(&gpu, "w", &w, n as u32, k as u32, dtype).expect("w");
+            let options = |coop_tile, half_in| MatMulOptions {
+                bias: Some(&bb),
+                gelu: Some(Gelu::Erf),
+                coop_tile,
+                half_out: true,
+                half_in,
+                ..Default::default()
+            };
+            let residual = MatMulOptions {
+                residual: true,
+                ..options(None, false)
+            };
+            assert!(refused(&wm, &xb, residual), "f16 outputs took a residual");
+            if !gpu.caps().cooperative_matrix {
+                assert!(
+                    refused(&wm, &xb, options(None, false)),
+                    "f16 Y off tensor cores"
+                );
+                assert!(refused(&wm, &xhb, half_in()), "f16 X off tensor cores");
+                continue;
+            }
+            let hw = round_f16(&host_weights(&w, dtype));
+            let (product, mag) = product_ref(&hw, &x, m, n, k);
+            let want: Vec<f32> = (0..m * n)
+                .map(|i| gelu_erf(product[i] + bias[i % n]))
+                .collect();
+            for tile in coop_tiles(&gpu) {
+                for (x_in, halves) in [(&xb, false), (&xhb, true)] {
+                    let op = MatMul::new(&gpu, &wm, x_in, &yb, &st, options(tile, halves))
+                        .expect("matmul");
+                    let mut rec = Recorder::new(&gpu);
+                    rec.clear(&yb.buffer);
+                    op.encode(&mut rec, m as u32);
+                    rec.submit();
+                    let words: Vec<half::f16> = gpu.read(&yb.buffer, 0, (m * n) as u64).expect("y");
+                    let got: Vec<f32> = words.iter().map(|h| h.to_f32()).collect();
+                    // f16 keeps 11 significant bits.
+                    let scale: Vec<f32> = mag.iter().zip(&want).map(|(a, b)| a + b.abs()).collect();
+                    let what = format!(
+                        "f16 outputs {dtype:?} m={m} n={n} k={k} tile={tile:?} f16 X {halves}"
+                    );
+                    assert_close(&what, &got, &want, &scale, 1e-5, 1e-3);
+                }
+            }
+        }
+    }
+}
+
 /// One product recorded for a short and a long prompt: where the adapter's tensor cores give
 /// long prompts a wider tile (`LONG_PROMPT_ROWS`), each length must dispatch its own tile
 /// with its own parameters, split along k as its tiles need, and reduce to the same product.
@@ -793,7 +872,7 @@ fn norms_match_cpu() {
     // adapters take), the latter over more rows than one workgroup of 64 holds.
     for lane_rows in [false, true] {
         for kind in [NormKind::Rms, NormKind::Layer] {
-            for &(rows, width) in &[(3usize, 1usize), (3, 7), (70, 300), (3, 1001)] {
+            for &(rows, width) in &[(3usize, 1usize), (3, 7), (70, 300), (3, 1001), (5, 1282)] {
                 let what = format!("{kind:?} {rows}×{width} (a row per invocation: {lane_rows})");
                 check_norm(&gpu, &mut rng, kind, rows, width, lane_rows, &what);
             }
@@ -821,17 +900,22 @@ fn check_norm(
     );
     let st = step(gpu, 0, rows as u32);
     let eps = 1e-5;
+    let run = |form: NormForm| {
+        let bias = (kind == NormKind::Layer).then_some(&bb);
+        let op = Norm::with_form(gpu, kind, width as u32, eps, &wb, bias, &xb, &yb, &st, form);
+        op.map(|op| {
+            let mut rec = Recorder::new(gpu);
+            op.encode(&mut rec, rows as u32);
+            rec.submit();
+        })
+    };
     let norm = |residual| {
-        let form = NormForm {
+        run(NormForm {
             residual,
             lane_rows: Some(lane_rows),
-        };
-        let bias = (kind == NormKind::Layer).then_some(&bb);
-        let op = Norm::with_form(gpu, kind, width as u32, eps, &wb, bias, &xb, &yb, &st, form)
-            .expect("norm");
-        let mut rec = Recorder::new(gpu);
-        op.encode(&mut rec, rows as u32);
-        rec.submit();
+            half_out: false,
+        })
+        .expect("norm");
         read(gpu, &yb, rows * width)
     };
     let got = norm(false);
@@ -851,6 +935,21 @@ fn check_norm(
         let twice: Vec<f32> = want.iter().map(|v| 2.0 * v).collect();
         let what = format!("{what}, added");
         assert_close(&what, &got, &twice, &scale, 1e-5, 1e-5);
+    }
+    // f16 outputs, two to a word, over even widths (odd ones are refused).
+    let halves = run(NormForm {
+        lane_rows: Some(lane_rows),
+        half_out: true,
+        ..Default::default()
+    });
+    if width.is_multiple_of(2) {
+        halves.expect("norm with f16 outputs");
+        let words: Vec<half::f16> = gpu.read(&yb.buffer, 0, (rows * width) as u64).expect("y");
+        let got: Vec<f32> = words.iter().map(|h| h.to_f32()).collect();
+        let what = format!("{what}, f16 outputs");
+        assert_close(&what, &got, &want, &scale, 1e-5, 1e-3);
+    } else {
+        assert!(halves.is_err(), "{what}: f16 outputs over an odd width");
     }
 }
 

@@ -466,6 +466,7 @@ fn causal_attention_matches_cpu() {
         q_stride: 3 * d as u32,
         kv_stride: 3 * d as u32,
         k_off: d as u32,
+        f16: false,
     };
     let att = FullAttention::with_mask(&gpu, layout, &qb, &qb, &ob, &st, true).expect("attention");
     for kernel in att.kernels() {

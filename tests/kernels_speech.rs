@@ -253,12 +253,18 @@ fn full_attention_matches_cpu_in_every_form() {
             q_rows: 2048,
         },
     ];
-    for c in &cases {
+    // Each case with f32 operands, then with f16 ones (as an encoder's QKV product writes them
+    // on tensor cores), checked against the reference on the same rounded inputs.
+    for (c, halves) in cases.iter().flat_map(|c| [(c, false), (c, true)]) {
         let q_stride = c.heads * c.hd + c.q_extra;
         let kv_width = c.kv_heads * c.hd;
         let kv_stride = c.k_off + 2 * kv_width + c.kv_extra;
-        let q = rng.vec(c.queries.max(c.q_rows) * q_stride, 1.0);
-        let kv = rng.vec(c.keys * kv_stride, 1.0);
+        let mut q = rng.vec(c.queries.max(c.q_rows) * q_stride, 1.0);
+        let mut kv = rng.vec(c.keys * kv_stride, 1.0);
+        if halves {
+            q = round_f16(&q);
+            kv = round_f16(&kv);
+        }
         let scale = 1.0 / (c.hd as f32).sqrt();
         let mut want = vec![0.0f32; c.queries * c.heads * c.hd];
         for t in 0..c.queries {
@@ -285,8 +291,16 @@ fn full_attention_matches_cpu_in_every_form() {
                 }
             }
         }
-        let qb = buf(&gpu, &q);
-        let kvb = buf(&gpu, &kv);
+        let operands = |v: &[f32]| {
+            if halves {
+                let words: Vec<half::f16> = v.iter().map(|&x| half::f16::from_f32(x)).collect();
+                gpu.storage_from("test", &words).expect("buffer")
+            } else {
+                buf(&gpu, v)
+            }
+        };
+        let qb = operands(&q);
+        let kvb = operands(&kv);
         let out = gpu.storage("out", (want.len() * 4) as u64).expect("out");
         let st = step(&gpu, 0, c.queries as u32);
         let attention = FullAttention::new(
@@ -299,6 +313,7 @@ fn full_attention_matches_cpu_in_every_form() {
                 q_stride: q_stride as u32,
                 kv_stride: kv_stride as u32,
                 k_off: c.k_off as u32,
+                f16: halves,
             },
             &qb,
             &kvb,
@@ -315,7 +330,7 @@ fn full_attention_matches_cpu_in_every_form() {
             let ones = vec![1.0; want.len()];
             assert_close(
                 &format!(
-                    "{} heads ({} kv) of {} dims, {} queries over {} keys, {kernel:?}",
+                    "{} heads ({} kv) of {} dims, {} queries over {} keys, f16 operands {halves}, {kernel:?}",
                     c.heads, c.kv_heads, c.hd, c.queries, c.keys
                 ),
                 &got,

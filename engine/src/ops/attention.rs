@@ -390,6 +390,10 @@ pub struct FullLayout {
     pub q_stride: u32,
     pub kv_stride: u32,
     pub k_off: u32,
+    /// q and kv hold f16 values two to a word, as a product with `half_out` writes them
+    /// (offsets and strides still count values). CPU adapters run the GPU kernels for them
+    /// rather than their own three passes.
+    pub f16: bool,
 }
 
 /// Attention where every query sees every key (no mask): an encoder's self-attention over
@@ -485,6 +489,7 @@ impl FullAttention {
             ("BQ", bq.to_string()),
             ("BK", bk.to_string()),
             flag("CAUSAL", causal),
+            flag("HALVES", layout.f16),
         ];
         let kernel = gpu.kernel("attention", SOURCE, "main", &defines)?;
         let tiled = gpu.kernel("attention", SOURCE, "tiled", &defines)?;
@@ -541,7 +546,11 @@ impl FullAttention {
         } else {
             None
         };
-        let cpu = CpuAttention::new(gpu, &layout, (q, kv, out, step), causal)?;
+        let cpu = if layout.f16 {
+            None
+        } else {
+            CpuAttention::new(gpu, &layout, (q, kv, out, step), causal)?
+        };
         Ok(Self {
             kernel,
             bind_group,

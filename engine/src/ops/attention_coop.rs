@@ -68,11 +68,15 @@ fn head_defines(head_dim: u32) -> [(&'static str, String); 8] {
     ]
 }
 
-/// Whether the keys and values come from an f16 or q8_0 cache, whose words the kernel keeps as
-/// loaded until it stages them (f32 sources it converts as they load).
+/// Whether the keys and values come from an f16 or q8_0 cache or f16 rows (HALVES), whose
+/// words the kernel keeps as loaded until it stages them (f32 sources it converts as they load).
 fn kv_words(defines: &[(&'static str, String)]) -> (&'static str, String) {
     let set = |name: &str| defines.iter().any(|(k, v)| *k == name && v != "0");
-    flag("KV_WORDS", !set("FULL") && (set("F16") || set("Q8")))
+    let full = set("FULL");
+    flag(
+        "KV_WORDS",
+        (full && set("HALVES")) || (!full && (set("F16") || set("Q8"))),
+    )
 }
 
 /// The kernel for attention.wgsl's `defines` (which must not ask for its `tiled` entry).
@@ -99,12 +103,19 @@ mod tests {
     fn tensor_core_attention_translates_in_every_variant() {
         let mut checked = 0;
         for hd in [16u32, 32, 48, 64, 96, 128] {
-            for (full, cache) in [(true, ""), (false, ""), (false, "F16"), (false, "Q8")] {
+            for (full, cache) in [
+                (true, ""),
+                (true, "HALVES"),
+                (false, ""),
+                (false, "F16"),
+                (false, "Q8"),
+            ] {
                 for ring in [false, true].into_iter().take(1 + usize::from(!full)) {
                     let mut defines = vec![
                         ("WG", "256".to_string()),
                         ("HD", hd.to_string()),
                         super::flag("FULL", full),
+                        super::flag("HALVES", cache == "HALVES"),
                         super::flag("F16", cache == "F16"),
                         super::flag("Q8", cache == "Q8"),
                         super::flag("RING", ring),
@@ -122,6 +133,6 @@ mod tests {
                 }
             }
         }
-        assert_eq!(checked, 6 * 7);
+        assert_eq!(checked, 6 * 8);
     }
 }

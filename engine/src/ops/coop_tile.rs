@@ -132,6 +132,56 @@ pub(super) enum ProductRows {
     Fixed(u32),
     /// A convolution's output pixels.
     Conv(u32),
+    /// The same count every call, on a product that never splits along k (a speech
+    /// encoder's window).
+    Unsplit(u32),
+}
+
+/// Workgroups of the 512-invocation tiles that run at once on the GPU the tile rules were
+/// measured on (an H200: 132 SMs, one such workgroup each).
+const RESIDENT_WORKGROUPS: u32 = 132;
+
+/// The tile of an unsplit product over `rows` fixed rows, by how evenly its workgroups fill
+/// the GPU: the wide tile where its waves of workgroups take less than 1.8 times as many
+/// 64-deep 128 × 128 tiles' waves (the ratio of their times per wave), 128 × 64 tiles where
+/// 128 × 128 ones would leave half the GPU idle, else the 128 × 128 tile, 64 deep over k of
+/// 768 or more (level with 32 deep at 1500×768×768 and 1500×2048×512) unless its tiles fit
+/// one wave over k under 2048: there the halved epilogue of 64-deep steps shows (Whisper
+/// large-v3-turbo's 1500×1280×1280 output product, in the model with its residual: 77 µs
+/// against 68 at 32 deep, though `bench-gemm` has them level without it). Whisper's
+/// encoder products on an H200 (`bench-gemm --split-target 1`, ms, the chosen tile against the
+/// next best; every product's best):
+/// - wide: 1500×5120×1280 0.184 against 0.202, 1500×2304×768 0.066 against 0.071,
+///   1500×2048×512 0.050 against 0.057, 1500×1536×512 0.047 against 0.052;
+/// - 64 deep: 1500×3840×1280 0.157 against 0.181 (wide), 1500×4096×1024 0.134 against 0.146,
+///   1500×3072×1024 0.126 against 0.135, 1500×3072×768 0.106 against 0.109, 1500×1280×5120
+///   0.174 against 0.210, 1500×1024×4096 0.141 against 0.169;
+/// - 128 × 64: 1500×512×2048 0.062 against 0.073.
+///
+/// The wide tile stays for k of 512 or more (Whisper tiny's 1500×1152×384: 50 against 75
+/// TFLOP/s, see `default_coop_tile`).
+fn unsplit_tile(n: u32, k: u32, rows: u32) -> Option<CoopTile> {
+    let waves = |tiles: u32| tiles.div_ceil(RESIDENT_WORKGROUPS);
+    let row_tiles = rows.div_ceil(128);
+    let wide_waves = waves(row_tiles * n.div_ceil(256));
+    let square_tiles = row_tiles * n.div_ceil(128);
+    if k >= 512 && 9 * wide_waves < 5 * waves(square_tiles) {
+        Some(WIDE_TILE)
+    } else if 2 * square_tiles <= RESIDENT_WORKGROUPS {
+        Some(CoopTile {
+            grid: (4, 2),
+            frags: (2, 2),
+            depth: 32,
+        })
+    } else {
+        // One wave of 64-deep tiles ends on their halved epilogue with nothing to overlap it.
+        let one_wave = square_tiles <= RESIDENT_WORKGROUPS && k < 2048;
+        Some(CoopTile {
+            grid: (4, 4),
+            frags: (2, 2),
+            depth: if k >= 768 && !one_wave { 64 } else { 32 },
+        })
+    }
 }
 
 /// The tensor-core tile for an `n`-wide product over `k` with `rows`. Each candidate falls
@@ -191,6 +241,7 @@ pub(super) fn default_coop_tile(
         {
             Some(WIDE_TILE)
         }
+        ProductRows::Unsplit(rows) if rows >= 256 => unsplit_tile(n, k, rows),
         _ => None,
     };
     preferred
@@ -267,6 +318,17 @@ mod tests {
         assert_eq!(pick(16384, 2048, ProductRows::Varying), "4x4/2x2/64");
         assert_eq!(pick(2304, 768, ProductRows::Varying), "4x4/2x2");
         assert_eq!(pick(2304, 768, ProductRows::Fixed(77)), "4x4/2x2");
+        // Unsplit products over a speech encoder's window: by how their tiles fill the GPU.
+        let window = ProductRows::Unsplit(1500);
+        assert_eq!(pick(5120, 1280, window), "4x4/2x4");
+        assert_eq!(pick(2304, 768, window), "4x4/2x4");
+        assert_eq!(pick(1536, 512, window), "4x4/2x4");
+        assert_eq!(pick(3840, 1280, window), "4x4/2x2/64");
+        assert_eq!(pick(3072, 768, window), "4x4/2x2/64");
+        assert_eq!(pick(1280, 5120, window), "4x4/2x2/64");
+        assert_eq!(pick(1152, 384, window), "4x4/2x2");
+        assert_eq!(pick(1280, 1280, window), "4x4/2x2");
+        assert_eq!(pick(512, 2048, window), "4x2/2x2");
         // Convolutions: by channels and output pixels.
         assert_eq!(pick(320, 2880, ProductRows::Conv(4096)), "4x4/2x4");
         assert_eq!(pick(128, 1152, ProductRows::Conv(262_144)), "4x4/4x2");

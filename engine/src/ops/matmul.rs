@@ -100,15 +100,22 @@ pub struct MatMulOptions<'a> {
     pub split_target: Option<u32>,
     /// The tensor-core tile layout (benchmarks and tests); `None` picks one for the product.
     pub coop_tile: Option<CoopTile>,
-    /// The rows every call multiplies, where they are fixed (an image network's pixels): the
-    /// tensor-core tiles of a product that may split along k size themselves to them.
-    /// Prompts, whose length varies, leave it `None`. Convolutions know their rows from
-    /// `conv`.
+    /// The rows every call multiplies, where they are fixed (an image network's pixels, a
+    /// speech encoder's window): the tensor-core tiles size themselves to them. Prompts, whose
+    /// length varies, leave it `None`. Convolutions know their rows from `conv`.
     pub rows: Option<u32>,
     /// W is a fused gate/up matrix (two blocks of `width` rows) and Y takes the `width` gated
     /// outputs, gated in the tiles' epilogue (or the k-split sums): tensor-core tiles only
     /// (see [`MatMul::gates_in_epilogue`]), with no residual, GELU or ReLU.
     pub glu: Option<GluKind>,
+    /// Y takes f16 values, two to a 32-bit word (for a consumer that reads them so, such as a
+    /// [`super::FullLayout`] with `f16`): tensor-core tiles only, over an even `n`, with no
+    /// residual, gating or k split. Half the bytes of the f32 rows to write and to read back.
+    pub half_out: bool,
+    /// X holds f16 values, two to a 32-bit word (as a product with `half_out` or a norm with
+    /// f16 outputs writes them): tensor-core tiles only, over k a multiple of 8, and no
+    /// convolution. The tiles stage them as loaded, from half the bytes.
+    pub half_in: bool,
 }
 
 /// `Y = X · Wᵀ` over all tokens of a step (prompt processing).
@@ -193,7 +200,14 @@ impl MatMul {
             && !tensor_cores
             && !cpu
             && w.quant.is_none();
-        let slices = if big || cpu { 1 } else { slices };
+        if opts.half_out || opts.half_in {
+            Self::check_halves(w, &opts, tensor_cores)?;
+        }
+        let slices = if big || cpu || opts.half_out {
+            1
+        } else {
+            slices
+        };
         let split = slices > 1;
         if let Some(kind) = opts.glu {
             Self::check_glu(gpu, w, &opts, kind)?;
@@ -206,7 +220,8 @@ impl MatMul {
         let reduce_v4 = split && out_width.is_multiple_of(4);
         let mut defines = w.defines();
         // The tensor-core tiles bind X as vec4 words where its rows are whole words.
-        let x_words = tensor_cores && opts.conv.is_none() && w.cols.is_multiple_of(4);
+        let x_words =
+            tensor_cores && opts.conv.is_none() && w.cols.is_multiple_of(4) && !opts.half_in;
         if tensor_cores {
             defines.push(flag("XV", x_words));
             defines.push(flag(
@@ -224,6 +239,8 @@ impl MatMul {
             flag("RELU", opts.relu),
             flag("BIG", big),
             flag("GLU", opts.glu.is_some()),
+            flag("HALF_OUT", opts.half_out),
+            flag("HALF_IN", opts.half_in),
         ]);
         if let Some(kind) = opts.glu {
             defines.extend(kind.defines());
@@ -343,6 +360,32 @@ impl MatMul {
         gpu.caps().cooperative_matrix
     }
 
+    /// Whether the product can take f16 X (`half_in`) and write f16 Y (`half_out`) as asked.
+    fn check_halves(
+        w: &Matrix,
+        opts: &MatMulOptions<'_>,
+        tensor_cores: bool,
+    ) -> Result<(), GpuError> {
+        let refusal = if !tensor_cores {
+            Some("the adapter has no tensor-core tiles")
+        } else if opts.half_out && !w.rows.is_multiple_of(2) {
+            Some("its width is odd")
+        } else if opts.half_out && (opts.residual || opts.glu.is_some()) {
+            Some("it adds to Y or gates its outputs")
+        } else if opts.half_in && (!w.cols.is_multiple_of(8) || opts.conv.is_some()) {
+            Some("its X is a convolution's input or k is no multiple of 8")
+        } else {
+            None
+        };
+        match refusal {
+            Some(why) => Err(GpuError::Device(format!(
+                "a {}×{} product cannot take f16 values here: {why}",
+                w.rows, w.cols
+            ))),
+            None => Ok(()),
+        }
+    }
+
     fn check_glu(
         gpu: &Gpu,
         w: &Matrix,
@@ -379,6 +422,7 @@ impl MatMul {
             Some(c) => ProductRows::Conv(c.out_h() * c.out_w),
             None => match (opts.rows, opts.split_scratch) {
                 (Some(rows), Some(_)) => ProductRows::Fixed(rows),
+                (Some(rows), None) => ProductRows::Unsplit(rows),
                 _ => ProductRows::Varying,
             },
         };
@@ -551,88 +595,5 @@ fn split_target_from_env() -> Option<u32> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::load::GgmlType;
-
-    /// The tensor-core tiles only compile on adapters with cooperative matrices, which CI's
-    /// software adapter lacks: naga checks every variant here (parse, validation, SPIR-V).
-    #[test]
-    fn tensor_core_tiles_translate_in_every_variant() {
-        let dense =
-            [WeightDType::F32, WeightDType::F16].map(|d| (COOP_SOURCE.as_str(), d.defines()));
-        let quant = [
-            GgmlType::Q8_0,
-            GgmlType::Q4_1,
-            GgmlType::Q5_0,
-            GgmlType::Q4K,
-            GgmlType::Q6K,
-        ]
-        .map(|ty| {
-            let source = super::super::quant_source::QUANT_MATMUL_COOP.as_str();
-            (source, super::super::quant_defines(ty, 512))
-        });
-        let mut checked = 0;
-        for (source, base) in dense.iter().chain(&quant) {
-            let raw = base.iter().any(|(k, v)| *k == "F16" && v == "1");
-            for (tile, split, conv) in [
-                ("2x2/4x4", false, false),
-                ("4x4/2x2", true, false),
-                ("4x2/2x2", false, true),
-                ("2x2/4x2", true, true),
-                ("4x4/2x2/64", false, false),
-                ("4x2/2x2/64", true, true),
-                ("4x4/2x4", false, true),
-                ("4x4/4x2", true, false),
-            ] {
-                let tile: CoopTile = tile.parse().expect("tile");
-                let mut defines = base.clone();
-                defines.extend(tile.defines(32));
-                defines.extend([
-                    flag("WRAW", raw),
-                    flag("XV", !conv),
-                    flag("BIAS", true),
-                    flag("RESIDUAL", !split),
-                    flag("SPLIT_K", split),
-                    flag("REDUCE_V4", split && !conv),
-                    flag("CONV", conv),
-                    flag("RELU", false),
-                    flag("BIG", false),
-                ]);
-                defines.extend(gelu_flags(None));
-                let entries = ["main", "reduce"];
-                crate::gpu::assert_translates(source, &defines, &entries[..1 + usize::from(split)]);
-                checked += 1;
-            }
-        }
-        assert_eq!(checked, 7 * 8);
-        // Gating in the epilogue (GLU), split and not, halved epilogues (64-deep steps)
-        // included, in each form.
-        let gates = [
-            (GluKind::Silu, "4x4/2x2", false, true),
-            (GluKind::GeluTanh, "2x2/4x4", true, false),
-            (GluKind::GeluErf, "4x4/2x2/64", false, true),
-            (GluKind::Silu, "4x4/2x4", true, true),
-            (GluKind::Silu, "4x2/2x2/64", true, false),
-        ];
-        for (i, (kind, tile, split, bias)) in gates.into_iter().enumerate() {
-            let (source, base) = if i % 2 == 0 { &dense[1] } else { &quant[3] };
-            let raw = base.iter().any(|(k, v)| *k == "F16" && v == "1");
-            let tile: CoopTile = tile.parse().expect("tile");
-            let mut defines = base.clone();
-            defines.extend(tile.defines(32));
-            defines.extend(kind.defines());
-            defines.extend([
-                flag("GLU", true),
-                flag("WRAW", raw),
-                flag("XV", true),
-                flag("BIAS", bias),
-                flag("SPLIT_K", split),
-                flag("REDUCE_V4", split && i % 3 == 0),
-            ]);
-            defines.extend(gelu_flags(None));
-            let entries = ["main", "reduce"];
-            crate::gpu::assert_translates(source, &defines, &entries[..1 + usize::from(split)]);
-        }
-    }
-}
+#[path = "matmul_tests.rs"]
+mod tests;

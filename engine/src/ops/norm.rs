@@ -28,6 +28,9 @@ pub struct NormForm {
     /// A row per invocation rather than per workgroup of 256: `None` takes it on CPU
     /// adapters, where workgroup barriers cost more than reading a row lane by lane.
     pub lane_rows: Option<bool>,
+    /// y takes f16 values, two to a word (for a product with `half_in`): not with `residual`,
+    /// and over an even width.
+    pub half_out: bool,
 }
 
 /// Row-wise RMSNorm / LayerNorm of the step's tokens into a separate buffer.
@@ -69,7 +72,7 @@ impl Norm {
     ) -> Result<Self, GpuError> {
         let form = NormForm {
             residual: true,
-            lane_rows: None,
+            ..Default::default()
         };
         Self::with_form(
             gpu,
@@ -102,7 +105,14 @@ impl Norm {
         let NormForm {
             residual,
             lane_rows,
+            half_out,
         } = form;
+        if half_out && (residual || !width.is_multiple_of(2)) {
+            return Err(GpuError::Device(format!(
+                "a norm of width {width} cannot write f16 outputs{}",
+                if residual { " into a residual" } else { "" }
+            )));
+        }
         let layer = kind == NormKind::Layer;
         let lane_rows = lane_rows.unwrap_or_else(|| gpu.is_software());
         let kernel = gpu.kernel(
@@ -114,6 +124,7 @@ impl Norm {
                 flag("HEADS", false),
                 flag("RESIDUAL", residual),
                 flag("LANE_ROWS", lane_rows),
+                flag("HALF_OUT", half_out),
             ],
         )?;
         let params = gpu.uniform(

@@ -167,6 +167,7 @@ fn transformer_block(
         q_stride: 3 * inner,
         kv_stride: 3 * inner,
         k_off: inner,
+        f16: false,
     };
     let att = b.attention(&qkv, &qkv, self_layout, false)?;
     b.release(qkv);
@@ -192,6 +193,7 @@ fn transformer_block(
         q_stride: inner,
         kv_stride: 2 * inner,
         k_off: 0,
+        f16: false,
     };
     let att = b.attention(&q, &kv, cross_layout, false)?;
     b.release(q);

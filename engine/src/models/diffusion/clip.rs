@@ -80,6 +80,7 @@ pub fn build_text_encoder(
             q_stride: 3 * d,
             kv_stride: 3 * d,
             k_off: d,
+            f16: false,
         };
         let att = b.attention(&qkv, &qkv, layout, true)?;
         b.release(qkv);

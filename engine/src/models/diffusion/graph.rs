@@ -322,6 +322,8 @@ impl<'a, 'w> Builder<'a, 'w> {
                 coop_tile: None,
                 rows: Some(rows),
                 glu,
+                half_out: false,
+                half_in: false,
             },
         )?;
         self.push(move |rec| mm.encode(rec, rows));

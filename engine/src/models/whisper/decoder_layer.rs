@@ -232,6 +232,7 @@ pub(super) fn build_layer(
         q_stride: d,
         kv_stride: 2 * d,
         k_off: 0,
+        f16: false,
     };
     let cache = CacheShape::new(heads, heads, hd, b.capacity, b.dtype);
     Ok(Layer {
@@ -360,7 +361,7 @@ pub(super) fn build_layer(
             &cross_kv,
             b.encoder_step,
             // The keys and values of the encoder's whole window.
-            super::encoder::window_rows(bias(&w.cross_kv_b)),
+            super::encoder::window_rows(cfg.max_source_positions, bias(&w.cross_kv_b)),
         )?,
         _weights: w,
         _buffers: vec![k_cache, v_cache, cross_kv],
