@@ -25,8 +25,8 @@
 // word), then every block's f32 scale from word `scale_base` on.
 //
 // Defines: WG, HD (head_dim, a multiple of 4; of 32 with Q8), F16 (f16 cache), Q8, SPLIT, MIN_SPLIT, MAX_SPLITS,
-// NO_ROPE (learned positions), ROT (rotating dims of a head), RING, FULL, HALVES (with FULL: q
-// and kv hold f16 values, two to a word, offsets and strides still counted in values), TILED
+// NO_ROPE (learned positions), ROT (rotating dims of a head), RING, FULL, HALVES (with FULL: q,
+// kv and out hold f16 values, two to a word, offsets and strides still counted in values), TILED
 // (the `tiled` entry point, with BQ and BK).
 
 #if FULL
@@ -106,7 +106,11 @@ const KEY_GROUPS: u32 = {{WG}}u / QUADS;
 #endif
 #endif
 #endif
+#if HALVES
+@group(0) @binding(5) var<storage, read_write> out: array<vec2<u32>>;
+#else
 @group(0) @binding(5) var<storage, read_write> out: array<f32>;
+#endif
 #if SPLIT
 // (running max, running sum) per (split, head).
 @group(0) @binding(6) var<storage, read_write> split_stats: array<vec2<f32>>;
@@ -125,6 +129,14 @@ fn q_quad(b: u32) -> vec4<f32> {
     return vec4<f32>(q[b], q[b + 1u], q[b + 2u], q[b + 3u]);
 #endif
 }
+
+#if HALVES
+// Writes four outputs from value offset `b` (a multiple of 4) as two f16 pairs.
+fn store_halves(b: u32, o: vec4<f32>) {
+    let h = clamp(o, vec4<f32>(-65504.0), vec4<f32>(65504.0));
+    out[b / 4u] = vec2<u32>(pack2x16float(h.xy), pack2x16float(h.zw));
+}
+#endif
 
 #if FULL
 // Quad `index` of the keys and values' rows.
@@ -482,10 +494,14 @@ fn main(
         let o = total / running_sum;
         let b = out_base + 4u * tid;
 #endif
+#if HALVES
+        store_halves(b, o);
+#else
         out[b] = o.x;
         out[b + 1u] = o.y;
         out[b + 2u] = o.z;
         out[b + 3u] = o.w;
+#endif
     }
 }
 
@@ -632,10 +648,14 @@ fn tiled(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id) wid: 
             let quad = lane + u * TPQ;
             if (quad < QUADS) {
                 let o = acc[u] * inv;
+#if HALVES
+                store_halves(b + 4u * quad, o);
+#else
                 out[b + 4u * quad] = o.x;
                 out[b + 4u * quad + 1u] = o.y;
                 out[b + 4u * quad + 2u] = o.z;
                 out[b + 4u * quad + 3u] = o.w;
+#endif
             }
         }
     }

@@ -94,6 +94,14 @@ fn kept_half(r: KvKept) -> vec4<f16> {
     return to_half(q8_unpack(r.x) * bitcast<f32>(r.y));
 }
 #else
+#if !FULL
+fn k_load(i: u32) -> KvLoad {
+    return k_cache[i];
+}
+fn v_load(i: u32) -> KvLoad {
+    return v_cache[i];
+}
+#endif
 fn kept_half(r: KvKept) -> vec4<f16> {
     // Through f32 and to_half: a cache word may hold an infinity (a value past f16's range
     // when stored), staged as f16's largest value as everywhere in this kernel.
@@ -109,23 +117,22 @@ fn keep(r: KvLoad) -> KvKept {
 fn kept_half(r: KvKept) -> vec4<f16> {
     return r;
 }
-#endif
-#if !Q8
-// Quads as stored: in rows of an encoder's QKV product (FULL; f16 words with HALVES), or in
-// a cache.
+#if !FULL
 fn k_load(i: u32) -> KvLoad {
-#if FULL
-    return kv[i];
-#else
     return k_cache[i];
-#endif
 }
 fn v_load(i: u32) -> KvLoad {
-#if FULL
-    return kv[i];
-#else
     return v_cache[i];
+}
 #endif
+#endif
+#if FULL
+// Quads of an encoder's QKV rows (f16 words with HALVES).
+fn k_load(i: u32) -> KvLoad {
+    return kv[i];
+}
+fn v_load(i: u32) -> KvLoad {
+    return kv[i];
 }
 #endif
 
@@ -309,10 +316,14 @@ fn flash(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id) wid: 
         {
             let v = fs[srow + 2u * {{c}}u + half] * inv;
             let at = b + ({{h}}u * {{DFP}}u * 4u + 2u * {{c}}u + half) * 4u;
+#if HALVES
+            store_halves(at, v);
+#else
             out[at] = v.x;
             out[at + 1u] = v.y;
             out[at + 2u] = v.z;
             out[at + 3u] = v.w;
+#endif
         }
 #endfor
     }

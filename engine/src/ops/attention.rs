@@ -390,9 +390,9 @@ pub struct FullLayout {
     pub q_stride: u32,
     pub kv_stride: u32,
     pub k_off: u32,
-    /// q and kv hold f16 values two to a word, as a product with `half_out` writes them
-    /// (offsets and strides still count values). CPU adapters run the GPU kernels for them
-    /// rather than their own three passes.
+    /// q, kv and the output hold f16 values two to a word, as a product with `half_out`
+    /// writes them and one with `half_in` reads them (offsets and strides still count values).
+    /// CPU adapters run the GPU kernels for them rather than their own three passes.
     pub f16: bool,
 }
 

@@ -203,6 +203,7 @@ fn encoder_layer(
                 MatMulOptions {
                     bias: Some(&out_b),
                     residual: true,
+                    half_in: half,
                     ..Default::default()
                 },
             ),
@@ -247,8 +248,9 @@ fn encoder_layer(
     Ok(layer)
 }
 
-/// Whether a layer's normalised rows, QKV rows and MLP activations pass between its kernels
-/// as f16: on tensor cores, whose products and attention round them to f16 anyway. That
+/// Whether a layer's normalised rows, QKV rows, attention outputs and MLP activations pass
+/// between its kernels as f16: on tensor cores, whose products and attention round them to
+/// f16 anyway. That
 /// halves the bytes written and read back, and the kernels stage them as loaded. On an H200
 /// (`bench-speech`, encoder per 30 s window), large-v3-turbo went from 30.8 to 28.6 ms with
 /// the QKV rows alone as f16 (attention 7.7 → 5.7 ms).
