@@ -13,7 +13,7 @@
 // for short rows), XVEC4 (k is a multiple of 4: x is also read through a vec4 view), KPAIR
 // (K-quant rows by sub-block pairs, see q_dot_pairs), NR (rows per lane group, 1..4), COMBINE
 // (x is the attention output of one token, split over runs of keys as attention.wgsl SPLIT
-// leaves it: the runs are merged while staging; needs XCACHE), HEADS, MIN_SPLIT, MAX_SPLITS,
+// leaves it: the runs are merged while staging; needs XCACHE), MIN_SPLIT, MAX_SPLITS,
 // WINDOW (the keys a sliding-window layer's attention saw), PIPE (int8 products with UNROLL:
 // each trip's weights are loaded one trip ahead, the first before the prologue), PIPE_NEXT
 // (PIPE with more than one trip), XQ8 (the input quantized to int8
@@ -58,8 +58,6 @@ struct Params {
 #if COMBINE
 @group(0) @binding(9) var<storage, read> partials: array<vec4<f32>>;
 @group(0) @binding(10) var<storage, read> split_stats: array<vec2<f32>>;
-// Per head: (overall max, 1 / overall sum).
-var<workgroup> head_scale: array<vec2<f32>, {{HEADS}}>;
 #endif
 #if BIAS
 @group(0) @binding(5) var<storage, read> bias: array<f32>;
@@ -505,40 +503,37 @@ fn main(
     let all_keys = min(step.pos0 + 1u, {{WINDOW}}u);
     let split_len = max({{MIN_SPLIT}}u, (all_keys + {{MAX_SPLITS}}u - 1u) / {{MAX_SPLITS}}u);
     let splits = (all_keys + split_len - 1u) / split_len;
-    // Runs are read four at a time (indices clamped, the extra ones weighted zero), so that
-    // their loads are in flight together: this prologue stands before every product load.
-    for (var h = tid; h < p.heads; h += {{WG}}u) {
-        // One pass: the running max and the sum rescaled to it.
-        var top = -3.0e38;
-        var total = 0.0;
-        for (var s0 = 0u; s0 < splits; s0 += 4u) {
-#for c in 0..4
-            let st{{c}} = select(vec2<f32>(-3.0e38, 0.0),
-                                 split_stats[min(s0 + {{c}}u, splits - 1u) * p.heads + h],
-                                 s0 + {{c}}u < splits);
-#endfor
-            let next = max(top, max(max(st0.x, st1.x), max(st2.x, st3.x)));
-            total = total * exp(top - next) + st0.y * exp(st0.x - next) + st1.y * exp(st1.x - next)
-                + st2.y * exp(st2.x - next) + st3.y * exp(st3.x - next);
-            top = next;
-        }
-        head_scale[h] = vec2<f32>(top, 1.0 / total);
-    }
-    workgroupBarrier();
+    // Each quad merges its runs in one pass (running max, the sum and the outputs rescaled to
+    // it), eight runs a trip with their loads in flight together (indices clamped, the extra
+    // runs weighted zero): no pass over the heads' statistics and no barrier before it, since
+    // this prologue stands before every weight load.
     let quads = p.k / 4u;
     for (var i = tid; i < {{ROW_VECS}}u * {{EPV}}u / 4u; i += {{WG}}u) {
         var merged = vec4<f32>(0.0);
         if (i < quads) {
             let h = (4u * i) / p.head_dim;
-            let hs = head_scale[h];
-            for (var s0 = 0u; s0 < splits; s0 += 4u) {
-#for c in 0..4
+            var top = -3.0e38;
+            var total = 0.0;
+            for (var s0 = 0u; s0 < splits; s0 += 8u) {
+#for c in 0..8
                 let run{{c}} = min(s0 + {{c}}u, splits - 1u);
-                let w{{c}} = select(0.0, exp(split_stats[run{{c}} * p.heads + h].x - hs.x), s0 + {{c}}u < splits);
-                merged += partials[run{{c}} * quads + i] * w{{c}};
+                let st{{c}} = select(vec2<f32>(-3.0e38, 0.0), split_stats[run{{c}} * p.heads + h],
+                                     s0 + {{c}}u < splits);
+                let part{{c}} = partials[run{{c}} * quads + i];
 #endfor
+                let next = max(max(max(top, st0.x), max(st1.x, st2.x)),
+                               max(max(st3.x, st4.x), max(max(st5.x, st6.x), st7.x)));
+                let kept = exp(top - next);
+                merged *= kept;
+                total *= kept;
+#for c in 0..8
+                let w{{c}} = exp(st{{c}}.x - next);
+                merged += part{{c}} * w{{c}};
+                total += st{{c}}.y * w{{c}};
+#endfor
+                top = next;
             }
-            merged *= hs.y;
+            merged /= total;
         }
         xs[xs_slot(i)] = merged;
     }

@@ -210,7 +210,7 @@ impl MatVec {
         }
         // The environment's layout (for measuring) wins over the caller's, and that over a
         // CPU adapter's.
-        let forced = MatVecLayout::from_env(w.cols)
+        let forced = MatVecLayout::from_env(w.cols, n)
             .or(opts.layout)
             .or(MatVecLayout::software(gpu, w.quant.is_some()));
         let mut wg = forced
@@ -357,11 +357,24 @@ impl MatVec {
         // f16 weights, whose rows of 2048 are staged) SmolLM2-1.7B decoded 603-606 tok/s
         // against 598, Qwen2.5-1.5B 559-560 against 557, Llama-3.2-1B level at 864.
         let x_vec4 = rows_of_vec4s && opts.combine.is_none() && handoff_in.is_none();
-        // Loading a trip ahead is off by default: on an H200 (`bench`, 504-token prompt) it
-        // decoded SmolLM2-1.7B Q4_K at 709 tok/s against 736 loading each trip as it starts,
-        // Q8_0 623 against 656, Llama-3.2-1B Q4_K 990 against 1,022; only Q4_0 gained (750
-        // against 737), and Qwen2.5-1.5B Q4_0 lost (618 against 630).
-        let pipeline = int8 && unroll > 0 && forced.pipeline.unwrap_or(false);
+        // Loading a trip ahead pays only in the normed products that take no gate (QKV), whose
+        // lanes take the row in one trip: their weights arrive while the row and its norm
+        // statistics are staged. On an H200
+        // (`bench`, 504-token prompt, each product alone with `BACKPACK_MATVEC_OUTPUTS`) the QKV
+        // product that way decoded SmolLM2-1.7B Q8_0 at 790-791 tok/s against 773-776, Q4_K
+        // 874-875 against 855-856, Llama-3.2-1B Q8_0 1,091 against 1,074-1,077; the gate/up
+        // product lost 6 % (729-730), the down product 2 % (760) and the output product,
+        // which merges attention first, 1 % (767-769). With it on everywhere, rows of several
+        // trips included, SmolLM2-1.7B Q4_K had decoded 709 against 736.
+        let pipeline = int8
+            && unroll > 0
+            && forced.pipeline.unwrap_or(
+                opts.norm.is_some()
+                    && !opts.glu
+                    && !fine
+                    && opts.combine.is_none()
+                    && lane_units.is_some_and(|n| rb * n <= unroll),
+            );
         let trips = lane_units.map_or(0, |n| rb * n / unroll.max(1));
         let heads = opts.combine.as_ref().map_or(1, |c| c.heads);
         let mut defines = w.defines();
@@ -389,7 +402,6 @@ impl MatVec {
                     .unwrap_or(u32::MAX)
                     .to_string(),
             ),
-            ("HEADS", heads.to_string()),
             ("MIN_SPLIT", super::attention::MIN_SPLIT.to_string()),
             ("MAX_SPLITS", super::attention::MAX_SPLITS.to_string()),
             ("TPR", tpr.to_string()),

@@ -25,7 +25,8 @@ pub struct MatVecLayout {
     /// (0: the plain strided loop).
     pub unroll: Option<u32>,
     /// Int8 products in trips (`unroll`): load each trip's weights one trip ahead, the first
-    /// before the input is staged, or each as its trip starts (default).
+    /// before the input is staged (by default in normed products without a gate: QKV), or
+    /// each as its trip starts (the others).
     pub pipeline: Option<bool>,
     /// Int8 inputs in two levels: the second quantizes each value's rounding remainder, so
     /// the input is exact to about 1/64,000 of its block's largest value, for twice the
@@ -105,14 +106,19 @@ impl MatVecLayout {
     /// `BACKPACK_MATVEC=lanes=32,rows=2,stage=1,wg=128,blocks=1,int8=0,int8_max_cols=4096,unroll=2,pipe=0,fine=1,handoff=0`
     /// forces layouts for measuring them on a device (`backpack bench`); parts left out or
     /// malformed are chosen as usual. With `BACKPACK_MATVEC_COLS=K` only products over rows of
-    /// `K` values (`cols`) take it.
-    pub(super) fn from_env(cols: u32) -> Self {
+    /// `K` values (`cols`) take it, with `BACKPACK_MATVEC_OUTPUTS=N` only products of `N`
+    /// outputs (`outputs`; a gated product's gate rows).
+    pub(super) fn from_env(cols: u32, outputs: u32) -> Self {
         let mut layout = Self::default();
         let Ok(text) = std::env::var("BACKPACK_MATVEC") else {
             return layout;
         };
         let only = std::env::var("BACKPACK_MATVEC_COLS").ok();
         if only.is_some_and(|k| k.trim().parse::<u32>().ok() != Some(cols)) {
+            return layout;
+        }
+        let only = std::env::var("BACKPACK_MATVEC_OUTPUTS").ok();
+        if only.is_some_and(|n| n.trim().parse::<u32>().ok() != Some(outputs)) {
             return layout;
         }
         for part in text.split(',') {
