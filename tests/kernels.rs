@@ -2531,6 +2531,12 @@ fn int8_handoff_matches_staging_the_row() {
                     MatVecOptions {
                         norm: normed.then_some((NormKind::Rms, &gain, None, 1e-5)),
                         handoff_in,
+                        // Every other case loads its weights before staging the row, as QKV
+                        // products do.
+                        layout: MatVecLayout {
+                            pipeline: Some(li % 2 == 0),
+                            ..Default::default()
+                        },
                         ..Default::default()
                     },
                 )
