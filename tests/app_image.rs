@@ -7,7 +7,8 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use backpack_app::gui::{AppConfig, BackpackApp, ImageModelState, engine_link};
+use backpack_app::gui::services;
+use backpack_app::gui::{AppConfig, BackpackApp, ImageModelState};
 use backpack_app::image_files::read_png;
 use eframe::egui::accesskit::Role;
 use eframe::{egui, egui_wgpu, wgpu};
@@ -43,7 +44,7 @@ fn harness(data_dir: &Path) -> App {
         panic!("kittest's default setup creates a device");
     };
     setup.instance_descriptor.flags = wgpu::InstanceFlags::empty();
-    setup.device_descriptor = Arc::new(engine_link::device_descriptor);
+    setup.device_descriptor = Arc::new(services::text::device_descriptor);
     Harness::builder()
         .with_size(egui::vec2(1100.0, 720.0))
         .with_render_cursor(false)

@@ -7,9 +7,10 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use backpack_app::gui::services;
 use backpack_app::gui::speech::{Line, Origin, Transcript, TranscriptFormat, clock};
 use backpack_app::gui::store::{Panel, Store};
-use backpack_app::gui::{AppConfig, BackpackApp, SpeechModelState, engine_link};
+use backpack_app::gui::{AppConfig, BackpackApp, SpeechModelState};
 use eframe::{egui, egui_wgpu, wgpu};
 use egui_kittest::kittest::Queryable;
 use egui_kittest::{Harness, SnapshotOptions};
@@ -51,7 +52,7 @@ fn harness(
         panic!("kittest's default setup creates a device");
     };
     setup.instance_descriptor.flags = wgpu::InstanceFlags::empty();
-    setup.device_descriptor = Arc::new(engine_link::device_descriptor);
+    setup.device_descriptor = Arc::new(services::text::device_descriptor);
     let mut builder = Harness::builder();
     if any_text {
         builder = builder.allow_missing_glyphs();

@@ -14,9 +14,10 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use backpack_app::gui::remote_link::{ModelList, RemoteModelRef};
+use backpack_app::gui::services;
+use backpack_app::gui::services::remote::{ModelList, RemoteModelRef};
 use backpack_app::gui::store::{AnswerStats, Conversation, Message, Preset, Store};
-use backpack_app::gui::{AppConfig, BackpackApp, ModelState, engine_link};
+use backpack_app::gui::{AppConfig, BackpackApp, ModelState};
 use eframe::{egui, egui_wgpu, wgpu};
 use egui_kittest::kittest::Queryable;
 use egui_kittest::{Harness, SnapshotOptions};
@@ -62,7 +63,7 @@ fn harness_with(config: AppConfig, any_text: bool) -> Harness<'static, BackpackA
         panic!("kittest's default setup creates a device");
     };
     setup.instance_descriptor.flags = wgpu::InstanceFlags::empty();
-    setup.device_descriptor = Arc::new(engine_link::device_descriptor);
+    setup.device_descriptor = Arc::new(services::text::device_descriptor);
     let mut builder = Harness::builder();
     if any_text {
         builder = builder.allow_missing_glyphs();

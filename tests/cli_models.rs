@@ -180,3 +180,80 @@ fn models_too_big_for_the_gpu_are_refused_with_numbers() {
     assert!(text(&out).contains("not found"), "{}", text(&out));
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A model another tool downloaded into the Hugging Face cache (huggingface_hub's layout: blobs,
+/// a snapshot of links, refs/main) is listed as found and runs by its repo id without a copy;
+/// LM Studio's and Ollama's folders are listed too.
+#[test]
+fn models_already_on_this_machine_are_found_and_used_in_place() {
+    let hub = hub();
+    let dir = std::env::temp_dir().join(format!("backpack-cli-found-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let home = dir.join("home");
+    let repo = home.join(".cache/huggingface/hub/models--tiny--cached-GGUF");
+    let gguf = fixture_gguf();
+    let blob = repo.join("blobs").join(fake_hub::sha256_hex(&gguf));
+    std::fs::create_dir_all(blob.parent().expect("blobs")).expect("mkdir");
+    std::fs::write(&blob, &gguf).expect("blob");
+    let snapshot = repo.join("snapshots/0123abcd");
+    std::fs::create_dir_all(&snapshot).expect("mkdir");
+    let file = snapshot.join("tiny-spm-Q8_0.gguf");
+    #[cfg(unix)]
+    std::os::unix::fs::symlink(
+        format!("../../blobs/{}", fake_hub::sha256_hex(&gguf)),
+        &file,
+    )
+    .expect("link");
+    #[cfg(not(unix))]
+    std::fs::copy(&blob, &file).expect("copy");
+    std::fs::create_dir_all(repo.join("refs")).expect("mkdir");
+    std::fs::write(repo.join("refs/main"), "0123abcd").expect("ref");
+    let lms = home.join(".lmstudio/models/someone/Tiny-GGUF/tiny-Q8_0.gguf");
+    std::fs::create_dir_all(lms.parent().expect("parent")).expect("mkdir");
+    std::fs::write(&lms, &gguf).expect("lm studio file");
+
+    let run = |args: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_backpack"))
+            .args(args)
+            .env("HF_ENDPOINT", &hub.url)
+            .env("HOME", &home)
+            .env_remove("HF_HOME")
+            .env_remove("HF_HUB_CACHE")
+            .env_remove("HUGGINGFACE_HUB_CACHE")
+            .env_remove("XDG_CACHE_HOME")
+            .env_remove("OLLAMA_MODELS")
+            .env("BACKPACK_DATA_DIR", dir.join("data"))
+            .env("BACKPACK_MODELS_DIR", dir.join("models"))
+            .env("BACKPACK_ADAPTER", "llvmpipe")
+            .output()
+            .expect("the binary runs")
+    };
+    let out = run(&["models", "list"]);
+    let log = text(&out);
+    assert!(out.status.success(), "{log}");
+    assert!(log.contains("found on this machine"), "{log}");
+    assert!(
+        log.contains("tiny/cached-GGUF/tiny-spm-Q8_0.gguf") && log.contains("Hugging Face cache"),
+        "{log}"
+    );
+    assert!(
+        log.contains("someone/Tiny-GGUF/tiny-Q8_0.gguf") && log.contains("LM Studio"),
+        "{log}"
+    );
+    let out = run(&[
+        "generate",
+        "--model",
+        "tiny/cached-GGUF",
+        "--raw",
+        "--prompt",
+        "The fox",
+        "--max-tokens",
+        "2",
+        "--temperature",
+        "0",
+    ]);
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(!dir.join("models").exists(), "nothing was copied");
+    let _ = file;
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -135,6 +135,49 @@ fn listing_search_and_quant_variants() {
     });
 }
 
+/// Listings of large repos arrive in pages linked by `Link: <…>; rel="next"`, with folders as
+/// entries of their own; a revision the repo lacks is named in the error.
+#[test]
+fn paged_listings_with_folders_are_followed_to_the_end() {
+    let mut repo = repos().remove(0);
+    repo.files.extend([
+        FakeFile::new("tokenizer/vocab.json", b"{}".to_vec(), false),
+        FakeFile::new(
+            "unet/diffusion_pytorch_model.safetensors",
+            bytes(1000, 9),
+            true,
+        ),
+    ]);
+    let hub = FakeHub::start(vec![repo]);
+    hub.paginate(2);
+    let client = client(&hub);
+    runtime().block_on(async {
+        let listing = client
+            .listing("tiny/chat-GGUF", "main")
+            .await
+            .expect("listing");
+        let paths: Vec<&str> = listing.files.iter().map(|f| f.path.as_str()).collect();
+        assert_eq!(
+            paths,
+            [
+                "README.md",
+                "chat-Q4_K_M.gguf",
+                "chat-Q8_0.gguf",
+                "tokenizer/vocab.json",
+                "unet/diffusion_pytorch_model.safetensors"
+            ]
+        );
+        let pages = hub.log().iter().filter(|l| l.contains("/tree/")).count();
+        assert_eq!(pages, 4, "7 entries, 2 a page: {:?}", hub.log());
+        let err = client
+            .listing("tiny/chat-GGUF", "no-such-branch")
+            .await
+            .expect_err("unknown revision");
+        assert!(matches!(err, HubError::NotFound { .. }), "{err}");
+        assert!(err.to_string().contains("no-such-branch"), "{err}");
+    });
+}
+
 #[test]
 fn dropped_connection_resumes_and_ends_verified() {
     let hub = FakeHub::start(repos());

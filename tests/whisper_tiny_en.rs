@@ -153,6 +153,58 @@ fn short_form_matches_transformers() {
     }
 }
 
+/// Conversions (CTranslate2, faster-whisper, many fine-tunes) write no `is_multilingual`, and
+/// the `.en` tokenizer still lists every language token: the English-only prompt must come from
+/// the vocabulary size, as in openai-whisper, or the words come out garbled.
+#[test]
+fn english_only_without_is_multilingual_matches_transformers() {
+    let golden = golden();
+    let source = model_dir("f32");
+    let dir =
+        std::env::temp_dir().join(format!("backpack-tiny-en-flagless-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    for entry in std::fs::read_dir(&source).expect("model dir") {
+        let path = entry.expect("entry").path();
+        let name = path.file_name().expect("name").to_owned();
+        if name == "model.safetensors" {
+            std::fs::hard_link(&path, dir.join(&name))
+                .or_else(|_| std::fs::copy(&path, dir.join(&name)).map(|_| ()))
+                .expect("weights");
+        } else if name == "generation_config.json" {
+            let mut config: serde_json::Value =
+                serde_json::from_slice(&std::fs::read(&path).expect("read")).expect("json");
+            let removed = config
+                .as_object_mut()
+                .expect("object")
+                .remove("is_multilingual");
+            assert!(removed.is_some(), "the converter writes the flag");
+            std::fs::write(dir.join(&name), config.to_string()).expect("write");
+        } else {
+            std::fs::copy(&path, dir.join(&name)).expect("copy");
+        }
+    }
+    let options = WhisperOptions {
+        dtype: WeightDType::F32,
+        quantize: None,
+    };
+    let case = golden
+        .short_form
+        .iter()
+        .find(|c| !c.return_timestamps)
+        .expect("a case without timestamps");
+    for without_generation_config in [false, true] {
+        if without_generation_config {
+            std::fs::remove_file(dir.join("generation_config.json")).expect("remove");
+        }
+        let mut model = WhisperModel::load(&gpu(), &dir, &options).expect("loads");
+        assert!(!model.tokens.multilingual, "vocab {}", model.tokens.vocab);
+        let t = transcribe(&mut model, &case.file, false, false);
+        assert_eq!(t.prompt_tokens, case.prompt_tokens);
+        assert_eq!(t.text, case.text.trim(), "{}", case.file);
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 #[test]
 fn long_form_seeks_on_timestamps_like_transformers() {
     let golden = golden();

@@ -145,17 +145,25 @@ fn encode_png(
     Ok(())
 }
 
-/// A PNG's pixels as RGB bytes, with its `parameters` text when it has one.
-pub struct PngImage {
+/// An image's pixels as RGB bytes, with its `parameters` text when it has one (PNGs this or
+/// another Stable Diffusion tool wrote).
+pub struct DecodedImage {
     pub width: u32,
     pub height: u32,
     pub rgb: Vec<u8>,
     pub parameters: Option<String>,
 }
 
-pub fn read_png(path: &Path) -> Result<PngImage> {
+/// The most bytes a decoded image may take (a 8192² RGBA image is 256 MiB).
+const MAX_DECODED_BYTES: usize = 256 << 20;
+
+pub fn read_png(path: &Path) -> Result<DecodedImage> {
     let file = File::open(path).with_context(|| format!("opening {}", path.display()))?;
-    let mut decoder = png::Decoder::new(BufReader::new(file));
+    // The header's size is the file's word: bound what it may make us allocate.
+    let limits = png::Limits {
+        bytes: MAX_DECODED_BYTES,
+    };
+    let mut decoder = png::Decoder::new_with_limits(BufReader::new(file), limits);
     decoder.set_transformations(png::Transformations::EXPAND | png::Transformations::STRIP_16);
     let mut reader = decoder
         .read_info()
@@ -194,7 +202,7 @@ pub fn read_png(path: &Path) -> Result<PngImage> {
                 .find(|c| c.keyword == "parameters")
                 .map(|c| c.text.clone())
         });
-    Ok(PngImage {
+    Ok(DecodedImage {
         width,
         height,
         rgb,
@@ -202,8 +210,48 @@ pub fn read_png(path: &Path) -> Result<PngImage> {
     })
 }
 
+/// Whether `path` names a picture [`read_start_image`] reads (by its extension).
+pub fn is_start_image(path: &Path) -> bool {
+    path.extension().is_some_and(|e| {
+        ["png", "jpg", "jpeg", "webp"]
+            .iter()
+            .any(|x| e.eq_ignore_ascii_case(x))
+    })
+}
+
+/// A start image for image-to-image: a PNG (with its parameters), a JPEG or a WebP, as people
+/// drop photos as well as generated images.
+pub fn read_start_image(path: &Path) -> Result<DecodedImage> {
+    let is_png = path
+        .extension()
+        .is_some_and(|e| e.eq_ignore_ascii_case("png"));
+    if is_png {
+        return read_png(path);
+    }
+    let mut reader = image::ImageReader::open(path)
+        .with_context(|| format!("opening {}", path.display()))?
+        .with_guessed_format()
+        .with_context(|| format!("reading {}", path.display()))?;
+    if reader.format().is_none() {
+        bail!("{}: not a PNG, JPEG or WebP image", path.display());
+    }
+    let mut limits = image::Limits::default();
+    limits.max_alloc = Some(MAX_DECODED_BYTES as u64);
+    reader.limits(limits);
+    let decoded = reader
+        .decode()
+        .with_context(|| format!("{}: not a readable image", path.display()))?
+        .to_rgb8();
+    Ok(DecodedImage {
+        width: decoded.width(),
+        height: decoded.height(),
+        rgb: decoded.into_raw(),
+        parameters: None,
+    })
+}
+
 /// A start image for image-to-image: resized (nearest) to `width`×`height`, as 0..1 floats.
-pub fn init_image_floats(image: &PngImage, width: u32, height: u32) -> Vec<f32> {
+pub fn init_image_floats(image: &DecodedImage, width: u32, height: u32) -> Vec<f32> {
     let mut out = Vec::with_capacity((width * height * 3) as usize);
     for y in 0..height {
         let sy = (u64::from(y) * u64::from(image.height) / u64::from(height.max(1))) as u32;
@@ -214,4 +262,60 @@ pub fn init_image_floats(image: &PngImage, width: u32, height: u32) -> Vec<f32> 
         }
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fixture(name: &str) -> std::path::PathBuf {
+        Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../tests/fixtures/images")
+            .join(name)
+    }
+
+    fn expected() -> (u32, u32, Vec<u8>) {
+        let json: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(fixture("start.json")).expect("pixels"))
+                .expect("json");
+        let rgb = json["rgb"]
+            .as_array()
+            .expect("rgb")
+            .iter()
+            .map(|v| v.as_u64().expect("byte") as u8)
+            .collect();
+        let size = |k: &str| json[k].as_u64().expect("size") as u32;
+        (size("width"), size("height"), rgb)
+    }
+
+    /// Photos arrive as JPEG and WebP (written by libjpeg and libwebp through Pillow).
+    #[test]
+    fn start_images_read_jpeg_and_webp() {
+        let (width, height, rgb) = expected();
+        let webp = read_start_image(&fixture("start.webp")).expect("webp");
+        assert_eq!((webp.width, webp.height), (width, height));
+        assert_eq!(webp.rgb, rgb, "lossless WebP keeps every pixel");
+        let jpeg = read_start_image(&fixture("start.jpg")).expect("jpeg");
+        assert_eq!((jpeg.width, jpeg.height), (width, height));
+        let worst = jpeg
+            .rgb
+            .iter()
+            .zip(&rgb)
+            .map(|(a, b)| a.abs_diff(*b))
+            .max()
+            .unwrap_or(0);
+        assert!(worst < 48, "JPEG pixels within its loss: {worst}");
+        assert!(is_start_image(&fixture("start.jpg")) && !is_start_image(Path::new("a.gif")));
+    }
+
+    #[test]
+    fn unreadable_start_images_name_the_file() {
+        let dir = std::env::temp_dir().join(format!("backpack-start-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("mkdir");
+        let path = dir.join("broken.jpg");
+        std::fs::write(&path, b"\xFF\xD8\xFF\xE0 not really a jpeg").expect("write");
+        let message = format!("{:#}", read_start_image(&path).err().expect("refused"));
+        assert!(message.contains("broken.jpg"), "{message}");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 }

@@ -2,13 +2,14 @@
 //! without a window.
 
 pub mod gui;
-pub mod hubutil;
+pub mod hub;
 pub mod image_files;
 pub mod serve;
+pub mod units;
 
 use anyhow::anyhow;
 use eframe::egui;
-use gui::{AppConfig, BackpackApp, engine_link, store::Store};
+use gui::{AppConfig, BackpackApp, store::Store};
 
 /// Opens the window and runs until it is closed.
 pub fn run_gui(config: AppConfig, adapter: Option<&str>) -> anyhow::Result<()> {
@@ -30,7 +31,7 @@ pub fn run_gui(config: AppConfig, adapter: Option<&str>) -> anyhow::Result<()> {
         persist_window: false,
         ..Default::default()
     };
-    options.wgpu_options.wgpu_setup = engine_link::wgpu_setup(adapter);
+    options.wgpu_options.wgpu_setup = gui::services::text::wgpu_setup(adapter);
     eframe::run_native(
         "backpack",
         options,

@@ -1,8 +1,15 @@
 //! A stand-in for the Hugging Face Hub on 127.0.0.1, serving fixture repos through the endpoints
 //! Backpack's hub client uses (search, repo info, tree listing, resolve with Range) and the
-//! headers the hub sends (ETag, X-Repo-Commit, X-Linked-Etag, X-Linked-Size, Content-Range),
-//! with faults on demand: a dropped connection mid-file, a stall, a corrupted byte, 404, and
-//! 401 for gated repos without a token.
+//! headers the hub sends (ETag, X-Repo-Commit, X-Linked-Etag, X-Linked-Size, Content-Range,
+//! X-Error-Code, X-Error-Message, Link), with faults on demand: a dropped connection mid-file,
+//! a stall, a corrupted byte, 404, and gated files without a token.
+//!
+//! Its JSON answers are the hub's recorded answers (tests/conformance/hub/) with only the
+//! repo-specific values replaced: every field the real hub sends (`_id`, `id` and `modelId`
+//! together, `author`, `cardData`, `config`, `siblings`…) reaches the client as the hub sends
+//! it. As on the hub, a gated repo's info and listing are public and its files are not; an
+//! unknown repo is a 401 with `X-Error-Code: RepoNotFound` to an anonymous caller; listings
+//! come in pages linked by `Link: <…>; rel="next"` when paging is on.
 
 #![allow(dead_code)]
 
@@ -78,6 +85,8 @@ struct State {
     repos: Vec<FakeRepo>,
     faults: Vec<Fault>,
     token: Option<String>,
+    /// Entries per tree page (all in one page when None).
+    tree_page: Option<usize>,
     /// "METHOD path range" of every request, in order.
     log: Vec<String>,
 }
@@ -156,6 +165,11 @@ impl FakeHub {
         self.state.lock().expect("state").token = Some(token.to_owned());
     }
 
+    /// Lists trees `entries` at a time, each page linking the next.
+    pub fn paginate(&self, entries: usize) {
+        self.state.lock().expect("state").tree_page = Some(entries.max(1));
+    }
+
     pub fn log(&self) -> Vec<String> {
         self.state.lock().expect("state").log.clone()
     }
@@ -218,6 +232,84 @@ fn json(conn: &mut TcpStream, value: &serde_json::Value) {
     );
 }
 
+/// An error as the hub sends it: the cause in `X-Error-Code`, the message in `X-Error-Message`
+/// and in the JSON body's `error`.
+fn hub_error(conn: &mut TcpStream, status: &str, code: &str, message: &str) {
+    respond(
+        conn,
+        status,
+        &[
+            (
+                "Content-Type".into(),
+                "application/json; charset=utf-8".into(),
+            ),
+            ("X-Error-Code".into(), code.into()),
+            ("X-Error-Message".into(), message.into()),
+        ],
+        serde_json::json!({ "error": message })
+            .to_string()
+            .as_bytes(),
+    );
+}
+
+fn conformance(name: &str) -> serde_json::Value {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../tests/conformance/hub")
+        .join(name);
+    serde_json::from_slice(&std::fs::read(&path).expect("recorded hub answer")).expect("json")
+}
+
+/// The hub's recorded model-info answer for gpt2 with this repo's id, commit, gate and files.
+fn model_info(repo: &FakeRepo) -> serde_json::Value {
+    let mut info = conformance("model_info.json");
+    let (author, _) = repo.id.split_once('/').unwrap_or((&repo.id, ""));
+    info["id"] = repo.id.clone().into();
+    info["modelId"] = repo.id.clone().into();
+    info["author"] = author.into();
+    info["sha"] = repo.commit.clone().into();
+    info["gated"] = if repo.gated {
+        serde_json::json!("manual")
+    } else {
+        serde_json::json!(false)
+    };
+    info["siblings"] = repo
+        .files
+        .iter()
+        .map(|f| serde_json::json!({ "rfilename": f.path }))
+        .collect();
+    info
+}
+
+/// A recursive listing in the hub's shape: folders as entries of their own, LFS files with
+/// their SHA-256 and a xet hash, every entry with its git oid.
+fn tree_entries(repo: &FakeRepo) -> Vec<serde_json::Value> {
+    let mut entries = Vec::new();
+    let mut folders: Vec<&str> = repo
+        .files
+        .iter()
+        .filter_map(|f| f.path.rsplit_once('/').map(|(dir, _)| dir))
+        .collect();
+    folders.sort_unstable();
+    folders.dedup();
+    for folder in folders {
+        entries.push(serde_json::json!({
+            "type": "directory", "oid": git_oid(folder.as_bytes()), "size": 0, "path": folder
+        }));
+    }
+    for f in &repo.files {
+        let size = f.listed_size.unwrap_or(f.data.len() as u64);
+        let mut e = serde_json::json!({"type": "file", "oid": git_oid(&f.data), "size": size,
+            "path": f.path});
+        if f.lfs {
+            e["lfs"] = serde_json::json!({"oid": sha256_hex(&f.data), "size": size,
+                "pointerSize": 134});
+            e["xetHash"] = sha256_hex(f.path.as_bytes()).into();
+        }
+        entries.push(e);
+    }
+    entries
+}
+
 fn decode(s: &str) -> String {
     let b = s.as_bytes();
     let mut out = Vec::new();
@@ -275,10 +367,7 @@ fn serve(mut conn: TcpStream, state: &Mutex<State>) -> std::io::Result<()> {
             .repos
             .iter()
             .filter(|r| r.id.to_lowercase().contains(&needle))
-            .map(|r| {
-                serde_json::json!({"id": r.id, "_id": r.commit, "downloads": 1000, "likes": 10,
-                    "pipeline_tag": "text-generation", "gated": if r.gated { serde_json::json!("manual") } else { serde_json::json!(false) }})
-            })
+            .map(model_info)
             .collect();
         drop(st);
         json(&mut conn, &serde_json::Value::Array(list));
@@ -286,61 +375,62 @@ fn serve(mut conn: TcpStream, state: &Mutex<State>) -> std::io::Result<()> {
     }
     if let Some(rest) = path.strip_prefix("/api/models/") {
         let segs: Vec<&str> = rest.split('/').collect();
-        if segs.len() < 2 {
-            drop(st);
-            respond(&mut conn, "404 Not Found", &[], b"{}");
-            return Ok(());
-        }
-        let id = format!("{}/{}", segs[0], segs[1]);
+        let id = segs.get(..2).map(|s| s.join("/")).unwrap_or_default();
         let Some(repo) = st.repos.iter().find(|r| r.id == id) else {
             drop(st);
-            respond(
-                &mut conn,
-                "404 Not Found",
-                &[("X-Error-Code".into(), "RepoNotFound".into())],
-                b"{\"error\":\"Repository not found\"}",
-            );
-            return Ok(());
-        };
-        if repo.gated && !authorized(&st) {
-            drop(st);
-            respond(
+            // The hub does not tell an anonymous caller whether a private repo exists.
+            hub_error(
                 &mut conn,
                 "401 Unauthorized",
-                &[],
-                b"{\"error\":\"Access to this repo is restricted\"}",
+                "RepoNotFound",
+                "Repository not found",
             );
             return Ok(());
+        };
+        let revision = segs.get(3).copied().unwrap_or("main");
+        if matches!(segs.get(2), Some(&"revision" | &"tree"))
+            && revision != "main"
+            && revision != repo.commit
+        {
+            drop(st);
+            let message = format!("Invalid rev id: {revision}");
+            hub_error(&mut conn, "404 Not Found", "RevisionNotFound", &message);
+            return Ok(());
         }
-        let gated = if repo.gated {
-            serde_json::json!("manual")
-        } else {
-            serde_json::json!(false)
-        };
-        let value = match segs.get(2) {
-            None | Some(&"revision") => serde_json::json!({
-                "id": repo.id, "_id": repo.commit, "sha": repo.commit, "gated": gated, "private": false,
-                "siblings": repo.files.iter().map(|f| serde_json::json!({"rfilename": f.path})).collect::<Vec<_>>(),
-            }),
-            Some(&"tree") => serde_json::Value::Array(
-                repo.files
-                    .iter()
-                    .map(|f| {
-                        let size = f.listed_size.unwrap_or(f.data.len() as u64);
-                        let mut e = serde_json::json!({"type": "file", "path": f.path,
-                            "size": size, "oid": git_oid(&f.data)});
-                        if f.lfs {
-                            e["lfs"] = serde_json::json!({"oid": sha256_hex(&f.data),
-                                "size": size, "pointerSize": 134});
-                        }
-                        e
-                    })
-                    .collect(),
-            ),
-            _ => serde_json::json!({}),
-        };
-        drop(st);
-        json(&mut conn, &value);
+        match segs.get(2) {
+            None | Some(&"revision") => {
+                let value = model_info(repo);
+                drop(st);
+                json(&mut conn, &value);
+            }
+            Some(&"tree") => {
+                let entries = tree_entries(repo);
+                let per_page = st.tree_page.unwrap_or(usize::MAX);
+                let from: usize = query
+                    .get("cursor")
+                    .and_then(|c| c.parse().ok())
+                    .unwrap_or(0);
+                let to = from.saturating_add(per_page).min(entries.len());
+                let page = serde_json::Value::Array(entries[from.min(to)..to].to_vec());
+                let mut headers = vec![("Content-Type".to_owned(), "application/json".to_owned())];
+                if to < entries.len() {
+                    let host = req.headers.get("host").cloned().unwrap_or_default();
+                    headers.push((
+                        "Link".into(),
+                        format!(
+                            "<http://{host}/api/models/{}/tree/{}?recursive=1&cursor={to}>; rel=\"next\"",
+                            repo.id, revision
+                        ),
+                    ));
+                }
+                drop(st);
+                respond(&mut conn, "200 OK", &headers, page.to_string().as_bytes());
+            }
+            _ => {
+                drop(st);
+                hub_error(&mut conn, "404 Not Found", "EntryNotFound", "Not found");
+            }
+        }
         return Ok(());
     }
     // GET|HEAD /{owner}/{name}/resolve/{rev}/{file}
@@ -354,8 +444,18 @@ fn serve(mut conn: TcpStream, state: &Mutex<State>) -> std::io::Result<()> {
             return Ok(());
         };
         if repo.gated && !authorized(&st) {
+            let anonymous = !req.headers.contains_key("authorization");
+            let message = format!(
+                "Access to model {} is restricted. You must have access to it and be authenticated to access it. Please log in.",
+                repo.id
+            );
             drop(st);
-            respond(&mut conn, "401 Unauthorized", &[], b"gated");
+            let status = if anonymous {
+                "401 Unauthorized"
+            } else {
+                "403 Forbidden"
+            };
+            hub_error(&mut conn, status, "GatedRepo", &message);
             return Ok(());
         }
         let missing = st
@@ -369,11 +469,11 @@ fn serve(mut conn: TcpStream, state: &Mutex<State>) -> std::io::Result<()> {
             .filter(|_| !missing)
         else {
             drop(st);
-            respond(
+            hub_error(
                 &mut conn,
                 "404 Not Found",
-                &[("X-Error-Code".into(), "EntryNotFound".into())],
-                b"not found",
+                "EntryNotFound",
+                "Entry not found",
             );
             return Ok(());
         };

@@ -5,22 +5,12 @@ use std::path::Path;
 use eframe::egui;
 
 use super::store::{Preset, Sampling};
+pub use crate::units::format_bytes;
 
 pub fn display_name(path: &Path) -> String {
     path.file_name()
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_else(|| path.display().to_string())
-}
-
-pub fn format_bytes(bytes: u64) -> String {
-    let b = bytes as f64;
-    if b >= 1024.0 * 1024.0 * 1024.0 {
-        format!("{:.2} GiB", b / (1024.0 * 1024.0 * 1024.0))
-    } else if b >= 1024.0 * 1024.0 {
-        format!("{:.1} MiB", b / (1024.0 * 1024.0))
-    } else {
-        format!("{:.0} KiB", b / 1024.0)
-    }
 }
 
 /// One "key: value" row of a two-column grid.

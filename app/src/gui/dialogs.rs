@@ -6,7 +6,7 @@ use std::sync::mpsc;
 
 use eframe::egui;
 
-use super::speech::TranscriptFormat;
+use super::store::speech::TranscriptFormat;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum DialogKind {
@@ -98,7 +98,7 @@ impl Dialogs {
                         .pick_file(),
                     DialogKind::OpenStartImage => dialog
                         .set_title("Start from an image")
-                        .add_filter("PNG image", &["png"])
+                        .add_filter("Image (PNG, JPEG, WebP)", &["png", "jpg", "jpeg", "webp"])
                         .pick_file(),
                     DialogKind::SaveImageAs(_) => dialog
                         .set_title("Save image as")

@@ -5,8 +5,9 @@ use std::path::PathBuf;
 use std::sync::mpsc;
 
 use backpack_engine::hub::{
-    self, DownloadControl, DownloadEvent, DownloadPlan, DownloadProgress, FitCheck, GpuBudget,
-    HubClient, HubError, InstalledModel, Library, ModelSummary, RepoFile, RepoListing,
+    self, DownloadControl, DownloadEvent, DownloadPlan, DownloadProgress, FitCheck, FoundModel,
+    GpuBudget, HubClient, HubError, InstalledModel, Library, ModelSummary, RepoFile, RepoListing,
+    SearchRoots,
 };
 use eframe::egui;
 
@@ -77,6 +78,8 @@ pub struct Downloads {
     /// The installed models as of `installed_generation` (reading the folder every frame would
     /// walk every model's files).
     installed_cache: Option<(u64, Vec<InstalledModel>)>,
+    /// Models other tools put on this machine, as of `installed_generation`.
+    found_cache: Option<(u64, Vec<FoundModel>)>,
     ctx: egui::Context,
 }
 
@@ -107,6 +110,7 @@ impl Downloads {
             listing: None,
             installed_generation: 0,
             installed_cache: None,
+            found_cache: None,
             ctx: ctx.clone(),
         })
     }
@@ -122,6 +126,22 @@ impl Downloads {
             self.installed_cache = Some((generation, self.models.list()));
         }
         self.installed_cache
+            .as_ref()
+            .map_or(&[], |(_, list)| list.as_slice())
+    }
+
+    /// Models in the Hugging Face cache and LM Studio's and Ollama's folders, re-read with the
+    /// installed ones.
+    pub fn found(&mut self) -> &[FoundModel] {
+        let generation = self.installed_generation;
+        if self
+            .found_cache
+            .as_ref()
+            .is_none_or(|(g, _)| *g != generation)
+        {
+            self.found_cache = Some((generation, SearchRoots::from_env().find()));
+        }
+        self.found_cache
             .as_ref()
             .map_or(&[], |(_, list)| list.as_slice())
     }
@@ -172,8 +192,8 @@ impl Downloads {
         self.runtime.spawn(async move {
             let result = async {
                 let listing = client.listing(&repo, "main").await?;
-                let files = crate::hubutil::select_files(&listing, &[], None).unwrap_or_default();
-                let fit = crate::hubutil::fit_for(&client, &listing, &files).await;
+                let files = crate::hub::select_files(&listing, &[], None).unwrap_or_default();
+                let fit = crate::hub::fit_for(&client, &listing, &files).await;
                 Ok::<_, HubError>((listing, fit))
             }
             .await
@@ -393,16 +413,16 @@ async fn plan(
             .cloned()
             .collect(),
         Selection::Quant(q) => {
-            crate::hubutil::select_files(&listing, &[], Some(q)).map_err(|e| e.to_string())?
+            crate::hub::select_files(&listing, &[], Some(q)).map_err(|e| e.to_string())?
         }
         Selection::Default => {
-            crate::hubutil::select_files(&listing, &[], None).map_err(|e| e.to_string())?
+            crate::hub::select_files(&listing, &[], None).map_err(|e| e.to_string())?
         }
     };
     if files.is_empty() {
         return Err(format!("{repo} has no files for {selection:?}"));
     }
-    let fit = crate::hubutil::fit_for(client, &listing, &files).await;
+    let fit = crate::hub::fit_for(client, &listing, &files).await;
     let unlimited = GpuBudget {
         adapter: String::new(),
         max_binding: u64::MAX,
@@ -412,13 +432,13 @@ async fn plan(
     if let Err(problem) = fit.check(gpu.as_ref().unwrap_or(&unlimited), &root) {
         let mut message = format!("Not downloaded: {problem}.");
         if let Some(gpu) = &gpu {
-            let smaller = crate::hubutil::smaller_variants(&listing, &files, &fit, gpu);
+            let smaller = crate::hub::smaller_variants(&listing, &files, &fit, gpu);
             if !smaller.is_empty() {
                 message += &format!(
                     " These would fit: {}.",
                     smaller
                         .iter()
-                        .map(|(q, s)| format!("{q} ({})", super::format_bytes(*s)))
+                        .map(|(q, s)| format!("{q} ({})", super::common::format_bytes(*s)))
                         .collect::<Vec<_>>()
                         .join(", ")
                 );

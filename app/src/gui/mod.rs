@@ -9,17 +9,13 @@ pub mod chat;
 mod common;
 mod dialogs;
 pub mod downloads;
-pub mod engine_link;
 mod frame_stats;
 pub mod image;
-pub mod image_link;
 pub mod models;
-pub mod remote_link;
-pub mod server_link;
+pub mod services;
 pub mod settings;
 pub mod shared;
 pub mod speech;
-pub mod speech_link;
 mod status_bar;
 pub mod store;
 
@@ -35,31 +31,13 @@ pub use common::{display_name, format_bytes};
 use dialogs::DialogKind;
 use frame_stats::FrameStats;
 use image::ImagePanel;
-pub use image_link::ImageModelState;
 use models::ModelsPanel;
+pub use services::image::ImageModelState;
+pub use services::speech::SpeechModelState;
 use settings::SettingsPanel;
-pub use shared::{ModelState, Shared};
+pub use shared::{AppConfig, ModelState, Shared};
 use speech::SpeechPanel;
-pub use speech_link::SpeechModelState;
 use store::Panel;
-
-/// How the app was started.
-#[derive(Clone, Debug, Default)]
-pub struct AppConfig {
-    /// Where settings and conversations live.
-    pub data_dir: PathBuf,
-    /// A model to load at start (instead of the last one used).
-    pub model: Option<PathBuf>,
-    /// Print frame-time statistics to stderr on exit.
-    pub frame_stats: bool,
-    /// The hub to talk to (default: `HF_ENDPOINT`, else huggingface.co).
-    pub hub_endpoint: Option<String>,
-    /// Where downloads go (default: the saved choice, else `models` in the data dir).
-    pub models_dir: Option<PathBuf>,
-    /// An audio file played in real time as the only live input (a virtual microphone),
-    /// for machines without one, demos and tests.
-    pub audio_input: Option<PathBuf>,
-}
 
 pub struct BackpackApp {
     pub shared: Shared,
@@ -153,7 +131,7 @@ impl BackpackApp {
             None => return,
         };
         for event in events {
-            let request = speech_link::event_request(&event);
+            let request = services::speech::event_request(&event);
             if let (SpeechEvent::Done { .. } | SpeechEvent::Error { .. }, Some(id)) =
                 (&event, request)
                 && let Some(s) = &mut self.shared.speech
@@ -182,7 +160,7 @@ impl BackpackApp {
             None => return,
         };
         for event in events {
-            let request = image_link::event_request(&event);
+            let request = services::image::event_request(&event);
             if let (ImageEvent::Done { .. } | ImageEvent::Error { .. }, Some(id)) =
                 (&event, request)
                 && let Some(i) = &mut self.shared.image
@@ -385,12 +363,9 @@ impl eframe::App for BackpackApp {
     }
 }
 
-/// A PNG (a start image) or an image model.
+/// A picture (a start image) or an image model.
 fn is_for_image(path: &std::path::Path) -> bool {
-    let png = path
-        .extension()
-        .is_some_and(|e| e.eq_ignore_ascii_case("png"));
-    png || image_link::is_image_model(path)
+    crate::image_files::is_start_image(path) || services::image::is_image_model(path)
 }
 
 /// While files are dragged over the window, says what dropping them does.

@@ -150,9 +150,8 @@ pub async fn translations(State(s): State<Arc<Server>>, form: Form) -> Response 
 }
 
 async fn audio(s: &Server, form: Form, task: Task) -> Result<Response, ApiError> {
-    let Some(speech) = &s.speech else {
-        return Err(missing("speech", "WHISPER_DIR"));
-    };
+    // The request is read and checked whole before anything else, so a malformed one gets the
+    // same answer from every server.
     let form =
         form.map_err(|e| ApiError::new(e.status(), "invalid_request_error", e.body_text()))?;
     let form = read_form(form).await?;
@@ -197,6 +196,9 @@ async fn audio(s: &Server, form: Form, task: Task) -> Result<Response, ApiError>
         }
         _ => {}
     }
+    let Some(speech) = &s.speech else {
+        return Err(missing("speech", "WHISPER_DIR"));
+    };
     let Ok(permit) = speech.waiting.clone().try_acquire_owned() else {
         return Err(busy(speech.queue));
     };

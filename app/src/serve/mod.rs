@@ -146,7 +146,7 @@ async fn load_all(
     for path in models {
         let kind = if backpack_engine::models::whisper::is_whisper_dir(&path) {
             "speech"
-        } else if crate::gui::image_link::is_image_model(&path) {
+        } else if backpack_engine::models::diffusion::is_image_model(&path) {
             "image"
         } else {
             "text"

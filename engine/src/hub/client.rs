@@ -6,11 +6,14 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::Duration;
 
-use serde::Deserialize;
-
-use super::{HubError, safe_relative_path, valid_repo_id};
+use super::answers::{next_link, parse_revision, parse_search, parse_tree_page};
+use super::{HubError, valid_repo_id};
 
 const DEFAULT_ENDPOINT: &str = "https://huggingface.co";
+/// The most tree pages one listing follows (the hub sends 1,000 entries a page).
+const MAX_TREE_PAGES: usize = 1000;
+/// The largest JSON answer read: a tree page of 1,000 entries is about 300 KB.
+const MAX_JSON_BYTES: u64 = 64 << 20;
 
 /// One search result.
 #[derive(Clone, Debug, PartialEq)]
@@ -87,50 +90,6 @@ pub fn quant_variants(files: &[RepoFile]) -> Vec<(String, Vec<RepoFile>)> {
     out
 }
 
-/// The fields of `/api/models` and `/api/models/{repo}/revision/{rev}` answers this client uses.
-#[derive(Deserialize)]
-struct ModelInfo {
-    #[serde(default, alias = "modelId")]
-    id: String,
-    #[serde(default)]
-    sha: Option<String>,
-    #[serde(default)]
-    downloads: Option<u64>,
-    #[serde(default)]
-    likes: Option<u64>,
-    #[serde(default)]
-    pipeline_tag: Option<String>,
-    /// `false`, or the kind of gate (`"auto"`, `"manual"`).
-    #[serde(default)]
-    gated: Option<serde_json::Value>,
-}
-
-impl ModelInfo {
-    fn gated(&self) -> bool {
-        self.gated
-            .as_ref()
-            .is_some_and(|g| !matches!(g, serde_json::Value::Bool(false) | serde_json::Value::Null))
-    }
-}
-
-#[derive(Deserialize)]
-struct TreeEntry {
-    #[serde(rename = "type")]
-    kind: String,
-    path: String,
-    #[serde(default)]
-    size: u64,
-    #[serde(default)]
-    oid: Option<String>,
-    #[serde(default)]
-    lfs: Option<TreeLfs>,
-}
-
-#[derive(Deserialize)]
-struct TreeLfs {
-    oid: String,
-}
-
 /// The hub: endpoint, token, and the HTTP clients for metadata and file bodies.
 #[derive(Clone)]
 pub struct HubClient {
@@ -190,18 +149,10 @@ impl HubClient {
             self.endpoint,
             percent_encode(text)
         );
-        let found: Vec<ModelInfo> = self.get_json(&url, "the search").await?;
-        Ok(found
-            .into_iter()
-            .take(limit)
-            .map(|info| ModelSummary {
-                gated: info.gated(),
-                id: info.id,
-                downloads: info.downloads,
-                likes: info.likes,
-                pipeline_tag: info.pipeline_tag,
-            })
-            .collect())
+        let (body, _) = self.get_answer(&url, "the search").await?;
+        let mut found = parse_search(&body).map_err(|detail| unexpected(&url, detail))?;
+        found.truncate(limit);
+        Ok(found)
     }
 
     /// The files of `repo` at `revision` (a branch, tag or commit), pinned to its commit.
@@ -216,59 +167,113 @@ impl HubClient {
             self.endpoint,
             percent_encode(revision)
         );
-        let info: ModelInfo = self.get_json(&info_url, repo).await.map_err(|e| match e {
-            HubError::NotFound { .. } => HubError::NotFound {
-                what: format!("{repo} at {revision}"),
-            },
-            other => other,
+        let (body, _) = self
+            .get_answer(&info_url, repo)
+            .await
+            .map_err(|e| match e {
+                HubError::NotFound { .. } => HubError::NotFound {
+                    what: format!("{repo} at {revision}"),
+                },
+                other => other,
+            })?;
+        let info = parse_revision(&body).map_err(|detail| unexpected(&info_url, detail))?;
+        let commit = info.commit.ok_or_else(|| {
+            unexpected(
+                &info_url,
+                "the answer does not say which commit this is (no \"sha\")".into(),
+            )
         })?;
-        let commit = info.sha.clone().ok_or_else(|| HubError::Http {
-            url: format!("{}/api/models/{repo}", self.endpoint),
-            status: None,
-            message: "the hub did not say which commit this is".into(),
-        })?;
-        let gated = info.gated();
-        let url = format!(
+        let gated = info.gated;
+        // A gated repo's info and listing are public, its files are not: without a token the
+        // download could only fail, file by file.
+        if gated && self.token.is_none() {
+            return Err(HubError::Gated { repo: repo.into() });
+        }
+        let mut url = format!(
             "{}/api/models/{repo}/tree/{commit}?recursive=true",
             self.endpoint
         );
-        let entries: Vec<TreeEntry> = self.get_json(&url, repo).await?;
         let mut files = Vec::new();
-        for e in entries.into_iter().filter(|e| e.kind == "file") {
-            if !safe_relative_path(&e.path) {
-                return Err(HubError::Invalid(format!(
-                    "{repo} lists a file with an unsafe path: {:?}",
-                    e.path
-                )));
+        // Large repos are listed a page at a time, the next page named by a `Link` header.
+        for _ in 0..MAX_TREE_PAGES {
+            let (body, next) = self.get_answer(&url, repo).await?;
+            files.extend(parse_tree_page(&body).map_err(|detail| unexpected(&url, detail))?);
+            match next {
+                Some(next) => url = self.same_endpoint(&next, &url)?,
+                None => {
+                    files.sort_by(|a, b| a.path.cmp(&b.path));
+                    files.dedup_by(|a, b| a.path == b.path);
+                    return Ok(RepoListing {
+                        repo: repo.to_owned(),
+                        commit,
+                        files,
+                        gated,
+                    });
+                }
             }
-            files.push(RepoFile {
-                path: e.path,
-                size: e.size,
-                sha256: e.lfs.map(|l| l.oid.to_ascii_lowercase()),
-                git_oid: e.oid.map(|o| o.to_ascii_lowercase()),
-            });
         }
-        files.sort_by(|a, b| a.path.cmp(&b.path));
-        Ok(RepoListing {
-            repo: repo.to_owned(),
-            commit,
-            files,
-            gated,
+        Err(HubError::Unexpected {
+            url,
+            detail: format!("the listing did not end after {MAX_TREE_PAGES} pages"),
         })
     }
 
-    async fn get_json<T: for<'de> Deserialize<'de>>(
+    /// A URL the hub handed out (a next page), absolute or relative, kept on this endpoint so
+    /// that a token is never sent elsewhere.
+    fn same_endpoint(&self, link: &str, from: &str) -> Result<String, HubError> {
+        let absolute = if link.starts_with('/') {
+            format!("{}{link}", origin(&self.endpoint))
+        } else {
+            link.to_owned()
+        };
+        if origin(&absolute) != origin(&self.endpoint) {
+            return Err(HubError::Unexpected {
+                url: from.to_owned(),
+                detail: format!("the next page is on another server: {link}"),
+            });
+        }
+        Ok(absolute)
+    }
+
+    /// GETs `url`: its body (bounded), with the next page's URL when the answer has one.
+    async fn get_answer(
         &self,
         url: &str,
         repo: &str,
-    ) -> Result<T, HubError> {
+    ) -> Result<(Vec<u8>, Option<String>), HubError> {
         let response = self
             .request(url, None)
             .send()
             .await
             .map_err(|e| http_error(url, &e))?;
         let response = check_status(response, url, repo)?;
-        response.json().await.map_err(|e| http_error(url, &e))
+        let next = response
+            .headers()
+            .get_all(reqwest::header::LINK)
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .find_map(next_link);
+        if response
+            .content_length()
+            .is_some_and(|l| l > MAX_JSON_BYTES)
+        {
+            return Err(HubError::Unexpected {
+                url: url.to_owned(),
+                detail: format!("an answer of over {MAX_JSON_BYTES} bytes"),
+            });
+        }
+        let mut body = Vec::new();
+        let mut response = response;
+        while let Some(chunk) = response.chunk().await.map_err(|e| http_error(url, &e))? {
+            if body.len() + chunk.len() > MAX_JSON_BYTES as usize {
+                return Err(HubError::Unexpected {
+                    url: url.to_owned(),
+                    detail: format!("an answer of over {MAX_JSON_BYTES} bytes"),
+                });
+            }
+            body.extend_from_slice(&chunk);
+        }
+        Ok((body, next))
     }
 
     pub(crate) fn request(&self, url: &str, range_from: Option<u64>) -> reqwest::RequestBuilder {
@@ -329,6 +334,24 @@ fn percent_encode(segment: &str) -> String {
     out
 }
 
+fn unexpected(url: &str, detail: String) -> HubError {
+    HubError::Unexpected {
+        url: url.to_owned(),
+        detail,
+    }
+}
+
+/// `scheme://host[:port]` of a URL.
+fn origin(url: &str) -> &str {
+    let after_scheme = url.find("://").map_or(0, |i| i + 3);
+    let end = url[after_scheme..]
+        .find('/')
+        .map_or(url.len(), |i| after_scheme + i);
+    &url[..end]
+}
+
+/// A transport error. JSON answers are parsed apart from the transfer (see `get_answer`), so a
+/// body or decode error here is a body cut short: reqwest reports a dropped stream as either.
 pub(crate) fn http_error(url: &str, e: &reqwest::Error) -> HubError {
     HubError::Http {
         url: url.to_owned(),
@@ -345,7 +368,10 @@ pub(crate) fn http_error(url: &str, e: &reqwest::Error) -> HubError {
     }
 }
 
-/// Maps error statuses to errors the user can act on.
+/// Maps error statuses to errors the user can act on. The hub names the cause in
+/// `X-Error-Code` (`RepoNotFound`, `RevisionNotFound`, `EntryNotFound`, `GatedRepo`) and says it
+/// in `X-Error-Message`; it answers 401 both for gated repos and for repos that do not exist
+/// (or are private) when asked without a token, and only the code tells them apart.
 pub(crate) fn check_status(
     response: reqwest::Response,
     url: &str,
@@ -355,15 +381,47 @@ pub(crate) fn check_status(
     if status.is_success() {
         return Ok(response);
     }
-    Err(match status.as_u16() {
-        401 | 403 => HubError::Gated { repo: repo.into() },
-        404 => HubError::NotFound { what: url.into() },
-        s => HubError::Http {
+    let header = |name: &str| {
+        response
+            .headers()
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned)
+    };
+    Err(status_error(
+        status.as_u16(),
+        header("x-error-code").as_deref(),
+        header("x-error-message").as_deref(),
+        url,
+        repo,
+    ))
+}
+
+pub(crate) fn status_error(
+    status: u16,
+    code: Option<&str>,
+    message: Option<&str>,
+    url: &str,
+    repo: &str,
+) -> HubError {
+    match (code, status) {
+        (Some("GatedRepo"), _) => HubError::Gated { repo: repo.into() },
+        (Some("RepoNotFound"), _) => HubError::NotFound {
+            what: format!("{repo} ({url})"),
+        },
+        (Some("RevisionNotFound" | "EntryNotFound"), _) | (_, 404) => {
+            HubError::NotFound { what: url.into() }
+        }
+        (_, 401 | 403) => HubError::Gated { repo: repo.into() },
+        (_, s) => HubError::Http {
             url: url.into(),
             status: Some(s),
-            message: format!("the server answered {status}"),
+            message: match message {
+                Some(m) if !m.trim().is_empty() => format!("the server answered {s}: {m}"),
+                _ => format!("the server answered {s}"),
+            },
         },
-    })
+    }
 }
 
 /// Saves a hub token readable by its owner only.

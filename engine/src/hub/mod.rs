@@ -6,16 +6,19 @@
 //! must resume from a partial file (HTTP Range), be paused and cancelled, report its speed, and
 //! be verified against the hub's hashes before it gets its final name.
 
+mod answers;
 mod catalog;
 mod client;
 mod download;
 mod fit;
+mod found;
 mod library;
 
 use std::path::PathBuf;
 
 use thiserror::Error;
 
+pub use answers::{RevisionInfo, next_link, parse_revision, parse_search, parse_tree_page};
 pub use catalog::{
     Catalog, CatalogEntry, CatalogVariant, ESTIMATE_CONTEXT, ModelShape, glob_match,
 };
@@ -27,6 +30,7 @@ pub use download::{
     DownloadControl, DownloadEvent, DownloadPlan, DownloadProgress, download, partial_dir,
 };
 pub use fit::{FitCheck, FitProblem, GpuBudget, free_disk_space, system_memory};
+pub use found::{FoundModel, FoundSource, SearchRoots};
 pub use library::{InstalledModel, Library, Manifest, ManifestFile};
 
 #[derive(Debug, Error)]
@@ -41,6 +45,9 @@ pub enum HubError {
         "{repo} needs an access token: accept its license on the hub, then set HF_TOKEN or enter a token in Settings"
     )]
     Gated { repo: String },
+    /// A body that arrived whole but is not what the hub's API sends.
+    #[error("{url}: unexpected answer from the hub ({detail})")]
+    Unexpected { url: String, detail: String },
     #[error("{what} was not found on the hub")]
     NotFound { what: String },
     #[error("{path}: {message}")]

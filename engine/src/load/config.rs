@@ -163,9 +163,11 @@ impl DecoderSpec {
     }
 }
 
-#[derive(Debug)]
+#[derive(Debug, thiserror::Error)]
 pub enum SpecError {
+    #[error("unsupported model architecture {0:?}")]
     Unsupported(String),
+    #[error("{0}")]
     Invalid(String),
 }
 

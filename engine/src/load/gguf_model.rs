@@ -512,8 +512,8 @@ fn merges_from_scores(tokens: &[&str], scores: &[f32]) -> Vec<Value> {
     }
     let chars = |s: &str| s.chars().count();
     merges.sort_by(|a, b| {
-        b.2.partial_cmp(&a.2)
-            .unwrap_or(std::cmp::Ordering::Equal)
+        // total_cmp: a NaN score in a corrupt file must not break the sort's order.
+        b.2.total_cmp(&a.2)
             .then_with(|| chars(b.0).cmp(&chars(a.0)))
             .then_with(|| chars(b.1).cmp(&chars(a.1)))
     });
@@ -705,7 +705,10 @@ pub fn gguf_tokenizer(file: &GgufFile) -> Result<TextTokenizer, LoadError> {
         "decoder": decoder,
         "model": bpe_model,
     });
-    let inner: tokenizers::Tokenizer = serde_json::from_value(config).map_err(|e| {
+    let inner: tokenizers::Tokenizer = super::tokenizer::without_panics(&file.path, || {
+        serde_json::from_value(config).map_err(|e| e.to_string())
+    })
+    .map_err(|e| {
         invalid(
             file,
             format!("the tokenizer in the metadata is invalid: {e}"),

@@ -1,6 +1,7 @@
 //! Reading models from disk: HF `config.json`, safetensors weights (single or sharded, mmap'd),
 //! the tokenizer, chat templates and generation defaults.
 
+pub(crate) mod bpe_files;
 mod config;
 mod error;
 mod gguf;

@@ -109,9 +109,6 @@ pub struct SafeTensors {
     unsupported: HashMap<String, String>,
 }
 
-/// Header larger than this is not a model header but a corrupt length field.
-const MAX_HEADER: u64 = 100 * 1024 * 1024;
-
 impl SafeTensors {
     /// Opens `model.safetensors`, or the shards named by `model.safetensors.index.json`, or
     /// every `*.safetensors` file in `dir`.
@@ -300,108 +297,58 @@ fn parse_header(
         path: path.to_owned(),
         message,
     };
-    let len = map.len() as u64;
-    if len < 8 {
-        return Err(corrupt(format!(
-            "file is {len} bytes, too short for a safetensors header"
-        )));
-    }
-    let mut n = [0u8; 8];
-    n.copy_from_slice(&map[..8]);
-    let header_len = u64::from_le_bytes(n);
-    if header_len > MAX_HEADER || 8 + header_len > len {
-        return Err(corrupt(format!(
-            "header length {header_len} does not fit in the file ({len} bytes): truncated or not a safetensors file"
-        )));
-    }
-    let header: serde_json::Value = serde_json::from_slice(&map[8..8 + header_len as usize])
-        .map_err(|e| corrupt(format!("header is not valid JSON: {e}")))?;
-    let object = header
-        .as_object()
-        .ok_or_else(|| corrupt("header is not a JSON object".into()))?;
-    let data_start = 8 + header_len as usize;
-    let data_len = map.len() - data_start;
-    let mut ranges: Vec<(usize, usize, &str)> = Vec::new();
-    for (name, info) in object {
-        if name == "__metadata__" {
-            continue;
-        }
-        let dtype_name = info
-            .get("dtype")
-            .and_then(|d| d.as_str())
-            .ok_or_else(|| corrupt(format!("tensor {name:?} has no dtype")))?;
-        let dtype = match dtype_name {
-            "F32" => Some(DType::F32),
-            "F16" => Some(DType::F16),
-            "BF16" => Some(DType::BF16),
-            _ => None,
+    // The format's own reader checks the header: its length, its JSON, every tensor's size
+    // against its dtype and shape, and that the tensors tile the data section exactly.
+    let (header_len, metadata) = safetensors::SafeTensors::read_metadata(map)
+        .map_err(|e| corrupt(header_problem(&e, map.len())))?;
+    let data_start = 8 + header_len;
+    for (name, info) in metadata.tensors() {
+        let dtype = match info.dtype {
+            safetensors::Dtype::F32 => DType::F32,
+            safetensors::Dtype::F16 => DType::F16,
+            safetensors::Dtype::BF16 => DType::BF16,
+            // Integer buffers such as CLIP's `position_ids`: an error only when asked for.
+            other => {
+                unsupported.insert(name, format!("{other:?}"));
+                continue;
+            }
         };
-        let shape: Vec<usize> = info
-            .get("shape")
-            .and_then(|s| s.as_array())
-            .and_then(|a| {
-                a.iter()
-                    .map(|d| d.as_u64().and_then(|d| usize::try_from(d).ok()))
-                    .collect()
-            })
-            .ok_or_else(|| corrupt(format!("tensor {name:?} has an invalid shape")))?;
-        let offsets: Vec<usize> = info
-            .get("data_offsets")
-            .and_then(|s| s.as_array())
-            .and_then(|a| {
-                a.iter()
-                    .map(|d| d.as_u64().and_then(|d| usize::try_from(d).ok()))
-                    .collect()
-            })
-            .filter(|o: &Vec<usize>| o.len() == 2)
-            .ok_or_else(|| corrupt(format!("tensor {name:?} has invalid data_offsets")))?;
-        let (start, end) = (offsets[0], offsets[1]);
-        let elements = shape
-            .iter()
-            .try_fold(1usize, |acc, &d| acc.checked_mul(d))
-            .ok_or_else(|| corrupt(format!("tensor {name:?} shape overflows")))?;
-        // An unread dtype's element size is not known here: its range is only bounds-checked.
-        let expected = match dtype {
-            Some(dtype) => elements
-                .checked_mul(dtype.size())
-                .ok_or_else(|| corrupt(format!("tensor {name:?} size overflows")))?,
-            None => end.saturating_sub(start),
-        };
-        if end < start || end - start != expected {
-            return Err(corrupt(format!(
-                "tensor {name:?}: data_offsets {start}..{end} hold {} bytes, but {dtype_name} {shape:?} needs {expected}",
-                end.saturating_sub(start)
-            )));
-        }
-        if end > data_len {
-            return Err(corrupt(format!(
-                "tensor {name:?} ends at byte {end} of the data section, which has only {data_len} bytes: the file is truncated"
-            )));
-        }
-        ranges.push((start, end, name));
-        let Some(dtype) = dtype else {
-            unsupported.insert(name.clone(), dtype_name.to_owned());
-            continue;
-        };
+        let (start, end) = info.data_offsets;
         tensors.insert(
-            name.clone(),
+            name,
             Entry {
                 blob: file,
                 dtype,
-                shape,
+                shape: info.shape.clone(),
                 start: data_start + start,
                 end: data_start + end,
             },
         );
     }
-    ranges.sort_unstable();
-    for pair in ranges.windows(2) {
-        if pair[1].0 < pair[0].1 {
-            return Err(corrupt(format!(
-                "tensors {:?} and {:?} overlap",
-                pair[0].2, pair[1].2
-            )));
-        }
-    }
     Ok(())
+}
+
+/// What is wrong with a header, in words that say what to do about it.
+fn header_problem(e: &safetensors::SafeTensorError, file_len: usize) -> String {
+    use safetensors::SafeTensorError as E;
+    match e {
+        E::HeaderTooSmall => {
+            format!("file is {file_len} bytes, too short for a safetensors header")
+        }
+        E::HeaderTooLarge | E::InvalidHeaderLength => format!(
+            "the header length does not fit in the file ({file_len} bytes): truncated or not a safetensors file"
+        ),
+        E::InvalidHeader(e) => format!("header is not UTF-8: {e}"),
+        E::InvalidHeaderDeserialization(e) => format!("header is not valid safetensors JSON: {e}"),
+        E::MetadataIncompleteBuffer => format!(
+            "the tensors the header lists do not end where the file ({file_len} bytes) does: the file is truncated or has bytes past its last tensor"
+        ),
+        E::InvalidOffset(name) => format!(
+            "tensor {name:?}: its data_offsets do not match its dtype and shape, or do not follow the tensor before it"
+        ),
+        E::TensorInvalidInfo | E::ValidationOverflow => {
+            "a tensor's shape and dtype give an impossible size".into()
+        }
+        other => other.to_string(),
+    }
 }

@@ -55,6 +55,29 @@ impl GenerationConfig {
     }
 }
 
+/// Runs a `tokenizers` call on outside input, turning a panic inside the library (some of its
+/// deserializers `expect` on malformed sections) into an error that names the file.
+pub(crate) fn without_panics<T>(
+    path: &Path,
+    f: impl FnOnce() -> Result<T, String>,
+) -> Result<T, LoadError> {
+    let outcome =
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).unwrap_or_else(|panic| {
+            let detail = panic
+                .downcast_ref::<String>()
+                .cloned()
+                .or_else(|| panic.downcast_ref::<&str>().map(|s| (*s).to_owned()))
+                .unwrap_or_default();
+            Err(format!(
+                "the tokenizer library could not read it ({detail})"
+            ))
+        });
+    outcome.map_err(|message| LoadError::Tokenizer {
+        path: path.to_owned(),
+        message,
+    })
+}
+
 /// The model's tokenizer with its chat template and special tokens.
 pub struct TextTokenizer {
     inner: tokenizers::Tokenizer,
@@ -74,18 +97,22 @@ fn token_string(v: Option<&Value>) -> Option<String> {
 impl TextTokenizer {
     pub fn from_dir(dir: &Path) -> Result<Self, LoadError> {
         let path = dir.join("tokenizer.json");
-        if !path.is_file() {
-            return Err(LoadError::Missing { path });
-        }
-        let inner = tokenizers::Tokenizer::from_file(&path).map_err(|e| LoadError::Tokenizer {
-            path: path.clone(),
-            message: e.to_string(),
-        })?;
         let config_path = dir.join("tokenizer_config.json");
         let config = if config_path.is_file() {
             read_json(&config_path)?
         } else {
             Value::Null
+        };
+        // Older repositories ship vocab.json + merges.txt and no tokenizer.json.
+        let has_pair = dir.join("vocab.json").is_file() && dir.join("merges.txt").is_file();
+        let inner = if path.is_file() {
+            without_panics(&path, || {
+                tokenizers::Tokenizer::from_file(&path).map_err(|e| e.to_string())
+            })?
+        } else if has_pair {
+            super::bpe_files::byte_level_from_files(dir, &config)?
+        } else {
+            return Err(LoadError::Missing { path });
         };
         let bos = token_string(config.get("bos_token")).unwrap_or_default();
         let eos_token = token_string(config.get("eos_token"));

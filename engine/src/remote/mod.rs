@@ -9,7 +9,7 @@
 
 pub mod chat;
 pub mod media;
-mod sse;
+pub mod sse;
 
 use std::time::Duration;
 

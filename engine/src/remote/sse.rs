@@ -5,7 +5,7 @@
 
 /// Collects `data:` payloads, one per event.
 #[derive(Default)]
-pub(crate) struct SseDecoder {
+pub struct SseDecoder {
     pending: Vec<u8>,
     data: Option<String>,
 }

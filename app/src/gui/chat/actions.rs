@@ -12,7 +12,7 @@ use super::prompt::{
 };
 use super::{ChatPanel, Generation, Overflow};
 use crate::gui::dialogs::DialogKind;
-use crate::gui::remote_link::RemoteModelRef;
+use crate::gui::services::remote::RemoteModelRef;
 use crate::gui::shared::{ModelState, Shared};
 use crate::gui::store::{self, Conversation, Message, Role};
 

@@ -8,7 +8,7 @@ use eframe::egui;
 use super::{Action, ChatPanel};
 use crate::gui::common::{display_name, sampling_editor};
 use crate::gui::dialogs::DialogKind;
-use crate::gui::remote_link::{ModelList, RemoteModelRef};
+use crate::gui::services::remote::{ModelList, RemoteModelRef};
 use crate::gui::shared::Shared;
 use crate::gui::store::Conversation;
 

@@ -8,12 +8,12 @@ use backpack_engine::hub::InstalledModel;
 use backpack_engine::models::diffusion::SchedulerKind;
 use eframe::egui;
 
-use super::settings::{ImageSettings, size_label, size_presets};
 use super::{Action, ImagePanel, MAX_BATCH};
 use crate::gui::common::{display_name, format_bytes};
 use crate::gui::dialogs::DialogKind;
-use crate::gui::image_link::{ImageModelState, is_image_model};
+use crate::gui::services::image::{ImageModelState, is_image_model};
 use crate::gui::shared::Shared;
+use crate::gui::store::image::{ImageSettings, size_label, size_presets};
 use crate::image_files::sampler_name;
 
 pub(super) fn show(

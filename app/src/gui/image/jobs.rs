@@ -12,9 +12,12 @@ use eframe::{egui, wgpu};
 
 use super::gallery::thumbnail;
 use super::{ImagePanel, Job, LivePreview, MAX_BATCH, Showing, StartImage};
-use crate::gui::image_link::{event_request, is_image_model};
+use crate::gui::services::image::{event_request, is_image_model};
 use crate::gui::shared::Shared;
-use crate::image_files::{init_image_floats, parameters_text, parse_parameters, read_png};
+use crate::image_files::{
+    init_image_floats, is_start_image, parameters_text, parse_parameters, read_png,
+    read_start_image,
+};
 
 impl Job {
     fn new(request: u64, count: u32, steps: u32, width: u32, height: u32) -> Self {
@@ -240,14 +243,14 @@ impl ImagePanel {
 
     /// Reads `path` as the start image for image-to-image.
     pub fn set_start_image(&mut self, ctx: &egui::Context, path: &Path) {
-        let png = path
-            .extension()
-            .is_some_and(|e| e.eq_ignore_ascii_case("png"));
-        if !png {
-            self.error = Some(format!("{} is not a PNG image", path.display()));
+        if !is_start_image(path) {
+            self.error = Some(format!(
+                "{} is not a PNG, JPEG or WebP image",
+                path.display()
+            ));
             return;
         }
-        match read_png(path) {
+        match read_start_image(path) {
             Ok(image) => {
                 let thumb = ctx.load_texture(
                     "start-image",
@@ -265,7 +268,7 @@ impl ImagePanel {
         }
     }
 
-    /// Files dropped on the window: an image model is loaded, a PNG becomes the start image.
+    /// Files dropped on the window: an image model is loaded, a picture becomes the start image.
     pub fn open_dropped(&mut self, shared: &mut Shared, ctx: &egui::Context, paths: Vec<PathBuf>) {
         for path in paths {
             if is_image_model(&path) {

@@ -8,7 +8,6 @@ mod canvas;
 mod controls;
 mod gallery;
 mod jobs;
-mod settings;
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -18,9 +17,9 @@ use eframe::{egui, wgpu};
 
 use super::dialogs::DialogKind;
 use super::shared::Shared;
-use crate::image_files::PngImage;
+pub use crate::gui::store::image::ImageSettings;
+use crate::image_files::DecodedImage;
 pub use gallery::{GalleryItem, ItemInfo};
-pub use settings::ImageSettings;
 
 /// The most images one Generate makes.
 pub const MAX_BATCH: u32 = 16;
@@ -59,7 +58,7 @@ pub struct Job {
 /// The picture image-to-image starts from.
 pub struct StartImage {
     pub path: PathBuf,
-    image: PngImage,
+    image: DecodedImage,
     thumb: egui::TextureHandle,
 }
 

@@ -168,6 +168,22 @@ fn library(ui: &mut egui::Ui, downloads: &mut Downloads, actions: &mut Vec<Actio
             ui.weak(format_bytes(m.size));
         });
     }
+    let found = downloads.found().to_vec();
+    if !found.is_empty() {
+        ui.add_space(8.0);
+        ui.label(egui::RichText::new("Found on this machine").strong())
+            .on_hover_text("Models other tools downloaded; used where they are, not copied");
+    }
+    for m in found {
+        ui.horizontal(|ui| {
+            if ui.button("Use").clicked() {
+                actions.push(Action::Load(m.path.clone()));
+            }
+            ui.label(&m.name)
+                .on_hover_text(m.path.display().to_string());
+            ui.weak(format!("{} · {}", format_bytes(m.size), m.source.label()));
+        });
+    }
 }
 
 fn catalog(ui: &mut egui::Ui, gpu: Option<&GpuBudget>, actions: &mut Vec<Action>) {

@@ -3,7 +3,7 @@
 
 use eframe::egui;
 
-use crate::gui::remote_link::{Backend, ModelList};
+use crate::gui::services::remote::{Backend, ModelList};
 use crate::gui::shared::Shared;
 
 /// The "add a backend" form.

@@ -8,7 +8,7 @@ mod server;
 use eframe::egui;
 
 use super::common::{format_bytes, info_row, sampling_editor};
-use super::engine_link::GpuSummary;
+use super::services::text::GpuSummary;
 use super::shared::Shared;
 
 #[derive(Default)]
@@ -147,10 +147,10 @@ fn gpu_info(ui: &mut egui::Ui, g: &GpuSummary) {
 /// Saves a hub token (owner-only) and uses it from now on.
 fn save_token(shared: &mut Shared, token: &str) {
     let config = &shared.config;
-    let path = crate::hubutil::token_path(&config.data_dir);
+    let path = crate::hub::token_path(&config.data_dir);
     let result = backpack_engine::hub::store_token(&path, token)
         .map_err(anyhow::Error::from)
-        .and_then(|()| crate::hubutil::client_for(&config.data_dir, config.hub_endpoint.clone()));
+        .and_then(|()| crate::hub::client_for(&config.data_dir, config.hub_endpoint.clone()));
     match result {
         Ok(client) => {
             if let Some(d) = &mut shared.downloads {

@@ -5,8 +5,8 @@ use std::path::PathBuf;
 
 use eframe::egui;
 
-use crate::gui::engine_link;
-use crate::gui::server_link::{ServerLink, ServerState};
+use crate::gui::services::server::{ServerLink, ServerState};
+use crate::gui::services::text;
 use crate::gui::shared::Shared;
 use crate::serve::ServeOptions;
 
@@ -96,7 +96,7 @@ impl ServerSwitch {
         key: String,
         ctx: &egui::Context,
     ) -> Result<(), String> {
-        let gpu = engine_link::shared_gpu(shared.render_state.as_ref())
+        let gpu = text::shared_gpu(shared.render_state.as_ref())
             .filter(|_| shared.engine.is_some())
             .ok_or_else(|| "There is no GPU to serve models on.".to_owned())?;
         let models: Vec<PathBuf> = [

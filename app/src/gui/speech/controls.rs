@@ -6,12 +6,12 @@ use std::path::PathBuf;
 use backpack_engine::models::whisper::{LANGUAGES, is_whisper_dir};
 use eframe::egui;
 
-use super::saved::SpeechSettings;
 use super::{Action, SpeechPanel, list_devices};
 use crate::gui::common::{display_name, format_bytes};
 use crate::gui::dialogs::DialogKind;
+use crate::gui::services::speech::SpeechModelState;
 use crate::gui::shared::Shared;
-use crate::gui::speech_link::SpeechModelState;
+use crate::gui::store::speech::SpeechSettings;
 
 pub(super) fn model_rows(
     panel: &mut SpeechPanel,

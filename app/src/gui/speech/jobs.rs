@@ -7,11 +7,11 @@ use std::time::Instant;
 use backpack_engine::models::whisper::is_whisper_dir;
 use backpack_engine::runtime::speech::SpeechEvent;
 
-use super::saved::{Line, Origin, Transcript, TranscriptFormat, date_time};
 use super::{Job, SpeechPanel};
 use crate::gui::common::display_name;
+use crate::gui::services::speech::event_request;
 use crate::gui::shared::Shared;
-use crate::gui::speech_link::event_request;
+use crate::gui::store::speech::{Line, Origin, Transcript, TranscriptFormat, date_time};
 use crate::gui::store::{self, now_secs};
 
 /// The meter's floor: quieter than this reads as silence.

@@ -2,10 +2,10 @@
 
 use eframe::egui;
 
-use super::saved::{Transcript, TranscriptFormat};
 use super::{Action, SpeechPanel};
 use crate::gui::dialogs::DialogKind;
 use crate::gui::shared::Shared;
+use crate::gui::store::speech::{Transcript, TranscriptFormat};
 
 pub(super) fn show(
     panel: &mut SpeechPanel,

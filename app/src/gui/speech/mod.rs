@@ -8,7 +8,6 @@ mod controls;
 mod jobs;
 mod list;
 mod record;
-mod saved;
 mod view;
 
 use std::collections::VecDeque;
@@ -19,7 +18,9 @@ use eframe::egui;
 
 use super::dialogs::DialogKind;
 use super::shared::Shared;
-pub use saved::{Line, Origin, SpeechSettings, Transcript, TranscriptFormat, clock};
+pub use crate::gui::store::speech::{
+    Line, Origin, SpeechSettings, Transcript, TranscriptFormat, clock,
+};
 
 /// A recording or a file being transcribed.
 pub struct Job {

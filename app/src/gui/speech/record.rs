@@ -6,10 +6,10 @@ use std::path::PathBuf;
 use eframe::egui;
 
 use super::jobs::SILENCE_DB;
-use super::saved::{Origin, clock};
 use super::{Action, Job, SpeechPanel};
 use crate::gui::dialogs::DialogKind;
 use crate::gui::shared::Shared;
+use crate::gui::store::speech::{Origin, clock};
 
 pub(super) fn job_rows(
     panel: &mut SpeechPanel,

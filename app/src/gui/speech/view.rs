@@ -4,10 +4,10 @@
 use eframe::egui;
 
 use super::list::export_menu;
-use super::saved::{Origin, Transcript, clock};
 use super::{Action, Job, SpeechPanel};
 use crate::gui::common::display_name;
 use crate::gui::shared::Shared;
+use crate::gui::store::speech::{Origin, Transcript, clock};
 
 pub(super) fn show(
     panel: &SpeechPanel,

@@ -1,7 +1,8 @@
-//! CLIP's byte-level BPE tokenizer from the files Stable Diffusion repositories ship
-//! (`vocab.json`, `merges.txt`, `tokenizer_config.json`, `special_tokens_map.json`; no
-//! `tokenizer.json`), assembled as transformers' `CLIPTokenizerFast` converts it, and the fixed
-//! length id rows that diffusers' pipelines feed the text encoders.
+//! CLIP's byte-level BPE tokenizer, assembled as transformers' `CLIPTokenizerFast` converts it,
+//! and the fixed length id rows that diffusers' pipelines feed the text encoders. It reads both
+//! forms repositories ship: `vocab.json` + `merges.txt` (+ `special_tokens_map.json`), as
+//! Stable Diffusion repositories have them, and `tokenizer.json` alone, as transformers 5 and
+//! current diffusers save them; either way with `tokenizer_config.json`.
 //!
 //! Where transformers 4.x's Python `CLIPTokenizer` differs (without `ftfy` it cleans text with
 //! BERT's BasicTokenizer: CJK characters become separate words, format characters such as
@@ -22,6 +23,7 @@ use tokenizers::pre_tokenizers::split::{Split, SplitPattern};
 use tokenizers::{AddedToken, NormalizerWrapper, PreTokenizerWrapper, SplitDelimiterBehavior};
 
 use crate::load::LoadError;
+use crate::load::bpe_files::{read_bpe_json, read_merges, read_vocab};
 
 /// CLIP's word pattern: letter runs, single digits, punctuation runs and English contractions;
 /// whitespace separates words and is dropped.
@@ -82,55 +84,17 @@ fn tokenizer_error(path: &Path, message: impl std::fmt::Display) -> LoadError {
     }
 }
 
-fn read_vocab(path: &Path) -> Result<Vocab, LoadError> {
-    let json = crate::load::read_json(path)?;
-    let object = json
-        .as_object()
-        .ok_or_else(|| tokenizer_error(path, "not a JSON object of token → id"))?;
-    object
-        .iter()
-        .map(|(token, id)| {
-            id.as_u64()
-                .and_then(|id| u32::try_from(id).ok())
-                .map(|id| (token.clone(), id))
-                .ok_or_else(|| tokenizer_error(path, format!("token {token:?} has id {id}")))
-        })
-        .collect()
-}
-
-fn read_merges(path: &Path) -> Result<Vec<(String, String)>, LoadError> {
-    let text = std::fs::read_to_string(path).map_err(|e| LoadError::io(path, e))?;
-    let mut merges = Vec::new();
-    for (number, line) in text.lines().enumerate() {
-        if line.is_empty() || (number == 0 && line.starts_with("#version")) {
-            continue;
-        }
-        let mut parts = line.split(' ');
-        match (parts.next(), parts.next(), parts.next()) {
-            (Some(a), Some(b), None) if !a.is_empty() && !b.is_empty() => {
-                merges.push((a.to_owned(), b.to_owned()));
-            }
-            _ => {
-                return Err(tokenizer_error(
-                    path,
-                    format!("line {} is not two tokens: {line:?}", number + 1),
-                ));
-            }
-        }
-    }
-    Ok(merges)
-}
-
 /// bos/eos/unk/pad from the two config files; `special_tokens_map.json` wins as in
-/// transformers, and `added_tokens_decoder` (newer configs) has the final say on flags.
-fn specials(dir: &Path) -> Result<[Special; 4], LoadError> {
+/// transformers, and `added_tokens_decoder` (newer configs) or else the added tokens of
+/// `tokenizer.json` have the final say on flags.
+fn specials(dir: &Path, added: &[Special]) -> Result<[Special; 4], LoadError> {
     let config = optional_json(&dir.join("tokenizer_config.json"))?;
     let map = optional_json(&dir.join("special_tokens_map.json"))?;
     let decoder: Vec<Special> = config
         .get("added_tokens_decoder")
         .and_then(Value::as_object)
         .map(|o| o.values().filter_map(special).collect())
-        .unwrap_or_default();
+        .unwrap_or_else(|| added.to_vec());
     let pick = |key: &str, default: &str| {
         let mut token = map
             .get(key)
@@ -212,13 +176,52 @@ fn pipeline(
     Ok(inner)
 }
 
+/// The vocabulary and merges, with the files they came from (for errors).
+struct BpeSource {
+    vocab: Vocab,
+    merges: Vec<(String, String)>,
+    /// The added tokens' flags, when the files carry them (tokenizer.json).
+    added: Vec<Special>,
+    vocab_path: PathBuf,
+    merges_path: PathBuf,
+}
+
+/// Where the vocabulary comes from: the `vocab.json` + `merges.txt` pair when both are there,
+/// else `tokenizer.json`. An error names the pair's missing file when neither form is whole.
+fn read_vocab_and_merges(dir: &Path) -> Result<BpeSource, LoadError> {
+    let vocab_path = dir.join("vocab.json");
+    let merges_path = dir.join("merges.txt");
+    let json_path = dir.join("tokenizer.json");
+    let pair_whole = vocab_path.is_file() && merges_path.is_file();
+    if !pair_whole && json_path.is_file() {
+        let bpe = read_bpe_json(&json_path)?;
+        return Ok(BpeSource {
+            vocab: bpe.vocab,
+            merges: bpe.merges,
+            added: bpe.added_tokens.iter().filter_map(special).collect(),
+            vocab_path: json_path.clone(),
+            merges_path: json_path,
+        });
+    }
+    Ok(BpeSource {
+        vocab: read_vocab(&vocab_path)?,
+        merges: read_merges(&merges_path)?,
+        added: Vec::new(),
+        vocab_path,
+        merges_path,
+    })
+}
+
 impl ClipTokenizer {
     pub fn from_dir(dir: &Path) -> Result<Self, LoadError> {
-        let vocab_path = dir.join("vocab.json");
-        let merges_path = dir.join("merges.txt");
-        let vocab = read_vocab(&vocab_path)?;
-        let merges = read_merges(&merges_path)?;
-        let specials = specials(dir)?;
+        let BpeSource {
+            vocab,
+            merges,
+            added,
+            vocab_path,
+            merges_path,
+        } = read_vocab_and_merges(dir)?;
+        let specials = specials(dir, &added)?;
         let id = |s: &Special| {
             vocab.get(&s.content).copied().ok_or_else(|| {
                 tokenizer_error(
@@ -337,6 +340,95 @@ mod tests {
                 );
             }
         }
+    }
+
+    /// The form transformers 5 and current diffusers save (tokenizer.json + tokenizer_config.json,
+    /// written by transformers 5.24 itself): the ids transformers 5 gives, and the ids of the
+    /// vocab.json + merges.txt form of the same tokenizer. The forms differ on one prompt only,
+    /// an upper-cased special token, which transformers 5 matches case-sensitively.
+    #[test]
+    fn tokenizer_json_alone_gives_the_ids_of_vocab_and_merges() {
+        let golden: Value = serde_json::from_str(
+            &std::fs::read_to_string(fixtures().join("goldens/clip_tokenizer_json.json"))
+                .expect("golden"),
+        )
+        .expect("json");
+        for (name, folder) in golden["folders"].as_object().expect("folders") {
+            let dir = fixtures().join("tokenizers").join(name);
+            assert!(!dir.join("vocab.json").exists() && dir.join("tokenizer.json").is_file());
+            let json_form = ClipTokenizer::from_dir(&dir).expect("tokenizer.json form loads");
+            let from = folder["from"].as_str().expect("from");
+            let pair_form =
+                ClipTokenizer::from_dir(&fixtures().join("tokenizers").join(from)).expect("pair");
+            assert_eq!(json_form.bos_id(), pair_form.bos_id());
+            assert_eq!(json_form.eos_id(), pair_form.eos_id());
+            assert_eq!(json_form.pad_id(), pair_form.pad_id(), "{name}");
+            for case in folder["cases"].as_array().expect("cases") {
+                let prompt = case["prompt"].as_str().expect("prompt");
+                let expected: Vec<u32> = serde_json::from_value(case["ids"].clone()).expect("ids");
+                let got = json_form.encode_padded(prompt).expect("encode");
+                assert_eq!(got, expected, "{name}: {prompt:?}");
+                if prompt != "<|ENDOFTEXT|>" {
+                    let pair = pair_form.encode_padded(prompt).expect("encode");
+                    assert_eq!(got, pair, "{name}: {prompt:?}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn merges_are_read_as_strings_or_pairs() {
+        let dir = std::env::temp_dir().join(format!("clip-json-merges-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("mkdir");
+        let source = fixtures().join("tokenizers/clip-tiny-json");
+        std::fs::copy(
+            source.join("tokenizer_config.json"),
+            dir.join("tokenizer_config.json"),
+        )
+        .expect("copy");
+        let mut json: Value = serde_json::from_str(
+            &std::fs::read_to_string(source.join("tokenizer.json")).expect("read"),
+        )
+        .expect("json");
+        let pairs = ClipTokenizer::from_dir(&source).expect("pairs");
+        // tokenizers before 0.20 wrote each merge as one "a b" string.
+        let strings: Vec<Value> = json["model"]["merges"]
+            .as_array()
+            .expect("merges")
+            .iter()
+            .map(|m| {
+                Value::String(format!(
+                    "{} {}",
+                    m[0].as_str().expect("a"),
+                    m[1].as_str().expect("b")
+                ))
+            })
+            .collect();
+        json["model"]["merges"] = Value::Array(strings);
+        std::fs::write(dir.join("tokenizer.json"), json.to_string()).expect("write");
+        let from_strings = ClipTokenizer::from_dir(&dir).expect("strings");
+        let prompt = "a photograph of an astronaut riding a horse";
+        assert_eq!(
+            from_strings.encode_padded(prompt).expect("encode"),
+            pairs.encode_padded(prompt).expect("encode")
+        );
+        json["model"]["merges"] = serde_json::json!([["a"]]);
+        std::fs::write(dir.join("tokenizer.json"), json.to_string()).expect("write");
+        let message = ClipTokenizer::from_dir(&dir)
+            .err()
+            .expect("refused")
+            .to_string();
+        assert!(
+            message.contains("tokenizer.json") && message.contains("merge 0"),
+            "{message}"
+        );
+        std::fs::remove_file(dir.join("tokenizer.json")).expect("rm");
+        let message = ClipTokenizer::from_dir(&dir)
+            .err()
+            .expect("refused")
+            .to_string();
+        assert!(message.contains("vocab.json"), "{message}");
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]

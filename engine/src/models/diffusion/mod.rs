@@ -20,9 +20,22 @@ pub mod taesd;
 mod unet;
 mod vae;
 
+use std::path::Path;
+
 pub use generate::{
     Generated, ImageParams, SizedPlans, StepInfo, Timings, nchw_to_nhwc, nhwc_to_nchw,
 };
 pub use model::{DiffusionModel, ImageDefaults, ImageModelInfo, ImageModelOptions};
 pub use pipeline::{Family, Parts};
 pub use scheduler::SchedulerKind;
+
+/// A diffusers folder (with `model_index.json`) or a single-file `.safetensors` checkpoint.
+pub fn is_image_model(path: &Path) -> bool {
+    if path.is_dir() {
+        return path.join("model_index.json").is_file();
+    }
+    path.is_file()
+        && path
+            .extension()
+            .is_some_and(|e| e.eq_ignore_ascii_case("safetensors"))
+}

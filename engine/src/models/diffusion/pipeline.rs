@@ -224,7 +224,7 @@ impl Parts {
                 invalid(
                     path,
                     format!(
-                        "a single-file checkpoint carries no tokenizer: put the CLIP tokenizer folder {name}/ (vocab.json, merges.txt) next to it ({e})"
+                        "a single-file checkpoint carries no tokenizer: put the CLIP tokenizer folder {name}/ (vocab.json and merges.txt, or tokenizer.json) next to it ({e})"
                     ),
                 )
             })

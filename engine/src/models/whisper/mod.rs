@@ -20,7 +20,7 @@ use std::path::Path;
 
 pub use config::{WhisperConfig, WhisperGeneration};
 pub use decoder::Sampled;
-pub use tokens::{LANGUAGES, SpecialTokens, Task, language_code};
+pub use tokens::{LANGUAGES, SpecialTokens, Task, language_code, multilingual_by_vocab};
 pub use transcribe::{Progress, Segment, TranscribeOptions, Transcriber, Transcript};
 
 use crate::Error;

@@ -160,6 +160,20 @@ pub struct SpecialTokens {
     pub multilingual: bool,
 }
 
+/// Whether a model without `is_multilingual` (CTranslate2 and other conversions, older exports)
+/// takes language and task tokens. English-only tokenizers list the language tokens too, so
+/// their presence says nothing: as openai-whisper and whisper.cpp do, a vocabulary of 51,865
+/// or more is multilingual and the English-only one has 51,864. Smaller, non-standard
+/// vocabularies go by whether they have language tokens at all.
+pub fn multilingual_by_vocab(vocab: u32, languages: &[(&str, u32)]) -> bool {
+    const ENGLISH_ONLY_VOCAB: u32 = 51_864;
+    if vocab >= ENGLISH_ONLY_VOCAB {
+        vocab > ENGLISH_ONLY_VOCAB
+    } else {
+        !languages.is_empty()
+    }
+}
+
 impl SpecialTokens {
     pub fn resolve(
         config: &WhisperConfig,
@@ -214,7 +228,9 @@ impl SpecialTokens {
                 .copied()
                 .or_else(|| named(&format!("<|{name}|>")))
         };
-        let multilingual = generation.is_multilingual.unwrap_or(!languages.is_empty());
+        let multilingual = generation
+            .is_multilingual
+            .unwrap_or_else(|| multilingual_by_vocab(config.vocab, &languages));
         let tokens = Self {
             vocab: config.vocab,
             sot,
@@ -294,5 +310,23 @@ impl SpecialTokens {
             ids.push(self.no_timestamps);
         }
         ids
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::multilingual_by_vocab;
+
+    #[test]
+    fn the_vocabulary_size_decides_as_in_openai_whisper() {
+        let listed = [("en", 50_259), ("de", 50_261)];
+        // tiny.en … medium.en: the language tokens are listed, the model is English-only.
+        assert!(!multilingual_by_vocab(51_864, &listed));
+        // tiny … large-v2, and large-v3's 51,866.
+        assert!(multilingual_by_vocab(51_865, &listed));
+        assert!(multilingual_by_vocab(51_866, &listed));
+        // Non-standard small vocabularies go by their tokens.
+        assert!(multilingual_by_vocab(2_608, &listed));
+        assert!(!multilingual_by_vocab(2_608, &[]));
     }
 }

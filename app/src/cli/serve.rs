@@ -1,0 +1,71 @@
+use std::path::PathBuf;
+
+use anyhow::Result;
+use backpack_app::serve::{ServeOptions, serve};
+use clap::Args;
+
+use super::{DTypeArg, KvCacheArg, QuantArg};
+
+#[derive(Args)]
+pub struct ServeArgs {
+    /// A model to serve: a text model (HF folder, .gguf file), a Whisper folder, or a diffusers
+    /// folder / single-file checkpoint, or the repo id of an installed one; repeat for one of
+    /// each kind.
+    #[arg(long, required = true)]
+    model: Vec<PathBuf>,
+    /// Address to listen on; anything but a loopback address is reachable from the network.
+    #[arg(long, default_value = "127.0.0.1")]
+    host: String,
+    #[arg(long, default_value_t = 8080)]
+    port: u16,
+    /// Require `Authorization: Bearer KEY` on every request (also BACKPACK_API_KEY).
+    #[arg(long, env = "BACKPACK_API_KEY", hide_env_values = true)]
+    api_key: Option<String>,
+    /// Context length to allocate (default 4096, capped by the model).
+    #[arg(long)]
+    context: Option<u32>,
+    /// Requests running or queued at once; more are answered 429.
+    #[arg(long, default_value_t = 16)]
+    queue: usize,
+    /// Storage type of weights and KV cache on the GPU.
+    #[arg(long, value_enum, default_value = "f16")]
+    dtype: DTypeArg,
+    /// Quantize weight matrices while loading (q8_0, q4_0, q4_k) or store them as f16.
+    #[arg(long, value_enum)]
+    quant: Option<QuantArg>,
+    /// How the KV cache stores keys and values (default: as --dtype).
+    #[arg(long, value_enum)]
+    kv_cache: Option<KvCacheArg>,
+    /// Keep an f16 copy of block-quantized weight matrices for prompts: prompts run about 10 %
+    /// faster on GPUs with tensor cores, for 2 bytes per weight more GPU memory.
+    #[arg(long)]
+    f16_prompt_weights: bool,
+}
+
+pub fn run(args: ServeArgs, adapter: Option<&str>) -> Result<()> {
+    let models = args
+        .model
+        .iter()
+        .map(|m| super::generate::resolve_model(m))
+        .collect::<Result<Vec<_>>>()?;
+    let gpu = super::open_gpu(adapter)?;
+    let load = super::model_options(
+        args.dtype,
+        args.quant,
+        args.context,
+        args.kv_cache,
+        args.f16_prompt_weights,
+    );
+    let opts = ServeOptions {
+        host: args.host,
+        port: args.port,
+        api_key: args.api_key.filter(|k| !k.is_empty()),
+        queue: args.queue,
+        ..Default::default()
+    };
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?
+        .block_on(serve(gpu, models, load, opts))
+}

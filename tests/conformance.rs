@@ -1,0 +1,289 @@
+//! The formats as published, through the engine's own readers: the hub's recorded answers
+//! (model info with `_id`, `id` and `modelId` together, gated as bool or string, tree pages,
+//! Link headers), configs saved by transformers 4 and 5 (`torch_dtype`/`dtype`,
+//! `rope_theta`/`rope_parameters`, no `model_type`), tokenizer configs of both eras with the
+//! chat template inline or in `chat_template.jinja`, diffusers configs, a CTranslate2 Whisper
+//! tokenizer, and OpenAI's recorded event streams. Every sample and its source is listed in
+//! tests/conformance/SOURCES.md.
+
+use std::path::{Path, PathBuf};
+
+use backpack_engine::hub::{next_link, parse_revision, parse_search, parse_tree_page};
+use backpack_engine::load::{ChatMessage, DecoderSpec, GenerationConfig, TextTokenizer};
+use backpack_engine::models::diffusion::config::{ClipConfig, VaeConfig};
+use backpack_engine::models::diffusion::scheduler::SchedulerConfig;
+use backpack_engine::models::whisper::{language_code, multilingual_by_vocab};
+use serde_json::Value;
+
+fn corpus(path: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../tests/conformance")
+        .join(path)
+}
+
+fn bytes(path: &str) -> Vec<u8> {
+    std::fs::read(corpus(path)).unwrap_or_else(|e| panic!("{path}: {e}"))
+}
+
+fn json(path: &str) -> Value {
+    serde_json::from_slice(&bytes(path)).unwrap_or_else(|e| panic!("{path}: {e}"))
+}
+
+#[test]
+fn model_info_answers_as_the_hub_sends_them() {
+    for (file, gated) in [
+        ("hub/model_info.json", false),
+        ("hub/model_info_bert.json", false),
+        ("hub/model_info_diffusers.json", false),
+        ("hub/model_info_gated.json", true),
+    ] {
+        let raw = json(file);
+        assert!(
+            raw.get("id").is_some() && raw.get("modelId").is_some() && raw.get("_id").is_some(),
+            "{file} is a real answer: id, modelId and _id together"
+        );
+        let info = parse_revision(&bytes(file)).unwrap_or_else(|e| panic!("{file}: {e}"));
+        assert_eq!(info.commit.as_deref(), raw["sha"].as_str(), "{file}");
+        assert_eq!(info.gated, gated, "{file}: gated {}", raw["gated"]);
+    }
+}
+
+#[test]
+fn search_answers_keep_every_model() {
+    let raw = json("hub/search.json");
+    let found = parse_search(&bytes("hub/search.json")).expect("search answer");
+    let ids: Vec<&str> = raw
+        .as_array()
+        .expect("array")
+        .iter()
+        .map(|m| m["id"].as_str().expect("id"))
+        .collect();
+    assert_eq!(found.iter().map(|m| m.id.as_str()).collect::<Vec<_>>(), ids);
+    assert!(found[0].gated, "the gated Llama");
+    assert!(found.iter().skip(1).all(|m| !m.gated));
+    assert!(
+        found
+            .iter()
+            .all(|m| m.downloads.is_some() && m.likes.is_some())
+    );
+    // Only one of the two id fields, as older answers and mirrors send them.
+    let single = br#"[{"modelId": "a/b", "downloads": 3.0}, {"id": "c/d", "gated": "auto"}, {"private": true}]"#;
+    let found = parse_search(single).expect("single id field");
+    assert_eq!(found.len(), 2);
+    assert_eq!((found[0].id.as_str(), found[0].downloads), ("a/b", Some(3)));
+    assert!(found[1].gated);
+}
+
+#[test]
+fn tree_pages_give_files_with_their_hashes() {
+    let raw = json("hub/tree.json");
+    let files = parse_tree_page(&bytes("hub/tree.json")).expect("tree page");
+    let entries: Vec<&Value> = raw
+        .as_array()
+        .expect("array")
+        .iter()
+        .filter(|e| e["type"] == "file")
+        .collect();
+    assert_eq!(files.len(), entries.len());
+    for (file, entry) in files.iter().zip(entries) {
+        assert_eq!(file.path, entry["path"].as_str().expect("path"));
+        assert_eq!(Some(file.size), entry["size"].as_u64());
+        assert_eq!(file.git_oid.as_deref(), entry["oid"].as_str());
+        assert_eq!(file.sha256.as_deref(), entry["lfs"]["oid"].as_str());
+    }
+    assert!(files.iter().any(|f| f.sha256.is_some()), "an LFS file");
+    let hostile = br#"[{"type": "file", "path": "../../etc/passwd", "size": 1, "oid": "a"}]"#;
+    let message = parse_tree_page(hostile).expect_err("unsafe path");
+    assert!(message.contains("unsafe path"), "{message}");
+}
+
+#[test]
+fn link_headers_name_the_next_page() {
+    let text = String::from_utf8(bytes("hub/tree_link_header.txt")).expect("utf-8");
+    let headers: Vec<&str> = text
+        .lines()
+        .filter_map(|l| l.strip_prefix("Link: "))
+        .collect();
+    assert!(headers.len() >= 2, "{text}");
+    for header in headers {
+        let next = next_link(header).unwrap_or_else(|| panic!("no next in {header}"));
+        assert!(next.starts_with("https://huggingface.co/api/"), "{next}");
+    }
+    assert_eq!(
+        next_link(
+            r#"<https://h/api/models?p=0>; rel="prev", <https://h/api/models?p=2>; rel="next""#
+        )
+        .as_deref(),
+        Some("https://h/api/models?p=2")
+    );
+    assert_eq!(next_link(r#"<https://h/x>; rel="last""#), None);
+}
+
+#[test]
+fn decoder_configs_of_both_transformers_eras() {
+    // The same model as transformers 4 and 5 write it: torch_dtype and rope_theta, or dtype,
+    // rope_parameters and layer_types.
+    let old = DecoderSpec::from_file(&corpus("models/Qwen--Qwen3-0.6B/config.json")).expect("4.x");
+    let new = DecoderSpec::from_file(&corpus(
+        "models/transformers5-roundtrip--Qwen3-0.6B/config.json",
+    ))
+    .expect("5.x");
+    assert_eq!(format!("{old:?}"), format!("{new:?}"));
+    assert_eq!(
+        (old.layers, old.hidden, old.kv_heads, old.head_dim),
+        (28, 1024, 8, 128)
+    );
+    // gpt2 as first published: no model_type, the architecture names the family.
+    let first = DecoderSpec::from_file(&corpus(
+        "models/openai-community--gpt2/history/8bfcadd/config.json",
+    ))
+    .expect("architectures only");
+    assert_eq!((first.layers, first.hidden, first.vocab), (12, 768, 50257));
+    let bare = corpus("models/openai-community--gpt2/history/b57efa2/config.json");
+    let message = DecoderSpec::from_file(&bare)
+        .expect_err("neither")
+        .to_string();
+    assert!(
+        message.contains("config.json") && message.contains("model_type"),
+        "{message}"
+    );
+}
+
+#[test]
+fn generation_configs_as_published() {
+    let dir = corpus("models/HuggingFaceTB--SmolLM2-135M-Instruct");
+    let raw = json("models/HuggingFaceTB--SmolLM2-135M-Instruct/generation_config.json");
+    let config = GenerationConfig::from_dir(&dir).expect("generation config");
+    let eos: Vec<u32> = match &raw["eos_token_id"] {
+        Value::Array(list) => list
+            .iter()
+            .filter_map(|v| v.as_u64())
+            .map(|v| v as u32)
+            .collect(),
+        v => v.as_u64().map(|v| vec![v as u32]).unwrap_or_default(),
+    };
+    assert_eq!(config.eos_token_ids, eos);
+    assert_eq!(
+        config.bos_token_id,
+        raw["bos_token_id"].as_u64().map(|v| v as u32)
+    );
+}
+
+/// A folder of a tiny tokenizer.json beside a published tokenizer_config.json (and template).
+fn with_tokenizer(config_dir: &str, name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!(
+        "backpack-conformance-{name}-{}",
+        std::process::id()
+    ));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("mkdir");
+    let tiny = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/models/tiny-qwen3");
+    std::fs::copy(tiny.join("tokenizer.json"), dir.join("tokenizer.json")).expect("tokenizer");
+    for entry in std::fs::read_dir(corpus(config_dir)).expect("corpus dir") {
+        let path = entry.expect("entry").path();
+        let file = path.file_name().expect("name").to_owned();
+        if file == "tokenizer_config.json" || file == "chat_template.jinja" {
+            std::fs::copy(&path, dir.join(file)).expect("copy");
+        }
+    }
+    dir
+}
+
+#[test]
+fn chat_templates_inline_or_in_their_own_file_render_alike() {
+    // transformers 4 keeps the template in tokenizer_config.json; 5 writes chat_template.jinja.
+    let inline = with_tokenizer("models/Qwen3-family--tokenizer_config-from-npm", "inline");
+    let separate = with_tokenizer("models/transformers5-roundtrip--Qwen3-0.6B", "separate");
+    assert!(
+        !separate.join("tokenizer_config.json").exists() || {
+            let c: Value = serde_json::from_slice(
+                &std::fs::read(separate.join("tokenizer_config.json")).expect("read"),
+            )
+            .expect("json");
+            c.get("chat_template").is_none()
+        }
+    );
+    let messages = [
+        ChatMessage::new("system", "Be brief."),
+        ChatMessage::new("user", "Hi"),
+    ];
+    let mut rendered = Vec::new();
+    for dir in [&inline, &separate] {
+        let tokenizer = TextTokenizer::from_dir(dir).expect("tokenizer");
+        assert!(tokenizer.has_chat_template() && tokenizer.has_thinking_switch());
+        let text = tokenizer
+            .render_chat(&messages, true, Some(false))
+            .expect("render");
+        assert!(
+            text.contains("<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"),
+            "{text}"
+        );
+        rendered.push(text);
+        let _ = std::fs::remove_dir_all(dir);
+    }
+    assert_eq!(rendered[0], rendered[1]);
+}
+
+#[test]
+fn diffusers_configs_as_published() {
+    let clip = json("models/stabilityai--sd-turbo/text_encoder/config.json");
+    ClipConfig::from_json(&clip).expect("CLIP text encoder");
+    let vae = json("models/stabilityai--sdxl-turbo/vae_decoder/config.json");
+    VaeConfig::from_json(&vae).expect("SDXL VAE");
+    for file in [
+        "models/stabilityai--sd-turbo/scheduler/scheduler_config.json",
+        "models/stabilityai--sdxl-turbo/scheduler/scheduler_config.json",
+    ] {
+        let config =
+            SchedulerConfig::from_json(&json(file)).unwrap_or_else(|e| panic!("{file}: {e}"));
+        let _ = config.default_kind();
+    }
+    let index = json("models/stabilityai--sd-turbo/model_index.json");
+    assert_eq!(index["_class_name"], "StableDiffusionPipeline");
+}
+
+/// CTranslate2's tiny.en ships no is_multilingual and a tokenizer that lists every language:
+/// the vocabulary size decides (51,864 is English-only).
+#[test]
+fn english_only_whisper_tokenizers_list_languages_yet_are_english_only() {
+    let tokenizer = TextTokenizer::from_dir(&corpus("whisper-tiny.en-ct2")).expect("tokenizer");
+    let config = json("whisper-tiny.en-ct2/config.json");
+    assert!(config.get("is_multilingual").is_none());
+    assert_eq!(tokenizer.token_to_id("<|en|>"), Some(50258));
+    let languages: Vec<(&str, u32)> = ["en", "de", "fr"]
+        .iter()
+        .filter_map(|code| {
+            let id = tokenizer.token_to_id(&format!("<|{code}|>"))?;
+            Some((language_code(&format!("<|{code}|>"))?, id))
+        })
+        .collect();
+    assert_eq!(languages.len(), 3, "the .en tokenizer lists languages");
+    assert!(!multilingual_by_vocab(51_864, &languages));
+}
+
+#[test]
+fn openai_event_streams_decode_whole() {
+    use backpack_engine::remote::sse::SseDecoder;
+    for file in [
+        "openai/chat_completions_stream.openai-live.sse",
+        "openai/chat_completions_stream_tool_calls.openai-live.sse",
+        "openai/chat_completions_stream.hf-router-tgi.sse",
+    ] {
+        let stream = bytes(file);
+        // Every chunking: one byte at a time, and whole.
+        for step in [1, 7, stream.len()] {
+            let mut decoder = SseDecoder::default();
+            let mut events = Vec::new();
+            for chunk in stream.chunks(step) {
+                decoder.push(chunk, &mut events).expect("push");
+            }
+            decoder.finish(&mut events).expect("finish");
+            assert_eq!(events.last().map(String::as_str), Some("[DONE]"), "{file}");
+            for data in &events[..events.len() - 1] {
+                let chunk: Value =
+                    serde_json::from_str(data).unwrap_or_else(|e| panic!("{file}: {e}: {data}"));
+                assert_eq!(chunk["object"], "chat.completion.chunk", "{file}");
+            }
+        }
+    }
+}

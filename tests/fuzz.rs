@@ -1,0 +1,428 @@
+//! Bounded fuzzing of every parser that reads outside input: GGUF, safetensors headers, model
+//! configs (decoder, Whisper, UNet, VAE, CLIP, scheduler), tokenizer and generation-config
+//! files, chat templates, audio containers, PNG and start images, the hub's JSON answers and
+//! Link headers, and server-sent event streams. Seeds are real files from the fixtures and the
+//! conformance corpus. Each target must give a clean error or a value: never a panic, a hang,
+//! or an allocation sized by an untrusted length. `BACKPACK_FUZZ_CASES=N` runs N cases a
+//! target (for longer local runs); the server's request bodies are fuzzed in tests/serve_conformance.rs.
+
+#[path = "support/mutate.rs"]
+mod mutate;
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use backpack_engine::load::{
+    ChatMessage, ChatTemplate, DecoderSpec, GenerationConfig, GgufFile, SafeTensors, TextTokenizer,
+    gguf_spec, gguf_tokenizer,
+};
+use backpack_engine::models::diffusion::clip_tokenizer::ClipTokenizer;
+use backpack_engine::models::diffusion::config::{ClipConfig, UnetConfig, VaeConfig};
+use backpack_engine::models::diffusion::scheduler::SchedulerConfig;
+use backpack_engine::models::whisper::{WhisperConfig, WhisperGeneration};
+use mutate::{Scratch, fuzz};
+
+/// The largest single allocation any case may ask for. A parser that sizes a buffer by a
+/// length field it has not checked against the input asks for far more.
+const MAX_ALLOCATION: usize = 1 << 30;
+
+struct Largest;
+
+static LARGEST: AtomicUsize = AtomicUsize::new(0);
+
+// Measuring allocations needs a global allocator, which Rust only offers as an unsafe trait;
+// this one forwards to the system allocator and records the largest request.
+#[allow(unsafe_code)]
+unsafe impl GlobalAlloc for Largest {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        LARGEST.fetch_max(layout.size(), Ordering::Relaxed);
+        // SAFETY: forwarded unchanged to the system allocator.
+        unsafe { System.alloc(layout) }
+    }
+
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        // SAFETY: forwarded unchanged to the system allocator.
+        unsafe { System.dealloc(ptr, layout) }
+    }
+
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        LARGEST.fetch_max(new_size, Ordering::Relaxed);
+        // SAFETY: forwarded unchanged to the system allocator.
+        unsafe { System.realloc(ptr, layout, new_size) }
+    }
+}
+
+#[global_allocator]
+static ALLOCATOR: Largest = Largest;
+
+fn assert_bounded_allocations(name: &str) {
+    let largest = LARGEST.load(Ordering::Relaxed);
+    assert!(
+        largest <= MAX_ALLOCATION,
+        "{name}: a case asked for {largest} bytes at once"
+    );
+}
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+fn read(path: &str) -> Vec<u8> {
+    let path = root().join(path);
+    std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+/// Every file named `name` under `dir` (recursively), as seeds.
+fn seeds_named(dir: &str, name: &str) -> Vec<Vec<u8>> {
+    fn walk(dir: &Path, name: &str, out: &mut Vec<PathBuf>) {
+        let Ok(entries) = std::fs::read_dir(dir) else {
+            return;
+        };
+        for entry in entries.filter_map(Result::ok) {
+            let path = entry.path();
+            if path.is_dir() {
+                walk(&path, name, out);
+            } else if path.file_name().is_some_and(|n| n == name) {
+                out.push(path);
+            }
+        }
+    }
+    let mut paths = Vec::new();
+    walk(&root().join(dir), name, &mut paths);
+    paths.sort();
+    paths
+        .iter()
+        .map(|p| std::fs::read(p).expect("seed"))
+        .collect()
+}
+
+fn err(e: impl std::fmt::Display) -> String {
+    e.to_string()
+}
+
+#[test]
+fn gguf_files() {
+    let seeds = vec![
+        read("tests/fixtures/models/tiny-llama-spm.gguf"),
+        read("tests/fixtures/models/tiny-gpt2.gguf"),
+    ];
+    let scratch = Scratch::new("gguf");
+    let path = scratch.0.join("model.gguf");
+    // Metadata and the tensor table sit in the first few KB.
+    fuzz("gguf", &seeds, 600, Some(8192), |bytes| {
+        std::fs::write(&path, bytes).map_err(err)?;
+        let file = GgufFile::open(&path).map_err(err)?;
+        for tensor in file.tensors() {
+            let _ = file.data(tensor).len();
+        }
+        gguf_spec(&file).map_err(err)?;
+        let tokenizer = gguf_tokenizer(&file).map_err(err)?;
+        tokenizer.encode("The fox", true).map_err(err)?;
+        Ok(())
+    });
+    assert_bounded_allocations("gguf");
+}
+
+#[test]
+fn safetensors_headers() {
+    let seeds = vec![
+        read("tests/fixtures/models/tiny-qwen2/model.safetensors"),
+        read("tests/fixtures/models/tiny-taesd/diffusion_pytorch_model.safetensors"),
+    ];
+    let scratch = Scratch::new("safetensors");
+    let path = scratch.0.join("model.safetensors");
+    fuzz("safetensors", &seeds, 1000, Some(4096), |bytes| {
+        std::fs::write(&path, bytes).map_err(err)?;
+        let tensors = SafeTensors::open_files(std::slice::from_ref(&path)).map_err(err)?;
+        let names: Vec<String> = tensors.names().map(str::to_owned).collect();
+        for name in names {
+            let view = tensors.get(&name).map_err(err)?;
+            let _ = view.len();
+        }
+        Ok(())
+    });
+    assert_bounded_allocations("safetensors");
+}
+
+#[test]
+fn model_configs() {
+    let mut seeds = seeds_named("tests/fixtures/models", "config.json");
+    seeds.extend(seeds_named("tests/conformance", "config.json"));
+    let scratch = Scratch::new("configs");
+    let path = scratch.0.join("config.json");
+    fuzz("configs", &seeds, 4000, None, |bytes| {
+        let value: serde_json::Value = serde_json::from_slice(bytes).map_err(err)?;
+        let results = [
+            DecoderSpec::from_json(&value).map(|_| ()).map_err(err),
+            UnetConfig::from_json(&value).map(|_| ()).map_err(err),
+            VaeConfig::from_json(&value).map(|_| ()).map_err(err),
+            ClipConfig::from_json(&value).map(|_| ()).map_err(err),
+        ];
+        std::fs::write(&path, bytes).map_err(err)?;
+        let whisper = WhisperConfig::from_file(&path).map(|_| ()).map_err(err);
+        results
+            .into_iter()
+            .chain([whisper])
+            .find(Result::is_ok)
+            .unwrap_or(Err("no reader took it".into()))
+    });
+}
+
+#[test]
+fn scheduler_configs() {
+    let mut seeds = seeds_named("tests/fixtures/models", "scheduler_config.json");
+    seeds.extend(seeds_named("tests/conformance", "scheduler_config.json"));
+    fuzz("scheduler", &seeds, 1000, None, |bytes| {
+        let value: serde_json::Value = serde_json::from_slice(bytes).map_err(err)?;
+        let config = SchedulerConfig::from_json(&value).map_err(err)?;
+        let _ = config.default_kind();
+        Ok(())
+    });
+}
+
+#[test]
+fn generation_configs() {
+    let mut seeds = seeds_named("tests/fixtures/models", "generation_config.json");
+    seeds.extend(seeds_named("tests/conformance", "generation_config.json"));
+    let scratch = Scratch::new("generation");
+    fuzz("generation_config", &seeds, 1000, None, |bytes| {
+        std::fs::write(scratch.0.join("generation_config.json"), bytes).map_err(err)?;
+        let text = GenerationConfig::from_dir(&scratch.0).map_err(err);
+        let whisper = WhisperGeneration::from_dir(&scratch.0).map_err(err);
+        text.and(whisper).map(|_| ())
+    });
+}
+
+#[test]
+fn text_tokenizers() {
+    let seeds = vec![
+        read("tests/fixtures/models/tiny-qwen2/tokenizer.json"),
+        read("tests/fixtures/models/tiny-llama/tokenizer.json"),
+    ];
+    let config = read("tests/fixtures/models/tiny-qwen2/tokenizer_config.json");
+    let scratch = Scratch::new("tokenizer");
+    std::fs::write(scratch.0.join("tokenizer_config.json"), &config).expect("config");
+    fuzz("tokenizer.json", &seeds, 400, None, |bytes| {
+        std::fs::write(scratch.0.join("tokenizer.json"), bytes).map_err(err)?;
+        let tokenizer = TextTokenizer::from_dir(&scratch.0).map_err(err)?;
+        let ids = tokenizer
+            .encode("Hello, world! 日本語", true)
+            .map_err(err)?;
+        tokenizer.decode(&ids, false).map_err(err)?;
+        Ok(())
+    });
+    let mut configs = seeds_named("tests/fixtures/models", "tokenizer_config.json");
+    configs.extend(seeds_named("tests/conformance", "tokenizer_config.json"));
+    let tokenizer = read("tests/fixtures/models/tiny-qwen2/tokenizer.json");
+    std::fs::write(scratch.0.join("tokenizer.json"), &tokenizer).expect("tokenizer");
+    fuzz("tokenizer_config.json", &configs, 400, None, |bytes| {
+        std::fs::write(scratch.0.join("tokenizer_config.json"), bytes).map_err(err)?;
+        let tokenizer = TextTokenizer::from_dir(&scratch.0).map_err(err)?;
+        if tokenizer.has_chat_template() {
+            tokenizer
+                .encode_chat(&[ChatMessage::new("user", "Hi")], true, None)
+                .map_err(err)?;
+        }
+        Ok(())
+    });
+}
+
+#[test]
+fn clip_tokenizers() {
+    let scratch = Scratch::new("clip");
+    let json_form = root().join("tests/fixtures/tokenizers/clip-tiny-json");
+    std::fs::copy(
+        json_form.join("tokenizer_config.json"),
+        scratch.0.join("tokenizer_config.json"),
+    )
+    .expect("config");
+    let seeds = vec![std::fs::read(json_form.join("tokenizer.json")).expect("seed")];
+    fuzz("clip tokenizer.json", &seeds, 200, None, |bytes| {
+        std::fs::write(scratch.0.join("tokenizer.json"), bytes).map_err(err)?;
+        let tokenizer = ClipTokenizer::from_dir(&scratch.0).map_err(err)?;
+        tokenizer.encode_padded("a photo of a cat").map_err(err)?;
+        Ok(())
+    });
+    let pair = Scratch::new("clip-pair");
+    let source = root().join("tests/fixtures/tokenizers/clip-tiny");
+    for file in [
+        "vocab.json",
+        "tokenizer_config.json",
+        "special_tokens_map.json",
+    ] {
+        std::fs::copy(source.join(file), pair.0.join(file)).expect("copy");
+    }
+    let seeds = vec![std::fs::read(source.join("merges.txt")).expect("seed")];
+    fuzz("clip merges.txt", &seeds, 200, None, |bytes| {
+        std::fs::write(pair.0.join("merges.txt"), bytes).map_err(err)?;
+        let tokenizer = ClipTokenizer::from_dir(&pair.0).map_err(err)?;
+        tokenizer.encode_padded("a photo of a cat").map_err(err)?;
+        Ok(())
+    });
+}
+
+#[test]
+fn chat_templates() {
+    let mut seeds: Vec<Vec<u8>> = Vec::new();
+    for config in seeds_named("tests/fixtures/models", "tokenizer_config.json")
+        .into_iter()
+        .chain(seeds_named("tests/conformance", "tokenizer_config.json"))
+    {
+        let value: serde_json::Value = serde_json::from_slice(&config).expect("json");
+        if let Some(t) = value.get("chat_template").and_then(|t| t.as_str()) {
+            seeds.push(t.as_bytes().to_vec());
+        }
+    }
+    seeds.extend(seeds_named("tests/conformance", "chat_template.jinja"));
+    seeds.push(b"{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}".to_vec());
+    let messages = [
+        ChatMessage::new("system", "Be brief."),
+        ChatMessage::new("user", "Hi"),
+        ChatMessage::new("assistant", "Hello"),
+        ChatMessage::new("user", "Again"),
+    ];
+    fuzz("chat_template", &seeds, 1500, None, |bytes| {
+        let source = String::from_utf8_lossy(bytes);
+        let template = ChatTemplate::new(&source, "<s>", "</s>").map_err(err)?;
+        template.render(&messages, true, Some(false)).map_err(err)?;
+        Ok(())
+    });
+}
+
+#[test]
+fn audio_containers() {
+    let scratch = Scratch::new("audio");
+    for (name, ext) in [
+        ("tests/fixtures/audio/chirp.wav", "wav"),
+        ("tests/fixtures/audio/speech_two.flac", "flac"),
+        ("tests/fixtures/audio/speech_short.mp3", "mp3"),
+        ("tests/fixtures/audio/speech_short.ogg", "ogg"),
+    ] {
+        let path = scratch.0.join(format!("input.{ext}"));
+        fuzz(
+            &format!("audio {ext}"),
+            &[read(name)],
+            200,
+            Some(512),
+            |bytes| {
+                std::fs::write(&path, bytes).map_err(err)?;
+                let audio = backpack_engine::audio::decode_file(&path).map_err(err)?;
+                let _ = audio.samples.len();
+                Ok(())
+            },
+        );
+    }
+    assert_bounded_allocations("audio");
+}
+
+#[test]
+fn png_files() {
+    let mut seeds = vec![
+        read("assets/icons/backpack-16.png"),
+        read("assets/icons/backpack-32.png"),
+    ];
+    let rgb: Vec<u8> = (0..8 * 6 * 3).map(|i| (i * 7) as u8).collect();
+    seeds.push(
+        backpack_app::image_files::png_bytes(
+            8,
+            6,
+            &rgb,
+            "a cat\nSteps: 4, Sampler: Euler, Seed: 1",
+        )
+        .expect("png"),
+    );
+    let scratch = Scratch::new("png");
+    let path = scratch.0.join("image.png");
+    fuzz("png", &seeds, 1500, Some(128), |bytes| {
+        std::fs::write(&path, bytes).map_err(err)?;
+        let image = backpack_app::image_files::read_png(&path).map_err(err)?;
+        if let Some(text) = &image.parameters {
+            let _ = backpack_app::image_files::parse_parameters(text);
+        }
+        let _ = backpack_app::image_files::init_image_floats(&image, 16, 16);
+        Ok(())
+    });
+    assert_bounded_allocations("png");
+}
+
+#[test]
+fn jpeg_and_webp_start_images() {
+    let scratch = Scratch::new("start-images");
+    for ext in ["jpg", "webp"] {
+        let seeds = vec![read(&format!("tests/fixtures/images/start.{ext}"))];
+        let path = scratch.0.join(format!("start.{ext}"));
+        fuzz(
+            &format!("start image {ext}"),
+            &seeds,
+            1000,
+            Some(256),
+            |bytes| {
+                std::fs::write(&path, bytes).map_err(err)?;
+                let image = backpack_app::image_files::read_start_image(&path).map_err(err)?;
+                let _ = backpack_app::image_files::init_image_floats(&image, 8, 8);
+                Ok(())
+            },
+        );
+    }
+    assert_bounded_allocations("start images");
+}
+
+#[test]
+fn hub_answers() {
+    use backpack_engine::hub::{next_link, parse_revision, parse_search, parse_tree_page};
+    let dir = "tests/conformance/hub";
+    let search = vec![read(&format!("{dir}/search.json"))];
+    fuzz("hub search", &search, 2000, None, |bytes| {
+        parse_search(bytes).map(|_| ())
+    });
+    let info = vec![
+        read(&format!("{dir}/model_info.json")),
+        read(&format!("{dir}/model_info_gated.json")),
+    ];
+    fuzz("hub model info", &info, 2000, None, |bytes| {
+        parse_revision(bytes).map(|_| ())
+    });
+    let tree = vec![read(&format!("{dir}/tree.json"))];
+    fuzz("hub tree", &tree, 2000, None, |bytes| {
+        parse_tree_page(bytes).map(|_| ())
+    });
+    let text = String::from_utf8(read(&format!("{dir}/tree_link_header.txt"))).expect("utf-8");
+    let links: Vec<Vec<u8>> = text
+        .lines()
+        .filter_map(|l| l.strip_prefix("Link: "))
+        .map(|l| l.as_bytes().to_vec())
+        .collect();
+    fuzz("hub Link header", &links, 1000, None, |bytes| {
+        let header = String::from_utf8_lossy(bytes);
+        next_link(&header)
+            .map(|_| ())
+            .ok_or_else(|| "no next link".to_owned())
+    });
+}
+
+#[test]
+fn sse_streams() {
+    use backpack_engine::remote::sse::SseDecoder;
+    let seeds = vec![
+        read("tests/conformance/openai/chat_completions_stream.openai-live.sse"),
+        read("tests/conformance/openai/chat_completions_stream_tool_calls.openai-live.sse"),
+        read("tests/conformance/openai/chat_completions_stream.hf-router-tgi.sse"),
+    ];
+    fuzz("sse", &seeds, 3000, None, |bytes| {
+        // The same bytes in chunks of every size: a boundary may fall anywhere.
+        let mut decoder = SseDecoder::default();
+        let mut events = Vec::new();
+        let step = 1 + bytes.len() % 7;
+        for chunk in bytes.chunks(step) {
+            decoder.push(chunk, &mut events)?;
+        }
+        decoder.finish(&mut events)?;
+        for data in &events {
+            if data != "[DONE]" {
+                let _: serde_json::Value = serde_json::from_str(data).map_err(err)?;
+            }
+        }
+        Ok(())
+    });
+}
