@@ -38,6 +38,7 @@ fn harness(data_dir: &Path) -> App {
         hub_endpoint: Some("http://127.0.0.1:9".into()),
         models_dir: Some(data_dir.join("models")),
         audio_input: None,
+        other_tools: Default::default(),
     };
     let egui_wgpu::WgpuSetup::CreateNew(mut setup) = egui_kittest::wgpu::default_wgpu_setup()
     else {

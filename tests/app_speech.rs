@@ -46,6 +46,7 @@ fn harness(
         hub_endpoint: Some("http://127.0.0.1:9".into()),
         models_dir: Some(data_dir.join("models")),
         audio_input,
+        other_tools: Default::default(),
     };
     let egui_wgpu::WgpuSetup::CreateNew(mut setup) = egui_kittest::wgpu::default_wgpu_setup()
     else {

@@ -52,6 +52,7 @@ fn harness(
             models_dir: Some(data_dir.join("models")),
             frame_stats: false,
             audio_input: None,
+            other_tools: Default::default(),
         },
         any_text,
     )
@@ -396,6 +397,7 @@ fn models_panel_searches_downloads_with_progress_and_uses_the_model() {
             models_dir: Some(dir.join("models")),
             frame_stats: false,
             audio_input: None,
+            other_tools: Default::default(),
         },
         true,
     );
@@ -454,6 +456,42 @@ fn models_panel_searches_downloads_with_progress_and_uses_the_model() {
         .unwrap_or_default();
     assert_eq!(installed.len(), 1);
     assert_eq!(installed[0].repo, "tiny/spm-GGUF");
+    drop(h);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A model another tool put in its Hugging Face cache shows under "Found on this machine" and
+/// loads in place with one click.
+#[test]
+fn models_panel_uses_models_found_on_this_machine() {
+    let dir = fresh_dir("found");
+    let snapshot = dir.join("hf/hub/models--tiny--cached-GGUF/snapshots/0123abcd");
+    std::fs::create_dir_all(&snapshot).expect("mkdir");
+    let file = snapshot.join("tiny-spm-Q8_0.gguf");
+    std::fs::copy(fixture_model("tiny-llama-spm.gguf"), &file).expect("copy");
+    let mut h = harness_with(
+        AppConfig {
+            data_dir: dir.clone(),
+            model: None,
+            hub_endpoint: Some("http://127.0.0.1:9".into()),
+            models_dir: Some(dir.join("models")),
+            frame_stats: false,
+            audio_input: None,
+            other_tools: backpack_engine::hub::SearchRoots {
+                hf_cache: Some(dir.join("hf/hub")),
+                ..Default::default()
+            },
+        },
+        true,
+    );
+    h.get_by_label("Models").click();
+    h.run_steps(2);
+    h.get_by_label("Found on this machine");
+    h.get_by_label("tiny/cached-GGUF/tiny-spm-Q8_0.gguf");
+    h.get_by_label("Use").click();
+    wait_for(&mut h, "the found model", model_ready);
+    assert!(h.state().shared.model_error.is_none());
+    assert!(!dir.join("models").exists(), "used in place, not copied");
     drop(h);
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -61,6 +61,7 @@ fn main() -> Result<()> {
                 hub_endpoint: None,
                 models_dir: None,
                 audio_input: args.audio_input,
+                other_tools: backpack_engine::hub::SearchRoots::from_env(),
             };
             backpack_app::run_gui(config, args.adapter.as_deref())
         }

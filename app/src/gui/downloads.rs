@@ -80,6 +80,7 @@ pub struct Downloads {
     installed_cache: Option<(u64, Vec<InstalledModel>)>,
     /// Models other tools put on this machine, as of `installed_generation`.
     found_cache: Option<(u64, Vec<FoundModel>)>,
+    other_tools: SearchRoots,
     ctx: egui::Context,
 }
 
@@ -88,6 +89,7 @@ impl Downloads {
         ctx: &egui::Context,
         client: Result<HubClient, String>,
         models: Library,
+        other_tools: SearchRoots,
     ) -> anyhow::Result<Self> {
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(1)
@@ -111,6 +113,7 @@ impl Downloads {
             installed_generation: 0,
             installed_cache: None,
             found_cache: None,
+            other_tools,
             ctx: ctx.clone(),
         })
     }
@@ -139,7 +142,7 @@ impl Downloads {
             .as_ref()
             .is_none_or(|(g, _)| *g != generation)
         {
-            self.found_cache = Some((generation, SearchRoots::from_env().find()));
+            self.found_cache = Some((generation, self.other_tools.find()));
         }
         self.found_cache
             .as_ref()

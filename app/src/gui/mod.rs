@@ -7,7 +7,6 @@
 
 pub mod chat;
 mod common;
-mod dialogs;
 pub mod downloads;
 mod frame_stats;
 pub mod image;
@@ -28,13 +27,13 @@ use eframe::egui;
 
 use chat::ChatPanel;
 pub use common::{display_name, format_bytes};
-use dialogs::DialogKind;
 use frame_stats::FrameStats;
 use image::ImagePanel;
 use models::ModelsPanel;
 pub use services::image::ImageModelState;
 pub use services::speech::SpeechModelState;
 use settings::SettingsPanel;
+use shared::DialogKind;
 pub use shared::{AppConfig, ModelState, Shared};
 use speech::SpeechPanel;
 use store::Panel;

@@ -141,7 +141,7 @@ impl TextModel {
         }
         if !path.is_dir() {
             return Err(Error::Invalid(format!(
-                "{}: expected a model folder (config.json, *.safetensors, tokenizer.json) or a .gguf file",
+                "{}: expected a model folder (config.json, *.safetensors, and tokenizer.json or vocab.json + merges.txt) or a .gguf file",
                 path.display()
             )));
         }

@@ -11,8 +11,8 @@ use super::prompt::{
     drop_oldest_turn, file_stem_for, generate_params, prompt_for, remote_params, title_from,
 };
 use super::{ChatPanel, Generation, Overflow};
-use crate::gui::dialogs::DialogKind;
 use crate::gui::services::remote::RemoteModelRef;
+use crate::gui::shared::DialogKind;
 use crate::gui::shared::{ModelState, Shared};
 use crate::gui::store::{self, Conversation, Message, Role};
 

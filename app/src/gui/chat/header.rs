@@ -7,8 +7,8 @@ use eframe::egui;
 
 use super::{Action, ChatPanel};
 use crate::gui::common::{display_name, sampling_editor};
-use crate::gui::dialogs::DialogKind;
 use crate::gui::services::remote::{ModelList, RemoteModelRef};
+use crate::gui::shared::DialogKind;
 use crate::gui::shared::Shared;
 use crate::gui::store::Conversation;
 

@@ -4,7 +4,7 @@
 use eframe::egui;
 
 use super::{Action, ChatPanel};
-use crate::gui::dialogs::DialogKind;
+use crate::gui::shared::DialogKind;
 use crate::gui::shared::Shared;
 use crate::gui::store::Conversation;
 

@@ -17,7 +17,7 @@ use std::time::Instant;
 use eframe::egui;
 use egui_commonmark::CommonMarkCache;
 
-use super::dialogs::DialogKind;
+use super::shared::DialogKind;
 use super::shared::Shared;
 pub use dictation::Dictation;
 

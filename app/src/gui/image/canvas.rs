@@ -7,7 +7,7 @@ use eframe::egui;
 use super::gallery::GalleryItem;
 use super::{Action, ImagePanel, Job, Showing};
 use crate::gui::common::display_name;
-use crate::gui::dialogs::DialogKind;
+use crate::gui::shared::DialogKind;
 use crate::image_files::read_png;
 
 /// Small images are enlarged at most this much to fill the canvas.

@@ -10,8 +10,8 @@ use eframe::egui;
 
 use super::{Action, ImagePanel, MAX_BATCH};
 use crate::gui::common::{display_name, format_bytes};
-use crate::gui::dialogs::DialogKind;
 use crate::gui::services::image::{ImageModelState, is_image_model};
+use crate::gui::shared::DialogKind;
 use crate::gui::shared::Shared;
 use crate::gui::store::image::{ImageSettings, size_label, size_presets};
 use crate::image_files::sampler_name;

@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use backpack_engine::models::diffusion::Timings;
 use eframe::{egui, wgpu};
 
-use super::dialogs::DialogKind;
+use super::shared::DialogKind;
 use super::shared::Shared;
 pub use crate::gui::store::image::ImageSettings;
 use crate::image_files::DecodedImage;

@@ -7,8 +7,8 @@ use backpack_engine::hub::{Catalog, FitCheck, GpuBudget, RepoListing, quant_vari
 use eframe::egui;
 
 use crate::gui::common::format_bytes;
-use crate::gui::dialogs::DialogKind;
 use crate::gui::downloads::{Downloads, Job, JobState, Selection};
+use crate::gui::shared::DialogKind;
 use crate::gui::shared::Shared;
 use crate::gui::store::Panel;
 

@@ -9,7 +9,7 @@ use std::path::PathBuf;
 use eframe::egui;
 
 use super::common::{display_name, format_bytes, info_row};
-use super::dialogs::DialogKind;
+use super::shared::DialogKind;
 use super::shared::{ModelState, Shared};
 use super::store::LoadSettings;
 

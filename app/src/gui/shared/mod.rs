@@ -1,25 +1,27 @@
 //! What the panels share: the text engine and the model it holds, the speech and image
-//! services and their models (see [`super::services::speech`] and [`super::services::image`]), the GPU
-//! and the window's renderer, the store, the hub and its downloads, file dialogs and notices. The app owns one and lends it to the panel being drawn; each panel
-//! keeps its own state to itself.
+//! services and their models (see [`super::services::speech`] and [`super::services::image`]),
+//! the GPU and the window's renderer, the store, the hub and its downloads, file dialogs and
+//! notices. The app owns one and lends it to the panel being drawn; each panel keeps its own
+//! state to itself.
 
+mod dialogs;
 mod image_model;
 mod speech_model;
 
 use std::path::{Path, PathBuf};
 
-use backpack_engine::hub::{GpuBudget, Library};
+use backpack_engine::hub::{GpuBudget, Library, SearchRoots};
 use backpack_engine::models::{ModelInfo, ModelOptions};
 use backpack_engine::ops::WeightDType;
 use eframe::{egui, egui_wgpu};
 
-use super::dialogs::{DialogKind, Dialogs};
 use super::downloads::Downloads;
 use super::services::image::{self, ImageLink, ImageModelState};
 use super::services::remote::RemoteLink;
 use super::services::speech::{SpeechLink, SpeechModelState};
 use super::services::text::{self, EngineLink, GpuSummary};
 use super::store::{Panel, Store};
+pub use dialogs::{DialogKind, Dialogs};
 
 /// How the app was started.
 #[derive(Clone, Debug, Default)]
@@ -37,6 +39,9 @@ pub struct AppConfig {
     /// An audio file played in real time as the only live input (a virtual microphone),
     /// for machines without one, demos and tests.
     pub audio_input: Option<PathBuf>,
+    /// Where other tools keep models (the Hugging Face cache, LM Studio, Ollama), shown as
+    /// found on this machine; `SearchRoots::from_env()` for the real app.
+    pub other_tools: SearchRoots,
 }
 
 pub enum ModelState {
@@ -125,7 +130,13 @@ impl Shared {
             .unwrap_or_else(|| crate::hub::default_models_dir(&config.data_dir));
         let client = crate::hub::client_for(&config.data_dir, config.hub_endpoint.clone())
             .map_err(|e| format!("{e:#}"));
-        let downloads = Downloads::new(&cc.egui_ctx, client, Library::new(models_dir)).ok();
+        let downloads = Downloads::new(
+            &cc.egui_ctx,
+            client,
+            Library::new(models_dir),
+            config.other_tools.clone(),
+        )
+        .ok();
         Self {
             store,
             engine,

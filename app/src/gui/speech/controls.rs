@@ -8,8 +8,8 @@ use eframe::egui;
 
 use super::{Action, SpeechPanel, list_devices};
 use crate::gui::common::{display_name, format_bytes};
-use crate::gui::dialogs::DialogKind;
 use crate::gui::services::speech::SpeechModelState;
+use crate::gui::shared::DialogKind;
 use crate::gui::shared::Shared;
 use crate::gui::store::speech::SpeechSettings;
 

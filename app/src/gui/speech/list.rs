@@ -3,7 +3,7 @@
 use eframe::egui;
 
 use super::{Action, SpeechPanel};
-use crate::gui::dialogs::DialogKind;
+use crate::gui::shared::DialogKind;
 use crate::gui::shared::Shared;
 use crate::gui::store::speech::{Transcript, TranscriptFormat};
 

@@ -16,7 +16,7 @@ use std::time::Instant;
 
 use eframe::egui;
 
-use super::dialogs::DialogKind;
+use super::shared::DialogKind;
 use super::shared::Shared;
 pub use crate::gui::store::speech::{
     Line, Origin, SpeechSettings, Transcript, TranscriptFormat, clock,

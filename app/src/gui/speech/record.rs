@@ -7,7 +7,7 @@ use eframe::egui;
 
 use super::jobs::SILENCE_DB;
 use super::{Action, Job, SpeechPanel};
-use crate::gui::dialogs::DialogKind;
+use crate::gui::shared::DialogKind;
 use crate::gui::shared::Shared;
 use crate::gui::store::speech::{Origin, clock};
 

@@ -112,7 +112,7 @@ impl WhisperModel {
         if !path.is_dir() {
             return Err(if path.exists() {
                 Error::Invalid(format!(
-                    "{}: expected a Whisper model folder (config.json, model.safetensors, tokenizer.json)",
+                    "{}: expected a Whisper model folder (config.json, model.safetensors, and tokenizer.json or vocab.json + merges.txt)",
                     path.display()
                 ))
             } else {

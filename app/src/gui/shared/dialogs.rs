@@ -6,7 +6,7 @@ use std::sync::mpsc;
 
 use eframe::egui;
 
-use super::store::speech::TranscriptFormat;
+use crate::gui::store::speech::TranscriptFormat;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum DialogKind {
