@@ -106,6 +106,8 @@ fn gguf_files() {
     let seeds = vec![
         read("tests/fixtures/models/tiny-llama-spm.gguf"),
         read("tests/fixtures/models/tiny-gpt2.gguf"),
+        // Found here before: a NaN merge score broke the merge sort's total order.
+        read("tests/fixtures/fuzz/gguf-nan-merge-score.gguf"),
     ];
     let scratch = Scratch::new("gguf");
     let path = scratch.0.join("model.gguf");
@@ -199,6 +201,10 @@ fn text_tokenizers() {
     let seeds = vec![
         read("tests/fixtures/models/tiny-qwen2/tokenizer.json"),
         read("tests/fixtures/models/tiny-llama/tokenizer.json"),
+        // Found here before: inputs on which the tokenizers library panics while reading a
+        // decoder section, and while encoding with a merge of a token it lacks.
+        read("tests/fixtures/fuzz/tokenizer-decoder-section.json"),
+        read("tests/fixtures/fuzz/tokenizer-merge-missing.json"),
     ];
     let config = read("tests/fixtures/models/tiny-qwen2/tokenizer_config.json");
     let scratch = Scratch::new("tokenizer");
@@ -299,19 +305,18 @@ fn audio_containers() {
         ("tests/fixtures/audio/speech_short.mp3", "mp3"),
         ("tests/fixtures/audio/speech_short.ogg", "ogg"),
     ] {
+        let mut seeds = vec![read(name)];
+        if ext == "wav" {
+            // Found here before: a fmt chunk whose fields overflow the WAV reader's arithmetic.
+            seeds.push(read("tests/fixtures/fuzz/wav-fmt-overflow.wav"));
+        }
         let path = scratch.0.join(format!("input.{ext}"));
-        fuzz(
-            &format!("audio {ext}"),
-            &[read(name)],
-            200,
-            Some(512),
-            |bytes| {
-                std::fs::write(&path, bytes).map_err(err)?;
-                let audio = backpack_engine::audio::decode_file(&path).map_err(err)?;
-                let _ = audio.samples.len();
-                Ok(())
-            },
-        );
+        fuzz(&format!("audio {ext}"), &seeds, 200, Some(512), |bytes| {
+            std::fs::write(&path, bytes).map_err(err)?;
+            let audio = backpack_engine::audio::decode_file(&path).map_err(err)?;
+            let _ = audio.samples.len();
+            Ok(())
+        });
     }
     assert_bounded_allocations("audio");
 }

@@ -34,6 +34,22 @@ pub struct DecodedAudio {
 /// to decode are skipped; a file cut short returns what decoded before the cut. An empty file
 /// gives no samples.
 pub fn decode_file(path: &Path) -> Result<DecodedAudio, AudioError> {
+    // The demuxers and decoders read untrusted headers; a panic inside one (an arithmetic
+    // overflow on a hostile field) is a damaged file, not a crash.
+    std::panic::catch_unwind(|| decode_unguarded(path)).unwrap_or_else(|panic| {
+        let detail = panic
+            .downcast_ref::<String>()
+            .cloned()
+            .or_else(|| panic.downcast_ref::<&str>().map(|s| (*s).to_owned()))
+            .unwrap_or_default();
+        Err(AudioError::Corrupt {
+            path: path.to_owned(),
+            detail: format!("the decoder failed on it: {detail}"),
+        })
+    })
+}
+
+fn decode_unguarded(path: &Path) -> Result<DecodedAudio, AudioError> {
     let file = File::open(path).map_err(|e| io_error(path, e))?;
     let len = file.metadata().map_err(|e| io_error(path, e))?.len();
     if len == 0 {

@@ -20,4 +20,5 @@ pub use gguf_model::{gguf_spec, gguf_tensor_name, gguf_tokenizer, unpermuted_row
 pub use rope::{RopeScaling, RopeSpec};
 pub use safetensors::{DType, SafeTensors, TensorView};
 pub use template::{ChatMessage, ChatTemplate};
+pub(crate) use tokenizer::without_panics;
 pub use tokenizer::{GenerationConfig, StreamDecoder, TextTokenizer};

@@ -177,13 +177,12 @@ impl TextTokenizer {
     /// Tokenizes `text`; `add_special_tokens` adds BOS etc. as the tokenizer's post-processor
     /// says (what `tokenizer(text)` does in transformers).
     pub fn encode(&self, text: &str, add_special_tokens: bool) -> Result<Vec<u32>, LoadError> {
-        self.inner
-            .encode(text, add_special_tokens)
-            .map(|e| e.get_ids().to_vec())
-            .map_err(|e| LoadError::Tokenizer {
-                path: "tokenizer.json".into(),
-                message: e.to_string(),
-            })
+        without_panics(Path::new("tokenizer.json"), || {
+            self.inner
+                .encode(text, add_special_tokens)
+                .map(|e| e.get_ids().to_vec())
+                .map_err(|e| e.to_string())
+        })
     }
 
     /// Renders the chat template and tokenizes the result without adding special tokens again,
@@ -218,12 +217,11 @@ impl TextTokenizer {
     }
 
     pub fn decode(&self, ids: &[u32], skip_special_tokens: bool) -> Result<String, LoadError> {
-        self.inner
-            .decode(ids, skip_special_tokens)
-            .map_err(|e| LoadError::Tokenizer {
-                path: "tokenizer.json".into(),
-                message: e.to_string(),
-            })
+        without_panics(Path::new("tokenizer.json"), || {
+            self.inner
+                .decode(ids, skip_special_tokens)
+                .map_err(|e| e.to_string())
+        })
     }
 }
 

@@ -251,10 +251,12 @@ impl ClipTokenizer {
 
     /// The prompt's token ids without BOS/EOS and without truncation.
     fn tokens(&self, text: &str) -> Result<Vec<u32>, LoadError> {
-        self.inner
-            .encode(text, false)
-            .map(|e| e.get_ids().to_vec())
-            .map_err(|e| tokenizer_error(&self.dir, e))
+        crate::load::without_panics(&self.dir, || {
+            self.inner
+                .encode(text, false)
+                .map(|e| e.get_ids().to_vec())
+                .map_err(|e| e.to_string())
+        })
     }
 
     /// Ids of `text` as the diffusers pipelines feed the text encoder: BOS, the prompt's tokens
