@@ -378,3 +378,36 @@ fn every_recorded_model_file_is_read() {
     }
     assert!(read >= 15, "{read} files read");
 }
+
+/// Where a published Whisper folder states `is_multilingual`, the vocabulary rule used without
+/// it gives the same answer.
+#[test]
+fn the_vocabulary_rule_agrees_with_published_flags() {
+    let mut checked = 0;
+    for entry in std::fs::read_dir(corpus("models")).expect("models") {
+        let dir = entry.expect("entry").path();
+        let (config, generation) = (dir.join("config.json"), dir.join("generation_config.json"));
+        if !config.is_file() || !generation.is_file() {
+            continue;
+        }
+        let config: Value =
+            serde_json::from_slice(&std::fs::read(&config).expect("read")).expect("json");
+        let generation: Value =
+            serde_json::from_slice(&std::fs::read(&generation).expect("read")).expect("json");
+        let (Some(vocab), Some(flag)) = (
+            config["vocab_size"].as_u64(),
+            generation["is_multilingual"].as_bool(),
+        ) else {
+            continue;
+        };
+        let languages = [("en", 50_259)];
+        assert_eq!(
+            multilingual_by_vocab(vocab as u32, &languages),
+            flag,
+            "{}",
+            dir.display()
+        );
+        checked += 1;
+    }
+    assert!(checked >= 1, "a published Whisper folder with the flag");
+}
