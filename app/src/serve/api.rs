@@ -3,6 +3,7 @@
 //! with a 400 that names the parameter, rather than silently ignored.
 
 use axum::Json;
+use axum::extract::rejection::JsonRejection;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use backpack_engine::load::ChatMessage;
@@ -378,4 +379,20 @@ pub fn usage(prompt: usize, completion: usize) -> Value {
         "completion_tokens": completion,
         "total_tokens": prompt + completion,
     })
+}
+
+/// Malformed JSON, a wrong content type or an oversized body, as OpenAI-style errors.
+pub fn rejected(e: JsonRejection) -> ApiError {
+    let status = e.status();
+    let message = match status {
+        StatusCode::PAYLOAD_TOO_LARGE => "the request body is too large".to_owned(),
+        _ => e.body_text(),
+    };
+    ApiError::new(status, "invalid_request_error", message)
+}
+
+pub fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
 }

@@ -13,39 +13,14 @@ use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use backpack_engine::models::diffusion::{ImageDefaults, ImageParams};
 use backpack_engine::models::whisper::{Segment, Task, TranscribeOptions, subtitles};
-use backpack_engine::runtime::image::{ImageEvent, ImageHandle};
-use backpack_engine::runtime::speech::{AudioSource, SpeechEvent, SpeechHandle};
+use backpack_engine::runtime::image::ImageEvent;
+use backpack_engine::runtime::speech::{AudioSource, SpeechEvent};
 use base64::Engine as _;
 use serde::Deserialize;
 use serde_json::{Value, json};
-use tokio::sync::{Mutex, Semaphore, mpsc};
 
 use super::api::ApiError;
-use super::routes::Server;
-
-/// A service that answers one request at a time.
-pub struct OneAtATime<H, E> {
-    pub handle: H,
-    pub model: String,
-    events: Mutex<mpsc::UnboundedReceiver<E>>,
-    waiting: Arc<Semaphore>,
-    queue: usize,
-}
-
-impl<H, E> OneAtATime<H, E> {
-    pub fn new(handle: H, events: mpsc::UnboundedReceiver<E>, model: String, queue: usize) -> Self {
-        Self {
-            handle,
-            model,
-            events: Mutex::new(events),
-            waiting: Arc::new(Semaphore::new(queue.max(1))),
-            queue: queue.max(1),
-        }
-    }
-}
-
-pub type Speech = OneAtATime<SpeechHandle, SpeechEvent>;
-pub type Images = OneAtATime<ImageHandle, ImageEvent>;
+use super::state::Server;
 
 fn busy(n: usize) -> ApiError {
     ApiError::new(
@@ -429,7 +404,7 @@ async fn image_inner(
     let Some((images, info)) = &s.image else {
         return Err(missing("image", "DIFFUSERS_DIR"));
     };
-    let Json(request) = body.map_err(super::routes::rejected)?;
+    let Json(request) = body.map_err(super::api::rejected)?;
     let (params, n) = image_params(request, &info.defaults, info.size_step)?;
     let Ok(permit) = images.waiting.clone().try_acquire_owned() else {
         return Err(busy(images.queue));
@@ -491,7 +466,7 @@ async fn image_inner(
     guard.armed = false;
     drop(permit);
     eprintln!("request {id}: {} images", data.len());
-    Ok(Json(json!({"created": super::routes::unix_now(), "data": data})).into_response())
+    Ok(Json(json!({"created": super::api::unix_now(), "data": data})).into_response())
 }
 
 #[cfg(test)]

@@ -6,6 +6,7 @@ mod api;
 mod dispatch;
 mod media;
 mod routes;
+mod state;
 mod stop;
 
 use std::net::SocketAddr;
@@ -21,7 +22,7 @@ use backpack_engine::models::{ModelInfo, ModelOptions};
 use backpack_engine::runtime::{Engine, Event};
 
 pub use dispatch::Dispatch;
-pub use routes::{Server, TextSide};
+pub use state::{Server, TextSide};
 
 /// How the server runs.
 #[derive(Clone, Debug)]
@@ -172,7 +173,7 @@ async fn load_all(
         text,
         speech,
         image,
-        created: routes::unix_now(),
+        created: api::unix_now(),
         api_key: opts.api_key.clone(),
     })
 }
@@ -199,7 +200,7 @@ async fn load_text(gpu: &Gpu, path: &Path, load: ModelOptions, queue: usize) -> 
     })
 }
 
-async fn load_speech(gpu: &Gpu, path: &Path, queue: usize) -> Result<media::Speech> {
+async fn load_speech(gpu: &Gpu, path: &Path, queue: usize) -> Result<state::Speech> {
     use backpack_engine::runtime::speech::{SpeechEvent, SpeechService};
     let (handle, mut events) = SpeechService::spawn(gpu.clone(), None);
     handle.load(path.to_owned(), Default::default());
@@ -217,7 +218,7 @@ async fn load_speech(gpu: &Gpu, path: &Path, queue: usize) -> Result<media::Spee
         }
     };
     eprintln!("speech: {}", info.name);
-    Ok(media::OneAtATime::new(handle, events, info.name, queue))
+    Ok(state::OneAtATime::new(handle, events, info.name, queue))
 }
 
 async fn load_image(
@@ -225,7 +226,7 @@ async fn load_image(
     path: &Path,
     queue: usize,
 ) -> Result<(
-    media::Images,
+    state::Images,
     backpack_engine::models::diffusion::ImageModelInfo,
 )> {
     use backpack_engine::runtime::image::{ImageEvent, ImageService};
@@ -243,7 +244,7 @@ async fn load_image(
     };
     eprintln!("images: {} ({})", info.name, info.family);
     Ok((
-        media::OneAtATime::new(handle, events, info.name.clone(), queue),
+        state::OneAtATime::new(handle, events, info.name.clone(), queue),
         info,
     ))
 }

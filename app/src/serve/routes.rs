@@ -12,47 +12,21 @@ use axum::middleware::Next;
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use backpack_engine::models::StopReason;
-use backpack_engine::models::diffusion::ImageModelInfo;
 use backpack_engine::runtime::Event;
 use serde_json::{Value, json};
 use tokio::sync::mpsc;
 
-use super::api::{ApiError, ChatRequest, CompletionRequest, Job, finish_reason, usage};
-use super::dispatch::{Dispatch, Ticket};
+use super::api::{
+    ApiError, ChatRequest, CompletionRequest, Job, finish_reason, rejected, unix_now, usage,
+};
+use super::dispatch::Ticket;
+use super::state::{Server, TextSide};
 use super::stop::StopMatcher;
-
-/// What every handler shares: the models served, one per modality.
-pub struct Server {
-    pub text: Option<TextSide>,
-    pub speech: Option<super::media::Speech>,
-    pub image: Option<(super::media::Images, ImageModelInfo)>,
-    pub created: u64,
-    pub api_key: Option<String>,
-}
-
-/// The text model: its queue, its id as `/v1/models` lists it, its context.
-pub struct TextSide {
-    pub dispatch: Arc<Dispatch>,
-    pub model: String,
-    pub context: u32,
-}
 
 #[derive(Clone, Copy, PartialEq)]
 enum Kind {
     Chat,
     Text,
-}
-
-impl Server {
-    /// The ids `/v1/models` lists: text, speech, image.
-    pub fn model_ids(&self) -> Vec<String> {
-        let ids = [
-            self.text.as_ref().map(|t| &t.model),
-            self.speech.as_ref().map(|m| &m.model),
-            self.image.as_ref().map(|(m, _)| &m.model),
-        ];
-        ids.into_iter().flatten().cloned().collect()
-    }
 }
 
 pub async fn models(State(s): State<Arc<Server>>) -> Json<Value> {
@@ -107,16 +81,6 @@ async fn text_request<R>(
         Ok(job) => answer(text, job, kind).await,
         Err(e) => e.into_response(),
     }
-}
-
-/// Malformed JSON, a wrong content type or an oversized body, as OpenAI-style errors.
-pub fn rejected(e: JsonRejection) -> ApiError {
-    let status = e.status();
-    let message = match status {
-        StatusCode::PAYLOAD_TOO_LARGE => "the request body is too large".to_owned(),
-        _ => e.body_text(),
-    };
-    ApiError::new(status, "invalid_request_error", message)
 }
 
 pub async fn not_found() -> ApiError {
@@ -217,12 +181,6 @@ async fn answer(s: &TextSide, job: Job, kind: Kind) -> Response {
     } else {
         whole(reply, ticket, first, stops).await
     }
-}
-
-pub fn unix_now() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs())
 }
 
 /// The fields every response and chunk carries.

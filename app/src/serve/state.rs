@@ -1,0 +1,62 @@
+//! What every handler shares: the models served, one per modality, each with its queue.
+
+use std::sync::Arc;
+
+use backpack_engine::models::diffusion::ImageModelInfo;
+use backpack_engine::runtime::image::{ImageEvent, ImageHandle};
+use backpack_engine::runtime::speech::{SpeechEvent, SpeechHandle};
+use tokio::sync::{Mutex, Semaphore, mpsc};
+
+use super::dispatch::Dispatch;
+
+/// What every handler shares: the models served, one per modality.
+pub struct Server {
+    pub text: Option<TextSide>,
+    pub speech: Option<Speech>,
+    pub image: Option<(Images, ImageModelInfo)>,
+    pub created: u64,
+    pub api_key: Option<String>,
+}
+
+/// The text model: its queue, its id as `/v1/models` lists it, its context.
+pub struct TextSide {
+    pub dispatch: Arc<Dispatch>,
+    pub model: String,
+    pub context: u32,
+}
+
+impl Server {
+    /// The ids `/v1/models` lists: text, speech, image.
+    pub fn model_ids(&self) -> Vec<String> {
+        let ids = [
+            self.text.as_ref().map(|t| &t.model),
+            self.speech.as_ref().map(|m| &m.model),
+            self.image.as_ref().map(|(m, _)| &m.model),
+        ];
+        ids.into_iter().flatten().cloned().collect()
+    }
+}
+
+/// A service that answers one request at a time.
+pub struct OneAtATime<H, E> {
+    pub handle: H,
+    pub model: String,
+    pub(super) events: Mutex<mpsc::UnboundedReceiver<E>>,
+    pub(super) waiting: Arc<Semaphore>,
+    pub(super) queue: usize,
+}
+
+impl<H, E> OneAtATime<H, E> {
+    pub fn new(handle: H, events: mpsc::UnboundedReceiver<E>, model: String, queue: usize) -> Self {
+        Self {
+            handle,
+            model,
+            events: Mutex::new(events),
+            waiting: Arc::new(Semaphore::new(queue.max(1))),
+            queue: queue.max(1),
+        }
+    }
+}
+
+pub type Speech = OneAtATime<SpeechHandle, SpeechEvent>;
+pub type Images = OneAtATime<ImageHandle, ImageEvent>;
