@@ -257,3 +257,43 @@ fn image_panel_generates_stops_and_keeps_a_gallery() {
     drop(h);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// The Image panel with the tiny model loaded and a prompt typed, at a fixed data dir (no temp
+/// paths and no timings in the picture).
+#[test]
+fn image_panel_matches_snapshot() {
+    let dir = PathBuf::from("/tmp/backpack-image-snapshot");
+    let _ = std::fs::remove_dir_all(&dir);
+    // The model's path is shown, so it lives at a fixed path too.
+    let model = dir.join("diffusion/tiny-sd-turbo");
+    copy_tree(&tiny_sd_turbo(), &model);
+    // The prompt is set before start: a focused text field would draw a blinking caret.
+    let mut store = backpack_app::gui::store::Store::open(&dir);
+    store.state.image.prompt = PROMPT.into();
+    store.save().expect("save");
+    let mut h = harness(&dir);
+    h.get_by_label("Image").click();
+    h.run_steps(2);
+    type_into(&mut h, "Image model path", &model.display().to_string());
+    h.get_by_label("Load").click();
+    wait_for(&mut h, "the image model", image_ready);
+    h.run_steps(4);
+    let options = egui_kittest::SnapshotOptions::new()
+        .output_path(concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/snapshots"));
+    h.snapshot_options("image", &options);
+    drop(h);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+fn copy_tree(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).expect("mkdir");
+    for entry in std::fs::read_dir(from).expect("read dir") {
+        let path = entry.expect("entry").path();
+        let dest = to.join(path.file_name().expect("name"));
+        if path.is_dir() {
+            copy_tree(&path, &dest);
+        } else {
+            std::fs::copy(&path, &dest).expect("copy");
+        }
+    }
+}

@@ -331,7 +331,7 @@ fn start_image(
         .on_hover_text("Image-to-image: start from a picture instead of noise");
     let Some(start) = &panel.start else {
         ui.horizontal_wrapped(|ui| {
-            ui.weak("None: drop a PNG on the panel, or");
+            ui.weak("None: drop a picture on the panel, or");
             if ui.button("Choose…").clicked() {
                 actions.push(Action::Dialog(DialogKind::OpenStartImage));
             }
