@@ -17,16 +17,21 @@ fn fixture_gguf() -> Vec<u8> {
 }
 
 fn backpack(hub: &FakeHub, dir: &Path, args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_backpack"))
+    command(hub, dir, args).output().expect("the binary runs")
+}
+
+/// `backpack ARGS` against `hub`, with its data and models under `dir`.
+fn command(hub: &FakeHub, dir: &Path, args: &[&str]) -> Command {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_backpack"));
+    command
         .args(args)
         .env("HF_ENDPOINT", &hub.url)
         .env_remove("HF_TOKEN")
         .env("BACKPACK_DATA_DIR", dir.join("data"))
         .env("BACKPACK_MODELS_DIR", dir.join("models"))
         // The fit check runs against the software adapter CI has, whatever else is present.
-        .env("BACKPACK_ADAPTER", "llvmpipe")
-        .output()
-        .expect("the binary runs")
+        .env("BACKPACK_ADAPTER", "llvmpipe");
+    command
 }
 
 fn text(out: &Output) -> String {
@@ -213,18 +218,13 @@ fn models_already_on_this_machine_are_found_and_used_in_place() {
     std::fs::write(&lms, &gguf).expect("lm studio file");
 
     let run = |args: &[&str]| {
-        Command::new(env!("CARGO_BIN_EXE_backpack"))
-            .args(args)
-            .env("HF_ENDPOINT", &hub.url)
+        command(&hub, &dir, args)
             .env("HOME", &home)
             .env_remove("HF_HOME")
             .env_remove("HF_HUB_CACHE")
             .env_remove("HUGGINGFACE_HUB_CACHE")
             .env_remove("XDG_CACHE_HOME")
             .env_remove("OLLAMA_MODELS")
-            .env("BACKPACK_DATA_DIR", dir.join("data"))
-            .env("BACKPACK_MODELS_DIR", dir.join("models"))
-            .env("BACKPACK_ADAPTER", "llvmpipe")
             .output()
             .expect("the binary runs")
     };

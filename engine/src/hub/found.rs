@@ -124,20 +124,18 @@ fn name_of(path: &Path) -> String {
 }
 
 /// Bytes of a file or a folder's files, following links (the hub cache's files are links).
+/// Folders nest at most a few levels in these layouts; the bound keeps a link loop finite.
 fn size_of(path: &Path) -> u64 {
-    if path.is_file() {
-        return std::fs::metadata(path).map_or(0, |m| m.len());
+    fn walk(path: &Path, depth: u32) -> u64 {
+        if path.is_file() {
+            return std::fs::metadata(path).map_or(0, |m| m.len());
+        }
+        if depth == 0 {
+            return 0;
+        }
+        entries(path).iter().map(|p| walk(p, depth - 1)).sum()
     }
-    entries(path)
-        .iter()
-        .map(|p| {
-            if p.is_dir() {
-                size_of(p)
-            } else {
-                std::fs::metadata(p).map_or(0, |m| m.len())
-            }
-        })
-        .sum()
+    walk(path, 8)
 }
 
 fn is_gguf(path: &Path) -> bool {
