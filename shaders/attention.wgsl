@@ -27,7 +27,8 @@
 // Defines: WG, HD (head_dim, a multiple of 4; of 32 with Q8), F16 (f16 cache), Q8, SPLIT, MIN_SPLIT, MAX_SPLITS,
 // NO_ROPE (learned positions), ROT (rotating dims of a head), RING, FULL, HALVES (with FULL: q,
 // kv and out hold f16 values, two to a word, offsets and strides still counted in values), TILED
-// (the `tiled` entry point, with BQ and BK).
+// (the `tiled` entry point, with BQ and BK), SINKS (a logit per head in every softmax's
+// denominator; not with SPLIT).
 
 #if FULL
 struct Params {
@@ -115,6 +116,23 @@ const KEY_GROUPS: u32 = {{WG}}u / QUADS;
 // (running max, running sum) per (split, head).
 @group(0) @binding(6) var<storage, read_write> split_stats: array<vec2<f32>>;
 #endif
+#if SINKS
+// A logit per query head that joins every softmax's denominator (GPT-OSS's sinks).
+@group(0) @binding(9) var<storage, read> sinks: array<f32>;
+#endif
+
+// The factor that turns a head's unnormalised output into its attention output, given the
+// running max and sum of its scores: 1 / sum, or with SINKS the sink's term added to the sum
+// (both taken relative to the larger of the max and the sink, so neither overflows).
+fn normaliser(head: u32, run_max: f32, run_sum: f32) -> f32 {
+#if SINKS
+    let m = max(run_max, sinks[head]);
+    let kept = exp(run_max - m);
+    return kept / (run_sum * kept + exp(sinks[head] - m));
+#else
+    return 1.0 / run_sum;
+#endif
+}
 
 // Four values of an f16 word pair.
 fn halves_quad(w: vec2<u32>) -> vec4<f32> {
@@ -491,7 +509,7 @@ fn main(
             split_stats[split * p.heads + head] = vec2<f32>(running_max, running_sum);
         }
 #else
-        let o = total / running_sum;
+        let o = total * normaliser(head, running_max, running_sum);
         let b = out_base + 4u * tid;
 #endif
 #if HALVES
@@ -642,7 +660,7 @@ fn tiled(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id) wid: 
         }
     }
     if (row < n_queries) {
-        let inv = 1.0 / run_sum;
+        let inv = normaliser(head, run_max, run_sum);
         let b = (row * p.heads + head) * {{HD}}u;
         for (var u = 0u; u < VPT; u++) {
             let quad = lane + u * TPQ;

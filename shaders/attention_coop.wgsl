@@ -303,7 +303,7 @@ fn flash(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id) wid: 
     }
     // The outputs, a pass at a time through workgroup memory (every subgroup is done with the
     // last block's scores there), divided by the row's sum.
-    let inv = 1.0 / run_sum;
+    let inv = normaliser(head, run_max, run_sum);
     let b = (row * p.heads + head) * {{HD}}u;
 #for h in 0..PASSES
     workgroupBarrier();

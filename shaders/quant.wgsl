@@ -5,7 +5,7 @@
 // blocks, decoded in 32-element sub-blocks: `q_dot` (decode products) multiplies one with the
 // inputs as it decodes, `q_pair` (prompt products) yields eight of its weights.
 //
-// Defines: one of Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K, with Q5 also set for Q5_0/Q5_1
+// Defines: one of Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K, MXFP4, with Q5 also set for Q5_0/Q5_1
 // and KQ for Q4_K/Q5_K; SUBS (sub-blocks per row);
 // QDOT (the including kernel provides xin4, and gets q_dot: decode fused into the product,
 // with no per-invocation array, which GPUs would keep in slow local memory).
@@ -45,6 +45,24 @@ fn bit_run(w: u32, first: u32) -> vec4<f32> {
 // The two bits at `shift` of each byte of w.
 fn two_bits(w: u32, shift: u32) -> vec4<f32> {
     return vec4<f32>((vec4<u32>(w) >> vec4<u32>(shift, shift + 8u, shift + 16u, shift + 24u)) & vec4<u32>(3u));
+}
+
+// The doubled e2m1 values of the nibbles at bit `shift` (0 or 4) of each byte of w (MXFP4,
+// ggml's `kvalues_mxfp4`): bit 3 the sign, bits 1-2 the exponent, bit 0 the mantissa.
+fn e2m1_at(w: u32, shift: u32) -> vec4<f32> {
+    let n = (vec4<u32>(w) >> vec4<u32>(shift, shift + 8u, shift + 16u, shift + 24u)) & vec4<u32>(0xFu);
+    let e = (n >> vec4<u32>(1u)) & vec4<u32>(3u);
+    let m = vec4<f32>(n & vec4<u32>(1u));
+    let normal = vec4<f32>(vec4<u32>(1u) << e) * (1.0 + 0.5 * m);
+    let mag = select(m, normal, e > vec4<u32>(0u));
+    return select(mag, -mag, (n & vec4<u32>(8u)) != vec4<u32>(0u));
+}
+
+// Half the e8m0 scale of MXFP4 block `index` (its exponent bytes are packed four a word),
+// 2^(e - 128) built from its bits as ggml does (subnormal below e = 2).
+fn scale_e8m0(scales: u32, index: u32) -> f32 {
+    let e = (qw[scales + index / 4u] >> (8u * (index % 4u))) & 0xFFu;
+    return bitcast<f32>(select((e - 1u) << 23u, 0x00200000u << e, e < 2u));
 }
 
 fn scale_half(scales: u32, index: u32) -> f32 {
@@ -427,6 +445,14 @@ fn nibble_dot8(w: vec4<u32>, s: u32, level: u32) -> i32 {
 // Weights 4·j0 .. 4·j0 + 7 (j0 even) of sub-block `s` of row `row`, loading only the words
 // that hold them: the template's form would decode the whole sub-block for every eight.
 fn q_pair(row: u32, s: u32, scales: u32, j0: u32) -> QPair {
+#if MXFP4
+    // As Q4_0: weights 0..15 in the low nibbles, 16..31 in the high ones.
+    let blk = row * {{SUBS}}u + s;
+    let d = scale_e8m0(scales, blk);
+    let at = blk * 4u + j0 % 4u;
+    let shift = 4u * (j0 / 4u);
+    return QPair(e2m1_at(qw[at], shift) * d, e2m1_at(qw[at + 1u], shift) * d);
+#endif
 #if Q8_0
     let blk = row * {{SUBS}}u + s;
     let d = scale_half(scales, blk);
@@ -509,6 +535,15 @@ fn q_pair(row: u32, s: u32, scales: u32, j0: u32) -> QPair {
 
 // Template of the sub-block decoding (see above).
 /*Q_DECODE_BEGIN
+#if MXFP4
+    let blk = row * {{SUBS}}u + s;
+    let d = scale_e8m0(scales, blk);
+    for (var j = 0u; j < 4u; j++) {
+        let w = qw[blk * 4u + j];
+        EMIT(j; e2m1_at(w, 0u) * d);
+        EMIT(j + 4u; e2m1_at(w, 4u) * d);
+    }
+#endif
 #if Q8_0
     let blk = row * {{SUBS}}u + s;
     let d = scale_half(scales, blk);

@@ -2245,6 +2245,8 @@ fn random_blocks(rng: &mut Rng, ty: GgmlType, rows: usize, cols: usize) -> Vec<u
                 put(2, scale(rng));
             }
             GgmlType::Q6K => put(208, scale(rng)),
+            // e8m0 exponents around 2^-6: weights up to 6/64.
+            GgmlType::Mxfp4 => block[0] = 118 + rng.below(6) as u8,
             _ => {}
         }
         out.extend(block);
@@ -2252,7 +2254,8 @@ fn random_blocks(rng: &mut Rng, ty: GgmlType, rows: usize, cols: usize) -> Vec<u
     out
 }
 
-const QUANT_TYPES: [GgmlType; 8] = [
+const QUANT_TYPES: [GgmlType; 9] = [
+    GgmlType::Mxfp4,
     GgmlType::Q8_0,
     GgmlType::Q4_0,
     GgmlType::Q4_1,
@@ -2292,6 +2295,7 @@ quantized_matvec_tests! {
     quantized_matvec_q4k_matches_cpu_dequantize: GgmlType::Q4K, true;
     quantized_matvec_q5k_matches_cpu_dequantize: GgmlType::Q5K, true;
     quantized_matvec_q6k_matches_cpu_dequantize: GgmlType::Q6K, true;
+    quantized_matvec_mxfp4_matches_cpu_dequantize: GgmlType::Mxfp4, false;
 }
 
 /// Every shape, layout and fused variant for one block format; returns how many products took

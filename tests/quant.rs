@@ -63,7 +63,7 @@ fn dequantizers_match_gguf_py_bit_for_bit() {
     }
     assert_eq!(
         types.len(),
-        11,
+        12,
         "every supported type is covered: {types:?}"
     );
 }

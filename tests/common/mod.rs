@@ -2,6 +2,8 @@
 //! tolerance checks.
 #![allow(dead_code)]
 
+pub mod goldens;
+
 use std::path::PathBuf;
 use std::process::Command;
 use std::sync::OnceLock;

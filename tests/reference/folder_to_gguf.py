@@ -8,6 +8,8 @@ Writes (default, no arguments):
     tests/fixtures/models/tiny-gpt2.gguf    `gpt2` architecture from tests/fixtures/models/tiny-gpt2/
     tests/fixtures/models/tiny-phi3.gguf    `phi3` architecture from tests/fixtures/models/tiny-phi3/
     tests/fixtures/models/tiny-gemma3.gguf  `gemma3` architecture from tests/fixtures/models/tiny-gemma3/
+    tests/fixtures/models/tiny-qwen3-moe.gguf      `qwen3moe` from tests/fixtures/models/tiny-qwen3-moe/
+    tests/fixtures/models/tiny-gpt-oss-mxfp4.gguf  `gpt-oss` (MXFP4 experts) from tiny-gpt-oss-mxfp4/
 
 Layout: llama.cpp tensor names (`token_embd`, `blk.N.attn_q`, `attn_q_norm`, `attn_qkv`, `ffn_up`,
 ...), matrices as F16 and norms, biases and position embeddings as F32 (the converter's choice for
@@ -40,7 +42,7 @@ import numpy as np
 from safetensors.torch import load_file
 
 REPO_ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
-DEFAULTS = ["tiny-qwen3", "tiny-gpt2", "tiny-phi3", "tiny-gemma3"]
+DEFAULTS = ["tiny-qwen3", "tiny-gpt2", "tiny-phi3", "tiny-gemma3", "tiny-qwen3-moe", "tiny-gpt-oss-mxfp4"]
 
 
 def tokenizer_metadata(writer, folder, config):
@@ -219,10 +221,111 @@ def gpt2(writer, config, weights):
             writer.add_tensor(f"blk.{layer}.{name}.bias", f32(weights[f"{prefix}h.{layer}.{hf}.bias"]))
 
 
+ATTENTION = {
+    "input_layernorm.weight": ("attn_norm.weight", f32),
+    "self_attn.q_proj.weight": ("attn_q.weight", f16),
+    "self_attn.k_proj.weight": ("attn_k.weight", f16),
+    "self_attn.v_proj.weight": ("attn_v.weight", f16),
+    "self_attn.o_proj.weight": ("attn_output.weight", f16),
+}
+
+
+def moe_hyperparameters(writer, config, experts, top_k, width):
+    writer.add_expert_count(experts)
+    writer.add_expert_used_count(top_k)
+    writer.add_expert_feed_forward_length(width)
+
+
+def qwen3_moe(writer, config, weights):
+    """Experts stacked into 3-D `ffn_{gate,up,down}_exps` as llama.cpp's converter does; a dense
+    layer (`mlp_only_layers`) keeps `ffn_gate` / `ffn_up` / `ffn_down` and has no router."""
+    llama_like(writer, config, weights, dict(ATTENTION, **{
+        "self_attn.q_norm.weight": ("attn_q_norm.weight", f32),
+        "self_attn.k_norm.weight": ("attn_k_norm.weight", f32),
+        "post_attention_layernorm.weight": ("ffn_norm.weight", f32),
+    }))
+    experts = config.get("num_experts") or config["num_local_experts"]
+    moe_hyperparameters(writer, config, experts, config["num_experts_per_tok"],
+                        config["moe_intermediate_size"])
+    for layer in range(config["num_hidden_layers"]):
+        mlp = f"model.layers.{layer}.mlp."
+        if f"{mlp}gate.weight" not in weights:
+            for proj, name in (("gate", "ffn_gate"), ("up", "ffn_up"), ("down", "ffn_down")):
+                writer.add_tensor(f"blk.{layer}.{name}.weight", f16(weights[f"{mlp}{proj}_proj.weight"]))
+            continue
+        writer.add_tensor(f"blk.{layer}.ffn_gate_inp.weight", f32(weights[f"{mlp}gate.weight"]))
+        for proj, name in (("gate", "ffn_gate_exps"), ("up", "ffn_up_exps"), ("down", "ffn_down_exps")):
+            stacked = np.stack([f16(weights[f"{mlp}experts.{e}.{proj}_proj.weight"])
+                                for e in range(experts)])
+            writer.add_tensor(f"blk.{layer}.{name}.weight", stacked)
+
+
+def mxfp4_blocks(blocks, scales):
+    """ggml's MXFP4 blocks (exponent, then element j in the low and j + 16 in the high nibble of
+    byte j) from the published split form (element 2i low, 2i + 1 high in byte i)."""
+    lo, hi = blocks & 0x0F, blocks >> 4
+    elements = np.stack([lo, hi], axis=-1).reshape(*blocks.shape[:-1], 32)
+    packed = elements[..., :16] | (elements[..., 16:] << 4)
+    return np.concatenate([scales[..., None], packed], axis=-1).astype(np.uint8)
+
+
+def gpt_oss(writer, config, weights):
+    """GPT-OSS as llama.cpp's converter lays it out: gate and up split out of the interleaved
+    `gate_up_proj`, experts in MXFP4 (from an MXFP4 folder's blocks) or F16, biases F32,
+    `attn_sinks`, and the norm before the experts as `post_attention_norm`."""
+    llama_like(writer, config, weights, dict(ATTENTION, **{
+        "self_attn.q_proj.bias": ("attn_q.bias", f32),
+        "self_attn.k_proj.bias": ("attn_k.bias", f32),
+        "self_attn.v_proj.bias": ("attn_v.bias", f32),
+        "self_attn.o_proj.bias": ("attn_output.bias", f32),
+        "self_attn.sinks": ("attn_sinks.weight", f32),
+        "post_attention_layernorm.weight": ("post_attention_norm.weight", f32),
+        "mlp.router.weight": ("ffn_gate_inp.weight", f32),
+        "mlp.router.bias": ("ffn_gate_inp.bias", f32),
+    }))
+    experts = config["num_local_experts"]
+    width = config["intermediate_size"]
+    moe_hyperparameters(writer, config, experts, config["num_experts_per_tok"], width)
+    writer.add_sliding_window(config["sliding_window"])
+    # llama.cpp fixes the published model's limit of 7; the tiny model's own is stated.
+    writer.add_float32("gpt-oss.swiglu_limit", config["swiglu_limit"])
+    rope = config["rope_parameters"]
+    writer.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+    writer.add_rope_scaling_factor(rope["factor"])
+    writer.add_rope_scaling_orig_ctx_len(rope["original_max_position_embeddings"])
+    for layer in range(config["num_hidden_layers"]):
+        mlp = f"model.layers.{layer}.mlp.experts."
+        bias = f32(weights[f"{mlp}gate_up_proj_bias"])
+        writer.add_tensor(f"blk.{layer}.ffn_gate_exps.bias", bias[:, 0::2].copy())
+        writer.add_tensor(f"blk.{layer}.ffn_up_exps.bias", bias[:, 1::2].copy())
+        writer.add_tensor(f"blk.{layer}.ffn_down_exps.bias", f32(weights[f"{mlp}down_proj_bias"]))
+        if f"{mlp}gate_up_proj_blocks" in weights:
+            gate_up = mxfp4_blocks(weights[f"{mlp}gate_up_proj_blocks"].numpy(),
+                                   weights[f"{mlp}gate_up_proj_scales"].numpy())
+            down = mxfp4_blocks(weights[f"{mlp}down_proj_blocks"].numpy(),
+                                weights[f"{mlp}down_proj_scales"].numpy())
+            parts = {"ffn_gate_exps": gate_up[:, 0::2], "ffn_up_exps": gate_up[:, 1::2],
+                     "ffn_down_exps": down}
+            for name, blocks in parts.items():
+                e, rows, nblocks, _ = blocks.shape
+                writer.add_tensor(f"blk.{layer}.{name}.weight",
+                                  np.ascontiguousarray(blocks).reshape(e, rows, nblocks * 17),
+                                  raw_dtype=gguf.GGMLQuantizationType.MXFP4)
+        else:
+            # Stored [experts][in][out]: [out][in] per expert, gate and up columns alternating.
+            gate_up = f16(weights[f"{mlp}gate_up_proj"]).transpose(0, 2, 1)
+            writer.add_tensor(f"blk.{layer}.ffn_gate_exps.weight", np.ascontiguousarray(gate_up[:, 0::2]))
+            writer.add_tensor(f"blk.{layer}.ffn_up_exps.weight", np.ascontiguousarray(gate_up[:, 1::2]))
+            down = f16(weights[f"{mlp}down_proj"]).transpose(0, 2, 1)
+            writer.add_tensor(f"blk.{layer}.ffn_down_exps.weight", np.ascontiguousarray(down))
+
+
 def convert(folder, out):
     config = json.load(open(os.path.join(folder, "config.json"), encoding="utf-8"))
-    arch = {"gemma3_text": "gemma3"}.get(config["model_type"], config["model_type"])
-    writers = {"qwen3": qwen3, "phi3": phi3, "gpt2": gpt2, "gemma3": gemma3}
+    arch = {"gemma3_text": "gemma3", "qwen3_moe": "qwen3moe", "gpt_oss": "gpt-oss"}.get(
+        config["model_type"], config["model_type"])
+    writers = {"qwen3": qwen3, "phi3": phi3, "gpt2": gpt2, "gemma3": gemma3, "qwen3moe": qwen3_moe,
+               "gpt-oss": gpt_oss}
     if arch not in writers:
         raise SystemExit(f"{folder}: architecture {arch!r} is not written (supported: {sorted(writers)})")
     weights = load_file(os.path.join(folder, "model.safetensors"))
@@ -239,7 +342,7 @@ def convert(folder, out):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", help="a Hugging Face folder (qwen3, phi3, gemma3 or gpt2)")
+    ap.add_argument("--model", help="a Hugging Face folder (qwen3, phi3, gemma3, gpt2, qwen3_moe, gpt_oss)")
     ap.add_argument("--out", help="the GGUF file to write")
     args = ap.parse_args()
     if args.model:

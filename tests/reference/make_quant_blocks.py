@@ -58,7 +58,8 @@ OUT_PATH = os.path.join(REPO_ROOT, "tests", "fixtures", "quant", "blocks.json")
 GENERATOR = "tests/reference/make_quant_blocks.py"
 SEED = 20240611
 
-DEQUANT_TYPES = ["F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K"]
+DEQUANT_TYPES = ["F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K",
+                 "MXFP4"]
 QUANT_TYPES = ["F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1"]
 QUANT_UNSUPPORTED = ["Q4_K", "Q5_K", "Q6_K"]
 
@@ -74,6 +75,7 @@ F16_FIELDS = {
     "Q4_K": [0, 2],       # d, dmin | scales[12] | qs[128]
     "Q5_K": [0, 2],       # d, dmin | scales[12] | qh[32] | qs[128]
     "Q6_K": [208],        # ql[128] | qh[64] | scales[16] int8 | d
+    "MXFP4": [],          # e8m0 exponent byte | qs[16] (no f16 field)
 }
 
 
@@ -146,12 +148,32 @@ SPECIAL_BITS = {
 }
 
 
+def mxfp4_cases(rng):
+    """MXFP4 blocks: random (exponents near 127), every one of the 16 codes at every position
+    parity (the bytes 0x10·i + j run through all pairs), and the exponent extremes 0, 1
+    (ggml's subnormal halves), 2, 127 and 252, the largest whose ±12 stays finite in f32
+    (above it the largest codes overflow; JSON cannot hold the infinities)."""
+    random = bytearray(rng.integers(0, 256, size=3 * 17, dtype=np.uint8).tobytes())
+    for blk in range(3):
+        random[17 * blk] = 120 + int(rng.integers(0, 15))
+    every_code = bytearray()
+    for first in range(0, 256, 16):
+        every_code += bytes([127]) + bytes((first + j) & 0xFF for j in range(16))
+    extremes = bytearray()
+    for e in (0, 1, 2, 127, 252):
+        extremes += bytes([e]) + bytes(range(0x0F, 0x100, 0x10))
+    return [("random", bytes(random)), ("every_code", bytes(every_code)),
+            ("exponent_extremes", bytes(extremes))]
+
+
 def dequant_records(rng):
     records = []
     for name in DEQUANT_TYPES:
         qt = qtype(name)
         block_elems, type_size = GGML_QUANT_SIZES[qt]
-        if name in SPECIAL_BITS:
+        if name == "MXFP4":
+            cases = mxfp4_cases(rng)
+        elif name in SPECIAL_BITS:
             cases = [("random", float_bytes(rng, name, 96))]
             fmt = "<u4" if name == "F32" else "<u2"
             cases.append(("special", np.array(SPECIAL_BITS[name], dtype=fmt).tobytes()))
@@ -236,6 +258,14 @@ def deq_scalar(name, b):
     """Scalar dequantizer for one block `b` (bytes) of a block type, or whole buffer for
     F32/F16/BF16."""
     y = []
+    if name == "MXFP4":
+        # ggml_e8m0_to_fp32_half: 2^(e - 128) from its bits; doubled e2m1 values.
+        e = b[0]
+        bits_ = (0x00200000 << e) if e < 2 else ((e - 1) << 23)
+        d = F(struct.unpack("<f", struct.pack("<I", bits_))[0])
+        kvalues = (0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12)
+        qs = b[1:17]
+        return [F(kvalues[q & 0x0F]) * d for q in qs] + [F(kvalues[q >> 4]) * d for q in qs]
     if name == "F32":
         return [F(v) for v in struct.unpack("<%df" % (len(b) // 4), b)]
     if name == "F16":

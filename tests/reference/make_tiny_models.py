@@ -223,6 +223,19 @@ SPECS = {
                        head_dim=16, tie=False, dtype="bfloat16", seed=97),
     "tiny-gemma3": dict(arch="gemma3", hidden=64, intermediate=160, layers=4, heads=4, kv_heads=2,
                         head_dim=24, tie=True, dtype="bfloat16", seed=747),
+    # Eight experts, two a token, renormalized; the middle layer dense (mlp_only_layers).
+    "tiny-qwen3-moe": dict(arch="qwen3_moe", hidden=48, intermediate=96, layers=3, heads=4, kv_heads=2,
+                           head_dim=16, experts=8, top_k=2, expert_intermediate=32, dense_layers=[1],
+                           norm_topk=True, tie=False, dtype="bfloat16", seed=290),
+    # Four experts, two a token; sliding (window 4, shorter than every prompt) and full layers;
+    # YaRN stretching 32 positions by 4; a SwiGLU limit low enough to clamp.
+    "tiny-gpt-oss": dict(arch="gpt_oss", hidden=64, intermediate=64, layers=2, heads=4, kv_heads=2,
+                         head_dim=16, experts=4, top_k=2, swiglu_limit=1.5, tie=False,
+                         dtype="bfloat16", seed=1),
+    # The same shapes with the experts in MXFP4 blocks, as the published checkpoints hold them.
+    "tiny-gpt-oss-mxfp4": dict(arch="gpt_oss", hidden=64, intermediate=64, layers=2, heads=4,
+                               kv_heads=2, head_dim=16, experts=4, top_k=2, swiglu_limit=1.5,
+                               tie=False, dtype="bfloat16", seed=325, mxfp4=True),
 }
 
 # Gemma 3's chat template (google/gemma-3-1b-it, newlines written as `\n` escapes inside the
@@ -384,6 +397,31 @@ def make_config(spec, vocab_size, special_ids):
                       rms_norm_eps=eps, use_sliding_window=False,
                       bos_token_id=special_ids["<|endoftext|>"],
                       eos_token_id=special_ids["<|endoftext|>"])
+    elif arch == "qwen3_moe":
+        cls = transformers.Qwen3MoeConfig
+        theta, eps, scaling = 1000000.0, 1e-6, None
+        common.update(head_dim=spec.get("head_dim") or hidden // heads, attention_bias=False,
+                      rms_norm_eps=eps, use_sliding_window=False,
+                      num_experts=spec["experts"], num_experts_per_tok=spec["top_k"],
+                      moe_intermediate_size=spec["expert_intermediate"],
+                      norm_topk_prob=spec["norm_topk"], decoder_sparse_step=1,
+                      mlp_only_layers=spec["dense_layers"],
+                      bos_token_id=special_ids["<|endoftext|>"],
+                      eos_token_id=special_ids["<|endoftext|>"])
+    elif arch == "gpt_oss":
+        cls = transformers.GptOssConfig
+        theta, eps = 150000.0, 1e-5
+        scaling = {"rope_type": "yarn", "factor": 4.0, "beta_fast": 32.0, "beta_slow": 1.0,
+                   "truncate": False, "original_max_position_embeddings": 32}
+        layer_types = ["sliding_attention" if i % 2 == 0 else "full_attention"
+                       for i in range(spec["layers"])]
+        common.update(head_dim=spec.get("head_dim") or hidden // heads, attention_bias=True,
+                      rms_norm_eps=eps, num_local_experts=spec["experts"],
+                      num_experts_per_tok=spec["top_k"], sliding_window=4, layer_types=layer_types,
+                      swiglu_limit=spec["swiglu_limit"],
+                      bos_token_id=special_ids["<|endoftext|>"],
+                      eos_token_id=special_ids["<|endoftext|>"],
+                      pad_token_id=special_ids["<|endoftext|>"])
     else:
         raise SystemExit(f"unknown arch {arch}")
     # transformers 5 moved rope settings into `rope_parameters`; 4.x uses rope_theta/rope_scaling.
@@ -514,17 +552,38 @@ def rows(t):
 
 
 @torch.no_grad()
+def routing_margins(model, ids):
+    """Per position of `ids`, the smallest gap over the sparse layers between the last router
+    logit a token is routed by and the next (None for dense models): where it is small, a
+    rounding difference may route the token to another expert."""
+    top_k = getattr(model.config, "num_experts_per_tok", None)
+    if top_k is None:
+        return None
+    out = model(torch.tensor([ids]), output_router_logits=True)
+    gaps = None
+    for layer in out.router_logits:
+        top = torch.topk(layer.float(), top_k + 1, dim=-1).values
+        gap = top[:, top_k - 1] - top[:, top_k]
+        gaps = gap if gaps is None else torch.minimum(gaps, gap)
+    return [r6(g) for g in gaps.tolist()]
+
+
+@torch.no_grad()
 def search_score(model, prompts):
-    """Min top-2 margin over all greedy steps, or -inf when a case stops (EOS) before
-    MIN_SEARCH_STEPS tokens or settles on repeating fewer than MIN_SEARCH_DISTINCT tokens:
-    either would trivially win the search, and a repeated token gives the decode steps
-    little to check (windowed layers would attend over identical values)."""
+    """Min top-2 margin over all greedy steps (and, for mixture-of-experts models, min routing
+    margin over the whole sequence), or -inf when a case stops (EOS) before MIN_SEARCH_STEPS
+    tokens or settles on repeating fewer than MIN_SEARCH_DISTINCT tokens: either would
+    trivially win the search, and a repeated token gives the decode steps little to check
+    (windowed layers would attend over identical values)."""
     m = math.inf
     for ids in prompts:
         new, logits = greedy(model, ids)
         if len(new) < MIN_SEARCH_STEPS or len(set(new)) < MIN_SEARCH_DISTINCT:
             return -math.inf
         m = min([m] + [top2_margin(l) for l in logits])
+        routing = routing_margins(model, ids + new[:-1])
+        if routing is not None:
+            m = min([m] + routing)
     return m
 
 
@@ -559,6 +618,10 @@ def make_golden(name, spec, model, tokenizer):
             c["rendered"] = tokenizer.apply_chat_template(case["messages"], add_generation_prompt=True,
                                                           tokenize=False)
         c["prompt_ids"] = ids
+        routing = routing_margins(model, ids + new[:-1])
+        if routing is not None:
+            # Position p's margin; step i's logits are those of position len(ids) - 1 + i.
+            c["routing_margins"] = routing
         c["greedy_tokens"] = new
         c["greedy_text"] = tokenizer.decode(new, skip_special_tokens=False)
         c["top2_margins"] = [r6(top2_margin(l)) for l in step_logits]
@@ -628,6 +691,76 @@ def write_tokenizer(out_dir, tok_json, tok_cfg):
     write_text(os.path.join(out_dir, "tokenizer_config.json"), json.dumps(tok_cfg, indent=2, ensure_ascii=False))
 
 
+# ---------------------------------------------------------------------------
+# MXFP4 (GPT-OSS's published expert format)
+# ---------------------------------------------------------------------------
+
+FP4_VALUES = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0]
+
+
+def mxfp4_quantize(w):
+    """`w` [..., rows, k] (k a multiple of 32) as MXFP4: (blocks [..., rows, k/32, 16] u8 with
+    element 2i in the low and 2i+1 in the high nibble of byte i, scales [..., rows, k/32] u8
+    e8m0 exponents, and the values those decode to)."""
+    *lead, rows, k = w.shape
+    blocks = w.reshape(*lead, rows, k // 32, 32)
+    amax = blocks.abs().amax(dim=-1, keepdim=True)
+    exp = torch.where(amax > 0, torch.ceil(torch.log2(amax / 6.0)), torch.full_like(amax, -127.0))
+    exp = exp.clamp(-127, 127)
+    scaled = blocks / torch.exp2(exp)
+    mags = torch.tensor(FP4_VALUES[:8])
+    idx = (scaled.abs().unsqueeze(-1) - mags).abs().argmin(dim=-1)
+    codes = idx + 8 * ((scaled < 0) & (idx > 0)).long()
+    packed = (codes[..., 0::2] | (codes[..., 1::2] << 4)).to(torch.uint8)
+    values = torch.tensor(FP4_VALUES)[codes] * torch.exp2(exp)
+    return packed, (exp.squeeze(-1) + 127).to(torch.uint8), values.reshape(w.shape)
+
+
+def to_mxfp4_experts(model):
+    """Rounds every expert matrix to MXFP4 in place; returns the checkpoint tensors that hold
+    them as published (`*_blocks`, `*_scales`), by name."""
+    packed = {}
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if not name.endswith(("experts.gate_up_proj", "experts.down_proj")):
+                continue
+            # Stored [experts][in][out]; blocks run along `in` of each output row.
+            blocks, scales, values = mxfp4_quantize(p.transpose(1, 2).float())
+            p.copy_(values.transpose(1, 2))
+            packed[name + "_blocks"] = blocks.contiguous()
+            packed[name + "_scales"] = scales.contiguous()
+    return packed
+
+
+def write_mxfp4_folder(out_dir, packed):
+    """Replaces the saved expert matrices with their MXFP4 blocks and marks the config."""
+    from safetensors.torch import load_file, save_file
+    path = os.path.join(out_dir, "model.safetensors")
+    tensors = load_file(path)
+    for name in list(tensors):
+        if name.endswith(("experts.gate_up_proj", "experts.down_proj")):
+            del tensors[name]
+    tensors.update(packed)
+    save_file(dict(sorted(tensors.items())), path, metadata={"format": "pt"})
+    cfg_path = os.path.join(out_dir, "config.json")
+    with open(cfg_path, encoding="utf-8") as f:
+        cfg = json.load(f)
+    cfg["quantization_config"] = {
+        "quant_method": "mxfp4",
+        "modules_to_not_convert": ["model.layers.*.self_attn", "model.layers.*.mlp.router",
+                                   "model.embed_tokens", "lm_head"],
+    }
+    write_text(cfg_path, json.dumps(cfg, indent=2, sort_keys=True))
+
+
+def load_mxfp4_folder(out_dir):
+    """The folder as transformers reads it: MXFP4 experts dequantized (on CPU), in float32."""
+    model = AutoModelForCausalLM.from_pretrained(
+        out_dir, quantization_config=transformers.Mxfp4Config(dequantize=True),
+        attn_implementation="eager")
+    return model.to(torch.float32).eval()
+
+
 def generate_one(name, spec, base_tok, out_dir, golden_path, search, clean=False):
     if clean and os.path.isdir(out_dir):
         shutil.rmtree(out_dir)  # only for the fixture folders this script owns
@@ -655,6 +788,8 @@ def generate_one(name, spec, base_tok, out_dir, golden_path, search, clean=False
             s = dict(spec, seed=seed)
             model = build_model(s, vocab, special)
             set_generation_config(model)
+            if s.get("mxfp4"):
+                to_mxfp4_experts(model)
             m = search_score(model, prompts)
             if best is None or m > best[1]:
                 best = (seed, m)
@@ -663,6 +798,7 @@ def generate_one(name, spec, base_tok, out_dir, golden_path, search, clean=False
 
     model = build_model(spec, vocab, special)
     set_generation_config(model)
+    packed = to_mxfp4_experts(model) if spec.get("mxfp4") else None
     golden = make_golden(name, spec, model, tokenizer)
 
     # Save in the storage dtype; values are unchanged since they were already rounded.
@@ -670,6 +806,16 @@ def generate_one(name, spec, base_tok, out_dir, golden_path, search, clean=False
     kwargs = {"safe_serialization": True} if _accepts(model.save_pretrained, "safe_serialization") else {}
     model.save_pretrained(out_dir, **kwargs)
     write_tokenizer(out_dir, tok_json, tok_cfg)  # save_pretrained must not have touched them
+    if packed is not None:
+        # The goldens come from transformers reading the MXFP4 folder; they must agree with the
+        # model the experts were rounded in.
+        write_mxfp4_folder(out_dir, packed)
+        reread = load_mxfp4_folder(out_dir)
+        reread.generation_config = model.generation_config
+        from_folder = make_golden(name, spec, reread, tokenizer)
+        for a, b in zip(golden["cases"], from_folder["cases"]):
+            assert a["greedy_tokens"] == b["greedy_tokens"], f"{name}: MXFP4 folder decodes differently"
+        golden = from_folder
     os.makedirs(os.path.dirname(golden_path) or ".", exist_ok=True)
     write_text(golden_path, to_json(golden))
     print(f"{name}: seed {spec['seed']}, vocab {vocab}, min top-2 margin {golden['min_top2_margin']:.4f}, "
@@ -685,7 +831,8 @@ def main():
                     help="try seeds 0..N-1 and keep the one with the largest min top-2 margin")
     g = ap.add_argument_group("single custom model (selected by --arch)")
     ap.add_argument("--only", metavar="NAME", help="regenerate only this default fixture (e.g. tiny-qwen3)")
-    g.add_argument("--arch", choices=["llama", "qwen2", "gpt2", "qwen3", "phi3", "gemma3"])
+    g.add_argument("--arch", choices=["llama", "qwen2", "gpt2", "qwen3", "phi3", "gemma3", "qwen3_moe",
+                                      "gpt_oss"])
     g.add_argument("--out", help="model folder to write; golden.json goes inside it")
     g.add_argument("--hidden", type=int)
     g.add_argument("--layers", type=int)
@@ -696,6 +843,12 @@ def main():
     g.add_argument("--tie", action=argparse.BooleanOptionalAction, default=None)
     g.add_argument("--seed", type=int)
     g.add_argument("--dtype", choices=list(DTYPES))
+    g.add_argument("--experts", type=int, help="qwen3_moe, gpt_oss: experts per sparse layer")
+    g.add_argument("--top-k", type=int, help="qwen3_moe, gpt_oss: experts per token")
+    g.add_argument("--expert-intermediate", type=int, help="qwen3_moe: width of one expert")
+    g.add_argument("--dense-layers", type=int, nargs="*", help="qwen3_moe: mlp_only_layers")
+    g.add_argument("--mxfp4", action="store_true",
+                   help="gpt_oss: experts written as MXFP4 blocks, as published checkpoints are")
     args = ap.parse_args()
 
     torch.use_deterministic_algorithms(True)
@@ -707,10 +860,10 @@ def main():
     if args.arch:
         if not args.out:
             ap.error("--arch needs --out")
-        name = f"tiny-{args.arch}"
+        name = f"tiny-{args.arch.replace('_', '-')}"
         spec = dict(SPECS[name])
         for key in ("hidden", "layers", "heads", "kv_heads", "intermediate", "head_dim", "tie", "seed",
-                    "dtype"):
+                    "dtype", "experts", "top_k", "expert_intermediate", "dense_layers", "mxfp4"):
             v = getattr(args, key)
             if v is not None:
                 spec[key] = v
@@ -718,7 +871,7 @@ def main():
             spec["seed"] = 0
         if args.arch == "gpt2" and args.kv_heads is None:
             spec["kv_heads"] = spec["heads"]
-        if args.arch != "gpt2" and args.intermediate is None and args.hidden is not None:
+        if args.arch not in ("gpt2", "gpt_oss") and args.intermediate is None and args.hidden is not None:
             spec["intermediate"] = 8 * ((8 * spec["hidden"] // 3 + 7) // 8)
         out = os.path.abspath(args.out)
         generate_one(os.path.basename(out), spec, base_tok, out, os.path.join(out, "golden.json"),

@@ -6,6 +6,7 @@ use std::path::Path;
 use serde_json::Value;
 
 use super::error::{LoadError, read_json};
+use super::moe::MoeSpec;
 use super::rope::{RopeSpec, rope_spec, rope_with};
 use crate::ops::{Gelu, NormKind};
 
@@ -25,6 +26,11 @@ pub enum Arch {
     /// Gemma 3 (text): scaled embedding, (1 + w) RMSNorms before and after attention and MLP,
     /// q/k head norms, GeGLU, local sliding-window layers between global ones.
     Gemma3,
+    /// Qwen3-MoE: Qwen3's attention, routed experts in the sparse layers.
+    Qwen3Moe,
+    /// GPT-OSS: biased attention with per-head sinks, sliding and full layers alternating,
+    /// YaRN, biased router and experts with the clamped SwiGLU.
+    GptOss,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -89,6 +95,10 @@ pub struct DecoderSpec {
     pub window: Option<SlidingWindow>,
     pub bos_token_id: Option<u32>,
     pub eos_token_ids: Vec<u32>,
+    /// Routed experts in place of the dense MLP on the layers it marks sparse.
+    pub moe: Option<MoeSpec>,
+    /// A learned logit per query head that joins every softmax's denominator (GPT-OSS).
+    pub sinks: bool,
 }
 
 impl DecoderSpec {
@@ -121,6 +131,8 @@ impl DecoderSpec {
             }
             "qwen2" | "Qwen2ForCausalLM" => llama_like(c, Arch::Qwen2),
             "qwen3" | "Qwen3ForCausalLM" => llama_like(c, Arch::Qwen3),
+            "qwen3_moe" | "Qwen3MoeForCausalLM" => qwen3_moe(c),
+            "gpt_oss" | "GptOssForCausalLM" => gpt_oss(c),
             "phi3" | "Phi3ForCausalLM" => llama_like(c, Arch::Phi3),
             "gpt2" | "GPT2LMHeadModel" => gpt2(c),
             "gemma3_text" | "Gemma3ForCausalLM" => gemma3(c),
@@ -137,8 +149,8 @@ impl DecoderSpec {
         let q = u64::from(self.heads) * hd;
         let kv = u64::from(self.kv_heads) * hd;
         let i = u64::from(self.intermediate);
-        let mlp = if self.mlp.gated() { 3 } else { 2 } * d * i;
-        let per_layer = d * (q + 2 * kv) + q * d + mlp + 4 * d;
+        let dense_mlp = if self.mlp.gated() { 3 } else { 2 } * d * i;
+        let attention = d * (q + 2 * kv) + q * d + 4 * d;
         let embed = u64::from(self.vocab) * d;
         let head = if self.tied_embeddings { 0 } else { embed };
         let positions = if self.rope.is_none() {
@@ -146,7 +158,24 @@ impl DecoderSpec {
         } else {
             0
         };
-        embed + head + positions + u64::from(self.layers) * per_layer
+        let mlps: u64 = (0..self.layers)
+            .map(|layer| match &self.moe {
+                Some(moe) if moe.is_sparse(layer) => moe.layer_parameters(self.hidden).0,
+                _ => dense_mlp,
+            })
+            .sum();
+        embed + head + positions + u64::from(self.layers) * attention + mlps
+    }
+
+    /// Parameters one token reads: all but the experts it is not routed to (the total for
+    /// dense models).
+    pub fn active_parameters(&self) -> u64 {
+        let Some(moe) = &self.moe else {
+            return self.parameters();
+        };
+        let (total, active) = moe.layer_parameters(self.hidden);
+        let sparse = (0..self.layers).filter(|&l| moe.is_sparse(l)).count() as u64;
+        self.parameters() - sparse * (total - active)
     }
 
     /// Softmax scale of attention scores.
@@ -255,7 +284,32 @@ fn llama_like(c: &Value, arch: Arch) -> Result<DecoderSpec, SpecError> {
         window: sliding_window(c, layers, None)?,
         bos_token_id: opt_u32(c, "bos_token_id"),
         eos_token_ids: token_ids(c.get("eos_token_id")),
+        moe: None,
+        sinks: false,
     })
+}
+
+/// Qwen3-MoE: Qwen3's layers, sparse MLPs as `moe::qwen3_moe` reads them.
+fn qwen3_moe(c: &Value) -> Result<DecoderSpec, SpecError> {
+    let mut spec = llama_like(c, Arch::Qwen3Moe)?;
+    spec.qk_norm = true;
+    spec.moe = Some(super::moe::qwen3_moe(c, spec.layers)?);
+    Ok(spec)
+}
+
+/// GPT-OSS: biased attention with sinks over sliding and full layers (`layer_types`), YaRN,
+/// experts on every layer.
+fn gpt_oss(c: &Value) -> Result<DecoderSpec, SpecError> {
+    let mut spec = llama_like(c, Arch::GptOss)?;
+    spec.qkv_bias = c
+        .get("attention_bias")
+        .and_then(Value::as_bool)
+        .unwrap_or(true);
+    spec.out_bias = spec.qkv_bias;
+    spec.norm_eps = opt_f32(c, "rms_norm_eps").unwrap_or(1e-5);
+    spec.sinks = true;
+    spec.moe = Some(super::moe::gpt_oss(c, spec.layers)?);
+    Ok(spec)
 }
 
 /// The sliding window a config declares, if it is in use: on the layers `layer_types` calls
@@ -425,6 +479,8 @@ fn gemma3(c: &Value) -> Result<DecoderSpec, SpecError> {
             ids if ids.is_empty() => vec![1],
             ids => ids,
         },
+        moe: None,
+        sinks: false,
     })
 }
 
@@ -475,6 +531,8 @@ fn gpt2(c: &Value) -> Result<DecoderSpec, SpecError> {
         window: None,
         bos_token_id: opt_u32(c, "bos_token_id"),
         eos_token_ids: token_ids(c.get("eos_token_id")),
+        moe: None,
+        sinks: false,
     })
 }
 

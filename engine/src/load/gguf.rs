@@ -25,6 +25,8 @@ pub enum GgmlType {
     Q4K,
     Q5K,
     Q6K,
+    /// OCP microscaling FP4 (GPT-OSS experts): 32 e2m1 values and one e8m0 exponent a block.
+    Mxfp4,
 }
 
 impl GgmlType {
@@ -41,6 +43,7 @@ impl GgmlType {
             13 => Self::Q5K,
             14 => Self::Q6K,
             30 => Self::BF16,
+            39 => Self::Mxfp4,
             _ => return None,
         })
     }
@@ -58,6 +61,7 @@ impl GgmlType {
             Self::Q5K => 13,
             Self::Q6K => 14,
             Self::BF16 => 30,
+            Self::Mxfp4 => 39,
         }
     }
 
@@ -65,7 +69,7 @@ impl GgmlType {
     pub fn block_elems(self) -> usize {
         match self {
             Self::F32 | Self::F16 | Self::BF16 => 1,
-            Self::Q4_0 | Self::Q4_1 | Self::Q5_0 | Self::Q5_1 | Self::Q8_0 => 32,
+            Self::Q4_0 | Self::Q4_1 | Self::Q5_0 | Self::Q5_1 | Self::Q8_0 | Self::Mxfp4 => 32,
             Self::Q4K | Self::Q5K | Self::Q6K => 256,
         }
     }
@@ -83,6 +87,7 @@ impl GgmlType {
             Self::Q4K => 144,
             Self::Q5K => 176,
             Self::Q6K => 210,
+            Self::Mxfp4 => 17,
         }
     }
 
@@ -99,6 +104,7 @@ impl GgmlType {
             Self::Q4K => "Q4_K",
             Self::Q5K => "Q5_K",
             Self::Q6K => "Q6_K",
+            Self::Mxfp4 => "MXFP4",
         }
     }
 }

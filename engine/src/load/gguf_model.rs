@@ -46,6 +46,8 @@ pub fn gguf_architecture(file: &GgufFile) -> Result<Arch, LoadError> {
         "phi3" => Ok(Arch::Phi3),
         "gpt2" => Ok(Arch::Gpt2),
         "gemma3" => Ok(Arch::Gemma3),
+        "qwen3moe" => Ok(Arch::Qwen3Moe),
+        "gpt-oss" => Ok(Arch::GptOss),
         other => Err(LoadError::UnsupportedArchitecture {
             name: other.to_owned(),
         }),
@@ -63,7 +65,7 @@ pub fn gguf_spec(file: &GgufFile) -> Result<DecoderSpec, LoadError> {
         Arch::Qwen3 => "qwen3",
         Arch::Phi3 => "phi3",
         Arch::Gemma3 => "gemma3",
-        _ => "llama",
+        other => super::gguf_moe::prefix(other).unwrap_or("llama"),
     };
     let key = |k: &str| format!("{p}.{k}");
     let hidden = req_u32(file, &key("embedding_length"))?;
@@ -90,8 +92,8 @@ pub fn gguf_spec(file: &GgufFile) -> Result<DecoderSpec, LoadError> {
         .metadata(&key("rope.scaling.type"))
         .and_then(GgufValue::as_str)
     {
-        // Longrope's factors are tensors, read below.
-        None | Some("none" | "longrope" | "su") => RopeScaling::None,
+        // Longrope's factors are tensors and YaRN's are completed with the experts (gguf_moe).
+        None | Some("none" | "longrope" | "su" | "yarn") => RopeScaling::None,
         Some("linear") => RopeScaling::Linear {
             factor: opt_f32(file, &key("rope.scaling.factor")).unwrap_or(1.0),
         },
@@ -155,7 +157,9 @@ pub fn gguf_spec(file: &GgufFile) -> Result<DecoderSpec, LoadError> {
             .metadata(&key("rope.dimension_count"))
             .and_then(GgufValue::as_u64)
             .map_or(head_dim, |v| v as u32),
-        intermediate: req_u32(file, &key("feed_forward_length"))?,
+        // Models whose every layer is sparse may give only the experts' width.
+        intermediate: req_u32(file, &key("feed_forward_length"))
+            .or_else(|_| req_u32(file, &key("expert_feed_forward_length")))?,
         norm: NormKind::Rms,
         norm_eps: opt_f32(file, &key("attention.layer_norm_rms_epsilon")).unwrap_or(1e-6),
         mlp: MlpKind::SwiGlu,
@@ -178,11 +182,13 @@ pub fn gguf_spec(file: &GgufFile) -> Result<DecoderSpec, LoadError> {
         window: None,
         bos_token_id: bos,
         eos_token_ids: eos,
+        moe: None,
+        sinks: false,
     };
     if arch == Arch::Gemma3 {
         return gemma3_spec(file, spec);
     }
-    Ok(spec)
+    super::gguf_moe::moe_spec(file, spec)
 }
 
 /// An F32 vector tensor (RoPE factors), checked to be finite and positive.
@@ -350,6 +356,8 @@ fn gpt2_spec(file: &GgufFile) -> Result<DecoderSpec, LoadError> {
         window: None,
         bos_token_id: token("bos_token_id"),
         eos_token_ids: token("eos_token_id").into_iter().collect(),
+        moe: None,
+        sinks: false,
     })
 }
 
@@ -398,6 +406,9 @@ pub fn gguf_tensor_name(hf: &str, spec: &DecoderSpec) -> Option<(String, Option<
     }
     let rest = hf.strip_prefix("model.layers.")?;
     let (layer, field) = rest.split_once('.')?;
+    if let Some(name) = super::gguf_moe::moe_tensor_name(field, spec.arch) {
+        return Some((format!("blk.{layer}.{name}"), None));
+    }
     let permuted = spec.arch == Arch::Llama;
     let gemma = spec.arch == Arch::Gemma3;
     let (name, heads) = match field {

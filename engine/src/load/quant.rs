@@ -22,6 +22,34 @@ fn scale_min_k4(j: usize, q: &[u8]) -> (u8, u8) {
 
 /// Dequantizes whole blocks of `ty` from `data` into `out` (`out.len()` elements; `data` must
 /// hold exactly the corresponding blocks).
+/// The e2m1 codes' values, doubled (ggml's `kvalues_mxfp4`): bit 3 is the sign.
+pub const MXFP4_VALUES: [i8; 16] = [0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12];
+
+/// Half the e8m0 scale, 2^(e - 128), for the doubled values of [`MXFP4_VALUES`]: built from
+/// its bits as ggml does (`ggml_e8m0_to_fp32_half`), subnormal for e < 2.
+pub fn mxfp4_scale(e: u8) -> f32 {
+    let bits = if e < 2 {
+        0x0020_0000u32 << e
+    } else {
+        u32::from(e - 1) << 23
+    };
+    f32::from_bits(bits)
+}
+
+/// One MXFP4 block in ggml's layout (exponent, then element j in the low nibble of byte j and
+/// element j + 16 in its high nibble) from the layout of published safetensors checkpoints
+/// (16 bytes holding elements 2i in the low and 2i + 1 in the high nibble of byte i, and the
+/// exponent apart).
+pub fn mxfp4_block_from_pairs(pairs: &[u8], exponent: u8) -> [u8; 17] {
+    let nibble = |m: usize| (pairs[m / 2] >> (4 * (m % 2))) & 0xF;
+    let mut block = [0u8; 17];
+    block[0] = exponent;
+    for j in 0..16 {
+        block[1 + j] = nibble(j) | (nibble(j + 16) << 4);
+    }
+    block
+}
+
 pub fn dequantize(ty: GgmlType, data: &[u8], out: &mut [f32]) {
     let be = ty.block_elems();
     let bb = ty.block_bytes();
@@ -40,6 +68,14 @@ fn dequantize_block(ty: GgmlType, b: &[u8], y: &mut [f32]) {
             let d = f16_at(b, 0);
             for (i, v) in y.iter_mut().enumerate() {
                 *v = f32::from(b[2 + i] as i8) * d;
+            }
+        }
+        GgmlType::Mxfp4 => {
+            // ggml's form: doubled e2m1 values times 2^(e - 128) (the e8m0 scale halved).
+            let d = mxfp4_scale(b[0]);
+            for j in 0..16 {
+                y[j] = f32::from(MXFP4_VALUES[usize::from(b[1 + j] & 0xF)]) * d;
+                y[j + 16] = f32::from(MXFP4_VALUES[usize::from(b[1 + j] >> 4)]) * d;
             }
         }
         GgmlType::Q4_0 | GgmlType::Q4_1 => {
@@ -159,6 +195,8 @@ fn gpu_split(ty: GgmlType) -> Option<([std::ops::Range<usize>; 2], std::ops::Ran
         T::Q4K => ([0..144, 0..0], 0..0),
         T::Q5K => ([0..176, 0..0], 0..0),
         T::Q6K => ([0..208, 0..0], 208..210),
+        // The e8m0 exponent is the scale: one byte a block.
+        T::Mxfp4 => ([1..17, 0..0], 0..1),
         T::F32 | T::F16 | T::BF16 => return None,
     })
 }
@@ -250,6 +288,8 @@ pub fn random_blocks(ty: GgmlType, n: usize, seed: u32) -> Vec<u8> {
                 block[2..4].copy_from_slice(&small);
             }
             GgmlType::Q6K => block[208..210].copy_from_slice(&scale),
+            // 2^-7 / 2: values up to 12·2^-8.
+            GgmlType::Mxfp4 => block[0] = 121,
             GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 => {}
         }
     }

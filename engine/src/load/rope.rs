@@ -31,6 +31,17 @@ pub enum RopeScaling {
         original: u32,
         attention_factor: f32,
     },
+    /// YaRN (GPT-OSS): frequencies with wavelengths beyond the `beta_slow`…`beta_fast`
+    /// rotations over `original` positions are divided by `factor`, those within blend the two
+    /// on a linear ramp; cos and sin are scaled by `attention_factor`.
+    Yarn {
+        factor: f32,
+        beta_fast: f32,
+        beta_slow: f32,
+        original: f32,
+        truncate: bool,
+        attention_factor: f32,
+    },
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -59,6 +70,17 @@ impl RopeSpec {
         Some((long.inv_freq(head_dim), original, attention_factor))
     }
 
+    /// The factor transformers scales cos and sin by (1 but for YaRN; longrope's applies to
+    /// its long table, see [`RopeSpec::longrope`]).
+    pub fn attention_factor(&self) -> f32 {
+        match self.scaling {
+            RopeScaling::Yarn {
+                attention_factor, ..
+            } => attention_factor,
+            _ => 1.0,
+        }
+    }
+
     /// Inverse frequencies for a head of `head_dim`, as transformers computes them (f32).
     pub fn inv_freq(&self, head_dim: u32) -> Vec<f32> {
         let base: Vec<f32> = (0..head_dim / 2)
@@ -75,6 +97,22 @@ impl RopeSpec {
                 .zip(factors.iter().chain(std::iter::repeat(&1.0)))
                 .map(|(f, d)| f / d)
                 .collect(),
+            RopeScaling::Yarn {
+                factor,
+                beta_fast,
+                beta_slow,
+                original,
+                truncate,
+                ..
+            } => yarn_inv_freq(
+                &base,
+                self.theta,
+                head_dim,
+                factor,
+                (beta_fast, beta_slow),
+                original,
+                truncate,
+            ),
             RopeScaling::Llama3 {
                 factor,
                 low_freq_factor,
@@ -100,6 +138,45 @@ impl RopeSpec {
             }
         }
     }
+}
+
+/// YaRN's inverse frequencies as transformers' `_compute_yarn_parameters` computes them: the
+/// correction range of dims from the rotation counts (f64, as Python's math does), then a
+/// linear ramp (f32) between extrapolated and interpolated frequencies.
+fn yarn_inv_freq(
+    base: &[f32],
+    theta: f32,
+    head_dim: u32,
+    factor: f32,
+    (beta_fast, beta_slow): (f32, f32),
+    original: f32,
+    truncate: bool,
+) -> Vec<f32> {
+    let dim = f64::from(head_dim);
+    let correction_dim = |rotations: f32| {
+        dim * (f64::from(original) / (f64::from(rotations) * 2.0 * std::f64::consts::PI)).ln()
+            / (2.0 * f64::from(theta).ln())
+    };
+    let (mut low, mut high) = (correction_dim(beta_fast), correction_dim(beta_slow));
+    if truncate {
+        low = low.floor();
+        high = high.ceil();
+    }
+    let low = low.max(0.0) as f32;
+    let mut high = high.min(dim - 1.0) as f32;
+    if low == high {
+        high += 0.001;
+    }
+    (0..base.len())
+        .map(|i| {
+            let positional = theta.powf((2 * i) as f32 / head_dim as f32);
+            let extrapolated = 1.0 / positional;
+            let interpolated = 1.0 / (factor * positional);
+            let ramp = ((i as f32 - low) / (high - low)).clamp(0.0, 1.0);
+            let keep = 1.0 - ramp;
+            interpolated * (1.0 - keep) + extrapolated * keep
+        })
+        .collect()
 }
 
 fn opt_f32(c: &Value, key: &str) -> Option<f32> {
@@ -150,9 +227,10 @@ pub(super) fn rope_with(
                 .unwrap_or(8192.0),
         },
         "longrope" | "su" => longrope(&scaling, config)?,
+        "yarn" => yarn(&scaling, config)?,
         other => {
             return Err(SpecError::Invalid(format!(
-                "rope scaling type {other:?} is not supported (supported: default, linear, llama3, longrope)"
+                "rope scaling type {other:?} is not supported (supported: default, linear, llama3, longrope, yarn)"
             )));
         }
     };
@@ -195,6 +273,54 @@ fn longrope(scaling: &Value, config: &Value) -> Result<RopeScaling, SpecError> {
         short,
         long,
         original: original as u32,
+        attention_factor,
+    })
+}
+
+/// YaRN as transformers reads it: `original_max_position_embeddings` (else the config's
+/// `max_position_embeddings`), `factor` (else the ratio of the two), the attention factor from
+/// `mscale` / `mscale_all_dim` where both are given, else 0.1·ln(factor) + 1; `truncate`
+/// defaults to true.
+fn yarn(scaling: &Value, config: &Value) -> Result<RopeScaling, SpecError> {
+    let max_positions = opt_f32(config, "max_position_embeddings");
+    let original = opt_f32(scaling, "original_max_position_embeddings")
+        .or(max_positions)
+        .filter(|o| *o >= 1.0)
+        .ok_or_else(|| SpecError::Invalid("yarn needs original_max_position_embeddings".into()))?;
+    let factor = opt_f32(scaling, "factor")
+        .or(max_positions.map(|m| m / original))
+        .filter(|f| *f > 0.0)
+        .ok_or_else(|| SpecError::Invalid("yarn needs a factor".into()))?;
+    let mscale = |scale: f32, m: f32| {
+        if scale <= 1.0 {
+            1.0
+        } else {
+            0.1 * m * scale.ln() + 1.0
+        }
+    };
+    let attention_factor = match (
+        opt_f32(scaling, "attention_factor"),
+        opt_f32(scaling, "mscale").filter(|m| *m != 0.0),
+        opt_f32(scaling, "mscale_all_dim").filter(|m| *m != 0.0),
+    ) {
+        (Some(a), ..) => a,
+        (None, Some(m), Some(all)) => mscale(factor, m) / mscale(factor, all),
+        _ => mscale(factor, 1.0),
+    };
+    let positive = |key: &str, default: f32| {
+        opt_f32(scaling, key)
+            .filter(|v| *v != 0.0)
+            .unwrap_or(default)
+    };
+    Ok(RopeScaling::Yarn {
+        factor,
+        beta_fast: positive("beta_fast", 32.0),
+        beta_slow: positive("beta_slow", 1.0),
+        original,
+        truncate: scaling
+            .get("truncate")
+            .and_then(Value::as_bool)
+            .unwrap_or(true),
         attention_factor,
     })
 }

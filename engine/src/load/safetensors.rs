@@ -17,6 +17,8 @@ pub enum DType {
     F32,
     F16,
     BF16,
+    /// Bytes: MXFP4 checkpoints' packed e2m1 pairs and e8m0 exponents.
+    U8,
 }
 
 impl DType {
@@ -24,6 +26,7 @@ impl DType {
         match self {
             Self::F32 => 4,
             Self::F16 | Self::BF16 => 2,
+            Self::U8 => 1,
         }
     }
 }
@@ -63,6 +66,11 @@ impl TensorView<'_> {
             DType::BF16 => {
                 for (o, b) in out.iter_mut().zip(bytes.chunks_exact(2)) {
                     *o = half::bf16::from_le_bytes([b[0], b[1]]).to_f32();
+                }
+            }
+            DType::U8 => {
+                for (o, b) in out.iter_mut().zip(bytes) {
+                    *o = f32::from(*b);
                 }
             }
         }
@@ -307,6 +315,7 @@ fn parse_header(
             safetensors::Dtype::F32 => DType::F32,
             safetensors::Dtype::F16 => DType::F16,
             safetensors::Dtype::BF16 => DType::BF16,
+            safetensors::Dtype::U8 => DType::U8,
             // Integer buffers such as CLIP's `position_ids`: an error only when asked for.
             other => {
                 unsupported.insert(name, format!("{other:?}"));

@@ -6,7 +6,8 @@ use crate::load::{DType, GgmlType, TensorView, unpermuted_row};
 
 /// A tensor on the host, in whatever form its file holds it.
 pub(super) enum HostTensor<'a> {
-    Safe(TensorView<'a>),
+    /// A safetensors tensor, seen as `rows` rows (a 3-D tensor of experts as one matrix).
+    Safe { view: TensorView<'a>, rows: usize },
     Gguf {
         ty: GgmlType,
         data: &'a [u8],
@@ -21,10 +22,7 @@ impl<'a> HostTensor<'a> {
     /// The bytes of each row, in order (Q/K rows of a GGUF file un-interleaved).
     pub(super) fn rows(&self) -> impl Iterator<Item = &'a [u8]> + '_ {
         let (bytes, rows, row_bytes, heads): (&'a [u8], usize, usize, Option<u32>) = match self {
-            Self::Safe(view) => {
-                let rows = view.shape.first().copied().unwrap_or(1);
-                (view.bytes, rows, view.bytes.len() / rows.max(1), None)
-            }
+            Self::Safe { view, rows } => (view.bytes, *rows, view.bytes.len() / rows.max(&1), None),
             Self::Gguf {
                 ty,
                 data,
@@ -49,7 +47,7 @@ impl<'a> HostTensor<'a> {
     pub(super) fn raw_rows_split(&self, rows: usize) -> Option<Vec<RawRow<'a>>> {
         let ty = self.raw_type()?;
         let bytes = match self {
-            Self::Safe(view) => view.bytes,
+            Self::Safe { view, .. } => view.bytes,
             Self::Gguf {
                 data, heads: None, ..
             } => data,
@@ -67,11 +65,12 @@ impl<'a> HostTensor<'a> {
     /// The file's element type where it needs no block decoding.
     pub(super) fn raw_type(&self) -> Option<GgmlType> {
         match self {
-            Self::Safe(view) => Some(match view.dtype {
-                DType::F32 => GgmlType::F32,
-                DType::F16 => GgmlType::F16,
-                DType::BF16 => GgmlType::BF16,
-            }),
+            Self::Safe { view, .. } => match view.dtype {
+                DType::F32 => Some(GgmlType::F32),
+                DType::F16 => Some(GgmlType::F16),
+                DType::BF16 => Some(GgmlType::BF16),
+                DType::U8 => None,
+            },
             Self::Gguf { ty, .. } => RawRow::of(*ty, &[]).map(|_| *ty),
         }
     }
@@ -79,7 +78,7 @@ impl<'a> HostTensor<'a> {
     /// Row `i` of the tensor seen as `[rows][c]`.
     pub(super) fn read_row(&self, i: usize, c: usize, out: &mut [f32]) {
         match self {
-            Self::Safe(view) => view.read_f32(i * c, out),
+            Self::Safe { view, .. } => view.read_f32(i * c, out),
             Self::Gguf { ty, .. } => {
                 if let Some(row) = self.rows().nth(i) {
                     dequantize(*ty, row, out);
@@ -90,7 +89,7 @@ impl<'a> HostTensor<'a> {
 
     pub(super) fn to_f32(&self) -> Vec<f32> {
         match self {
-            Self::Safe(view) => view.to_f32(),
+            Self::Safe { view, .. } => view.to_f32(),
             Self::Gguf {
                 ty,
                 data,

@@ -4,6 +4,7 @@
 
 mod decoder;
 pub mod diffusion;
+mod expert_uploads;
 mod host_tensor;
 mod text;
 mod weight_rows;

@@ -46,6 +46,23 @@ pub struct Uploader<'a> {
 
 const ROWS_PER_CHUNK: usize = 256;
 
+/// Whether a tensor of shape `actual` holds a `wanted` one in the same row-major order: the
+/// same shape, or leading dimensions that merge into the wanted rows (a 3-D tensor of experts
+/// read as one matrix, `[experts][n]` biases as one vector).
+fn same_layout(actual: &[usize], wanted: &[usize]) -> bool {
+    if actual == wanted {
+        return true;
+    }
+    let product = |s: &[usize]| s.iter().product::<usize>();
+    match wanted {
+        [_] => actual.len() > 1 && product(actual) == product(wanted),
+        [_, cols] => {
+            actual.len() > 2 && actual.last() == Some(cols) && product(actual) == product(wanted)
+        }
+        _ => false,
+    }
+}
+
 impl<'a> Uploader<'a> {
     pub fn new(gpu: &'a Gpu, source: WeightSource<'a>, dtype: WeightDType) -> Self {
         Self {
@@ -65,6 +82,11 @@ impl<'a> Uploader<'a> {
         matches!(self.source, WeightSource::Gguf(..))
     }
 
+    /// Whether the weights are generated (benchmarks at real shapes).
+    pub fn is_random(&self) -> bool {
+        matches!(self.source, WeightSource::Random { .. })
+    }
+
     pub fn has(&self, name: &str) -> bool {
         match &self.source {
             WeightSource::Files(st) => st.contains(name),
@@ -75,7 +97,7 @@ impl<'a> Uploader<'a> {
         }
     }
 
-    fn next_seed(&mut self) -> u32 {
+    pub(super) fn next_seed(&mut self) -> u32 {
         self.counter += 1;
         match self.source {
             WeightSource::Random { seed } => seed.wrapping_mul(7919).wrapping_add(self.counter),
@@ -83,7 +105,7 @@ impl<'a> Uploader<'a> {
         }
     }
 
-    fn tensor(&self, name: &str, shape: &[usize]) -> Result<HostTensor<'a>, Error> {
+    pub(super) fn tensor(&self, name: &str, shape: &[usize]) -> Result<HostTensor<'a>, Error> {
         let mismatch = |actual: Vec<usize>| LoadError::ShapeMismatch {
             name: name.to_owned(),
             actual,
@@ -92,10 +114,11 @@ impl<'a> Uploader<'a> {
         match self.source {
             WeightSource::Files(st) => {
                 let view = st.get(name)?;
-                if view.shape != shape {
+                if !same_layout(view.shape, shape) {
                     return Err(mismatch(view.shape.to_vec()).into());
                 }
-                Ok(HostTensor::Safe(view))
+                let rows = shape.first().copied().unwrap_or(1);
+                Ok(HostTensor::Safe { view, rows })
             }
             WeightSource::Gguf(file, spec) => {
                 let missing = || LoadError::MissingTensor {
@@ -105,7 +128,7 @@ impl<'a> Uploader<'a> {
                 let t = file.tensor(&gguf).ok_or_else(missing)?;
                 // GGUF lists dimensions fastest first.
                 let dims: Vec<usize> = t.dims.iter().rev().map(|&d| d as usize).collect();
-                if dims != shape {
+                if !same_layout(&dims, shape) {
                     return Err(mismatch(dims).into());
                 }
                 Ok(HostTensor::Gguf {

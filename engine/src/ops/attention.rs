@@ -175,7 +175,33 @@ impl Attention {
         out: &StorageBuffer,
         step: &UniformBuffer,
     ) -> Result<Self, GpuError> {
-        Self::build(gpu, shape, q, k_cache, v_cache, out, None, step)
+        Self::build(gpu, shape, q, k_cache, v_cache, out, None, None, step)
+    }
+
+    /// As [`Attention::new`], with a logit per query head (`sinks`) joining every softmax's
+    /// denominator (GPT-OSS).
+    #[allow(clippy::too_many_arguments)]
+    pub fn with_sinks(
+        gpu: &Gpu,
+        shape: CacheShape,
+        q: &StorageBuffer,
+        k_cache: &StorageBuffer,
+        v_cache: &StorageBuffer,
+        out: &StorageBuffer,
+        sinks: &StorageBuffer,
+        step: &UniformBuffer,
+    ) -> Result<Self, GpuError> {
+        Self::build(
+            gpu,
+            shape,
+            q,
+            k_cache,
+            v_cache,
+            out,
+            None,
+            Some(sinks),
+            step,
+        )
     }
 
     /// Attention for one decoded token with its keys split into runs across workgroups. It
@@ -203,6 +229,7 @@ impl Attention {
             v_cache,
             partials,
             Some((stats, table)),
+            None,
             step,
         )
     }
@@ -216,6 +243,7 @@ impl Attention {
         v_cache: &StorageBuffer,
         out: &StorageBuffer,
         split: Option<(&StorageBuffer, Option<&RopeTable>)>,
+        sinks: Option<&StorageBuffer>,
         step: &UniformBuffer,
     ) -> Result<Self, GpuError> {
         shape.check()?;
@@ -249,6 +277,7 @@ impl Attention {
             flag("TILED", split.is_none()),
             ("BQ", bq.to_string()),
             ("BK", bk.to_string()),
+            flag("SINKS", sinks.is_some()),
         ];
         let kernel = gpu.kernel("attention", SOURCE, "main", &defines)?;
         let params = gpu.uniform(
@@ -272,6 +301,9 @@ impl Attention {
             (4, &v_cache.buffer),
             (5, &out.buffer),
         ];
+        if let Some(sinks) = sinks {
+            entries.push((9, &sinks.buffer));
+        }
         if let Some((stats, table)) = split {
             entries.push((6, &stats.buffer));
             if let Some(t) = table {

@@ -59,6 +59,11 @@ fn quant_source() -> String {
 pub static QUANT_MATVEC: LazyLock<String> =
     LazyLock::new(|| quant_source() + super::matvec::SOURCE);
 
+/// The routed experts' products over block-quantized experts: quant.wgsl expanded, then
+/// moe.wgsl.
+pub static QUANT_MOE: LazyLock<String> =
+    LazyLock::new(|| quant_source() + include_str!("../../../shaders/moe.wgsl"));
+
 /// Expansion of a quantized matrix to dense f16: quant.wgsl expanded, then dequant.wgsl.
 pub static QUANT_DEQUANT: LazyLock<String> =
     LazyLock::new(|| quant_source() + include_str!("../../../shaders/dequant.wgsl"));

@@ -38,6 +38,28 @@ impl RopeTable {
         })
     }
 
+    /// A table whose cos and sin are scaled by `attention_factor` (YaRN), as transformers
+    /// scales them.
+    pub fn scaled(
+        gpu: &Gpu,
+        inv_freq: &[f32],
+        positions: u32,
+        attention_factor: f32,
+    ) -> Result<Self, GpuError> {
+        if attention_factor == 1.0 {
+            return Self::new(gpu, inv_freq, positions);
+        }
+        let (mut cos, mut sin) = Self::host(inv_freq, positions);
+        for v in cos.iter_mut().chain(sin.iter_mut()) {
+            *v *= attention_factor;
+        }
+        Ok(Self {
+            cos: gpu.storage_from("rope cos", &cos)?,
+            sin: gpu.storage_from("rope sin", &sin)?,
+            rotary_dim: 2 * inv_freq.len() as u32,
+        })
+    }
+
     /// Phi-3.5 / Phi-4-mini's longrope: rows `0..positions` rotate by the short factors' inverse
     /// frequencies, rows `positions..2·positions` by the long ones (a step reads them with
     /// `rope_row = positions`), all scaled by `attention_factor` as transformers scales cos and

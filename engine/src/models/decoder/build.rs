@@ -5,16 +5,16 @@ use crate::Error;
 use crate::gpu::{Gpu, StorageBuffer, UniformBuffer};
 use crate::load::{DecoderSpec, GgmlType, MlpKind};
 use crate::ops::{
-    Attention, CacheShape, Dequantize, Embed, Gelu, Glu, GluKind, HeadNorm, Int8Handoff, KvDType,
-    MAX_SPLITS, MatMul, MatMulOptions, MatVec, MatVecLayout, MatVecOptions, Matrix, Norm, NormKind,
-    RopeKv, RopeTable, Sample, SplitAttention, StepParams, WeightDType,
+    Attention, CacheShape, Dequantize, Embed, Experts, Gelu, Glu, GluKind, HeadNorm, Int8Handoff,
+    KvDType, MAX_SPLITS, MatMul, MatMulOptions, MatVec, MatVecLayout, MatVecOptions, Matrix,
+    MoeBuffers, Norm, NormKind, RopeKv, RopeTable, Sample, SplitAttention, StepParams, WeightDType,
 };
 
 use super::super::weights::{Part, Uploader, WeightSource};
-use super::family::{LayerWeights, family_of, norm_pair};
+use super::family::{LayerWeights, MlpWeights, family_of, norm_pair};
 use super::{
-    Activations, DEFAULT_CONTEXT, DecoderModel, Handoffs, Layer, ModelOptions, PIPELINE_DEPTH,
-    PromptProduct, PromptWeights, embedding_clone, fused,
+    Activations, DEFAULT_CONTEXT, DecoderModel, Handoffs, Layer, LayerMlp, ModelOptions,
+    PIPELINE_DEPTH, PromptProduct, PromptWeights, embedding_clone, fused,
 };
 
 /// Everything read from the checkpoint.
@@ -115,6 +115,11 @@ impl Activations {
                 None
             },
             h: gpu.storage("mlp hidden", f(t * spec.intermediate))?,
+            moe: spec
+                .moe
+                .as_ref()
+                .map(|m| MoeBuffers::new(gpu, m, spec.hidden, chunk))
+                .transpose()?,
             // Padded to whole vec4 words for the sampler.
             logits: gpu.storage("logits", f(spec.vocab.div_ceil(4) * 4))?,
             history: gpu.storage("token history", f(capacity + 1))?,
@@ -144,6 +149,9 @@ impl Handoffs {
         }))
     }
 }
+
+/// A layer's decode products: QKV, output, and the dense MLP's up and down (none for experts).
+type DecodeProducts = (MatVec, MatVec, Option<(MatVec, MatVec)>);
 
 /// What every layer's kernels share.
 struct LayerContext<'a> {
@@ -274,7 +282,7 @@ impl LayerContext<'_> {
         next: Option<&LayerWeights>,
         qkv_handed: bool,
         cache: CacheShape,
-    ) -> Result<[MatVec; 4], Error> {
+    ) -> Result<DecodeProducts, Error> {
         let (gpu, a, step, eps) = (self.gpu, self.acts, self.step, self.spec.norm_eps);
         let spec = self.spec;
         let reads_int8 = |m: &Matrix| {
@@ -304,7 +312,8 @@ impl LayerContext<'_> {
                 ..Default::default()
             },
         )?;
-        let up_in = reads_int8(&w.up).map(|h| &h.residual);
+        let dense = w.mlp.dense();
+        let up_in = dense.and_then(|(up, _)| reads_int8(up).map(|h| &h.residual));
         let o = MatVec::new(
             gpu,
             &w.o,
@@ -326,16 +335,25 @@ impl LayerContext<'_> {
                 ..Default::default()
             },
         )?;
-        let down_in = reads_int8(&w.down).map(|h| &h.hidden);
+        let MlpWeights::Dense {
+            up: up_w,
+            up_bias,
+            down: down_w,
+            down_bias,
+        } = &w.mlp
+        else {
+            return Ok((qkv, o, None));
+        };
+        let down_in = reads_int8(down_w).map(|h| &h.hidden);
         let up = MatVec::new(
             gpu,
-            &w.up,
+            up_w,
             &a.x,
             &a.h,
             step,
             MatVecOptions {
                 norm: Some(fused(self.norm_kind(), &w.mlp_norm, eps)),
-                bias: w.up_bias.as_ref(),
+                bias: up_bias.as_ref(),
                 glu: spec.mlp.gated(),
                 gelu: match spec.mlp {
                     MlpKind::GeGlu => Some(Gelu::Tanh),
@@ -349,12 +367,12 @@ impl LayerContext<'_> {
         )?;
         let down = MatVec::new(
             gpu,
-            &w.down,
+            down_w,
             &a.h,
             out,
             step,
             MatVecOptions {
-                bias: w.down_bias.as_ref(),
+                bias: down_bias.as_ref(),
                 residual,
                 layout: self.decode_layout,
                 handoff_in: down_in.filter(|_| up.hands_off()),
@@ -363,7 +381,7 @@ impl LayerContext<'_> {
                 ..Default::default()
             },
         )?;
-        Ok([qkv, o, up, down])
+        Ok((qkv, o, Some((up, down))))
     }
 
     /// Attention for prompts (over the cache, after a RoPE pass) and for decoding.
@@ -373,11 +391,19 @@ impl LayerContext<'_> {
         table: Option<&RopeTable>,
         k_cache: &StorageBuffer,
         v_cache: &StorageBuffer,
+        sinks: Option<&StorageBuffer>,
     ) -> Result<(RopeKv, Attention, Attention), Error> {
         let (gpu, a, step) = (self.gpu, self.acts, self.step);
         let rope = RopeKv::new(gpu, cache, table, &a.qkv, &a.q, k_cache, v_cache, step)?;
-        let prompt = Attention::new(gpu, cache, &a.q, k_cache, v_cache, &a.attn, step)?;
-        let decode = if self.split_attention {
+        let whole = || match sinks {
+            Some(sinks) => {
+                Attention::with_sinks(gpu, cache, &a.q, k_cache, v_cache, &a.attn, sinks, step)
+            }
+            None => Attention::new(gpu, cache, &a.q, k_cache, v_cache, &a.attn, step),
+        };
+        let prompt = whole()?;
+        // Split runs are merged by the output product, which knows no sinks.
+        let decode = if self.split_attention && sinks.is_none() {
             Attention::new_split(
                 gpu,
                 cache,
@@ -390,7 +416,7 @@ impl LayerContext<'_> {
                 step,
             )?
         } else {
-            Attention::new(gpu, cache, &a.q, k_cache, v_cache, &a.attn, step)?
+            whole()?
         };
         Ok((rope, prompt, decode))
     }
@@ -400,19 +426,16 @@ impl LayerContext<'_> {
         &self,
         i: u32,
         w: &LayerWeights,
-        decode_products: [MatVec; 4],
+        decode_products: DecodeProducts,
         cache: CacheShape,
         k_cache: &StorageBuffer,
         v_cache: &StorageBuffer,
     ) -> Result<Layer, Error> {
         let a = self.acts;
-        let [qkv_mv, o_mv, up_mv, down_mv] = decode_products;
+        let (qkv_mv, o_mv, dense_mvs) = decode_products;
         let (rope, attention, decode_attention) =
-            self.attentions(cache, self.rope_of(i), k_cache, v_cache)?;
-        let (out, residual) = match &a.branch {
-            Some(branch) => (branch, false),
-            None => (&a.x, true),
-        };
+            self.attentions(cache, self.rope_of(i), k_cache, v_cache, w.sinks.as_ref())?;
+        let (out, residual) = self.branch_out();
         let post_norm = |weight: &StorageBuffer| match &a.branch {
             Some(branch) => Norm::add_into(
                 self.gpu,
@@ -431,10 +454,6 @@ impl LayerContext<'_> {
             Some((attn, mlp)) => (Some(post_norm(attn)?), Some(post_norm(mlp)?)),
             None => (None, None),
         };
-        let gelu = self.gelu();
-        // Without the gate/up buffer the product gates its own output.
-        let up_out = a.gate_up.as_ref().unwrap_or(&a.h);
-        let glu = self.glu();
         let spec = self.spec;
         let qk_norm = match &w.qk_norm {
             Some((q, k)) => Some(HeadNorm::new(
@@ -454,8 +473,6 @@ impl LayerContext<'_> {
             qkv_mv,
             qk_norm,
             o_mv,
-            up_mv,
-            down_mv,
             attn_norm: self.norm(&w.attn_norm)?,
             qkv_mm: self.prompt_product(
                 &w.qkv,
@@ -478,43 +495,100 @@ impl LayerContext<'_> {
             )?,
             post_attn_norm,
             mlp_norm: self.norm(&w.mlp_norm)?,
-            up_mm: self.prompt_product(
-                &w.up,
-                &a.xn,
-                up_out,
-                MatMulOptions {
-                    bias: w.up_bias.as_ref(),
-                    gelu,
-                    glu: glu.filter(|_| a.gate_up.is_none()),
-                    ..Default::default()
-                },
-            )?,
-            glu: match (&a.gate_up, glu) {
-                (Some(gu), Some(kind)) => Some(Glu::new(
-                    self.gpu,
-                    kind,
-                    spec.intermediate,
-                    gu,
-                    &a.h,
-                    self.step,
-                )?),
-                _ => None,
-            },
-            down_mm: self.prompt_product(
-                &w.down,
-                &a.h,
-                out,
-                MatMulOptions {
-                    bias: w.down_bias.as_ref(),
-                    residual,
-                    ..Default::default()
-                },
-            )?,
+            mlp: self.mlp(&w.mlp, dense_mvs)?,
             post_mlp_norm,
             rope,
             attention,
             decode_attention,
         })
+    }
+
+    /// Where attention and MLP outputs go: the residual stream, or the branch buffer its
+    /// post-norm reads (and then not added).
+    fn branch_out(&self) -> (&StorageBuffer, bool) {
+        match &self.acts.branch {
+            Some(branch) => (branch, false),
+            None => (&self.acts.x, true),
+        }
+    }
+
+    /// A layer's MLP kernels: the dense prompt products beside the decode products made
+    /// before, or the router and experts.
+    fn mlp(&self, w: &MlpWeights, dense_mvs: Option<(MatVec, MatVec)>) -> Result<LayerMlp, Error> {
+        let a = self.acts;
+        let (out, residual) = self.branch_out();
+        match (w, dense_mvs) {
+            (
+                MlpWeights::Dense {
+                    up,
+                    up_bias,
+                    down,
+                    down_bias,
+                },
+                Some((up_mv, down_mv)),
+            ) => {
+                let glu = self.glu();
+                // Without the gate/up buffer the product gates its own output.
+                let up_out = a.gate_up.as_ref().unwrap_or(&a.h);
+                Ok(LayerMlp::Dense {
+                    up_mv,
+                    down_mv,
+                    up_mm: self.prompt_product(
+                        up,
+                        &a.xn,
+                        up_out,
+                        MatMulOptions {
+                            bias: up_bias.as_ref(),
+                            gelu: self.gelu(),
+                            glu: glu.filter(|_| a.gate_up.is_none()),
+                            ..Default::default()
+                        },
+                    )?,
+                    glu: match (&a.gate_up, glu) {
+                        (Some(gu), Some(kind)) => Some(Glu::new(
+                            self.gpu,
+                            kind,
+                            self.spec.intermediate,
+                            gu,
+                            &a.h,
+                            self.step,
+                        )?),
+                        _ => None,
+                    },
+                    down_mm: Box::new(self.prompt_product(
+                        down,
+                        &a.h,
+                        out,
+                        MatMulOptions {
+                            bias: down_bias.as_ref(),
+                            residual,
+                            ..Default::default()
+                        },
+                    )?),
+                })
+            }
+            (MlpWeights::Experts(experts), None) => {
+                let (Some(moe), Some(bufs)) = (&self.spec.moe, &a.moe) else {
+                    return Err(Error::Invalid("experts without a routing spec".into()));
+                };
+                let router = MatMul::new(
+                    self.gpu,
+                    &experts.router,
+                    &a.xn,
+                    &bufs.logits,
+                    self.step,
+                    MatMulOptions {
+                        bias: experts.router_bias.as_ref(),
+                        ..Default::default()
+                    },
+                )?;
+                let experts = Experts::new(self.gpu, moe, experts, bufs, &a.xn, &a.x, self.step)?;
+                Ok(LayerMlp::Experts { router, experts })
+            }
+            _ => Err(Error::Invalid(
+                "a dense MLP without its decode products".into(),
+            )),
+        }
     }
 }
 
@@ -568,10 +642,17 @@ impl DecoderModel {
         let step = gpu.uniform("step", &StepParams::new(0, 1));
         let acts = Activations::new(gpu, spec, chunk, capacity, dtype)?;
         let matrices = || {
-            weights
-                .layers
-                .iter()
-                .flat_map(|w| [&w.qkv, &w.o, &w.up, &w.down])
+            weights.layers.iter().flat_map(|w| {
+                let dense = w.mlp.dense();
+                [
+                    Some(&w.qkv),
+                    Some(&w.o),
+                    dense.map(|d| d.0),
+                    dense.map(|d| d.1),
+                ]
+                .into_iter()
+                .flatten()
+            })
         };
         let split_bytes = matrices()
             .map(|m| MatMul::scratch_bytes(m.rows, m.cols, chunk))
@@ -611,7 +692,12 @@ impl DecoderModel {
             Some((long, _, scale)) => {
                 RopeTable::longrope(gpu, &r.inv_freq(spec.rotary_dim), &long, capacity, scale)
             }
-            None => RopeTable::new(gpu, &r.inv_freq(spec.rotary_dim), capacity),
+            None => RopeTable::scaled(
+                gpu,
+                &r.inv_freq(spec.rotary_dim),
+                capacity,
+                r.attention_factor(),
+            ),
         };
         let rope = spec.rope.as_ref().map(table).transpose()?;
         let local_rope = spec
@@ -621,7 +707,8 @@ impl DecoderModel {
             .filter(|_| spec.rope.is_some())
             .map(table)
             .transpose()?;
-        let split_attention = MatVec::stages_input(gpu, spec.heads * spec.head_dim);
+        // Sinks join the softmax of whole attention only (see `LayerContext::attentions`).
+        let split_attention = MatVec::stages_input(gpu, spec.heads * spec.head_dim) && !spec.sinks;
         let context = LayerContext {
             gpu,
             spec,
@@ -650,7 +737,7 @@ impl DecoderModel {
             let next = weights.layers.get(i as usize + 1);
             let products = context.decode_products(w, next, qkv_handed, cache)?;
             let layer = context.layer(i, w, products, cache, &k_cache, &v_cache)?;
-            qkv_handed = layer.down_mv.hands_off();
+            qkv_handed = layer.mlp.hands_off();
             layers.push(layer);
         }
         let Uploaded {

@@ -7,7 +7,7 @@
 use crate::Error;
 use crate::gpu::StorageBuffer;
 use crate::load::{Arch, DecoderSpec};
-use crate::ops::Matrix;
+use crate::ops::{ExpertWeights, Matrix};
 
 use super::super::weights::{Part, Uploader};
 
@@ -46,6 +46,8 @@ pub(super) struct LayerNames {
     pub up_bias: Projection,
     pub down: Name,
     pub down_bias: Name,
+    /// Per-head attention sink logits (the config's `sinks` says whether they are read).
+    pub sinks: Option<Name>,
 }
 
 pub(super) struct Family {
@@ -72,7 +74,8 @@ pub(super) fn family_of(arch: Arch) -> &'static Family {
     match arch {
         // Qwen2 is the Llama layout with q/k/v biases, which its config announces.
         Arch::Llama | Arch::Qwen2 => &super::llama::FAMILY,
-        Arch::Qwen3 => &super::qwen3::FAMILY,
+        Arch::Qwen3 | Arch::Qwen3Moe => &super::qwen3::FAMILY,
+        Arch::GptOss => &super::gpt_oss::FAMILY,
         Arch::Phi3 => &super::phi3::FAMILY,
         Arch::Gpt2 => &super::gpt2::FAMILY,
         Arch::Gemma3 => &super::gemma3::FAMILY,
@@ -91,10 +94,30 @@ pub(super) struct LayerWeights {
     pub mlp_norm: (StorageBuffer, Option<StorageBuffer>),
     /// Post-attention and post-MLP norm weights.
     pub post_norms: Option<(StorageBuffer, StorageBuffer)>,
-    pub up: Matrix,
-    pub up_bias: Option<StorageBuffer>,
-    pub down: Matrix,
-    pub down_bias: Option<StorageBuffer>,
+    /// Per-head sink logits (GPT-OSS).
+    pub sinks: Option<StorageBuffer>,
+    pub mlp: MlpWeights,
+}
+
+/// A layer's MLP: dense, or routed experts.
+pub(super) enum MlpWeights {
+    Dense {
+        up: Matrix,
+        up_bias: Option<StorageBuffer>,
+        down: Matrix,
+        down_bias: Option<StorageBuffer>,
+    },
+    Experts(ExpertWeights),
+}
+
+impl MlpWeights {
+    /// The dense MLP's matrices (none for experts).
+    pub fn dense(&self) -> Option<(&Matrix, &Matrix)> {
+        match self {
+            Self::Dense { up, down, .. } => Some((up, down)),
+            Self::Experts(_) => None,
+        }
+    }
 }
 
 impl Family {
@@ -141,7 +164,6 @@ impl Family {
         let n = |name: Name| self.name(prefix, name, i);
         let d = spec.hidden;
         let (q_rows, kv_rows) = (spec.heads * spec.head_dim, spec.kv_heads * spec.head_dim);
-        let gates = if spec.mlp.gated() { 2 } else { 1 };
         let label = format!("layer {i}");
         let offset = self.norm_offset(up);
         let norm = |up: &mut Uploader<'_>, w: Name, b: Option<Name>| {
@@ -187,22 +209,21 @@ impl Family {
                 )));
             }
         };
-        let up_rows = vec![spec.intermediate; gates];
-        let up_m = self.stacked(up, &format!("{label} up"), &names.up, &up_rows, d, &n)?;
-        let down = self.single(
-            up,
-            &format!("{label} down"),
-            &n(names.down),
-            d,
-            spec.intermediate,
-        )?;
-        let (up_bias, down_bias) = if spec.mlp_bias {
-            (
-                Some(stacked_vector(up, &label, &names.up_bias, &up_rows, &n)?),
-                Some(up.vector(&label, &[(&n(names.down_bias), d)], None)?),
-            )
-        } else {
-            (None, None)
+        let sinks = match (spec.sinks, names.sinks) {
+            (false, _) => None,
+            (true, Some(name)) => Some(up.vector(&label, &[(&n(name), spec.heads)], None)?),
+            (true, None) => {
+                return Err(Error::Invalid(format!(
+                    "{:?} checkpoints have no attention sinks, but the config asks for them",
+                    spec.arch
+                )));
+            }
+        };
+        let mlp = match &spec.moe {
+            Some(moe) if moe.is_sparse(i) => {
+                MlpWeights::Experts(super::experts::load(up, spec, moe, prefix, i)?)
+            }
+            _ => self.dense_mlp(up, spec, &label, &n)?,
         };
         Ok(LayerWeights {
             attn_norm,
@@ -213,6 +234,40 @@ impl Family {
             o_bias,
             mlp_norm,
             post_norms,
+            sinks,
+            mlp,
+        })
+    }
+
+    /// A dense MLP's gate/up (or up) and down projections.
+    fn dense_mlp(
+        &self,
+        up: &mut Uploader<'_>,
+        spec: &DecoderSpec,
+        label: &str,
+        n: &dyn Fn(Name) -> String,
+    ) -> Result<MlpWeights, Error> {
+        let names = &self.layer;
+        let d = spec.hidden;
+        let gates = if spec.mlp.gated() { 2 } else { 1 };
+        let up_rows = vec![spec.intermediate; gates];
+        let up_m = self.stacked(up, &format!("{label} up"), &names.up, &up_rows, d, n)?;
+        let down = self.single(
+            up,
+            &format!("{label} down"),
+            &n(names.down),
+            d,
+            spec.intermediate,
+        )?;
+        let (up_bias, down_bias) = if spec.mlp_bias {
+            (
+                Some(stacked_vector(up, label, &names.up_bias, &up_rows, n)?),
+                Some(up.vector(label, &[(&n(names.down_bias), d)], None)?),
+            )
+        } else {
+            (None, None)
+        };
+        Ok(MlpWeights::Dense {
             up: up_m,
             up_bias,
             down,

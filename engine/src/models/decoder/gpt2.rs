@@ -28,6 +28,7 @@ pub(super) const FAMILY: Family = Family {
         up_bias: Projection::Separate(&["{P}h.{L}.mlp.c_fc.bias"]),
         down: "{P}h.{L}.mlp.c_proj.weight",
         down_bias: "{P}h.{L}.mlp.c_proj.bias",
+        sinks: None,
     },
     norm_plus_one: false,
     transposed: true,

@@ -9,21 +9,25 @@
 //! norm+gate/up product+SwiGLU (or +GELU); down product+residual. Then norm+LM head and the
 //! sampler: 5·layers + 3 dispatches and one submit per token. (Where the output product
 //! cannot stage its input, attention runs whole after a separate RoPE pass: 6 per layer;
-//! Qwen3's query/key head norms add one per layer.)
+//! Qwen3's query/key head norms add one per layer.) A sparse layer's MLP is a norm, the
+//! router's product and the five expert kernels of `ops::Experts` (route, group, gate/up,
+//! down, weighted sum): the chosen experts' ids never leave the GPU.
 
 use crate::Error;
 use crate::gpu::{Gpu, Recorder, StorageBuffer, UniformBuffer};
 use crate::load::DecoderSpec;
 use crate::ops::{
-    Attention, Dequantize, Embed, Glu, HeadNorm, Int8Handoff, KvDType, LONG_PROMPT_ROWS, MatMul,
-    MatMulOptions, MatVec, Matrix, Norm, NormKind, RopeKv, Sample, SamplerParams, StepParams,
-    WeightDType,
+    Attention, Dequantize, Embed, Experts, Glu, HeadNorm, Int8Handoff, KvDType, LONG_PROMPT_ROWS,
+    MatMul, MatMulOptions, MatVec, Matrix, MoeBuffers, Norm, NormKind, RopeKv, Sample,
+    SamplerParams, StepParams, WeightDType,
 };
 
 mod build;
+mod experts;
 mod family;
 mod gemma3;
 mod gpt2;
+mod gpt_oss;
 mod llama;
 mod phi3;
 mod qwen3;
@@ -84,8 +88,6 @@ struct Layer {
     /// Query/key head norms on the QKV rows (Qwen3), before RoPE.
     qk_norm: Option<HeadNorm>,
     o_mv: MatVec,
-    up_mv: MatVec,
-    down_mv: MatVec,
     attn_norm: Norm,
     qkv_mm: PromptProduct,
     o_mm: PromptProduct,
@@ -93,13 +95,36 @@ struct Layer {
     post_attn_norm: Option<Norm>,
     post_mlp_norm: Option<Norm>,
     mlp_norm: Norm,
-    up_mm: PromptProduct,
-    glu: Option<Glu>,
-    down_mm: PromptProduct,
+    mlp: LayerMlp,
     rope: RopeKv,
     attention: Attention,
     /// Decoding's attention: split over runs of keys when the output product can merge them.
     decode_attention: Attention,
+}
+
+/// A layer's MLP kernels: dense products, or a router and its experts.
+enum LayerMlp {
+    Dense {
+        up_mv: MatVec,
+        down_mv: MatVec,
+        up_mm: PromptProduct,
+        glu: Option<Glu>,
+        down_mm: Box<PromptProduct>,
+    },
+    /// The router's product over the normed rows, then routing, the experts and their sum
+    /// into the residual stream, for decoding and prompts alike.
+    Experts { router: MatMul, experts: Experts },
+}
+
+impl LayerMlp {
+    /// Whether the down product hands the residual stream off to the next layer's QKV
+    /// product (experts do not).
+    fn hands_off(&self) -> bool {
+        match self {
+            Self::Dense { down_mv, .. } => down_mv.hands_off(),
+            Self::Experts { .. } => false,
+        }
+    }
 }
 
 /// Buffers shared by all layers, sized for one prompt chunk.
@@ -113,6 +138,8 @@ struct Activations {
     /// The attention or MLP output before its post-norm (families with post-norms).
     branch: Option<StorageBuffer>,
     h: StorageBuffer,
+    /// Routing state of sparse layers (models with experts).
+    moe: Option<MoeBuffers>,
     logits: StorageBuffer,
     history: StorageBuffer,
     seen: StorageBuffer,
@@ -253,8 +280,17 @@ impl DecoderModel {
             if let Some(norm) = &l.post_attn_norm {
                 norm.encode(rec, 1);
             }
-            l.up_mv.encode(rec);
-            l.down_mv.encode(rec);
+            match &l.mlp {
+                LayerMlp::Dense { up_mv, down_mv, .. } => {
+                    up_mv.encode(rec);
+                    down_mv.encode(rec);
+                }
+                LayerMlp::Experts { router, experts } => {
+                    l.mlp_norm.encode(rec, 1);
+                    router.encode(rec, 1);
+                    experts.encode(rec, 1);
+                }
+            }
             if let Some(norm) = &l.post_mlp_norm {
                 norm.encode(rec, 1);
             }
@@ -279,11 +315,24 @@ impl DecoderModel {
                 norm.encode(rec, n);
             }
             l.mlp_norm.encode(rec, n);
-            l.up_mm.encode(rec, n);
-            if let Some(glu) = &l.glu {
-                glu.encode(rec, n);
+            match &l.mlp {
+                LayerMlp::Dense {
+                    up_mm,
+                    glu,
+                    down_mm,
+                    ..
+                } => {
+                    up_mm.encode(rec, n);
+                    if let Some(glu) = glu {
+                        glu.encode(rec, n);
+                    }
+                    down_mm.encode(rec, n);
+                }
+                LayerMlp::Experts { router, experts } => {
+                    router.encode(rec, n);
+                    experts.encode(rec, n);
+                }
             }
-            l.down_mm.encode(rec, n);
             if let Some(norm) = &l.post_mlp_norm {
                 norm.encode(rec, n);
             }

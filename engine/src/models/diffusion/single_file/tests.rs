@@ -391,7 +391,7 @@ fn same_values(name: &str, got: TensorView<'_>, want: TensorView<'_>) {
     let round = |x: f32| match got.dtype {
         DType::F16 => half::f16::from_f32(x).to_f32(),
         DType::BF16 => half::bf16::from_f32(x).to_f32(),
-        DType::F32 => x,
+        DType::F32 | DType::U8 => x,
     };
     let want: Vec<f32> = want.to_f32().into_iter().map(round).collect();
     assert!(got.to_f32() == want, "{name}: values differ");

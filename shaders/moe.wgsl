@@ -1,0 +1,339 @@
+// Routed experts (a mixture-of-experts MLP) for the step's tokens, in four kernels chosen by
+// define, so that expert ids never leave the GPU:
+//
+// ROUTE: one invocation per token takes the TOP_K largest router logits (ties to the lower
+// expert) and their weights: a softmax over the chosen logits (SOFTMAX_ALL: the chosen
+// experts' share of a softmax over all of them). Assignment a = token · TOP_K + slot.
+//
+// GROUP: one workgroup lists the assignments by expert (`order`, each expert's run from
+// `offsets[e]`) and the experts that have any (`live[0]` of them, from `live[1]` on).
+//
+// EXPERT: workgroup (b, s) computes row block b of the s-th active expert for every
+// assignment routed to it, so each expert's rows are read once per TB assignments, whatever
+// the number of tokens: a decode step reads only its TOP_K experts, a prompt each expert
+// once per TB tokens. The input of assignment a is row a / TOP_K of x (PER_TOKEN: the normed
+// hidden state) or row a (the hidden rows of the gate/up product). With GLU, output row r
+// of expert e is act(gate row e·expert_stride + r·row_step, the up row up_offset after it),
+// SiLU-gated (CLAMPED: GPT-OSS's clamped form with alpha and limit), biases in the rows'
+// order (BIAS).
+//
+// COMBINE: x[t] += Σ_slot weight · (y[assignment] + the expert's bias (BIAS)).
+//
+// Defines: ROUTE, GROUP, EXPERT, COMBINE; TOP_K; SOFTMAX_ALL; QUANT (with quant.wgsl's
+// defines; else F16 or f32 rows of ROW_VECS vec4 words), UNITS (32-value sub-blocks of a
+// quantized row, vec4 words of a dense one), TPR (lanes per row, a power of two dividing
+// 256), GLU, CLAMPED, BIAS, PER_TOKEN, TB (assignments a pass, 1..4).
+
+struct Params {
+    experts: u32,
+    // Outputs per assignment (rows of the product) and inputs (its k).
+    rows: u32,
+    cols: u32,
+    expert_stride: u32,
+    row_step: u32,
+    up_offset: u32,
+    q_scales: u32,
+    // Most assignments a step can have (the routing buffers' length).
+    max_assignments: u32,
+    alpha: f32,
+    limit: f32,
+    _pad0: u32,
+    _pad1: u32,
+}
+
+@group(0) @binding(0) var<uniform> p: Params;
+@group(0) @binding(1) var<uniform> step: Step;
+
+#if ROUTE
+@group(0) @binding(2) var<storage, read> logits: array<f32>;
+@group(0) @binding(4) var<storage, read_write> ids: array<u32>;
+@group(0) @binding(5) var<storage, read_write> weights: array<f32>;
+
+// Whether (v, e) comes after (best, at) in the order of choice: larger logits first, equal
+// ones by lower expert.
+fn before(v: f32, e: u32, best: f32, at: u32) -> bool {
+    return v > best || (v == best && e < at);
+}
+
+@compute @workgroup_size(64)
+fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
+    let t = gid.x;
+    if (t >= step.n_tokens) {
+        return;
+    }
+    let base = t * p.experts;
+    var top = -3.0e38;
+    var chosen: array<f32, {{TOP_K}}>;
+    // The previous choice: the next is the best of those after it in the order of choice.
+    var prev_v = 3.4e38;
+    var prev_e = 0xFFFFFFFFu;
+    for (var j = 0u; j < {{TOP_K}}u; j++) {
+        var best = -3.4e38;
+        var at = p.experts;
+        for (var e = 0u; e < p.experts; e++) {
+            let v = logits[base + e];
+            let after_prev = before(prev_v, prev_e, v, e) || prev_e == 0xFFFFFFFFu;
+            if (after_prev && (at == p.experts || before(v, e, best, at))) {
+                best = v;
+                at = e;
+            }
+        }
+        chosen[j] = best;
+        ids[t * {{TOP_K}}u + j] = at;
+        prev_v = best;
+        prev_e = at;
+    }
+    top = chosen[0];
+    var total = 0.0;
+#if SOFTMAX_ALL
+    for (var e = 0u; e < p.experts; e++) {
+        total += exp(logits[base + e] - top);
+    }
+#else
+    for (var j = 0u; j < {{TOP_K}}u; j++) {
+        total += exp(chosen[j] - top);
+    }
+#endif
+    for (var j = 0u; j < {{TOP_K}}u; j++) {
+        weights[t * {{TOP_K}}u + j] = exp(chosen[j] - top) / total;
+    }
+}
+#endif
+
+#if GROUP
+@group(0) @binding(4) var<storage, read> ids: array<u32>;
+@group(0) @binding(6) var<storage, read_write> order: array<u32>;
+@group(0) @binding(7) var<storage, read_write> offsets: array<u32>;
+@group(0) @binding(8) var<storage, read_write> live: array<u32>;
+
+var<workgroup> counts: array<atomic<u32>, {{EXPERTS}}>;
+var<workgroup> cursor: array<atomic<u32>, {{EXPERTS}}>;
+
+@compute @workgroup_size(256)
+fn main(@builtin(local_invocation_index) tid: u32) {
+    let n = step.n_tokens * {{TOP_K}}u;
+    for (var e = tid; e < p.experts; e += 256u) {
+        atomicStore(&counts[e], 0u);
+        atomicStore(&cursor[e], 0u);
+    }
+    workgroupBarrier();
+    for (var a = tid; a < n; a += 256u) {
+        atomicAdd(&counts[min(ids[a], p.experts - 1u)], 1u);
+    }
+    workgroupBarrier();
+    if (tid == 0u) {
+        var start = 0u;
+        var listed = 0u;
+        for (var e = 0u; e < p.experts; e++) {
+            let c = atomicLoad(&counts[e]);
+            offsets[e] = start;
+            atomicStore(&cursor[e], start);
+            if (c > 0u) {
+                live[1u + listed] = e;
+                listed += 1u;
+            }
+            start += c;
+        }
+        offsets[p.experts] = start;
+        live[0] = listed;
+    }
+    workgroupBarrier();
+    // Within an expert's run the order is whatever the atomics give: every assignment's
+    // output has a place of its own, so the results do not depend on it.
+    for (var a = tid; a < n; a += 256u) {
+        let at = atomicAdd(&cursor[min(ids[a], p.experts - 1u)], 1u);
+        order[at] = a;
+    }
+}
+#endif
+
+#if EXPERT
+@group(0) @binding(2) var<storage, read> x: array<f32>;
+#if !QUANT
+#if F16
+@group(0) @binding(3) var<storage, read> w: array<vec4<u32>>;
+#else
+@group(0) @binding(3) var<storage, read> w: array<vec4<f32>>;
+#endif
+#endif
+@group(0) @binding(6) var<storage, read> order: array<u32>;
+@group(0) @binding(7) var<storage, read> offsets: array<u32>;
+@group(0) @binding(8) var<storage, read> live: array<u32>;
+@group(0) @binding(9) var<storage, read_write> y: array<f32>;
+#if BIAS
+@group(0) @binding(10) var<storage, read> bias: array<f32>;
+#endif
+
+const WG: u32 = 256u;
+const ROWS: u32 = WG / {{TPR}}u;
+
+// Four inputs of the row at `xbase` from k0 (zero past the row's end); quant.wgsl's q_dot
+// reads through it.
+fn xin4(xbase: u32, k0: u32) -> vec4<f32> {
+    var v = vec4<f32>(0.0);
+    for (var i = 0u; i < 4u; i++) {
+        if (k0 + i < p.cols) {
+            v[i] = x[xbase + k0 + i];
+        }
+    }
+    return v;
+}
+
+// Unit u of weight row `row` against the input row at `xbase`.
+fn unit_dot(row: u32, u: u32, xbase: u32) -> f32 {
+#if QUANT
+    return q_dot(row, u, p.q_scales, xbase);
+#else
+    let word = w[row * {{ROW_VECS}}u + u];
+#if F16
+    let k0 = u * 8u;
+    let lo = vec4<f32>(unpack2x16float(word.x), unpack2x16float(word.y));
+    let hi = vec4<f32>(unpack2x16float(word.z), unpack2x16float(word.w));
+    return dot(lo, xin4(xbase, k0)) + dot(hi, xin4(xbase, k0 + 4u));
+#else
+    return dot(word, xin4(xbase, u * 4u));
+#endif
+#endif
+}
+
+fn silu(v: f32) -> f32 {
+    return v / (1.0 + exp(-v));
+}
+
+fn activate(gate: f32, up: f32) -> f32 {
+#if CLAMPED
+    let g = min(gate, p.limit);
+    let u = clamp(up, -p.limit, p.limit);
+    return g / (1.0 + exp(-p.alpha * g)) * (u + 1.0);
+#else
+    return silu(gate) * up;
+#endif
+}
+
+var<workgroup> red: array<vec4<f32>, WG>;
+#if GLU
+var<workgroup> red_up: array<vec4<f32>, WG>;
+#endif
+var<workgroup> run: vec3<u32>;
+
+// Sums each lane group's values into its first lane (every invocation calls it alike).
+fn lanes_sum(tid: u32, lane: u32) {
+    for (var s = {{TPR}}u / 2u; s > 0u; s = s >> 1u) {
+        workgroupBarrier();
+        if (lane < s) {
+            red[tid] += red[tid + s];
+#if GLU
+            red_up[tid] += red_up[tid + s];
+#endif
+        }
+    }
+    workgroupBarrier();
+}
+
+@compute @workgroup_size(256)
+fn main(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id) wid: vec3<u32>) {
+    if (tid == 0u) {
+        let listed = live[0];
+        var e = 0u;
+        var first = 0u;
+        var count = 0u;
+        if (wid.y < listed) {
+            e = live[1u + wid.y];
+            first = offsets[e];
+            count = offsets[e + 1u] - first;
+        }
+        run = vec3<u32>(e, first, count);
+    }
+    let r = workgroupUniformLoad(&run);
+    let e = r.x;
+    let first = r.y;
+    let count = r.z;
+    let lane = tid % {{TPR}}u;
+    let out_row = wid.x * ROWS + tid / {{TPR}}u;
+    let row = min(out_row, p.rows - 1u);
+    let gate_row = e * p.expert_stride + row * p.row_step;
+    for (var c0 = 0u; c0 < count; c0 += {{TB}}u) {
+        var acc = vec4<f32>(0.0);
+        var acc_up = vec4<f32>(0.0);
+        var xb = vec4<u32>(0u);
+        for (var i = 0u; i < {{TB}}u; i++) {
+            let a = order[first + min(c0 + i, count - 1u)];
+#if PER_TOKEN
+            xb[i] = (a / {{TOP_K}}u) * p.cols;
+#else
+            xb[i] = a * p.cols;
+#endif
+        }
+        for (var u = lane; u < {{UNITS}}u; u += {{TPR}}u) {
+#for i in 0..TB
+            acc[{{i}}] += unit_dot(gate_row, u, xb[{{i}}]);
+#if GLU
+            acc_up[{{i}}] += unit_dot(gate_row + p.up_offset, u, xb[{{i}}]);
+#endif
+#endfor
+        }
+        red[tid] = acc;
+#if GLU
+        red_up[tid] = acc_up;
+#endif
+        lanes_sum(tid, lane);
+        if (lane == 0u && out_row < p.rows) {
+            let sums = red[tid];
+#if GLU
+            let ups = red_up[tid];
+#endif
+            for (var i = 0u; i < {{TB}}u; i++) {
+                if (c0 + i < count) {
+                    let a = order[first + c0 + i];
+                    var v = sums[i];
+#if GLU
+                    var u = ups[i];
+#if BIAS
+                    v += bias[gate_row];
+                    u += bias[gate_row + p.up_offset];
+#endif
+                    v = activate(v, u);
+#else
+#if BIAS
+                    v += bias[gate_row];
+#endif
+#endif
+                    y[a * p.rows + out_row] = v;
+                }
+            }
+        }
+        workgroupBarrier();
+    }
+}
+#endif
+
+#if COMBINE
+@group(0) @binding(4) var<storage, read> ids: array<u32>;
+@group(0) @binding(5) var<storage, read> weights: array<f32>;
+@group(0) @binding(9) var<storage, read> y: array<f32>;
+#if BIAS
+@group(0) @binding(10) var<storage, read> bias: array<f32>;
+#endif
+@group(0) @binding(11) var<storage, read_write> out: array<f32>;
+
+@compute @workgroup_size(64)
+fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
+    let width = p.rows;
+    let i = gid.x;
+    if (i >= step.n_tokens * width) {
+        return;
+    }
+    let t = i / width;
+    let c = i % width;
+    var sum = 0.0;
+    for (var j = 0u; j < {{TOP_K}}u; j++) {
+        let a = t * {{TOP_K}}u + j;
+        var v = y[a * width + c];
+#if BIAS
+        v += bias[min(ids[a], p.experts - 1u) * width + c];
+#endif
+        sum += weights[a] * v;
+    }
+    out[i] += sum;
+}
+#endif
