@@ -28,6 +28,8 @@ fn generate_json_reproduces_greedy_tokens() {
         ("tiny-llama", "f32"),
         ("tiny-gpt2", "f16"),
         ("tiny-qwen2", "f32"),
+        ("tiny-qwen3-moe", "f32"),
+        ("tiny-gpt-oss-mxfp4", "f32"),
     ] {
         let case = golden_case(model, 0);
         let prompt = case["prompt"].as_str().expect("raw prompt");

@@ -9,7 +9,9 @@
 use std::path::{Path, PathBuf};
 
 use backpack_engine::hub::{next_link, parse_revision, parse_search, parse_tree_page};
-use backpack_engine::load::{ChatMessage, DecoderSpec, GenerationConfig, TextTokenizer};
+use backpack_engine::load::{
+    ChatMessage, ChatSwitches, DecoderSpec, GenerationConfig, TextTokenizer,
+};
 use backpack_engine::models::diffusion::config::{ClipConfig, VaeConfig};
 use backpack_engine::models::diffusion::scheduler::SchedulerConfig;
 use backpack_engine::models::whisper::{language_code, multilingual_by_vocab};
@@ -212,7 +214,14 @@ fn chat_templates_inline_or_in_their_own_file_render_alike() {
         let tokenizer = TextTokenizer::from_dir(dir).expect("tokenizer");
         assert!(tokenizer.has_chat_template() && tokenizer.has_thinking_switch());
         let text = tokenizer
-            .render_chat(&messages, true, Some(false))
+            .render_chat(
+                &messages,
+                true,
+                ChatSwitches {
+                    thinking: Some(false),
+                    ..Default::default()
+                },
+            )
             .expect("render");
         assert!(
             text.contains("<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"),
@@ -358,7 +367,13 @@ fn every_recorded_model_file_is_read() {
                 .map_err(|e| e.to_string()),
             "tokenizer_config.json" => match value().get("chat_template").and_then(Value::as_str) {
                 Some(source) => ChatTemplate::new(source, "<s>", "</s>")
-                    .and_then(|t| t.render(&[ChatMessage::new("user", "Hi")], true, None))
+                    .and_then(|t| {
+                        t.render(
+                            &[ChatMessage::new("user", "Hi")],
+                            true,
+                            ChatSwitches::default(),
+                        )
+                    })
                     .map(drop)
                     .map_err(|e| e.to_string()),
                 None => Ok(()),

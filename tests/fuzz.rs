@@ -14,8 +14,8 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use backpack_engine::load::{
-    ChatMessage, ChatTemplate, DecoderSpec, GenerationConfig, GgufFile, SafeTensors, TextTokenizer,
-    gguf_spec, gguf_tokenizer,
+    ChatMessage, ChatSwitches, ChatTemplate, DecoderSpec, GenerationConfig, GgufFile,
+    ReasoningEffort, SafeTensors, TextTokenizer, gguf_spec, gguf_tokenizer,
 };
 use backpack_engine::models::diffusion::clip_tokenizer::ClipTokenizer;
 use backpack_engine::models::diffusion::config::{ClipConfig, UnetConfig, VaeConfig};
@@ -227,7 +227,11 @@ fn text_tokenizers() {
         let tokenizer = TextTokenizer::from_dir(&scratch.0).map_err(err)?;
         if tokenizer.has_chat_template() {
             tokenizer
-                .encode_chat(&[ChatMessage::new("user", "Hi")], true, None)
+                .encode_chat(
+                    &[ChatMessage::new("user", "Hi")],
+                    true,
+                    ChatSwitches::default(),
+                )
                 .map_err(err)?;
         }
         Ok(())
@@ -291,7 +295,11 @@ fn chat_templates() {
     fuzz("chat_template", &seeds, 1500, None, |bytes| {
         let source = String::from_utf8_lossy(bytes);
         let template = ChatTemplate::new(&source, "<s>", "</s>").map_err(err)?;
-        template.render(&messages, true, Some(false)).map_err(err)?;
+        let switches = ChatSwitches {
+            thinking: Some(false),
+            reasoning_effort: Some(ReasoningEffort::High),
+        };
+        template.render(&messages, true, switches).map_err(err)?;
         Ok(())
     });
 }

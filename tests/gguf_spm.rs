@@ -7,7 +7,7 @@ mod common;
 
 use std::path::PathBuf;
 
-use backpack_engine::load::{ChatMessage, GgufFile, StreamDecoder, gguf_tokenizer};
+use backpack_engine::load::{ChatMessage, ChatSwitches, GgufFile, StreamDecoder, gguf_tokenizer};
 use backpack_engine::models::{GenerateParams, ModelOptions, Prompt, TextModel};
 use backpack_engine::ops::{SamplerParams, WeightDType};
 use common::gpu;
@@ -89,13 +89,13 @@ fn sentencepiece_vocabulary_tokenizes_like_transformers() {
     for chat in &golden.chats {
         assert_eq!(
             tokenizer
-                .render_chat(&chat.messages, true, None)
+                .render_chat(&chat.messages, true, ChatSwitches::default())
                 .expect("template"),
             chat.prompt_text
         );
         assert_eq!(
             tokenizer
-                .encode_chat(&chat.messages, true, None)
+                .encode_chat(&chat.messages, true, ChatSwitches::default())
                 .expect("chat"),
             chat.prompt_ids
         );
@@ -120,6 +120,7 @@ fn sentencepiece_gguf_generates_like_transformers() {
                 max_tokens: case.greedy_tokens.len() as u32,
                 sampler: SamplerParams::default(),
                 thinking: None,
+                reasoning_effort: None,
             };
             let stats = model
                 .generate(&prompt, &params, &|| false, |_, _| {})

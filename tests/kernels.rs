@@ -1302,6 +1302,15 @@ fn upload_cache(gpu: &Gpu, dtype: WeightDType, data: &[f32]) -> (StorageBuffer, 
 
 /// Softmax attention in f64, `[tokens][heads][hd]`.
 fn attention_ref(inp: &AttentionInputs, c: AttentionCase) -> Vec<f32> {
+    attention_ref_with_sinks(inp, c, None)
+}
+
+/// As [`attention_ref`], with a logit per head joining every softmax's denominator.
+fn attention_ref_with_sinks(
+    inp: &AttentionInputs,
+    c: AttentionCase,
+    sinks: Option<&[f32]>,
+) -> Vec<f32> {
     let (hdu, cap) = (c.hd as usize, c.capacity as usize);
     let scale = 1.0 / f64::from(c.hd).sqrt();
     let mut want = Vec::with_capacity(inp.q.len());
@@ -1322,7 +1331,8 @@ fn attention_ref(inp: &AttentionInputs, c: AttentionCase) -> Vec<f32> {
                 .collect();
             let m = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
             let e: Vec<f64> = scores.iter().map(|s| (s - m).exp()).collect();
-            let z: f64 = e.iter().sum();
+            let sink = sinks.map_or(0.0, |s| (f64::from(s[h]) - m).exp());
+            let z: f64 = e.iter().sum::<f64>() + sink;
             for d in 0..hdu {
                 let o: f64 = (0..n_keys)
                     .map(|j| e[j] * f64::from(inp.v[(g * cap + j) * hdu + d]))
@@ -1382,11 +1392,29 @@ fn check_prompt_kernels(
     c: AttentionCase,
     what: &str,
 ) {
+    check_prompt_kernels_with_sinks(gpu, inp, dtype, c, what, None);
+}
+
+fn check_prompt_kernels_with_sinks(
+    gpu: &Gpu,
+    inp: &AttentionInputs,
+    dtype: WeightDType,
+    c: AttentionCase,
+    what: &str,
+    sinks: Option<&[f32]>,
+) {
     let out = gpu.storage("out", inp.q.len() as u64 * 4).expect("out");
     let st = step(gpu, c.pos0, c.tokens);
     let shape = CacheShape::new(c.heads, c.kv_heads, c.hd, c.capacity, dtype);
-    let op = Attention::new(gpu, shape, &inp.qb, &inp.kb, &inp.vb, &out, &st).expect("attention");
-    let want = attention_ref(inp, c);
+    let op = match sinks {
+        Some(s) => {
+            let sb = buf(gpu, s);
+            Attention::with_sinks(gpu, shape, &inp.qb, &inp.kb, &inp.vb, &out, &sb, &st)
+        }
+        None => Attention::new(gpu, shape, &inp.qb, &inp.kb, &inp.vb, &out, &st),
+    }
+    .expect("attention");
+    let want = attention_ref_with_sinks(inp, c, sinks);
     let ones = vec![1.0; want.len()];
     for kernel in op.kernels() {
         let mut rec = Recorder::new(gpu);
@@ -1401,6 +1429,41 @@ fn check_prompt_kernels(
             attention_atol(kernel, 2e-5),
             0.0,
         );
+    }
+}
+
+/// GPT-OSS's sinks: a logit per head in every softmax's denominator, one far above the
+/// scores (the outputs all but vanish), one far below (no effect), others among them; on every
+/// prompt kernel, decode included.
+#[test]
+fn attention_with_sinks_matches_cpu() {
+    let gpu = gpu();
+    let mut rng = Rng::new(15);
+    let cases = [
+        (4u32, 2u32, 16u32, 1u32, 9u32, 12u32),
+        (4, 2, 64, 37, 5, 50),
+        (4, 1, 32, 130, 70, 200),
+    ];
+    for dtype in DTYPES {
+        for &(heads, kv_heads, hd, tokens, pos0, capacity) in &cases {
+            let c = AttentionCase {
+                heads,
+                kv_heads,
+                hd,
+                tokens,
+                pos0,
+                capacity,
+            };
+            let inp = attention_inputs(&gpu, &mut rng, dtype, c);
+            let sinks: Vec<f32> = (0..heads)
+                .map(|h| match h {
+                    0 => 30.0,
+                    1 => -30.0,
+                    _ => rng.uniform() * 3.0,
+                })
+                .collect();
+            check_prompt_kernels_with_sinks(&gpu, &inp, dtype, c, "sinks", Some(&sinks));
+        }
     }
 }
 

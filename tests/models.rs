@@ -134,7 +134,7 @@ fn text_generation_reproduces_the_greedy_continuation() {
         let params = backpack_engine::models::GenerateParams {
             max_tokens: c.greedy_tokens.len() as u32,
             sampler: SamplerParams::default(),
-            thinking: None,
+            ..Default::default()
         };
         let mut streamed = String::new();
         let stats = m
@@ -473,4 +473,94 @@ fn multimodal_gemma3_checkpoints_load_their_text_model() {
         }
     }
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// GPT-OSS's harmony answers, tokenized by the tiny GPT-OSS fixture's tokenizer (which has the
+/// harmony control tokens): the analysis channel becomes the reasoning, the final channel the
+/// reply, headers never reach the text, and a tool call's body ends at `<|call|>`.
+#[test]
+fn harmony_channels_split_into_reasoning_and_reply() {
+    use backpack_engine::load::TextTokenizer;
+    use backpack_engine::models::harmony::{HarmonyStream, HarmonyTokens};
+    use backpack_engine::models::reasoning::split_reasoning;
+
+    let tokenizer =
+        TextTokenizer::from_dir(&fixtures().join("models/tiny-gpt-oss")).expect("tokenizer");
+    let tokens = HarmonyTokens::of(&tokenizer).expect("the harmony control tokens");
+    let run = |answer: &str| {
+        let ids = tokenizer.encode(answer, false).expect("encode");
+        let mut stream = HarmonyStream::new(tokens);
+        let mut text = String::new();
+        for id in ids {
+            text.push_str(&stream.push(&tokenizer, id).expect("push"));
+        }
+        text.push_str(&stream.finish(&tokenizer).expect("finish"));
+        text
+    };
+    let text = run(concat!(
+        "<|channel|>analysis<|message|>The user greets München; answer politely.<|end|>",
+        "<|start|>assistant<|channel|>final<|message|>Hallo, München! 🎉<|return|>"
+    ));
+    assert_eq!(
+        text,
+        "<think>\nThe user greets München; answer politely.\n</think>\n\nHallo, München! 🎉"
+    );
+    assert_eq!(
+        split_reasoning(&text),
+        (
+            Some("The user greets München; answer politely.".into()),
+            "Hallo, München! 🎉".into()
+        )
+    );
+    let call = run(concat!(
+        "<|channel|>analysis<|message|>Need the weather.<|end|>",
+        "<|start|>assistant<|channel|>commentary to=functions.weather <|constrain|>json",
+        "<|message|>{\"city\":\"Paris\"}<|call|>"
+    ));
+    assert_eq!(
+        split_reasoning(&call),
+        (
+            Some("Need the weather.".into()),
+            "{\"city\":\"Paris\"}".into()
+        )
+    );
+    // Cut off while reasoning: the reasoning is closed, the reply empty.
+    let cut = run("<|channel|>analysis<|message|>Still thinking about");
+    assert_eq!(
+        split_reasoning(&cut),
+        (Some("Still thinking about".into()), String::new())
+    );
+}
+
+/// The reasoning effort reaches a harmony template (the fixture's states it as GPT-OSS's does),
+/// and a system message becomes the developer's instructions.
+#[test]
+fn reasoning_effort_reaches_the_chat_template() {
+    use backpack_engine::load::{ChatMessage, ChatSwitches, ReasoningEffort, TextTokenizer};
+
+    let tokenizer =
+        TextTokenizer::from_dir(&fixtures().join("models/tiny-gpt-oss")).expect("tokenizer");
+    let messages = [
+        ChatMessage::new("system", "Answer in one word."),
+        ChatMessage::new("user", "Colour of the sky?"),
+    ];
+    let render = |effort| {
+        tokenizer
+            .render_chat(
+                &messages,
+                true,
+                ChatSwitches {
+                    reasoning_effort: effort,
+                    ..Default::default()
+                },
+            )
+            .expect("renders")
+    };
+    assert!(render(None).contains("Reasoning: medium"));
+    let high = render(Some(ReasoningEffort::High));
+    assert!(high.contains("Reasoning: high"), "{high}");
+    assert!(
+        high.contains("<|start|>developer<|message|># Instructions\n\nAnswer in one word.<|end|>")
+    );
+    assert!(high.ends_with("<|start|>user<|message|>Colour of the sky?<|end|><|start|>assistant"));
 }

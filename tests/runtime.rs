@@ -64,6 +64,7 @@ fn sampling(max_tokens: u32) -> GenerateParams {
             ..Default::default()
         },
         thinking: None,
+        reasoning_effort: None,
     }
 }
 
@@ -139,6 +140,7 @@ async fn cancel_stops_within_one_token() {
         max_tokens: 200,
         sampler: SamplerParams::default(),
         thinking: None,
+        reasoning_effort: None,
     };
     let request = engine.generate(Prompt::Raw("Once upon a time".into()), params);
     let mut seen = 0;
@@ -195,6 +197,7 @@ async fn cancel_one_stops_only_that_request() {
         max_tokens: 12,
         sampler: SamplerParams::default(),
         thinking: None,
+        reasoning_effort: None,
     };
     let first = engine.generate(Prompt::Raw("Once upon a time".into()), params());
     let second = engine.generate(Prompt::Raw("Once upon a time".into()), params());

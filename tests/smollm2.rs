@@ -79,6 +79,7 @@ fn smollm2_gguf_chats_like_transformers() {
                 max_tokens: case.greedy_tokens.len() as u32,
                 sampler: SamplerParams::default(),
                 thinking: None,
+                reasoning_effort: None,
             };
             let stats = model
                 .generate(&prompt, &params, &|| false, |_, _| {})

@@ -163,6 +163,10 @@ def tokenizer_variant(base, arch):
             ),
         ])
         cfg.update(bos_token="<bos>", eos_token="<eos>", chat_template=GEMMA_TEMPLATE)
+    elif arch == "gpt_oss":
+        tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in HARMONY_SPECIALS])
+        tok.post_processor = processors.ByteLevel(trim_offsets=False)
+        cfg.update(eos_token="<|return|>", chat_template=HARMONY_TEMPLATE)
     elif arch == "llama":
         tok.add_special_tokens([AddedToken(BOS_TOKEN, special=True, normalized=False)])
         bos_id = tok.token_to_id(BOS_TOKEN)
@@ -231,11 +235,11 @@ SPECS = {
     # YaRN stretching 32 positions by 4; a SwiGLU limit low enough to clamp.
     "tiny-gpt-oss": dict(arch="gpt_oss", hidden=64, intermediate=64, layers=2, heads=4, kv_heads=2,
                          head_dim=16, experts=4, top_k=2, swiglu_limit=1.5, tie=False,
-                         dtype="bfloat16", seed=1),
+                         dtype="bfloat16", seed=72),
     # The same shapes with the experts in MXFP4 blocks, as the published checkpoints hold them.
     "tiny-gpt-oss-mxfp4": dict(arch="gpt_oss", hidden=64, intermediate=64, layers=2, heads=4,
                                kv_heads=2, head_dim=16, experts=4, top_k=2, swiglu_limit=1.5,
-                               tie=False, dtype="bfloat16", seed=325, mxfp4=True),
+                               tie=False, dtype="bfloat16", seed=306, mxfp4=True),
 }
 
 # Gemma 3's chat template (google/gemma-3-1b-it, newlines written as `\n` escapes inside the
@@ -284,6 +288,33 @@ GEMMA_TEMPLATE = (
     "{%- endif -%}"
 )
 GEMMA_SPECIALS = ["<bos>", "<eos>", "<start_of_turn>", "<end_of_turn>"]
+
+# GPT-OSS's harmony format (as OpenAI's cookbook describes it): messages are
+# `<|start|>{role}<|message|>{content}<|end|>`, assistant messages name their channel, the
+# system message states the reasoning effort and the system or developer message of the
+# conversation becomes the developer's instructions. The published template also writes the
+# current date (strftime_now), which would make the fixture's prompt change every day.
+HARMONY_SPECIALS = ["<|start|>", "<|channel|>", "<|message|>", "<|end|>", "<|return|>", "<|call|>",
+                    "<|constrain|>"]
+HARMONY_TEMPLATE = (
+    "{%- if reasoning_effort is not defined %}{%- set reasoning_effort = 'medium' %}{%- endif -%}"
+    "<|start|>system<|message|>You are a tiny test model.\n"
+    "Reasoning: {{ reasoning_effort }}\n\n"
+    "# Valid channels: analysis, commentary, final. Channel must be included for every message."
+    "<|end|>"
+    "{%- if messages and messages[0].role in ['system', 'developer'] -%}"
+    "<|start|>developer<|message|># Instructions\n\n{{ messages[0].content }}<|end|>"
+    "{%- set rest = messages[1:] -%}"
+    "{%- else -%}{%- set rest = messages -%}{%- endif -%}"
+    "{%- for m in rest -%}"
+    "{%- if m.role == 'assistant' -%}"
+    "<|start|>assistant<|channel|>final<|message|>{{ m.content }}<|end|>"
+    "{%- else -%}"
+    "<|start|>{{ m.role }}<|message|>{{ m.content }}<|end|>"
+    "{%- endif -%}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}<|start|>assistant{%- endif -%}"
+)
 
 # Phi-3 fixtures' longrope switch length (original_max_position_embeddings).
 LONGROPE_ORIGINAL = 24
@@ -650,6 +681,9 @@ def make_golden(name, spec, model, tokenizer):
 
 
 def eos_ids(arch, tokenizer):
+    if arch == "gpt_oss":
+        # GPT-OSS's generation config stops at <|return|> and <|call|> (and <|endoftext|>).
+        return [tokenizer.convert_tokens_to_ids(t) for t in ("<|return|>", "<|endoftext|>", "<|call|>")]
     if arch == "gemma3":
         # Gemma 3's generation config stops at <eos> and <end_of_turn>.
         return [tokenizer.convert_tokens_to_ids(t) for t in ("<eos>", "<end_of_turn>")]
@@ -770,7 +804,8 @@ def generate_one(name, spec, base_tok, out_dir, golden_path, search, clean=False
     write_tokenizer(out_dir, tok_json, tok_cfg)
     tokenizer = AutoTokenizer.from_pretrained(out_dir)
     vocab = len(tokenizer)
-    specials = SPECIAL_TOKENS + (GEMMA_SPECIALS if spec["arch"] == "gemma3" else [BOS_TOKEN])
+    specials = SPECIAL_TOKENS + {"gemma3": GEMMA_SPECIALS, "gpt_oss": HARMONY_SPECIALS}.get(
+        spec["arch"], [BOS_TOKEN])
     special = {t: tokenizer.convert_tokens_to_ids(t) for t in specials}
 
     def set_generation_config(model):

@@ -2,7 +2,8 @@ use std::io::Write;
 use std::path::PathBuf;
 
 use anyhow::{Context, Result, bail};
-use backpack_engine::load::ChatMessage;
+use backpack_engine::load::{ChatMessage, ReasoningEffort};
+use backpack_engine::models::reasoning::split_reasoning;
 use backpack_engine::models::{GenerateParams, Prompt};
 use backpack_engine::ops::SamplerParams;
 use backpack_engine::remote::ChatParams;
@@ -33,6 +34,10 @@ pub struct GenerateArgs {
     /// `enable_thinking`).
     #[arg(long)]
     no_think: bool,
+    /// How hard a reasoning model thinks, for models whose chat template takes it (GPT-OSS's
+    /// `reasoning_effort`; its default is medium).
+    #[arg(long, value_enum)]
+    reasoning_effort: Option<EffortArg>,
     #[arg(long, default_value_t = 256)]
     max_tokens: u32,
     /// 0 picks the most likely token every time (greedy). Default: greedy (with --endpoint,
@@ -64,9 +69,27 @@ pub struct GenerateArgs {
     /// faster on GPUs with tensor cores, for 2 bytes per weight more GPU memory.
     #[arg(long, conflicts_with = "endpoint")]
     f16_prompt_weights: bool,
-    /// Print one JSON object with ids, text and timings after the text.
+    /// Print one JSON object with ids, text and timings after the text: `text` is the reply,
+    /// `reasoning` what a reasoning model thought first (null if it did not, or with --raw).
     #[arg(long)]
     json: bool,
+}
+
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum EffortArg {
+    Low,
+    Medium,
+    High,
+}
+
+impl From<EffortArg> for ReasoningEffort {
+    fn from(e: EffortArg) -> Self {
+        match e {
+            EffortArg::Low => Self::Low,
+            EffortArg::Medium => Self::Medium,
+            EffortArg::High => Self::High,
+        }
+    }
 }
 
 /// A path as given, or the installed model of that repo id.
@@ -185,6 +208,7 @@ pub fn run(args: GenerateArgs, adapter: Option<&str>) -> Result<()> {
                 max_tokens: args.max_tokens,
                 sampler,
                 thinking: args.no_think.then_some(false),
+                reasoning_effort: args.reasoning_effort.map(Into::into),
             },
         );
         let mut tokens = Vec::new();
@@ -220,10 +244,17 @@ pub fn run(args: GenerateArgs, adapter: Option<&str>) -> Result<()> {
                         tokens_per_s
                     );
                     if args.json {
+                        // A raw prompt's continuation is reported as it came.
+                        let (reasoning, reply) = if args.raw {
+                            (None, text.clone())
+                        } else {
+                            split_reasoning(&text)
+                        };
                         let line = serde_json::json!({
                             "prompt_tokens": prompt_ids,
                             "tokens": tokens,
-                            "text": text,
+                            "text": reply,
+                            "reasoning": reasoning,
                             "ttft_ms": ttft.as_secs_f64() * 1e3,
                             "prompt_ms": prompt_time.map(|t| t.as_secs_f64() * 1e3),
                             "tokens_per_s": tokens_per_s,

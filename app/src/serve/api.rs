@@ -6,7 +6,7 @@ use axum::Json;
 use axum::extract::rejection::JsonRejection;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use backpack_engine::load::ChatMessage;
+use backpack_engine::load::{ChatMessage, ReasoningEffort};
 use backpack_engine::models::{GenerateParams, Prompt, StopReason};
 use backpack_engine::ops::SamplerParams;
 use serde::Deserialize;
@@ -117,8 +117,11 @@ pub struct Sampling {
     /// llama.cpp's multiplicative penalty, which the engine implements (vLLM's name too).
     #[serde(alias = "repetition_penalty")]
     pub repeat_penalty: Option<f32>,
-    /// vLLM's and SGLang's way to pass template switches; `enable_thinking` is honoured.
+    /// vLLM's and SGLang's way to pass template switches; `enable_thinking` and
+    /// `reasoning_effort` are honoured.
     pub chat_template_kwargs: Option<Value>,
+    /// OpenAI's reasoning effort: low, medium or high (GPT-OSS's template takes it).
+    pub reasoning_effort: Option<String>,
     pub n: Option<u32>,
     pub logprobs: Option<Value>,
     pub logit_bias: Option<Value>,
@@ -344,6 +347,18 @@ impl Sampling {
                 .duration_since(std::time::UNIX_EPOCH)
                 .map_or(0, |d| d.as_nanos() as u64)
         });
+        let kwarg = |key: &str| self.chat_template_kwargs.as_ref().and_then(|k| k.get(key));
+        let effort = self
+            .reasoning_effort
+            .as_deref()
+            .or_else(|| kwarg("reasoning_effort").and_then(Value::as_str));
+        let reasoning_effort = match effort {
+            None => None,
+            Some(text) => match ReasoningEffort::parse(text) {
+                Some(effort) => Some(effort),
+                None => return refuse("reasoning_effort", "must be low, medium or high"),
+            },
+        };
         let params = GenerateParams {
             max_tokens,
             sampler: SamplerParams {
@@ -353,11 +368,8 @@ impl Sampling {
                 repeat_penalty,
                 seed,
             },
-            thinking: self
-                .chat_template_kwargs
-                .as_ref()
-                .and_then(|k| k.get("enable_thinking"))
-                .and_then(Value::as_bool),
+            thinking: kwarg("enable_thinking").and_then(Value::as_bool),
+            reasoning_effort,
         };
         let include_usage = self.stream_options.is_some_and(|o| o.include_usage);
         Ok((params, stops, self.stream, include_usage))

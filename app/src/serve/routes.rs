@@ -12,6 +12,7 @@ use axum::middleware::Next;
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use backpack_engine::models::StopReason;
+use backpack_engine::models::reasoning::{AnswerPiece, ReasoningSplitter, split_reasoning};
 use backpack_engine::runtime::Event;
 use serde_json::{Value, json};
 use tokio::sync::mpsc;
@@ -217,12 +218,20 @@ fn log_answer(request: u64, end: &Ending) {
 impl Reply {
     fn whole(&self, text: &str, end: &Ending) -> Value {
         let choice = match self.kind {
-            Kind::Chat => json!({
-                "index": 0,
-                "message": {"role": "assistant", "content": text},
-                "logprobs": null,
-                "finish_reason": end.finish,
-            }),
+            Kind::Chat => {
+                // A reasoning model's thinking goes apart, as other servers report it.
+                let (reasoning, reply) = split_reasoning(text);
+                let mut message = json!({"role": "assistant", "content": reply});
+                if let Some(reasoning) = reasoning {
+                    message["reasoning_content"] = reasoning.into();
+                }
+                json!({
+                    "index": 0,
+                    "message": message,
+                    "logprobs": null,
+                    "finish_reason": end.finish,
+                })
+            }
             Kind::Text => {
                 json!({"index": 0, "text": text, "logprobs": null, "finish_reason": end.finish})
             }
@@ -235,6 +244,18 @@ impl Reply {
             "choices": [choice],
             "usage": usage(end.prompt_tokens, end.completion_tokens),
         })
+    }
+
+    /// A stream chunk with a piece of the answer.
+    fn piece_chunk(&self, piece: &AnswerPiece) -> Value {
+        match piece {
+            AnswerPiece::Reply(text) => self.chunk(Some(text), None, false),
+            AnswerPiece::Reasoning(text) => {
+                let mut chunk = self.chunk(None, None, false);
+                chunk["choices"][0]["delta"]["reasoning_content"] = text.as_str().into();
+                chunk
+            }
+        }
     }
 
     /// A stream chunk with `text` (or the opening role, or the finish reason).
@@ -319,6 +340,23 @@ async fn whole(reply: Reply, mut ticket: Ticket, first: Event, mut stops: StopMa
     .into_response()
 }
 
+/// The pieces `text` completes (the reply, for completions, which have no reasoning split);
+/// `last` flushes what the splitter holds back.
+fn pieces(splitter: &mut Option<ReasoningSplitter>, text: &str, last: bool) -> Vec<AnswerPiece> {
+    let Some(splitter) = splitter else {
+        return if text.is_empty() {
+            Vec::new()
+        } else {
+            vec![AnswerPiece::Reply(text.to_owned())]
+        };
+    };
+    let mut out = splitter.push(text);
+    if last {
+        out.extend(splitter.finish());
+    }
+    out
+}
+
 /// Streams chunks from a task that follows the generation; when the client goes away the
 /// channel closes, the task drops its ticket and the generation is cancelled.
 fn stream(
@@ -338,6 +376,7 @@ fn stream(
             return;
         }
         let mut stopped = false;
+        let mut splitter = (reply.kind == Kind::Chat).then(ReasoningSplitter::default);
         let mut event = Some(first);
         while let Some(e) = event {
             match e {
@@ -347,8 +386,10 @@ fn stream(
                         stopped = true;
                         ticket.stop();
                     }
-                    if !out.is_empty() && !send(reply.chunk(Some(&out), None, false)).await {
-                        return;
+                    for piece in pieces(&mut splitter, &out, false) {
+                        if !send(reply.piece_chunk(&piece)).await {
+                            return;
+                        }
                     }
                 }
                 Event::Done {
@@ -362,8 +403,10 @@ fn stream(
                     } else {
                         stops.finish()
                     };
-                    if !rest.is_empty() && !send(reply.chunk(Some(&rest), None, false)).await {
-                        return;
+                    for piece in pieces(&mut splitter, &rest, true) {
+                        if !send(reply.piece_chunk(&piece)).await {
+                            return;
+                        }
                     }
                     let end = ending(stop, stopped, prompt_tokens, generated_tokens);
                     log_answer(ticket.id, &end);
@@ -406,4 +449,63 @@ fn stream(
     Sse::new(chunks)
         .keep_alive(KeepAlive::default())
         .into_response()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn reply(kind: Kind) -> Reply {
+        Reply {
+            id: "chatcmpl-1".into(),
+            model: "m".into(),
+            created: 0,
+            kind,
+        }
+    }
+
+    #[test]
+    fn chat_answers_carry_the_reasoning_apart() {
+        let end = ending(StopReason::EndOfText, false, 3, 5);
+        let whole = reply(Kind::Chat).whole("<think>\nweigh it\n</think>\n\nYes.", &end);
+        let message = &whole["choices"][0]["message"];
+        assert_eq!(message["content"], "Yes.");
+        assert_eq!(message["reasoning_content"], "weigh it");
+        let plain = reply(Kind::Chat).whole("Yes.", &end);
+        assert!(
+            plain["choices"][0]["message"]
+                .get("reasoning_content")
+                .is_none()
+        );
+        // Completions are text as it came.
+        let text = reply(Kind::Text).whole("<think>x</think>y", &end);
+        assert_eq!(text["choices"][0]["text"], "<think>x</think>y");
+    }
+
+    #[test]
+    fn streamed_reasoning_goes_to_its_own_delta_field() {
+        let r = reply(Kind::Chat);
+        let mut splitter = Some(ReasoningSplitter::default());
+        let mut chunks = Vec::new();
+        for (delta, last) in [
+            ("<thi", false),
+            ("nk>\nhm", false),
+            ("</think>\n\nOk", false),
+            ("", true),
+        ] {
+            chunks.extend(
+                pieces(&mut splitter, delta, last)
+                    .iter()
+                    .map(|p| r.piece_chunk(p)),
+            );
+        }
+        let field =
+            |c: &Value, key: &str| c["choices"][0]["delta"][key].as_str().map(str::to_owned);
+        let reasoning: String = chunks
+            .iter()
+            .filter_map(|c| field(c, "reasoning_content"))
+            .collect();
+        let content: String = chunks.iter().filter_map(|c| field(c, "content")).collect();
+        assert_eq!((reasoning.as_str(), content.as_str()), ("\nhm", "Ok"));
+    }
 }

@@ -76,6 +76,10 @@ pub struct CatalogVariant {
     /// File names or `*` patterns (not crossing `/`, case-insensitive).
     pub files: Vec<String>,
     pub bits_per_weight: f64,
+    /// The largest tensor's size where the embedding at `bits_per_weight` is not it (an
+    /// MXFP4 checkpoint keeps its embedding in bf16).
+    #[serde(default)]
+    pub largest_tensor_bytes: Option<u64>,
 }
 
 fn main_branch() -> String {
@@ -90,6 +94,10 @@ pub struct CatalogEntry {
     pub task: String,
     pub license: String,
     pub parameters: u64,
+    /// Mixture-of-experts models: the parameters one token reads (the rest are experts it is
+    /// not routed to); all of them must still fit in GPU memory.
+    #[serde(default)]
+    pub active_parameters: Option<u64>,
     /// The repo asks users to accept a license: downloading needs a token.
     pub gated: bool,
     pub shape: ModelShape,
@@ -138,7 +146,27 @@ impl CatalogEntry {
             download_bytes: weights,
             weight_bytes: weights,
             kv_cache_bytes: self.shape.kv_cache_bytes(),
-            largest_tensor: Some((embedding as f64 * variant.bits_per_weight / 8.0) as u64),
+            largest_tensor: Some(
+                variant
+                    .largest_tensor_bytes
+                    .unwrap_or((embedding as f64 * variant.bits_per_weight / 8.0) as u64),
+            ),
+        }
+    }
+
+    /// Parameters one token reads, in words: "20.9 B" or, for mixture-of-experts models,
+    /// "20.9 B, 3.6 B active".
+    pub fn parameters_label(&self) -> String {
+        let b = |n: u64| {
+            if n >= 1_000_000_000 {
+                format!("{:.1} B", n as f64 / 1e9)
+            } else {
+                format!("{:.0} M", n as f64 / 1e6)
+            }
+        };
+        match self.active_parameters {
+            Some(active) => format!("{} parameters, {} active", b(self.parameters), b(active)),
+            None => format!("{} parameters", b(self.parameters)),
         }
     }
 
@@ -196,6 +224,9 @@ mod tests {
             "phi-4-mini-instruct",
             "mistral-7b-instruct-v0.3",
             "gpt2",
+            "gpt-oss-20b",
+            "qwen3-30b-a3b",
+            "qwen3-coder-30b-a3b-instruct",
         ] {
             let e = catalog
                 .entry(id)
@@ -217,6 +248,13 @@ mod tests {
             2 * 256 * 2 * (4 * 4096 + 22 * (512 + 511))
         );
         assert!((140_000_000..150_000_000).contains(&est.weight_bytes));
+        // GPT-OSS-20B: all 21 B parameters are resident, 3.6 B are read per token; its
+        // largest tensor is the bf16 embedding, not an MXFP4 expert stack.
+        let oss = catalog.entry("gpt-oss-20b").expect("gpt-oss");
+        assert_eq!(oss.parameters_label(), "20.9 B parameters, 3.6 B active");
+        let mxfp4 = oss.estimate(&oss.variants[0]);
+        assert_eq!(mxfp4.largest_tensor, Some(201_088 * 2880 * 2));
+        assert!((12 << 30..15 << 30).contains(&mxfp4.weight_bytes));
     }
 
     #[test]

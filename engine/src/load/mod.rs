@@ -22,6 +22,6 @@ pub use gguf_model::{gguf_spec, gguf_tensor_name, gguf_tokenizer, unpermuted_row
 pub use moe::{ExpertActivation, MAX_EXPERTS, MAX_TOP_K, MoeSpec, RouterWeights};
 pub use rope::{RopeScaling, RopeSpec};
 pub use safetensors::{DType, SafeTensors, TensorView};
-pub use template::{ChatMessage, ChatTemplate};
+pub use template::{ChatMessage, ChatSwitches, ChatTemplate, ReasoningEffort};
 pub(crate) use tokenizer::without_panics;
 pub use tokenizer::{GenerationConfig, StreamDecoder, TextTokenizer};

@@ -2,7 +2,7 @@
 //! `add_generation_prompt`, `bos_token`, `eos_token`, `raise_exception` and `strftime_now`,
 //! with Python string methods (`.strip()`, `.startswith()`, …) available as in transformers.
 
-use minijinja::{Environment, Error as JinjaError, ErrorKind, Value, context};
+use minijinja::{Environment, Error as JinjaError, ErrorKind, Value};
 use serde::{Deserialize, Serialize};
 
 use super::error::LoadError;
@@ -20,6 +20,46 @@ impl ChatMessage {
             content: content.to_owned(),
         }
     }
+}
+
+/// How hard a reasoning model thinks, where its template takes it (GPT-OSS's
+/// `reasoning_effort`; the template's default is medium).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ReasoningEffort {
+    Low,
+    Medium,
+    High,
+}
+
+impl ReasoningEffort {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Low => "low",
+            Self::Medium => "medium",
+            Self::High => "high",
+        }
+    }
+
+    /// `low`, `medium` or `high`, in any case.
+    pub fn parse(text: &str) -> Option<Self> {
+        match text.to_ascii_lowercase().as_str() {
+            "low" => Some(Self::Low),
+            "medium" => Some(Self::Medium),
+            "high" => Some(Self::High),
+            _ => None,
+        }
+    }
+}
+
+/// What a chat template is told besides the messages; None leaves a switch undefined, which
+/// templates take as their default.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ChatSwitches {
+    /// `enable_thinking` (Qwen3's switch).
+    pub thinking: Option<bool>,
+    /// `reasoning_effort` (GPT-OSS).
+    pub reasoning_effort: Option<ReasoningEffort>,
 }
 
 pub struct ChatTemplate {
@@ -56,28 +96,29 @@ impl ChatTemplate {
         })
     }
 
-    /// Renders `messages`; `thinking` sets the template's `enable_thinking` (Qwen3's switch;
-    /// None leaves it undefined, which such templates take as on).
+    /// Renders `messages` with the template's switches set as `switches` says.
     pub fn render(
         &self,
         messages: &[ChatMessage],
         add_generation_prompt: bool,
-        thinking: Option<bool>,
+        switches: ChatSwitches,
     ) -> Result<String, LoadError> {
         let template = self
             .env
             .get_template("chat")
             .map_err(|e| LoadError::Template(e.to_string()))?;
-        let base = context! {
-            messages => messages,
-            add_generation_prompt => add_generation_prompt,
-            bos_token => self.bos_token,
-            eos_token => self.eos_token,
-        };
-        let ctx = match thinking {
-            Some(on) => context! { enable_thinking => on, ..base },
-            None => base,
-        };
+        let mut ctx = std::collections::BTreeMap::<&str, Value>::new();
+        ctx.insert("messages", Value::from_serialize(messages));
+        ctx.insert("add_generation_prompt", add_generation_prompt.into());
+        ctx.insert("bos_token", self.bos_token.clone().into());
+        ctx.insert("eos_token", self.eos_token.clone().into());
+        if let Some(on) = switches.thinking {
+            ctx.insert("enable_thinking", on.into());
+        }
+        if let Some(effort) = switches.reasoning_effort {
+            ctx.insert("reasoning_effort", effort.as_str().into());
+        }
+        let ctx = Value::from(ctx);
         template.render(ctx).map_err(|e| {
             let mut message = e.to_string();
             if let Some(detail) = e.detail() {
@@ -159,7 +200,11 @@ mod tests {
         let source = "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'].strip() }}<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}";
         let t = ChatTemplate::new(source, "", "<|im_end|>").expect("compiles");
         let out = t
-            .render(&[ChatMessage::new("user", "  hi  ")], true, None)
+            .render(
+                &[ChatMessage::new("user", "  hi  ")],
+                true,
+                ChatSwitches::default(),
+            )
             .expect("renders");
         assert_eq!(
             out,
@@ -173,10 +218,14 @@ mod tests {
         let source = "{%- if add_generation_prompt %}\n    {{- '<|im_start|>assistant\\n' }}\n    {%- if enable_thinking is defined and enable_thinking is false %}\n        {{- '<think>\\n\\n</think>\\n\\n' }}\n    {%- endif %}\n{%- endif %}";
         let t = ChatTemplate::new(source, "", "").expect("compiles");
         assert!(t.thinking_switch);
-        let on = t.render(&[], true, None).expect("renders");
-        assert_eq!(on, t.render(&[], true, Some(true)).expect("renders"));
+        let with = |thinking| ChatSwitches {
+            thinking,
+            ..Default::default()
+        };
+        let on = t.render(&[], true, with(None)).expect("renders");
+        assert_eq!(on, t.render(&[], true, with(Some(true))).expect("renders"));
         assert!(!on.contains("<think>"));
-        let off = t.render(&[], true, Some(false)).expect("renders");
+        let off = t.render(&[], true, with(Some(false))).expect("renders");
         assert!(off.ends_with("<think>\n\n</think>\n\n"), "{off:?}");
         assert!(
             !ChatTemplate::new("{{ bos_token }}", "", "")
@@ -189,7 +238,9 @@ mod tests {
     fn raise_exception_becomes_an_error() {
         let t =
             ChatTemplate::new("{{ raise_exception('no system role') }}", "", "").expect("compiles");
-        let err = t.render(&[], false, None).expect_err("must fail");
+        let err = t
+            .render(&[], false, ChatSwitches::default())
+            .expect_err("must fail");
         assert!(err.to_string().contains("no system role"), "{err}");
     }
 

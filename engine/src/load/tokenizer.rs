@@ -3,7 +3,7 @@ use std::path::Path;
 use serde_json::Value;
 
 use super::error::{LoadError, read_json};
-use super::template::{ChatMessage, ChatTemplate};
+use super::template::{ChatMessage, ChatSwitches, ChatTemplate};
 
 /// Defaults from `generation_config.json`.
 #[derive(Clone, Debug, Default)]
@@ -191,9 +191,9 @@ impl TextTokenizer {
         &self,
         messages: &[ChatMessage],
         add_generation_prompt: bool,
-        thinking: Option<bool>,
+        switches: ChatSwitches,
     ) -> Result<Vec<u32>, LoadError> {
-        let text = self.render_chat(messages, add_generation_prompt, thinking)?;
+        let text = self.render_chat(messages, add_generation_prompt, switches)?;
         self.encode(&text, false)
     }
 
@@ -206,14 +206,14 @@ impl TextTokenizer {
         &self,
         messages: &[ChatMessage],
         add_generation_prompt: bool,
-        thinking: Option<bool>,
+        switches: ChatSwitches,
     ) -> Result<String, LoadError> {
         let template = self.template.as_ref().ok_or_else(|| {
             LoadError::Template(
                 "the model has no chat template (tokenizer_config.json chat_template or chat_template.jinja); use a raw prompt".into(),
             )
         })?;
-        template.render(messages, add_generation_prompt, thinking)
+        template.render(messages, add_generation_prompt, switches)
     }
 
     pub fn decode(&self, ids: &[u32], skip_special_tokens: bool) -> Result<String, LoadError> {

@@ -5,7 +5,9 @@
 mod decoder;
 pub mod diffusion;
 mod expert_uploads;
+pub mod harmony;
 mod host_tensor;
+pub mod reasoning;
 mod text;
 mod weight_rows;
 mod weights;

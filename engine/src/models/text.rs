@@ -4,12 +4,13 @@ use std::time::{Duration, Instant};
 use serde::{Deserialize, Serialize};
 
 use super::decoder::{DecoderModel, ModelOptions};
+use super::harmony::{HarmonyStream, HarmonyTokens};
 use super::weights::WeightSource;
 use crate::Error;
 use crate::gpu::Gpu;
 use crate::load::{
-    ChatMessage, DecoderSpec, GenerationConfig, GgufFile, LoadError, SafeTensors, StreamDecoder,
-    TextTokenizer, gguf_spec, gguf_tokenizer,
+    ChatMessage, ChatSwitches, DecoderSpec, GenerationConfig, GgufFile, LoadError, ReasoningEffort,
+    SafeTensors, StreamDecoder, TextTokenizer, gguf_spec, gguf_tokenizer,
 };
 
 /// The GGUF file `path` names: the path itself, or the one `.gguf` in a folder without
@@ -64,6 +65,8 @@ pub struct GenerateParams {
     pub sampler: SamplerParams,
     /// The chat template's `enable_thinking` (None: the template's default).
     pub thinking: Option<bool>,
+    /// The chat template's `reasoning_effort` (None: the template's default).
+    pub reasoning_effort: Option<ReasoningEffort>,
 }
 
 impl Default for GenerateParams {
@@ -72,6 +75,17 @@ impl Default for GenerateParams {
             max_tokens: 256,
             sampler: SamplerParams::default(),
             thinking: None,
+            reasoning_effort: None,
+        }
+    }
+}
+
+impl GenerateParams {
+    /// The chat template's switches these parameters set.
+    pub fn switches(&self) -> ChatSwitches {
+        ChatSwitches {
+            thinking: self.thinking,
+            reasoning_effort: self.reasoning_effort,
         }
     }
 }
@@ -104,6 +118,9 @@ pub struct ModelInfo {
     pub name: String,
     pub architecture: String,
     pub parameters: u64,
+    /// Parameters one token reads (fewer than `parameters` for mixture-of-experts models).
+    #[serde(default)]
+    pub active_parameters: u64,
     pub weight_bytes: u64,
     pub cache_bytes: u64,
     pub context: u32,
@@ -205,6 +222,7 @@ impl TextModel {
             name: self.name.clone(),
             architecture: format!("{:?}", spec.arch),
             parameters: spec.parameters(),
+            active_parameters: spec.active_parameters(),
             weight_bytes: self.model.weight_bytes(),
             cache_bytes: self.model.cache_bytes(),
             context: self.model.capacity(),
@@ -220,25 +238,26 @@ impl TextModel {
     }
 
     pub fn tokenize(&self, prompt: &Prompt) -> Result<Vec<u32>, Error> {
-        self.tokenize_with(prompt, None)
+        self.tokenize_with(prompt, ChatSwitches::default())
     }
 
-    /// As [`TextModel::tokenize`], with the chat template's thinking switch set.
+    /// As [`TextModel::tokenize`], with the chat template's switches set.
     pub fn tokenize_with(
         &self,
         prompt: &Prompt,
-        thinking: Option<bool>,
+        switches: ChatSwitches,
     ) -> Result<Vec<u32>, Error> {
         Ok(match prompt {
             Prompt::Raw(text) => self.tokenizer.encode(text, true)?,
-            Prompt::Chat(messages) => self.tokenizer.encode_chat(messages, true, thinking)?,
+            Prompt::Chat(messages) => self.tokenizer.encode_chat(messages, true, switches)?,
             Prompt::Tokens(ids) => ids.clone(),
         })
     }
 
     /// Generates until an end-of-text token, `max_tokens`, a full context, or `cancelled`
     /// saying so (asked before every token). `on_token` gets each id with its text delta, which
-    /// is always whole UTF-8 characters.
+    /// is always whole UTF-8 characters. A chat answer in GPT-OSS's harmony format arrives with
+    /// its reasoning between `<think>` and `</think>` (see [`super::harmony`]).
     pub fn generate(
         &mut self,
         prompt: &Prompt,
@@ -247,7 +266,7 @@ impl TextModel {
         mut on_token: impl FnMut(u32, &str),
     ) -> Result<GenerationStats, Error> {
         let start = Instant::now();
-        let prompt_tokens = self.tokenize_with(prompt, params.thinking)?;
+        let prompt_tokens = self.tokenize_with(prompt, params.switches())?;
         let mut stats = GenerationStats {
             prompt_tokens,
             tokens: Vec::new(),
@@ -266,6 +285,10 @@ impl TextModel {
         }
         self.model.set_sampler(&params.sampler);
         let mut stream = StreamDecoder::default();
+        let mut harmony = match prompt {
+            Prompt::Chat(_) => HarmonyTokens::of(&self.tokenizer).map(HarmonyStream::new),
+            Prompt::Raw(_) | Prompt::Tokens(_) => None,
+        };
         let prefill_start = Instant::now();
         let mut token = self.model.prefill(&stats.prompt_tokens)?;
         stats.prompt_time = prefill_start.elapsed();
@@ -284,10 +307,16 @@ impl TextModel {
             } else {
                 None
             };
-            let mut delta = stream.push(&self.tokenizer, token)?;
+            let mut delta = match &mut harmony {
+                Some(h) => h.push(&self.tokenizer, token)?,
+                None => stream.push(&self.tokenizer, token)?,
+            };
             if stop.is_some() {
                 // Flush what was held back; an incomplete character becomes U+FFFD.
-                delta.push_str(&stream.finish(&self.tokenizer)?);
+                delta.push_str(&match &mut harmony {
+                    Some(h) => h.finish(&self.tokenizer)?,
+                    None => stream.finish(&self.tokenizer)?,
+                });
             }
             stats.text.push_str(&delta);
             on_token(token, &delta);

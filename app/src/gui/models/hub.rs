@@ -192,11 +192,7 @@ fn catalog(ui: &mut egui::Ui, gpu: Option<&GpuBudget>, actions: &mut Vec<Action>
             ui.set_width(ui.available_width());
             ui.horizontal(|ui| {
                 ui.label(egui::RichText::new(&entry.name).strong());
-                ui.weak(format!(
-                    "{:.0} M parameters · {}",
-                    entry.parameters as f64 / 1e6,
-                    entry.license
-                ));
+                ui.weak(format!("{} · {}", entry.parameters_label(), entry.license));
                 if entry.gated {
                     ui.colored_label(ui.visuals().warn_fg_color, "needs a hub token")
                         .on_hover_text(

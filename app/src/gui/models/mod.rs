@@ -134,7 +134,13 @@ fn loaded_model(ui: &mut egui::Ui, model: &ModelState, actions: &mut Vec<Action>
                         .on_hover_text(path.display().to_string());
                     ui.end_row();
                     info_row(ui, "Architecture", info.architecture.clone());
-                    let parameters = format!("{:.1} M", info.parameters as f64 / 1e6);
+                    let mut parameters = format!("{:.1} M", info.parameters as f64 / 1e6);
+                    if info.active_parameters < info.parameters {
+                        parameters.push_str(&format!(
+                            ", {:.1} M a token",
+                            info.active_parameters as f64 / 1e6
+                        ));
+                    }
                     info_row(ui, "Parameters", parameters);
                     info_row(ui, "Weights on the GPU", format_bytes(info.weight_bytes));
                     info_row(ui, "KV cache", format_bytes(info.cache_bytes));
