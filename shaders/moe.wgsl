@@ -1,12 +1,11 @@
 // Routed experts (a mixture-of-experts MLP) for the step's tokens, in four kernels chosen by
 // define, so that expert ids never leave the GPU:
 //
-// ROUTE: one invocation per token takes the TOP_K largest router logits (ties to the lower
+// ROUTE: one workgroup; each token takes the TOP_K largest router logits (ties to the lower
 // expert) and their weights: a softmax over the chosen logits (SOFTMAX_ALL: the chosen
-// experts' share of a softmax over all of them). Assignment a = token · TOP_K + slot.
-//
-// GROUP: one workgroup lists the assignments by expert (`order`, each expert's run from
-// `offsets[e]`) and the experts that have any (`live[0]` of them, from `live[1]` on).
+// experts' share of a softmax over all of them). Assignment a = token · TOP_K + slot. Then
+// the assignments are listed by expert (`order`, each expert's run from `offsets[e]`), and
+// the experts that have any (`live[0]` of them, from `live[1]` on).
 //
 // EXPERT: workgroup (b, s) computes row block b of the s-th active expert for every
 // assignment routed to it, so each expert's rows are read once per TB assignments, whatever
@@ -17,12 +16,17 @@
 // SiLU-gated (CLAMPED: GPT-OSS's clamped form with alpha and limit), biases in the rows'
 // order (BIAS).
 //
+// TILED: the same products for prompts, as tiled matrix products over each expert's
+// assignments (see its section).
+//
 // COMBINE: x[t] += Σ_slot weight · (y[assignment] + the expert's bias (BIAS)).
 //
-// Defines: ROUTE, GROUP, EXPERT, COMBINE; TOP_K; SOFTMAX_ALL; QUANT (with quant.wgsl's
+// Defines: ROUTE (with EXPERTS), EXPERT, TILED, COMBINE; TOP_K; SOFTMAX_ALL; QUANT (with quant.wgsl's
 // defines; else F16 or f32 rows of ROW_VECS vec4 words), UNITS (32-value sub-blocks of a
 // quantized row, vec4 words of a dense one), TPR (lanes per row, a power of two dividing
-// 256), GLU, CLAMPED, BIAS, PER_TOKEN, TB (assignments a pass, 1..4).
+// 256), SGX (a row's lanes lie in one subgroup: shuffle reductions), XVEC4 (x read through
+// a vec4 view: rows of a multiple of 4 values), GLU, CLAMPED, BIAS, PER_TOKEN, TB
+// (assignments a pass, 1..4).
 
 struct Params {
     experts: u32,
@@ -44,25 +48,42 @@ struct Params {
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<uniform> step: Step;
 
+// An expert's hidden value from its gate and up rows' sums.
+fn silu(v: f32) -> f32 {
+    return v / (1.0 + exp(-v));
+}
+
+fn activate(gate: f32, up: f32) -> f32 {
+#if CLAMPED
+    let g = min(gate, p.limit);
+    let u = clamp(up, -p.limit, p.limit);
+    return g / (1.0 + exp(-p.alpha * g)) * (u + 1.0);
+#else
+    return silu(gate) * up;
+#endif
+}
+
+
 #if ROUTE
 @group(0) @binding(2) var<storage, read> logits: array<f32>;
 @group(0) @binding(4) var<storage, read_write> ids: array<u32>;
 @group(0) @binding(5) var<storage, read_write> weights: array<f32>;
+@group(0) @binding(6) var<storage, read_write> order: array<u32>;
+@group(0) @binding(7) var<storage, read_write> offsets: array<u32>;
+@group(0) @binding(8) var<storage, read_write> live: array<u32>;
 
-// Whether (v, e) comes after (best, at) in the order of choice: larger logits first, equal
+var<workgroup> counts: array<atomic<u32>, {{EXPERTS}}>;
+var<workgroup> cursor: array<atomic<u32>, {{EXPERTS}}>;
+
+// Whether (v, e) comes before (best, at) in the order of choice: larger logits first, equal
 // ones by lower expert.
 fn before(v: f32, e: u32, best: f32, at: u32) -> bool {
     return v > best || (v == best && e < at);
 }
 
-@compute @workgroup_size(64)
-fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
-    let t = gid.x;
-    if (t >= step.n_tokens) {
-        return;
-    }
+// Routes token t: its TOP_K experts into `ids`, their weights into `weights`.
+fn route(t: u32) {
     let base = t * p.experts;
-    var top = -3.0e38;
     var chosen: array<f32, {{TOP_K}}>;
     // The previous choice: the next is the best of those after it in the order of choice.
     var prev_v = 3.4e38;
@@ -72,7 +93,7 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
         var at = p.experts;
         for (var e = 0u; e < p.experts; e++) {
             let v = logits[base + e];
-            let after_prev = before(prev_v, prev_e, v, e) || prev_e == 0xFFFFFFFFu;
+            let after_prev = prev_e == 0xFFFFFFFFu || before(prev_v, prev_e, v, e);
             if (after_prev && (at == p.experts || before(v, e, best, at))) {
                 best = v;
                 at = e;
@@ -80,10 +101,11 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
         }
         chosen[j] = best;
         ids[t * {{TOP_K}}u + j] = at;
+        atomicAdd(&counts[min(at, p.experts - 1u)], 1u);
         prev_v = best;
         prev_e = at;
     }
-    top = chosen[0];
+    let top = chosen[0];
     var total = 0.0;
 #if SOFTMAX_ALL
     for (var e = 0u; e < p.experts; e++) {
@@ -98,27 +120,17 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
         weights[t * {{TOP_K}}u + j] = exp(chosen[j] - top) / total;
     }
 }
-#endif
 
-#if GROUP
-@group(0) @binding(4) var<storage, read> ids: array<u32>;
-@group(0) @binding(6) var<storage, read_write> order: array<u32>;
-@group(0) @binding(7) var<storage, read_write> offsets: array<u32>;
-@group(0) @binding(8) var<storage, read_write> live: array<u32>;
-
-var<workgroup> counts: array<atomic<u32>, {{EXPERTS}}>;
-var<workgroup> cursor: array<atomic<u32>, {{EXPERTS}}>;
-
+// One workgroup: routes every token, then lists the assignments by expert. One dispatch, as
+// each expert's run must be known before any expert product starts.
 @compute @workgroup_size(256)
 fn main(@builtin(local_invocation_index) tid: u32) {
-    let n = step.n_tokens * {{TOP_K}}u;
     for (var e = tid; e < p.experts; e += 256u) {
         atomicStore(&counts[e], 0u);
-        atomicStore(&cursor[e], 0u);
     }
     workgroupBarrier();
-    for (var a = tid; a < n; a += 256u) {
-        atomicAdd(&counts[min(ids[a], p.experts - 1u)], 1u);
+    for (var t = tid; t < step.n_tokens; t += 256u) {
+        route(t);
     }
     workgroupBarrier();
     if (tid == 0u) {
@@ -140,7 +152,7 @@ fn main(@builtin(local_invocation_index) tid: u32) {
     workgroupBarrier();
     // Within an expert's run the order is whatever the atomics give: every assignment's
     // output has a place of its own, so the results do not depend on it.
-    for (var a = tid; a < n; a += 256u) {
+    for (var a = tid; a < step.n_tokens * {{TOP_K}}u; a += 256u) {
         let at = atomicAdd(&cursor[min(ids[a], p.experts - 1u)], 1u);
         order[at] = a;
     }
@@ -149,6 +161,9 @@ fn main(@builtin(local_invocation_index) tid: u32) {
 
 #if EXPERT
 @group(0) @binding(2) var<storage, read> x: array<f32>;
+#if XVEC4
+@group(0) @binding(12) var<storage, read> xv: array<vec4<f32>>;
+#endif
 #if !QUANT
 #if F16
 @group(0) @binding(3) var<storage, read> w: array<vec4<u32>>;
@@ -170,6 +185,12 @@ const ROWS: u32 = WG / {{TPR}}u;
 // Four inputs of the row at `xbase` from k0 (zero past the row's end); quant.wgsl's q_dot
 // reads through it.
 fn xin4(xbase: u32, k0: u32) -> vec4<f32> {
+#if XVEC4
+    if (k0 < p.cols) {
+        return xv[(xbase + k0) / 4u];
+    }
+    return vec4<f32>(0.0);
+#else
     var v = vec4<f32>(0.0);
     for (var i = 0u; i < 4u; i++) {
         if (k0 + i < p.cols) {
@@ -177,6 +198,7 @@ fn xin4(xbase: u32, k0: u32) -> vec4<f32> {
         }
     }
     return v;
+#endif
 }
 
 // Unit u of weight row `row` against the input row at `xbase`.
@@ -196,20 +218,6 @@ fn unit_dot(row: u32, u: u32, xbase: u32) -> f32 {
 #endif
 }
 
-fn silu(v: f32) -> f32 {
-    return v / (1.0 + exp(-v));
-}
-
-fn activate(gate: f32, up: f32) -> f32 {
-#if CLAMPED
-    let g = min(gate, p.limit);
-    let u = clamp(up, -p.limit, p.limit);
-    return g / (1.0 + exp(-p.alpha * g)) * (u + 1.0);
-#else
-    return silu(gate) * up;
-#endif
-}
-
 var<workgroup> red: array<vec4<f32>, WG>;
 #if GLU
 var<workgroup> red_up: array<vec4<f32>, WG>;
@@ -217,6 +225,24 @@ var<workgroup> red_up: array<vec4<f32>, WG>;
 var<workgroup> run: vec3<u32>;
 
 // Sums each lane group's values into its first lane (every invocation calls it alike).
+#if SGX
+fn lanes_sum(tid: u32, lane: u32) {
+    var v = red[tid];
+#if GLU
+    var u = red_up[tid];
+#endif
+    for (var s = {{TPR}}u / 2u; s > 0u; s = s >> 1u) {
+        v += subgroupShuffleXor(v, s);
+#if GLU
+        u += subgroupShuffleXor(u, s);
+#endif
+    }
+    red[tid] = v;
+#if GLU
+    red_up[tid] = u;
+#endif
+}
+#else
 fn lanes_sum(tid: u32, lane: u32) {
     for (var s = {{TPR}}u / 2u; s > 0u; s = s >> 1u) {
         workgroupBarrier();
@@ -229,6 +255,7 @@ fn lanes_sum(tid: u32, lane: u32) {
     }
     workgroupBarrier();
 }
+#endif
 
 @compute @workgroup_size(256)
 fn main(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id) wid: vec3<u32>) {
@@ -264,12 +291,16 @@ fn main(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id) wid: v
             xb[i] = a * p.cols;
 #endif
         }
+        // Slots past the expert's last assignment are skipped (a decode step has one).
+        let filled = min(count - c0, {{TB}}u);
         for (var u = lane; u < {{UNITS}}u; u += {{TPR}}u) {
 #for i in 0..TB
-            acc[{{i}}] += unit_dot(gate_row, u, xb[{{i}}]);
+            if ({{i}}u < filled) {
+                acc[{{i}}] += unit_dot(gate_row, u, xb[{{i}}]);
 #if GLU
-            acc_up[{{i}}] += unit_dot(gate_row + p.up_offset, u, xb[{{i}}]);
+                acc_up[{{i}}] += unit_dot(gate_row + p.up_offset, u, xb[{{i}}]);
 #endif
+            }
 #endfor
         }
         red[tid] = acc;
@@ -303,6 +334,166 @@ fn main(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id) wid: v
             }
         }
         workgroupBarrier();
+    }
+}
+#endif
+
+#if TILED
+// The expert products of prompts: workgroup (b, s, z) computes a tile of BR output rows of the
+// s-th live expert for BT of its assignments (the z-th run of them), staging BK inputs of the
+// weight rows (decoded once for all BT assignments) and of the assignments' input rows in
+// workgroup memory, as a tiled matrix product does. Each invocation keeps 4 rows × 2
+// assignments (and their up rows with GLU).
+@group(0) @binding(2) var<storage, read> xin: array<f32>;
+#if !QUANT
+#if F16
+@group(0) @binding(3) var<storage, read> w: array<vec4<u32>>;
+#else
+@group(0) @binding(3) var<storage, read> w: array<vec4<f32>>;
+#endif
+#endif
+@group(0) @binding(6) var<storage, read> order: array<u32>;
+@group(0) @binding(7) var<storage, read> offsets: array<u32>;
+@group(0) @binding(8) var<storage, read> live: array<u32>;
+@group(0) @binding(9) var<storage, read_write> y: array<f32>;
+#if BIAS
+@group(0) @binding(10) var<storage, read> bias: array<f32>;
+#endif
+
+const BR: u32 = 64u;
+const BT: u32 = 32u;
+const BK: u32 = 32u;
+// Rows of the staged tiles, one longer than BK so that invocations reading one k of
+// consecutive rows fall in different memory banks.
+const STRIDE: u32 = BK + 1u;
+#if GLU
+const WROWS: u32 = 2u * BR;
+#else
+const WROWS: u32 = BR;
+#endif
+
+// The staged weights: named `x` because quant.wgsl's q_gather writes there.
+var<workgroup> x: array<f32, WROWS * STRIDE>;
+var<workgroup> xs: array<f32, BT * STRIDE>;
+var<workgroup> run: vec3<u32>;
+var<workgroup> assigned: array<u32, BT>;
+var<workgroup> input_at: array<u32, BT>;
+
+// Stages inputs k0 .. k0 + BK of weight row `row` at staged row `slot`.
+fn stage_row(row: u32, k0: u32, slot: u32) {
+#if QUANT
+    q_gather(row, k0 / 32u, p.q_scales, slot * STRIDE);
+#else
+    for (var j = 0u; j < BK / {{EPV}}u; j++) {
+        let word_at = k0 / {{EPV}}u + j;
+        let inside = word_at < {{ROW_VECS}}u;
+        let word = w[row * {{ROW_VECS}}u + min(word_at, {{ROW_VECS}}u - 1u)];
+#if F16
+        let lo = vec4<f32>(unpack2x16float(word.x), unpack2x16float(word.y));
+        let hi = vec4<f32>(unpack2x16float(word.z), unpack2x16float(word.w));
+        for (var i = 0u; i < 4u; i++) {
+            x[slot * STRIDE + 8u * j + i] = select(0.0, lo[i], inside);
+            x[slot * STRIDE + 8u * j + 4u + i] = select(0.0, hi[i], inside);
+        }
+#else
+        for (var i = 0u; i < 4u; i++) {
+            x[slot * STRIDE + 4u * j + i] = select(0.0, word[i], inside);
+        }
+#endif
+    }
+#endif
+}
+
+@compute @workgroup_size(256)
+fn main(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id) wid: vec3<u32>) {
+    if (tid == 0u) {
+        let listed = live[0];
+        var e = 0u;
+        var first = 0u;
+        var count = 0u;
+        if (wid.y < listed) {
+            e = live[1u + wid.y];
+            first = offsets[e];
+            count = offsets[e + 1u] - first;
+        }
+        run = vec3<u32>(e, first, count);
+    }
+    let r = workgroupUniformLoad(&run);
+    let e = r.x;
+    let t0 = wid.z * BT;
+    if (t0 >= r.z) {
+        return;
+    }
+    let count = r.z - t0;
+    if (tid < BT) {
+        let a = order[r.y + t0 + min(tid, count - 1u)];
+        assigned[tid] = a;
+#if PER_TOKEN
+        input_at[tid] = (a / {{TOP_K}}u) * p.cols;
+#else
+        input_at[tid] = a * p.cols;
+#endif
+    }
+    workgroupBarrier();
+    let row0 = wid.x * BR;
+    let tr = tid / 16u;
+    let tt = tid % 16u;
+    var acc: array<vec2<f32>, 4>;
+#if GLU
+    var acc_up: array<vec2<f32>, 4>;
+#endif
+    for (var k0 = 0u; k0 < p.cols; k0 += BK) {
+        for (var slot = tid; slot < WROWS; slot += 256u) {
+            let out_row = min(row0 + slot % BR, p.rows - 1u);
+            var row = e * p.expert_stride + out_row * p.row_step;
+            if (slot >= BR) {
+                row += p.up_offset;
+            }
+            stage_row(row, k0, slot);
+        }
+        for (var i = tid; i < BT * BK; i += 256u) {
+            let t = i / BK;
+            let k = k0 + i % BK;
+            xs[t * STRIDE + i % BK] = select(0.0, xin[input_at[t] + min(k, p.cols - 1u)], k < p.cols);
+        }
+        workgroupBarrier();
+        for (var kk = 0u; kk < BK; kk++) {
+            let xa = vec2<f32>(xs[(2u * tt) * STRIDE + kk], xs[(2u * tt + 1u) * STRIDE + kk]);
+            for (var j = 0u; j < 4u; j++) {
+                acc[j] += x[(4u * tr + j) * STRIDE + kk] * xa;
+#if GLU
+                acc_up[j] += x[(BR + 4u * tr + j) * STRIDE + kk] * xa;
+#endif
+            }
+        }
+        workgroupBarrier();
+    }
+    for (var j = 0u; j < 4u; j++) {
+        let out_row = row0 + 4u * tr + j;
+        if (out_row >= p.rows) {
+            continue;
+        }
+        let gate_row = e * p.expert_stride + out_row * p.row_step;
+        for (var i = 0u; i < 2u; i++) {
+            let t = 2u * tt + i;
+            if (t >= count) {
+                continue;
+            }
+            var v = acc[j][i];
+#if GLU
+            var u = acc_up[j][i];
+#if BIAS
+            v += bias[gate_row];
+            u += bias[gate_row + p.up_offset];
+#endif
+            v = activate(v, u);
+#else
+#if BIAS
+            v += bias[gate_row];
+#endif
+#endif
+            y[assigned[t] * p.rows + out_row] = v;
+        }
     }
 }
 #endif

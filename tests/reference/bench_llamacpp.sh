@@ -3,7 +3,7 @@
 #
 #   tests/reference/bench_llamacpp.sh --backpack target/release/backpack \
 #       [--shapes smollm2-135m,smollm2-1.7b,qwen2.5-1.5b,llama-3.2-1b] [--config FILE.json ...] \
-#       [--formats q4_0,q4_k,q8_0,f16] [--runs 3] [--prompt-len 504] [--gen 128] [--ctx 2048] \
+#       [--formats q4_0,q4_k,q8_0,f16,mxfp4] [--runs 3] [--prompt-len 504] [--gen 128] [--ctx 2048] \
 #       [--work DIR] [--offline DIR] [--json OUT.jsonl] [--adapter NAME] [--keep-models]
 #       [--backpack-warmup 1] [--backpack-bench] [--backpack-flag FLAG ...]
 #   tests/reference/bench_llamacpp.sh --stage DIR
@@ -247,7 +247,7 @@ done
 [ ${#shape_names[@]} -gt 0 ] || die "no shapes to run"
 IFS=, read -r -a format_list <<<"$formats"
 for f in "${format_list[@]}"; do
-    case $f in q4_0 | q4_k | q8_0 | f16) ;; *) die "unknown format $f (q4_0, q4_k, q8_0, f16)" ;; esac
+    case $f in q4_0 | q4_k | q8_0 | f16 | mxfp4) ;; *) die "unknown format $f (q4_0, q4_k, q8_0, f16, mxfp4)" ;; esac
 done
 
 mkdir -p "$work"

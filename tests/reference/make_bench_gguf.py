@@ -8,9 +8,12 @@ Subcommands:
         ids, add-BOS/space-prefix flags) of a GGUF file into JSON (xz-compressed when the name
         ends in .xz), so files can be written without the original model at hand.
 
-    model --config CONFIG.json --format {q4_0,q4_k,q8_0,f16} --tokenizer TOK.json[.xz] --out FILE
+    model --config CONFIG.json --format {q4_0,q4_k,q8_0,f16,mxfp4} --tokenizer TOK.json[.xz] --out FILE
         Writes a GGUF of the shape the HF config describes (`llama` architecture for Llama and
-        SmolLM2 configs, `qwen2` with Q/K/V biases for Qwen2 ones) with random weights.
+        SmolLM2 configs, `qwen2` with Q/K/V biases for Qwen2 ones, `qwen3moe` and `gpt-oss`
+        with their experts as 3-D tensors, routers, and GPT-OSS's sinks and biases) with random
+        weights; mxfp4 (mixture-of-experts shapes only) keeps the experts in MXFP4 and the rest
+        in Q8_0.
         Exits with status 3, writing nothing, when the format cannot hold the shape (Q4_K needs
         rows that are a multiple of 256 values; SmolLM2-135M's 576-wide matrices are not).
 
@@ -67,7 +70,13 @@ FORMATS = {
     "q4_k": (QT.Q4_K, gguf.LlamaFileType.MOSTLY_Q4_K_S),
     "q8_0": (QT.Q8_0, gguf.LlamaFileType.MOSTLY_Q8_0),
     "f16": (QT.F16, gguf.LlamaFileType.MOSTLY_F16),
+    # Experts in MXFP4, everything else in Q8_0 (how llama.cpp's MXFP4 files of GPT-OSS are
+    # laid out); only for mixture-of-experts shapes.
+    "mxfp4": (QT.MXFP4, gguf.LlamaFileType.MOSTLY_MXFP4_MOE),
 }
+
+# GGUF architecture names of the HF model types.
+ARCHES = {"llama": "llama", "qwen2": "qwen2", "qwen3_moe": "qwen3moe", "gpt_oss": "gpt-oss"}
 
 
 def open_text(path, mode):
@@ -186,6 +195,10 @@ def random_matrix(rng, qtype, rows, cols, zero_rows=()):
             # sign, so the means of the blocks cancel.
             sign = np.where(blocks[:, 2] & 1, 1.0, -1.0)
             blocks[:, 0:2] = f16_bits(std / 4.61 * jitter * sign)
+        elif qtype == QT.MXFP4:
+            # e2m1 codes (doubled values ±0..12, standard deviation about 5.3) times the
+            # halved e8m0 scale 2^(e - 128): e puts it near std / 5.3.
+            blocks[:, 0] = 128 + np.rint(np.log2(std / 5.3 * jitter)).astype(np.int64)
         elif qtype == QT.Q4_K:
             # d·sc·q - dmin·m per 32-value sub-block; sc 8..15, dmin = 2d, m = round(3.75·sc)
             # puts the mean at d·sc·7.5 - 2d·m ≈ 0; standard deviation ≈ d·11.5·4.61.
@@ -238,12 +251,13 @@ def rope_factors(cfg, head_dim):
 
 def shape_of(cfg):
     mt = cfg.get("model_type", "llama")
-    if mt not in ("llama", "qwen2"):
-        raise SystemExit(f"model_type {mt!r}: only llama and qwen2 configs are supported")
+    if mt not in ARCHES:
+        raise SystemExit(f"model_type {mt!r}: only {sorted(ARCHES)} configs are supported")
     hidden = cfg["hidden_size"]
     heads = cfg["num_attention_heads"]
+    experts = cfg.get("num_experts") or cfg.get("num_local_experts")
     return {
-        "arch": mt,
+        "arch": ARCHES[mt],
         "hidden": hidden,
         "inter": cfg["intermediate_size"],
         "layers": cfg["num_hidden_layers"],
@@ -252,12 +266,18 @@ def shape_of(cfg):
         "head_dim": cfg.get("head_dim") or hidden // heads,
         "vocab": cfg["vocab_size"],
         "tied": cfg.get("tie_word_embeddings", False),
-        "qkv_bias": mt == "qwen2" or cfg.get("attention_bias", False),
+        "qkv_bias": mt in ("qwen2", "gpt_oss") or cfg.get("attention_bias", False),
+        "qk_norm": mt == "qwen3_moe",
+        "experts": experts,
+        "top_k": cfg.get("num_experts_per_tok") or cfg.get("experts_per_token"),
+        "expert_inter": cfg.get("moe_intermediate_size") or cfg["intermediate_size"],
+        "gpt_oss": mt == "gpt_oss",
     }
 
 
 def tensor_plan(cfg, sh):
-    """(name, rows, cols) of the 2-D matrices and (name, length, kind) of the F32 vectors."""
+    """(name, rows, cols, kind) of the weights: 2-D matrices, 3-D expert stacks ("experts":
+    rows are experts × their rows), F32 vectors."""
     h, hd = sh["hidden"], sh["head_dim"]
     q, kv = sh["heads"] * hd, sh["kv_heads"] * hd
     plan = [("token_embd.weight", sh["vocab"], h, "matrix")]
@@ -278,22 +298,69 @@ def tensor_plan(cfg, sh):
                 (b + "attn_k.bias", kv, None, "bias"),
                 (b + "attn_v.bias", kv, None, "bias"),
             ]
-        plan += [
-            (b + "attn_output.weight", h, q, "matrix"),
-            (b + "ffn_norm.weight", h, None, "norm"),
-            (b + "ffn_gate.weight", sh["inter"], h, "matrix"),
-            (b + "ffn_up.weight", sh["inter"], h, "matrix"),
-            (b + "ffn_down.weight", h, sh["inter"], "matrix"),
-        ]
+        if sh["qk_norm"]:
+            plan += [
+                (b + "attn_q_norm.weight", hd, None, "norm"),
+                (b + "attn_k_norm.weight", hd, None, "norm"),
+            ]
+        plan.append((b + "attn_output.weight", h, q, "matrix"))
+        if sh["gpt_oss"]:
+            plan += [
+                (b + "attn_output.bias", h, None, "bias"),
+                (b + "attn_sinks.weight", sh["heads"], None, "bias"),
+                (b + "post_attention_norm.weight", h, None, "norm"),
+            ]
+        else:
+            plan.append((b + "ffn_norm.weight", h, None, "norm"))
+        if sh["experts"]:
+            e, w = sh["experts"], sh["expert_inter"]
+            plan += [
+                (b + "ffn_gate_inp.weight", e * h, None, "router"),
+                (b + "ffn_gate_exps.weight", e * w, h, "experts"),
+                (b + "ffn_up_exps.weight", e * w, h, "experts"),
+                (b + "ffn_down_exps.weight", e * h, w, "experts"),
+            ]
+            if sh["gpt_oss"]:
+                plan += [
+                    (b + "ffn_gate_inp.bias", e, None, "bias"),
+                    (b + "ffn_gate_exps.bias", e * w, None, "bias"),
+                    (b + "ffn_up_exps.bias", e * w, None, "bias"),
+                    (b + "ffn_down_exps.bias", e * h, None, "bias"),
+                ]
+        else:
+            plan += [
+                (b + "ffn_gate.weight", sh["inter"], h, "matrix"),
+                (b + "ffn_up.weight", sh["inter"], h, "matrix"),
+                (b + "ffn_down.weight", h, sh["inter"], "matrix"),
+            ]
     plan.append(("output_norm.weight", h, None, "norm"))
     if not sh["tied"]:
         plan.append(("output.weight", sh["vocab"], h, "matrix"))
     return plan, factors
 
 
+def tensor_shape(sh, tname, rows, cols, kind):
+    """The tensor's dimensions, slowest first: expert stacks are 3-D, routers `[experts][hidden]`,
+    expert biases `[experts][n]`."""
+    if kind == "experts":
+        return (sh["experts"], rows // sh["experts"], cols)
+    if kind == "router":
+        return (sh["experts"], rows // sh["experts"])
+    if tname.endswith("_exps.bias"):
+        return (sh["experts"], rows // sh["experts"])
+    return (rows,) if cols is None else (rows, cols)
+
+
+def matrix_type(qtype, kind):
+    """The format of a weight: MXFP4 files keep it for experts, Q8_0 elsewhere."""
+    if qtype == QT.MXFP4 and kind != "experts":
+        return QT.Q8_0
+    return qtype
+
+
 def unfit(plan, qtype):
     block = gguf.GGML_QUANT_SIZES[qtype][0]
-    bad = sorted({cols for _, _, cols, kind in plan if kind == "matrix" and cols % block})
+    bad = sorted({cols for _, _, cols, kind in plan if kind in ("matrix", "experts") and cols % block})
     if bad:
         return f"{qtype.name} needs rows of a multiple of {block} values; this shape has rows of {bad}"
     return None
@@ -306,6 +373,9 @@ def cmd_model(args):
     sh = shape_of(cfg)
     qtype, ftype = FORMATS[args.format]
     plan, factors = tensor_plan(cfg, sh)
+    if qtype == QT.MXFP4 and not sh["experts"]:
+        print("skip: mxfp4 is for mixture-of-experts shapes", file=sys.stderr)
+        return SKIP
     reason = unfit(plan, qtype)
     if reason:
         print(f"skip: {reason}", file=sys.stderr)
@@ -343,6 +413,18 @@ def cmd_model(args):
         w.add_uint32(f"{arch}.attention.key_length", sh["head_dim"])
         w.add_uint32(f"{arch}.attention.value_length", sh["head_dim"])
     w.add_uint32(f"{arch}.vocab_size", sh["vocab"])
+    if sh["experts"]:
+        w.add_uint32(f"{arch}.expert_count", sh["experts"])
+        w.add_uint32(f"{arch}.expert_used_count", sh["top_k"])
+        w.add_uint32(f"{arch}.expert_feed_forward_length", sh["expert_inter"])
+    if sh["gpt_oss"]:
+        w.add_uint32(f"{arch}.attention.sliding_window", int(cfg["sliding_window"]))
+        rs = cfg.get("rope_scaling") or {}
+        if rs.get("rope_type") == "yarn":
+            w.add_string(f"{arch}.rope.scaling.type", "yarn")
+            w.add_float32(f"{arch}.rope.scaling.factor", float(rs["factor"]))
+            w.add_uint32(f"{arch}.rope.scaling.original_context_length",
+                         int(rs["original_max_position_embeddings"]))
     w.add_uint32("general.file_type", int(ftype))
     w.add_uint32("general.quantization_version", gguf.GGML_QUANT_VERSION)
     w.add_string("tokenizer.ggml.model", tok["model"])
@@ -360,25 +442,31 @@ def cmd_model(args):
     # Tensor infos first, then the data one tensor at a time: memory stays at one tensor.
     head = "token_embd.weight" if sh["tied"] else "output.weight"
     for tname, rows, cols, kind in plan:
-        if kind == "matrix":
-            if qtype == QT.F16:
-                w.add_tensor_info(tname, (rows, cols), np.dtype(np.float16), rows * cols * 2)
+        dims = tensor_shape(sh, tname, rows, cols, kind)
+        if kind in ("matrix", "experts"):
+            ty = matrix_type(qtype, kind)
+            if ty == QT.F16:
+                w.add_tensor_info(tname, dims, np.dtype(np.float16), rows * cols * 2)
             else:
-                block, size = gguf.GGML_QUANT_SIZES[qtype]
+                block, size = gguf.GGML_QUANT_SIZES[ty]
                 nbytes = rows * cols // block * size
-                w.add_tensor_info(tname, (rows, cols // block * size), np.dtype(np.uint8), nbytes, raw_dtype=qtype)
+                byte_dims = (*dims[:-1], cols // block * size)
+                w.add_tensor_info(tname, byte_dims, np.dtype(np.uint8), nbytes, raw_dtype=ty)
         else:
-            w.add_tensor_info(tname, (rows,), np.dtype(np.float32), rows * 4)
+            w.add_tensor_info(tname, dims, np.dtype(np.float32), rows * 4)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_ti_data_to_file()
     rng = np.random.default_rng(args.seed)
     total = 0
     for tname, rows, cols, kind in plan:
-        if kind == "matrix":
-            data = random_matrix(rng, qtype, rows, cols, control if tname == head else ())
-            if qtype == QT.F16:
+        if kind in ("matrix", "experts"):
+            ty = matrix_type(qtype, kind)
+            data = random_matrix(rng, ty, rows, cols, control if tname == head else ())
+            if ty == QT.F16:
                 data = data.view(np.float16)
+        elif kind == "router":
+            data = (rng.standard_normal(rows) / math.sqrt(sh["hidden"])).astype(np.float32)
         elif kind == "norm":
             data = rng.uniform(0.8, 1.2, size=rows).astype(np.float32)
         elif kind == "bias":

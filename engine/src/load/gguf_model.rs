@@ -12,14 +12,14 @@ use super::template::ChatTemplate;
 use super::tokenizer::TextTokenizer;
 use crate::ops::NormKind;
 
-fn invalid(file: &GgufFile, message: String) -> LoadError {
+pub(super) fn invalid(file: &GgufFile, message: String) -> LoadError {
     LoadError::Config {
         path: file.path.clone(),
         message,
     }
 }
 
-fn req_u32(file: &GgufFile, key: &str) -> Result<u32, LoadError> {
+pub(super) fn req_u32(file: &GgufFile, key: &str) -> Result<u32, LoadError> {
     file.metadata(key)
         .and_then(GgufValue::as_u64)
         .and_then(|v| u32::try_from(v).ok())
@@ -27,7 +27,7 @@ fn req_u32(file: &GgufFile, key: &str) -> Result<u32, LoadError> {
         .ok_or_else(|| invalid(file, format!("metadata {key:?} is missing or invalid")))
 }
 
-fn opt_f32(file: &GgufFile, key: &str) -> Option<f32> {
+pub(super) fn opt_f32(file: &GgufFile, key: &str) -> Option<f32> {
     file.metadata(key)
         .and_then(GgufValue::as_f64)
         .map(|v| v as f32)

@@ -3,30 +3,10 @@
 
 use super::config::{Arch, DecoderSpec, SlidingWindow};
 use super::error::LoadError;
-use super::gguf::{GgufFile, GgufValue};
+use super::gguf::GgufFile;
+use super::gguf_model::{invalid, opt_f32, req_u32};
 use super::moe::{ExpertActivation, MoeSpec, RouterWeights};
 use super::rope::RopeScaling;
-
-fn invalid(file: &GgufFile, message: String) -> LoadError {
-    LoadError::Config {
-        path: file.path.clone(),
-        message,
-    }
-}
-
-fn req_u32(file: &GgufFile, key: &str) -> Result<u32, LoadError> {
-    file.metadata(key)
-        .and_then(GgufValue::as_u64)
-        .and_then(|v| u32::try_from(v).ok())
-        .filter(|&v| v > 0)
-        .ok_or_else(|| invalid(file, format!("metadata {key:?} is missing or invalid")))
-}
-
-fn opt_f32(file: &GgufFile, key: &str) -> Option<f32> {
-    file.metadata(key)
-        .and_then(GgufValue::as_f64)
-        .map(|v| v as f32)
-}
 
 /// The metadata prefix of a mixture-of-experts architecture.
 pub(super) fn prefix(arch: Arch) -> Option<&'static str> {

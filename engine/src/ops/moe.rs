@@ -79,7 +79,7 @@ pub struct MoeBuffers {
     weights: StorageBuffer,
     order: StorageBuffer,
     offsets: StorageBuffer,
-    active: StorageBuffer,
+    live: StorageBuffer,
     /// Expert hidden rows `[assignments][intermediate]`.
     hidden: StorageBuffer,
     /// Expert outputs `[assignments][hidden width]`.
@@ -98,7 +98,7 @@ impl MoeBuffers {
             weights: gpu.storage("expert weights", words(assignments))?,
             order: gpu.storage("assignments by expert", words(assignments))?,
             offsets: gpu.storage("expert runs", words(experts + 1))?,
-            active: gpu.storage("active experts", words(experts + 1))?,
+            live: gpu.storage("experts with tokens", words(experts + 1))?,
             hidden: gpu.storage(
                 "expert hidden rows",
                 words(assignments * u64::from(moe.intermediate)),
@@ -131,20 +131,29 @@ struct Dispatch {
     _params: UniformBuffer,
 }
 
-/// The kernels of one sparse layer after its router product: routing, grouping, the two
-/// expert products and the weighted sum into `x`.
+/// The kernels of one sparse layer after its router product: routing (with grouping by
+/// expert), the two expert products and the weighted sum into `x`: four dispatches.
 pub struct Experts {
     route: Dispatch,
-    group: Dispatch,
+    /// The products for one token (decoding) and as tiles over each expert's tokens
+    /// (prompts).
     gate_up: Dispatch,
     down: Dispatch,
+    gate_up_tiled: Dispatch,
+    down_tiled: Dispatch,
     combine: Dispatch,
     experts: u32,
     top_k: u32,
     hidden: u32,
     up_blocks: u32,
     down_blocks: u32,
+    width: u32,
 }
+
+/// Output rows and assignments of one tile of the prompts' expert products (`BR`, `BT` in
+/// the shader).
+const TILE_ROWS: u32 = 64;
+const TILE_ASSIGNMENTS: u32 = 32;
 
 impl Experts {
     /// Kernels over `w` for the normed input `xn` (`[tokens][hidden]`), adding into `x`.
@@ -186,27 +195,18 @@ impl Experts {
             vec![
                 flag("ROUTE", true),
                 ("TOP_K", top_k.clone()),
+                ("EXPERTS", moe.experts.to_string()),
                 flag("SOFTMAX_ALL", moe.weights == RouterWeights::SoftmaxOfAll),
             ],
             base,
             step,
-            &[(2, &bufs.logits), (4, &bufs.ids), (5, &bufs.weights)],
-        )?;
-        let group = dispatch(
-            gpu,
-            "moe group",
-            vec![
-                flag("GROUP", true),
-                ("TOP_K", top_k.clone()),
-                ("EXPERTS", moe.experts.to_string()),
-            ],
-            base,
-            step,
             &[
+                (2, &bufs.logits),
                 (4, &bufs.ids),
+                (5, &bufs.weights),
                 (6, &bufs.order),
                 (7, &bufs.offsets),
-                (8, &bufs.active),
+                (8, &bufs.live),
             ],
         )?;
         let (alpha, limit, clamped) = match moe.activation {
@@ -226,15 +226,30 @@ impl Experts {
             ..base
         };
         let tpr = lanes_per_row(gpu, &w.gate_up);
+        let up_side = ProductSide {
+            glu: true,
+            clamped,
+            per_token: true,
+            top_k: &top_k,
+            tpr,
+            tiled: false,
+        };
         let gate_up = expert_product(
             gpu,
             &w.gate_up,
-            ProductSide {
-                glu: true,
-                clamped,
-                per_token: true,
-                top_k: &top_k,
-                tpr,
+            &up_side,
+            up_params,
+            xn,
+            w.gate_up_bias.as_ref(),
+            bufs,
+            &bufs.hidden,
+        )?;
+        let gate_up_tiled = expert_product(
+            gpu,
+            &w.gate_up,
+            &ProductSide {
+                tiled: true,
+                ..up_side
             },
             up_params,
             xn,
@@ -252,15 +267,30 @@ impl Experts {
             ..base
         };
         let down_tpr = lanes_per_row(gpu, &w.down);
+        let down_side = ProductSide {
+            glu: false,
+            clamped: false,
+            per_token: false,
+            top_k: &top_k,
+            tpr: down_tpr,
+            tiled: false,
+        };
         let down = expert_product(
             gpu,
             &w.down,
-            ProductSide {
-                glu: false,
-                clamped: false,
-                per_token: false,
-                top_k: &top_k,
-                tpr: down_tpr,
+            &down_side,
+            down_params,
+            &bufs.hidden,
+            None,
+            bufs,
+            &bufs.outputs,
+        )?;
+        let down_tiled = expert_product(
+            gpu,
+            &w.down,
+            &ProductSide {
+                tiled: true,
+                ..down_side
             },
             down_params,
             &bufs.hidden,
@@ -290,15 +320,17 @@ impl Experts {
         )?;
         Ok(Self {
             route,
-            group,
             gate_up,
             down,
+            gate_up_tiled,
+            down_tiled,
             combine,
             experts: moe.experts,
             top_k: moe.top_k,
             hidden,
             up_blocks: moe.intermediate.div_ceil(WG / tpr),
             down_blocks: hidden.div_ceil(WG / down_tpr),
+            width: moe.intermediate,
         })
     }
 
@@ -310,10 +342,17 @@ impl Experts {
         };
         // At most one workgroup row per expert that can have tokens.
         let active = self.experts.min(n_tokens * self.top_k);
-        run(rec, &self.route, [groups_of_64(n_tokens), 1, 1]);
-        run(rec, &self.group, [1, 1, 1]);
-        run(rec, &self.gate_up, [self.up_blocks, active, 1]);
-        run(rec, &self.down, [self.down_blocks, active, 1]);
+        run(rec, &self.route, [1, 1, 1]);
+        if n_tokens == 1 {
+            run(rec, &self.gate_up, [self.up_blocks, active, 1]);
+            run(rec, &self.down, [self.down_blocks, active, 1]);
+        } else {
+            // No expert has more assignments than there are tokens.
+            let runs = n_tokens.div_ceil(TILE_ASSIGNMENTS);
+            let tiles = |rows: u32| rows.div_ceil(TILE_ROWS);
+            run(rec, &self.gate_up_tiled, [tiles(self.width), active, runs]);
+            run(rec, &self.down_tiled, [tiles(self.hidden), active, runs]);
+        }
         run(
             rec,
             &self.combine,
@@ -323,12 +362,15 @@ impl Experts {
 }
 
 /// What distinguishes the gate/up product from the down product.
+#[derive(Clone, Copy)]
 struct ProductSide<'a> {
     glu: bool,
     clamped: bool,
     per_token: bool,
     top_k: &'a str,
     tpr: u32,
+    /// The prompts' tiled form (TILED) rather than decoding's.
+    tiled: bool,
 }
 
 /// Lanes per row: enough to stride a row's units a few at a time, a power of two (one row per
@@ -352,7 +394,7 @@ fn units_of(w: &Matrix) -> u32 {
 fn expert_product(
     gpu: &Gpu,
     w: &Matrix,
-    side: ProductSide<'_>,
+    side: &ProductSide<'_>,
     params: Params,
     x: &StorageBuffer,
     bias: Option<&StorageBuffer>,
@@ -365,10 +407,21 @@ fn expert_product(
             w.cols
         )));
     }
+    let caps = gpu.caps();
+    // A row's lanes reduce by shuffles where they lie in one subgroup of fixed size.
+    let shuffles = caps.subgroups
+        && caps.subgroup_min_size == caps.subgroup_max_size
+        && side.tpr <= caps.subgroup_min_size
+        && side.tpr > 1;
+    let x_vec4 = params.cols.is_multiple_of(4) && !side.tiled;
     let mut defines = w.defines();
     defines.extend([
-        flag("EXPERT", true),
-        flag("QDOT", true),
+        flag("SGX", shuffles),
+        flag("XVEC4", x_vec4),
+        flag("EXPERT", !side.tiled),
+        flag("TILED", side.tiled),
+        flag("QDOT", !side.tiled),
+        flag("QGATHER", side.tiled),
         ("TOP_K", side.top_k.to_owned()),
         ("ROW_VECS", w.row_vecs().to_string()),
         ("UNITS", units_of(w).to_string()),
@@ -380,11 +433,12 @@ fn expert_product(
         flag("PER_TOKEN", side.per_token),
     ]);
     let mut entries = vec![
-        (2, x),
+        // Rows of whole vec4s are read only through the vec4 view.
+        (if x_vec4 { 12 } else { 2 }, x),
         (3, &w.buffer),
         (6, &bufs.order),
         (7, &bufs.offsets),
-        (8, &bufs.active),
+        (8, &bufs.live),
         (9, y),
     ];
     if let Some(b) = bias {

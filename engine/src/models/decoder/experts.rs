@@ -145,24 +145,24 @@ fn per_expert_tensors(
     let gate_up_names: Vec<String> = (0..e)
         .flat_map(|x| [name(x, "gate_proj"), name(x, "up_proj")])
         .collect();
-    let parts: Vec<Part<'_>> = gate_up_names
-        .iter()
-        .map(|name| Part {
-            name,
-            rows: i,
-            cols: d,
-        })
-        .collect();
-    let gate_up = up.matrix(&format!("{label} gate/up"), &parts, false)?;
+    let gate_up = up.matrix(
+        &format!("{label} gate/up"),
+        &parts(&gate_up_names, i, d),
+        false,
+    )?;
     let down_names: Vec<String> = (0..e).map(|x| name(x, "down_proj")).collect();
-    let parts: Vec<Part<'_>> = down_names
+    let down = up.matrix(&format!("{label} down"), &parts(&down_names, d, i), false)?;
+    Ok((gate_up, GateUpRows::per_expert(i), down))
+}
+
+/// Tensors `names`, each `rows`×`cols`, as the parts of one matrix.
+fn parts(names: &[String], rows: u32, cols: u32) -> Vec<Part<'_>> {
+    names
         .iter()
         .map(|name| Part {
-            name,
-            rows: d,
-            cols: i,
+            name: name.as_str(),
+            rows,
+            cols,
         })
-        .collect();
-    let down = up.matrix(&format!("{label} down"), &parts, false)?;
-    Ok((gate_up, GateUpRows::per_expert(i), down))
+        .collect()
 }

@@ -10,8 +10,8 @@
 //! sampler: 5·layers + 3 dispatches and one submit per token. (Where the output product
 //! cannot stage its input, attention runs whole after a separate RoPE pass: 6 per layer;
 //! Qwen3's query/key head norms add one per layer.) A sparse layer's MLP is a norm, the
-//! router's product and the five expert kernels of `ops::Experts` (route, group, gate/up,
-//! down, weighted sum): the chosen experts' ids never leave the GPU.
+//! router's product and the four expert kernels of `ops::Experts` (routing and grouping,
+//! gate/up, down, weighted sum): the chosen experts' ids never leave the GPU.
 
 use crate::Error;
 use crate::gpu::{Gpu, Recorder, StorageBuffer, UniformBuffer};
