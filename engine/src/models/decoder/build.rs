@@ -582,8 +582,26 @@ impl LayerContext<'_> {
                         ..Default::default()
                     },
                 )?;
+                // Decoding's router product: one row, where a tiled product would spend its
+                // whole k loop in one workgroup.
+                let router_mv = MatVec::new(
+                    self.gpu,
+                    &experts.router,
+                    &a.xn,
+                    &bufs.logits,
+                    self.step,
+                    MatVecOptions {
+                        bias: experts.router_bias.as_ref(),
+                        layout: MatVecLayout::for_dtype(WeightDType::F32),
+                        ..Default::default()
+                    },
+                )?;
                 let experts = Experts::new(self.gpu, moe, experts, bufs, &a.xn, &a.x, self.step)?;
-                Ok(LayerMlp::Experts { router, experts })
+                Ok(LayerMlp::Experts {
+                    router,
+                    router_mv,
+                    experts,
+                })
             }
             _ => Err(Error::Invalid(
                 "a dense MLP without its decode products".into(),

@@ -111,9 +111,13 @@ enum LayerMlp {
         glu: Option<Glu>,
         down_mm: Box<PromptProduct>,
     },
-    /// The router's product over the normed rows, then routing, the experts and their sum
-    /// into the residual stream, for decoding and prompts alike.
-    Experts { router: MatMul, experts: Experts },
+    /// The router's product over the normed rows (a decode product for one token), then
+    /// routing, the experts and their sum into the residual stream.
+    Experts {
+        router: MatMul,
+        router_mv: MatVec,
+        experts: Experts,
+    },
 }
 
 impl LayerMlp {
@@ -285,9 +289,11 @@ impl DecoderModel {
                     up_mv.encode(rec);
                     down_mv.encode(rec);
                 }
-                LayerMlp::Experts { router, experts } => {
+                LayerMlp::Experts {
+                    router_mv, experts, ..
+                } => {
                     l.mlp_norm.encode(rec, 1);
-                    router.encode(rec, 1);
+                    router_mv.encode(rec);
                     experts.encode(rec, 1);
                 }
             }
@@ -328,7 +334,9 @@ impl DecoderModel {
                     }
                     down_mm.encode(rec, n);
                 }
-                LayerMlp::Experts { router, experts } => {
+                LayerMlp::Experts {
+                    router, experts, ..
+                } => {
                     router.encode(rec, n);
                     experts.encode(rec, n);
                 }
