@@ -1,0 +1,474 @@
+//! One layer's kernels: the decode products (with their int8 handoffs), attention for
+//! prompts and decoding, norms, and the MLP (dense products, or a router and its experts).
+
+use crate::Error;
+use crate::gpu::{Gpu, StorageBuffer, UniformBuffer};
+use crate::load::{DecoderSpec, MlpKind};
+use crate::ops::{
+    Attention, CacheShape, Experts, Gelu, Glu, GluKind, HeadNorm, KvDType, MatMul, MatMulOptions,
+    MatVec, MatVecLayout, MatVecOptions, Matrix, Norm, NormKind, RopeKv, RopeTable, SplitAttention,
+    WeightDType,
+};
+
+use super::super::family::{LayerWeights, MlpWeights};
+use super::super::{Activations, Layer, LayerMlp, PromptProduct, PromptWeights, fused};
+
+/// A layer's decode products: QKV, output, and the dense MLP's up and down (none for experts).
+pub(super) type DecodeProducts = (MatVec, MatVec, Option<(MatVec, MatVec)>);
+
+/// What every layer's kernels share.
+pub(super) struct LayerContext<'a> {
+    pub(super) gpu: &'a Gpu,
+    pub(super) spec: &'a DecoderSpec,
+    pub(super) kv_dtype: KvDType,
+    /// The decode products' layout for the model's dtype (int8 inputs or not).
+    pub(super) decode_layout: MatVecLayout,
+    pub(super) capacity: u32,
+    pub(super) chunk: u32,
+    pub(super) step: &'a UniformBuffer,
+    pub(super) acts: &'a Activations,
+    /// One scratch for every k-split prompt product (they run one after another).
+    pub(super) split_scratch: &'a StorageBuffer,
+    /// Where prompt products find block-quantized weights as f16.
+    pub(super) prompt_weights: PromptWeights<'a>,
+    pub(super) rope: Option<&'a RopeTable>,
+    /// Sliding-window layers' RoPE where it differs (Gemma 3's local base).
+    pub(super) local_rope: Option<&'a RopeTable>,
+    /// Decoding splits attention over runs of keys, merged by the output product.
+    pub(super) split_attention: bool,
+}
+
+impl LayerContext<'_> {
+    fn norm_kind(&self) -> NormKind {
+        self.spec.norm
+    }
+
+    /// The GELU of an ungated MLP's up product.
+    fn gelu(&self) -> Option<Gelu> {
+        match self.spec.mlp {
+            MlpKind::Gelu(g) => Some(g),
+            MlpKind::SwiGlu | MlpKind::GeGlu => None,
+        }
+    }
+
+    fn glu(&self) -> Option<GluKind> {
+        match self.spec.mlp {
+            MlpKind::SwiGlu => Some(GluKind::Silu),
+            MlpKind::GeGlu => Some(GluKind::GeluTanh),
+            MlpKind::Gelu(_) => None,
+        }
+    }
+
+    /// Layer `i`'s cache: the whole context, or for a sliding-window layer a rolling cache of
+    /// the window plus one prompt chunk (what one submission stores before attending).
+    pub(super) fn cache_shape(&self, i: u32) -> CacheShape {
+        let spec = self.spec;
+        let mut shape = CacheShape::new(
+            spec.heads,
+            spec.kv_heads,
+            spec.head_dim,
+            self.capacity,
+            self.kv_dtype,
+        );
+        shape.scale = spec.attn_scale;
+        if let Some(w) = spec.window.as_ref().filter(|_| spec.is_local(i)) {
+            let rows = w.size.saturating_add(self.chunk - 1);
+            if rows < self.capacity {
+                shape.rows = rows;
+                shape.window = Some(w.size);
+            } else if w.size < self.capacity {
+                shape.window = Some(w.size);
+            }
+        }
+        shape
+    }
+
+    /// Layer `i`'s rotary table.
+    fn rope_of(&self, i: u32) -> Option<&RopeTable> {
+        match self.local_rope {
+            Some(local) if self.spec.is_local(i) => Some(local),
+            _ => self.rope,
+        }
+    }
+
+    /// A prompt product with `opts`' epilogue, split along k through the shared scratch.
+    fn prompt_product(
+        &self,
+        w: &Matrix,
+        x: &StorageBuffer,
+        y: &StorageBuffer,
+        opts: MatMulOptions<'_>,
+    ) -> Result<PromptProduct, Error> {
+        PromptProduct::new(
+            self.gpu,
+            self.prompt_weights,
+            w,
+            x,
+            y,
+            self.step,
+            MatMulOptions {
+                split_scratch: Some((self.split_scratch, self.chunk)),
+                ..opts
+            },
+        )
+    }
+
+    fn norm(&self, n: &(StorageBuffer, Option<StorageBuffer>)) -> Result<Norm, Error> {
+        let a = self.acts;
+        Ok(Norm::new(
+            self.gpu,
+            self.norm_kind(),
+            self.spec.hidden,
+            self.spec.norm_eps,
+            &n.0,
+            n.1.as_ref(),
+            &a.x,
+            &a.xn,
+            self.step,
+        )?)
+    }
+
+    /// The decode products of a layer: norm+QKV, output (merging split attention) + residual,
+    /// norm+up (+SwiGLU or GELU), down + residual.
+    ///
+    /// Each product whose output an int8 product reads next hands it off as int8 blocks where
+    /// it can (see [`Int8Handoff`]): the output product to the up product, the up product to
+    /// the down product, and the down product to the next layer's QKV product (`next`; the
+    /// first layer's reads the embedding's row). `qkv_handed` says whether the previous layer's
+    /// down product hands its output off. On an H100 (`bench`, 504-token prompt, none → all
+    /// three) that decoded SmolLM2-1.7B Q4_K at 779 tok/s against 741, Q8_0 669 against 651;
+    /// Llama-3.2-1B Q4_K 1,092 against 1,048, Q8_0 932 against 914; Qwen2.5-1.5B Q4_K 654
+    /// against 619, Q8_0 603 against 581.
+    pub(super) fn decode_products(
+        &self,
+        w: &LayerWeights,
+        next: Option<&LayerWeights>,
+        qkv_handed: bool,
+        cache: CacheShape,
+    ) -> Result<DecodeProducts, Error> {
+        let (gpu, a, step, eps) = (self.gpu, self.acts, self.step, self.spec.norm_eps);
+        let spec = self.spec;
+        let reads_int8 = |m: &Matrix| {
+            a.handoffs
+                .as_ref()
+                .filter(|_| MatVec::may_take_int8(m, self.decode_layout))
+        };
+        // With post-norms, the output and down products leave their result for the norm that
+        // adds it to the residual stream.
+        let (out, residual) = match &a.branch {
+            Some(branch) => (branch, false),
+            None => (&a.x, true),
+        };
+        let qkv = MatVec::new(
+            gpu,
+            &w.qkv,
+            &a.x,
+            &a.qkv,
+            step,
+            MatVecOptions {
+                norm: Some(fused(self.norm_kind(), &w.attn_norm, eps)),
+                bias: w.qkv_bias.as_ref(),
+                layout: self.decode_layout,
+                handoff_in: reads_int8(&w.qkv)
+                    .filter(|_| qkv_handed)
+                    .map(|h| &h.residual),
+                ..Default::default()
+            },
+        )?;
+        let dense = w.mlp.dense();
+        let up_in = dense.and_then(|(up, _)| reads_int8(up).map(|h| &h.residual));
+        let o = MatVec::new(
+            gpu,
+            &w.o,
+            &a.attn,
+            out,
+            step,
+            MatVecOptions {
+                bias: w.o_bias.as_ref(),
+                residual,
+                combine: self.split_attention.then_some(SplitAttention {
+                    partials: &a.split_partials,
+                    stats: &a.split_stats,
+                    heads: spec.heads,
+                    head_dim: spec.head_dim,
+                    window: cache.window,
+                }),
+                layout: self.decode_layout,
+                handoff_out: up_in.map(|h| (h, Some(&w.mlp_norm.0))),
+                ..Default::default()
+            },
+        )?;
+        let MlpWeights::Dense {
+            up: up_w,
+            up_bias,
+            down: down_w,
+            down_bias,
+        } = &w.mlp
+        else {
+            return Ok((qkv, o, None));
+        };
+        let down_in = reads_int8(down_w).map(|h| &h.hidden);
+        let up = MatVec::new(
+            gpu,
+            up_w,
+            &a.x,
+            &a.h,
+            step,
+            MatVecOptions {
+                norm: Some(fused(self.norm_kind(), &w.mlp_norm, eps)),
+                bias: up_bias.as_ref(),
+                glu: spec.mlp.gated(),
+                gelu: match spec.mlp {
+                    MlpKind::GeGlu => Some(Gelu::Tanh),
+                    _ => self.gelu(),
+                },
+                layout: self.decode_layout,
+                handoff_in: up_in.filter(|_| o.hands_off()),
+                handoff_out: down_in.map(|h| (h, None)),
+                ..Default::default()
+            },
+        )?;
+        let down = MatVec::new(
+            gpu,
+            down_w,
+            &a.h,
+            out,
+            step,
+            MatVecOptions {
+                bias: down_bias.as_ref(),
+                residual,
+                layout: self.decode_layout,
+                handoff_in: down_in.filter(|_| up.hands_off()),
+                handoff_out: next
+                    .and_then(|n| reads_int8(&n.qkv).map(|h| (&h.residual, Some(&n.attn_norm.0)))),
+                ..Default::default()
+            },
+        )?;
+        Ok((qkv, o, Some((up, down))))
+    }
+
+    /// Attention for prompts (over the cache, after a RoPE pass) and for decoding.
+    fn attentions(
+        &self,
+        cache: CacheShape,
+        table: Option<&RopeTable>,
+        k_cache: &StorageBuffer,
+        v_cache: &StorageBuffer,
+        sinks: Option<&StorageBuffer>,
+    ) -> Result<(RopeKv, Attention, Attention), Error> {
+        let (gpu, a, step) = (self.gpu, self.acts, self.step);
+        let rope = RopeKv::new(gpu, cache, table, &a.qkv, &a.q, k_cache, v_cache, step)?;
+        let whole = || match sinks {
+            Some(sinks) => {
+                Attention::with_sinks(gpu, cache, &a.q, k_cache, v_cache, &a.attn, sinks, step)
+            }
+            None => Attention::new(gpu, cache, &a.q, k_cache, v_cache, &a.attn, step),
+        };
+        let prompt = whole()?;
+        // Split runs are merged by the output product, which knows no sinks.
+        let decode = if self.split_attention && sinks.is_none() {
+            Attention::new_split(
+                gpu,
+                cache,
+                &a.qkv,
+                table,
+                k_cache,
+                v_cache,
+                &a.split_partials,
+                &a.split_stats,
+                step,
+            )?
+        } else {
+            whole()?
+        };
+        Ok((rope, prompt, decode))
+    }
+
+    /// A layer's kernels over its weights and its part of the KV cache.
+    pub(super) fn layer(
+        &self,
+        i: u32,
+        w: &LayerWeights,
+        decode_products: DecodeProducts,
+        cache: CacheShape,
+        k_cache: &StorageBuffer,
+        v_cache: &StorageBuffer,
+    ) -> Result<Layer, Error> {
+        let a = self.acts;
+        let (qkv_mv, o_mv, dense_mvs) = decode_products;
+        let (rope, attention, decode_attention) =
+            self.attentions(cache, self.rope_of(i), k_cache, v_cache, w.sinks.as_ref())?;
+        let (out, residual) = self.branch_out();
+        let post_norm = |weight: &StorageBuffer| match &a.branch {
+            Some(branch) => Norm::add_into(
+                self.gpu,
+                self.spec.hidden,
+                self.spec.norm_eps,
+                weight,
+                branch,
+                &a.x,
+                self.step,
+            ),
+            None => Err(crate::gpu::GpuError::Device(
+                "post-norms need the branch buffer".into(),
+            )),
+        };
+        let (post_attn_norm, post_mlp_norm) = match &w.post_norms {
+            Some((attn, mlp)) => (Some(post_norm(attn)?), Some(post_norm(mlp)?)),
+            None => (None, None),
+        };
+        let spec = self.spec;
+        let qk_norm = match &w.qk_norm {
+            Some((q, k)) => Some(HeadNorm::new(
+                self.gpu,
+                spec.heads,
+                spec.kv_heads,
+                spec.head_dim,
+                spec.norm_eps,
+                q,
+                k,
+                &a.qkv,
+                self.step,
+            )?),
+            None => None,
+        };
+        Ok(Layer {
+            qkv_mv,
+            qk_norm,
+            o_mv,
+            attn_norm: self.norm(&w.attn_norm)?,
+            qkv_mm: self.prompt_product(
+                &w.qkv,
+                &a.xn,
+                &a.qkv,
+                MatMulOptions {
+                    bias: w.qkv_bias.as_ref(),
+                    ..Default::default()
+                },
+            )?,
+            o_mm: self.prompt_product(
+                &w.o,
+                &a.attn,
+                out,
+                MatMulOptions {
+                    bias: w.o_bias.as_ref(),
+                    residual,
+                    ..Default::default()
+                },
+            )?,
+            post_attn_norm,
+            mlp_norm: self.norm(&w.mlp_norm)?,
+            mlp: self.mlp(&w.mlp, dense_mvs)?,
+            post_mlp_norm,
+            rope,
+            attention,
+            decode_attention,
+        })
+    }
+
+    /// Where attention and MLP outputs go: the residual stream, or the branch buffer its
+    /// post-norm reads (and then not added).
+    fn branch_out(&self) -> (&StorageBuffer, bool) {
+        match &self.acts.branch {
+            Some(branch) => (branch, false),
+            None => (&self.acts.x, true),
+        }
+    }
+
+    /// A layer's MLP kernels: the dense prompt products beside the decode products made
+    /// before, or the router and experts.
+    fn mlp(&self, w: &MlpWeights, dense_mvs: Option<(MatVec, MatVec)>) -> Result<LayerMlp, Error> {
+        let a = self.acts;
+        let (out, residual) = self.branch_out();
+        match (w, dense_mvs) {
+            (
+                MlpWeights::Dense {
+                    up,
+                    up_bias,
+                    down,
+                    down_bias,
+                },
+                Some((up_mv, down_mv)),
+            ) => {
+                let glu = self.glu();
+                // Without the gate/up buffer the product gates its own output.
+                let up_out = a.gate_up.as_ref().unwrap_or(&a.h);
+                Ok(LayerMlp::Dense {
+                    up_mv,
+                    down_mv,
+                    up_mm: self.prompt_product(
+                        up,
+                        &a.xn,
+                        up_out,
+                        MatMulOptions {
+                            bias: up_bias.as_ref(),
+                            gelu: self.gelu(),
+                            glu: glu.filter(|_| a.gate_up.is_none()),
+                            ..Default::default()
+                        },
+                    )?,
+                    glu: match (&a.gate_up, glu) {
+                        (Some(gu), Some(kind)) => Some(Glu::new(
+                            self.gpu,
+                            kind,
+                            self.spec.intermediate,
+                            gu,
+                            &a.h,
+                            self.step,
+                        )?),
+                        _ => None,
+                    },
+                    down_mm: Box::new(self.prompt_product(
+                        down,
+                        &a.h,
+                        out,
+                        MatMulOptions {
+                            bias: down_bias.as_ref(),
+                            residual,
+                            ..Default::default()
+                        },
+                    )?),
+                })
+            }
+            (MlpWeights::Experts(experts), None) => {
+                let (Some(moe), Some(bufs)) = (&self.spec.moe, &a.moe) else {
+                    return Err(Error::Invalid("experts without a routing spec".into()));
+                };
+                let router = MatMul::new(
+                    self.gpu,
+                    &experts.router,
+                    &a.xn,
+                    &bufs.logits,
+                    self.step,
+                    MatMulOptions {
+                        bias: experts.router_bias.as_ref(),
+                        ..Default::default()
+                    },
+                )?;
+                // Decoding's router product: one row, where a tiled product would spend its
+                // whole k loop in one workgroup.
+                let router_mv = MatVec::new(
+                    self.gpu,
+                    &experts.router,
+                    &a.xn,
+                    &bufs.logits,
+                    self.step,
+                    MatVecOptions {
+                        bias: experts.router_bias.as_ref(),
+                        layout: MatVecLayout::for_dtype(WeightDType::F32),
+                        ..Default::default()
+                    },
+                )?;
+                let experts = Experts::new(self.gpu, moe, experts, bufs, &a.xn, &a.x, self.step)?;
+                Ok(LayerMlp::Experts {
+                    router,
+                    router_mv,
+                    experts,
+                })
+            }
+            _ => Err(Error::Invalid(
+                "a dense MLP without its decode products".into(),
+            )),
+        }
+    }
+}

@@ -1,0 +1,408 @@
+//! The shared builder: uploads a family's weights (see `family.rs`), allocates activations and
+//! the KV cache, and creates every kernel of the decode and prompt passes.
+
+use crate::Error;
+use crate::gpu::{Gpu, StorageBuffer};
+use crate::load::{DecoderSpec, GgmlType};
+use crate::ops::{
+    Dequantize, Embed, Int8Handoff, MAX_SPLITS, MatMul, MatVec, MatVecLayout, MatVecOptions,
+    Matrix, MoeBuffers, NormKind, RopeTable, Sample, StepParams, WeightDType,
+};
+
+mod layer;
+
+use super::super::weights::{Part, Uploader, WeightSource};
+use super::family::{LayerWeights, family_of, norm_pair};
+use super::{
+    Activations, DEFAULT_CONTEXT, DecoderModel, Handoffs, ModelOptions, PIPELINE_DEPTH,
+    PromptWeights, embedding_clone,
+};
+use layer::LayerContext;
+
+/// Everything read from the checkpoint.
+struct Uploaded {
+    embedding: Matrix,
+    /// Learned positions `[max_positions][hidden]`, dense.
+    positions: Option<StorageBuffer>,
+    layers: Vec<LayerWeights>,
+    final_norm: (StorageBuffer, Option<StorageBuffer>),
+    /// None: the LM head is the embedding.
+    lm_head: Option<Matrix>,
+    bytes: u64,
+}
+
+fn upload(up: &mut Uploader<'_>, spec: &DecoderSpec) -> Result<Uploaded, Error> {
+    let family = family_of(spec.arch);
+    let prefix = family.prefix(up);
+    let name = |n| family.name(prefix, n, 0);
+    let d = spec.hidden;
+    let embed_name = name(family.embedding);
+    let embedding_parts = [Part {
+        name: &embed_name,
+        rows: spec.vocab,
+        cols: d,
+    }];
+    // The embedding (which also serves a tied LM head) keeps a GGUF file's block format; one
+    // added to learned positions on gather stays dense.
+    let embedding = if family.positions.is_some() {
+        up.dense_matrix("token embedding", &embedding_parts, false)?
+    } else {
+        up.matrix("token embedding", &embedding_parts, false)?
+    };
+    let positions = family
+        .positions
+        .map(|p| up.dense("position embedding", &name(p), spec.max_positions, d))
+        .transpose()?;
+    let layers = (0..spec.layers)
+        .map(|i| family.load_layer(up, spec, prefix, i))
+        .collect::<Result<Vec<_>, _>>()?;
+    let final_norm = norm_pair(
+        up,
+        "final norm",
+        &name(family.final_norm),
+        family.final_norm_bias.map(name).as_deref(),
+        d,
+        family.norm_offset(up),
+    )?;
+    let head_name = name(family.lm_head);
+    let lm_head = if !spec.tied_embeddings && up.has(&head_name) {
+        Some(up.matrix(
+            "lm head",
+            &[Part {
+                name: &head_name,
+                rows: spec.vocab,
+                cols: d,
+            }],
+            false,
+        )?)
+    } else {
+        None
+    };
+    Ok(Uploaded {
+        embedding,
+        positions,
+        layers,
+        final_norm,
+        lm_head,
+        bytes: up.bytes,
+    })
+}
+
+impl Activations {
+    fn new(
+        gpu: &Gpu,
+        spec: &DecoderSpec,
+        chunk: u32,
+        capacity: u32,
+        dtype: WeightDType,
+    ) -> Result<Self, Error> {
+        let f = |n: u32| u64::from(n) * 4;
+        let (t, d, hd, heads) = (chunk, spec.hidden, spec.head_dim, spec.heads);
+        let qkv_width = (heads + 2 * spec.kv_heads) * hd;
+        Ok(Self {
+            x: gpu.storage("x", f(t * d))?,
+            xn: gpu.storage("x normed", f(t * d))?,
+            qkv: gpu.storage("qkv", f(t * qkv_width))?,
+            q: gpu.storage("q", f(t * heads * hd))?,
+            attn: gpu.storage("attention out", f(t * heads * hd))?,
+            // Tensor-core products gate in their epilogue, straight into `h`.
+            gate_up: if spec.mlp.gated() && !MatMul::gates_in_epilogue(gpu) {
+                Some(gpu.storage("gate_up", f(t * 2 * spec.intermediate))?)
+            } else {
+                None
+            },
+            branch: if spec.post_norms {
+                Some(gpu.storage("attention/MLP output", f(t * d))?)
+            } else {
+                None
+            },
+            h: gpu.storage("mlp hidden", f(t * spec.intermediate))?,
+            moe: spec
+                .moe
+                .as_ref()
+                .map(|m| MoeBuffers::new(gpu, m, spec.hidden, chunk))
+                .transpose()?,
+            // Padded to whole vec4 words for the sampler.
+            logits: gpu.storage("logits", f(spec.vocab.div_ceil(4) * 4))?,
+            history: gpu.storage("token history", f(capacity + 1))?,
+            seen: gpu.storage("seen tokens", f(spec.vocab.div_ceil(32)))?,
+            split_partials: gpu.storage("attention runs", f(MAX_SPLITS * heads * hd))?,
+            split_stats: gpu.storage("attention run stats", f(2 * MAX_SPLITS * heads))?,
+            handoffs: Handoffs::new(gpu, spec, dtype)?,
+        })
+    }
+}
+
+impl Handoffs {
+    /// For RMSNorm models without post-norms (whose normed products read the residual stream
+    /// the products before them wrote), outside f32 models (which keep float inputs).
+    fn new(gpu: &Gpu, spec: &DecoderSpec, dtype: WeightDType) -> Result<Option<Self>, Error> {
+        if spec.norm != NormKind::Rms
+            || spec.post_norms
+            || dtype == WeightDType::F32
+            || !spec.hidden.is_multiple_of(32)
+            || !spec.intermediate.is_multiple_of(32)
+        {
+            return Ok(None);
+        }
+        Ok(Some(Self {
+            residual: Int8Handoff::new(gpu, spec.hidden)?,
+            hidden: Int8Handoff::new(gpu, spec.intermediate)?,
+        }))
+    }
+}
+
+impl DecoderModel {
+    /// Uploads the weights and allocates the state. Running out of GPU memory is an error
+    /// (with the sizes), not a crash.
+    pub fn build(
+        gpu: &Gpu,
+        spec: &DecoderSpec,
+        source: WeightSource<'_>,
+        opts: &ModelOptions,
+    ) -> Result<Self, Error> {
+        let device = gpu.device();
+        let oom = device.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
+        let result = Self::build_inner(gpu, spec, source, opts);
+        if let Some(err) = pollster::block_on(oom.pop()) {
+            let needed = spec.parameters() * opts.dtype.bytes();
+            return Err(Error::Invalid(format!(
+                "the GPU ran out of memory loading this model (its weights need about {:.1} GiB as {:?}, plus the KV cache): {err}",
+                needed as f64 / f64::from(1u32 << 30),
+                opts.dtype
+            )));
+        }
+        let mut model = result?;
+        gpu.finish_uploads()?;
+        // Software adapters have no first-use costs worth a prompt at load.
+        if !gpu.is_software() {
+            model.warm_up()?;
+        }
+        Ok(model)
+    }
+
+    fn build_inner(
+        gpu: &Gpu,
+        spec: &DecoderSpec,
+        source: WeightSource<'_>,
+        opts: &ModelOptions,
+    ) -> Result<Self, Error> {
+        let dtype = opts.dtype;
+        let capacity = opts
+            .context
+            .unwrap_or(DEFAULT_CONTEXT)
+            .min(spec.max_positions)
+            .max(1);
+        let chunk = opts.prefill_chunk.clamp(1, capacity);
+        let mut up = Uploader::new(gpu, source, dtype);
+        up.keep_quantized = opts.quantized;
+        up.quantize = opts.quantize;
+        let weights = upload(&mut up, spec)?;
+
+        let step = gpu.uniform("step", &StepParams::new(0, 1));
+        let acts = Activations::new(gpu, spec, chunk, capacity, dtype)?;
+        let matrices = || {
+            weights.layers.iter().flat_map(|w| {
+                let dense = w.mlp.dense();
+                [
+                    Some(&w.qkv),
+                    Some(&w.o),
+                    dense.map(|d| d.0),
+                    dense.map(|d| d.1),
+                ]
+                .into_iter()
+                .flatten()
+            })
+        };
+        let split_bytes = matrices()
+            .map(|m| MatMul::scratch_bytes(m.rows, m.cols, chunk))
+            .max()
+            .unwrap_or(0);
+        let split_scratch = gpu.storage("k-split scratch", split_bytes)?;
+        // Expanded prompt weights need the largest to fit one binding; otherwise block-quantized
+        // matrices are multiplied directly.
+        let dequant_bytes = matrices()
+            .filter(|m| expands_for_prompts(gpu, m))
+            .map(Dequantize::scratch_bytes)
+            .max();
+        let fits = |bytes: Option<u64>| {
+            bytes.is_some_and(|b| gpu.check_binding_size("prompt weights", b).is_ok())
+        };
+        // Copies need every block-quantized matrix to fit one binding as f16.
+        let quantized = || matrices().filter(|m| m.quant.is_some());
+        let copies =
+            opts.f16_prompt_weights && fits(quantized().map(Dequantize::scratch_bytes).max());
+        let dequant_scratch = match dequant_bytes {
+            Some(bytes) if !copies && fits(Some(bytes)) => {
+                Some(gpu.storage("prompt weights (expanded)", bytes)?)
+            }
+            _ => None,
+        };
+        let prompt_weights = match &dequant_scratch {
+            Some(scratch) => PromptWeights::Scratch(scratch),
+            None if copies => PromptWeights::Copies,
+            None => PromptWeights::Blocks,
+        };
+        // The f16 copies count as weights.
+        let copy_bytes: u64 = match prompt_weights {
+            PromptWeights::Copies => quantized().map(Dequantize::scratch_bytes).sum(),
+            _ => 0,
+        };
+        let table = |r: &crate::load::RopeSpec| match r.longrope(spec.rotary_dim) {
+            Some((long, _, scale)) => {
+                RopeTable::longrope(gpu, &r.inv_freq(spec.rotary_dim), &long, capacity, scale)
+            }
+            None => RopeTable::scaled(
+                gpu,
+                &r.inv_freq(spec.rotary_dim),
+                capacity,
+                r.attention_factor(),
+            ),
+        };
+        let rope = spec.rope.as_ref().map(table).transpose()?;
+        let local_rope = spec
+            .window
+            .as_ref()
+            .and_then(|w| w.rope.as_ref())
+            .filter(|_| spec.rope.is_some())
+            .map(table)
+            .transpose()?;
+        // Sinks join the softmax of whole attention only (see `LayerContext::attentions`).
+        let split_attention = MatVec::stages_input(gpu, spec.heads * spec.head_dim) && !spec.sinks;
+        let context = LayerContext {
+            gpu,
+            spec,
+            kv_dtype: opts.kv_cache.unwrap_or(dtype.into()),
+            decode_layout: MatVecLayout::for_dtype(dtype),
+            capacity,
+            chunk,
+            step: &step,
+            acts: &acts,
+            split_scratch: &split_scratch,
+            prompt_weights,
+            rope: rope.as_ref(),
+            local_rope: local_rope.as_ref(),
+            split_attention,
+        };
+        let mut cache_bytes = 0;
+        let mut layers = Vec::with_capacity(weights.layers.len());
+        // Whether the previous layer's down product hands the residual stream off.
+        let mut qkv_handed = false;
+        for (i, w) in (0..).zip(&weights.layers) {
+            let cache = context.cache_shape(i);
+            let cache_len = cache.buffer_bytes();
+            let k_cache = gpu.storage(&format!("layer {i} k cache"), cache_len)?;
+            let v_cache = gpu.storage(&format!("layer {i} v cache"), cache_len)?;
+            cache_bytes += k_cache.size + v_cache.size;
+            let next = weights.layers.get(i as usize + 1);
+            let products = context.decode_products(w, next, qkv_handed, cache)?;
+            let layer = context.layer(i, w, products, cache, &k_cache, &v_cache)?;
+            qkv_handed = layer.mlp.hands_off();
+            layers.push(layer);
+        }
+        let Uploaded {
+            embedding,
+            positions,
+            final_norm,
+            lm_head,
+            bytes: weight_bytes,
+            ..
+        } = weights;
+        let lm_head = lm_head.unwrap_or(embedding_clone(&embedding));
+        let lm_head_mv = MatVec::new(
+            gpu,
+            &lm_head,
+            &acts.x,
+            &acts.logits,
+            &step,
+            MatVecOptions {
+                norm: Some((
+                    spec.norm,
+                    &final_norm.0,
+                    final_norm.1.as_ref(),
+                    spec.norm_eps,
+                )),
+                layout: MatVecLayout::for_head(dtype),
+                ..Default::default()
+            },
+        )?;
+        let embed = Embed::new(
+            gpu,
+            &embedding,
+            positions.as_ref(),
+            &acts.history,
+            &acts.seen,
+            &acts.x,
+            &step,
+            spec.embed_scale,
+        )?;
+        let sample = Sample::new(
+            gpu,
+            spec.vocab,
+            &acts.logits,
+            &acts.history,
+            &acts.seen,
+            &step,
+        )?;
+        let staging = [
+            gpu.readback_buffer("sampled token", 4),
+            gpu.readback_buffer("sampled token", 4),
+        ];
+        let mut model = Self {
+            gpu: gpu.clone(),
+            spec: spec.clone(),
+            dtype,
+            capacity,
+            chunk,
+            step,
+            embed,
+            layers,
+            lm_head_mv,
+            lm_head,
+            final_norm,
+            sample,
+            acts,
+            staging,
+            in_flight: Default::default(),
+            seq_len: 0,
+            submitted_len: 0,
+            depth: if opts.lookahead { PIPELINE_DEPTH } else { 1 },
+            weight_bytes: weight_bytes + copy_bytes,
+            cache_bytes,
+            decode_dispatches: 0,
+            split_attention,
+            long_rope_after: spec
+                .rope
+                .as_ref()
+                .and_then(|r| r.longrope(spec.rotary_dim))
+                .map(|(_, original, _)| original),
+            prompt_len: 0,
+            last_encode: std::time::Duration::ZERO,
+            last_prompt_encode: std::time::Duration::ZERO,
+        };
+        model.decode_dispatches = model.count_decode_dispatches();
+        Ok(model)
+    }
+}
+
+/// Whether a prompt product expands `w` to f16 first (one more dispatch; the tiles then stage
+/// plain f16) rather than decoding its blocks as the tiles are staged. On tensor cores the
+/// 4- and 5-bit simple formats (Q4_0, Q4_1, Q5_0, Q5_1) go direct, without the expanded copy:
+/// on an H200 (504-token prompts, two runs each) Q4_0 prefilled level either way
+/// (SmolLM2-1.7B 23,100–23,300 tok/s direct against 23,100–23,500 expanded, Llama-3.2-1B
+/// 35,400–35,800 against 35,200–36,500, Qwen2.5-1.5B 22,300–22,900 against 22,300–22,600).
+/// Q8_0 expanded was 3–8 % faster (direct against expanded: SmolLM2-1.7B 22,000–22,200
+/// against 23,000–23,900, Llama-3.2-1B 33,700–34,500 against 35,500–36,700, Qwen2.5-1.5B
+/// 21,600–22,000 against 22,600–22,800), and the K formats decode their packed sub-block scales for every eight
+/// weights: both expand, as everything does on the SIMT tiles.
+/// `BACKPACK_PROMPT_WEIGHTS=direct|expand` forces either (comparisons).
+pub(super) fn expands_for_prompts(gpu: &Gpu, w: &Matrix) -> bool {
+    let Some((ty, _)) = w.quant else {
+        return false;
+    };
+    match std::env::var("BACKPACK_PROMPT_WEIGHTS").map(|v| v.to_ascii_lowercase()) {
+        Ok(v) if v == "direct" => false,
+        Ok(v) if v == "expand" => true,
+        _ => !gpu.caps().cooperative_matrix || ty.block_elems() == 256 || ty == GgmlType::Q8_0,
+    }
+}
