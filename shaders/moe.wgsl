@@ -1,8 +1,8 @@
 // Routed experts (a mixture-of-experts MLP) for the step's tokens, in four kernels chosen by
 // define, so that expert ids never leave the GPU:
 //
-// ROUTE: one workgroup; each token takes the TOP_K largest router logits (ties to the lower
-// expert) and their weights: a softmax over the chosen logits (SOFTMAX_ALL: the chosen
+// ROUTE: one workgroup, LANES lanes a token; each token takes the TOP_K largest router logits
+// (ties to the lower expert) and their weights: a softmax over the chosen logits (SOFTMAX_ALL: the chosen
 // experts' share of a softmax over all of them). Assignment a = token · TOP_K + slot. Then
 // the assignments are listed by expert (`order`, each expert's run from `offsets[e]`), and
 // the experts that have any (`live[0]` of them, from `live[1]` on).
@@ -21,7 +21,7 @@
 //
 // COMBINE: x[t] += Σ_slot weight · (y[assignment] + the expert's bias (BIAS)).
 //
-// Defines: ROUTE (with EXPERTS), EXPERT, TILED, COMBINE; TOP_K; SOFTMAX_ALL; QUANT (with quant.wgsl's
+// Defines: ROUTE (with EXPERTS and LANES, a power of two up to 256), EXPERT, TILED, COMBINE; TOP_K; SOFTMAX_ALL; QUANT (with quant.wgsl's
 // defines; else F16 or f32 rows of ROW_VECS vec4 words), UNITS (32-value sub-blocks of a
 // quantized row, vec4 words of a dense one), TPR (lanes per row, a power of two dividing
 // 256), SGX (a row's lanes lie in one subgroup: shuffle reductions), XVEC4 (x read through
@@ -81,43 +81,78 @@ fn before(v: f32, e: u32, best: f32, at: u32) -> bool {
     return v > best || (v == best && e < at);
 }
 
-// Routes token t: its TOP_K experts into `ids`, their weights into `weights`.
-fn route(t: u32) {
-    let base = t * p.experts;
-    var chosen: array<f32, {{TOP_K}}>;
-    // The previous choice: the next is the best of those after it in the order of choice.
-    var prev_v = 3.4e38;
-    var prev_e = 0xFFFFFFFFu;
-    for (var j = 0u; j < {{TOP_K}}u; j++) {
-        var best = -3.4e38;
-        var at = p.experts;
-        for (var e = 0u; e < p.experts; e++) {
-            let v = logits[base + e];
-            let after_prev = prev_e == 0xFFFFFFFFu || before(prev_v, prev_e, v, e);
-            if (after_prev && (at == p.experts || before(v, e, best, at))) {
-                best = v;
-                at = e;
+// Lanes that route one token together: each scans every LANES-th expert, then the lanes'
+// choices are reduced in workgroup memory. Decoding's one token takes many; a prompt's tokens
+// fill the workgroup with fewer each, as every pass waits on barriers.
+const LANES: u32 = {{LANES}}u;
+const NO_EXPERT: u32 = 0xFFFFFFFFu;
+var<workgroup> cand_v: array<f32, 256>;
+var<workgroup> cand_e: array<u32, 256>;
+
+// Whether candidate (v, e) beats (bv, be), where NO_EXPERT is no candidate.
+fn beats(v: f32, e: u32, bv: f32, be: u32) -> bool {
+    return e != NO_EXPERT && (be == NO_EXPERT || before(v, e, bv, be));
+}
+
+// Routes the workgroup's tokens LANES lanes each, 256 / LANES at a time: each of the TOP_K
+// choices is the best expert after the previous choice in the order of choice; lane 0 of a
+// token writes its experts into `ids` and their weights into `weights`.
+fn route_all(tid: u32) {
+    let lane = tid % LANES;
+    let slot = tid / LANES;
+    for (var base = 0u; base < step.n_tokens; base += 256u / LANES) {
+        let t = base + slot;
+        let valid = t < step.n_tokens;
+        let row = min(t, step.n_tokens - 1u) * p.experts;
+        var chosen: array<f32, {{TOP_K}}>;
+        var prev_v = 3.4e38;
+        var prev_e = NO_EXPERT;
+        for (var j = 0u; j < {{TOP_K}}u; j++) {
+            var bv = -3.4e38;
+            var be = NO_EXPERT;
+            for (var e = lane; e < p.experts; e += LANES) {
+                let v = logits[row + e];
+                let after_prev = prev_e == NO_EXPERT || before(prev_v, prev_e, v, e);
+                if (after_prev && beats(v, e, bv, be)) {
+                    bv = v;
+                    be = e;
+                }
+            }
+            cand_v[tid] = bv;
+            cand_e[tid] = be;
+            workgroupBarrier();
+            for (var s = LANES / 2u; s > 0u; s = s >> 1u) {
+                if (lane < s && beats(cand_v[tid + s], cand_e[tid + s], cand_v[tid], cand_e[tid])) {
+                    cand_v[tid] = cand_v[tid + s];
+                    cand_e[tid] = cand_e[tid + s];
+                }
+                workgroupBarrier();
+            }
+            prev_v = cand_v[slot * LANES];
+            prev_e = cand_e[slot * LANES];
+            workgroupBarrier();
+            chosen[j] = prev_v;
+            if (lane == 0u && valid) {
+                ids[t * {{TOP_K}}u + j] = prev_e;
+                atomicAdd(&counts[min(prev_e, p.experts - 1u)], 1u);
             }
         }
-        chosen[j] = best;
-        ids[t * {{TOP_K}}u + j] = at;
-        atomicAdd(&counts[min(at, p.experts - 1u)], 1u);
-        prev_v = best;
-        prev_e = at;
-    }
-    let top = chosen[0];
-    var total = 0.0;
+        if (lane == 0u && valid) {
+            let top = chosen[0];
+            var total = 0.0;
 #if SOFTMAX_ALL
-    for (var e = 0u; e < p.experts; e++) {
-        total += exp(logits[base + e] - top);
-    }
+            for (var e = 0u; e < p.experts; e++) {
+                total += exp(logits[row + e] - top);
+            }
 #else
-    for (var j = 0u; j < {{TOP_K}}u; j++) {
-        total += exp(chosen[j] - top);
-    }
+            for (var j = 0u; j < {{TOP_K}}u; j++) {
+                total += exp(chosen[j] - top);
+            }
 #endif
-    for (var j = 0u; j < {{TOP_K}}u; j++) {
-        weights[t * {{TOP_K}}u + j] = exp(chosen[j] - top) / total;
+            for (var j = 0u; j < {{TOP_K}}u; j++) {
+                weights[t * {{TOP_K}}u + j] = exp(chosen[j] - top) / total;
+            }
+        }
     }
 }
 
@@ -129,9 +164,7 @@ fn main(@builtin(local_invocation_index) tid: u32) {
         atomicStore(&counts[e], 0u);
     }
     workgroupBarrier();
-    for (var t = tid; t < step.n_tokens; t += 256u) {
-        route(t);
-    }
+    route_all(tid);
     workgroupBarrier();
     if (tid == 0u) {
         var start = 0u;

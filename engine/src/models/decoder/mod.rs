@@ -102,14 +102,16 @@ struct Layer {
     decode_attention: Attention,
 }
 
-/// A layer's MLP kernels: dense products, or a router and its experts.
+/// A layer's MLP kernels: dense products, or a router and its experts. One per layer, built
+/// once: the variants' sizes do not matter.
+#[allow(clippy::large_enum_variant)]
 enum LayerMlp {
     Dense {
         up_mv: MatVec,
         down_mv: MatVec,
         up_mm: PromptProduct,
         glu: Option<Glu>,
-        down_mm: Box<PromptProduct>,
+        down_mm: PromptProduct,
     },
     /// The router's product over the normed rows (a decode product for one token), then
     /// routing, the experts and their sum into the residual stream.

@@ -418,7 +418,7 @@ impl LayerContext<'_> {
                         )?),
                         _ => None,
                     },
-                    down_mm: Box::new(self.prompt_product(
+                    down_mm: self.prompt_product(
                         down,
                         &a.h,
                         out,
@@ -427,7 +427,7 @@ impl LayerContext<'_> {
                             residual,
                             ..Default::default()
                         },
-                    )?),
+                    )?,
                 })
             }
             (MlpWeights::Experts(experts), None) => {
