@@ -408,3 +408,36 @@ pub fn unix_now() -> u64 {
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_secs())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn chat(extra: Value) -> Result<Job, ApiError> {
+        let mut body = serde_json::json!({"messages": [{"role": "user", "content": "Hi"}]});
+        if let (Some(b), Some(e)) = (body.as_object_mut(), extra.as_object()) {
+            b.extend(e.clone());
+        }
+        let request: ChatRequest = serde_json::from_value(body).expect("a chat request");
+        request.job(4096)
+    }
+
+    #[test]
+    fn reasoning_effort_is_read_from_either_place_and_checked() {
+        let effort = |extra| chat(extra).map(|j| j.params.reasoning_effort);
+        assert_eq!(effort(serde_json::json!({})).ok(), Some(None));
+        assert_eq!(
+            effort(serde_json::json!({"reasoning_effort": "High"})).ok(),
+            Some(Some(ReasoningEffort::High))
+        );
+        assert_eq!(
+            effort(serde_json::json!({"chat_template_kwargs": {"reasoning_effort": "low"}})).ok(),
+            Some(Some(ReasoningEffort::Low))
+        );
+        let refused = chat(serde_json::json!({"reasoning_effort": "extreme"}))
+            .err()
+            .expect("an unknown effort is refused");
+        assert_eq!(refused.param, Some("reasoning_effort"));
+        assert_eq!(refused.status, StatusCode::BAD_REQUEST);
+    }
+}
