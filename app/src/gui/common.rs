@@ -2,6 +2,7 @@
 
 use std::path::Path;
 
+use backpack_engine::load::ReasoningEffort;
 use eframe::egui;
 
 use super::store::{Preset, Sampling};
@@ -31,9 +32,9 @@ pub fn sampling_editor(ui: &mut egui::Ui, s: &mut Sampling, context: Option<u32>
                 .selectable_label(current == Some(preset), preset.name())
                 .clicked()
             {
-                let keep = (s.max_tokens, s.seed, s.thinking);
+                let keep = (s.max_tokens, s.seed, s.thinking, s.reasoning_effort);
                 *s = preset.sampling();
-                (s.max_tokens, s.seed, s.thinking) = keep;
+                (s.max_tokens, s.seed, s.thinking, s.reasoning_effort) = keep;
             }
         }
     });
@@ -90,6 +91,24 @@ fn sampling_controls(ui: &mut egui::Ui, s: &mut Sampling, context: Option<u32>) 
                     "Reasoning models with a thinking switch (Qwen3) write their reasoning first, \
                      shown folded; off answers directly",
                 );
+            ui.end_row();
+            let l = ui.label("Reasoning effort");
+            ui.horizontal(|ui| {
+                for (effort, name) in [
+                    (None, "Default"),
+                    (Some(ReasoningEffort::Low), "Low"),
+                    (Some(ReasoningEffort::Medium), "Medium"),
+                    (Some(ReasoningEffort::High), "High"),
+                ] {
+                    ui.selectable_value(&mut s.reasoning_effort, effort, name)
+                        .labelled_by(l.id);
+                }
+            })
+            .response
+            .on_hover_text(
+                "How long models whose chat template takes it (GPT-OSS) reason before answering; \
+                 Default leaves it to the template",
+            );
             ui.end_row();
         });
 }

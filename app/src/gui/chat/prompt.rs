@@ -52,7 +52,7 @@ pub fn generate_params(s: &Sampling) -> GenerateParams {
         },
         // Templates keep their own default unless thinking is turned off.
         thinking: (!s.thinking).then_some(false),
-        reasoning_effort: None,
+        reasoning_effort: s.reasoning_effort,
     }
 }
 

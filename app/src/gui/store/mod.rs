@@ -12,6 +12,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::{Context, Result};
+use backpack_engine::load::ReasoningEffort;
 use serde::{Deserialize, Serialize};
 
 use image::ImageSettings;
@@ -49,6 +50,8 @@ pub struct Sampling {
     pub seed: Option<u64>,
     /// Reasoning models with a thinking switch (Qwen3) think before answering.
     pub thinking: bool,
+    /// How hard models whose template takes it (GPT-OSS) think; None: the template's default.
+    pub reasoning_effort: Option<ReasoningEffort>,
 }
 
 impl Default for Sampling {
@@ -90,6 +93,7 @@ impl Preset {
             max_tokens: 512,
             seed: None,
             thinking: true,
+            reasoning_effort: None,
         }
     }
 
