@@ -564,3 +564,16 @@ fn reasoning_effort_reaches_the_chat_template() {
     );
     assert!(high.ends_with("<|start|>user<|message|>Colour of the sky?<|end|><|start|>assistant"));
 }
+
+/// A GGUF file names one end-of-text token; a harmony model's answer still ends at
+/// `<|return|>` and at `<|call|>`, as GPT-OSS's generation config says.
+#[test]
+fn harmony_models_stop_at_return_and_call_from_gguf_too() {
+    for file in ["tiny-gpt-oss-mxfp4", "tiny-gpt-oss-mxfp4.gguf"] {
+        let m = load(file, WeightDType::F32);
+        for token in ["<|return|>", "<|call|>"] {
+            let id = m.tokenizer.token_to_id(token).expect("a harmony token");
+            assert!(m.eos_ids().contains(&id), "{file}: {token} does not stop");
+        }
+    }
+}

@@ -34,6 +34,11 @@ impl HarmonyTokens {
             call: id("<|call|>"),
         })
     }
+
+    /// The tokens that end an answer: `<|return|>` (done) and `<|call|>` (a tool is called).
+    pub fn stops(&self) -> impl Iterator<Item = u32> {
+        self.ret.into_iter().chain(self.call)
+    }
 }
 
 #[derive(Debug)]

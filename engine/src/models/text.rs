@@ -200,6 +200,15 @@ impl TextModel {
         if eos_ids.is_empty() {
             eos_ids.extend(tokenizer.eos_token_id());
         }
+        // A harmony answer ends at <|return|> or <|call|> whatever else the file names (a
+        // GGUF file names one end-of-text token).
+        if let Some(harmony) = HarmonyTokens::of(&tokenizer) {
+            for id in harmony.stops() {
+                if !eos_ids.contains(&id) {
+                    eos_ids.push(id);
+                }
+            }
+        }
         // A tokenizer's first encode also sets up its caches (about 0.25 ms of a 500-token
         // prompt with SmolLM2's): done here, it stays out of the first answer's wait.
         let _ = tokenizer.encode(TOKENIZER_WARM_UP, false);
