@@ -21,7 +21,8 @@
 //
 // COMBINE: x[t] += Σ_slot weight · (y[assignment] + the expert's bias (BIAS)).
 //
-// Defines: ROUTE (with EXPERTS and LANES, a power of two up to 256), EXPERT, TILED, COMBINE; TOP_K; SOFTMAX_ALL; QUANT (with quant.wgsl's
+// Defines: ROUTE (with EXPERTS and LANES, a power of two up to 256), EXPERT, TILED (both with
+// PRODUCT), COMBINE; TOP_K; SOFTMAX_ALL; QUANT (with quant.wgsl's
 // defines; else F16 or f32 rows of ROW_VECS vec4 words), UNITS (32-value sub-blocks of a
 // quantized row, vec4 words of a dense one), TPR (lanes per row, a power of two dividing
 // 256), SGX (a row's lanes lie in one subgroup: shuffle reductions), XVEC4 (x read through
@@ -192,6 +193,55 @@ fn main(@builtin(local_invocation_index) tid: u32) {
 }
 #endif
 
+#if PRODUCT
+// What both forms of the expert products (EXPERT, TILED) share: the routing state they read,
+// the live expert a workgroup takes, and how an output is made from its row sums.
+@group(0) @binding(6) var<storage, read> order: array<u32>;
+@group(0) @binding(7) var<storage, read> offsets: array<u32>;
+@group(0) @binding(8) var<storage, read> live: array<u32>;
+@group(0) @binding(9) var<storage, read_write> y: array<f32>;
+#if BIAS
+@group(0) @binding(10) var<storage, read> bias: array<f32>;
+#endif
+
+var<workgroup> run: vec3<u32>;
+
+// The s-th live expert's id, first assignment (in `order`) and assignment count, the same for
+// every invocation; no assignments past the last live expert.
+fn expert_run(tid: u32, s: u32) -> vec3<u32> {
+    if (tid == 0u) {
+        var e = 0u;
+        var first = 0u;
+        var count = 0u;
+        if (s < live[0]) {
+            e = live[1u + s];
+            first = offsets[e];
+            count = offsets[e + 1u] - first;
+        }
+        run = vec3<u32>(e, first, count);
+    }
+    return workgroupUniformLoad(&run);
+}
+
+// An output from its gate row's sum (and with GLU its up row's), biases in the rows' order.
+fn output_value(gate_row: u32, sum: f32, up_sum: f32) -> f32 {
+    var v = sum;
+#if GLU
+    var u = up_sum;
+#if BIAS
+    v += bias[gate_row];
+    u += bias[gate_row + p.up_offset];
+#endif
+    return activate(v, u);
+#else
+#if BIAS
+    v += bias[gate_row];
+#endif
+    return v;
+#endif
+}
+#endif
+
 #if EXPERT
 @group(0) @binding(2) var<storage, read> x: array<f32>;
 #if XVEC4
@@ -203,13 +253,6 @@ fn main(@builtin(local_invocation_index) tid: u32) {
 #else
 @group(0) @binding(3) var<storage, read> w: array<vec4<f32>>;
 #endif
-#endif
-@group(0) @binding(6) var<storage, read> order: array<u32>;
-@group(0) @binding(7) var<storage, read> offsets: array<u32>;
-@group(0) @binding(8) var<storage, read> live: array<u32>;
-@group(0) @binding(9) var<storage, read_write> y: array<f32>;
-#if BIAS
-@group(0) @binding(10) var<storage, read> bias: array<f32>;
 #endif
 
 const WG: u32 = 256u;
@@ -255,7 +298,6 @@ var<workgroup> red: array<vec4<f32>, WG>;
 #if GLU
 var<workgroup> red_up: array<vec4<f32>, WG>;
 #endif
-var<workgroup> run: vec3<u32>;
 
 // Sums each lane group's values into its first lane (every invocation calls it alike).
 #if SGX
@@ -292,19 +334,7 @@ fn lanes_sum(tid: u32, lane: u32) {
 
 @compute @workgroup_size(256)
 fn main(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id) wid: vec3<u32>) {
-    if (tid == 0u) {
-        let listed = live[0];
-        var e = 0u;
-        var first = 0u;
-        var count = 0u;
-        if (wid.y < listed) {
-            e = live[1u + wid.y];
-            first = offsets[e];
-            count = offsets[e + 1u] - first;
-        }
-        run = vec3<u32>(e, first, count);
-    }
-    let r = workgroupUniformLoad(&run);
+    let r = expert_run(tid, wid.y);
     let e = r.x;
     let first = r.y;
     let count = r.z;
@@ -349,20 +379,12 @@ fn main(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id) wid: v
             for (var i = 0u; i < {{TB}}u; i++) {
                 if (c0 + i < count) {
                     let a = order[first + c0 + i];
-                    var v = sums[i];
 #if GLU
-                    var u = ups[i];
-#if BIAS
-                    v += bias[gate_row];
-                    u += bias[gate_row + p.up_offset];
-#endif
-                    v = activate(v, u);
+                    let up = ups[i];
 #else
-#if BIAS
-                    v += bias[gate_row];
+                    let up = 0.0;
 #endif
-#endif
-                    y[a * p.rows + out_row] = v;
+                    y[a * p.rows + out_row] = output_value(gate_row, sums[i], up);
                 }
             }
         }
@@ -385,13 +407,6 @@ fn main(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id) wid: v
 @group(0) @binding(3) var<storage, read> w: array<vec4<f32>>;
 #endif
 #endif
-@group(0) @binding(6) var<storage, read> order: array<u32>;
-@group(0) @binding(7) var<storage, read> offsets: array<u32>;
-@group(0) @binding(8) var<storage, read> live: array<u32>;
-@group(0) @binding(9) var<storage, read_write> y: array<f32>;
-#if BIAS
-@group(0) @binding(10) var<storage, read> bias: array<f32>;
-#endif
 
 const BR: u32 = 64u;
 const BT: u32 = 32u;
@@ -408,7 +423,6 @@ const WROWS: u32 = BR;
 // The staged weights: named `x` because quant.wgsl's q_gather writes there.
 var<workgroup> x: array<f32, WROWS * STRIDE>;
 var<workgroup> xs: array<f32, BT * STRIDE>;
-var<workgroup> run: vec3<u32>;
 var<workgroup> assigned: array<u32, BT>;
 var<workgroup> input_at: array<u32, BT>;
 
@@ -439,19 +453,7 @@ fn stage_row(row: u32, k0: u32, slot: u32) {
 
 @compute @workgroup_size(256)
 fn main(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id) wid: vec3<u32>) {
-    if (tid == 0u) {
-        let listed = live[0];
-        var e = 0u;
-        var first = 0u;
-        var count = 0u;
-        if (wid.y < listed) {
-            e = live[1u + wid.y];
-            first = offsets[e];
-            count = offsets[e + 1u] - first;
-        }
-        run = vec3<u32>(e, first, count);
-    }
-    let r = workgroupUniformLoad(&run);
+    let r = expert_run(tid, wid.y);
     let e = r.x;
     let t0 = wid.z * BT;
     if (t0 >= r.z) {
@@ -512,20 +514,12 @@ fn main(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id) wid: v
             if (t >= count) {
                 continue;
             }
-            var v = acc[j][i];
 #if GLU
-            var u = acc_up[j][i];
-#if BIAS
-            v += bias[gate_row];
-            u += bias[gate_row + p.up_offset];
-#endif
-            v = activate(v, u);
+            let up = acc_up[j][i];
 #else
-#if BIAS
-            v += bias[gate_row];
+            let up = 0.0;
 #endif
-#endif
-            y[assigned[t] * p.rows + out_row] = v;
+            y[assigned[t] * p.rows + out_row] = output_value(gate_row, acc[j][i], up);
         }
     }
 }

@@ -431,6 +431,7 @@ fn expert_product(
     defines.extend([
         flag("SGX", shuffles),
         flag("XVEC4", x_vec4),
+        flag("PRODUCT", true),
         flag("EXPERT", !side.tiled),
         flag("TILED", side.tiled),
         flag("QDOT", !side.tiled),
