@@ -1,11 +1,13 @@
 // Routed experts (a mixture-of-experts MLP) for the step's tokens, in four kernels chosen by
 // define, so that expert ids never leave the GPU:
 //
-// ROUTE: one workgroup, LANES lanes a token; each token takes the TOP_K largest router logits
-// (ties to the lower expert) and their weights: a softmax over the chosen logits (SOFTMAX_ALL: the chosen
+// ROUTE: LANES lanes a token; each token takes the TOP_K largest router logits (ties to the
+// lower expert) and their weights: a softmax over the chosen logits (SOFTMAX_ALL: the chosen
 // experts' share of a softmax over all of them). Assignment a = token · TOP_K + slot. Then
 // the assignments are listed by expert (`order`, each expert's run from `offsets[e]`), and
-// the experts that have any (`live[0]` of them, from `live[1]` on).
+// the experts that have any (`live[0]` of them, from `live[1]` on). One workgroup does both
+// for a decoded token; for prompts, SPLIT routes 256 / LANES tokens a workgroup and GROUP
+// (one workgroup) lists them.
 //
 // EXPERT: workgroup (b, s) computes row block b of the s-th active expert for every
 // assignment routed to it, so each expert's rows are read once per TB assignments, whatever
@@ -21,7 +23,8 @@
 //
 // COMBINE: x[t] += Σ_slot weight · (y[assignment] + the expert's bias (BIAS)).
 //
-// Defines: ROUTE (with EXPERTS and LANES, a power of two up to 256), EXPERT, TILED (both with
+// Defines: ROUTE (with EXPERTS and LANES, a power of two up to 256; SPLIT), GROUP (with
+// EXPERTS), IDS (either of them), GROUPING (the kernel that lists), EXPERT, TILED (both with
 // PRODUCT), COMBINE; TOP_K; SOFTMAX_ALL; QUANT (with quant.wgsl's
 // defines; else F16 or f32 rows of ROW_VECS vec4 words), UNITS (32-value sub-blocks of a
 // quantized row, vec4 words of a dense one), TPR (lanes per row, a power of two dividing
@@ -67,14 +70,61 @@ fn activate(gate: f32, up: f32) -> f32 {
 
 #if ROUTE
 @group(0) @binding(2) var<storage, read> logits: array<f32>;
-@group(0) @binding(4) var<storage, read_write> ids: array<u32>;
 @group(0) @binding(5) var<storage, read_write> weights: array<f32>;
+#endif
+#if IDS
+@group(0) @binding(4) var<storage, read_write> ids: array<u32>;
+#endif
+#if GROUPING
 @group(0) @binding(6) var<storage, read_write> order: array<u32>;
 @group(0) @binding(7) var<storage, read_write> offsets: array<u32>;
 @group(0) @binding(8) var<storage, read_write> live: array<u32>;
 
 var<workgroup> counts: array<atomic<u32>, {{EXPERTS}}>;
 var<workgroup> cursor: array<atomic<u32>, {{EXPERTS}}>;
+
+// Lists the step's assignments by expert (every expert's count is in `counts`). One
+// workgroup, as each expert's run must be known before any expert product starts.
+fn group(tid: u32) {
+    if (tid == 0u) {
+        var start = 0u;
+        var listed = 0u;
+        for (var e = 0u; e < p.experts; e++) {
+            let c = atomicLoad(&counts[e]);
+            offsets[e] = start;
+            atomicStore(&cursor[e], start);
+            if (c > 0u) {
+                live[1u + listed] = e;
+                listed += 1u;
+            }
+            start += c;
+        }
+        offsets[p.experts] = start;
+        live[0] = listed;
+    }
+    workgroupBarrier();
+    // Within an expert's run the order is whatever the atomics give: every assignment's
+    // output has a place of its own, so the results do not depend on it.
+    for (var a = tid; a < step.n_tokens * {{TOP_K}}u; a += 256u) {
+        let at = atomicAdd(&cursor[min(ids[a], p.experts - 1u)], 1u);
+        order[at] = a;
+    }
+}
+
+fn count_assignments(tid: u32) {
+    for (var a = tid; a < step.n_tokens * {{TOP_K}}u; a += 256u) {
+        atomicAdd(&counts[min(ids[a], p.experts - 1u)], 1u);
+    }
+}
+
+fn zero_counts(tid: u32) {
+    for (var e = tid; e < p.experts; e += 256u) {
+        atomicStore(&counts[e], 0u);
+    }
+}
+#endif
+
+#if ROUTE
 
 // Whether (v, e) comes before (best, at) in the order of choice: larger logits first, equal
 // ones by lower expert.
@@ -95,15 +145,15 @@ fn beats(v: f32, e: u32, bv: f32, be: u32) -> bool {
     return e != NO_EXPERT && (be == NO_EXPERT || before(v, e, bv, be));
 }
 
-// Routes the workgroup's tokens LANES lanes each, 256 / LANES at a time: each of the TOP_K
+// Routes tokens first .. end LANES lanes each, 256 / LANES at a time: each of the TOP_K
 // choices is the best expert after the previous choice in the order of choice; lane 0 of a
 // token writes its experts into `ids` and their weights into `weights`.
-fn route_all(tid: u32) {
+fn route_tokens(tid: u32, first: u32, end: u32) {
     let lane = tid % LANES;
     let slot = tid / LANES;
-    for (var base = 0u; base < step.n_tokens; base += 256u / LANES) {
+    for (var base = first; base < end; base += 256u / LANES) {
         let t = base + slot;
-        let valid = t < step.n_tokens;
+        let valid = t < end;
         let row = min(t, step.n_tokens - 1u) * p.experts;
         var chosen: array<f32, {{TOP_K}}>;
         var prev_v = 3.4e38;
@@ -135,7 +185,6 @@ fn route_all(tid: u32) {
             chosen[j] = prev_v;
             if (lane == 0u && valid) {
                 ids[t * {{TOP_K}}u + j] = prev_e;
-                atomicAdd(&counts[min(prev_e, p.experts - 1u)], 1u);
             }
         }
         if (lane == 0u && valid) {
@@ -157,39 +206,37 @@ fn route_all(tid: u32) {
     }
 }
 
-// One workgroup: routes every token, then lists the assignments by expert. One dispatch, as
-// each expert's run must be known before any expert product starts.
+#if SPLIT
+// Workgroup w routes tokens w · 256 / LANES onwards; GROUP lists them afterwards.
+@compute @workgroup_size(256)
+fn main(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id) wid: vec3<u32>) {
+    let first = wid.x * (256u / LANES);
+    route_tokens(tid, first, min(first + 256u / LANES, step.n_tokens));
+}
+#else
+// One workgroup routes every token, then lists the assignments by expert.
 @compute @workgroup_size(256)
 fn main(@builtin(local_invocation_index) tid: u32) {
-    for (var e = tid; e < p.experts; e += 256u) {
-        atomicStore(&counts[e], 0u);
-    }
+    zero_counts(tid);
+    route_tokens(tid, 0u, step.n_tokens);
+    // Other invocations' `ids` are read next.
+    storageBarrier();
     workgroupBarrier();
-    route_all(tid);
+    count_assignments(tid);
     workgroupBarrier();
-    if (tid == 0u) {
-        var start = 0u;
-        var listed = 0u;
-        for (var e = 0u; e < p.experts; e++) {
-            let c = atomicLoad(&counts[e]);
-            offsets[e] = start;
-            atomicStore(&cursor[e], start);
-            if (c > 0u) {
-                live[1u + listed] = e;
-                listed += 1u;
-            }
-            start += c;
-        }
-        offsets[p.experts] = start;
-        live[0] = listed;
-    }
+    group(tid);
+}
+#endif
+#endif
+
+#if GROUP
+@compute @workgroup_size(256)
+fn main(@builtin(local_invocation_index) tid: u32) {
+    zero_counts(tid);
     workgroupBarrier();
-    // Within an expert's run the order is whatever the atomics give: every assignment's
-    // output has a place of its own, so the results do not depend on it.
-    for (var a = tid; a < step.n_tokens * {{TOP_K}}u; a += 256u) {
-        let at = atomicAdd(&cursor[min(ids[a], p.experts - 1u)], 1u);
-        order[at] = a;
-    }
+    count_assignments(tid);
+    workgroupBarrier();
+    group(tid);
 }
 #endif
 
@@ -204,7 +251,41 @@ fn main(@builtin(local_invocation_index) tid: u32) {
 @group(0) @binding(10) var<storage, read> bias: array<f32>;
 #endif
 
+// The products' input rows (row a / TOP_K of the normed hidden states, PER_TOKEN, or row a of
+// the hidden rows), with XVEC4 also as vec4 words; dense weights (block formats are
+// quant.wgsl's `qw`).
+@group(0) @binding(2) var<storage, read> xin: array<f32>;
+#if XVEC4
+@group(0) @binding(12) var<storage, read> xv: array<vec4<f32>>;
+#endif
+#if !QUANT
+#if F16
+@group(0) @binding(3) var<storage, read> w: array<vec4<u32>>;
+#else
+@group(0) @binding(3) var<storage, read> w: array<vec4<f32>>;
+#endif
+#endif
+
 var<workgroup> run: vec3<u32>;
+
+// Four inputs of the row at `xbase` from k0 (zero past the row's end); quant.wgsl's q_dot
+// reads through it.
+fn xin4(xbase: u32, k0: u32) -> vec4<f32> {
+#if XVEC4
+    if (k0 < p.cols) {
+        return xv[(xbase + k0) / 4u];
+    }
+    return vec4<f32>(0.0);
+#else
+    var v = vec4<f32>(0.0);
+    for (var i = 0u; i < 4u; i++) {
+        if (k0 + i < p.cols) {
+            v[i] = xin[xbase + k0 + i];
+        }
+    }
+    return v;
+#endif
+}
 
 // The s-th live expert's id, first assignment (in `order`) and assignment count, the same for
 // every invocation; no assignments past the last live expert.
@@ -243,39 +324,9 @@ fn output_value(gate_row: u32, sum: f32, up_sum: f32) -> f32 {
 #endif
 
 #if EXPERT
-@group(0) @binding(2) var<storage, read> x: array<f32>;
-#if XVEC4
-@group(0) @binding(12) var<storage, read> xv: array<vec4<f32>>;
-#endif
-#if !QUANT
-#if F16
-@group(0) @binding(3) var<storage, read> w: array<vec4<u32>>;
-#else
-@group(0) @binding(3) var<storage, read> w: array<vec4<f32>>;
-#endif
-#endif
 
 const WG: u32 = 256u;
 const ROWS: u32 = WG / {{TPR}}u;
-
-// Four inputs of the row at `xbase` from k0 (zero past the row's end); quant.wgsl's q_dot
-// reads through it.
-fn xin4(xbase: u32, k0: u32) -> vec4<f32> {
-#if XVEC4
-    if (k0 < p.cols) {
-        return xv[(xbase + k0) / 4u];
-    }
-    return vec4<f32>(0.0);
-#else
-    var v = vec4<f32>(0.0);
-    for (var i = 0u; i < 4u; i++) {
-        if (k0 + i < p.cols) {
-            v[i] = x[xbase + k0 + i];
-        }
-    }
-    return v;
-#endif
-}
 
 // Unit u of weight row `row` against the input row at `xbase`.
 fn unit_dot(row: u32, u: u32, xbase: u32) -> f32 {
@@ -399,15 +450,6 @@ fn main(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id) wid: v
 // weight rows (decoded once for all BT assignments) and of the assignments' input rows in
 // workgroup memory, as a tiled matrix product does. Each invocation keeps 4 rows × 2
 // assignments (and their up rows with GLU).
-@group(0) @binding(2) var<storage, read> xin: array<f32>;
-#if !QUANT
-#if F16
-@group(0) @binding(3) var<storage, read> w: array<vec4<u32>>;
-#else
-@group(0) @binding(3) var<storage, read> w: array<vec4<f32>>;
-#endif
-#endif
-
 const BR: u32 = 64u;
 const BT: u32 = 32u;
 const BK: u32 = 32u;

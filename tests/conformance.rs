@@ -426,3 +426,172 @@ fn the_vocabulary_rule_agrees_with_published_flags() {
     }
     assert!(checked >= 1, "a published Whisper folder with the flag");
 }
+
+/// The published GPT-OSS harmony template renders as transformers renders it, for every
+/// recorded case the chat path produces (plain role/content messages, the generation prompt
+/// and the reasoning effort); the date line is today's in both.
+#[test]
+fn gpt_oss_harmony_template_renders_as_transformers_does() {
+    use backpack_engine::load::{ChatTemplate, ReasoningEffort};
+    let source =
+        String::from_utf8(bytes("models/openai--gpt-oss-20b/chat_template.jinja")).expect("utf-8");
+    let template = ChatTemplate::new(&source, "<|startoftext|>", "<|return|>").expect("template");
+    let renders = json("models/transformers5-render--gpt-oss-20b/chat_template_renders.json");
+    let dated = |text: &str| -> String {
+        text.lines()
+            .map(|line| match line.strip_prefix("Current date: ") {
+                Some(date) => {
+                    let digits = date.replace('-', "");
+                    assert!(date.len() == 10 && digits.len() == 8, "{line}");
+                    assert!(digits.chars().all(|c| c.is_ascii_digit()), "{line}");
+                    "Current date: (today)".to_owned()
+                }
+                None => line.to_owned(),
+            })
+            .collect::<Vec<_>>()
+            .join("\n")
+    };
+    let mut checked = 0;
+    for case in renders["cases"].as_array().expect("cases") {
+        let kwargs = case["kwargs"].as_object().expect("kwargs");
+        let plain = case["messages"]
+            .as_array()
+            .expect("messages")
+            .iter()
+            .all(|m| m.as_object().is_some_and(|o| o.len() == 2));
+        let known = kwargs
+            .keys()
+            .all(|k| k == "add_generation_prompt" || k == "reasoning_effort");
+        if !plain || !known || !case["tools"].is_null() {
+            continue;
+        }
+        let messages: Vec<ChatMessage> = case["messages"]
+            .as_array()
+            .expect("messages")
+            .iter()
+            .map(|m| {
+                ChatMessage::new(
+                    m["role"].as_str().expect("role"),
+                    m["content"].as_str().expect("content"),
+                )
+            })
+            .collect();
+        let switches = ChatSwitches {
+            reasoning_effort: kwargs
+                .get("reasoning_effort")
+                .and_then(Value::as_str)
+                .map(|e| ReasoningEffort::parse(e).expect("effort")),
+            ..Default::default()
+        };
+        let generation = kwargs["add_generation_prompt"].as_bool().expect("bool");
+        let got = template
+            .render(&messages, generation, switches)
+            .unwrap_or_else(|e| panic!("{}: {e}", case["name"]));
+        let want = case["rendered"].as_str().expect("rendered");
+        assert_eq!(dated(&got), dated(want), "{}", case["name"]);
+        checked += 1;
+    }
+    assert_eq!(checked, 4);
+}
+
+/// The published mixture-of-experts configs read as their model cards describe them: GPT-OSS's
+/// 32 experts top-4 with sinks, alternating 128-token windows and YaRN ×32; Qwen3-30B-A3B's
+/// 128 experts top-8 on every layer; 21B / 3.6B and 30.5B / 3.3B parameters, total / active,
+/// as the model cards count them.
+#[test]
+fn moe_configs_as_published() {
+    use backpack_engine::load::{Arch, ExpertActivation, RopeScaling, RouterWeights};
+    let spec = |path: &str| DecoderSpec::from_file(&corpus(path)).expect(path);
+    let billions = |n: u64| n as f64 / 1e9;
+
+    let oss = spec("models/openai--gpt-oss-20b/config.json");
+    assert_eq!(oss.arch, Arch::GptOss);
+    assert_eq!(
+        (
+            oss.layers,
+            oss.hidden,
+            oss.heads,
+            oss.kv_heads,
+            oss.head_dim
+        ),
+        (24, 2880, 64, 8, 64)
+    );
+    assert!(oss.sinks && oss.qkv_bias && oss.out_bias);
+    let moe = oss.moe.as_ref().expect("experts");
+    assert_eq!((moe.experts, moe.top_k, moe.intermediate), (32, 4, 2880));
+    assert_eq!(moe.weights, RouterWeights::SoftmaxOfChosen);
+    assert_eq!(
+        moe.activation,
+        ExpertActivation::ClampedSwiGlu {
+            alpha: 1.702,
+            limit: 7.0
+        }
+    );
+    assert!(moe.biases && moe.sparse.iter().all(|&s| s) && moe.sparse.len() == 24);
+    let window = oss.window.as_ref().expect("window");
+    assert_eq!(window.size, 128);
+    assert!((0..24).all(|l| window.local[l] == (l % 2 == 0)));
+    let rope = oss.rope.as_ref().expect("rope");
+    assert_eq!(rope.theta, 150_000.0);
+    let RopeScaling::Yarn {
+        factor,
+        beta_fast,
+        beta_slow,
+        original,
+        truncate,
+        ..
+    } = rope.scaling
+    else {
+        panic!("YaRN expected: {:?}", rope.scaling)
+    };
+    assert_eq!(
+        (factor, beta_fast, beta_slow, original),
+        (32.0, 32.0, 1.0, 4096.0)
+    );
+    assert!(!truncate);
+    assert!((rope.attention_factor() - (0.1 * 32f32.ln() + 1.0)).abs() < 1e-6);
+    assert!((20.5..21.5).contains(&billions(oss.parameters())));
+    // OpenAI's 3.6B active leaves the embedding table out (Qwen's 3.3B counts it).
+    let table = u64::from(oss.vocab) * u64::from(oss.hidden);
+    assert!((3.5..3.7).contains(&billions(oss.active_parameters() - table)));
+    let generation =
+        GenerationConfig::from_dir(&corpus("models/openai--gpt-oss-20b")).expect("generation");
+    assert_eq!(generation.eos_token_ids, [200_002, 199_999]);
+
+    for (path, theta, positions) in [
+        ("models/Qwen--Qwen3-30B-A3B/config.json", 1e6, 40_960),
+        (
+            "models/Qwen--Qwen3-30B-A3B-Instruct-2507/config.json",
+            1e7,
+            262_144,
+        ),
+        (
+            "models/Qwen--Qwen3-Coder-30B-A3B-Instruct/config.json",
+            1e7,
+            262_144,
+        ),
+    ] {
+        let qwen = spec(path);
+        assert_eq!(qwen.arch, Arch::Qwen3Moe, "{path}");
+        assert_eq!((qwen.layers, qwen.hidden, qwen.kv_heads), (48, 2048, 4));
+        assert!(qwen.qk_norm && !qwen.sinks && qwen.window.is_none());
+        let moe = qwen.moe.as_ref().expect("experts");
+        assert_eq!((moe.experts, moe.top_k, moe.intermediate), (128, 8, 768));
+        assert_eq!(moe.weights, RouterWeights::SoftmaxOfChosen);
+        assert_eq!(moe.activation, ExpertActivation::SwiGlu);
+        assert!(!moe.biases && moe.sparse.iter().all(|&s| s) && moe.sparse.len() == 48);
+        assert_eq!(qwen.rope.as_ref().expect("rope").theta, theta, "{path}");
+        assert_eq!(qwen.max_positions, positions, "{path}");
+        assert!(
+            (30.0..31.0).contains(&billions(qwen.parameters())),
+            "{path}"
+        );
+        assert!(
+            (3.2..3.4).contains(&billions(qwen.active_parameters())),
+            "{path}"
+        );
+    }
+    let coder = GenerationConfig::from_dir(&corpus("models/Qwen--Qwen3-Coder-30B-A3B-Instruct"))
+        .expect("generation");
+    assert_eq!(coder.eos_token_ids, [151_645, 151_643]);
+}

@@ -12,7 +12,7 @@ use backpack_engine::load::{ExpertActivation, GgmlType, MoeSpec, RouterWeights};
 use backpack_engine::ops::{
     ExpertWeights, Experts, GateUpRows, Matrix, MoeBuffers, StepParams, WeightDType,
 };
-use common::{Rng, assert_close, gpu, round_f16};
+use common::{Rng, assert_close, product_gpus, round_f16};
 
 /// How the expert matrices are stored.
 #[derive(Clone, Copy, Debug)]
@@ -169,8 +169,14 @@ fn logits_for(rng: &mut Rng, routing: Routing, tokens: usize, experts: usize) ->
         .collect()
 }
 
+/// Runs `case` on every product path the device has (SIMT, and tensor cores where present).
 fn run(case: &Case, seed: u64) {
-    let gpu = gpu();
+    for gpu in product_gpus() {
+        run_on(&gpu, case, seed);
+    }
+}
+
+fn run_on(gpu: &Gpu, case: &Case, seed: u64) {
     let mut rng = Rng::new(seed);
     let (e, k, d, w, t) = (
         case.experts,
@@ -204,15 +210,15 @@ fn run(case: &Case, seed: u64) {
         .flat_map(|&x| (0..w).flat_map(move |r| [gate_row(x, r), gate_row(x, r) + rows.up_offset]))
         .collect();
     let poison_down: Vec<u32> = unused.iter().flat_map(|&x| x * d..(x + 1) * d).collect();
-    let (gate_up, gu) = matrix(&gpu, &mut rng, case.storage, 2 * e * w, d, &poison_up);
-    let (down, dn) = matrix(&gpu, &mut rng, case.storage, e * d, w, &poison_down);
+    let (gate_up, gu) = matrix(gpu, &mut rng, case.storage, 2 * e * w, d, &poison_up);
+    let (down, dn) = matrix(gpu, &mut rng, case.storage, e * d, w, &poison_down);
     let gate_up_bias = rng.vec((2 * e * w) as usize, 0.5);
     let down_bias = rng.vec((e * d) as usize, 0.5);
     let xn = rng.vec((t * d) as usize, 1.0);
     let x0 = rng.vec((t * d) as usize, 1.0);
     let store = |v: &[f32]| gpu.storage_from("test", v).expect("buffer");
     let router = Matrix::from_f32(
-        &gpu,
+        gpu,
         "router",
         &vec![0.0; (e * d) as usize],
         e,
@@ -229,23 +235,35 @@ fn run(case: &Case, seed: u64) {
         down,
         down_bias: case.biases.then(|| store(&down_bias)),
     };
-    let bufs = MoeBuffers::new(&gpu, &moe, d, t + 3).expect("buffers");
+    let bufs = MoeBuffers::new(gpu, &moe, d, t + 3).expect("buffers");
     gpu.queue()
         .write_buffer(&bufs.logits.buffer, 0, bytemuck::cast_slice(&logits));
     let (xn_buf, x_buf): (StorageBuffer, StorageBuffer) = (store(&xn), store(&x0));
     let step = gpu.uniform("step", &StepParams::new(0, t));
     let experts =
-        Experts::new(&gpu, &moe, &weights, &bufs, &xn_buf, &x_buf, &step).expect("experts");
-    let mut rec = Recorder::new(&gpu);
+        Experts::new(gpu, &moe, &weights, &bufs, &xn_buf, &x_buf, &step).expect("experts");
+    let mut rec = Recorder::new(gpu);
     experts.encode(&mut rec, t);
     rec.submit();
     let got: Vec<f32> = gpu.read(&x_buf.buffer, 0, u64::from(t * d)).expect("read");
 
+    // Tensor-core tiles (prompts) take their inputs, weights and hidden rows as f16.
+    let half = gpu.caps().cooperative_matrix && t > 1;
+    // The tiles saturate at f16's largest finite value rather than overflow.
+    let staged = |v: &[f32]| -> Vec<f32> {
+        if half {
+            let clamped: Vec<f32> = v.iter().map(|x| x.clamp(-65504.0, 65504.0)).collect();
+            round_f16(&clamped)
+        } else {
+            v.to_vec()
+        }
+    };
+    let (xn_seen, gu, dn) = (staged(&xn), staged(&gu), staged(&dn));
     let (d, w) = (d as usize, w as usize);
     let mut want = x0.clone();
     let mut scale = vec![0.0f32; want.len()];
     for (tok, picks) in chosen.iter().enumerate() {
-        let xrow = &xn[tok * d..(tok + 1) * d];
+        let xrow = &xn_seen[tok * d..(tok + 1) * d];
         for &(x, weight) in picks {
             let hidden: Vec<f32> = (0..w)
                 .map(|r| {
@@ -262,6 +280,7 @@ fn run(case: &Case, seed: u64) {
                     activate(case.activation, dot(g) + bias(g), dot(u) + bias(u))
                 })
                 .collect();
+            let hidden = staged(&hidden);
             for c in 0..d {
                 let row = &dn[(x * d + c) * w..(x * d + c + 1) * w];
                 let out: f32 = row.iter().zip(&hidden).map(|(a, b)| a * b).sum::<f32>()
@@ -282,12 +301,19 @@ fn run(case: &Case, seed: u64) {
         }
     }
     assert_close(
-        &format!("{:?} {:?} {:?}", case.storage, case.routing, rows),
+        &format!(
+            "{:?} {:?} {:?} tokens={t} on {}",
+            case.storage,
+            case.routing,
+            rows,
+            if half { "tensor cores" } else { "f32 products" }
+        ),
         &got,
         &want,
         &scale,
         1e-4,
-        1e-4,
+        // A hidden value's f32 sum may round to the f16 neighbour of the reference's.
+        if half { 1e-3 } else { 1e-4 },
     );
 }
 
@@ -317,7 +343,7 @@ fn dense_experts_match_the_cpu_reference() {
             (1, Routing::Random),
             (37, Routing::Random),
             (13, Routing::Ties),
-            (11, Routing::OneForAll),
+            (41, Routing::OneForAll),
         ] {
             for (rows, weights, activation, biases) in [
                 (
@@ -377,7 +403,7 @@ fn block_quantized_experts_match_the_cpu_reference() {
         GgmlType::Q6K,
     ] {
         let block = ty.block_elems() as u32;
-        for (tokens, routing) in [(1, Routing::Random), (9, Routing::OneForAll)] {
+        for (tokens, routing) in [(1, Routing::Random), (35, Routing::OneForAll)] {
             seed += 1;
             run(
                 &Case {

@@ -280,11 +280,11 @@ pub(super) fn coop_tile_from_env() -> Option<CoopTile> {
 pub(crate) const COOP_MIN_WORKGROUP_BYTES: u32 = 24 * 1024;
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     /// An adapter like NVIDIA's: subgroups of 32, 48 KiB of workgroup memory.
-    fn nvidia_caps(workgroup_invocations: u32) -> crate::gpu::GpuCaps {
+    pub(crate) fn nvidia_caps(workgroup_invocations: u32) -> crate::gpu::GpuCaps {
         crate::gpu::GpuCaps {
             shader_f16: true,
             subgroups: true,

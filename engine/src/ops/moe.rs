@@ -4,11 +4,26 @@
 
 use bytemuck::{Pod, Zeroable};
 
+use std::sync::LazyLock;
+
 use super::{Matrix, bind, flag, groups_of_64};
 use crate::gpu::{Gpu, GpuError, Kernel, Recorder, StorageBuffer, UniformBuffer};
 use crate::load::{ExpertActivation, MoeSpec, RouterWeights};
 
+#[path = "moe_product.rs"]
+mod product;
+
+use product::{Form, ProductSide, expert_product, lanes_per_row, prompt_form};
+
 const SOURCE: &str = include_str!("../../../shaders/moe.wgsl");
+/// The prompts' expert products on tensor cores: moe.wgsl's shared product section, then
+/// moe_coop.wgsl.
+pub(super) static COOP_SOURCE: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        "{SOURCE}\n{}",
+        include_str!("../../../shaders/moe_coop.wgsl")
+    )
+});
 /// Invocations of the expert product's workgroups (`WG` in the shader).
 const WG: u32 = 256;
 
@@ -137,12 +152,17 @@ pub struct Experts {
     /// Routing and grouping: for one token (decoding), and for prompts.
     route: Dispatch,
     route_prompt: Dispatch,
+    /// Listing a prompt's assignments by expert.
+    group: Dispatch,
     /// The products for one token (decoding) and as tiles over each expert's tokens
-    /// (prompts).
+    /// (prompts: SIMT tiles, or tensor-core tiles where the adapter has them).
     gate_up: Dispatch,
     down: Dispatch,
     gate_up_tiled: Dispatch,
     down_tiled: Dispatch,
+    /// Output rows and assignments of one tile of each prompt product.
+    up_tile: (u32, u32),
+    down_tile: (u32, u32),
     combine: Dispatch,
     experts: u32,
     top_k: u32,
@@ -152,10 +172,12 @@ pub struct Experts {
     width: u32,
 }
 
-/// Output rows and assignments of one tile of the prompts' expert products (`BR`, `BT` in
-/// the shader).
-const TILE_ROWS: u32 = 64;
-const TILE_ASSIGNMENTS: u32 = 32;
+/// Lanes that route one token (`LANES` in moe.wgsl). On an H200 (Qwen3-30B-A3B's 128
+/// experts, top-8, `bench_llamacpp.sh`) routing one decoded token with 32 lanes took its
+/// decode from 120.7 to 185.4 tok/s. A prompt's tokens take 32 lanes each too, eight tokens
+/// a workgroup: one workgroup routing all of a 504-token prompt had taken 9.0 ms of its 48
+/// layers with 4 lanes a token (the fastest in one workgroup).
+const ROUTE_LANES: u32 = 32;
 
 impl Experts {
     /// Kernels over `w` for the normed input `xn` (`[tokens][hidden]`), adding into `x`.
@@ -191,35 +213,48 @@ impl Experts {
             max_assignments: bufs.tokens * moe.top_k,
             ..Default::default()
         };
-        let route_with = |lanes: u32| {
+        let lists = [(6, &bufs.order), (7, &bufs.offsets), (8, &bufs.live)];
+        let route_with = |split: bool| {
+            let mut entries = vec![(2, &bufs.logits), (4, &bufs.ids), (5, &bufs.weights)];
+            if !split {
+                entries.extend(lists);
+            }
             dispatch(
                 gpu,
                 "moe route",
                 vec![
                     flag("ROUTE", true),
+                    flag("IDS", true),
+                    flag("SPLIT", split),
+                    flag("GROUPING", !split),
                     ("TOP_K", top_k.clone()),
                     ("EXPERTS", moe.experts.to_string()),
-                    ("LANES", lanes.to_string()),
+                    ("LANES", ROUTE_LANES.to_string()),
                     flag("SOFTMAX_ALL", moe.weights == RouterWeights::SoftmaxOfAll),
                 ],
                 base,
                 step,
-                &[
-                    (2, &bufs.logits),
-                    (4, &bufs.ids),
-                    (5, &bufs.weights),
-                    (6, &bufs.order),
-                    (7, &bufs.offsets),
-                    (8, &bufs.live),
-                ],
+                &entries,
             )
         };
-        // On an H200 (Qwen3-30B-A3B's 128 experts, top-8, `bench_llamacpp.sh`) routing one
-        // decoded token with 32 lanes took its decode from 120.7 to 185.4 tok/s; over a
-        // 504-token prompt's 48 layers, routing took 11.8 ms with one lane a token, 28.9 with
-        // 32 and 9.0 with 4.
-        let route = route_with(32)?;
-        let route_prompt = route_with(4)?;
+        let route = route_with(false)?;
+        let route_prompt = route_with(true)?;
+        let mut group_entries = vec![(4, &bufs.ids)];
+        group_entries.extend(lists);
+        let group = dispatch(
+            gpu,
+            "moe group",
+            vec![
+                flag("GROUP", true),
+                flag("IDS", true),
+                flag("GROUPING", true),
+                ("TOP_K", top_k.clone()),
+                ("EXPERTS", moe.experts.to_string()),
+            ],
+            base,
+            step,
+            &group_entries,
+        )?;
         let (alpha, limit, clamped) = match moe.activation {
             ExpertActivation::SwiGlu => (0.0, 0.0, false),
             ExpertActivation::ClampedSwiGlu { alpha, limit } => (alpha, limit, true),
@@ -242,8 +277,7 @@ impl Experts {
             clamped,
             per_token: true,
             top_k: &top_k,
-            tpr,
-            tiled: false,
+            form: Form::Decode { tpr },
         };
         let gate_up = expert_product(
             gpu,
@@ -255,13 +289,14 @@ impl Experts {
             bufs,
             &bufs.hidden,
         )?;
+        let up_prompt = ProductSide {
+            form: prompt_form(gpu.caps(), true),
+            ..up_side
+        };
         let gate_up_tiled = expert_product(
             gpu,
             &w.gate_up,
-            &ProductSide {
-                tiled: true,
-                ..up_side
-            },
+            &up_prompt,
             up_params,
             xn,
             w.gate_up_bias.as_ref(),
@@ -283,8 +318,7 @@ impl Experts {
             clamped: false,
             per_token: false,
             top_k: &top_k,
-            tpr: down_tpr,
-            tiled: false,
+            form: Form::Decode { tpr: down_tpr },
         };
         let down = expert_product(
             gpu,
@@ -296,13 +330,14 @@ impl Experts {
             bufs,
             &bufs.outputs,
         )?;
+        let down_prompt = ProductSide {
+            form: prompt_form(gpu.caps(), false),
+            ..down_side
+        };
         let down_tiled = expert_product(
             gpu,
             &w.down,
-            &ProductSide {
-                tiled: true,
-                ..down_side
-            },
+            &down_prompt,
             down_params,
             &bufs.hidden,
             None,
@@ -319,7 +354,7 @@ impl Experts {
             "moe combine",
             vec![
                 flag("COMBINE", true),
-                ("TOP_K", top_k),
+                ("TOP_K", top_k.clone()),
                 flag("BIAS", w.down_bias.is_some()),
             ],
             Params {
@@ -332,10 +367,13 @@ impl Experts {
         Ok(Self {
             route,
             route_prompt,
+            group,
             gate_up,
             down,
             gate_up_tiled,
             down_tiled,
+            up_tile: up_prompt.form.tile(),
+            down_tile: down_prompt.form.tile(),
             combine,
             experts: moe.experts,
             top_k: moe.top_k,
@@ -359,12 +397,22 @@ impl Experts {
             run(rec, &self.gate_up, [self.up_blocks, active, 1]);
             run(rec, &self.down, [self.down_blocks, active, 1]);
         } else {
-            run(rec, &self.route_prompt, [1, 1, 1]);
+            run(
+                rec,
+                &self.route_prompt,
+                [n_tokens.div_ceil(256 / ROUTE_LANES), 1, 1],
+            );
+            run(rec, &self.group, [1, 1, 1]);
             // No expert has more assignments than there are tokens.
-            let runs = n_tokens.div_ceil(TILE_ASSIGNMENTS);
-            let tiles = |rows: u32| rows.div_ceil(TILE_ROWS);
-            run(rec, &self.gate_up_tiled, [tiles(self.width), active, runs]);
-            run(rec, &self.down_tiled, [tiles(self.hidden), active, runs]);
+            let grid = |rows: u32, (tile_rows, tile_assignments): (u32, u32)| {
+                [
+                    rows.div_ceil(tile_rows),
+                    active,
+                    n_tokens.div_ceil(tile_assignments),
+                ]
+            };
+            run(rec, &self.gate_up_tiled, grid(self.width, self.up_tile));
+            run(rec, &self.down_tiled, grid(self.hidden, self.down_tile));
         }
         run(
             rec,
@@ -372,100 +420,6 @@ impl Experts {
             [groups_of_64(n_tokens * self.hidden), 1, 1],
         );
     }
-}
-
-/// What distinguishes the gate/up product from the down product.
-#[derive(Clone, Copy)]
-struct ProductSide<'a> {
-    glu: bool,
-    clamped: bool,
-    per_token: bool,
-    top_k: &'a str,
-    tpr: u32,
-    /// The prompts' tiled form (TILED) rather than decoding's.
-    tiled: bool,
-}
-
-/// Lanes per row: enough to stride a row's units a few at a time, a power of two (one row per
-/// invocation on CPU adapters, where reductions across lanes cost most).
-fn lanes_per_row(gpu: &Gpu, w: &Matrix) -> u32 {
-    if gpu.is_software() {
-        return 1;
-    }
-    units_of(w).div_ceil(4).next_power_of_two().clamp(4, 64)
-}
-
-/// The units a row's lanes stride over: 32-value sub-blocks, or vec4 words of dense rows.
-fn units_of(w: &Matrix) -> u32 {
-    match w.quant {
-        Some(_) => w.cols / 32,
-        None => w.row_vecs(),
-    }
-}
-
-#[allow(clippy::too_many_arguments)]
-fn expert_product(
-    gpu: &Gpu,
-    w: &Matrix,
-    side: &ProductSide<'_>,
-    params: Params,
-    x: &StorageBuffer,
-    bias: Option<&StorageBuffer>,
-    bufs: &MoeBuffers,
-    y: &StorageBuffer,
-) -> Result<Dispatch, GpuError> {
-    if w.quant.is_some() && !w.cols.is_multiple_of(32) {
-        return Err(GpuError::Device(format!(
-            "block-quantized expert rows of {} values are not whole sub-blocks",
-            w.cols
-        )));
-    }
-    let caps = gpu.caps();
-    // A row's lanes reduce by shuffles where they lie in one subgroup of fixed size.
-    let shuffles = caps.subgroups
-        && caps.subgroup_min_size == caps.subgroup_max_size
-        && side.tpr <= caps.subgroup_min_size
-        && side.tpr > 1;
-    let x_vec4 = params.cols.is_multiple_of(4) && !side.tiled;
-    let mut defines = w.defines();
-    defines.extend([
-        flag("SGX", shuffles),
-        flag("XVEC4", x_vec4),
-        flag("PRODUCT", true),
-        flag("EXPERT", !side.tiled),
-        flag("TILED", side.tiled),
-        flag("QDOT", !side.tiled),
-        flag("QGATHER", side.tiled),
-        ("TOP_K", side.top_k.to_owned()),
-        ("ROW_VECS", w.row_vecs().to_string()),
-        ("UNITS", units_of(w).to_string()),
-        ("TPR", side.tpr.to_string()),
-        ("TB", "4".into()),
-        flag("GLU", side.glu),
-        flag("CLAMPED", side.clamped),
-        flag("BIAS", bias.is_some()),
-        flag("PER_TOKEN", side.per_token),
-    ]);
-    let mut entries = vec![
-        // Rows of whole vec4s are read only through the vec4 view.
-        (if x_vec4 { 12 } else { 2 }, x),
-        (3, &w.buffer),
-        (6, &bufs.order),
-        (7, &bufs.offsets),
-        (8, &bufs.live),
-        (9, y),
-    ];
-    if let Some(b) = bias {
-        entries.push((10, b));
-    }
-    let source: &'static str = if w.quant.is_some() {
-        super::quant_source::QUANT_MOE.as_str()
-    } else {
-        SOURCE
-    };
-    let kernel = gpu.kernel("moe expert", source, "main", &defines)?;
-    // The products read their rows from the routing state, not the step.
-    finish(gpu, kernel, params, None, &entries)
 }
 
 fn dispatch(

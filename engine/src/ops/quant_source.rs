@@ -64,6 +64,10 @@ pub static QUANT_MATVEC: LazyLock<String> =
 pub static QUANT_MOE: LazyLock<String> =
     LazyLock::new(|| quant_source() + include_str!("../../../shaders/moe.wgsl"));
 
+/// The routed experts' prompt products on tensor cores over block-quantized experts.
+pub static QUANT_MOE_COOP: LazyLock<String> =
+    LazyLock::new(|| quant_source() + super::moe::COOP_SOURCE.as_str());
+
 /// Expansion of a quantized matrix to dense f16: quant.wgsl expanded, then dequant.wgsl.
 pub static QUANT_DEQUANT: LazyLock<String> =
     LazyLock::new(|| quant_source() + include_str!("../../../shaders/dequant.wgsl"));
