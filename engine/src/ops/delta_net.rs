@@ -1,0 +1,231 @@
+//! Gated DeltaNet (shaders/delta_net.wgsl): the linear-attention layers of Qwen3.5, after
+//! their input products. A causal convolution over the projected q/k/v channels, then the
+//! gated delta rule over each value head's recurrent state, and the gated RMSNorm of its
+//! output. The convolution's last inputs and the recurrent state are the sequence's cache,
+//! carried from step to step on the GPU.
+
+use bytemuck::{Pod, Zeroable};
+
+use super::{bind, flag, groups_of_64};
+use crate::gpu::{Gpu, GpuError, Kernel, Recorder, StorageBuffer, UniformBuffer};
+
+const SOURCE: &str = include_str!("../../../shaders/delta_net.wgsl");
+
+#[repr(C)]
+#[derive(Clone, Copy, Default, Pod, Zeroable)]
+struct Params {
+    channels: u32,
+    gate_stride: u32,
+    eps: f32,
+    _pad: u32,
+}
+
+/// The head layout of a Gated DeltaNet layer: `key_heads` q/k heads of `key_dim`, shared by
+/// `value_heads / key_heads` value heads each (value head h reads key head
+/// `h / (value_heads / key_heads)`), and a convolution of `conv_kernel` taps.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DeltaNetShape {
+    pub key_heads: u32,
+    pub value_heads: u32,
+    pub key_dim: u32,
+    pub value_dim: u32,
+    pub conv_kernel: u32,
+}
+
+/// The largest head dims the recurrence takes: one workgroup holds a head's DV columns, each
+/// invocation a column of DK state values in registers.
+pub const MAX_DELTA_HEAD_DIM: u32 = 256;
+
+impl DeltaNetShape {
+    /// Channels of the projected rows: q and k (`key_heads·key_dim` each), then v.
+    pub fn channels(&self) -> u32 {
+        2 * self.key_heads * self.key_dim + self.value_heads * self.value_dim
+    }
+
+    /// Values of one layer's recurrent state (`value_heads × key_dim × value_dim`).
+    pub fn state_values(&self) -> u64 {
+        u64::from(self.value_heads) * u64::from(self.key_dim) * u64::from(self.value_dim)
+    }
+
+    /// Values of one layer's convolution state (the last `conv_kernel − 1` inputs of every
+    /// channel).
+    pub fn conv_state_values(&self) -> u64 {
+        u64::from(self.channels()) * u64::from(self.conv_kernel.saturating_sub(1))
+    }
+
+    /// Whether the kernels take this shape; the reason where they do not.
+    pub fn check(&self) -> Result<(), String> {
+        if self.key_heads == 0 || !self.value_heads.is_multiple_of(self.key_heads) {
+            return Err(format!(
+                "{} value heads cannot share {} key heads evenly",
+                self.value_heads, self.key_heads
+            ));
+        }
+        if !(1..=MAX_DELTA_HEAD_DIM).contains(&self.key_dim)
+            || !(1..=MAX_DELTA_HEAD_DIM).contains(&self.value_dim)
+        {
+            return Err(format!(
+                "linear-attention heads of {}×{} are outside 1..={MAX_DELTA_HEAD_DIM}",
+                self.key_dim, self.value_dim
+            ));
+        }
+        if !(1..=16).contains(&self.conv_kernel) {
+            return Err(format!(
+                "a convolution of {} taps is outside 1..=16",
+                self.conv_kernel
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// One layer's small weights (the products' matrices are the caller's): the convolution
+/// `[channels][conv_kernel]`, A = −exp(A_log) and dt_bias per value head, and the output
+/// norm's `[value_dim]` weight.
+pub struct DeltaNetWeights {
+    pub conv: StorageBuffer,
+    pub decay_a: StorageBuffer,
+    pub dt_bias: StorageBuffer,
+    pub norm: StorageBuffer,
+}
+
+/// One layer's part of the sequence's cache. Cleared when a sequence starts.
+pub struct DeltaNetState {
+    pub conv: StorageBuffer,
+    pub recurrent: StorageBuffer,
+}
+
+impl DeltaNetState {
+    pub fn new(gpu: &Gpu, shape: &DeltaNetShape) -> Result<Self, GpuError> {
+        Ok(Self {
+            conv: gpu.storage("delta-net conv state", 4 * shape.conv_state_values().max(1))?,
+            recurrent: gpu.storage("delta-net state", 4 * shape.state_values())?,
+        })
+    }
+
+    /// Records the state's reset to a new sequence.
+    pub fn clear(&self, rec: &mut Recorder<'_>) {
+        rec.clear(&self.conv.buffer);
+        rec.clear(&self.recurrent.buffer);
+    }
+}
+
+/// The buffers a layer's kernels read and write, per step.
+pub struct DeltaNetIo<'a> {
+    /// `[tokens][channels]`: the q/k/v product's rows, convolved in place.
+    pub mixed: &'a StorageBuffer,
+    /// `[tokens][gate_stride]`: β's logits b (value_heads of them), then a.
+    pub gates: &'a StorageBuffer,
+    pub gate_stride: u32,
+    /// `[tokens][value_heads·value_dim]`: the output gate's input z.
+    pub z: &'a StorageBuffer,
+    /// `[tokens][value_heads·value_dim]`.
+    pub out: &'a StorageBuffer,
+}
+
+struct Dispatch {
+    kernel: Kernel,
+    bind_group: wgpu::BindGroup,
+}
+
+/// The convolution and the recurrence of one layer: two dispatches a step.
+pub struct DeltaNet {
+    conv: Dispatch,
+    delta: Dispatch,
+    channels: u32,
+    value_heads: u32,
+    _params: UniformBuffer,
+}
+
+impl DeltaNet {
+    pub fn new(
+        gpu: &Gpu,
+        shape: &DeltaNetShape,
+        weights: &DeltaNetWeights,
+        state: &DeltaNetState,
+        io: &DeltaNetIo<'_>,
+        step: &UniformBuffer,
+        eps: f32,
+    ) -> Result<Self, GpuError> {
+        shape.check().map_err(GpuError::Device)?;
+        let params = gpu.uniform(
+            "delta-net params",
+            &Params {
+                channels: shape.channels(),
+                gate_stride: io.gate_stride,
+                eps,
+                _pad: 0,
+            },
+        );
+        let conv_kernel = gpu.kernel(
+            "delta-net conv",
+            SOURCE,
+            "main",
+            &[flag("CONV", true), ("K", shape.conv_kernel.to_string())],
+        )?;
+        let conv = Dispatch {
+            bind_group: bind(
+                gpu,
+                &conv_kernel,
+                &[
+                    (0, &params.buffer),
+                    (1, &step.buffer),
+                    (2, &io.mixed.buffer),
+                    (3, &weights.conv.buffer),
+                    (4, &state.conv.buffer),
+                ],
+            ),
+            kernel: conv_kernel,
+        };
+        let workgroup = shape.value_dim.next_power_of_two().max(32);
+        let delta_kernel = gpu.kernel(
+            "delta-net rule",
+            SOURCE,
+            "main",
+            &[
+                flag("DELTA", true),
+                ("DK", shape.key_dim.to_string()),
+                ("DV", shape.value_dim.to_string()),
+                ("WG", workgroup.to_string()),
+                ("NK", shape.key_heads.to_string()),
+                ("NV", shape.value_heads.to_string()),
+            ],
+        )?;
+        let delta = Dispatch {
+            bind_group: bind(
+                gpu,
+                &delta_kernel,
+                &[
+                    (0, &params.buffer),
+                    (1, &step.buffer),
+                    (2, &io.mixed.buffer),
+                    (3, &io.gates.buffer),
+                    (4, &io.z.buffer),
+                    (5, &weights.decay_a.buffer),
+                    (6, &weights.dt_bias.buffer),
+                    (7, &weights.norm.buffer),
+                    (8, &state.recurrent.buffer),
+                    (9, &io.out.buffer),
+                ],
+            ),
+            kernel: delta_kernel,
+        };
+        Ok(Self {
+            conv,
+            delta,
+            channels: shape.channels(),
+            value_heads: shape.value_heads,
+            _params: params,
+        })
+    }
+
+    /// Records the step's convolution and recurrence (the step's token count is in `step`).
+    pub fn encode(&self, rec: &mut Recorder<'_>) {
+        rec.dispatch(
+            &self.conv.kernel,
+            &self.conv.bind_group,
+            groups_of_64(self.channels),
+        );
+        rec.dispatch(&self.delta.kernel, &self.delta.bind_group, self.value_heads);
+    }
+}

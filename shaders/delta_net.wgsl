@@ -1,0 +1,182 @@
+// Gated DeltaNet (Qwen3.5's linear-attention layers) after their input products, for the
+// step's tokens, carrying the sequence's state between steps:
+//
+// CONV: the causal depthwise convolution (K taps, no bias) over every channel of the
+// projected [q; k; v] rows, then SiLU, in place. Invocation c walks channel c through the
+// tokens in order, holding the K − 1 inputs before the current one; `conv_state` keeps the
+// last K − 1 inputs for the next step.
+//
+// DELTA: workgroup h runs value head h through the tokens in order; invocation v owns column
+// v of the head's state S (DK × DV, f32). Per token: q and k of key head h / (NV / NK),
+// L2-normalized (and q scaled by 1/√DK); β = sigmoid(b), decay = exp(A · softplus(a + dt_bias))
+// with A = −exp(A_log) < 0; then S ← decay·S, S ← S + k ⊗ β(v − Sᵀk), o = Sᵀq; the output is
+// RMSNorm(o) · w · SiLU(z) over the head's DV values.
+//
+// Defines: CONV (with K), DELTA (with DK, DV, the workgroup size, and NK, NV).
+
+struct Params {
+    // Channels of the projected rows (2·NK·DK + NV·DV) and the row stride of `gates`.
+    channels: u32,
+    gate_stride: u32,
+    eps: f32,
+    _pad: u32,
+}
+
+@group(0) @binding(0) var<uniform> p: Params;
+@group(0) @binding(1) var<uniform> step: Step;
+
+fn silu(v: f32) -> f32 {
+    return v / (1.0 + exp(-v));
+}
+
+#if CONV
+// [tokens][channels], convolved in place.
+@group(0) @binding(2) var<storage, read_write> mixed: array<f32>;
+// [channels][K]: tap j multiplies the input K − 1 − j tokens back.
+@group(0) @binding(3) var<storage, read> conv_w: array<f32>;
+// [channels][K − 1]: the last inputs of the sequence so far, oldest first.
+@group(0) @binding(4) var<storage, read_write> conv_state: array<f32>;
+
+const KEEP: u32 = {{K}}u - 1u;
+
+@compute @workgroup_size(64)
+fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
+    let c = gid.x;
+    if (c >= p.channels) {
+        return;
+    }
+    var window: array<f32, {{K}}>;
+    for (var j = 0u; j < KEEP; j++) {
+        window[j] = conv_state[c * KEEP + j];
+    }
+    for (var t = 0u; t < step.n_tokens; t++) {
+        let at = t * p.channels + c;
+        window[KEEP] = mixed[at];
+        var sum = 0.0;
+        for (var j = 0u; j < {{K}}u; j++) {
+            sum += conv_w[c * {{K}}u + j] * window[j];
+        }
+        mixed[at] = silu(sum);
+        for (var j = 0u; j < KEEP; j++) {
+            window[j] = window[j + 1u];
+        }
+    }
+    for (var j = 0u; j < KEEP; j++) {
+        conv_state[c * KEEP + j] = window[j];
+    }
+}
+#endif
+
+#if DELTA
+// [tokens][channels]: q (NK·DK), k (NK·DK), v (NV·DV), convolved.
+@group(0) @binding(2) var<storage, read> mixed: array<f32>;
+// [tokens][gate_stride]: b (NV values), then a (NV).
+@group(0) @binding(3) var<storage, read> gates: array<f32>;
+// [tokens][NV·DV]: the output gate's input z.
+@group(0) @binding(4) var<storage, read> z: array<f32>;
+// Per value head: A = −exp(A_log), dt_bias.
+@group(0) @binding(5) var<storage, read> decay_a: array<f32>;
+@group(0) @binding(6) var<storage, read> dt_bias: array<f32>;
+// [DV]: the output norm's weight.
+@group(0) @binding(7) var<storage, read> norm_w: array<f32>;
+// [NV][DK][DV].
+@group(0) @binding(8) var<storage, read_write> state: array<f32>;
+// [tokens][NV·DV].
+@group(0) @binding(9) var<storage, read_write> out: array<f32>;
+
+const DK: u32 = {{DK}}u;
+const DV: u32 = {{DV}}u;
+const WG: u32 = {{WG}}u;
+
+var<workgroup> qs: array<f32, DK>;
+var<workgroup> ks: array<f32, DK>;
+var<workgroup> red_q: array<f32, WG>;
+var<workgroup> red_k: array<f32, WG>;
+
+// Sums `red_q` and `red_k` into their first elements (every invocation calls it alike).
+fn reduce_pair(tid: u32) {
+    for (var s = WG / 2u; s > 0u; s = s >> 1u) {
+        workgroupBarrier();
+        if (tid < s) {
+            red_q[tid] += red_q[tid + s];
+            red_k[tid] += red_k[tid + s];
+        }
+    }
+    workgroupBarrier();
+}
+
+// log(1 + eˣ), as torch computes it (linear past 20).
+fn softplus(x: f32) -> f32 {
+    if (x > 20.0) {
+        return x;
+    }
+    return log(1.0 + exp(x));
+}
+
+@compute @workgroup_size(WG)
+fn main(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id) wid: vec3<u32>) {
+    let h = wid.x;
+    let kh = h / ({{NV}}u / {{NK}}u);
+    let v_col = min(tid, DV - 1u);
+    let owns = tid < DV;
+    var s: array<f32, {{DK}}>;
+    for (var i = 0u; i < DK; i++) {
+        s[i] = state[(h * DK + i) * DV + v_col];
+    }
+    let q_at = kh * DK;
+    let k_at = {{NK}}u * DK + kh * DK;
+    let v_at = 2u * {{NK}}u * DK + h * DV;
+    for (var t = 0u; t < step.n_tokens; t++) {
+        let row = t * p.channels;
+        var q2 = 0.0;
+        var k2 = 0.0;
+        for (var i = tid; i < DK; i += WG) {
+            let qv = mixed[row + q_at + i];
+            let kv = mixed[row + k_at + i];
+            qs[i] = qv;
+            ks[i] = kv;
+            q2 += qv * qv;
+            k2 += kv * kv;
+        }
+        red_q[tid] = q2;
+        red_k[tid] = k2;
+        reduce_pair(tid);
+        // As transformers' l2norm: x · rsqrt(Σx² + 1e-6); q also by 1/√DK.
+        let q_scale = inverseSqrt(red_q[0] + 1e-6) * inverseSqrt(f32(DK));
+        let k_scale = inverseSqrt(red_k[0] + 1e-6);
+        // Every invocation has its scales before the sums are reused.
+        workgroupBarrier();
+        let beta = 1.0 / (1.0 + exp(-gates[t * p.gate_stride + h]));
+        let a = gates[t * p.gate_stride + {{NV}}u + h];
+        let decay = exp(decay_a[h] * softplus(a + dt_bias[h]));
+        var kv = 0.0;
+        for (var i = 0u; i < DK; i++) {
+            s[i] *= decay;
+            kv += s[i] * ks[i];
+        }
+        let delta = beta * (mixed[row + v_at + v_col] - kv * k_scale);
+        var o = 0.0;
+        for (var i = 0u; i < DK; i++) {
+            s[i] += ks[i] * k_scale * delta;
+            o += s[i] * qs[i];
+        }
+        o *= q_scale;
+        // The gated RMSNorm over the head's DV outputs.
+        red_q[tid] = select(0.0, o * o, owns);
+        red_k[tid] = 0.0;
+        reduce_pair(tid);
+        let inv_rms = inverseSqrt(red_q[0] / f32(DV) + p.eps);
+        if (owns) {
+            let at = t * {{NV}}u * DV + h * DV + v_col;
+            out[at] = norm_w[v_col] * (o * inv_rms) * silu(z[at]);
+        }
+        // qs, ks and the reductions are reused by the next token.
+        workgroupBarrier();
+    }
+    if (owns) {
+        for (var i = 0u; i < DK; i++) {
+            state[(h * DK + i) * DV + v_col] = s[i];
+        }
+    }
+}
+#endif
