@@ -55,6 +55,8 @@ import transformers
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
+import tiny_qwen35
+
 REPO_ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 GENERATOR = "tests/reference/make_tiny_models.py"
 
@@ -240,6 +242,17 @@ SPECS = {
     "tiny-gpt-oss-mxfp4": dict(arch="gpt_oss", hidden=64, intermediate=64, layers=2, heads=4,
                                kv_heads=2, head_dim=16, experts=4, top_k=2, swiglu_limit=1.5,
                                tie=False, dtype="bfloat16", seed=306, mxfp4=True),
+    # Three Gated DeltaNet layers to one gated full-attention layer, twice; value heads in
+    # pairs on each key head, key and value heads of different sizes; 32-wide attention heads
+    # rotating 8 dims. Written as the published checkpoints are (tiny_qwen35.py).
+    "tiny-qwen3-5": dict(arch="qwen3_5", hidden=64, intermediate=96, layers=8, heads=4, kv_heads=2,
+                         head_dim=32, key_heads=2, value_heads=4, key_dim=16, value_dim=12,
+                         tie=True, dtype="bfloat16", seed=45),
+    # The MoE form: eight experts, two a token, and the gated shared expert, on every layer.
+    "tiny-qwen3-5-moe": dict(arch="qwen3_5_moe", hidden=64, intermediate=None, layers=4, heads=4,
+                             kv_heads=2, head_dim=32, key_heads=2, value_heads=4, key_dim=16,
+                             value_dim=12, experts=8, top_k=2, expert_intermediate=32,
+                             shared_intermediate=48, tie=False, dtype="bfloat16", seed=24),
 }
 
 # Gemma 3's chat template (google/gemma-3-1b-it, newlines written as `\n` escapes inside the
@@ -352,6 +365,8 @@ def make_config(spec, vocab_size, special_ids):
             bos_token_id=special_ids["<|endoftext|>"], eos_token_id=special_ids["<|endoftext|>"],
             tie_word_embeddings=spec["tie"],
         )
+    if arch in tiny_qwen35.ARCHS:
+        return tiny_qwen35.config(spec, vocab_size, special_ids, INIT_STD)
     kv = spec["kv_heads"] or heads
     if heads % kv:
         raise SystemExit(f"heads {heads} is not a multiple of kv-heads {kv}")
@@ -484,6 +499,8 @@ def build_model(spec, vocab_size, special_ids):
             seen.add(id(p))
             noise = torch.randn(p.shape, generator=gen, dtype=torch.float32)
             with torch.no_grad():
+                if spec["arch"] in tiny_qwen35.ARCHS and tiny_qwen35.init(mname, pname, p, noise, NORM_STD):
+                    continue
                 if is_norm:
                     # Gemma's norms scale by (1 + w), so their w centre on 0 (the final norm's
                     # on GEMMA_FINAL_NORM - 1); the others' on 1.
@@ -587,7 +604,7 @@ def routing_margins(model, ids):
     """Per position of `ids`, the smallest gap over the sparse layers between the last router
     logit a token is routed by and the next (None for dense models): where it is small, a
     rounding difference may route the token to another expert."""
-    top_k = getattr(model.config, "num_experts_per_tok", None)
+    top_k = getattr(model.config.get_text_config(), "num_experts_per_tok", None)
     if top_k is None:
         return None
     out = model(torch.tensor([ids]), output_router_logits=True)
@@ -671,7 +688,7 @@ def make_golden(name, spec, model, tokenizer):
         "transformers_version": transformers.__version__,
         "torch_version": torch.__version__,
         "dtype": spec["dtype"],
-        "vocab_size": model.config.vocab_size,
+        "vocab_size": model.config.get_text_config().vocab_size,
         "max_new_tokens": MAX_NEW_TOKENS,
         "eos_token_ids": eos_ids(spec["arch"], tokenizer),
         "min_top2_margin": min(margins) if margins else None,
@@ -851,6 +868,15 @@ def generate_one(name, spec, base_tok, out_dir, golden_path, search, clean=False
         for a, b in zip(golden["cases"], from_folder["cases"]):
             assert a["greedy_tokens"] == b["greedy_tokens"], f"{name}: MXFP4 folder decodes differently"
         golden = from_folder
+    if spec["arch"] in tiny_qwen35.ARCHS:
+        # The goldens come from transformers reading the folder as published.
+        tiny_qwen35.write_published_layout(out_dir, spec["seed"])
+        reread = tiny_qwen35.load_published_layout(out_dir)
+        reread.generation_config = model.generation_config
+        from_folder = make_golden(name, spec, reread, tokenizer)
+        for a, b in zip(golden["cases"], from_folder["cases"]):
+            assert a["greedy_tokens"] == b["greedy_tokens"], f"{name}: the published layout decodes differently"
+        golden = from_folder
     os.makedirs(os.path.dirname(golden_path) or ".", exist_ok=True)
     write_text(golden_path, to_json(golden))
     print(f"{name}: seed {spec['seed']}, vocab {vocab}, min top-2 margin {golden['min_top2_margin']:.4f}, "
@@ -867,7 +893,7 @@ def main():
     g = ap.add_argument_group("single custom model (selected by --arch)")
     ap.add_argument("--only", metavar="NAME", help="regenerate only this default fixture (e.g. tiny-qwen3)")
     g.add_argument("--arch", choices=["llama", "qwen2", "gpt2", "qwen3", "phi3", "gemma3", "qwen3_moe",
-                                      "gpt_oss"])
+                                      "gpt_oss", "qwen3_5", "qwen3_5_moe"])
     g.add_argument("--out", help="model folder to write; golden.json goes inside it")
     g.add_argument("--hidden", type=int)
     g.add_argument("--layers", type=int)
