@@ -1,8 +1,10 @@
-// Gated DeltaNet (Qwen3.5's linear-attention layers) after their input products, for the
-// step's tokens, carrying the sequence's state between steps:
+// Gated DeltaNet (Qwen3.5's linear-attention layers) after their input product, for the
+// step's tokens, carrying the sequence's state between steps. A token's projected row is
+// [q (NK·DK) | k (NK·DK) | v (NV·DV) | z (NV·DV) | b (NV) | a (NV)]: the layer's input
+// projections stacked into one product.
 //
-// CONV: the causal depthwise convolution (K taps, no bias) over every channel of the
-// projected [q; k; v] rows, then SiLU, in place. Invocation c walks channel c through the
+// CONV: the causal depthwise convolution (K taps, no bias) over the q, k and v channels of
+// the rows, then SiLU, in place. Invocation c walks channel c through the
 // tokens in order, holding the K − 1 inputs before the current one; `conv_state` keeps the
 // last K − 1 inputs for the next step.
 //
@@ -15,9 +17,9 @@
 // Defines: CONV (with K), DELTA (with DK, DV, the workgroup size, and NK, NV).
 
 struct Params {
-    // Channels of the projected rows (2·NK·DK + NV·DV) and the row stride of `gates`.
+    // The convolved channels (2·NK·DK + NV·DV) and the projected rows' length.
     channels: u32,
-    gate_stride: u32,
+    row_stride: u32,
     eps: f32,
     _pad: u32,
 }
@@ -30,8 +32,8 @@ fn silu(v: f32) -> f32 {
 }
 
 #if CONV
-// [tokens][channels], convolved in place.
-@group(0) @binding(2) var<storage, read_write> mixed: array<f32>;
+// [tokens][row_stride], the q/k/v channels convolved in place.
+@group(0) @binding(2) var<storage, read_write> rows: array<f32>;
 // [channels][K]: tap j multiplies the input K − 1 − j tokens back.
 @group(0) @binding(3) var<storage, read> conv_w: array<f32>;
 // [channels][K − 1]: the last inputs of the sequence so far, oldest first.
@@ -50,13 +52,13 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
         window[j] = conv_state[c * KEEP + j];
     }
     for (var t = 0u; t < step.n_tokens; t++) {
-        let at = t * p.channels + c;
-        window[KEEP] = mixed[at];
+        let at = t * p.row_stride + c;
+        window[KEEP] = rows[at];
         var sum = 0.0;
         for (var j = 0u; j < {{K}}u; j++) {
             sum += conv_w[c * {{K}}u + j] * window[j];
         }
-        mixed[at] = silu(sum);
+        rows[at] = silu(sum);
         for (var j = 0u; j < KEEP; j++) {
             window[j] = window[j + 1u];
         }
@@ -68,12 +70,8 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
 #endif
 
 #if DELTA
-// [tokens][channels]: q (NK·DK), k (NK·DK), v (NV·DV), convolved.
-@group(0) @binding(2) var<storage, read> mixed: array<f32>;
-// [tokens][gate_stride]: b (NV values), then a (NV).
-@group(0) @binding(3) var<storage, read> gates: array<f32>;
-// [tokens][NV·DV]: the output gate's input z.
-@group(0) @binding(4) var<storage, read> z: array<f32>;
+// [tokens][row_stride], q, k and v convolved.
+@group(0) @binding(2) var<storage, read> rows: array<f32>;
 // Per value head: A = −exp(A_log), dt_bias.
 @group(0) @binding(5) var<storage, read> decay_a: array<f32>;
 @group(0) @binding(6) var<storage, read> dt_bias: array<f32>;
@@ -127,12 +125,12 @@ fn main(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id) wid: v
     let k_at = {{NK}}u * DK + kh * DK;
     let v_at = 2u * {{NK}}u * DK + h * DV;
     for (var t = 0u; t < step.n_tokens; t++) {
-        let row = t * p.channels;
+        let row = t * p.row_stride;
         var q2 = 0.0;
         var k2 = 0.0;
         for (var i = tid; i < DK; i += WG) {
-            let qv = mixed[row + q_at + i];
-            let kv = mixed[row + k_at + i];
+            let qv = rows[row + q_at + i];
+            let kv = rows[row + k_at + i];
             qs[i] = qv;
             ks[i] = kv;
             q2 += qv * qv;
@@ -146,15 +144,17 @@ fn main(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id) wid: v
         let k_scale = inverseSqrt(red_k[0] + 1e-6);
         // Every invocation has its scales before the sums are reused.
         workgroupBarrier();
-        let beta = 1.0 / (1.0 + exp(-gates[t * p.gate_stride + h]));
-        let a = gates[t * p.gate_stride + {{NV}}u + h];
+        let z_at = row + p.channels;
+        let b_at = z_at + {{NV}}u * DV;
+        let beta = 1.0 / (1.0 + exp(-rows[b_at + h]));
+        let a = rows[b_at + {{NV}}u + h];
         let decay = exp(decay_a[h] * softplus(a + dt_bias[h]));
         var kv = 0.0;
         for (var i = 0u; i < DK; i++) {
             s[i] *= decay;
             kv += s[i] * ks[i];
         }
-        let delta = beta * (mixed[row + v_at + v_col] - kv * k_scale);
+        let delta = beta * (rows[row + v_at + v_col] - kv * k_scale);
         var o = 0.0;
         for (var i = 0u; i < DK; i++) {
             s[i] += ks[i] * k_scale * delta;
@@ -167,8 +167,8 @@ fn main(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id) wid: v
         reduce_pair(tid);
         let inv_rms = inverseSqrt(red_q[0] / f32(DV) + p.eps);
         if (owns) {
-            let at = t * {{NV}}u * DV + h * DV + v_col;
-            out[at] = norm_w[v_col] * (o * inv_rms) * silu(z[at]);
+            let gate = rows[z_at + h * DV + v_col];
+            out[t * {{NV}}u * DV + h * DV + v_col] = norm_w[v_col] * (o * inv_rms) * silu(gate);
         }
         // qs, ks and the reductions are reused by the next token.
         workgroupBarrier();

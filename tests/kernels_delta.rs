@@ -132,9 +132,8 @@ fn random_tokens(rng: &mut Rng, shape: &DeltaNetShape, n: usize) -> Vec<Token> {
 fn run(gpu: &Gpu, layer: &Layer, tokens: &[Token], steps: &[usize]) -> (Vec<f32>, Vec<f32>) {
     let shape = &layer.shape;
     let most = *steps.iter().max().expect("steps") as u64;
-    let channels = u64::from(shape.channels());
+    let row = u64::from(shape.projected_width());
     let width = u64::from(shape.value_heads * shape.value_dim);
-    let gate_stride = 2 * shape.value_heads;
     let store = |v: &[f32]| gpu.storage_from("test", v).expect("buffer");
     let weights = DeltaNetWeights {
         conv: store(&layer.conv),
@@ -145,17 +144,9 @@ fn run(gpu: &Gpu, layer: &Layer, tokens: &[Token], steps: &[usize]) -> (Vec<f32>
     let state = DeltaNetState::new(gpu, shape).expect("state");
     let buffer =
         |values: u64| -> StorageBuffer { gpu.storage("test", 4 * values).expect("buffer") };
-    let (mixed, gates, z, out) = (
-        buffer(most * channels),
-        buffer(most * u64::from(gate_stride)),
-        buffer(most * width),
-        buffer(most * width),
-    );
+    let (rows, out) = (buffer(most * row), buffer(most * width));
     let io = DeltaNetIo {
-        mixed: &mixed,
-        gates: &gates,
-        gate_stride,
-        z: &z,
+        rows: &rows,
         out: &out,
     };
     let step = gpu.uniform("step", &StepParams::new(0, 1));
@@ -164,15 +155,13 @@ fn run(gpu: &Gpu, layer: &Layer, tokens: &[Token], steps: &[usize]) -> (Vec<f32>
     let mut first = 0;
     for &n in steps {
         let chunk = &tokens[first..first + n];
-        let flat = |f: fn(&Token) -> &Vec<f32>| -> Vec<f32> {
-            chunk.iter().flat_map(|t| f(t).iter().copied()).collect()
-        };
+        // Each token's row as the stacked product writes it: q, k, v, then z, then b and a.
+        let stacked: Vec<f32> = chunk
+            .iter()
+            .flat_map(|t| t.mixed.iter().chain(&t.z).chain(&t.gates).copied())
+            .collect();
         gpu.queue()
-            .write_buffer(&mixed.buffer, 0, bytemuck::cast_slice(&flat(|t| &t.mixed)));
-        gpu.queue()
-            .write_buffer(&gates.buffer, 0, bytemuck::cast_slice(&flat(|t| &t.gates)));
-        gpu.queue()
-            .write_buffer(&z.buffer, 0, bytemuck::cast_slice(&flat(|t| &t.z)));
+            .write_buffer(&rows.buffer, 0, bytemuck::cast_slice(&stacked));
         step.write(gpu, &StepParams::new(first as u32, n as u32));
         let mut rec = Recorder::new(gpu);
         if first == 0 {

@@ -1,5 +1,5 @@
 //! Gated DeltaNet (shaders/delta_net.wgsl): the linear-attention layers of Qwen3.5, after
-//! their input products. A causal convolution over the projected q/k/v channels, then the
+//! their input product (q, k, v, z, b and a stacked into one). A causal convolution over the projected q/k/v channels, then the
 //! gated delta rule over each value head's recurrent state, and the gated RMSNorm of its
 //! output. The convolution's last inputs and the recurrent state are the sequence's cache,
 //! carried from step to step on the GPU.
@@ -15,7 +15,7 @@ const SOURCE: &str = include_str!("../../../shaders/delta_net.wgsl");
 #[derive(Clone, Copy, Default, Pod, Zeroable)]
 struct Params {
     channels: u32,
-    gate_stride: u32,
+    row_stride: u32,
     eps: f32,
     _pad: u32,
 }
@@ -40,6 +40,12 @@ impl DeltaNetShape {
     /// Channels of the projected rows: q and k (`key_heads·key_dim` each), then v.
     pub fn channels(&self) -> u32 {
         2 * self.key_heads * self.key_dim + self.value_heads * self.value_dim
+    }
+
+    /// Values of a token's projected row: q, k and v (the convolved channels), then z, b
+    /// and a (`value_heads·value_dim`, `value_heads`, `value_heads`).
+    pub fn projected_width(&self) -> u32 {
+        self.channels() + self.value_heads * self.value_dim + 2 * self.value_heads
     }
 
     /// Values of one layer's recurrent state (`value_heads × key_dim × value_dim`).
@@ -112,13 +118,9 @@ impl DeltaNetState {
 
 /// The buffers a layer's kernels read and write, per step.
 pub struct DeltaNetIo<'a> {
-    /// `[tokens][channels]`: the q/k/v product's rows, convolved in place.
-    pub mixed: &'a StorageBuffer,
-    /// `[tokens][gate_stride]`: β's logits b (value_heads of them), then a.
-    pub gates: &'a StorageBuffer,
-    pub gate_stride: u32,
-    /// `[tokens][value_heads·value_dim]`: the output gate's input z.
-    pub z: &'a StorageBuffer,
+    /// `[tokens][projected_width]`: the stacked input product's rows (q, k, v, z, b, a); q, k
+    /// and v are convolved in place.
+    pub rows: &'a StorageBuffer,
     /// `[tokens][value_heads·value_dim]`.
     pub out: &'a StorageBuffer,
 }
@@ -152,7 +154,7 @@ impl DeltaNet {
             "delta-net params",
             &Params {
                 channels: shape.channels(),
-                gate_stride: io.gate_stride,
+                row_stride: shape.projected_width(),
                 eps,
                 _pad: 0,
             },
@@ -170,7 +172,7 @@ impl DeltaNet {
                 &[
                     (0, &params.buffer),
                     (1, &step.buffer),
-                    (2, &io.mixed.buffer),
+                    (2, &io.rows.buffer),
                     (3, &weights.conv.buffer),
                     (4, &state.conv.buffer),
                 ],
@@ -198,9 +200,7 @@ impl DeltaNet {
                 &[
                     (0, &params.buffer),
                     (1, &step.buffer),
-                    (2, &io.mixed.buffer),
-                    (3, &io.gates.buffer),
-                    (4, &io.z.buffer),
+                    (2, &io.rows.buffer),
                     (5, &weights.decay_a.buffer),
                     (6, &weights.dt_bias.buffer),
                     (7, &weights.norm.buffer),
