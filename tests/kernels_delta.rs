@@ -269,4 +269,15 @@ fn shapes_the_kernels_cannot_take_are_refused() {
         ..shape
     };
     assert!(ok.check().is_ok());
+    let none = DeltaNetShape {
+        value_heads: 0,
+        ..shape
+    };
+    assert!(none.check().is_err());
+    let huge = DeltaNetShape {
+        key_heads: 1 << 20,
+        value_heads: 1 << 20,
+        ..shape
+    };
+    assert!(huge.check().expect_err("too many heads").contains("rows"));
 }

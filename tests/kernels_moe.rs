@@ -344,6 +344,8 @@ fn dense_experts_match_the_cpu_reference() {
             (37, Routing::Random),
             (13, Routing::Ties),
             (41, Routing::OneForAll),
+            // More assignments than one tensor-core tile takes (64), rows past one tile (128).
+            (70, Routing::OneForAll),
         ] {
             for (rows, weights, activation, biases) in [
                 (
@@ -379,7 +381,11 @@ fn dense_experts_match_the_cpu_reference() {
                         biases,
                         top_k: 3,
                         experts: 7,
-                        ..case(Storage::Dense(dtype), 45, 21)
+                        ..if tokens == 70 {
+                            case(Storage::Dense(dtype), 150, 133)
+                        } else {
+                            case(Storage::Dense(dtype), 45, 21)
+                        }
                     },
                     seed,
                 );

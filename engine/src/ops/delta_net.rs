@@ -36,6 +36,10 @@ pub struct DeltaNetShape {
 /// invocation a column of DK state values in registers.
 pub const MAX_DELTA_HEAD_DIM: u32 = 256;
 
+/// The longest projected row a layer may have (q, k, v, z, b and a of one token): far past
+/// any published shape, and small enough that no row index overflows.
+pub const MAX_DELTA_ROW: u32 = 1 << 20;
+
 impl DeltaNetShape {
     /// Channels of the projected rows: q and k (`key_heads·key_dim` each), then v.
     pub fn channels(&self) -> u32 {
@@ -61,7 +65,10 @@ impl DeltaNetShape {
 
     /// Whether the kernels take this shape; the reason where they do not.
     pub fn check(&self) -> Result<(), String> {
-        if self.key_heads == 0 || !self.value_heads.is_multiple_of(self.key_heads) {
+        if self.key_heads == 0
+            || self.value_heads == 0
+            || !self.value_heads.is_multiple_of(self.key_heads)
+        {
             return Err(format!(
                 "{} value heads cannot share {} key heads evenly",
                 self.value_heads, self.key_heads
@@ -73,6 +80,15 @@ impl DeltaNetShape {
             return Err(format!(
                 "linear-attention heads of {}×{} are outside 1..={MAX_DELTA_HEAD_DIM}",
                 self.key_dim, self.value_dim
+            ));
+        }
+        // The projected row's length, computed wide: head counts come from a config.
+        let width = 2 * u64::from(self.key_heads) * u64::from(self.key_dim)
+            + 2 * u64::from(self.value_heads) * u64::from(self.value_dim)
+            + 2 * u64::from(self.value_heads);
+        if width > u64::from(MAX_DELTA_ROW) {
+            return Err(format!(
+                "linear-attention rows of {width} values are over {MAX_DELTA_ROW}"
             ));
         }
         if !(1..=16).contains(&self.conv_kernel) {

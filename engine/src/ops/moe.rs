@@ -13,7 +13,7 @@ use crate::load::{ExpertActivation, MoeSpec, RouterWeights};
 #[path = "moe_product.rs"]
 mod product;
 
-use product::{Form, ProductSide, expert_product, lanes_per_row, prompt_form};
+use product::{Form, ProductSide, expert_product, forced_tile, lanes_per_row, prompt_form};
 
 const SOURCE: &str = include_str!("../../../shaders/moe.wgsl");
 /// The prompts' expert products on tensor cores: moe.wgsl's shared product section, then
@@ -289,8 +289,9 @@ impl Experts {
             bufs,
             &bufs.hidden,
         )?;
+        let forced = forced_tile();
         let up_prompt = ProductSide {
-            form: prompt_form(gpu.caps(), true),
+            form: prompt_form(gpu.caps(), true, forced.as_deref()),
             ..up_side
         };
         let gate_up_tiled = expert_product(
@@ -331,7 +332,7 @@ impl Experts {
             &bufs.outputs,
         )?;
         let down_prompt = ProductSide {
-            form: prompt_form(gpu.caps(), false),
+            form: prompt_form(gpu.caps(), false, forced.as_deref()),
             ..down_side
         };
         let down_tiled = expert_product(

@@ -51,10 +51,14 @@ impl Form {
     }
 }
 
+/// The tile `BACKPACK_MOE_TILE` asks for (`GMxGN/WMxWN[/DEPTH]`), for measurements.
+pub(super) fn forced_tile() -> Option<String> {
+    std::env::var("BACKPACK_MOE_TILE").ok()
+}
+
 /// The prompts' form on `caps`' adapter: tensor-core tiles where it has them and a tile fits
-/// (`BACKPACK_MOE_TILE`, as `GMxGN/WMxWN[/DEPTH]`, first, then [`COOP_TILES`]), else SIMT
-/// tiles.
-pub(super) fn prompt_form(caps: &GpuCaps, glu: bool) -> Form {
+/// (`forced` first, then [`COOP_TILES`]), else SIMT tiles.
+pub(super) fn prompt_form(caps: &GpuCaps, glu: bool, forced: Option<&str>) -> Form {
     if !caps.cooperative_matrix {
         return Form::Tiled;
     }
@@ -66,10 +70,8 @@ pub(super) fn prompt_form(caps: &GpuCaps, glu: bool) -> Form {
             && threads <= caps.max_workgroup_size_x
             && coop_workgroup_bytes(tile, glu) <= caps.max_workgroup_storage
     };
-    let forced = std::env::var("BACKPACK_MOE_TILE").ok();
     forced
-        .iter()
-        .map(String::as_str)
+        .into_iter()
         .chain(COOP_TILES)
         .filter_map(|text| text.trim().parse::<CoopTile>().ok())
         .find(fits)
@@ -90,14 +92,15 @@ fn staging_passes(tile: &CoopTile, glu: bool, subgroup: u32) -> Option<(u32, u32
 }
 
 /// Workgroup memory of moe_coop.wgsl: the staged f16 tiles (rows of `depth` + 8 halves; with
-/// GLU twice the weight rows), one f32 fragment (pair) per subgroup, and the tile's
-/// assignments.
+/// GLU twice the weight rows), one f32 fragment (pair) per subgroup, the tile's assignments
+/// and moe.wgsl's expert run (a vec3, 16 bytes).
 fn coop_workgroup_bytes(tile: &CoopTile, glu: bool) -> u32 {
     let (assignments, rows) = tile.size();
     let (weight_rows, fragment) = if glu { (2 * rows, 2048) } else { (rows, 1024) };
     (assignments + weight_rows) * (tile.depth + 8) * 2
         + tile.grid.0 * tile.grid.1 * fragment
         + assignments * 8
+        + 16
 }
 
 /// Lanes per row: enough to stride a row's units a few at a time, a power of two (one row per

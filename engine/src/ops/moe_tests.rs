@@ -9,15 +9,18 @@ use crate::ops::{WeightDType, quant_defines};
 #[test]
 fn prompt_tiles_fall_back_to_what_fits() {
     let mut caps = nvidia_caps();
-    assert_eq!(prompt_form(&caps, true).tile(), (128, 64));
+    assert_eq!(prompt_form(&caps, true, None).tile(), (128, 64));
     caps.max_workgroup_storage = 32 * 1024;
-    assert_eq!(prompt_form(&caps, true).tile(), (64, 64));
+    assert_eq!(prompt_form(&caps, true, None).tile(), (64, 64));
     caps.max_workgroup_storage = 16 * 1024;
-    assert_eq!(prompt_form(&caps, false).tile(), (64, 64));
-    assert!(matches!(prompt_form(&caps, true), Form::Tiled));
+    assert_eq!(prompt_form(&caps, false, None).tile(), (64, 64));
+    assert!(matches!(prompt_form(&caps, true, None), Form::Tiled));
     caps.max_workgroup_storage = 48 * 1024;
+    // A forced tile comes first where it fits, and is passed over where it does not.
+    assert_eq!(prompt_form(&caps, true, Some("2x2/1x2")).tile(), (64, 32));
+    assert_eq!(prompt_form(&caps, true, Some("8x8/4x4")).tile(), (128, 64));
     caps.cooperative_matrix = false;
-    assert!(matches!(prompt_form(&caps, false), Form::Tiled));
+    assert!(matches!(prompt_form(&caps, false, None), Form::Tiled));
 }
 
 fn nvidia_caps() -> GpuCaps {
