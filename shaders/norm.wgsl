@@ -20,6 +20,11 @@ struct Params {
     eps: f32,
     heads: u32,
     kv_heads: u32,
+    // HEADS: head slots a query head takes in a row (2: a gate head follows each, untouched).
+    q_step: u32,
+    _pad0: u32,
+    _pad1: u32,
+    _pad2: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -78,7 +83,9 @@ fn main(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id) wid: v
     if (t >= step.n_tokens) {
         return;
     }
-    let base = (t * (p.heads + 2u * p.kv_heads) + head) * p.k;
+    let row_slots = p.heads * p.q_step + 2u * p.kv_heads;
+    let slot = select(head + p.heads * (p.q_step - 1u), head * p.q_step, head < p.heads);
+    let base = (t * row_slots + slot) * p.k;
     var sq = 0.0;
     for (var k = tid; k < p.k; k += 256u) {
         let v = y[base + k];

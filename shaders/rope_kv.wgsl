@@ -8,6 +8,10 @@
 // With Q8 the cache holds q8_0 blocks (see attention.wgsl): `main` then writes Q only, and
 // `store_q8` quantizes K and V, one invocation per 32-dim block, after rotating its dims.
 //
+// A QKV row holds the query heads, then the key heads, then the value heads; with q_step 2
+// each query head is followed by a gate head of the same width (Qwen3.5's query product
+// interleaves them), which this pass leaves alone.
+//
 // Defines: F16 (f16 cache), Q8, NO_ROPE (learned positions, e.g. GPT-2).
 
 struct Params {
@@ -18,8 +22,14 @@ struct Params {
     rotary_dim: u32,
     // Q8: word offset of the block scales in each cache buffer.
     scale_base: u32,
-    _pad1: u32,
-    _pad2: u32,
+    // Head slots a query head takes in a QKV row: 1, or 2 with gate heads interleaved.
+    q_step: u32,
+    _pad: u32,
+}
+
+// The head slots of a QKV row.
+fn row_slots() -> u32 {
+    return p.heads * p.q_step + 2u * p.kv_heads;
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -83,7 +93,9 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
     let t = id / (quads * slots);
     let half_dim = p.rotary_dim / 2u;
     let pos = step.pos0 + t;
-    let src = (t * slots + slot) * p.head_dim;
+    // Query head `slot` (or key/value head slot − heads) in the row, past any gate heads.
+    let src_slot = select(slot + p.heads * (p.q_step - 1u), slot * p.q_step, slot < p.heads);
+    let src = (t * row_slots() + src_slot) * p.head_dim;
     let rotates = 4u * j < p.rotary_dim;
     // Dims a, a + 1 and b, b + 1: a rotation pair, or four dims past the rotary ones.
     let d = select(4u * j, 2u * j, rotates);
@@ -155,8 +167,7 @@ fn store_q8(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgrou
     let slot = (id / blocks) % (2u * p.kv_heads);
     let t = id / (blocks * 2u * p.kv_heads);
     let pos = step.pos0 + t;
-    let slots = p.heads + 2u * p.kv_heads;
-    let src = (t * slots + p.heads + slot) * p.head_dim;
+    let src = (t * row_slots() + p.heads * p.q_step + slot) * p.head_dim;
     let is_k = slot < p.kv_heads;
     let kv_head = select(slot - p.kv_heads, slot, is_k);
     var vals: array<f32, 32>;

@@ -958,39 +958,88 @@ fn check_norm(
 fn head_norms_match_cpu() {
     let gpu = gpu();
     let mut rng = Rng::new(33);
-    for &(heads, kv_heads, hd, tokens) in
-        &[(3u32, 1u32, 20u32, 5u32), (4, 2, 128, 3), (2, 2, 300, 1)]
-    {
-        let slots = (heads + 2 * kv_heads) as usize;
+    // Gated: a gate head after each query head (Qwen3.5's query product), left alone.
+    for &(heads, kv_heads, hd, tokens, gated) in &[
+        (3u32, 1u32, 20u32, 5u32, false),
+        (4, 2, 128, 3, false),
+        (2, 2, 300, 1, false),
+        (3, 1, 20, 5, true),
+        (4, 2, 64, 2, true),
+    ] {
+        let q_step = if gated { 2 } else { 1 };
+        let slots = (heads * q_step + 2 * kv_heads) as usize;
         let (hdu, t) = (hd as usize, tokens as usize);
         let qkv = rng.vec(t * slots * hdu, 2.0);
         let (qw, kw) = (rng.vec(hdu, 1.0), rng.vec(hdu, 1.0));
         let (qkv_b, qw_b, kw_b) = (buf(&gpu, &qkv), buf(&gpu, &qw), buf(&gpu, &kw));
         let st = step(&gpu, 0, tokens);
-        let op = HeadNorm::new(&gpu, heads, kv_heads, hd, 1e-6, &qw_b, &kw_b, &qkv_b, &st)
-            .expect("head norm");
+        let op = HeadNorm::new(
+            &gpu, heads, kv_heads, hd, gated, 1e-6, &qw_b, &kw_b, &qkv_b, &st,
+        )
+        .expect("head norm");
         let mut rec = Recorder::new(&gpu);
         op.encode(&mut rec, tokens);
         rec.submit();
         let got = read(&gpu, &qkv_b, qkv.len());
         let mut want = qkv.clone();
+        let q_slots = (heads * q_step) as usize;
         for row in want.chunks_mut(hdu).enumerate().filter_map(|(i, r)| {
             let slot = i % slots;
-            (slot < (heads + kv_heads) as usize).then_some((slot, r))
+            let is_q = slot < q_slots && slot.is_multiple_of(q_step as usize);
+            let is_k = slot >= q_slots && slot < q_slots + kv_heads as usize;
+            (is_q || is_k).then_some((is_q, r))
         }) {
-            let (slot, r) = row;
-            let w = if slot < heads as usize { &qw } else { &kw };
+            let (is_q, r) = row;
+            let w = if is_q { &qw } else { &kw };
             let normed = rms_norm(r, w, 1e-6);
             r.copy_from_slice(&normed);
         }
         let scale = vec![1.0; want.len()];
         assert_close(
-            &format!("head norm heads={heads} kv={kv_heads} hd={hd}"),
+            &format!("head norm heads={heads} kv={kv_heads} hd={hd} gated={gated}"),
             &got,
             &want,
             &scale,
             1e-5,
             1e-5,
+        );
+    }
+}
+
+/// Qwen3.5's attention output gate: each value times sigmoid of its gate, the gate head
+/// following its query head in the QKV rows, over awkward widths and several tokens.
+#[test]
+fn output_gate_matches_cpu() {
+    let gpu = gpu();
+    let mut rng = Rng::new(71);
+    for &(heads, kv_heads, hd, tokens) in &[(3u32, 1u32, 20u32, 5u32), (2, 2, 7, 1), (5, 1, 33, 3)]
+    {
+        let row_slots = (2 * heads + 2 * kv_heads) as usize;
+        let (h, hdu, t) = (heads as usize, hd as usize, tokens as usize);
+        let qkv = rng.vec(t * row_slots * hdu, 4.0);
+        let attn = rng.vec(t * h * hdu, 2.0);
+        let (qkv_b, attn_b) = (buf(&gpu, &qkv), buf(&gpu, &attn));
+        let st = step(&gpu, 0, tokens);
+        let op = OutputGate::new(&gpu, heads, kv_heads, hd, &qkv_b, &attn_b, &st).expect("gate");
+        let mut rec = Recorder::new(&gpu);
+        op.encode(&mut rec, tokens);
+        rec.submit();
+        let got = read(&gpu, &attn_b, attn.len());
+        let want: Vec<f32> = (0..attn.len())
+            .map(|i| {
+                let (tok, head, d) = (i / (h * hdu), (i / hdu) % h, i % hdu);
+                let gate = qkv[(tok * row_slots + 2 * head + 1) * hdu + d];
+                attn[i] / (1.0 + (-gate).exp())
+            })
+            .collect();
+        let scale = vec![1.0; want.len()];
+        assert_close(
+            &format!("output gate heads={heads} kv={kv_heads} hd={hd} tokens={tokens}"),
+            &got,
+            &want,
+            &scale,
+            1e-6,
+            1e-6,
         );
     }
 }
@@ -1082,7 +1131,14 @@ fn rope_and_cache_store_match_cpu() {
         theta: 10000.0,
         scaling: RopeScaling::None,
     };
-    for dtype in [KvDType::F32, KvDType::F16, KvDType::Q8_0] {
+    // Gated queries: a gate head after each query head in the rows (Qwen3.5), passed over.
+    for (dtype, gated) in [
+        (KvDType::F32, false),
+        (KvDType::F16, false),
+        (KvDType::Q8_0, false),
+        (KvDType::F32, true),
+        (KvDType::Q8_0, true),
+    ] {
         for with_rope in [true, false] {
             for c in &cases {
                 if dtype == KvDType::Q8_0 && c.head_dim % 32 != 0 {
@@ -1090,12 +1146,25 @@ fn rope_and_cache_store_match_cpu() {
                 }
                 let hd = c.head_dim as usize;
                 let slots = (c.heads + 2 * c.kv_heads) as usize;
-                let qkv = rng.vec(c.tokens as usize * slots * hd, 2.0);
+                let q_step = if gated { 2 } else { 1 };
+                let row_slots = slots + if gated { c.heads as usize } else { 0 };
+                // Where logical head slot s (queries, keys, values) lies in a row.
+                let src_slot = |s: usize| {
+                    if s < c.heads as usize {
+                        s * q_step
+                    } else {
+                        s + (q_step - 1) * c.heads as usize
+                    }
+                };
+                let qkv = rng.vec(c.tokens as usize * row_slots * hd, 2.0);
                 let inv_freq = spec.inv_freq(c.rotary_dim);
                 let positions = c.capacity.max(c.pos0 + c.tokens);
                 let table = RopeTable::new(&gpu, &inv_freq, positions).expect("table");
                 let cache_elems = (c.kv_heads * c.capacity) as usize * hd;
-                let shape = CacheShape::new(c.heads, c.kv_heads, c.head_dim, c.capacity, dtype);
+                let shape = CacheShape {
+                    gated_queries: gated,
+                    ..CacheShape::new(c.heads, c.kv_heads, c.head_dim, c.capacity, dtype)
+                };
                 let cache_bytes = shape.buffer_bytes();
                 let (qkvb, qb) = (
                     buf(&gpu, &qkv),
@@ -1185,7 +1254,8 @@ fn rope_and_cache_store_match_cpu() {
                 for t in 0..c.tokens as usize {
                     let pos = c.pos0 + t as u32;
                     for s in 0..slots {
-                        let src = &qkv[(t * slots + s) * hd..(t * slots + s + 1) * hd];
+                        let at = (t * row_slots + src_slot(s)) * hd;
+                        let src = &qkv[at..at + hd];
                         let is_q = s < c.heads as usize;
                         let is_k = !is_q && s < (c.heads + c.kv_heads) as usize;
                         let want = if is_q || is_k {
@@ -1217,7 +1287,9 @@ fn rope_and_cache_store_match_cpu() {
                             KvDType::F32 => 1e-5,
                         };
                         assert_close(
-                            &format!("rope {dtype:?} rope={with_rope} hd={hd} t={t} slot={s}"),
+                            &format!(
+                                "rope {dtype:?} rope={with_rope} gated={gated} hd={hd} t={t} slot={s}"
+                            ),
                             &got,
                             &want,
                             &scale,

@@ -77,6 +77,9 @@ pub struct CacheShape {
     pub window: Option<u32>,
     /// Softmax scale of scores (None: 1/√head_dim).
     pub scale: Option<f32>,
+    /// Each query head of the QKV rows is followed by a gate head of the same width (the
+    /// query product of Qwen3.5's gated attention).
+    pub gated_queries: bool,
 }
 
 impl CacheShape {
@@ -96,6 +99,7 @@ impl CacheShape {
             dtype: dtype.into(),
             window: None,
             scale: None,
+            gated_queries: false,
         }
     }
 

@@ -197,3 +197,70 @@ impl Glu {
         );
     }
 }
+
+const OUT_GATE_SOURCE: &str = include_str!("../../../shaders/out_gate.wgsl");
+
+#[repr(C)]
+#[derive(Clone, Copy, Pod, Zeroable)]
+struct OutGateParams {
+    heads: u32,
+    head_dim: u32,
+    row_slots: u32,
+    _pad: u32,
+}
+
+/// Gated attention's output gate (Qwen3.5), in place on the attention output: each value
+/// times sigmoid of its gate, read from the gate head after its query head in the QKV rows.
+pub struct OutputGate {
+    kernel: Kernel,
+    bind_group: wgpu::BindGroup,
+    width: u32,
+    _params: UniformBuffer,
+}
+
+impl OutputGate {
+    pub fn new(
+        gpu: &Gpu,
+        heads: u32,
+        kv_heads: u32,
+        head_dim: u32,
+        qkv: &StorageBuffer,
+        attn: &StorageBuffer,
+        step: &UniformBuffer,
+    ) -> Result<Self, GpuError> {
+        let kernel = gpu.kernel("out_gate", OUT_GATE_SOURCE, "main", &[])?;
+        let params = gpu.uniform(
+            "output gate params",
+            &OutGateParams {
+                heads,
+                head_dim,
+                row_slots: 2 * heads + 2 * kv_heads,
+                _pad: 0,
+            },
+        );
+        let bind_group = bind(
+            gpu,
+            &kernel,
+            &[
+                (0, &params.buffer),
+                (1, &step.buffer),
+                (2, &qkv.buffer),
+                (3, &attn.buffer),
+            ],
+        );
+        Ok(Self {
+            kernel,
+            bind_group,
+            width: heads * head_dim,
+            _params: params,
+        })
+    }
+
+    pub fn encode(&self, rec: &mut Recorder<'_>, n_tokens: u32) {
+        rec.dispatch(
+            &self.kernel,
+            &self.bind_group,
+            (n_tokens * self.width).div_ceil(256),
+        );
+    }
+}

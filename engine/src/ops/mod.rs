@@ -37,7 +37,7 @@ pub use delta_net::{
 };
 pub use denoise::{Denoise, DenoiseBuffers, DenoiseParams, Preview, PreviewSource};
 pub use dequant::Dequantize;
-pub use elementwise::{Embed, Glu, GluKind};
+pub use elementwise::{Embed, Glu, GluKind, OutputGate};
 pub use fill::{fill_random, fill_value};
 pub use group_norm::{GroupNorm, GroupNormShape};
 pub use matmul::{LONG_PROMPT_ROWS, MatMul, MatMulOptions, k_slices};

@@ -18,6 +18,8 @@ struct Params {
     eps: f32,
     heads: u32,
     kv_heads: u32,
+    q_step: u32,
+    _pad: [u32; 3],
 }
 
 /// How a [`Norm`] runs.
@@ -134,6 +136,8 @@ impl Norm {
                 eps,
                 heads: 0,
                 kv_heads: 0,
+                q_step: 1,
+                _pad: [0; 3],
             },
         );
         let mut entries = vec![
@@ -167,7 +171,8 @@ impl Norm {
 }
 
 /// RMSNorm in place over each query and key head of the step's fused QKV rows (Qwen3's
-/// q_norm / k_norm), value heads untouched.
+/// q_norm / k_norm), value heads (and with `gated_queries` the gate head after each query
+/// head) untouched.
 pub struct HeadNorm {
     kernel: Kernel,
     bind_group: wgpu::BindGroup,
@@ -183,6 +188,7 @@ impl HeadNorm {
         heads: u32,
         kv_heads: u32,
         head_dim: u32,
+        gated_queries: bool,
         eps: f32,
         q_weight: &StorageBuffer,
         k_weight: &StorageBuffer,
@@ -206,6 +212,8 @@ impl HeadNorm {
                 eps,
                 heads,
                 kv_heads,
+                q_step: if gated_queries { 2 } else { 1 },
+                _pad: [0; 3],
             },
         );
         let bind_group = bind(

@@ -14,7 +14,9 @@ struct Params {
     capacity: u32,
     rotary_dim: u32,
     scale_base: u32,
-    _pad: [u32; 2],
+    /// Head slots a query head takes in a QKV row (2: a gate head follows each).
+    q_step: u32,
+    _pad: u32,
 }
 
 /// cos/sin of position × inverse frequency for every cached position, computed on the host the
@@ -157,7 +159,8 @@ impl RopeKv {
                 capacity,
                 rotary_dim: table.map_or(head_dim, |t| t.rotary_dim),
                 scale_base: shape.scale_base(),
-                _pad: [0; 2],
+                q_step: if shape.gated_queries { 2 } else { 1 },
+                _pad: 0,
             },
         );
         let mut entries = vec![

@@ -324,6 +324,7 @@ impl LayerContext<'_> {
                 spec.heads,
                 spec.kv_heads,
                 spec.head_dim,
+                false,
                 spec.norm_eps,
                 q,
                 k,
