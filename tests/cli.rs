@@ -30,6 +30,7 @@ fn generate_json_reproduces_greedy_tokens() {
         ("tiny-qwen2", "f32"),
         ("tiny-qwen3-moe", "f32"),
         ("tiny-gpt-oss-mxfp4", "f32"),
+        ("tiny-qwen3-5", "f16"),
     ] {
         let case = golden_case(model, 0);
         let prompt = case["prompt"].as_str().expect("raw prompt");

@@ -8,10 +8,10 @@ mod common;
 
 use backpack_engine::models::{ModelOptions, Prompt, TextModel};
 use backpack_engine::ops::{SamplerParams, WeightDType};
-use common::goldens::{fixtures, golden, load, load_path, max_diff, tolerance};
+use common::goldens::{fixtures, golden, load, load_path, max_diff, model_tolerance, tolerance};
 use common::gpu;
 
-const MODELS: [&str; 9] = [
+const MODELS: [&str; 10] = [
     "tiny-llama",
     "tiny-qwen2",
     "tiny-gpt2",
@@ -21,6 +21,7 @@ const MODELS: [&str; 9] = [
     "tiny-qwen3-moe",
     "tiny-gpt-oss",
     "tiny-gpt-oss-mxfp4",
+    "tiny-qwen3-5",
 ];
 
 #[test]
@@ -68,7 +69,7 @@ fn prompt_logits_match_transformers() {
                     let diff = max_diff(row, want);
                     worst = worst.max(diff);
                     assert!(
-                        diff <= tolerance(dtype),
+                        diff <= model_tolerance(name, dtype),
                         "{name}/{} {dtype:?}: position {pos} differs by {diff}",
                         c.name
                     );
@@ -102,7 +103,7 @@ fn greedy_decoding_matches_transformers() {
                     let logits = m.model.last_logits().expect("logits");
                     let diff = max_diff(&logits, want_logits);
                     assert!(
-                        diff <= tolerance(dtype),
+                        diff <= model_tolerance(name, dtype),
                         "{name}/{} {dtype:?}: step {step} logits differ by {diff}",
                         c.name
                     );

@@ -91,6 +91,17 @@ pub fn tolerance(dtype: WeightDType) -> f32 {
     }
 }
 
+/// The logit tolerance for model `name`. Qwen3.5's prompts run through transformers' chunked
+/// form of the delta rule and Backpack's recurrent form: the same sums in another order, whose
+/// f32 rounding the gated norm of a small head output magnifies. Most positions of the tiny
+/// model agree to 2e-5 (as the other families do); its worst reached 3.7e-4 (logits of ±7).
+pub fn model_tolerance(name: &str, dtype: WeightDType) -> f32 {
+    match (name, dtype) {
+        ("tiny-qwen3-5", WeightDType::F32) => 6e-4,
+        _ => tolerance(dtype),
+    }
+}
+
 pub fn max_diff(a: &[f32], b: &[f32]) -> f32 {
     assert_eq!(a.len(), b.len());
     a.iter()

@@ -5,6 +5,8 @@ use std::path::Path;
 
 use serde_json::Value;
 
+pub use super::qwen35::LinearLayers;
+
 use super::error::{LoadError, read_json};
 use super::moe::MoeSpec;
 use super::rope::{RopeSpec, rope_spec, rope_with};
@@ -31,6 +33,9 @@ pub enum Arch {
     /// GPT-OSS: biased attention with per-head sinks, sliding and full layers alternating,
     /// YaRN, biased router and experts with the clamped SwiGLU.
     GptOss,
+    /// Qwen3.5: Gated DeltaNet layers, and on every fourth layer Qwen3's attention with a
+    /// sigmoid output gate and partial rotary; (1 + w) RMSNorms.
+    Qwen35,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -99,6 +104,11 @@ pub struct DecoderSpec {
     pub moe: Option<MoeSpec>,
     /// A learned logit per query head that joins every softmax's denominator (GPT-OSS).
     pub sinks: bool,
+    /// The attention output is gated by sigmoid(gate) per value, each query head's gate rows
+    /// following its rows in the query product (Qwen3.5).
+    pub output_gate: bool,
+    /// Linear-attention (Gated DeltaNet) layers in place of attention on the layers it marks.
+    pub linear: Option<LinearLayers>,
 }
 
 impl DecoderSpec {
@@ -133,6 +143,10 @@ impl DecoderSpec {
             "qwen3" | "Qwen3ForCausalLM" => llama_like(c, Arch::Qwen3),
             "qwen3_moe" | "Qwen3MoeForCausalLM" => qwen3_moe(c),
             "gpt_oss" | "GptOssForCausalLM" => gpt_oss(c),
+            "qwen3_5"
+            | "qwen3_5_text"
+            | "Qwen3_5ForConditionalGeneration"
+            | "Qwen3_5ForCausalLM" => super::qwen35::qwen3_5(c),
             "phi3" | "Phi3ForCausalLM" => llama_like(c, Arch::Phi3),
             "gpt2" | "GPT2LMHeadModel" => gpt2(c),
             "gemma3_text" | "Gemma3ForCausalLM" => gemma3(c),
@@ -150,7 +164,8 @@ impl DecoderSpec {
         let kv = u64::from(self.kv_heads) * hd;
         let i = u64::from(self.intermediate);
         let dense_mlp = if self.mlp.gated() { 3 } else { 2 } * d * i;
-        let attention = d * (q + 2 * kv) + q * d + 4 * d;
+        let gate = if self.output_gate { q } else { 0 };
+        let attention = d * (q + gate + 2 * kv) + q * d + 4 * d;
         let embed = u64::from(self.vocab) * d;
         let head = if self.tied_embeddings { 0 } else { embed };
         let positions = if self.rope.is_none() {
@@ -164,7 +179,13 @@ impl DecoderSpec {
                 _ => dense_mlp,
             })
             .sum();
-        embed + head + positions + u64::from(self.layers) * attention + mlps
+        let mixers: u64 = (0..self.layers)
+            .map(|layer| match &self.linear {
+                Some(l) if l.is_linear(layer) => l.mixer_parameters(self.hidden) + 2 * d,
+                _ => attention,
+            })
+            .sum();
+        embed + head + positions + mixers + mlps
     }
 
     /// Parameters one token reads: all but the experts it is not routed to (the total for
@@ -208,13 +229,13 @@ fn get_u32(c: &Value, key: &str) -> Result<u32, SpecError> {
         .ok_or_else(|| SpecError::Invalid(format!("missing or invalid {key:?}")))
 }
 
-fn opt_u32(c: &Value, key: &str) -> Option<u32> {
+pub(super) fn opt_u32(c: &Value, key: &str) -> Option<u32> {
     c.get(key)
         .and_then(Value::as_u64)
         .and_then(|v| u32::try_from(v).ok())
 }
 
-fn opt_f32(c: &Value, key: &str) -> Option<f32> {
+pub(super) fn opt_f32(c: &Value, key: &str) -> Option<f32> {
     c.get(key).and_then(Value::as_f64).map(|v| v as f32)
 }
 
@@ -229,7 +250,7 @@ fn token_ids(v: Option<&Value>) -> Vec<u32> {
     }
 }
 
-fn llama_like(c: &Value, arch: Arch) -> Result<DecoderSpec, SpecError> {
+pub(super) fn llama_like(c: &Value, arch: Arch) -> Result<DecoderSpec, SpecError> {
     let hidden = get_u32(c, "hidden_size")?;
     let heads = get_u32(c, "num_attention_heads")?;
     let kv_heads = opt_u32(c, "num_key_value_heads").unwrap_or(heads);
@@ -286,6 +307,8 @@ fn llama_like(c: &Value, arch: Arch) -> Result<DecoderSpec, SpecError> {
         eos_token_ids: token_ids(c.get("eos_token_id")),
         moe: None,
         sinks: false,
+        output_gate: false,
+        linear: None,
     })
 }
 
@@ -481,6 +504,8 @@ fn gemma3(c: &Value) -> Result<DecoderSpec, SpecError> {
         },
         moe: None,
         sinks: false,
+        output_gate: false,
+        linear: None,
     })
 }
 
@@ -533,6 +558,8 @@ fn gpt2(c: &Value) -> Result<DecoderSpec, SpecError> {
         eos_token_ids: token_ids(c.get("eos_token_id")),
         moe: None,
         sinks: false,
+        output_gate: false,
+        linear: None,
     })
 }
 

@@ -184,6 +184,8 @@ pub fn gguf_spec(file: &GgufFile) -> Result<DecoderSpec, LoadError> {
         eos_token_ids: eos,
         moe: None,
         sinks: false,
+        output_gate: false,
+        linear: None,
     };
     if arch == Arch::Gemma3 {
         return gemma3_spec(file, spec);
@@ -358,6 +360,8 @@ fn gpt2_spec(file: &GgufFile) -> Result<DecoderSpec, LoadError> {
         eos_token_ids: token("eos_token_id").into_iter().collect(),
         moe: None,
         sinks: false,
+        output_gate: false,
+        linear: None,
     })
 }
 

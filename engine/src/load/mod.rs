@@ -9,12 +9,13 @@ mod gguf_model;
 mod gguf_moe;
 mod moe;
 pub mod quant;
+mod qwen35;
 mod rope;
 mod safetensors;
 mod template;
 mod tokenizer;
 
-pub use config::{Arch, DecoderSpec, MlpKind, SlidingWindow};
+pub use config::{Arch, DecoderSpec, LinearLayers, MlpKind, SlidingWindow};
 pub use error::LoadError;
 pub(crate) use error::read_json;
 pub use gguf::{GgmlType, GgufFile, GgufTensor, GgufValue, write_gguf};

@@ -398,6 +398,28 @@ impl<'a> Uploader<'a> {
         Ok(buffer)
     }
 
+    /// Gated DeltaNet's per-head decay rates A = −exp(A_log) from the stored A_log (GGUF
+    /// converters store A itself); random weights decay at −1.
+    pub fn decay_vector(
+        &mut self,
+        label: &str,
+        name: &str,
+        heads: u32,
+    ) -> Result<StorageBuffer, Error> {
+        if matches!(self.source, WeightSource::Random { .. }) {
+            return self.vector(label, &[(name, heads)], Some(-1.0));
+        }
+        let stored = self.tensor(name, &[heads as usize])?.to_f32();
+        let data: Vec<f32> = if self.is_gguf() {
+            stored
+        } else {
+            stored.into_iter().map(|a| -a.exp()).collect()
+        };
+        let buffer = self.gpu.storage_from(label, &data)?;
+        self.bytes += buffer.size;
+        Ok(buffer)
+    }
+
     /// A norm's scale vector: the stored weights plus `offset` (Gemma stores w of (1 + w));
     /// random weights are all ones.
     pub fn norm_vector(

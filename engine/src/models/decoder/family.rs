@@ -6,8 +6,9 @@
 
 use crate::Error;
 use crate::gpu::StorageBuffer;
+use crate::load::LinearLayers;
 use crate::load::{Arch, DecoderSpec};
-use crate::ops::{ExpertWeights, Matrix};
+use crate::ops::{DeltaNetWeights, ExpertWeights, Matrix};
 
 use super::super::weights::{Part, Uploader};
 
@@ -48,6 +49,19 @@ pub(super) struct LayerNames {
     pub down_bias: Name,
     /// Per-head attention sink logits (the config's `sinks` says whether they are read).
     pub sinks: Option<Name>,
+    /// The weights of linear-attention layers (the config's `linear` says which layers).
+    pub linear: Option<LinearNames>,
+}
+
+/// A Gated DeltaNet layer's weights (Qwen3.5): its input projections (q/k/v, z, b, a) stacked
+/// into one product, the convolution, A_log, dt_bias, the output norm and projection.
+pub(super) struct LinearNames {
+    pub in_proj: Projection,
+    pub conv: Name,
+    pub a_log: Name,
+    pub dt_bias: Name,
+    pub norm: Name,
+    pub out: Name,
 }
 
 pub(super) struct Family {
@@ -76,6 +90,7 @@ pub(super) fn family_of(arch: Arch) -> &'static Family {
         Arch::Llama | Arch::Qwen2 => &super::llama::FAMILY,
         Arch::Qwen3 | Arch::Qwen3Moe => &super::qwen3::FAMILY,
         Arch::GptOss => &super::gpt_oss::FAMILY,
+        Arch::Qwen35 => &super::qwen35::FAMILY,
         Arch::Phi3 => &super::phi3::FAMILY,
         Arch::Gpt2 => &super::gpt2::FAMILY,
         Arch::Gemma3 => &super::gemma3::FAMILY,
@@ -97,6 +112,9 @@ pub(super) struct LayerWeights {
     /// Per-head sink logits (GPT-OSS).
     pub sinks: Option<StorageBuffer>,
     pub mlp: MlpWeights,
+    /// A Gated DeltaNet layer's own weights (`qkv` is then its stacked input product and `o`
+    /// its output product).
+    pub delta: Option<DeltaNetWeights>,
 }
 
 /// A layer's MLP: dense, or routed experts.
@@ -160,17 +178,22 @@ impl Family {
         prefix: &str,
         i: u32,
     ) -> Result<LayerWeights, Error> {
+        if let Some(linear) = spec.linear.as_ref().filter(|l| l.is_linear(i)) {
+            return self.load_linear_layer(up, spec, linear, prefix, i);
+        }
         let names = &self.layer;
         let n = |name: Name| self.name(prefix, name, i);
         let d = spec.hidden;
         let (q_rows, kv_rows) = (spec.heads * spec.head_dim, spec.kv_heads * spec.head_dim);
+        // Gated attention's query product carries a gate head after each query head.
+        let stored_q_rows = if spec.output_gate { 2 * q_rows } else { q_rows };
         let label = format!("layer {i}");
         let offset = self.norm_offset(up);
         let norm = |up: &mut Uploader<'_>, w: Name, b: Option<Name>| {
             norm_pair(up, &label, &n(w), b.map(n).as_deref(), d, offset)
         };
         let attn_norm = norm(up, names.attn_norm, names.attn_norm_bias)?;
-        let qkv_rows = [q_rows, kv_rows, kv_rows];
+        let qkv_rows = [stored_q_rows, kv_rows, kv_rows];
         let qkv = self.stacked(up, &format!("{label} qkv"), &names.qkv, &qkv_rows, d, &n)?;
         let qkv_bias = spec
             .qkv_bias
@@ -236,6 +259,60 @@ impl Family {
             post_norms,
             sinks,
             mlp,
+            delta: None,
+        })
+    }
+
+    /// Uploads Gated DeltaNet layer `i`: its input projections stacked into one matrix (rows
+    /// q/k/v, z, b, a), the output projection, and the small weights.
+    fn load_linear_layer(
+        &self,
+        up: &mut Uploader<'_>,
+        spec: &DecoderSpec,
+        linear: &LinearLayers,
+        prefix: &str,
+        i: u32,
+    ) -> Result<LayerWeights, Error> {
+        let Some(names) = &self.layer.linear else {
+            return Err(Error::Invalid(format!(
+                "{:?} checkpoints have no linear-attention layers, but the config asks for them",
+                spec.arch
+            )));
+        };
+        let n = |name: Name| self.name(prefix, name, i);
+        let (s, d) = (&linear.shape, spec.hidden);
+        let label = format!("layer {i}");
+        let offset = self.norm_offset(up);
+        let values = s.value_heads * s.value_dim;
+        let rows = [s.channels(), values, s.value_heads, s.value_heads];
+        let qkv = self.stacked(up, &format!("{label} in"), &names.in_proj, &rows, d, &n)?;
+        let o = self.single(up, &format!("{label} out"), &n(names.out), d, values)?;
+        let delta = DeltaNetWeights {
+            conv: up.vector(
+                &label,
+                &[(&n(names.conv), s.channels() * s.conv_kernel)],
+                None,
+            )?,
+            decay_a: up.decay_vector(&label, &n(names.a_log), s.value_heads)?,
+            dt_bias: up.vector(&label, &[(&n(names.dt_bias), s.value_heads)], None)?,
+            norm: up.vector(&label, &[(&n(names.norm), s.value_dim)], Some(1.0))?,
+        };
+        let layer = &self.layer;
+        let attn_norm = norm_pair(up, &label, &n(layer.attn_norm), None, d, offset)?;
+        let mlp_norm = norm_pair(up, &label, &n(layer.mlp_norm), None, d, offset)?;
+        let mlp = self.dense_mlp(up, spec, &label, &n)?;
+        Ok(LayerWeights {
+            attn_norm,
+            qkv,
+            qkv_bias: None,
+            qk_norm: None,
+            o,
+            o_bias: None,
+            mlp_norm,
+            post_norms: None,
+            sinks: None,
+            mlp,
+            delta: Some(delta),
         })
     }
 

@@ -29,6 +29,7 @@ pub(super) const FAMILY: Family = Family {
         down: "{P}h.{L}.mlp.c_proj.weight",
         down_bias: "{P}h.{L}.mlp.c_proj.bias",
         sinks: None,
+        linear: None,
     },
     norm_plus_one: false,
     transposed: true,

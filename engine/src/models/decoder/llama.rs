@@ -43,6 +43,7 @@ pub(super) const FAMILY: Family = Family {
         down: "{P}layers.{L}.mlp.down_proj.weight",
         down_bias: "{P}layers.{L}.mlp.down_proj.bias",
         sinks: None,
+        linear: None,
     },
     norm_plus_one: false,
     transposed: false,

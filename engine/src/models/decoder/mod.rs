@@ -17,9 +17,9 @@ use crate::Error;
 use crate::gpu::{Gpu, Recorder, StorageBuffer, UniformBuffer};
 use crate::load::DecoderSpec;
 use crate::ops::{
-    Attention, Dequantize, Embed, Experts, Glu, HeadNorm, Int8Handoff, KvDType, LONG_PROMPT_ROWS,
-    MatMul, MatMulOptions, MatVec, Matrix, MoeBuffers, Norm, NormKind, RopeKv, Sample,
-    SamplerParams, StepParams, WeightDType,
+    Attention, DeltaNet, DeltaNetState, Dequantize, Embed, Experts, Glu, HeadNorm, Int8Handoff,
+    KvDType, LONG_PROMPT_ROWS, MatMul, MatMulOptions, MatVec, Matrix, MoeBuffers, Norm, NormKind,
+    OutputGate, RopeKv, Sample, SamplerParams, StepParams, WeightDType,
 };
 
 mod build;
@@ -31,6 +31,7 @@ mod gpt_oss;
 mod llama;
 mod phi3;
 mod qwen3;
+mod qwen35;
 
 #[derive(Clone, Debug)]
 pub struct ModelOptions {
@@ -84,9 +85,9 @@ struct InFlight {
 }
 
 struct Layer {
+    /// The input product: q/k/v for attention, the stacked projections of a Gated DeltaNet
+    /// layer.
     qkv_mv: MatVec,
-    /// Query/key head norms on the QKV rows (Qwen3), before RoPE.
-    qk_norm: Option<HeadNorm>,
     o_mv: MatVec,
     attn_norm: Norm,
     qkv_mm: PromptProduct,
@@ -96,10 +97,25 @@ struct Layer {
     post_mlp_norm: Option<Norm>,
     mlp_norm: Norm,
     mlp: LayerMlp,
-    rope: RopeKv,
-    attention: Attention,
-    /// Decoding's attention: split over runs of keys when the output product can merge them.
-    decode_attention: Attention,
+    mixer: Mixer,
+}
+
+/// What mixes a layer's positions between its input and output products.
+#[allow(clippy::large_enum_variant)]
+enum Mixer {
+    Attention {
+        /// Query/key head norms on the QKV rows (Qwen3), before RoPE.
+        qk_norm: Option<HeadNorm>,
+        rope: RopeKv,
+        attention: Attention,
+        /// Decoding's attention: split over runs of keys when the output product can merge
+        /// them.
+        decode_attention: Attention,
+        /// The sigmoid output gate (Qwen3.5).
+        gate: Option<OutputGate>,
+    },
+    /// A Gated DeltaNet layer and its part of the sequence's state.
+    DeltaNet { net: DeltaNet, state: DeltaNetState },
 }
 
 /// A layer's MLP kernels: dense products, or a router and its experts. One per layer, built
@@ -274,14 +290,28 @@ impl DecoderModel {
         self.embed.encode(rec, 1);
         for l in &self.layers {
             l.qkv_mv.encode(rec);
-            if let Some(qk) = &l.qk_norm {
-                qk.encode(rec, 1);
+            match &l.mixer {
+                Mixer::Attention {
+                    qk_norm,
+                    rope,
+                    decode_attention,
+                    gate,
+                    ..
+                } => {
+                    if let Some(qk) = qk_norm {
+                        qk.encode(rec, 1);
+                    }
+                    // The split attention applies RoPE and fills the cache itself.
+                    if !self.split_attention {
+                        rope.encode(rec, 1);
+                    }
+                    decode_attention.encode(rec, pos, 1);
+                    if let Some(gate) = gate {
+                        gate.encode(rec, 1);
+                    }
+                }
+                Mixer::DeltaNet { net, .. } => net.encode(rec),
             }
-            // The split attention applies RoPE and fills the cache itself.
-            if !self.split_attention {
-                l.rope.encode(rec, 1);
-            }
-            l.decode_attention.encode(rec, pos, 1);
             l.o_mv.encode(rec);
             if let Some(norm) = &l.post_attn_norm {
                 norm.encode(rec, 1);
@@ -309,15 +339,37 @@ impl DecoderModel {
 
     /// Records the layers for the `n` prompt tokens starting at `pos0`.
     fn encode_prefill_layers(&self, rec: &mut Recorder<'_>, pos0: u32, n: u32) {
+        // A forward pass from the first position starts the recurrent states afresh.
+        if pos0 == 0 {
+            for l in &self.layers {
+                if let Mixer::DeltaNet { state, .. } = &l.mixer {
+                    state.clear(rec);
+                }
+            }
+        }
         self.embed.encode(rec, n);
         for l in &self.layers {
             l.attn_norm.encode(rec, n);
             l.qkv_mm.encode(rec, n);
-            if let Some(qk) = &l.qk_norm {
-                qk.encode(rec, n);
+            match &l.mixer {
+                Mixer::Attention {
+                    qk_norm,
+                    rope,
+                    attention,
+                    gate,
+                    ..
+                } => {
+                    if let Some(qk) = qk_norm {
+                        qk.encode(rec, n);
+                    }
+                    rope.encode(rec, n);
+                    attention.encode(rec, pos0, n);
+                    if let Some(gate) = gate {
+                        gate.encode(rec, n);
+                    }
+                }
+                Mixer::DeltaNet { net, .. } => net.encode(rec),
             }
-            l.rope.encode(rec, n);
-            l.attention.encode(rec, pos0, n);
             l.o_mm.encode(rec, n);
             if let Some(norm) = &l.post_attn_norm {
                 norm.encode(rec, n);

@@ -5,13 +5,13 @@ use crate::Error;
 use crate::gpu::{Gpu, StorageBuffer, UniformBuffer};
 use crate::load::{DecoderSpec, MlpKind};
 use crate::ops::{
-    Attention, CacheShape, Experts, Gelu, Glu, GluKind, HeadNorm, KvDType, MatMul, MatMulOptions,
-    MatVec, MatVecLayout, MatVecOptions, Matrix, Norm, NormKind, RopeKv, RopeTable, SplitAttention,
-    WeightDType,
+    Attention, CacheShape, DeltaNet, DeltaNetIo, DeltaNetState, Experts, Gelu, Glu, GluKind,
+    HeadNorm, KvDType, MatMul, MatMulOptions, MatVec, MatVecLayout, MatVecOptions, Matrix, Norm,
+    NormKind, OutputGate, RopeKv, RopeTable, SplitAttention, WeightDType,
 };
 
 use super::super::family::{LayerWeights, MlpWeights};
-use super::super::{Activations, Layer, LayerMlp, PromptProduct, PromptWeights, fused};
+use super::super::{Activations, Layer, LayerMlp, Mixer, PromptProduct, PromptWeights, fused};
 
 /// A layer's decode products: QKV, output, and the dense MLP's up and down (none for experts).
 pub(super) type DecodeProducts = (MatVec, MatVec, Option<(MatVec, MatVec)>);
@@ -71,6 +71,7 @@ impl LayerContext<'_> {
             self.kv_dtype,
         );
         shape.scale = spec.attn_scale;
+        shape.gated_queries = spec.output_gate;
         if let Some(w) = spec.window.as_ref().filter(|_| spec.is_local(i)) {
             let rows = w.size.saturating_add(self.chunk - 1);
             if rows < self.capacity {
@@ -296,8 +297,7 @@ impl LayerContext<'_> {
     ) -> Result<Layer, Error> {
         let a = self.acts;
         let (qkv_mv, o_mv, dense_mvs) = decode_products;
-        let (rope, attention, decode_attention) =
-            self.attentions(cache, self.rope_of(i), k_cache, v_cache, w.sinks.as_ref())?;
+        let mixer = self.mixer(i, w, cache, k_cache, v_cache)?;
         let (out, residual) = self.branch_out();
         let post_norm = |weight: &StorageBuffer| match &a.branch {
             Some(branch) => Norm::add_into(
@@ -317,25 +317,8 @@ impl LayerContext<'_> {
             Some((attn, mlp)) => (Some(post_norm(attn)?), Some(post_norm(mlp)?)),
             None => (None, None),
         };
-        let spec = self.spec;
-        let qk_norm = match &w.qk_norm {
-            Some((q, k)) => Some(HeadNorm::new(
-                self.gpu,
-                spec.heads,
-                spec.kv_heads,
-                spec.head_dim,
-                false,
-                spec.norm_eps,
-                q,
-                k,
-                &a.qkv,
-                self.step,
-            )?),
-            None => None,
-        };
         Ok(Layer {
             qkv_mv,
-            qk_norm,
             o_mv,
             attn_norm: self.norm(&w.attn_norm)?,
             qkv_mm: self.prompt_product(
@@ -361,9 +344,75 @@ impl LayerContext<'_> {
             mlp_norm: self.norm(&w.mlp_norm)?,
             mlp: self.mlp(&w.mlp, dense_mvs)?,
             post_mlp_norm,
+            mixer,
+        })
+    }
+
+    /// A layer's mixer: attention over its part of the KV cache (with head norms and the
+    /// output gate where the model has them), or a Gated DeltaNet and its state.
+    fn mixer(
+        &self,
+        i: u32,
+        w: &LayerWeights,
+        cache: CacheShape,
+        k_cache: &StorageBuffer,
+        v_cache: &StorageBuffer,
+    ) -> Result<Mixer, Error> {
+        let (spec, a) = (self.spec, self.acts);
+        if let (Some(delta), Some(linear)) = (&w.delta, &spec.linear) {
+            let state = DeltaNetState::new(self.gpu, &linear.shape)?;
+            let io = DeltaNetIo {
+                rows: &a.qkv,
+                out: &a.attn,
+            };
+            let net = DeltaNet::new(
+                self.gpu,
+                &linear.shape,
+                delta,
+                &state,
+                &io,
+                self.step,
+                spec.norm_eps,
+            )?;
+            return Ok(Mixer::DeltaNet { net, state });
+        }
+        let (rope, attention, decode_attention) =
+            self.attentions(cache, self.rope_of(i), k_cache, v_cache, w.sinks.as_ref())?;
+        let qk_norm = match &w.qk_norm {
+            Some((q, k)) => Some(HeadNorm::new(
+                self.gpu,
+                spec.heads,
+                spec.kv_heads,
+                spec.head_dim,
+                spec.output_gate,
+                spec.norm_eps,
+                q,
+                k,
+                &a.qkv,
+                self.step,
+            )?),
+            None => None,
+        };
+        let gate = spec
+            .output_gate
+            .then(|| {
+                OutputGate::new(
+                    self.gpu,
+                    spec.heads,
+                    spec.kv_heads,
+                    spec.head_dim,
+                    &a.qkv,
+                    &a.attn,
+                    self.step,
+                )
+            })
+            .transpose()?;
+        Ok(Mixer::Attention {
+            qk_norm,
             rope,
             attention,
             decode_attention,
+            gate,
         })
     }
 

@@ -98,13 +98,19 @@ impl Activations {
     ) -> Result<Self, Error> {
         let f = |n: u32| u64::from(n) * 4;
         let (t, d, hd, heads) = (chunk, spec.hidden, spec.head_dim, spec.heads);
-        let qkv_width = (heads + 2 * spec.kv_heads) * hd;
+        // Gated attention's query product carries a gate head per query head; a Gated
+        // DeltaNet layer's stacked input product is wider still, and its output may be too.
+        let gates = if spec.output_gate { heads } else { 0 };
+        let linear = spec.linear.as_ref().map(|l| &l.shape);
+        let qkv_width = ((heads + gates + 2 * spec.kv_heads) * hd)
+            .max(linear.map_or(0, |s| s.projected_width()));
+        let attn_width = (heads * hd).max(linear.map_or(0, |s| s.value_heads * s.value_dim));
         Ok(Self {
             x: gpu.storage("x", f(t * d))?,
             xn: gpu.storage("x normed", f(t * d))?,
             qkv: gpu.storage("qkv", f(t * qkv_width))?,
             q: gpu.storage("q", f(t * heads * hd))?,
-            attn: gpu.storage("attention out", f(t * heads * hd))?,
+            attn: gpu.storage("attention out", f(t * attn_width))?,
             // Tensor-core products gate in their epilogue, straight into `h`.
             gate_up: if spec.mlp.gated() && !MatMul::gates_in_epilogue(gpu) {
                 Some(gpu.storage("gate_up", f(t * 2 * spec.intermediate))?)
@@ -268,7 +274,10 @@ impl DecoderModel {
             .map(table)
             .transpose()?;
         // Sinks join the softmax of whole attention only (see `LayerContext::attentions`).
-        let split_attention = MatVec::stages_input(gpu, spec.heads * spec.head_dim) && !spec.sinks;
+        // So does the output gate, applied before the output product.
+        let split_attention = MatVec::stages_input(gpu, spec.heads * spec.head_dim)
+            && !spec.sinks
+            && !spec.output_gate;
         let context = LayerContext {
             gpu,
             spec,
@@ -290,13 +299,18 @@ impl DecoderModel {
         let mut qkv_handed = false;
         for (i, w) in (0..).zip(&weights.layers) {
             let cache = context.cache_shape(i);
-            let cache_len = cache.buffer_bytes();
+            // Gated DeltaNet layers keep no KV cache.
+            let linear = spec.linear.as_ref().is_some_and(|l| l.is_linear(i));
+            let cache_len = if linear { 16 } else { cache.buffer_bytes() };
             let k_cache = gpu.storage(&format!("layer {i} k cache"), cache_len)?;
             let v_cache = gpu.storage(&format!("layer {i} v cache"), cache_len)?;
             cache_bytes += k_cache.size + v_cache.size;
             let next = weights.layers.get(i as usize + 1);
             let products = context.decode_products(w, next, qkv_handed, cache)?;
             let layer = context.layer(i, w, products, cache, &k_cache, &v_cache)?;
+            if let super::Mixer::DeltaNet { state, .. } = &layer.mixer {
+                cache_bytes += state.conv.size + state.recurrent.size;
+            }
             qkv_handed = layer.mlp.hands_off();
             layers.push(layer);
         }

@@ -1,0 +1,173 @@
+//! Qwen3.5's config (`qwen3_5_text`, or the `text_config` of a published
+//! `Qwen3_5ForConditionalGeneration`): Qwen3's gated full attention on every
+//! `full_attention_interval`-th layer, Gated DeltaNet layers between them. Defaults are
+//! transformers' `Qwen3_5TextConfig`'s.
+
+use serde_json::Value;
+
+use super::config::{Arch, DecoderSpec, SpecError, opt_f32, opt_u32};
+use crate::ops::DeltaNetShape;
+
+/// The linear-attention layers of a hybrid model: their head layout, and which layers they
+/// are (the others attend over the KV cache).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LinearLayers {
+    pub shape: DeltaNetShape,
+    /// Per layer: whether it is a Gated DeltaNet layer.
+    pub linear: Vec<bool>,
+}
+
+impl LinearLayers {
+    pub fn is_linear(&self, layer: u32) -> bool {
+        self.linear.get(layer as usize).copied().unwrap_or(false)
+    }
+
+    /// Parameters of one linear layer's mixer: the stacked input product, the output product,
+    /// the convolution, A, dt_bias and the output norm.
+    pub fn mixer_parameters(&self, hidden: u32) -> u64 {
+        let s = &self.shape;
+        let width = u64::from(s.projected_width());
+        let values = u64::from(s.value_heads) * u64::from(s.value_dim);
+        (width + values) * u64::from(hidden)
+            + u64::from(s.channels()) * u64::from(s.conv_kernel)
+            + 2 * u64::from(s.value_heads)
+            + u64::from(s.value_dim)
+    }
+}
+
+/// The text model of a published multimodal checkpoint, or the config itself; values only the
+/// outer config holds are carried over.
+fn text_of(c: &Value) -> Value {
+    let Some(text) = c.get("text_config").filter(|t| t.is_object()) else {
+        return c.clone();
+    };
+    let mut text = text.clone();
+    if let (Some(t), Some(outer)) = (text.as_object_mut(), c.as_object()) {
+        for key in ["eos_token_id", "bos_token_id", "tie_word_embeddings"] {
+            if let (false, Some(v)) = (t.contains_key(key), outer.get(key)) {
+                t.insert(key.to_owned(), v.clone());
+            }
+        }
+    }
+    text
+}
+
+/// Which layers are linear: `layer_types`, else every layer but each
+/// `full_attention_interval`-th (4 by default).
+fn linear_layers(c: &Value, layers: u32) -> Result<Vec<bool>, SpecError> {
+    if let Some(types) = c.get("layer_types").and_then(Value::as_array) {
+        if types.len() != layers as usize {
+            return Err(SpecError::Invalid(format!(
+                "layer_types lists {} layers, the model has {layers}",
+                types.len()
+            )));
+        }
+        return types
+            .iter()
+            .map(|t| match t.as_str() {
+                Some("linear_attention") => Ok(true),
+                Some("full_attention") => Ok(false),
+                other => Err(SpecError::Invalid(format!(
+                    "layer type {other:?} is neither linear_attention nor full_attention"
+                ))),
+            })
+            .collect();
+    }
+    let interval = opt_u32(c, "full_attention_interval").unwrap_or(4).max(1);
+    Ok((0..layers).map(|i| (i + 1) % interval != 0).collect())
+}
+
+/// Qwen3.5 (dense). The MoE form (`qwen3_5_moe`) is not read.
+pub(super) fn qwen3_5(c: &Value) -> Result<DecoderSpec, SpecError> {
+    let text = text_of(c);
+    let c = &text;
+    let mut with_defaults = c.clone();
+    if let Some(obj) = with_defaults.as_object_mut() {
+        for (key, value) in [
+            ("head_dim", 256.into()),
+            ("rms_norm_eps", 1e-6.into()),
+            ("num_key_value_heads", 4.into()),
+        ] {
+            obj.entry(key).or_insert(value);
+        }
+        // Partial rotary (a quarter of each head by default), as rope_parameters or the top
+        // level give it.
+        let partial = c
+            .get("rope_parameters")
+            .and_then(|p| opt_f32(p, "partial_rotary_factor"))
+            .or_else(|| opt_f32(c, "partial_rotary_factor"))
+            .unwrap_or(0.25);
+        obj.insert("partial_rotary_factor".into(), f64::from(partial).into());
+        if let Some(params) = obj
+            .get_mut("rope_parameters")
+            .and_then(Value::as_object_mut)
+        {
+            params.insert("partial_rotary_factor".into(), f64::from(partial).into());
+        }
+    }
+    let mut spec = super::config::llama_like(&with_defaults, Arch::Qwen35)?;
+    spec.qk_norm = true;
+    spec.output_gate = true;
+    let shape = DeltaNetShape {
+        key_heads: opt_u32(c, "linear_num_key_heads").unwrap_or(16),
+        value_heads: opt_u32(c, "linear_num_value_heads").unwrap_or(32),
+        key_dim: opt_u32(c, "linear_key_head_dim").unwrap_or(128),
+        value_dim: opt_u32(c, "linear_value_head_dim").unwrap_or(128),
+        conv_kernel: opt_u32(c, "linear_conv_kernel_dim").unwrap_or(4),
+    };
+    shape.check().map_err(SpecError::Invalid)?;
+    spec.linear = Some(LinearLayers {
+        shape,
+        linear: linear_layers(c, spec.layers)?,
+    });
+    Ok(spec)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The published form: the text settings under `text_config`, rope settings under
+    /// rope_parameters with the multimodal sections, tying at the top level.
+    #[test]
+    fn nested_text_configs_read_with_their_defaults() {
+        let c = serde_json::json!({
+            "architectures": ["Qwen3_5ForConditionalGeneration"], "model_type": "qwen3_5",
+            "tie_word_embeddings": true,
+            "text_config": {
+                "model_type": "qwen3_5_text", "vocab_size": 248320, "hidden_size": 1024,
+                "intermediate_size": 3584, "num_hidden_layers": 8, "num_attention_heads": 8,
+                "num_key_value_heads": 2, "linear_num_key_heads": 16,
+                "linear_num_value_heads": 16, "eos_token_id": 248044,
+                "rope_parameters": {"mrope_interleaved": true, "mrope_section": [11, 11, 10],
+                    "rope_theta": 10000000, "partial_rotary_factor": 0.25,
+                    "rope_type": "default"}
+            }
+        });
+        let spec = DecoderSpec::from_json(&c).expect("spec");
+        assert_eq!(spec.arch, Arch::Qwen35);
+        assert_eq!((spec.head_dim, spec.rotary_dim), (256, 64));
+        assert!(spec.tied_embeddings && spec.qk_norm && spec.output_gate);
+        assert_eq!(spec.eos_token_ids, [248_044]);
+        assert_eq!(spec.rope.as_ref().expect("rope").theta, 1e7);
+        let linear = spec.linear.as_ref().expect("linear layers");
+        assert_eq!(
+            linear.linear,
+            [true, true, true, false, true, true, true, false]
+        );
+        assert_eq!(
+            (
+                linear.shape.key_dim,
+                linear.shape.value_dim,
+                linear.shape.conv_kernel
+            ),
+            (128, 128, 4)
+        );
+        let bad = serde_json::json!({
+            "model_type": "qwen3_5_text", "vocab_size": 10, "hidden_size": 64,
+            "intermediate_size": 96, "num_hidden_layers": 2, "num_attention_heads": 4,
+            "layer_types": ["linear_attention", "sliding_attention"]
+        });
+        assert!(DecoderSpec::from_json(&bad).is_err());
+    }
+}
