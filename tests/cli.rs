@@ -31,6 +31,7 @@ fn generate_json_reproduces_greedy_tokens() {
         ("tiny-qwen3-moe", "f32"),
         ("tiny-gpt-oss-mxfp4", "f32"),
         ("tiny-qwen3-5", "f16"),
+        ("tiny-qwen3-5-moe", "f32"),
     ] {
         let case = golden_case(model, 0);
         let prompt = case["prompt"].as_str().expect("raw prompt");

@@ -1042,6 +1042,22 @@ fn output_gate_matches_cpu() {
             1e-6,
         );
     }
+    // One gate per row (Qwen3.5-MoE's shared expert).
+    let (width, tokens) = (37u32, 6u32);
+    let gates = rng.vec(tokens as usize, 4.0);
+    let values = rng.vec((width * tokens) as usize, 2.0);
+    let (gates_b, values_b) = (buf(&gpu, &gates), buf(&gpu, &values));
+    let st = step(&gpu, 0, tokens);
+    let op = OutputGate::rows(&gpu, width, &gates_b, &values_b, &st).expect("row gate");
+    let mut rec = Recorder::new(&gpu);
+    op.encode(&mut rec, tokens);
+    rec.submit();
+    let got = read(&gpu, &values_b, values.len());
+    let want: Vec<f32> = (0..values.len())
+        .map(|i| values[i] / (1.0 + (-gates[i / width as usize]).exp()))
+        .collect();
+    let scale = vec![1.0; want.len()];
+    assert_close("row gates", &got, &want, &scale, 1e-6, 1e-6);
 }
 
 struct RopeCase {

@@ -193,6 +193,7 @@ fn run_on(gpu: &Gpu, case: &Case, seed: u64) {
         activation: case.activation,
         biases: case.biases,
         sparse: vec![true],
+        shared: false,
     };
     let rows = (case.rows)(e, w);
     let logits = logits_for(&mut rng, case.routing, t as usize, e as usize);

@@ -11,7 +11,7 @@ use backpack_engine::ops::{SamplerParams, WeightDType};
 use common::goldens::{fixtures, golden, load, load_path, max_diff, model_tolerance, tolerance};
 use common::gpu;
 
-const MODELS: [&str; 10] = [
+const MODELS: [&str; 11] = [
     "tiny-llama",
     "tiny-qwen2",
     "tiny-gpt2",
@@ -22,6 +22,7 @@ const MODELS: [&str; 10] = [
     "tiny-gpt-oss",
     "tiny-gpt-oss-mxfp4",
     "tiny-qwen3-5",
+    "tiny-qwen3-5-moe",
 ];
 
 #[test]

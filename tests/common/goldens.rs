@@ -97,7 +97,7 @@ pub fn tolerance(dtype: WeightDType) -> f32 {
 /// model agree to 2e-5 (as the other families do); its worst reached 3.7e-4 (logits of ±7).
 pub fn model_tolerance(name: &str, dtype: WeightDType) -> f32 {
     match (name, dtype) {
-        ("tiny-qwen3-5", WeightDType::F32) => 6e-4,
+        ("tiny-qwen3-5" | "tiny-qwen3-5-moe", WeightDType::F32) => 6e-4,
         _ => tolerance(dtype),
     }
 }

@@ -147,6 +147,10 @@ impl DecoderSpec {
             | "qwen3_5_text"
             | "Qwen3_5ForConditionalGeneration"
             | "Qwen3_5ForCausalLM" => super::qwen35::qwen3_5(c),
+            "qwen3_5_moe"
+            | "qwen3_5_moe_text"
+            | "Qwen3_5MoeForConditionalGeneration"
+            | "Qwen3_5MoeForCausalLM" => super::qwen35::qwen3_5_moe(c),
             "phi3" | "Phi3ForCausalLM" => llama_like(c, Arch::Phi3),
             "gpt2" | "GPT2LMHeadModel" => gpt2(c),
             "gemma3_text" | "Gemma3ForCausalLM" => gemma3(c),
@@ -175,7 +179,11 @@ impl DecoderSpec {
         };
         let mlps: u64 = (0..self.layers)
             .map(|layer| match &self.moe {
-                Some(moe) if moe.is_sparse(layer) => moe.layer_parameters(self.hidden).0,
+                Some(moe) if moe.is_sparse(layer) => {
+                    // A shared expert is a dense MLP with a one-row gate.
+                    let shared = if moe.shared { dense_mlp + d } else { 0 };
+                    moe.layer_parameters(self.hidden).0 + shared
+                }
                 _ => dense_mlp,
             })
             .sum();

@@ -40,6 +40,7 @@ pub(super) fn moe_spec(file: &GgufFile, mut spec: DecoderSpec) -> Result<Decoder
             ExpertActivation::SwiGlu
         },
         biases: gpt_oss,
+        shared: false,
         // llama.cpp's files route every layer; a layer without a router keeps a dense MLP.
         sparse: (0..spec.layers)
             .map(|l| {

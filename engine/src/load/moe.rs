@@ -40,6 +40,9 @@ pub struct MoeSpec {
     pub biases: bool,
     /// Per layer: whether its MLP is sparse (else the dense MLP of `DecoderSpec::intermediate`).
     pub sparse: Vec<bool>,
+    /// A shared expert beside the routed ones on every sparse layer (Qwen3.5-MoE): a SwiGLU
+    /// of `DecoderSpec::intermediate`, its output scaled by sigmoid of a one-row product.
+    pub shared: bool,
 }
 
 impl MoeSpec {
@@ -138,6 +141,7 @@ pub(super) fn qwen3_moe(c: &Value, layers: u32) -> Result<MoeSpec, SpecError> {
         activation: ExpertActivation::SwiGlu,
         biases: false,
         sparse,
+        shared: false,
     };
     spec.check()?;
     Ok(spec)
@@ -160,6 +164,7 @@ pub(super) fn gpt_oss(c: &Value, layers: u32) -> Result<MoeSpec, SpecError> {
         activation: ExpertActivation::ClampedSwiGlu { alpha, limit },
         biases: true,
         sparse: vec![true; layers as usize],
+        shared: false,
     };
     spec.check()?;
     Ok(spec)

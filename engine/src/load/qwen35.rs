@@ -6,6 +6,7 @@
 use serde_json::Value;
 
 use super::config::{Arch, DecoderSpec, SpecError, opt_f32, opt_u32};
+use super::moe::{ExpertActivation, MoeSpec, RouterWeights};
 use crate::ops::DeltaNetShape;
 
 /// The linear-attention layers of a hybrid model: their head layout, and which layers they
@@ -77,7 +78,7 @@ fn linear_layers(c: &Value, layers: u32) -> Result<Vec<bool>, SpecError> {
     Ok((0..layers).map(|i| (i + 1) % interval != 0).collect())
 }
 
-/// Qwen3.5 (dense). The MoE form (`qwen3_5_moe`) is not read.
+/// Qwen3.5 (dense).
 pub(super) fn qwen3_5(c: &Value) -> Result<DecoderSpec, SpecError> {
     let text = text_of(c);
     let c = &text;
@@ -120,6 +121,31 @@ pub(super) fn qwen3_5(c: &Value) -> Result<DecoderSpec, SpecError> {
         shape,
         linear: linear_layers(c, spec.layers)?,
     });
+    Ok(spec)
+}
+
+/// Qwen3.5-MoE: Qwen3.5's layers with routed experts (a softmax over all experts, top-k,
+/// renormalized: the softmax of the chosen logits) and a gated shared expert on every layer.
+/// The shared expert's width stands as the dense MLP's.
+pub(super) fn qwen3_5_moe(c: &Value) -> Result<DecoderSpec, SpecError> {
+    let mut text = text_of(c);
+    let shared = opt_u32(&text, "shared_expert_intermediate_size").unwrap_or(512);
+    if let Some(obj) = text.as_object_mut() {
+        obj.insert("intermediate_size".into(), shared.into());
+    }
+    let mut spec = qwen3_5(&text)?;
+    let moe = MoeSpec {
+        experts: opt_u32(&text, "num_experts").unwrap_or(256),
+        top_k: opt_u32(&text, "num_experts_per_tok").unwrap_or(8),
+        intermediate: opt_u32(&text, "moe_intermediate_size").unwrap_or(512),
+        weights: RouterWeights::SoftmaxOfChosen,
+        activation: ExpertActivation::SwiGlu,
+        biases: false,
+        sparse: vec![true; spec.layers as usize],
+        shared: true,
+    };
+    moe.check()?;
+    spec.moe = Some(moe);
     Ok(spec)
 }
 
@@ -169,5 +195,34 @@ mod tests {
             "layer_types": ["linear_attention", "sliding_attention"]
         });
         assert!(DecoderSpec::from_json(&bad).is_err());
+    }
+
+    /// The MoE form: routed experts on every layer, the shared expert's width as the dense
+    /// MLP's (the config has no intermediate_size).
+    #[test]
+    fn moe_configs_read_their_experts_and_shared_expert() {
+        let c = serde_json::json!({
+            "model_type": "qwen3_5_moe",
+            "text_config": {
+                "model_type": "qwen3_5_moe_text", "vocab_size": 248320, "hidden_size": 2048,
+                "num_hidden_layers": 40, "num_attention_heads": 16, "num_key_value_heads": 2,
+                "num_experts": 256, "num_experts_per_tok": 8, "moe_intermediate_size": 512,
+                "shared_expert_intermediate_size": 512, "linear_num_value_heads": 32
+            }
+        });
+        let spec = DecoderSpec::from_json(&c).expect("spec");
+        let moe = spec.moe.as_ref().expect("experts");
+        assert_eq!((moe.experts, moe.top_k, moe.intermediate), (256, 8, 512));
+        assert!(moe.shared && moe.sparse.iter().all(|&s| s) && moe.sparse.len() == 40);
+        assert_eq!(spec.intermediate, 512);
+        assert_eq!(moe.weights, RouterWeights::SoftmaxOfChosen);
+        // Published as 35B total, 3B active.
+        let billions = |n: u64| n as f64 / 1e9;
+        assert!(
+            (33.0..37.0).contains(&billions(spec.parameters())),
+            "{}",
+            spec.parameters()
+        );
+        assert!((2.5..3.8).contains(&billions(spec.active_parameters())));
     }
 }

@@ -228,13 +228,48 @@ impl OutputGate {
         attn: &StorageBuffer,
         step: &UniformBuffer,
     ) -> Result<Self, GpuError> {
-        let kernel = gpu.kernel("out_gate", OUT_GATE_SOURCE, "main", &[])?;
+        Self::with(
+            gpu,
+            false,
+            heads,
+            head_dim,
+            2 * heads + 2 * kv_heads,
+            qkv,
+            attn,
+            step,
+        )
+    }
+
+    /// Rows of `width` values of `values`, each scaled in place by sigmoid of its own gate
+    /// `gates[t]` (Qwen3.5-MoE's shared expert).
+    pub fn rows(
+        gpu: &Gpu,
+        width: u32,
+        gates: &StorageBuffer,
+        values: &StorageBuffer,
+        step: &UniformBuffer,
+    ) -> Result<Self, GpuError> {
+        Self::with(gpu, true, 1, width, 0, gates, values, step)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn with(
+        gpu: &Gpu,
+        rows: bool,
+        heads: u32,
+        head_dim: u32,
+        row_slots: u32,
+        qkv: &StorageBuffer,
+        attn: &StorageBuffer,
+        step: &UniformBuffer,
+    ) -> Result<Self, GpuError> {
+        let kernel = gpu.kernel("out_gate", OUT_GATE_SOURCE, "main", &[flag("ROWS", rows)])?;
         let params = gpu.uniform(
             "output gate params",
             &OutGateParams {
                 heads,
                 head_dim,
-                row_slots: 2 * heads + 2 * kv_heads,
+                row_slots,
                 _pad: 0,
             },
         );

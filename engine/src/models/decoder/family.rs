@@ -51,6 +51,16 @@ pub(super) struct LayerNames {
     pub sinks: Option<Name>,
     /// The weights of linear-attention layers (the config's `linear` says which layers).
     pub linear: Option<LinearNames>,
+    /// A sparse layer's shared expert (the config's `moe.shared` says whether it is read).
+    pub shared_expert: Option<SharedExpertNames>,
+}
+
+/// A shared expert's weights (Qwen3.5-MoE): its gate and up projections, its down projection,
+/// and the one-row product whose sigmoid scales its output.
+pub(super) struct SharedExpertNames {
+    pub up: Projection,
+    pub down: Name,
+    pub gate: Name,
 }
 
 /// A Gated DeltaNet layer's weights (Qwen3.5): its input projections (q/k/v, z, b, a) stacked
@@ -115,6 +125,15 @@ pub(super) struct LayerWeights {
     /// A Gated DeltaNet layer's own weights (`qkv` is then its stacked input product and `o`
     /// its output product).
     pub delta: Option<DeltaNetWeights>,
+    /// The shared expert beside the routed ones.
+    pub shared_expert: Option<SharedExpertWeights>,
+}
+
+/// A shared expert on the GPU: gate and up rows stacked, down, and the `[1][hidden]` gate row.
+pub(super) struct SharedExpertWeights {
+    pub up: Matrix,
+    pub down: Matrix,
+    pub gate: Matrix,
 }
 
 /// A layer's MLP: dense, or routed experts.
@@ -242,12 +261,7 @@ impl Family {
                 )));
             }
         };
-        let mlp = match &spec.moe {
-            Some(moe) if moe.is_sparse(i) => {
-                MlpWeights::Experts(super::experts::load(up, spec, moe, prefix, i)?)
-            }
-            _ => self.dense_mlp(up, spec, &label, &n)?,
-        };
+        let (mlp, shared_expert) = self.mlp(up, spec, prefix, i, &label, &n)?;
         Ok(LayerWeights {
             attn_norm,
             qkv,
@@ -260,7 +274,54 @@ impl Family {
             sinks,
             mlp,
             delta: None,
+            shared_expert,
         })
+    }
+
+    /// Layer `i`'s MLP: dense, or routed experts (with their shared expert where the config
+    /// has one).
+    fn mlp(
+        &self,
+        up: &mut Uploader<'_>,
+        spec: &DecoderSpec,
+        prefix: &str,
+        i: u32,
+        label: &str,
+        n: &dyn Fn(Name) -> String,
+    ) -> Result<(MlpWeights, Option<SharedExpertWeights>), Error> {
+        let Some(moe) = spec.moe.as_ref().filter(|m| m.is_sparse(i)) else {
+            return Ok((self.dense_mlp(up, spec, label, n)?, None));
+        };
+        let experts = MlpWeights::Experts(super::experts::load(up, spec, moe, prefix, i)?);
+        if !moe.shared {
+            return Ok((experts, None));
+        }
+        let Some(names) = &self.layer.shared_expert else {
+            return Err(Error::Invalid(format!(
+                "{:?} checkpoints have no shared expert, but the config asks for one",
+                spec.arch
+            )));
+        };
+        let (d, width) = (spec.hidden, spec.intermediate);
+        let shared = SharedExpertWeights {
+            up: self.stacked(
+                up,
+                &format!("{label} shared gate/up"),
+                &names.up,
+                &[width, width],
+                d,
+                n,
+            )?,
+            down: self.single(
+                up,
+                &format!("{label} shared down"),
+                &n(names.down),
+                d,
+                width,
+            )?,
+            gate: up.f32_matrix(&format!("{label} shared gate"), &n(names.gate), 1, d)?,
+        };
+        Ok((experts, Some(shared)))
     }
 
     /// Uploads Gated DeltaNet layer `i`: its input projections stacked into one matrix (rows
@@ -300,7 +361,7 @@ impl Family {
         let layer = &self.layer;
         let attn_norm = norm_pair(up, &label, &n(layer.attn_norm), None, d, offset)?;
         let mlp_norm = norm_pair(up, &label, &n(layer.mlp_norm), None, d, offset)?;
-        let mlp = self.dense_mlp(up, spec, &label, &n)?;
+        let (mlp, shared_expert) = self.mlp(up, spec, prefix, i, &label, &n)?;
         Ok(LayerWeights {
             attn_norm,
             qkv,
@@ -313,6 +374,7 @@ impl Family {
             sinks: None,
             mlp,
             delta: Some(delta),
+            shared_expert,
         })
     }
 

@@ -30,6 +30,7 @@ pub(super) const FAMILY: Family = Family {
         down_bias: "{P}h.{L}.mlp.c_proj.bias",
         sinks: None,
         linear: None,
+        shared_expert: None,
     },
     norm_plus_one: false,
     transposed: true,

@@ -44,6 +44,7 @@ pub(super) const FAMILY: Family = Family {
         down_bias: "{P}layers.{L}.mlp.down_proj.bias",
         sinks: None,
         linear: None,
+        shared_expert: None,
     },
     norm_plus_one: false,
     transposed: false,

@@ -135,7 +135,41 @@ enum LayerMlp {
         router: MatMul,
         router_mv: MatVec,
         experts: Experts,
+        shared: Option<SharedExpert>,
     },
+}
+
+/// A shared expert beside the routed ones (Qwen3.5-MoE): a SwiGLU over the normed rows whose
+/// hidden row is scaled by sigmoid of a one-row product, then its down product added to the
+/// residual stream.
+struct SharedExpert {
+    up_mv: MatVec,
+    gate_mv: MatVec,
+    down_mv: MatVec,
+    up_mm: PromptProduct,
+    glu: Option<Glu>,
+    gate_mm: MatMul,
+    scale: OutputGate,
+    down_mm: PromptProduct,
+}
+
+impl SharedExpert {
+    fn encode_decode(&self, rec: &mut Recorder<'_>) {
+        self.up_mv.encode(rec);
+        self.gate_mv.encode(rec);
+        self.scale.encode(rec, 1);
+        self.down_mv.encode(rec);
+    }
+
+    fn encode_prompt(&self, rec: &mut Recorder<'_>, n: u32) {
+        self.up_mm.encode(rec, n);
+        if let Some(glu) = &self.glu {
+            glu.encode(rec, n);
+        }
+        self.gate_mm.encode(rec, n);
+        self.scale.encode(rec, n);
+        self.down_mm.encode(rec, n);
+    }
 }
 
 impl LayerMlp {
@@ -162,6 +196,8 @@ struct Activations {
     h: StorageBuffer,
     /// Routing state of sparse layers (models with experts).
     moe: Option<MoeBuffers>,
+    /// The shared expert's gate logit per token (models with one).
+    shared_gate: Option<StorageBuffer>,
     logits: StorageBuffer,
     history: StorageBuffer,
     seen: StorageBuffer,
@@ -322,11 +358,17 @@ impl DecoderModel {
                     down_mv.encode(rec);
                 }
                 LayerMlp::Experts {
-                    router_mv, experts, ..
+                    router_mv,
+                    experts,
+                    shared,
+                    ..
                 } => {
                     l.mlp_norm.encode(rec, 1);
                     router_mv.encode(rec);
                     experts.encode(rec, 1);
+                    if let Some(shared) = shared {
+                        shared.encode_decode(rec);
+                    }
                 }
             }
             if let Some(norm) = &l.post_mlp_norm {
@@ -389,10 +431,16 @@ impl DecoderModel {
                     down_mm.encode(rec, n);
                 }
                 LayerMlp::Experts {
-                    router, experts, ..
+                    router,
+                    experts,
+                    shared,
+                    ..
                 } => {
                     router.encode(rec, n);
                     experts.encode(rec, n);
+                    if let Some(shared) = shared {
+                        shared.encode_prompt(rec, n);
+                    }
                 }
             }
             if let Some(norm) = &l.post_mlp_norm {

@@ -3,7 +3,7 @@
 //! (1 + w) RMSNorms. Published checkpoints keep the text model under
 //! `model.language_model.`; the vision tower and the multi-token-prediction head are never read.
 
-use super::family::{Family, LayerNames, LinearNames, Projection};
+use super::family::{Family, LayerNames, LinearNames, Projection, SharedExpertNames};
 use super::qwen3;
 
 pub(super) const FAMILY: Family = Family {
@@ -21,6 +21,14 @@ pub(super) const FAMILY: Family = Family {
             dt_bias: "{P}layers.{L}.linear_attn.dt_bias",
             norm: "{P}layers.{L}.linear_attn.norm.weight",
             out: "{P}layers.{L}.linear_attn.out_proj.weight",
+        }),
+        shared_expert: Some(SharedExpertNames {
+            up: Projection::Separate(&[
+                "{P}layers.{L}.mlp.shared_expert.gate_proj.weight",
+                "{P}layers.{L}.mlp.shared_expert.up_proj.weight",
+            ]),
+            down: "{P}layers.{L}.mlp.shared_expert.down_proj.weight",
+            gate: "{P}layers.{L}.mlp.shared_expert_gate.weight",
         }),
         ..qwen3::FAMILY.layer
     },

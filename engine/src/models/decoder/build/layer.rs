@@ -10,8 +10,10 @@ use crate::ops::{
     NormKind, OutputGate, RopeKv, RopeTable, SplitAttention, WeightDType,
 };
 
-use super::super::family::{LayerWeights, MlpWeights};
-use super::super::{Activations, Layer, LayerMlp, Mixer, PromptProduct, PromptWeights, fused};
+use super::super::family::{LayerWeights, MlpWeights, SharedExpertWeights};
+use super::super::{
+    Activations, Layer, LayerMlp, Mixer, PromptProduct, PromptWeights, SharedExpert, fused,
+};
 
 /// A layer's decode products: QKV, output, and the dense MLP's up and down (none for experts).
 pub(super) type DecodeProducts = (MatVec, MatVec, Option<(MatVec, MatVec)>);
@@ -342,7 +344,7 @@ impl LayerContext<'_> {
             )?,
             post_attn_norm,
             mlp_norm: self.norm(&w.mlp_norm)?,
-            mlp: self.mlp(&w.mlp, dense_mvs)?,
+            mlp: self.mlp(&w.mlp, w.shared_expert.as_ref(), dense_mvs)?,
             post_mlp_norm,
             mixer,
         })
@@ -427,7 +429,12 @@ impl LayerContext<'_> {
 
     /// A layer's MLP kernels: the dense prompt products beside the decode products made
     /// before, or the router and experts.
-    fn mlp(&self, w: &MlpWeights, dense_mvs: Option<(MatVec, MatVec)>) -> Result<LayerMlp, Error> {
+    fn mlp(
+        &self,
+        w: &MlpWeights,
+        shared: Option<&SharedExpertWeights>,
+        dense_mvs: Option<(MatVec, MatVec)>,
+    ) -> Result<LayerMlp, Error> {
         let a = self.acts;
         let (out, residual) = self.branch_out();
         match (w, dense_mvs) {
@@ -514,11 +521,96 @@ impl LayerContext<'_> {
                     router,
                     router_mv,
                     experts,
+                    shared: shared.map(|s| self.shared_expert(s)).transpose()?,
                 })
             }
             _ => Err(Error::Invalid(
                 "a dense MLP without its decode products".into(),
             )),
         }
+    }
+
+    /// A shared expert's products over the normed rows the router reads: gate/up with SwiGLU
+    /// into the hidden row, its one-row gate, the hidden row scaled by the gate's sigmoid, and
+    /// the down product added to the residual stream (as the routed experts' sum is).
+    fn shared_expert(&self, w: &SharedExpertWeights) -> Result<SharedExpert, Error> {
+        let (gpu, a, step) = (self.gpu, self.acts, self.step);
+        let Some(gate_out) = &a.shared_gate else {
+            return Err(Error::Invalid(
+                "a shared expert without its gate buffer".into(),
+            ));
+        };
+        let width = self.spec.intermediate;
+        let (out, residual) = self.branch_out();
+        let up_out = a.gate_up.as_ref().unwrap_or(&a.h);
+        Ok(SharedExpert {
+            up_mv: MatVec::new(
+                gpu,
+                &w.up,
+                &a.xn,
+                &a.h,
+                step,
+                MatVecOptions {
+                    glu: true,
+                    layout: self.decode_layout,
+                    ..Default::default()
+                },
+            )?,
+            gate_mv: MatVec::new(
+                gpu,
+                &w.gate,
+                &a.xn,
+                gate_out,
+                step,
+                MatVecOptions {
+                    layout: MatVecLayout::for_dtype(WeightDType::F32),
+                    ..Default::default()
+                },
+            )?,
+            down_mv: MatVec::new(
+                gpu,
+                &w.down,
+                &a.h,
+                out,
+                step,
+                MatVecOptions {
+                    residual,
+                    layout: self.decode_layout,
+                    ..Default::default()
+                },
+            )?,
+            up_mm: self.prompt_product(
+                &w.up,
+                &a.xn,
+                up_out,
+                MatMulOptions {
+                    glu: Some(GluKind::Silu).filter(|_| a.gate_up.is_none()),
+                    ..Default::default()
+                },
+            )?,
+            glu: a
+                .gate_up
+                .as_ref()
+                .map(|gu| Glu::new(gpu, GluKind::Silu, width, gu, &a.h, step))
+                .transpose()?,
+            gate_mm: MatMul::new(
+                gpu,
+                &w.gate,
+                &a.xn,
+                gate_out,
+                step,
+                MatMulOptions::default(),
+            )?,
+            scale: OutputGate::rows(gpu, width, gate_out, &a.h, step)?,
+            down_mm: self.prompt_product(
+                &w.down,
+                &a.h,
+                out,
+                MatMulOptions {
+                    residual,
+                    ..Default::default()
+                },
+            )?,
+        })
     }
 }

@@ -128,6 +128,11 @@ impl Activations {
                 .as_ref()
                 .map(|m| MoeBuffers::new(gpu, m, spec.hidden, chunk))
                 .transpose()?,
+            shared_gate: if spec.moe.as_ref().is_some_and(|m| m.shared) {
+                Some(gpu.storage("shared expert gate", f(t.max(4)))?)
+            } else {
+                None
+            },
             // Padded to whole vec4 words for the sampler.
             logits: gpu.storage("logits", f(spec.vocab.div_ceil(4) * 4))?,
             history: gpu.storage("token history", f(capacity + 1))?,
