@@ -11,15 +11,17 @@
 //! cannot stage its input, attention runs whole after a separate RoPE pass: 6 per layer;
 //! Qwen3's query/key head norms add one per layer.) A sparse layer's MLP is a norm, the
 //! router's product and the four expert kernels of `ops::Experts` (routing and grouping,
-//! gate/up, down, weighted sum): the chosen experts' ids never leave the GPU.
+//! gate/up, down, weighted sum): the chosen experts' ids never leave the GPU. A Gated DeltaNet
+//! layer (Qwen3.5) replaces attention by `ops::DeltaNet` (convolution, recurrence and gated
+//! norm) between the same input and output products. `layer.rs` holds a layer's kernels and
+//! their order.
 
 use crate::Error;
 use crate::gpu::{Gpu, Recorder, StorageBuffer, UniformBuffer};
 use crate::load::DecoderSpec;
 use crate::ops::{
-    Attention, DeltaNet, DeltaNetState, Dequantize, Embed, Experts, Glu, HeadNorm, Int8Handoff,
-    KvDType, LONG_PROMPT_ROWS, MatMul, MatMulOptions, MatVec, Matrix, MoeBuffers, Norm, NormKind,
-    OutputGate, RopeKv, Sample, SamplerParams, StepParams, WeightDType,
+    Dequantize, Embed, Int8Handoff, KvDType, LONG_PROMPT_ROWS, MatMul, MatMulOptions, MatVec,
+    Matrix, MoeBuffers, Norm, NormKind, Sample, SamplerParams, StepParams, WeightDType,
 };
 
 mod build;
@@ -28,10 +30,13 @@ mod family;
 mod gemma3;
 mod gpt2;
 mod gpt_oss;
+mod layer;
 mod llama;
 mod phi3;
 mod qwen3;
 mod qwen35;
+
+use layer::{Layer, LayerMlp, Mixer, SharedExpert};
 
 #[derive(Clone, Debug)]
 pub struct ModelOptions {
@@ -82,105 +87,6 @@ const PIPELINE_DEPTH: usize = 2;
 struct InFlight {
     slot: usize,
     submission: wgpu::SubmissionIndex,
-}
-
-struct Layer {
-    /// The input product: q/k/v for attention, the stacked projections of a Gated DeltaNet
-    /// layer.
-    qkv_mv: MatVec,
-    o_mv: MatVec,
-    attn_norm: Norm,
-    qkv_mm: PromptProduct,
-    o_mm: PromptProduct,
-    /// Norms adding the attention and MLP outputs to the residual stream (Gemma).
-    post_attn_norm: Option<Norm>,
-    post_mlp_norm: Option<Norm>,
-    mlp_norm: Norm,
-    mlp: LayerMlp,
-    mixer: Mixer,
-}
-
-/// What mixes a layer's positions between its input and output products.
-#[allow(clippy::large_enum_variant)]
-enum Mixer {
-    Attention {
-        /// Query/key head norms on the QKV rows (Qwen3), before RoPE.
-        qk_norm: Option<HeadNorm>,
-        rope: RopeKv,
-        attention: Attention,
-        /// Decoding's attention: split over runs of keys when the output product can merge
-        /// them.
-        decode_attention: Attention,
-        /// The sigmoid output gate (Qwen3.5).
-        gate: Option<OutputGate>,
-    },
-    /// A Gated DeltaNet layer and its part of the sequence's state.
-    DeltaNet { net: DeltaNet, state: DeltaNetState },
-}
-
-/// A layer's MLP kernels: dense products, or a router and its experts. One per layer, built
-/// once: the variants' sizes do not matter.
-#[allow(clippy::large_enum_variant)]
-enum LayerMlp {
-    Dense {
-        up_mv: MatVec,
-        down_mv: MatVec,
-        up_mm: PromptProduct,
-        glu: Option<Glu>,
-        down_mm: PromptProduct,
-    },
-    /// The router's product over the normed rows (a decode product for one token), then
-    /// routing, the experts and their sum into the residual stream.
-    Experts {
-        router: MatMul,
-        router_mv: MatVec,
-        experts: Experts,
-        shared: Option<SharedExpert>,
-    },
-}
-
-/// A shared expert beside the routed ones (Qwen3.5-MoE): a SwiGLU over the normed rows whose
-/// hidden row is scaled by sigmoid of a one-row product, then its down product added to the
-/// residual stream.
-struct SharedExpert {
-    up_mv: MatVec,
-    gate_mv: MatVec,
-    down_mv: MatVec,
-    up_mm: PromptProduct,
-    glu: Option<Glu>,
-    gate_mm: MatMul,
-    scale: OutputGate,
-    down_mm: PromptProduct,
-}
-
-impl SharedExpert {
-    fn encode_decode(&self, rec: &mut Recorder<'_>) {
-        self.up_mv.encode(rec);
-        self.gate_mv.encode(rec);
-        self.scale.encode(rec, 1);
-        self.down_mv.encode(rec);
-    }
-
-    fn encode_prompt(&self, rec: &mut Recorder<'_>, n: u32) {
-        self.up_mm.encode(rec, n);
-        if let Some(glu) = &self.glu {
-            glu.encode(rec, n);
-        }
-        self.gate_mm.encode(rec, n);
-        self.scale.encode(rec, n);
-        self.down_mm.encode(rec, n);
-    }
-}
-
-impl LayerMlp {
-    /// Whether the down product hands the residual stream off to the next layer's QKV
-    /// product (experts do not).
-    fn hands_off(&self) -> bool {
-        match self {
-            Self::Dense { down_mv, .. } => down_mv.hands_off(),
-            Self::Experts { .. } => false,
-        }
-    }
 }
 
 /// Buffers shared by all layers, sized for one prompt chunk.
@@ -325,55 +231,7 @@ impl DecoderModel {
     fn encode_decode(&self, rec: &mut Recorder<'_>, pos: u32) {
         self.embed.encode(rec, 1);
         for l in &self.layers {
-            l.qkv_mv.encode(rec);
-            match &l.mixer {
-                Mixer::Attention {
-                    qk_norm,
-                    rope,
-                    decode_attention,
-                    gate,
-                    ..
-                } => {
-                    if let Some(qk) = qk_norm {
-                        qk.encode(rec, 1);
-                    }
-                    // The split attention applies RoPE and fills the cache itself.
-                    if !self.split_attention {
-                        rope.encode(rec, 1);
-                    }
-                    decode_attention.encode(rec, pos, 1);
-                    if let Some(gate) = gate {
-                        gate.encode(rec, 1);
-                    }
-                }
-                Mixer::DeltaNet { net, .. } => net.encode(rec),
-            }
-            l.o_mv.encode(rec);
-            if let Some(norm) = &l.post_attn_norm {
-                norm.encode(rec, 1);
-            }
-            match &l.mlp {
-                LayerMlp::Dense { up_mv, down_mv, .. } => {
-                    up_mv.encode(rec);
-                    down_mv.encode(rec);
-                }
-                LayerMlp::Experts {
-                    router_mv,
-                    experts,
-                    shared,
-                    ..
-                } => {
-                    l.mlp_norm.encode(rec, 1);
-                    router_mv.encode(rec);
-                    experts.encode(rec, 1);
-                    if let Some(shared) = shared {
-                        shared.encode_decode(rec);
-                    }
-                }
-            }
-            if let Some(norm) = &l.post_mlp_norm {
-                norm.encode(rec, 1);
-            }
+            l.encode_decode(rec, pos, self.split_attention);
         }
         self.lm_head_mv.encode(rec);
         self.sample.encode(rec);
@@ -384,68 +242,12 @@ impl DecoderModel {
         // A forward pass from the first position starts the recurrent states afresh.
         if pos0 == 0 {
             for l in &self.layers {
-                if let Mixer::DeltaNet { state, .. } = &l.mixer {
-                    state.clear(rec);
-                }
+                l.clear_state(rec);
             }
         }
         self.embed.encode(rec, n);
         for l in &self.layers {
-            l.attn_norm.encode(rec, n);
-            l.qkv_mm.encode(rec, n);
-            match &l.mixer {
-                Mixer::Attention {
-                    qk_norm,
-                    rope,
-                    attention,
-                    gate,
-                    ..
-                } => {
-                    if let Some(qk) = qk_norm {
-                        qk.encode(rec, n);
-                    }
-                    rope.encode(rec, n);
-                    attention.encode(rec, pos0, n);
-                    if let Some(gate) = gate {
-                        gate.encode(rec, n);
-                    }
-                }
-                Mixer::DeltaNet { net, .. } => net.encode(rec),
-            }
-            l.o_mm.encode(rec, n);
-            if let Some(norm) = &l.post_attn_norm {
-                norm.encode(rec, n);
-            }
-            l.mlp_norm.encode(rec, n);
-            match &l.mlp {
-                LayerMlp::Dense {
-                    up_mm,
-                    glu,
-                    down_mm,
-                    ..
-                } => {
-                    up_mm.encode(rec, n);
-                    if let Some(glu) = glu {
-                        glu.encode(rec, n);
-                    }
-                    down_mm.encode(rec, n);
-                }
-                LayerMlp::Experts {
-                    router,
-                    experts,
-                    shared,
-                    ..
-                } => {
-                    router.encode(rec, n);
-                    experts.encode(rec, n);
-                    if let Some(shared) = shared {
-                        shared.encode_prompt(rec, n);
-                    }
-                }
-            }
-            if let Some(norm) = &l.post_mlp_norm {
-                norm.encode(rec, n);
-            }
+            l.encode_prompt(rec, pos0, n);
         }
     }
 
