@@ -14,7 +14,8 @@
 // with A = −exp(A_log) < 0; then S ← decay·S, S ← S + k ⊗ β(v − Sᵀk), o = Sᵀq; the output is
 // RMSNorm(o) · w · SiLU(z) over the head's DV values.
 //
-// Defines: CONV (with K), DELTA (with DK, DV, the workgroup size, and NK, NV).
+// Defines: CONV (with K), DELTA (with DK, DV, the workgroup size, and NK, NV; TILED: value
+// head h reads key head h mod NK, GGUF's order, instead of h / (NV / NK)).
 
 struct Params {
     // The convolved channels (2·NK·DK + NV·DV) and the projected rows' length.
@@ -114,7 +115,11 @@ fn softplus(x: f32) -> f32 {
 @compute @workgroup_size(WG)
 fn main(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id) wid: vec3<u32>) {
     let h = wid.x;
+#if TILED
+    let kh = h % {{NK}}u;
+#else
     let kh = h / ({{NV}}u / {{NK}}u);
+#endif
     let v_col = min(tid, DV - 1u);
     let owns = tid < DV;
     var s: array<f32, {{DK}}>;

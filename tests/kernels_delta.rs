@@ -15,6 +15,8 @@ use common::{Rng, assert_close, gpu};
 
 struct Layer {
     shape: DeltaNetShape,
+    /// Value head h reads key head h mod key_heads (GGUF's order).
+    tiled: bool,
     conv: Vec<f32>,
     decay_a: Vec<f32>,
     dt_bias: Vec<f32>,
@@ -70,7 +72,7 @@ fn reference(layer: &Layer, tokens: &[Token]) -> (Vec<f32>, Vec<f32>) {
             })
             .collect();
         for h in 0..nv {
-            let kh = h / group;
+            let kh = if layer.tiled { h % nk } else { h / group };
             let norm = |v: &[f32]| -> Vec<f32> {
                 let inv = 1.0 / (v.iter().map(|x| x * x).sum::<f32>() + 1e-6).sqrt();
                 v.iter().map(|x| x * inv).collect()
@@ -113,6 +115,7 @@ fn random_layer(rng: &mut Rng, shape: DeltaNetShape) -> Layer {
         norm: rng.vec(shape.value_dim as usize, 1.0),
         eps: 1e-6,
         shape,
+        tiled: false,
     }
 }
 
@@ -150,7 +153,17 @@ fn run(gpu: &Gpu, layer: &Layer, tokens: &[Token], steps: &[usize]) -> (Vec<f32>
         out: &out,
     };
     let step = gpu.uniform("step", &StepParams::new(0, 1));
-    let net = DeltaNet::new(gpu, shape, &weights, &state, &io, &step, layer.eps).expect("kernels");
+    let net = DeltaNet::new(
+        gpu,
+        shape,
+        layer.tiled,
+        &weights,
+        &state,
+        &io,
+        &step,
+        layer.eps,
+    )
+    .expect("kernels");
     let mut got = Vec::new();
     let mut first = 0;
     for &n in steps {
@@ -182,9 +195,16 @@ fn run(gpu: &Gpu, layer: &Layer, tokens: &[Token], steps: &[usize]) -> (Vec<f32>
 }
 
 fn check(shape: DeltaNetShape, steps: &[usize], seed: u64) {
+    check_order(shape, false, steps, seed);
+}
+
+fn check_order(shape: DeltaNetShape, tiled: bool, steps: &[usize], seed: u64) {
     let gpu = gpu();
     let mut rng = Rng::new(seed);
-    let layer = random_layer(&mut rng, shape);
+    let layer = Layer {
+        tiled,
+        ..random_layer(&mut rng, shape)
+    };
     let total = steps.iter().sum();
     let tokens = random_tokens(&mut rng, &shape, total);
     let (want, want_state) = reference(&layer, &tokens);
@@ -216,6 +236,8 @@ fn grouped_heads_over_prompt_chunks_and_decoded_tokens_match_cpu() {
         conv_kernel: 4,
     };
     check(shape, &[7, 1, 5, 1, 1], 1);
+    // GGUF's order: value heads tiled over the key heads.
+    check_order(shape, true, &[7, 1, 5, 1, 1], 5);
     // A prompt shorter than the convolution's reach, then decoding.
     check(shape, &[2, 1, 1, 1], 2);
 }

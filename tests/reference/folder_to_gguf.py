@@ -10,6 +10,7 @@ Writes (default, no arguments):
     tests/fixtures/models/tiny-gemma3.gguf  `gemma3` architecture from tests/fixtures/models/tiny-gemma3/
     tests/fixtures/models/tiny-qwen3-moe.gguf      `qwen3moe` from tests/fixtures/models/tiny-qwen3-moe/
     tests/fixtures/models/tiny-gpt-oss-mxfp4.gguf  `gpt-oss` (MXFP4 experts) from tiny-gpt-oss-mxfp4/
+    tests/fixtures/models/tiny-qwen3-5.gguf        `qwen35` from tiny-qwen3-5/
 
 Layout: llama.cpp tensor names (`token_embd`, `blk.N.attn_q`, `attn_q_norm`, `attn_qkv`, `ffn_up`,
 ...), matrices as F16 and norms, biases and position embeddings as F32 (the converter's choice for
@@ -42,7 +43,8 @@ import numpy as np
 from safetensors.torch import load_file
 
 REPO_ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
-DEFAULTS = ["tiny-qwen3", "tiny-gpt2", "tiny-phi3", "tiny-gemma3", "tiny-qwen3-moe", "tiny-gpt-oss-mxfp4"]
+DEFAULTS = ["tiny-qwen3", "tiny-gpt2", "tiny-phi3", "tiny-gemma3", "tiny-qwen3-moe", "tiny-gpt-oss-mxfp4",
+            "tiny-qwen3-5"]
 
 
 def tokenizer_metadata(writer, folder, config):
@@ -320,19 +322,101 @@ def gpt_oss(writer, config, weights):
             writer.add_tensor(f"blk.{layer}.ffn_down_exps.weight", np.ascontiguousarray(down))
 
 
+def qwen35(writer, config, weights):
+    """Qwen3.5 (dense) as llama.cpp's converter writes it: the text model of the published
+    folder, (1 + w) norms stored as the sum except the linear layers' gated norm, A stored as
+    −exp(A_log), the convolution squeezed to [channels][taps], and where value heads share key
+    heads in groups, the value heads reordered from grouped (key head, j) to tiled (j, key head)
+    in every tensor that has them."""
+    text = config.get("text_config", config)
+    w = {k.replace("model.language_model.", "model.", 1): v for k, v in weights.items()
+         if k.startswith(("model.language_model.", "lm_head."))}
+    nk, nv = text["linear_num_key_heads"], text["linear_num_value_heads"]
+    dk, dv = text["linear_key_head_dim"], text["linear_value_head_dim"]
+    r = nv // nk
+    heads, head_dim = text["num_attention_heads"], text["head_dim"]
+    rope = text["rope_parameters"]
+    layers = text["num_hidden_layers"]
+    interval = text.get("full_attention_interval", 4)
+    layer_types = text.get("layer_types") or [
+        "full_attention" if (i + 1) % interval == 0 else "linear_attention" for i in range(layers)]
+
+    def reorder(a, dim, hd):
+        # Grouped value heads (key head, j) become tiled (j, key head) along `dim`.
+        a = np.moveaxis(a, dim, 0)
+        rest = a.shape[1:]
+        a = a.reshape(nk, r, hd, *rest).swapaxes(0, 1).reshape(nv * hd, *rest)
+        return np.ascontiguousarray(np.moveaxis(a, 0, dim))
+
+    def v_channels(a, dim, hd):
+        # The value part of a q/k/v stack (after 2·nk·dk channels) reordered.
+        a = np.moveaxis(a, dim, 0)
+        qk = 2 * nk * dk
+        a = np.concatenate([a[:qk], reorder(a[qk:], 0, hd)])
+        return np.ascontiguousarray(np.moveaxis(a, 0, dim))
+
+    plus_one = lambda t: f32(t) + np.float32(1.0)  # noqa: E731 - the converter's (1 + w)
+    writer.add_context_length(text["max_position_embeddings"])
+    writer.add_embedding_length(text["hidden_size"])
+    writer.add_block_count(layers)
+    writer.add_feed_forward_length(text["intermediate_size"])
+    writer.add_head_count(heads)
+    writer.add_head_count_kv(text["num_key_value_heads"])
+    writer.add_key_length(head_dim)
+    writer.add_value_length(head_dim)
+    writer.add_layer_norm_rms_eps(text["rms_norm_eps"])
+    writer.add_rope_freq_base(rope["rope_theta"])
+    writer.add_rope_dimension_count(int(head_dim * rope.get("partial_rotary_factor", 0.25)))
+    writer.add_rope_dimension_sections(list(rope.get("mrope_section", [11, 11, 10])) + [0])
+    writer.add_ssm_conv_kernel(text["linear_conv_kernel_dim"])
+    writer.add_ssm_state_size(dk)
+    writer.add_ssm_group_count(nk)
+    writer.add_ssm_time_step_rank(nv)
+    writer.add_ssm_inner_size(nv * dv)
+    writer.add_uint32("qwen35.full_attention_interval", interval)
+    writer.add_tensor("token_embd.weight", f16(w["model.embed_tokens.weight"]))
+    writer.add_tensor("output_norm.weight", plus_one(w["model.norm.weight"]))
+    if not config.get("tie_word_embeddings", text.get("tie_word_embeddings", False)):
+        writer.add_tensor("output.weight", f16(w["lm_head.weight"]))
+    for layer, kind in enumerate(layer_types):
+        hf = lambda name: w[f"model.layers.{layer}.{name}"]  # noqa: E731
+        put = lambda name, a: writer.add_tensor(f"blk.{layer}.{name}", a)  # noqa: E731
+        put("attn_norm.weight", plus_one(hf("input_layernorm.weight")))
+        put("post_attention_norm.weight", plus_one(hf("post_attention_layernorm.weight")))
+        for proj, name in (("gate", "ffn_gate"), ("up", "ffn_up"), ("down", "ffn_down")):
+            put(f"{name}.weight", f16(hf(f"mlp.{proj}_proj.weight")))
+        if kind == "full_attention":
+            for proj, name in (("q", "attn_q"), ("k", "attn_k"), ("v", "attn_v"), ("o", "attn_output")):
+                put(f"{name}.weight", f16(hf(f"self_attn.{proj}_proj.weight")))
+            put("attn_q_norm.weight", plus_one(hf("self_attn.q_norm.weight")))
+            put("attn_k_norm.weight", plus_one(hf("self_attn.k_norm.weight")))
+            continue
+        la = "linear_attn."
+        put("attn_qkv.weight", v_channels(f16(hf(la + "in_proj_qkv.weight")), 0, dv))
+        put("attn_gate.weight", reorder(f16(hf(la + "in_proj_z.weight")), 0, dv))
+        put("ssm_beta.weight", reorder(f16(hf(la + "in_proj_b.weight")), 0, 1))
+        put("ssm_alpha.weight", reorder(f16(hf(la + "in_proj_a.weight")), 0, 1))
+        put("ssm_conv1d.weight", v_channels(f32(hf(la + "conv1d.weight")).squeeze(1), 0, dv))
+        put("ssm_a", reorder(-np.exp(f32(hf(la + "A_log"))), 0, 1))
+        put("ssm_dt.bias", reorder(f32(hf(la + "dt_bias")), 0, 1))
+        put("ssm_norm.weight", f32(hf(la + "norm.weight")))
+        put("ssm_out.weight", reorder(f16(hf(la + "out_proj.weight")), 1, dv))
+
+
 def convert(folder, out):
     config = json.load(open(os.path.join(folder, "config.json"), encoding="utf-8"))
-    arch = {"gemma3_text": "gemma3", "qwen3_moe": "qwen3moe", "gpt_oss": "gpt-oss"}.get(
+    arch = {"gemma3_text": "gemma3", "qwen3_moe": "qwen3moe", "gpt_oss": "gpt-oss",
+            "qwen3_5": "qwen35", "qwen3_5_text": "qwen35"}.get(
         config["model_type"], config["model_type"])
     writers = {"qwen3": qwen3, "phi3": phi3, "gpt2": gpt2, "gemma3": gemma3, "qwen3moe": qwen3_moe,
-               "gpt-oss": gpt_oss}
+               "gpt-oss": gpt_oss, "qwen35": qwen35}
     if arch not in writers:
         raise SystemExit(f"{folder}: architecture {arch!r} is not written (supported: {sorted(writers)})")
     weights = load_file(os.path.join(folder, "model.safetensors"))
     writer = gguf.GGUFWriter(out, arch)
     writer.add_name(os.path.basename(os.path.normpath(folder)))
     writers[arch](writer, config, weights)
-    tokenizer_metadata(writer, folder, config)
+    tokenizer_metadata(writer, folder, config.get("text_config", config))
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()

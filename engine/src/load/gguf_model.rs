@@ -48,6 +48,7 @@ pub fn gguf_architecture(file: &GgufFile) -> Result<Arch, LoadError> {
         "gemma3" => Ok(Arch::Gemma3),
         "qwen3moe" => Ok(Arch::Qwen3Moe),
         "gpt-oss" => Ok(Arch::GptOss),
+        "qwen35" => Ok(Arch::Qwen35),
         other => Err(LoadError::UnsupportedArchitecture {
             name: other.to_owned(),
         }),
@@ -65,6 +66,7 @@ pub fn gguf_spec(file: &GgufFile) -> Result<DecoderSpec, LoadError> {
         Arch::Qwen3 => "qwen3",
         Arch::Phi3 => "phi3",
         Arch::Gemma3 => "gemma3",
+        Arch::Qwen35 => "qwen35",
         other => super::gguf_moe::prefix(other).unwrap_or("llama"),
     };
     let key = |k: &str| format!("{p}.{k}");
@@ -189,6 +191,9 @@ pub fn gguf_spec(file: &GgufFile) -> Result<DecoderSpec, LoadError> {
     };
     if arch == Arch::Gemma3 {
         return gemma3_spec(file, spec);
+    }
+    if arch == Arch::Qwen35 {
+        return super::qwen35::gguf_spec(file, spec).map_err(|m| invalid(file, m));
     }
     super::gguf_moe::moe_spec(file, spec)
 }
@@ -411,6 +416,11 @@ pub fn gguf_tensor_name(hf: &str, spec: &DecoderSpec) -> Option<(String, Option<
     let rest = hf.strip_prefix("model.layers.")?;
     let (layer, field) = rest.split_once('.')?;
     if let Some(name) = super::gguf_moe::moe_tensor_name(field, spec.arch) {
+        return Some((format!("blk.{layer}.{name}"), None));
+    }
+    if spec.arch == Arch::Qwen35
+        && let Some(name) = super::qwen35::gguf_tensor_name(field)
+    {
         return Some((format!("blk.{layer}.{name}"), None));
     }
     let permuted = spec.arch == Arch::Llama;

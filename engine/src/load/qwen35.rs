@@ -16,6 +16,9 @@ pub struct LinearLayers {
     pub shape: DeltaNetShape,
     /// Per layer: whether it is a Gated DeltaNet layer.
     pub linear: Vec<bool>,
+    /// Value head h reads key head h mod key_heads (GGUF's order, which llama.cpp's converter
+    /// tiles) rather than h / (value_heads / key_heads) (the checkpoints' grouped order).
+    pub tiled_heads: bool,
 }
 
 impl LinearLayers {
@@ -120,6 +123,7 @@ pub(super) fn qwen3_5(c: &Value) -> Result<DecoderSpec, SpecError> {
     spec.linear = Some(LinearLayers {
         shape,
         linear: linear_layers(c, spec.layers)?,
+        tiled_heads: false,
     });
     Ok(spec)
 }
@@ -147,6 +151,66 @@ pub(super) fn qwen3_5_moe(c: &Value) -> Result<DecoderSpec, SpecError> {
     moe.check()?;
     spec.moe = Some(moe);
     Ok(spec)
+}
+
+/// Completes a GGUF `qwen35` spec (read as a Llama-like model) with its linear layers, as
+/// llama.cpp's converter writes them: `ssm.*` shapes, `full_attention_interval`, and value
+/// heads tiled over the key heads.
+pub(super) fn gguf_spec(
+    file: &super::GgufFile,
+    mut spec: DecoderSpec,
+) -> Result<DecoderSpec, String> {
+    let key = |k: &str| {
+        file.metadata(&format!("qwen35.{k}"))
+            .and_then(super::GgufValue::as_u64)
+            .and_then(|v| u32::try_from(v).ok())
+    };
+    let need = |k: &str| key(k).ok_or_else(|| format!("no qwen35.{k}"));
+    let value_heads = need("ssm.time_step_rank")?;
+    let inner = need("ssm.inner_size")?;
+    if value_heads == 0 || !inner.is_multiple_of(value_heads) {
+        return Err(format!(
+            "ssm.inner_size {inner} is not a whole number of {value_heads} heads"
+        ));
+    }
+    let shape = DeltaNetShape {
+        key_heads: need("ssm.group_count")?,
+        value_heads,
+        key_dim: need("ssm.state_size")?,
+        value_dim: inner / value_heads,
+        conv_kernel: need("ssm.conv_kernel")?,
+    };
+    shape.check()?;
+    // Multi-token-prediction layers follow the model's own and are not run.
+    spec.layers = spec
+        .layers
+        .saturating_sub(key("nextn_predict_layers").unwrap_or(0));
+    let interval = key("full_attention_interval").unwrap_or(4).max(1);
+    spec.qk_norm = true;
+    spec.output_gate = true;
+    spec.linear = Some(LinearLayers {
+        shape,
+        linear: (0..spec.layers).map(|i| (i + 1) % interval != 0).collect(),
+        tiled_heads: true,
+    });
+    Ok(spec)
+}
+
+/// The GGUF name of a Qwen3.5 layer tensor (HF `field` under `model.layers.N.`).
+pub(super) fn gguf_tensor_name(field: &str) -> Option<&'static str> {
+    Some(match field {
+        "post_attention_layernorm.weight" => "post_attention_norm.weight",
+        "linear_attn.in_proj_qkv.weight" => "attn_qkv.weight",
+        "linear_attn.in_proj_z.weight" => "attn_gate.weight",
+        "linear_attn.in_proj_b.weight" => "ssm_beta.weight",
+        "linear_attn.in_proj_a.weight" => "ssm_alpha.weight",
+        "linear_attn.conv1d.weight" => "ssm_conv1d.weight",
+        "linear_attn.A_log" => "ssm_a",
+        "linear_attn.dt_bias" => "ssm_dt.bias",
+        "linear_attn.norm.weight" => "ssm_norm.weight",
+        "linear_attn.out_proj.weight" => "ssm_out.weight",
+        _ => return None,
+    })
 }
 
 #[cfg(test)]

@@ -156,9 +156,13 @@ pub struct DeltaNet {
 }
 
 impl DeltaNet {
+    /// `tiled_heads`: value head h reads key head h mod key_heads (GGUF's order) rather than
+    /// h / (value_heads / key_heads).
+    #[allow(clippy::too_many_arguments)]
     pub fn new(
         gpu: &Gpu,
         shape: &DeltaNetShape,
+        tiled_heads: bool,
         weights: &DeltaNetWeights,
         state: &DeltaNetState,
         io: &DeltaNetIo<'_>,
@@ -202,6 +206,7 @@ impl DeltaNet {
             "main",
             &[
                 flag("DELTA", true),
+                flag("TILED", tiled_heads),
                 ("DK", shape.key_dim.to_string()),
                 ("DV", shape.value_dim.to_string()),
                 ("WG", workgroup.to_string()),

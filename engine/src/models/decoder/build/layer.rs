@@ -370,6 +370,7 @@ impl LayerContext<'_> {
             let net = DeltaNet::new(
                 self.gpu,
                 &linear.shape,
+                linear.tiled_heads,
                 delta,
                 &state,
                 &io,
