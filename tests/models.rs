@@ -289,7 +289,7 @@ fn f16_prompt_weight_copies_match_the_default_prompt_path() {
 /// matrices, F32 norms, 3-D expert tensors, GPT-OSS's experts in MXFP4 blocks, the tokenizer
 /// and chat template as GGUF metadata) against the folders' goldens: tokenization, chat
 /// prompts, prompt logits at every position, greedy tokens.
-const GGUF_MODELS: [(&str, &str); 7] = [
+const GGUF_MODELS: [(&str, &str); 8] = [
     ("tiny-qwen3.gguf", "tiny-qwen3"),
     ("tiny-gpt2.gguf", "tiny-gpt2"),
     ("tiny-phi3.gguf", "tiny-phi3"),
@@ -297,6 +297,7 @@ const GGUF_MODELS: [(&str, &str); 7] = [
     ("tiny-qwen3-moe.gguf", "tiny-qwen3-moe"),
     ("tiny-gpt-oss-mxfp4.gguf", "tiny-gpt-oss-mxfp4"),
     ("tiny-qwen3-5.gguf", "tiny-qwen3-5"),
+    ("tiny-qwen3-5-moe.gguf", "tiny-qwen3-5-moe"),
 ];
 
 #[test]

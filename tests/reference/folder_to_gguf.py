@@ -11,6 +11,7 @@ Writes (default, no arguments):
     tests/fixtures/models/tiny-qwen3-moe.gguf      `qwen3moe` from tests/fixtures/models/tiny-qwen3-moe/
     tests/fixtures/models/tiny-gpt-oss-mxfp4.gguf  `gpt-oss` (MXFP4 experts) from tiny-gpt-oss-mxfp4/
     tests/fixtures/models/tiny-qwen3-5.gguf        `qwen35` from tiny-qwen3-5/
+    tests/fixtures/models/tiny-qwen3-5-moe.gguf    `qwen35moe` from tiny-qwen3-5-moe/
 
 Layout: llama.cpp tensor names (`token_embd`, `blk.N.attn_q`, `attn_q_norm`, `attn_qkv`, `ffn_up`,
 ...), matrices as F16 and norms, biases and position embeddings as F32 (the converter's choice for
@@ -44,7 +45,7 @@ from safetensors.torch import load_file
 
 REPO_ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 DEFAULTS = ["tiny-qwen3", "tiny-gpt2", "tiny-phi3", "tiny-gemma3", "tiny-qwen3-moe", "tiny-gpt-oss-mxfp4",
-            "tiny-qwen3-5"]
+            "tiny-qwen3-5", "tiny-qwen3-5-moe"]
 
 
 def tokenizer_metadata(writer, folder, config):
@@ -359,7 +360,13 @@ def qwen35(writer, config, weights):
     writer.add_context_length(text["max_position_embeddings"])
     writer.add_embedding_length(text["hidden_size"])
     writer.add_block_count(layers)
-    writer.add_feed_forward_length(text["intermediate_size"])
+    moe = "num_experts" in text
+    if moe:
+        moe_hyperparameters(writer, text, text["num_experts"], text["num_experts_per_tok"],
+                            text["moe_intermediate_size"])
+        writer.add_expert_shared_feed_forward_length(text["shared_expert_intermediate_size"])
+    else:
+        writer.add_feed_forward_length(text["intermediate_size"])
     writer.add_head_count(heads)
     writer.add_head_count_kv(text["num_key_value_heads"])
     writer.add_key_length(head_dim)
@@ -373,7 +380,8 @@ def qwen35(writer, config, weights):
     writer.add_ssm_group_count(nk)
     writer.add_ssm_time_step_rank(nv)
     writer.add_ssm_inner_size(nv * dv)
-    writer.add_uint32("qwen35.full_attention_interval", interval)
+    arch = "qwen35moe" if moe else "qwen35"
+    writer.add_uint32(f"{arch}.full_attention_interval", interval)
     writer.add_tensor("token_embd.weight", f16(w["model.embed_tokens.weight"]))
     writer.add_tensor("output_norm.weight", plus_one(w["model.norm.weight"]))
     if not config.get("tie_word_embeddings", text.get("tie_word_embeddings", False)):
@@ -383,8 +391,21 @@ def qwen35(writer, config, weights):
         put = lambda name, a: writer.add_tensor(f"blk.{layer}.{name}", a)  # noqa: E731
         put("attn_norm.weight", plus_one(hf("input_layernorm.weight")))
         put("post_attention_norm.weight", plus_one(hf("post_attention_layernorm.weight")))
-        for proj, name in (("gate", "ffn_gate"), ("up", "ffn_up"), ("down", "ffn_down")):
-            put(f"{name}.weight", f16(hf(f"mlp.{proj}_proj.weight")))
+        if moe:
+            # Experts stacked into 3-D tensors as the converter does (from the per-expert
+            # tensors the folder holds), the shared expert and its one-row gate.
+            put("ffn_gate_inp.weight", f32(hf("mlp.gate.weight")))
+            for proj, name in (("gate", "ffn_gate_exps"), ("up", "ffn_up_exps"),
+                               ("down", "ffn_down_exps")):
+                put(f"{name}.weight", np.stack([f16(hf(f"mlp.experts.{e}.{proj}_proj.weight"))
+                                                for e in range(text["num_experts"])]))
+            for proj, name in (("gate", "ffn_gate_shexp"), ("up", "ffn_up_shexp"),
+                               ("down", "ffn_down_shexp")):
+                put(f"{name}.weight", f16(hf(f"mlp.shared_expert.{proj}_proj.weight")))
+            put("ffn_gate_inp_shexp.weight", f32(hf("mlp.shared_expert_gate.weight")).reshape(-1))
+        else:
+            for proj, name in (("gate", "ffn_gate"), ("up", "ffn_up"), ("down", "ffn_down")):
+                put(f"{name}.weight", f16(hf(f"mlp.{proj}_proj.weight")))
         if kind == "full_attention":
             for proj, name in (("q", "attn_q"), ("k", "attn_k"), ("v", "attn_v"), ("o", "attn_output")):
                 put(f"{name}.weight", f16(hf(f"self_attn.{proj}_proj.weight")))
@@ -406,10 +427,11 @@ def qwen35(writer, config, weights):
 def convert(folder, out):
     config = json.load(open(os.path.join(folder, "config.json"), encoding="utf-8"))
     arch = {"gemma3_text": "gemma3", "qwen3_moe": "qwen3moe", "gpt_oss": "gpt-oss",
-            "qwen3_5": "qwen35", "qwen3_5_text": "qwen35"}.get(
+            "qwen3_5": "qwen35", "qwen3_5_text": "qwen35", "qwen3_5_moe": "qwen35moe",
+            "qwen3_5_moe_text": "qwen35moe"}.get(
         config["model_type"], config["model_type"])
     writers = {"qwen3": qwen3, "phi3": phi3, "gpt2": gpt2, "gemma3": gemma3, "qwen3moe": qwen3_moe,
-               "gpt-oss": gpt_oss, "qwen35": qwen35}
+               "gpt-oss": gpt_oss, "qwen35": qwen35, "qwen35moe": qwen35}
     if arch not in writers:
         raise SystemExit(f"{folder}: architecture {arch!r} is not written (supported: {sorted(writers)})")
     weights = load_file(os.path.join(folder, "model.safetensors"))

@@ -48,7 +48,7 @@ pub fn gguf_architecture(file: &GgufFile) -> Result<Arch, LoadError> {
         "gemma3" => Ok(Arch::Gemma3),
         "qwen3moe" => Ok(Arch::Qwen3Moe),
         "gpt-oss" => Ok(Arch::GptOss),
-        "qwen35" => Ok(Arch::Qwen35),
+        "qwen35" | "qwen35moe" => Ok(Arch::Qwen35),
         other => Err(LoadError::UnsupportedArchitecture {
             name: other.to_owned(),
         }),
@@ -66,7 +66,14 @@ pub fn gguf_spec(file: &GgufFile) -> Result<DecoderSpec, LoadError> {
         Arch::Qwen3 => "qwen3",
         Arch::Phi3 => "phi3",
         Arch::Gemma3 => "gemma3",
-        Arch::Qwen35 => "qwen35",
+        // Qwen3.5's dense and MoE files share the architecture; each keeps its own prefix.
+        Arch::Qwen35 => match file
+            .metadata("general.architecture")
+            .and_then(GgufValue::as_str)
+        {
+            Some("qwen35moe") => "qwen35moe",
+            _ => "qwen35",
+        },
         other => super::gguf_moe::prefix(other).unwrap_or("llama"),
     };
     let key = |k: &str| format!("{p}.{k}");
@@ -193,7 +200,7 @@ pub fn gguf_spec(file: &GgufFile) -> Result<DecoderSpec, LoadError> {
         return gemma3_spec(file, spec);
     }
     if arch == Arch::Qwen35 {
-        return super::qwen35::gguf_spec(file, spec).map_err(|m| invalid(file, m));
+        return super::qwen35::gguf_spec(file, p, spec).map_err(|m| invalid(file, m));
     }
     super::gguf_moe::moe_spec(file, spec)
 }

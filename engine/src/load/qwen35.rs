@@ -158,14 +158,15 @@ pub(super) fn qwen3_5_moe(c: &Value) -> Result<DecoderSpec, SpecError> {
 /// heads tiled over the key heads.
 pub(super) fn gguf_spec(
     file: &super::GgufFile,
+    prefix: &str,
     mut spec: DecoderSpec,
 ) -> Result<DecoderSpec, String> {
     let key = |k: &str| {
-        file.metadata(&format!("qwen35.{k}"))
+        file.metadata(&format!("{prefix}.{k}"))
             .and_then(super::GgufValue::as_u64)
             .and_then(|v| u32::try_from(v).ok())
     };
-    let need = |k: &str| key(k).ok_or_else(|| format!("no qwen35.{k}"));
+    let need = |k: &str| key(k).ok_or_else(|| format!("no {prefix}.{k}"));
     let value_heads = need("ssm.time_step_rank")?;
     let inner = need("ssm.inner_size")?;
     if value_heads == 0 || !inner.is_multiple_of(value_heads) {
@@ -193,6 +194,22 @@ pub(super) fn gguf_spec(
         linear: (0..spec.layers).map(|i| (i + 1) % interval != 0).collect(),
         tiled_heads: true,
     });
+    // `qwen35moe`: routed experts and the shared expert on every layer.
+    if let Some(experts) = key("expert_count") {
+        let moe = MoeSpec {
+            experts,
+            top_k: need("expert_used_count")?,
+            intermediate: need("expert_feed_forward_length")?,
+            weights: RouterWeights::SoftmaxOfChosen,
+            activation: ExpertActivation::SwiGlu,
+            biases: false,
+            sparse: vec![true; spec.layers as usize],
+            shared: true,
+        };
+        moe.check().map_err(|e| e.to_string())?;
+        spec.intermediate = need("expert_shared_feed_forward_length")?;
+        spec.moe = Some(moe);
+    }
     Ok(spec)
 }
 
@@ -209,6 +226,10 @@ pub(super) fn gguf_tensor_name(field: &str) -> Option<&'static str> {
         "linear_attn.dt_bias" => "ssm_dt.bias",
         "linear_attn.norm.weight" => "ssm_norm.weight",
         "linear_attn.out_proj.weight" => "ssm_out.weight",
+        "mlp.shared_expert.gate_proj.weight" => "ffn_gate_shexp.weight",
+        "mlp.shared_expert.up_proj.weight" => "ffn_up_shexp.weight",
+        "mlp.shared_expert.down_proj.weight" => "ffn_down_shexp.weight",
+        "mlp.shared_expert_gate.weight" => "ffn_gate_inp_shexp.weight",
         _ => return None,
     })
 }

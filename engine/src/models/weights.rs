@@ -56,6 +56,8 @@ fn same_layout(actual: &[usize], wanted: &[usize]) -> bool {
     let product = |s: &[usize]| s.iter().product::<usize>();
     match wanted {
         [_] => actual.len() > 1 && product(actual) == product(wanted),
+        // A one-row matrix stored as a vector (GGUF's shared-expert gate).
+        [1, cols] if actual == [*cols] => true,
         [_, cols] => {
             actual.len() > 2 && actual.last() == Some(cols) && product(actual) == product(wanted)
         }
