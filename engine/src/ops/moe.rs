@@ -279,29 +279,31 @@ impl Experts {
             top_k: &top_k,
             form: Form::Decode { tpr },
         };
-        let gate_up = expert_product(
-            gpu,
-            &w.gate_up,
-            &up_side,
-            up_params,
-            xn,
-            w.gate_up_bias.as_ref(),
-            bufs,
-            &bufs.hidden,
-        )?;
         let forced = forced_tile();
-        let up_prompt = ProductSide {
-            form: prompt_form(gpu.caps(), true, forced.as_deref()),
-            ..up_side
+        // Each product in decoding's form and in the prompts' form, with the latter's tile.
+        let both = |m: &Matrix,
+                    side: ProductSide<'_>,
+                    params: Params,
+                    input: &StorageBuffer,
+                    bias: Option<&StorageBuffer>,
+                    out: &StorageBuffer|
+         -> Result<(Dispatch, Dispatch, (u32, u32)), GpuError> {
+            let prompt = ProductSide {
+                form: prompt_form(gpu.caps(), side.glu, forced.as_deref()),
+                ..side
+            };
+            Ok((
+                expert_product(gpu, m, &side, params, input, bias, bufs, out)?,
+                expert_product(gpu, m, &prompt, params, input, bias, bufs, out)?,
+                prompt.form.tile(),
+            ))
         };
-        let gate_up_tiled = expert_product(
-            gpu,
+        let (gate_up, gate_up_tiled, up_tile) = both(
             &w.gate_up,
-            &up_prompt,
+            up_side,
             up_params,
             xn,
             w.gate_up_bias.as_ref(),
-            bufs,
             &bufs.hidden,
         )?;
         let down_params = Params {
@@ -321,28 +323,12 @@ impl Experts {
             top_k: &top_k,
             form: Form::Decode { tpr: down_tpr },
         };
-        let down = expert_product(
-            gpu,
+        let (down, down_tiled, down_tile) = both(
             &w.down,
-            &down_side,
+            down_side,
             down_params,
             &bufs.hidden,
             None,
-            bufs,
-            &bufs.outputs,
-        )?;
-        let down_prompt = ProductSide {
-            form: prompt_form(gpu.caps(), false, forced.as_deref()),
-            ..down_side
-        };
-        let down_tiled = expert_product(
-            gpu,
-            &w.down,
-            &down_prompt,
-            down_params,
-            &bufs.hidden,
-            None,
-            bufs,
             &bufs.outputs,
         )?;
         let mut entries = vec![(5, &bufs.weights), (9, &bufs.outputs), (11, x)];
@@ -373,8 +359,8 @@ impl Experts {
             down,
             gate_up_tiled,
             down_tiled,
-            up_tile: up_prompt.form.tile(),
-            down_tile: down_prompt.form.tile(),
+            up_tile,
+            down_tile,
             combine,
             experts: moe.experts,
             top_k: moe.top_k,
