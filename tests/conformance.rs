@@ -595,3 +595,97 @@ fn moe_configs_as_published() {
         .expect("generation");
     assert_eq!(coder.eos_token_ids, [151_645, 151_643]);
 }
+
+/// Qwen3.5's published chat template renders through Backpack's renderer to transformers' exact
+/// strings (thinking on by default, off, on; earlier turns' reasoning dropped; no generation
+/// prompt), has a thinking switch, and with thinking on leaves the answer inside `<think>`.
+#[test]
+fn qwen3_5_template_renders_as_transformers_does() {
+    let dir = with_tokenizer("models/Qwen--Qwen3.5-35B-A3B", "qwen35");
+    let tokenizer = TextTokenizer::from_dir(&dir).expect("tokenizer");
+    assert!(tokenizer.has_thinking_switch());
+    let renders = json("models/transformers5-render--Qwen3.5-35B-A3B/chat_template_renders.json");
+    let cases = renders["cases"].as_array().expect("cases");
+    for case in cases {
+        let messages: Vec<ChatMessage> =
+            serde_json::from_value(case["messages"].clone()).expect("messages");
+        let kwargs = &case["kwargs"];
+        let switches = ChatSwitches {
+            thinking: kwargs["enable_thinking"].as_bool(),
+            ..Default::default()
+        };
+        let generation = kwargs["add_generation_prompt"].as_bool().expect("bool");
+        let got = tokenizer
+            .render_chat(&messages, generation, switches)
+            .unwrap_or_else(|e| panic!("{}: {e}", case["name"]));
+        assert_eq!(
+            got,
+            case["rendered"].as_str().expect("rendered"),
+            "{}",
+            case["name"]
+        );
+        let ids = tokenizer.encode(&got, false).expect("encode");
+        let thinking_on = generation && switches.thinking != Some(false);
+        assert_eq!(
+            tokenizer.opens_reasoning(&ids),
+            thinking_on,
+            "{}: answer starts inside the reasoning",
+            case["name"]
+        );
+    }
+    assert_eq!(cases.len(), 7);
+}
+
+/// Qwen3.5 configs as Qwen publishes them (the text settings nested in `text_config`, three
+/// linear-attention layers to one full one) and as exporters rewrite them (`type` for
+/// `rope_type`) describe the models their cards state.
+#[test]
+fn qwen3_5_configs_as_published() {
+    use backpack_engine::load::Arch;
+    let spec = |path: &str| DecoderSpec::from_file(&corpus(path)).expect(path);
+    for (path, layers, hidden, heads, value_heads, tied) in [
+        (
+            "models/Qwen--Qwen3.5-27B/config.json",
+            64,
+            5120,
+            24,
+            48,
+            false,
+        ),
+        (
+            "models/third-party-mlx--Qwen3.5-2B/config.json",
+            24,
+            2048,
+            8,
+            16,
+            true,
+        ),
+    ] {
+        let s = spec(path);
+        assert_eq!(s.arch, Arch::Qwen35, "{path}");
+        assert_eq!(
+            (s.layers, s.hidden, s.heads, s.head_dim),
+            (layers, hidden, heads, 256)
+        );
+        assert_eq!((s.vocab, s.tied_embeddings), (248_320, tied), "{path}");
+        assert!(s.output_gate && s.qk_norm, "{path}");
+        // A quarter of each 256-wide head rotates.
+        assert_eq!(s.rotary_dim, 64, "{path}");
+        let linear = s.linear.as_ref().expect("linear-attention layers");
+        assert_eq!(
+            (
+                linear.shape.key_heads,
+                linear.shape.value_heads,
+                linear.shape.key_dim,
+                linear.shape.value_dim,
+                linear.shape.conv_kernel
+            ),
+            (16, value_heads, 128, 128, 4),
+            "{path}"
+        );
+        let full: Vec<u32> = (0..layers).filter(|&l| !linear.is_linear(l)).collect();
+        assert_eq!(full, (0..layers / 4).map(|i| 4 * i + 3).collect::<Vec<_>>());
+        assert_eq!(s.eos_token_ids, [248_044], "{path}");
+        assert!(s.moe.is_none());
+    }
+}

@@ -9,7 +9,8 @@ mod common;
 
 use backpack_engine::gpu::{Gpu, Recorder, StorageBuffer};
 use backpack_engine::ops::{
-    DeltaNet, DeltaNetIo, DeltaNetShape, DeltaNetState, DeltaNetWeights, StepParams,
+    DELTA_CHUNK, DELTA_CHUNKED_FROM, DeltaNet, DeltaNetIo, DeltaNetShape, DeltaNetState,
+    DeltaNetWeights, DeltaScratch, StepParams,
 };
 use common::{Rng, assert_close, gpu};
 
@@ -148,9 +149,11 @@ fn run(gpu: &Gpu, layer: &Layer, tokens: &[Token], steps: &[usize]) -> (Vec<f32>
     let buffer =
         |values: u64| -> StorageBuffer { gpu.storage("test", 4 * values).expect("buffer") };
     let (rows, out) = (buffer(most * row), buffer(most * width));
+    let scratch = DeltaScratch::new(gpu, shape, most as u32).expect("scratch");
     let io = DeltaNetIo {
         rows: &rows,
         out: &out,
+        scratch: &scratch,
     };
     let step = gpu.uniform("step", &StepParams::new(0, 1));
     let net = DeltaNet::new(
@@ -180,7 +183,7 @@ fn run(gpu: &Gpu, layer: &Layer, tokens: &[Token], steps: &[usize]) -> (Vec<f32>
         if first == 0 {
             state.clear(&mut rec);
         }
-        net.encode(&mut rec);
+        net.encode_prompt(&mut rec, n as u32);
         rec.submit();
         got.extend(
             gpu.read::<f32>(&out.buffer, 0, n as u64 * width)
@@ -198,6 +201,9 @@ fn check(shape: DeltaNetShape, steps: &[usize], seed: u64) {
     check_order(shape, false, steps, seed);
 }
 
+/// Runs the tokens through the kernels in `steps` and checks outputs and final state against
+/// the CPU's token-by-token recurrence. Steps of [`DELTA_CHUNKED_FROM`] tokens or more take the
+/// chunked form.
 fn check_order(shape: DeltaNetShape, tiled: bool, steps: &[usize], seed: u64) {
     let gpu = gpu();
     let mut rng = Rng::new(seed);
@@ -265,6 +271,62 @@ fn one_head_per_key_and_wide_heads_match_cpu() {
         },
         &[4, 1],
         4,
+    );
+}
+
+#[test]
+fn chunked_prompts_over_several_chunks_then_decoding_match_cpu() {
+    let chunk = DELTA_CHUNK as usize;
+    // Head dims past one invocation's stride in the preparation (64) and past one column
+    // group of the walk (32); a partial last chunk; decoded tokens between prompt steps.
+    let shape = DeltaNetShape {
+        key_heads: 2,
+        value_heads: 4,
+        key_dim: 72,
+        value_dim: 70,
+        conv_kernel: 4,
+    };
+    check(shape, &[2 * chunk + 22, 1, chunk, 1, 1, 17], 11);
+    check_order(shape, true, &[chunk + 1, 1], 12);
+    // Small odd heads, a prompt step of exactly the threshold.
+    let small = DeltaNetShape {
+        key_heads: 1,
+        value_heads: 3,
+        key_dim: 13,
+        value_dim: 11,
+        conv_kernel: 3,
+    };
+    check(small, &[DELTA_CHUNKED_FROM as usize, 1, 3 * chunk - 1], 13);
+}
+
+/// Prefill of N tokens then one decoded token gives what N + 1 single tokens give: the chunked
+/// and the recurrent forms leave the same state.
+#[test]
+fn chunked_prefill_then_decode_equals_decoding_every_token() {
+    let shape = DeltaNetShape {
+        key_heads: 2,
+        value_heads: 4,
+        key_dim: 24,
+        value_dim: 20,
+        conv_kernel: 4,
+    };
+    let gpu = gpu();
+    let mut rng = Rng::new(21);
+    let layer = random_layer(&mut rng, shape);
+    let n = DELTA_CHUNK as usize + 9;
+    let tokens = random_tokens(&mut rng, &shape, n + 1);
+    let (chunked, chunked_state) = run(&gpu, &layer, &tokens, &[n, 1]);
+    let (single, single_state) = run(&gpu, &layer, &tokens, &vec![1; n + 1]);
+    let scale = vec![1.0; single.len()];
+    assert_close("chunked then decoded", &chunked, &single, &scale, 2e-4, 0.0);
+    let scale = vec![1.0; single_state.len()];
+    assert_close(
+        "state after the last token",
+        &chunked_state,
+        &single_state,
+        &scale,
+        2e-4,
+        0.0,
     );
 }
 

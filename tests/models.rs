@@ -581,3 +581,103 @@ fn harmony_models_stop_at_return_and_call_from_gguf_too() {
         }
     }
 }
+
+/// What transformers computed for a prompt past Gated DeltaNet's chunks
+/// (tests/reference/qwen35_long_prompt.py).
+#[derive(serde::Deserialize)]
+struct LongPromptGolden {
+    prompt_ids: Vec<u32>,
+    positions: Vec<usize>,
+    prompt_logits: Vec<Vec<f32>>,
+    greedy_tokens: Vec<u32>,
+    top2_margins: Vec<f32>,
+}
+
+/// A 150-token prompt crosses two of transformers' 64-token chunks of the delta rule, and its
+/// greedy continuation the next boundary: the tiny Qwen3.5 models, from their folders and GGUF
+/// files, give transformers' logits around each boundary and its greedy tokens, with the
+/// prompt in one step (chunked) and in steps of 20 (chunked steps and a short recurrent one).
+#[test]
+fn qwen3_5_prompts_past_the_delta_rule_chunks_match_transformers() {
+    for name in ["tiny-qwen3-5", "tiny-qwen3-5-moe"] {
+        let path = fixtures().join("goldens").join(format!("{name}-long.json"));
+        let text = std::fs::read_to_string(&path).expect("long-prompt golden");
+        let g: LongPromptGolden = serde_json::from_str(&text).expect("golden");
+        for (file, prefill_chunk) in [(name.to_owned(), 512), (format!("{name}.gguf"), 20)] {
+            let what = format!("{file} in prompt steps of {prefill_chunk}");
+            let dtype = WeightDType::F32;
+            let options = ModelOptions {
+                dtype,
+                prefill_chunk,
+                lookahead: false,
+                ..Default::default()
+            };
+            let mut m = TextModel::load(&gpu(), &fixtures().join("models").join(&file), &options)
+                .expect("load");
+            let vocab = m.model.spec().vocab as usize;
+            let got = m.model.prompt_logits(&g.prompt_ids).expect("prompt logits");
+            let mut worst = 0.0f32;
+            for (&pos, want) in g.positions.iter().zip(&g.prompt_logits) {
+                let diff = max_diff(&got[pos * vocab..(pos + 1) * vocab], want);
+                worst = worst.max(diff);
+                assert!(
+                    diff <= model_tolerance(name, dtype),
+                    "{what}: position {pos} differs by {diff}"
+                );
+            }
+            eprintln!("{what}: largest prompt-logit difference {worst}");
+            m.model.set_sampler(&SamplerParams::default());
+            let mut token = m.model.prefill(&g.prompt_ids).expect("prefill");
+            for (step, &want) in g.greedy_tokens.iter().enumerate() {
+                // A near tie in the golden may legitimately flip, and every later step with it.
+                if g.top2_margins[step] < 2.0 * tolerance(dtype) {
+                    break;
+                }
+                assert_eq!(token, want, "{what}: greedy token {step}");
+                token = m.model.decode().expect("decode");
+            }
+        }
+    }
+}
+
+/// With Qwen3.5's published chat template, thinking on ends the prompt by opening `<think>`:
+/// the answer reads as a reasoning model's (`<think>`, the reasoning, `</think>`, the reply),
+/// so that the panels and the server can split it. With thinking off, it is the model's text.
+#[test]
+fn an_answer_the_chat_prompt_opens_in_reasoning_starts_with_the_tag() {
+    use backpack_engine::models::GenerateParams;
+    let src = fixtures().join("models").join("tiny-qwen3-5");
+    let dir = std::env::temp_dir().join(format!("backpack-qwen35-think-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    for entry in std::fs::read_dir(&src).expect("fixture") {
+        let path = entry.expect("entry").path();
+        std::fs::copy(&path, dir.join(path.file_name().expect("name"))).expect("copy");
+    }
+    let template =
+        fixtures().join("../conformance/models/Qwen--Qwen3.5-35B-A3B/chat_template.jinja");
+    std::fs::copy(template, dir.join("chat_template.jinja")).expect("template");
+    let mut m = load_path(&dir, WeightDType::F32);
+    let prompt = Prompt::Chat(vec![backpack_engine::load::ChatMessage::new("user", "Hi")]);
+    let mut answer = |thinking: Option<bool>| {
+        let params = GenerateParams {
+            max_tokens: 6,
+            thinking,
+            ..Default::default()
+        };
+        let mut streamed = String::new();
+        let stats = m
+            .generate(&prompt, &params, &|| false, |_, delta| {
+                streamed.push_str(delta)
+            })
+            .expect("generate");
+        assert_eq!(streamed, stats.text);
+        stats
+    };
+    let on = answer(None);
+    let off = answer(Some(false));
+    assert!(on.text.starts_with("<think>\n"), "{:?}", on.text);
+    assert!(!off.text.starts_with("<think>"), "{:?}", off.text);
+    // The tag is text, not a token the model produced.
+    assert_eq!(on.tokens.len(), 6);
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -26,6 +26,13 @@ pub struct ModelShape {
     /// Layers attending to the whole context when the others use the window (all when absent).
     #[serde(default)]
     pub global_layers: Option<u64>,
+    /// Layers keeping a KV cache when the others are linear-attention layers with a state of
+    /// fixed size (Qwen3.5's Gated DeltaNet layers; all when absent).
+    #[serde(default)]
+    pub attention_layers: Option<u64>,
+    /// The linear-attention layers' state: the same at every context length.
+    #[serde(default)]
+    pub state_bytes: Option<u64>,
 }
 
 /// Tokens a prompt submission stores at once: rolling caches hold the window plus these.
@@ -45,25 +52,39 @@ impl ModelShape {
             context: Some(u64::from(spec.max_positions)),
             sliding_window: window.map(|w| u64::from(w.size)),
             global_layers: window.map(|w| w.local.iter().filter(|l| !**l).count() as u64),
+            attention_layers: spec
+                .linear
+                .as_ref()
+                .map(|l| l.linear.iter().filter(|linear| !**linear).count() as u64),
+            state_bytes: spec.linear.as_ref().map(|l| {
+                let per_layer = 4 * (l.shape.state_values() + l.shape.conv_state_values());
+                per_layer * l.linear.iter().filter(|linear| **linear).count() as u64
+            }),
         }
     }
 
-    /// f16 K and V for every layer at the estimate's context; sliding-window layers keep a
-    /// rolling cache of the window plus one prompt chunk.
+    /// f16 K and V for every attention layer at the estimate's context (sliding-window layers
+    /// keep a rolling cache of the window plus one prompt chunk), and the linear-attention
+    /// layers' fixed state.
     pub fn kv_cache_bytes(&self) -> u64 {
         let context = self
             .context
             .unwrap_or(ESTIMATE_CONTEXT)
             .min(ESTIMATE_CONTEXT);
         let per_position = 2 * self.kv_heads * self.head_dim * 2;
+        let cached = self
+            .attention_layers
+            .unwrap_or(self.layers)
+            .min(self.layers);
         let (global, local_rows) = match self.sliding_window {
             Some(window) => (
-                self.global_layers.unwrap_or(0).min(self.layers),
+                self.global_layers.unwrap_or(0).min(cached),
                 (window + PROMPT_CHUNK - 1).min(context),
             ),
-            None => (self.layers, 0),
+            None => (cached, 0),
         };
-        per_position * (global * context + (self.layers - global) * local_rows)
+        per_position * (global * context + (cached - global) * local_rows)
+            + self.state_bytes.unwrap_or(0)
     }
 }
 
@@ -227,6 +248,11 @@ mod tests {
             "gpt-oss-20b",
             "qwen3-30b-a3b",
             "qwen3-coder-30b-a3b-instruct",
+            "qwen3.5-0.8b",
+            "qwen3.5-2b",
+            "qwen3.5-4b",
+            "qwen3.5-9b",
+            "qwen3.5-35b-a3b",
         ] {
             let e = catalog
                 .entry(id)
@@ -255,6 +281,14 @@ mod tests {
         let mxfp4 = oss.estimate(&oss.variants[0]);
         assert_eq!(mxfp4.largest_tensor, Some(201_088 * 2880 * 2));
         assert!((12 << 30..15 << 30).contains(&mxfp4.weight_bytes));
+        // Qwen3.5-9B: 8 of 32 layers keep a KV cache (4 heads of 256), the 24 Gated
+        // DeltaNet layers 32 heads of 128×128 f32 state and a 3-input convolution state each.
+        let q9 = catalog.entry("qwen3.5-9b").expect("qwen3.5-9b");
+        let state = 24 * 4 * (32 * 128 * 128 + 3 * (2 * 16 * 128 + 32 * 128));
+        assert_eq!(
+            q9.shape.kv_cache_bytes(),
+            2 * 4 * 256 * 2 * 8 * 4096 + state
+        );
     }
 
     #[test]

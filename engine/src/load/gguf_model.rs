@@ -498,6 +498,11 @@ fn pre_tokenizer(pre: &str) -> Option<Value> {
         "qwen2" => split(
             r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+",
         ),
+        // Qwen3.5's 248k vocabulary: Qwen2's split with combining marks kept in their words
+        // (llama.cpp's LLAMA_VOCAB_PRE_TYPE_QWEN35, the tokenizer.json pattern).
+        "qwen35" => split(
+            r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+",
+        ),
         _ => return None,
     })
 }
@@ -596,7 +601,7 @@ pub fn gguf_tokenizer(file: &GgufFile) -> Result<TextTokenizer, LoadError> {
                 invalid(
                     file,
                     format!(
-                        "tokenizer pre-type {pre:?} is not supported (gpt2, smollm, llama3, qwen2 are)"
+                        "tokenizer pre-type {pre:?} is not supported (gpt2, smollm, llama3, gpt-4o, qwen2, qwen35 are)"
                     ),
                 )
             })?;
@@ -768,19 +773,8 @@ mod tests {
     /// leading space, contractions kept, digits in threes, newlines apart from spaces.
     #[test]
     fn gpt4o_pre_tokenizer_splits_like_o200k() {
-        use tokenizers::{OffsetReferential, OffsetType, PreTokenizedString, PreTokenizer};
-        let json = pre_tokenizer("gpt-4o").expect("known");
-        let pre: tokenizers::pre_tokenizers::PreTokenizerWrapper =
-            serde_json::from_value(json).expect("a valid pre-tokenizer");
-        let mut s = PreTokenizedString::from("Hello world's HTTPServer 1234567\n\n  x");
-        pre.pre_tokenize(&mut s).expect("splits");
-        let pieces: Vec<String> = s
-            .get_splits(OffsetReferential::Original, OffsetType::Byte)
-            .into_iter()
-            .map(|(piece, _, _)| piece.to_owned())
-            .collect();
         assert_eq!(
-            pieces,
+            pieces("gpt-4o", "Hello world's HTTPServer 1234567\n\n  x"),
             [
                 "Hello",
                 "\u{120}world's",
@@ -794,6 +788,35 @@ mod tests {
                 "\u{120}x"
             ]
         );
+    }
+
+    /// The pieces `pre` splits `text` into (byte-level characters).
+    fn pieces(pre: &str, text: &str) -> Vec<String> {
+        use tokenizers::{OffsetReferential, OffsetType, PreTokenizedString, PreTokenizer};
+        let json = pre_tokenizer(pre).expect("known");
+        let pre: tokenizers::pre_tokenizers::PreTokenizerWrapper =
+            serde_json::from_value(json).expect("a valid pre-tokenizer");
+        let mut s = PreTokenizedString::from(text);
+        pre.pre_tokenize(&mut s).expect("splits");
+        s.get_splits(OffsetReferential::Original, OffsetType::Byte)
+            .into_iter()
+            .map(|(piece, _, _)| piece.to_owned())
+            .collect()
+    }
+
+    /// Qwen3.5's `qwen35` split keeps a combining mark with its letters, where Qwen2's puts
+    /// it in a piece of its own; both take digits one at a time.
+    #[test]
+    fn qwen35_pre_tokenizer_keeps_combining_marks_in_words() {
+        // "é" as e + U+0301 (bytes CC 81).
+        let text = "Cafe\u{301} 12";
+        let marked = pieces("qwen35", text);
+        assert_eq!(marked.len(), 4, "{marked:?}");
+        assert!(marked[0].starts_with("Cafe") && marked[0].chars().count() == 6);
+        assert_eq!(marked[2..], ["1", "2"]);
+        let plain = pieces("qwen2", text);
+        assert_eq!(plain.len(), 5, "{plain:?}");
+        assert_eq!(plain[0], "Cafe");
     }
 
     #[test]

@@ -197,6 +197,17 @@ impl TextTokenizer {
         self.encode(&text, false)
     }
 
+    /// Whether a rendered chat prompt ends by opening `<think>`, as Qwen3.5's and
+    /// Qwen3-thinking-2507's generation prompts do when thinking is on: the answer then starts
+    /// inside the reasoning and closes it with `</think>`.
+    pub fn opens_reasoning(&self, prompt: &[u32]) -> bool {
+        // The tag is one token in those vocabularies and a few in others; eight cover it and
+        // the whitespace after it.
+        let tail = &prompt[prompt.len().saturating_sub(8)..];
+        self.decode(tail, false)
+            .is_ok_and(|text| text.trim_end().ends_with("<think>"))
+    }
+
     /// Whether the chat template has a thinking switch (see [`ChatTemplate::render`]).
     pub fn has_thinking_switch(&self) -> bool {
         self.template.as_ref().is_some_and(|t| t.thinking_switch)

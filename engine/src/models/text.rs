@@ -298,6 +298,17 @@ impl TextModel {
             Prompt::Chat(_) => HarmonyTokens::of(&self.tokenizer).map(HarmonyStream::new),
             Prompt::Raw(_) | Prompt::Tokens(_) => None,
         };
+        // A generation prompt that opens the reasoning leaves the model to write it and then
+        // `</think>` with no opening tag: the answer gets the tag it continues from, so that it
+        // reads as every other reasoning model's does.
+        let mut opening = match prompt {
+            Prompt::Chat(_)
+                if harmony.is_none() && self.tokenizer.opens_reasoning(&stats.prompt_tokens) =>
+            {
+                "<think>\n".to_owned()
+            }
+            _ => String::new(),
+        };
         let prefill_start = Instant::now();
         let mut token = self.model.prefill(&stats.prompt_tokens)?;
         stats.prompt_time = prefill_start.elapsed();
@@ -326,6 +337,9 @@ impl TextModel {
                     Some(h) => h.finish(&self.tokenizer)?,
                     None => stream.finish(&self.tokenizer)?,
                 });
+            }
+            if !opening.is_empty() {
+                delta.insert_str(0, &std::mem::take(&mut opening));
             }
             stats.text.push_str(&delta);
             on_token(token, &delta);

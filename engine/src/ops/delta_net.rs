@@ -6,6 +6,7 @@
 
 use bytemuck::{Pod, Zeroable};
 
+use super::delta_chunk::{ChunkedDelta, DeltaScratch};
 use super::{bind, flag, groups_of_64};
 use crate::gpu::{Gpu, GpuError, Kernel, Recorder, StorageBuffer, UniformBuffer};
 
@@ -139,17 +140,26 @@ pub struct DeltaNetIo<'a> {
     pub rows: &'a StorageBuffer,
     /// `[tokens][value_heads·value_dim]`.
     pub out: &'a StorageBuffer,
+    /// The chunked prompt form's products (shared by the layers).
+    pub scratch: &'a DeltaScratch,
 }
 
-struct Dispatch {
-    kernel: Kernel,
-    bind_group: wgpu::BindGroup,
+pub(super) struct Dispatch {
+    pub(super) kernel: Kernel,
+    pub(super) bind_group: wgpu::BindGroup,
 }
 
-/// The convolution and the recurrence of one layer: two dispatches a step.
+/// Prompt steps of at least this many tokens take the chunked form; shorter ones (and
+/// decoding) step through the tokens one at a time, which costs less below a chunk's fixed
+/// work.
+pub const DELTA_CHUNKED_FROM: u32 = 16;
+
+/// The convolution and the recurrence of one layer: two dispatches a decode step, five a
+/// chunked prompt step.
 pub struct DeltaNet {
     conv: Dispatch,
     delta: Dispatch,
+    chunked: ChunkedDelta,
     channels: u32,
     value_heads: u32,
     _params: UniformBuffer,
@@ -231,22 +241,41 @@ impl DeltaNet {
             ),
             kernel: delta_kernel,
         };
+        let chunked =
+            ChunkedDelta::new(gpu, shape, tiled_heads, weights, state, io, step, &params)?;
         Ok(Self {
             conv,
             delta,
+            chunked,
             channels: shape.channels(),
             value_heads: shape.value_heads,
             _params: params,
         })
     }
 
-    /// Records the step's convolution and recurrence (the step's token count is in `step`).
+    /// Records a decode step's convolution and recurrence, token by token (the step's token
+    /// count is in `step`).
     pub fn encode(&self, rec: &mut Recorder<'_>) {
+        self.encode_conv(rec);
+        rec.dispatch(&self.delta.kernel, &self.delta.bind_group, self.value_heads);
+    }
+
+    /// Records a prompt step of `n` tokens (the count `step` holds): chunked from
+    /// [`DELTA_CHUNKED_FROM`] tokens on.
+    pub fn encode_prompt(&self, rec: &mut Recorder<'_>, n: u32) {
+        if n < DELTA_CHUNKED_FROM || n > self.chunked.max_tokens() {
+            self.encode(rec);
+            return;
+        }
+        self.encode_conv(rec);
+        self.chunked.encode(rec, n);
+    }
+
+    fn encode_conv(&self, rec: &mut Recorder<'_>) {
         rec.dispatch(
             &self.conv.kernel,
             &self.conv.bind_group,
             groups_of_64(self.channels),
         );
-        rec.dispatch(&self.delta.kernel, &self.delta.bind_group, self.value_heads);
     }
 }

@@ -6,6 +6,7 @@ mod attention_coop;
 mod attention_cpu;
 mod conv;
 mod coop_tile;
+mod delta_chunk;
 mod delta_net;
 mod denoise;
 mod dequant;
@@ -32,8 +33,10 @@ pub use attention::{
 pub use conv::{Conv1dShape, Conv2dShape, Im2Col};
 pub(crate) use coop_tile::COOP_MIN_WORKGROUP_BYTES;
 pub use coop_tile::CoopTile;
+pub use delta_chunk::{DELTA_CHUNK, DeltaScratch};
 pub use delta_net::{
-    DeltaNet, DeltaNetIo, DeltaNetShape, DeltaNetState, DeltaNetWeights, MAX_DELTA_HEAD_DIM,
+    DELTA_CHUNKED_FROM, DeltaNet, DeltaNetIo, DeltaNetShape, DeltaNetState, DeltaNetWeights,
+    MAX_DELTA_HEAD_DIM,
 };
 pub use denoise::{Denoise, DenoiseBuffers, DenoiseParams, Preview, PreviewSource};
 pub use dequant::Dequantize;

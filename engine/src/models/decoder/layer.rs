@@ -186,7 +186,7 @@ impl Layer {
                     gate.encode(rec, n);
                 }
             }
-            Mixer::DeltaNet { net, .. } => net.encode(rec),
+            Mixer::DeltaNet { net, .. } => net.encode_prompt(rec, n),
         }
         self.o_mm.encode(rec, n);
         if let Some(norm) = &self.post_attn_norm {

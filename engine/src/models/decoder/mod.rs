@@ -20,8 +20,8 @@ use crate::Error;
 use crate::gpu::{Gpu, Recorder, StorageBuffer, UniformBuffer};
 use crate::load::DecoderSpec;
 use crate::ops::{
-    Dequantize, Embed, Int8Handoff, KvDType, LONG_PROMPT_ROWS, MatMul, MatMulOptions, MatVec,
-    Matrix, MoeBuffers, Norm, NormKind, Sample, SamplerParams, StepParams, WeightDType,
+    DeltaScratch, Dequantize, Embed, Int8Handoff, KvDType, LONG_PROMPT_ROWS, MatMul, MatMulOptions,
+    MatVec, Matrix, MoeBuffers, Norm, NormKind, Sample, SamplerParams, StepParams, WeightDType,
 };
 
 mod build;
@@ -104,6 +104,8 @@ struct Activations {
     moe: Option<MoeBuffers>,
     /// The shared expert's gate logit per token (models with one).
     shared_gate: Option<StorageBuffer>,
+    /// The chunked prompt products of Gated DeltaNet layers (models with them).
+    delta: Option<DeltaScratch>,
     logits: StorageBuffer,
     history: StorageBuffer,
     seen: StorageBuffer,

@@ -361,11 +361,12 @@ impl LayerContext<'_> {
         v_cache: &StorageBuffer,
     ) -> Result<Mixer, Error> {
         let (spec, a) = (self.spec, self.acts);
-        if let (Some(delta), Some(linear)) = (&w.delta, &spec.linear) {
+        if let (Some(delta), Some(linear), Some(scratch)) = (&w.delta, &spec.linear, &a.delta) {
             let state = DeltaNetState::new(self.gpu, &linear.shape)?;
             let io = DeltaNetIo {
                 rows: &a.qkv,
                 out: &a.attn,
+                scratch,
             };
             let net = DeltaNet::new(
                 self.gpu,

@@ -5,8 +5,8 @@ use crate::Error;
 use crate::gpu::{Gpu, StorageBuffer};
 use crate::load::{DecoderSpec, GgmlType};
 use crate::ops::{
-    Dequantize, Embed, Int8Handoff, MAX_SPLITS, MatMul, MatVec, MatVecLayout, MatVecOptions,
-    Matrix, MoeBuffers, NormKind, RopeTable, Sample, StepParams, WeightDType,
+    DeltaScratch, Dequantize, Embed, Int8Handoff, MAX_SPLITS, MatMul, MatVec, MatVecLayout,
+    MatVecOptions, Matrix, MoeBuffers, NormKind, RopeTable, Sample, StepParams, WeightDType,
 };
 
 mod layer;
@@ -133,6 +133,9 @@ impl Activations {
             } else {
                 None
             },
+            delta: linear
+                .map(|shape| DeltaScratch::new(gpu, shape, chunk))
+                .transpose()?,
             // Padded to whole vec4 words for the sampler.
             logits: gpu.storage("logits", f(spec.vocab.div_ceil(4) * 4))?,
             history: gpu.storage("token history", f(capacity + 1))?,

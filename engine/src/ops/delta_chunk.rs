@@ -1,0 +1,162 @@
+//! Gated DeltaNet over a prompt in chunks (shaders/delta_chunk.wgsl): the chunked gated delta
+//! rule, where only the chunks of 64 tokens run one after another and the work inside a chunk
+//! is products over its tokens. Decoding's single tokens keep the recurrent kernel
+//! (delta_net.wgsl); both read and leave the same state.
+
+use super::delta_net::{DeltaNetIo, DeltaNetShape, DeltaNetState, DeltaNetWeights, Dispatch};
+use super::{bind, flag};
+use crate::gpu::{Gpu, GpuError, Recorder, StorageBuffer, UniformBuffer};
+
+const SOURCE: &str = include_str!("../../../shaders/delta_chunk.wgsl");
+
+/// Tokens per chunk (`CH` in the shader).
+pub const DELTA_CHUNK: u32 = 64;
+
+/// State columns per workgroup of the chunk walk (`COLS` in the shader).
+const CHUNK_COLUMNS: u32 = 32;
+
+/// The per-token products a prompt's chunks hand from the preparation to the walk, shared
+/// by every layer of a model (one layer runs at a time).
+pub struct DeltaScratch {
+    /// `[tokens][value_heads]`: the running log decay within each chunk.
+    decays: StorageBuffer,
+    /// `[tokens][value_heads][key_dim]`.
+    w_rows: StorageBuffer,
+    /// `[tokens][value_heads][value_dim]`.
+    u_rows: StorageBuffer,
+    /// `[tokens][value_heads][DELTA_CHUNK]`: each token's row of the chunk's decayed q·k.
+    p_rows: StorageBuffer,
+    tokens: u32,
+}
+
+impl DeltaScratch {
+    /// Room for prompt steps of up to `tokens` tokens.
+    pub fn new(gpu: &Gpu, shape: &DeltaNetShape, tokens: u32) -> Result<Self, GpuError> {
+        let per_head = |values: u32| {
+            4 * u64::from(tokens.max(1)) * u64::from(shape.value_heads) * u64::from(values)
+        };
+        Ok(Self {
+            decays: gpu.storage("delta-net chunk decays", per_head(1))?,
+            w_rows: gpu.storage("delta-net chunk W", per_head(shape.key_dim))?,
+            u_rows: gpu.storage("delta-net chunk U", per_head(shape.value_dim))?,
+            p_rows: gpu.storage("delta-net chunk P", per_head(DELTA_CHUNK))?,
+            tokens: tokens.max(1),
+        })
+    }
+
+    /// The prompt step this scratch takes at most.
+    pub fn tokens(&self) -> u32 {
+        self.tokens
+    }
+}
+
+/// The four dispatches of a chunked prompt step.
+pub(super) struct ChunkedDelta {
+    qk_norm: Dispatch,
+    prep: Dispatch,
+    walk: Dispatch,
+    gated_norm: Dispatch,
+    key_heads: u32,
+    value_heads: u32,
+    value_dim: u32,
+    max_tokens: u32,
+}
+
+impl ChunkedDelta {
+    /// `params` is the recurrent kernels' uniform (channels, row stride, eps).
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn new(
+        gpu: &Gpu,
+        shape: &DeltaNetShape,
+        tiled_heads: bool,
+        weights: &DeltaNetWeights,
+        state: &DeltaNetState,
+        io: &DeltaNetIo<'_>,
+        step: &UniformBuffer,
+        params: &UniformBuffer,
+    ) -> Result<Self, GpuError> {
+        let s = io.scratch;
+        let kernel = |stage: &'static str| {
+            gpu.kernel(
+                "delta-net chunks",
+                SOURCE,
+                "main",
+                &[
+                    flag(stage, true),
+                    flag("TILED", tiled_heads),
+                    ("DK", shape.key_dim.to_string()),
+                    ("DV", shape.value_dim.to_string()),
+                    ("NK", shape.key_heads.to_string()),
+                    ("NV", shape.value_heads.to_string()),
+                ],
+            )
+        };
+        let dispatch = |stage: &'static str, buffers: &[(u32, &wgpu::Buffer)]| {
+            let kernel = kernel(stage)?;
+            let mut entries = vec![(0, &params.buffer)];
+            entries.extend_from_slice(buffers);
+            Ok::<_, GpuError>(Dispatch {
+                bind_group: bind(gpu, &kernel, &entries),
+                kernel,
+            })
+        };
+        Ok(Self {
+            qk_norm: dispatch("QKNORM", &[(2, &io.rows.buffer)])?,
+            prep: dispatch(
+                "PREP",
+                &[
+                    (1, &step.buffer),
+                    (2, &io.rows.buffer),
+                    (3, &weights.decay_a.buffer),
+                    (4, &weights.dt_bias.buffer),
+                    (5, &s.decays.buffer),
+                    (6, &s.w_rows.buffer),
+                    (7, &s.u_rows.buffer),
+                    (8, &s.p_rows.buffer),
+                ],
+            )?,
+            walk: dispatch(
+                "CHUNK",
+                &[
+                    (1, &step.buffer),
+                    (2, &io.rows.buffer),
+                    (5, &s.decays.buffer),
+                    (6, &s.w_rows.buffer),
+                    (7, &s.u_rows.buffer),
+                    (8, &s.p_rows.buffer),
+                    (9, &state.recurrent.buffer),
+                    (10, &io.out.buffer),
+                ],
+            )?,
+            gated_norm: dispatch(
+                "GNORM",
+                &[
+                    (2, &io.rows.buffer),
+                    (3, &weights.norm.buffer),
+                    (10, &io.out.buffer),
+                ],
+            )?,
+            key_heads: shape.key_heads,
+            value_heads: shape.value_heads,
+            value_dim: shape.value_dim,
+            max_tokens: s.tokens,
+        })
+    }
+
+    pub(super) fn max_tokens(&self) -> u32 {
+        self.max_tokens
+    }
+
+    /// Records the recurrence over `n` convolved prompt rows (at most the scratch's tokens).
+    pub(super) fn encode(&self, rec: &mut Recorder<'_>, n: u32) {
+        let chunks = n.div_ceil(DELTA_CHUNK);
+        let run = |rec: &mut Recorder<'_>, d: &Dispatch, grid: [u32; 3]| {
+            rec.dispatch_xyz(&d.kernel, &d.bind_group, grid);
+        };
+        run(rec, &self.qk_norm, [self.key_heads, n, 1]);
+        run(rec, &self.prep, [self.value_heads, chunks, 1]);
+        let column_groups = self.value_dim.div_ceil(CHUNK_COLUMNS);
+        run(rec, &self.walk, [column_groups, self.value_heads, 1]);
+        run(rec, &self.gated_norm, [self.value_heads, n, 1]);
+    }
+}
