@@ -2,7 +2,8 @@
 // flash-linear-attention, as transformers' `torch_chunk_gated_delta_rule` computes it. The
 // token-by-token recurrence (delta_net.wgsl's DELTA) runs one token after another; here only
 // the chunks follow one another, and the work inside a chunk is products over its tokens.
-// The rows are delta_net.wgsl's: [q | k | v | z | b | a] per token, q/k/v convolved (CONV).
+// The rows are delta_net.wgsl's: q/k/v per token, convolved (CONV), and z and the gates
+// [b | a] after them or in rows of their own (Params).
 //
 // Per value head h and chunk (tokens 0..L), with q and k L2-normalized (q also by 1/√DK),
 // β = sigmoid(b), g = A · softplus(a + dt_bias) and G the running sum of g in the chunk:
@@ -22,10 +23,16 @@
 // head h mod NK, GGUF's order, instead of h / (NV / NK)).
 
 struct Params {
-    // The convolved channels (2·NK·DK + NV·DV) and the projected rows' length.
+    // The convolved channels (2·NK·DK + NV·DV) and the length of the rows holding them.
     channels: u32,
     row_stride: u32,
     eps: f32,
+    // Where z and the gates [b | a] are in the rows of `z_rows` and `gate_rows`: the stacked
+    // rows themselves after q/k/v, or rows of their own where their products are apart.
+    z_at: u32,
+    z_stride: u32,
+    gates_at: u32,
+    gates_stride: u32,
     _pad: u32,
 }
 
@@ -108,6 +115,7 @@ fn main(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id) wid: v
 @group(0) @binding(7) var<storage, read_write> u_rows: array<f32>;
 // [tokens][NV][CH]: P's rows.
 @group(0) @binding(8) var<storage, read_write> p_rows: array<f32>;
+@group(0) @binding(12) var<storage, read> gate_rows: array<f32>;
 
 var<workgroup> g_run: array<f32, CH>;
 var<workgroup> betas: array<f32, CH>;
@@ -123,9 +131,9 @@ fn main(@builtin(local_invocation_index) i: u32, @builtin(workgroup_id) wid: vec
     let valid = i < len;
     // Rows past the prompt read its last row and are masked.
     let t = t0 + min(i, len - 1u);
-    let gates = t * p.row_stride + p.channels + NV * DV;
-    let beta = select(0.0, 1.0 / (1.0 + exp(-rows[gates + h])), valid);
-    g_run[i] = select(0.0, decay_a[h] * softplus(rows[gates + NV + h] + dt_bias[h]), valid);
+    let gates = t * p.gates_stride + p.gates_at;
+    let beta = select(0.0, 1.0 / (1.0 + exp(-gate_rows[gates + h])), valid);
+    g_run[i] = select(0.0, decay_a[h] * softplus(gate_rows[gates + NV + h] + dt_bias[h]), valid);
     betas[i] = beta;
     workgroupBarrier();
     var g = 0.0;
@@ -295,10 +303,10 @@ fn main(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id) wid: v
 #endif
 
 #if GNORM
-@group(0) @binding(2) var<storage, read> rows: array<f32>;
 // [DV]: the output norm's weight.
 @group(0) @binding(3) var<storage, read> norm_w: array<f32>;
 @group(0) @binding(10) var<storage, read_write> out: array<f32>;
+@group(0) @binding(11) var<storage, read> z_rows: array<f32>;
 
 var<workgroup> sums: array<f32, 64>;
 
@@ -321,9 +329,9 @@ fn main(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id) wid: v
     }
     workgroupBarrier();
     let inv_rms = inverseSqrt(sums[0] / f32(DV) + p.eps);
-    let z_at = t * p.row_stride + p.channels + h * DV;
+    let z_at = t * p.z_stride + p.z_at + h * DV;
     for (var i = tid; i < DV; i += 64u) {
-        out[o_at + i] = norm_w[i] * (out[o_at + i] * inv_rms) * silu(rows[z_at + i]);
+        out[o_at + i] = norm_w[i] * (out[o_at + i] * inv_rms) * silu(z_rows[z_at + i]);
     }
 }
 #endif

@@ -8,6 +8,9 @@
 // tokens in order, holding the K − 1 inputs before the current one; `conv_state` keeps the
 // last K − 1 inputs for the next step.
 //
+// Where the layer's input products are stacked into one (every part in one format), z, b and
+// a follow q/k/v in each row; otherwise they come in rows of their own (Params).
+//
 // DELTA: workgroup h runs value head h through the tokens in order; invocation v owns column
 // v of the head's state S (DK × DV, f32). Per token: q and k of key head h / (NV / NK),
 // L2-normalized (and q scaled by 1/√DK); β = sigmoid(b), decay = exp(A · softplus(a + dt_bias))
@@ -18,10 +21,16 @@
 // head h reads key head h mod NK, GGUF's order, instead of h / (NV / NK)).
 
 struct Params {
-    // The convolved channels (2·NK·DK + NV·DV) and the projected rows' length.
+    // The convolved channels (2·NK·DK + NV·DV) and the length of the rows holding them.
     channels: u32,
     row_stride: u32,
     eps: f32,
+    // Where z and the gates [b | a] are in the rows of `z_rows` and `gate_rows`: the stacked
+    // rows themselves after q/k/v, or rows of their own where their products are apart.
+    z_at: u32,
+    z_stride: u32,
+    gates_at: u32,
+    gates_stride: u32,
     _pad: u32,
 }
 
@@ -82,6 +91,9 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
 @group(0) @binding(8) var<storage, read_write> state: array<f32>;
 // [tokens][NV·DV].
 @group(0) @binding(9) var<storage, read_write> out: array<f32>;
+// z ([NV·DV] at z_at) and the gates ([b (NV) | a (NV)] at gates_at) of each token.
+@group(0) @binding(11) var<storage, read> z_rows: array<f32>;
+@group(0) @binding(12) var<storage, read> gate_rows: array<f32>;
 
 const DK: u32 = {{DK}}u;
 const DV: u32 = {{DV}}u;
@@ -149,10 +161,10 @@ fn main(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id) wid: v
         let k_scale = inverseSqrt(red_k[0] + 1e-6);
         // Every invocation has its scales before the sums are reused.
         workgroupBarrier();
-        let z_at = row + p.channels;
-        let b_at = z_at + {{NV}}u * DV;
-        let beta = 1.0 / (1.0 + exp(-rows[b_at + h]));
-        let a = rows[b_at + {{NV}}u + h];
+        let z_at = t * p.z_stride + p.z_at;
+        let b_at = t * p.gates_stride + p.gates_at;
+        let beta = 1.0 / (1.0 + exp(-gate_rows[b_at + h]));
+        let a = gate_rows[b_at + {{NV}}u + h];
         let decay = exp(decay_a[h] * softplus(a + dt_bias[h]));
         var kv = 0.0;
         for (var i = 0u; i < DK; i++) {
@@ -172,7 +184,7 @@ fn main(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id) wid: v
         reduce_pair(tid);
         let inv_rms = inverseSqrt(red_q[0] / f32(DV) + p.eps);
         if (owns) {
-            let gate = rows[z_at + h * DV + v_col];
+            let gate = z_rows[z_at + h * DV + v_col];
             out[t * {{NV}}u * DV + h * DV + v_col] = norm_w[v_col] * (o * inv_rms) * silu(gate);
         }
         // qs, ks and the reductions are reused by the next token.

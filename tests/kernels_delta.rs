@@ -10,7 +10,7 @@ mod common;
 use backpack_engine::gpu::{Gpu, Recorder, StorageBuffer};
 use backpack_engine::ops::{
     DELTA_CHUNK, DELTA_CHUNKED_FROM, DeltaNet, DeltaNetIo, DeltaNetShape, DeltaNetState,
-    DeltaNetWeights, DeltaScratch, StepParams,
+    DeltaNetWeights, DeltaRows, DeltaScratch, StepParams,
 };
 use common::{Rng, assert_close, gpu};
 
@@ -131,13 +131,40 @@ fn random_tokens(rng: &mut Rng, shape: &DeltaNetShape, n: usize) -> Vec<Token> {
         .collect()
 }
 
+/// How the input products lay a token's values out.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Inputs {
+    /// One product: q/k/v, z, b, a in each row.
+    Stacked,
+    /// q/k/v and z in one product's rows, b and a in another's.
+    GatesApart,
+    /// q/k/v in one product's rows, z, b and a in another's.
+    ZAndGatesApart,
+}
+
 /// Runs `tokens` through the kernels in steps of `steps` tokens; returns every output and the
 /// final recurrent state.
 fn run(gpu: &Gpu, layer: &Layer, tokens: &[Token], steps: &[usize]) -> (Vec<f32>, Vec<f32>) {
+    run_with(gpu, layer, tokens, steps, Inputs::Stacked)
+}
+
+fn run_with(
+    gpu: &Gpu,
+    layer: &Layer,
+    tokens: &[Token],
+    steps: &[usize],
+    inputs: Inputs,
+) -> (Vec<f32>, Vec<f32>) {
     let shape = &layer.shape;
     let most = *steps.iter().max().expect("steps") as u64;
-    let row = u64::from(shape.projected_width());
     let width = u64::from(shape.value_heads * shape.value_dim);
+    let (channels, z_len) = (shape.channels(), shape.value_heads * shape.value_dim);
+    // Values per row of the first product's rows and of the second's.
+    let (first_width, second_width) = match inputs {
+        Inputs::Stacked => (shape.projected_width(), 1),
+        Inputs::GatesApart => (channels + z_len, 2 * shape.value_heads),
+        Inputs::ZAndGatesApart => (channels, z_len + 2 * shape.value_heads),
+    };
     let store = |v: &[f32]| gpu.storage_from("test", v).expect("buffer");
     let weights = DeltaNetWeights {
         conv: store(&layer.conv),
@@ -148,12 +175,39 @@ fn run(gpu: &Gpu, layer: &Layer, tokens: &[Token], steps: &[usize]) -> (Vec<f32>
     let state = DeltaNetState::new(gpu, shape).expect("state");
     let buffer =
         |values: u64| -> StorageBuffer { gpu.storage("test", 4 * values).expect("buffer") };
-    let (rows, out) = (buffer(most * row), buffer(most * width));
+    let rows = buffer(most * u64::from(first_width));
+    let second = buffer(most * u64::from(second_width));
+    let out = buffer(most * width);
     let scratch = DeltaScratch::new(gpu, shape, most as u32).expect("scratch");
-    let io = DeltaNetIo {
-        rows: &rows,
-        out: &out,
-        scratch: &scratch,
+    let io = match inputs {
+        Inputs::Stacked => DeltaNetIo::stacked(&rows, shape, &out, &scratch),
+        Inputs::GatesApart | Inputs::ZAndGatesApart => {
+            let z = match inputs {
+                Inputs::GatesApart => DeltaRows {
+                    buffer: &rows,
+                    offset: channels,
+                    stride: first_width,
+                },
+                _ => DeltaRows {
+                    buffer: &second,
+                    offset: 0,
+                    stride: second_width,
+                },
+            };
+            let gates = DeltaRows {
+                buffer: &second,
+                offset: second_width - 2 * shape.value_heads,
+                stride: second_width,
+            };
+            DeltaNetIo {
+                rows: &rows,
+                rows_stride: first_width,
+                z,
+                gates,
+                out: &out,
+                scratch: &scratch,
+            }
+        }
     };
     let step = gpu.uniform("step", &StepParams::new(0, 1));
     let net = DeltaNet::new(
@@ -171,13 +225,25 @@ fn run(gpu: &Gpu, layer: &Layer, tokens: &[Token], steps: &[usize]) -> (Vec<f32>
     let mut first = 0;
     for &n in steps {
         let chunk = &tokens[first..first + n];
-        // Each token's row as the stacked product writes it: q, k, v, then z, then b and a.
-        let stacked: Vec<f32> = chunk
-            .iter()
-            .flat_map(|t| t.mixed.iter().chain(&t.z).chain(&t.gates).copied())
-            .collect();
+        // Each token's values as the products write them.
+        let (mut a, mut b): (Vec<f32>, Vec<f32>) = (Vec::new(), Vec::new());
+        for t in chunk {
+            a.extend(&t.mixed);
+            match inputs {
+                Inputs::Stacked => a.extend(t.z.iter().chain(&t.gates)),
+                Inputs::GatesApart => {
+                    a.extend(&t.z);
+                    b.extend(&t.gates);
+                }
+                Inputs::ZAndGatesApart => b.extend(t.z.iter().chain(&t.gates)),
+            }
+        }
         gpu.queue()
-            .write_buffer(&rows.buffer, 0, bytemuck::cast_slice(&stacked));
+            .write_buffer(&rows.buffer, 0, bytemuck::cast_slice(&a));
+        if !b.is_empty() {
+            gpu.queue()
+                .write_buffer(&second.buffer, 0, bytemuck::cast_slice(&b));
+        }
         step.write(gpu, &StepParams::new(first as u32, n as u32));
         let mut rec = Recorder::new(gpu);
         if first == 0 {
@@ -328,6 +394,31 @@ fn chunked_prefill_then_decode_equals_decoding_every_token() {
         2e-4,
         0.0,
     );
+}
+
+/// Input products apart (files that store the layer's projections in several formats): z and
+/// the gates in rows of their own give what one stacked product gives, for the recurrent and
+/// the chunked forms.
+#[test]
+fn inputs_in_rows_of_their_own_match_the_stacked_rows() {
+    let shape = DeltaNetShape {
+        key_heads: 2,
+        value_heads: 4,
+        key_dim: 16,
+        value_dim: 12,
+        conv_kernel: 4,
+    };
+    let gpu = gpu();
+    let mut rng = Rng::new(31);
+    let layer = random_layer(&mut rng, shape);
+    let steps = [DELTA_CHUNK as usize + 3, 1, 5, 1];
+    let tokens = random_tokens(&mut rng, &shape, steps.iter().sum());
+    let (want, want_state) = run(&gpu, &layer, &tokens, &steps);
+    for inputs in [Inputs::GatesApart, Inputs::ZAndGatesApart] {
+        let (got, got_state) = run_with(&gpu, &layer, &tokens, &steps, inputs);
+        assert_eq!(got, want, "{inputs:?}");
+        assert_eq!(got_state, want_state, "{inputs:?}: state");
+    }
 }
 
 #[test]

@@ -11,7 +11,8 @@ Subcommands:
     model --config CONFIG.json --format {q4_0,q4_k,q8_0,f16,mxfp4} --tokenizer TOK.json[.xz] --out FILE
         Writes a GGUF of the shape the HF config describes (`llama` architecture for Llama and
         SmolLM2 configs, `qwen2` with Q/K/V biases for Qwen2 ones, `qwen3moe` and `gpt-oss`
-        with their experts as 3-D tensors, routers, and GPT-OSS's sinks and biases) with random
+        with their experts as 3-D tensors, routers, and GPT-OSS's sinks and biases, `qwen35`
+        with Gated DeltaNet layers as llama.cpp's converter lays them out) with random
         weights; mxfp4 (mixture-of-experts shapes only) keeps the experts in MXFP4 and the rest
         in Q8_0.
         Exits with status 3, writing nothing, when the format cannot hold the shape (Q4_K needs
@@ -76,7 +77,8 @@ FORMATS = {
 }
 
 # GGUF architecture names of the HF model types.
-ARCHES = {"llama": "llama", "qwen2": "qwen2", "qwen3_moe": "qwen3moe", "gpt_oss": "gpt-oss"}
+ARCHES = {"llama": "llama", "qwen2": "qwen2", "qwen3_moe": "qwen3moe", "gpt_oss": "gpt-oss",
+          "qwen3_5_text": "qwen35"}
 
 
 def open_text(path, mode):
@@ -250,6 +252,7 @@ def rope_factors(cfg, head_dim):
 
 
 def shape_of(cfg):
+    cfg = cfg.get("text_config", cfg)
     mt = cfg.get("model_type", "llama")
     if mt not in ARCHES:
         raise SystemExit(f"model_type {mt!r}: only {sorted(ARCHES)} configs are supported")
@@ -272,7 +275,56 @@ def shape_of(cfg):
         "top_k": cfg.get("num_experts_per_tok") or cfg.get("experts_per_token"),
         "expert_inter": cfg.get("moe_intermediate_size") or cfg["intermediate_size"],
         "gpt_oss": mt == "gpt_oss",
+        "qwen35": mt == "qwen3_5_text",
+        "linear": qwen35_linear(cfg) if mt == "qwen3_5_text" else None,
     }
+
+
+def qwen35_linear(cfg):
+    """A Qwen3.5 text config's Gated DeltaNet shape and which layers use it."""
+    interval = cfg.get("full_attention_interval", 4)
+    n = cfg["num_hidden_layers"]
+    kinds = cfg.get("layer_types") or [
+        "full_attention" if (i + 1) % interval == 0 else "linear_attention" for i in range(n)]
+    rope = cfg.get("rope_parameters") or {}
+    return {
+        "nk": cfg["linear_num_key_heads"], "nv": cfg["linear_num_value_heads"],
+        "dk": cfg["linear_key_head_dim"], "dv": cfg["linear_value_head_dim"],
+        "conv": cfg["linear_conv_kernel_dim"], "interval": interval,
+        "layers": [k == "linear_attention" for k in kinds],
+        "rotary": int(cfg["head_dim"] * rope.get("partial_rotary_factor", 0.25)),
+        "sections": list(rope.get("mrope_section", [11, 11, 10])) + [0],
+        "theta": float(rope.get("rope_theta", 1e7)),
+    }
+
+
+def qwen35_layer(b, h, sh, linear_layer):
+    """One Qwen3.5 layer's mixer tensors: a Gated DeltaNet's (its small projections b and a in
+    F32, as published files keep them) or gated attention's (q carries the gate heads)."""
+    hd = sh["head_dim"]
+    if not linear_layer:
+        return [
+            (b + "attn_q.weight", 2 * sh["heads"] * hd, h, "matrix"),
+            (b + "attn_k.weight", sh["kv_heads"] * hd, h, "matrix"),
+            (b + "attn_v.weight", sh["kv_heads"] * hd, h, "matrix"),
+            (b + "attn_q_norm.weight", hd, None, "norm"),
+            (b + "attn_k_norm.weight", hd, None, "norm"),
+            (b + "attn_output.weight", h, sh["heads"] * hd, "matrix"),
+        ]
+    li = sh["linear"]
+    values = li["nv"] * li["dv"]
+    channels = 2 * li["nk"] * li["dk"] + values
+    return [
+        (b + "attn_qkv.weight", channels, h, "matrix"),
+        (b + "attn_gate.weight", values, h, "matrix"),
+        (b + "ssm_beta.weight", li["nv"], h, "dense"),
+        (b + "ssm_alpha.weight", li["nv"], h, "dense"),
+        (b + "ssm_conv1d.weight", channels, li["conv"], "dense"),
+        (b + "ssm_a", li["nv"], None, "decay"),
+        (b + "ssm_dt.bias", li["nv"], None, "bias"),
+        (b + "ssm_norm.weight", li["dv"], None, "norm"),
+        (b + "ssm_out.weight", h, values, "matrix"),
+    ]
 
 
 def tensor_plan(cfg, sh):
@@ -286,6 +338,16 @@ def tensor_plan(cfg, sh):
         plan.append(("rope_freqs.weight", len(factors), None, "rope"))
     for i in range(sh["layers"]):
         b = f"blk.{i}."
+        if sh["qwen35"]:
+            plan.append((b + "attn_norm.weight", h, None, "norm"))
+            plan += qwen35_layer(b, h, sh, sh["linear"]["layers"][i])
+            plan += [
+                (b + "post_attention_norm.weight", h, None, "norm"),
+                (b + "ffn_gate.weight", sh["inter"], h, "matrix"),
+                (b + "ffn_up.weight", sh["inter"], h, "matrix"),
+                (b + "ffn_down.weight", h, sh["inter"], "matrix"),
+            ]
+            continue
         plan += [
             (b + "attn_norm.weight", h, None, "norm"),
             (b + "attn_q.weight", q, h, "matrix"),
@@ -406,10 +468,20 @@ def cmd_model(args):
     w.add_uint32(f"{arch}.feed_forward_length", sh["inter"])
     w.add_uint32(f"{arch}.attention.head_count", sh["heads"])
     w.add_uint32(f"{arch}.attention.head_count_kv", sh["kv_heads"])
-    w.add_float32(f"{arch}.rope.freq_base", float(cfg.get("rope_theta", 10000.0)))
+    theta = sh["linear"]["theta"] if sh["linear"] else cfg.get("rope_theta", 10000.0)
+    w.add_float32(f"{arch}.rope.freq_base", float(theta))
     w.add_float32(f"{arch}.attention.layer_norm_rms_epsilon", float(cfg.get("rms_norm_eps", 1e-6)))
-    w.add_uint32(f"{arch}.rope.dimension_count", sh["head_dim"])
-    if sh["head_dim"] != sh["hidden"] // sh["heads"]:
+    li = sh["linear"]
+    w.add_uint32(f"{arch}.rope.dimension_count", li["rotary"] if li else sh["head_dim"])
+    if li:
+        w.add_rope_dimension_sections(li["sections"])
+        w.add_ssm_conv_kernel(li["conv"])
+        w.add_ssm_state_size(li["dk"])
+        w.add_ssm_group_count(li["nk"])
+        w.add_ssm_time_step_rank(li["nv"])
+        w.add_ssm_inner_size(li["nv"] * li["dv"])
+        w.add_uint32(f"{arch}.full_attention_interval", li["interval"])
+    if sh["head_dim"] != sh["hidden"] // sh["heads"] or li:
         w.add_uint32(f"{arch}.attention.key_length", sh["head_dim"])
         w.add_uint32(f"{arch}.attention.value_length", sh["head_dim"])
     w.add_uint32(f"{arch}.vocab_size", sh["vocab"])
@@ -453,7 +525,8 @@ def cmd_model(args):
                 byte_dims = (*dims[:-1], cols // block * size)
                 w.add_tensor_info(tname, byte_dims, np.dtype(np.uint8), nbytes, raw_dtype=ty)
         else:
-            w.add_tensor_info(tname, dims, np.dtype(np.float32), rows * 4)
+            values = rows * (cols or 1)
+            w.add_tensor_info(tname, dims, np.dtype(np.float32), values * 4)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_ti_data_to_file()
@@ -471,6 +544,11 @@ def cmd_model(args):
             data = rng.uniform(0.8, 1.2, size=rows).astype(np.float32)
         elif kind == "bias":
             data = (rng.standard_normal(rows) * 0.02).astype(np.float32)
+        elif kind == "dense":
+            data = (rng.standard_normal((rows, cols)) / math.sqrt(cols)).astype(np.float32)
+        elif kind == "decay":
+            # A = −exp(A_log), as the converter stores it: decay rates of 0.5 to 8.
+            data = -np.exp(rng.uniform(-0.7, 2.1, size=rows)).astype(np.float32)
         else:
             data = factors
         w.write_tensor_data(data)

@@ -171,6 +171,21 @@ impl<'a> Uploader<'a> {
         self.dense_matrix(label, parts, transposed)
     }
 
+    /// The block format a matrix part keeps on the GPU (a GGUF tensor uploaded as stored), or
+    /// `None` where it is uploaded dense. Parts stack into one block-format matrix only where
+    /// they all keep the same one.
+    pub fn kept_format(&self, part: &Part<'_>) -> Result<Option<GgmlType>, Error> {
+        if !self.keep_quantized || !self.is_gguf() {
+            return Ok(None);
+        }
+        Ok(
+            match self.tensor(part.name, &[part.rows as usize, part.cols as usize])? {
+                HostTensor::Gguf { ty, .. } if ty.block_elems() > 1 => Some(ty),
+                _ => None,
+            },
+        )
+    }
+
     /// A matrix whose parts are all GGUF tensors of one block format, kept in that format.
     fn quantized_matrix(&self, label: &str, parts: &[Part<'_>]) -> Result<Option<Matrix>, Error> {
         if !matches!(self.source, WeightSource::Gguf(..)) || parts.is_empty() {

@@ -113,6 +113,7 @@ impl ChunkedDelta {
                     (6, &s.w_rows.buffer),
                     (7, &s.u_rows.buffer),
                     (8, &s.p_rows.buffer),
+                    (12, &io.gates.buffer.buffer),
                 ],
             )?,
             walk: dispatch(
@@ -131,9 +132,9 @@ impl ChunkedDelta {
             gated_norm: dispatch(
                 "GNORM",
                 &[
-                    (2, &io.rows.buffer),
                     (3, &weights.norm.buffer),
                     (10, &io.out.buffer),
+                    (11, &io.z.buffer.buffer),
                 ],
             )?,
             key_heads: shape.key_heads,

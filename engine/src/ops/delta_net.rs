@@ -18,6 +18,10 @@ struct Params {
     channels: u32,
     row_stride: u32,
     eps: f32,
+    z_at: u32,
+    z_stride: u32,
+    gates_at: u32,
+    gates_stride: u32,
     _pad: u32,
 }
 
@@ -133,15 +137,84 @@ impl DeltaNetState {
     }
 }
 
+/// Values of each token the layer reads from rows of `stride` values, starting at `offset`.
+#[derive(Clone, Copy)]
+pub struct DeltaRows<'a> {
+    pub buffer: &'a StorageBuffer,
+    pub offset: u32,
+    pub stride: u32,
+}
+
 /// The buffers a layer's kernels read and write, per step.
 pub struct DeltaNetIo<'a> {
-    /// `[tokens][projected_width]`: the stacked input product's rows (q, k, v, z, b, a); q, k
-    /// and v are convolved in place.
+    /// `[tokens][rows_stride]`: q, k and v first in each row (the input product's), convolved
+    /// in place.
     pub rows: &'a StorageBuffer,
+    pub rows_stride: u32,
+    /// z (`value_heads·value_dim` values) and the gates b then a (`value_heads` each): after
+    /// q/k/v in `rows` where one product makes them all, else rows of their own.
+    pub z: DeltaRows<'a>,
+    pub gates: DeltaRows<'a>,
     /// `[tokens][value_heads·value_dim]`.
     pub out: &'a StorageBuffer,
     /// The chunked prompt form's products (shared by the layers).
     pub scratch: &'a DeltaScratch,
+}
+
+impl<'a> DeltaNetIo<'a> {
+    /// Whether the rows hold what the shape reads: q/k/v within `rows_stride`, z and the gates
+    /// within theirs.
+    fn check(&self, shape: &DeltaNetShape) -> Result<(), String> {
+        let fits = |what: &str, at: u32, len: u32, stride: u32| {
+            if u64::from(at) + u64::from(len) > u64::from(stride) {
+                Err(format!(
+                    "{what} ({len} values at {at}) overflow rows of {stride}"
+                ))
+            } else {
+                Ok(())
+            }
+        };
+        fits("q/k/v", 0, shape.channels(), self.rows_stride)?;
+        fits(
+            "z",
+            self.z.offset,
+            shape.value_heads * shape.value_dim,
+            self.z.stride,
+        )?;
+        fits(
+            "the gates",
+            self.gates.offset,
+            2 * shape.value_heads,
+            self.gates.stride,
+        )
+    }
+
+    /// One product's rows holding everything: q/k/v, z, b and a.
+    pub fn stacked(
+        rows: &'a StorageBuffer,
+        shape: &DeltaNetShape,
+        out: &'a StorageBuffer,
+        scratch: &'a DeltaScratch,
+    ) -> Self {
+        let stride = shape.projected_width();
+        let z_at = shape.channels();
+        Self {
+            rows,
+            rows_stride: stride,
+            z: DeltaRows {
+                buffer: rows,
+                offset: z_at,
+                stride,
+            },
+            gates: DeltaRows {
+                buffer: rows,
+                offset: z_at + shape.value_heads * shape.value_dim,
+                stride,
+            },
+            out,
+            scratch,
+        }
+    }
 }
 
 pub(super) struct Dispatch {
@@ -180,12 +253,17 @@ impl DeltaNet {
         eps: f32,
     ) -> Result<Self, GpuError> {
         shape.check().map_err(GpuError::Device)?;
+        io.check(shape).map_err(GpuError::Device)?;
         let params = gpu.uniform(
             "delta-net params",
             &Params {
                 channels: shape.channels(),
-                row_stride: shape.projected_width(),
+                row_stride: io.rows_stride,
                 eps,
+                z_at: io.z.offset,
+                z_stride: io.z.stride,
+                gates_at: io.gates.offset,
+                gates_stride: io.gates.stride,
                 _pad: 0,
             },
         );
@@ -237,6 +315,8 @@ impl DeltaNet {
                     (7, &weights.norm.buffer),
                     (8, &state.recurrent.buffer),
                     (9, &io.out.buffer),
+                    (11, &io.z.buffer.buffer),
+                    (12, &io.gates.buffer.buffer),
                 ],
             ),
             kernel: delta_kernel,

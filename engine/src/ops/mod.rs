@@ -36,7 +36,7 @@ pub use coop_tile::CoopTile;
 pub use delta_chunk::{DELTA_CHUNK, DeltaScratch};
 pub use delta_net::{
     DELTA_CHUNKED_FROM, DeltaNet, DeltaNetIo, DeltaNetShape, DeltaNetState, DeltaNetWeights,
-    MAX_DELTA_HEAD_DIM,
+    DeltaRows, MAX_DELTA_HEAD_DIM,
 };
 pub use denoise::{Denoise, DenoiseBuffers, DenoiseParams, Preview, PreviewSource};
 pub use dequant::Dequantize;

@@ -6,7 +6,6 @@
 
 use crate::Error;
 use crate::gpu::StorageBuffer;
-use crate::load::LinearLayers;
 use crate::load::{Arch, DecoderSpec};
 use crate::ops::{DeltaNetWeights, ExpertWeights, Matrix};
 
@@ -122,11 +121,24 @@ pub(super) struct LayerWeights {
     /// Per-head sink logits (GPT-OSS).
     pub sinks: Option<StorageBuffer>,
     pub mlp: MlpWeights,
-    /// A Gated DeltaNet layer's own weights (`qkv` is then its stacked input product and `o`
-    /// its output product).
+    /// A Gated DeltaNet layer's own weights (`qkv` is then its input product, or the first of
+    /// them, and `o` its output product).
     pub delta: Option<DeltaNetWeights>,
+    /// Where a Gated DeltaNet layer's input products put z and the gates.
+    pub linear_in: Option<LinearInputs>,
     /// The shared expert beside the routed ones.
     pub shared_expert: Option<SharedExpertWeights>,
+}
+
+/// A Gated DeltaNet layer's input products after the first (`LayerWeights::qkv`, which always
+/// makes q/k/v), where its projections are stored in formats that do not stack into one, and
+/// where z and the gates [b, a] are in their rows.
+pub(super) struct LinearInputs {
+    /// Each writes rows of its own.
+    pub extra: Vec<Matrix>,
+    /// (product, offset in its rows) of z and of the gates; product 0 is `qkv`.
+    pub z: (usize, u32),
+    pub gates: (usize, u32),
 }
 
 /// A shared expert on the GPU: gate and up rows stacked, down, and the `[1][hidden]` gate row.
@@ -170,7 +182,7 @@ impl Family {
 
     /// Whether this checkpoint's matrices are `[in][out]` (GGUF converters store them
     /// `[out][in]` whatever the family).
-    fn transposed(&self, up: &Uploader<'_>) -> bool {
+    pub(super) fn transposed(&self, up: &Uploader<'_>) -> bool {
         self.transposed && !up.is_gguf()
     }
 
@@ -274,13 +286,14 @@ impl Family {
             sinks,
             mlp,
             delta: None,
+            linear_in: None,
             shared_expert,
         })
     }
 
     /// Layer `i`'s MLP: dense, or routed experts (with their shared expert where the config
     /// has one).
-    fn mlp(
+    pub(super) fn mlp(
         &self,
         up: &mut Uploader<'_>,
         spec: &DecoderSpec,
@@ -324,60 +337,6 @@ impl Family {
         Ok((experts, Some(shared)))
     }
 
-    /// Uploads Gated DeltaNet layer `i`: its input projections stacked into one matrix (rows
-    /// q/k/v, z, b, a), the output projection, and the small weights.
-    fn load_linear_layer(
-        &self,
-        up: &mut Uploader<'_>,
-        spec: &DecoderSpec,
-        linear: &LinearLayers,
-        prefix: &str,
-        i: u32,
-    ) -> Result<LayerWeights, Error> {
-        let Some(names) = &self.layer.linear else {
-            return Err(Error::Invalid(format!(
-                "{:?} checkpoints have no linear-attention layers, but the config asks for them",
-                spec.arch
-            )));
-        };
-        let n = |name: Name| self.name(prefix, name, i);
-        let (s, d) = (&linear.shape, spec.hidden);
-        let label = format!("layer {i}");
-        let offset = self.norm_offset(up);
-        let values = s.value_heads * s.value_dim;
-        let rows = [s.channels(), values, s.value_heads, s.value_heads];
-        let qkv = self.stacked(up, &format!("{label} in"), &names.in_proj, &rows, d, &n)?;
-        let o = self.single(up, &format!("{label} out"), &n(names.out), d, values)?;
-        let delta = DeltaNetWeights {
-            conv: up.vector(
-                &label,
-                &[(&n(names.conv), s.channels() * s.conv_kernel)],
-                None,
-            )?,
-            decay_a: up.decay_vector(&label, &n(names.a_log), s.value_heads)?,
-            dt_bias: up.vector(&label, &[(&n(names.dt_bias), s.value_heads)], None)?,
-            norm: up.vector(&label, &[(&n(names.norm), s.value_dim)], Some(1.0))?,
-        };
-        let layer = &self.layer;
-        let attn_norm = norm_pair(up, &label, &n(layer.attn_norm), None, d, offset)?;
-        let mlp_norm = norm_pair(up, &label, &n(layer.mlp_norm), None, d, offset)?;
-        let (mlp, shared_expert) = self.mlp(up, spec, prefix, i, &label, &n)?;
-        Ok(LayerWeights {
-            attn_norm,
-            qkv,
-            qkv_bias: None,
-            qk_norm: None,
-            o,
-            o_bias: None,
-            mlp_norm,
-            post_norms: None,
-            sinks: None,
-            mlp,
-            delta: Some(delta),
-            shared_expert,
-        })
-    }
-
     /// A dense MLP's gate/up (or up) and down projections.
     fn dense_mlp(
         &self,
@@ -415,7 +374,7 @@ impl Family {
     }
 
     /// One `rows`×`cols` matrix.
-    fn single(
+    pub(super) fn single(
         &self,
         up: &mut Uploader<'_>,
         label: &str,
@@ -428,7 +387,7 @@ impl Family {
 
     /// Blocks of `rows` (each `cols` wide) stacked into one matrix, from separate or fused
     /// weights; `name` resolves the layer's names.
-    fn stacked(
+    pub(super) fn stacked(
         &self,
         up: &mut Uploader<'_>,
         label: &str,

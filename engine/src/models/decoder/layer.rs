@@ -15,6 +15,9 @@ pub(super) struct Layer {
     /// The input product: q/k/v for attention, the stacked projections of a Gated DeltaNet
     /// layer.
     pub(super) qkv_mv: MatVec,
+    /// A Gated DeltaNet layer's further input products (decode, prompt), where its
+    /// projections are stored in formats that do not stack into one.
+    pub(super) extra_in: Vec<(MatVec, PromptProduct)>,
     pub(super) o_mv: MatVec,
     pub(super) attn_norm: Norm,
     pub(super) qkv_mm: PromptProduct,
@@ -115,6 +118,9 @@ impl Layer {
     /// decoding's attention runs split, RoPE included).
     pub(super) fn encode_decode(&self, rec: &mut Recorder<'_>, pos: u32, split: bool) {
         self.qkv_mv.encode(rec);
+        for (mv, _) in &self.extra_in {
+            mv.encode(rec);
+        }
         match &self.mixer {
             Mixer::Attention {
                 qk_norm,
@@ -169,6 +175,9 @@ impl Layer {
     pub(super) fn encode_prompt(&self, rec: &mut Recorder<'_>, pos0: u32, n: u32) {
         self.attn_norm.encode(rec, n);
         self.qkv_mm.encode(rec, n);
+        for (_, mm) in &self.extra_in {
+            mm.encode(rec, n);
+        }
         match &self.mixer {
             Mixer::Attention {
                 qk_norm,

@@ -106,6 +106,9 @@ struct Activations {
     shared_gate: Option<StorageBuffer>,
     /// The chunked prompt products of Gated DeltaNet layers (models with them).
     delta: Option<DeltaScratch>,
+    /// Rows of Gated DeltaNet layers' input products after the first, where a file stores the
+    /// projections in formats that do not stack (empty without such layers).
+    delta_in: Vec<StorageBuffer>,
     logits: StorageBuffer,
     history: StorageBuffer,
     seen: StorageBuffer,

@@ -5,9 +5,9 @@ use crate::Error;
 use crate::gpu::{Gpu, StorageBuffer, UniformBuffer};
 use crate::load::{DecoderSpec, MlpKind};
 use crate::ops::{
-    Attention, CacheShape, DeltaNet, DeltaNetIo, DeltaNetState, Experts, Gelu, Glu, GluKind,
-    HeadNorm, KvDType, MatMul, MatMulOptions, MatVec, MatVecLayout, MatVecOptions, Matrix, Norm,
-    NormKind, OutputGate, RopeKv, RopeTable, SplitAttention, WeightDType,
+    Attention, CacheShape, DeltaNet, DeltaNetIo, DeltaNetState, DeltaRows, Experts, Gelu, Glu,
+    GluKind, HeadNorm, KvDType, MatMul, MatMulOptions, MatVec, MatVecLayout, MatVecOptions, Matrix,
+    Norm, NormKind, OutputGate, RopeKv, RopeTable, SplitAttention, WeightDType,
 };
 
 use super::super::family::{LayerWeights, MlpWeights, SharedExpertWeights};
@@ -287,6 +287,37 @@ impl LayerContext<'_> {
         Ok((rope, prompt, decode))
     }
 
+    /// A Gated DeltaNet layer's input products after the first (where its projections are
+    /// stored in formats that do not stack), each into rows of its own: the decode product
+    /// with the layer's norm fused in, and the prompt product over the normed rows.
+    fn extra_input_products(
+        &self,
+        w: &LayerWeights,
+    ) -> Result<Vec<(MatVec, PromptProduct)>, Error> {
+        let (a, eps) = (self.acts, self.spec.norm_eps);
+        let Some(inputs) = &w.linear_in else {
+            return Ok(Vec::new());
+        };
+        let mut products = Vec::with_capacity(inputs.extra.len());
+        for (m, rows) in inputs.extra.iter().zip(&a.delta_in) {
+            let decode = MatVec::new(
+                self.gpu,
+                m,
+                &a.x,
+                rows,
+                self.step,
+                MatVecOptions {
+                    norm: Some(fused(self.norm_kind(), &w.attn_norm, eps)),
+                    layout: self.decode_layout,
+                    ..Default::default()
+                },
+            )?;
+            let prompt = self.prompt_product(m, &a.xn, rows, MatMulOptions::default())?;
+            products.push((decode, prompt));
+        }
+        Ok(products)
+    }
+
     /// A layer's kernels over its weights and its part of the KV cache.
     pub(super) fn layer(
         &self,
@@ -321,6 +352,7 @@ impl LayerContext<'_> {
         };
         Ok(Layer {
             qkv_mv,
+            extra_in: self.extra_input_products(w)?,
             o_mv,
             attn_norm: self.norm(&w.attn_norm)?,
             qkv_mm: self.prompt_product(
@@ -363,8 +395,36 @@ impl LayerContext<'_> {
         let (spec, a) = (self.spec, self.acts);
         if let (Some(delta), Some(linear), Some(scratch)) = (&w.delta, &spec.linear, &a.delta) {
             let state = DeltaNetState::new(self.gpu, &linear.shape)?;
+            let inputs = w.linear_in.as_ref().ok_or_else(|| {
+                Error::Invalid(format!(
+                    "layer {i}: a linear-attention layer without inputs"
+                ))
+            })?;
+            // Product k's rows: the first writes `qkv`, the others buffers of their own.
+            let outputs: Vec<(&StorageBuffer, u32)> = std::iter::once((&a.qkv, w.qkv.rows))
+                .chain(
+                    inputs
+                        .extra
+                        .iter()
+                        .zip(&a.delta_in)
+                        .map(|(m, b)| (b, m.rows)),
+                )
+                .collect();
+            let rows_of = |(k, offset): (usize, u32)| {
+                outputs
+                    .get(k)
+                    .map(|&(buffer, stride)| DeltaRows {
+                        buffer,
+                        offset,
+                        stride,
+                    })
+                    .ok_or_else(|| Error::Invalid(format!("layer {i}: no input product {k}")))
+            };
             let io = DeltaNetIo {
                 rows: &a.qkv,
+                rows_stride: w.qkv.rows,
+                z: rows_of(inputs.z)?,
+                gates: rows_of(inputs.gates)?,
                 out: &a.attn,
                 scratch,
             };

@@ -136,6 +136,15 @@ impl Activations {
             delta: linear
                 .map(|shape| DeltaScratch::new(gpu, shape, chunk))
                 .transpose()?,
+            // z with the gates, or the gates alone: at most two products after q/k/v's.
+            delta_in: match linear {
+                Some(s) => {
+                    let width = s.value_heads * s.value_dim + 2 * s.value_heads;
+                    let rows = |k| gpu.storage(&format!("delta-net inputs {k}"), f(t * width));
+                    vec![rows(1)?, rows(2)?]
+                }
+                None => Vec::new(),
+            },
             // Padded to whole vec4 words for the sampler.
             logits: gpu.storage("logits", f(spec.vocab.div_ceil(4) * 4))?,
             history: gpu.storage("token history", f(capacity + 1))?,
