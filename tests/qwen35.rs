@@ -264,3 +264,36 @@ fn input_projections_in_several_formats_run_as_products_of_their_own() {
         eprintln!("{what}: prompt {prompt_diff}, decoded {decode_diff} of {top}");
     }
 }
+
+/// The recurrent states are counted with the cache and apart from it: the same at any context
+/// length, while the attention layers' KV cache grows with it.
+#[test]
+fn recurrent_state_is_counted_and_does_not_grow_with_the_context() {
+    let path = fixtures().join("models").join("tiny-qwen3-5");
+    let load = |context: u32| {
+        let options = ModelOptions {
+            dtype: WeightDType::F32,
+            context: Some(context),
+            ..Default::default()
+        };
+        TextModel::load(&gpu(), &path, &options).expect("load")
+    };
+    let (short, long) = (load(64), load(128));
+    let spec = short.model.spec();
+    let linear = spec.linear.as_ref().expect("linear layers");
+    let s = &linear.shape;
+    let layers = linear.linear.iter().filter(|l| **l).count() as u64;
+    let per_layer = s.state_values() + s.conv_state_values();
+    assert_eq!(short.model.state_bytes(), 4 * layers * per_layer);
+    assert_eq!(short.model.state_bytes(), long.model.state_bytes());
+    // K and V of the 2 full-attention layers per position, f16 or f32.
+    let kv = |m: &TextModel| m.model.cache_bytes() - m.model.state_bytes();
+    let per_value = 64 * 2 * 2 * u64::from(spec.kv_heads * spec.head_dim);
+    let grown = kv(&long) - kv(&short);
+    assert!(grown == 2 * per_value || grown == 4 * per_value, "{grown}");
+    let info = short.info();
+    assert_eq!(
+        (info.state_bytes, info.cache_bytes),
+        (short.model.state_bytes(), short.model.cache_bytes())
+    );
+}

@@ -65,11 +65,19 @@ fn model_items(model: &ModelState) -> Vec<Item> {
             Item::Text(egui::RichText::new(&info.name).strong().into()),
             Item::Separator,
             Item::Text(
-                format!(
-                    "Weights {} · KV cache {}",
-                    format_bytes(info.weight_bytes),
-                    format_bytes(info.cache_bytes)
-                )
+                match info.state_bytes {
+                    0 => format!(
+                        "Weights {} · KV cache {}",
+                        format_bytes(info.weight_bytes),
+                        format_bytes(info.cache_bytes)
+                    ),
+                    state => format!(
+                        "Weights {} · KV cache {} · state {}",
+                        format_bytes(info.weight_bytes),
+                        format_bytes(info.cache_bytes - state),
+                        format_bytes(state)
+                    ),
+                }
                 .into(),
             ),
         ],

@@ -122,7 +122,12 @@ pub struct ModelInfo {
     #[serde(default)]
     pub active_parameters: u64,
     pub weight_bytes: u64,
+    /// KV cache and recurrent states.
     pub cache_bytes: u64,
+    /// The recurrent states' part of `cache_bytes` (Gated DeltaNet layers): the same at any
+    /// context length.
+    #[serde(default)]
+    pub state_bytes: u64,
     pub context: u32,
     pub dtype: String,
     pub dispatches_per_token: u32,
@@ -234,6 +239,7 @@ impl TextModel {
             active_parameters: spec.active_parameters(),
             weight_bytes: self.model.weight_bytes(),
             cache_bytes: self.model.cache_bytes(),
+            state_bytes: self.model.state_bytes(),
             context: self.model.capacity(),
             dtype: format!("{:?}", self.model.dtype()).to_lowercase(),
             dispatches_per_token: self.model.dispatches_per_token(),

@@ -16,6 +16,8 @@ use crate::gui::store::Conversation;
 struct HeaderInfo {
     /// The model's context length, when one is loaded.
     context: Option<u32>,
+    /// Its recurrent states' bytes (linear-attention layers), the same at any context.
+    state_bytes: Option<u64>,
     loaded: Option<PathBuf>,
     recent: Vec<PathBuf>,
     models: Option<backpack_engine::hub::Library>,
@@ -36,6 +38,7 @@ pub(super) fn show(
     };
     let cx = HeaderInfo {
         context: shared.model_info().map(|i| i.context),
+        state_bytes: shared.model_info().map(|i| i.state_bytes),
         loaded: shared.model_path().map(std::path::Path::to_owned),
         recent: shared.store.state.recent_models.clone(),
         models: shared.downloads.as_ref().map(|d| d.models.clone()),
@@ -260,9 +263,16 @@ fn context_meter(ui: &mut egui::Ui, conv: &Conversation, cx: &HeaderInfo) {
     let bar = egui::ProgressBar::new(fraction)
         .desired_width(200.0)
         .text(format!("{used} / {context} tokens"));
-    ui.add(bar).on_hover_text(
+    let mut hover = String::from(
         "Tokens in the model's context after the last answer. When a prompt no longer fits, the oldest turns can be dropped.",
     );
+    if let Some(state) = cx.state_bytes.filter(|&b| b > 0) {
+        hover.push_str(&format!(
+            "\n\nIts linear-attention layers keep {} of state whatever the context; only its attention layers' KV cache grows with it.",
+            crate::units::format_bytes(state)
+        ));
+    }
+    ui.add(bar).on_hover_text(hover);
 }
 
 /// The last model error, and an overflowing prompt with the way out.

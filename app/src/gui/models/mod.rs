@@ -143,7 +143,18 @@ fn loaded_model(ui: &mut egui::Ui, model: &ModelState, actions: &mut Vec<Action>
                     }
                     info_row(ui, "Parameters", parameters);
                     info_row(ui, "Weights on the GPU", format_bytes(info.weight_bytes));
-                    info_row(ui, "KV cache", format_bytes(info.cache_bytes));
+                    info_row(
+                        ui,
+                        "KV cache",
+                        format_bytes(info.cache_bytes - info.state_bytes),
+                    );
+                    if info.state_bytes > 0 {
+                        info_row(
+                            ui,
+                            "Recurrent state",
+                            format!("{} at any context", format_bytes(info.state_bytes)),
+                        );
+                    }
                     info_row(ui, "Context", format!("{} tokens", info.context));
                     info_row(ui, "Storage", info.dtype.clone());
                     let template = if info.has_chat_template {

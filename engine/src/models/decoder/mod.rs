@@ -152,7 +152,10 @@ pub struct DecoderModel {
     submitted_len: u32,
     depth: usize,
     weight_bytes: u64,
+    /// The KV cache and the recurrent states.
     cache_bytes: u64,
+    /// The part of `cache_bytes` that Gated DeltaNet layers keep whatever the context.
+    state_bytes: u64,
     decode_dispatches: u32,
     /// Decoding uses split attention (merged by the output product).
     split_attention: bool,
@@ -190,8 +193,15 @@ impl DecoderModel {
         self.weight_bytes
     }
 
+    /// What the sequence's cache occupies: KV cache and recurrent states.
     pub fn cache_bytes(&self) -> u64 {
         self.cache_bytes
+    }
+
+    /// The recurrent states of Gated DeltaNet layers (part of [`Self::cache_bytes`]): the same
+    /// at any context length.
+    pub fn state_bytes(&self) -> u64 {
+        self.state_bytes
     }
 
     /// Kernel dispatches recorded for one decoded token.

@@ -311,6 +311,8 @@ impl DecoderModel {
             split_attention,
         };
         let mut cache_bytes = 0;
+        // Gated DeltaNet layers' recurrent and convolution states (the same at any context).
+        let mut state_bytes = 0;
         let mut layers = Vec::with_capacity(weights.layers.len());
         // Whether the previous layer's down product hands the residual stream off.
         let mut qkv_handed = false;
@@ -326,7 +328,7 @@ impl DecoderModel {
             let products = context.decode_products(w, next, qkv_handed, cache)?;
             let layer = context.layer(i, w, products, cache, &k_cache, &v_cache)?;
             if let super::Mixer::DeltaNet { state, .. } = &layer.mixer {
-                cache_bytes += state.conv.size + state.recurrent.size;
+                state_bytes += state.conv.size + state.recurrent.size;
             }
             qkv_handed = layer.mlp.hands_off();
             layers.push(layer);
@@ -399,7 +401,8 @@ impl DecoderModel {
             submitted_len: 0,
             depth: if opts.lookahead { PIPELINE_DEPTH } else { 1 },
             weight_bytes: weight_bytes + copy_bytes,
-            cache_bytes,
+            cache_bytes: cache_bytes + state_bytes,
+            state_bytes,
             decode_dispatches: 0,
             split_attention,
             long_rope_after: spec
