@@ -24,7 +24,8 @@
 // With Q8, caches hold q8_0 blocks of 32 dims: int8 values four to a word (one quad per
 // word), then every block's f32 scale from word `scale_base` on.
 //
-// Defines: WG, HD (head_dim, a multiple of 4; of 32 with Q8), F16 (f16 cache), Q8, SPLIT, MIN_SPLIT, MAX_SPLITS,
+// Defines: WG, HD (head_dim, a multiple of 4; of 32 with Q8), F16 (f16 cache), Q8, SPLIT (with
+// QSTEP: 2 where the QKV row interleaves query heads with gate heads), MIN_SPLIT, MAX_SPLITS,
 // NO_ROPE (learned positions), ROT (rotating dims of a head), RING, FULL, HALVES (with FULL: q,
 // kv and out hold f16 values, two to a word, offsets and strides still counted in values), TILED
 // (the `tiled` entry point, with BQ and BK), SINKS (a logit per head in every softmax's
@@ -397,11 +398,12 @@ fn main(
 #endif
 #if SPLIT
     let pos = step.pos0;
-    let k_src = (p.heads + kv_head) * {{HD}}u;
-    let v_src = (p.heads + p.kv_heads + kv_head) * {{HD}}u;
+    // With QSTEP 2 the row interleaves each query head with its output gate's head.
+    let k_src = (p.heads * {{QSTEP}}u + kv_head) * {{HD}}u;
+    let v_src = (p.heads * {{QSTEP}}u + p.kv_heads + kv_head) * {{HD}}u;
     // The softmax scale is folded into q.
     for (var d = tid; d < {{HD}}u; d += {{WG}}u) {
-        qs[d / 4u][d % 4u] = rotated(head * {{HD}}u, d, pos) * p.scale;
+        qs[d / 4u][d % 4u] = rotated(head * {{QSTEP}}u * {{HD}}u, d, pos) * p.scale;
         cur_k[d / 4u][d % 4u] = rotated(k_src, d, pos);
         cur_v[d / 4u][d % 4u] = q[v_src + d];
     }

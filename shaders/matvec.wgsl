@@ -58,6 +58,10 @@ struct Params {
 #if COMBINE
 @group(0) @binding(9) var<storage, read> partials: array<vec4<f32>>;
 @group(0) @binding(10) var<storage, read> split_stats: array<vec2<f32>>;
+#if GATED
+// The token's QKV row, whose slot 2h + 1 holds query head h's output gate (Qwen3.5).
+@group(0) @binding(17) var<storage, read> gates: array<f32>;
+#endif
 #endif
 #if BIAS
 @group(0) @binding(5) var<storage, read> bias: array<f32>;
@@ -534,6 +538,11 @@ fn main(
                 top = next;
             }
             merged /= total;
+#if GATED
+            let g = (2u * h + 1u) * p.head_dim + (4u * i) % p.head_dim;
+            let gate = vec4<f32>(gates[g], gates[g + 1u], gates[g + 2u], gates[g + 3u]);
+            merged /= vec4<f32>(1.0) + exp(-gate);
+#endif
         }
         xs[xs_slot(i)] = merged;
     }

@@ -1794,6 +1794,7 @@ fn windowed_attention_over_a_rolling_cache_matches_cpu() {
                 heads,
                 head_dim: hd,
                 window: Some(window),
+                gate: None,
             };
             let opts = MatVecOptions {
                 combine: Some(combine),
@@ -1835,8 +1836,11 @@ fn split_attention_merged_by_the_output_product_matches_cpu() {
         scaling: RopeScaling::None,
     };
     for dtype in DTYPES {
-        for with_rope in [true, false] {
+        for (with_rope, gated) in [(true, false), (false, false), (true, true)] {
             for &(heads, kv_heads, hd, pos0, capacity, rot) in &cases {
+                // Gated queries (Qwen3.5): each query head followed by its gate head in the
+                // row, the merged output scaled by sigmoid of the gate.
+                let q_step = if gated { 2 } else { 1 };
                 let c = AttentionCase {
                     heads,
                     kv_heads,
@@ -1848,8 +1852,9 @@ fn split_attention_merged_by_the_output_product_matches_cpu() {
                 let mut inp = attention_inputs(&gpu, &mut rng, dtype, c);
                 let hdu = hd as usize;
                 // The token's QKV row; rotated copies are what the reference attends with.
-                let slots = (heads + 2 * kv_heads) as usize;
+                let slots = (q_step * heads + 2 * kv_heads) as usize;
                 let qkv = rng.vec(slots * hdu, 1.0);
+                let q_at = |h: usize| h * q_step as usize * hdu;
                 let inv_freq = spec.inv_freq(rot);
                 let rotate = |v: &[f32]| -> Vec<f32> {
                     if !with_rope {
@@ -1866,11 +1871,12 @@ fn split_attention_merged_by_the_output_product_matches_cpu() {
                     out
                 };
                 inp.q = (0..heads as usize)
-                    .flat_map(|h| rotate(&qkv[h * hdu..(h + 1) * hdu]))
+                    .flat_map(|h| rotate(&qkv[q_at(h)..q_at(h) + hdu]))
                     .collect();
+                let heads_end = (q_step * heads) as usize;
                 for g in 0..kv_heads as usize {
-                    let k_src = (heads as usize + g) * hdu;
-                    let v_src = (heads as usize + kv_heads as usize + g) * hdu;
+                    let k_src = (heads_end + g) * hdu;
+                    let v_src = (heads_end + kv_heads as usize + g) * hdu;
                     let at = (g * capacity as usize + pos0 as usize) * hdu;
                     inp.k[at..at + hdu].copy_from_slice(&rotate(&qkv[k_src..k_src + hdu]));
                     inp.v[at..at + hdu].copy_from_slice(&qkv[v_src..v_src + hdu]);
@@ -1885,9 +1891,11 @@ fn split_attention_merged_by_the_output_product_matches_cpu() {
                     .storage("stats", u64::from(MAX_SPLITS * heads) * 8)
                     .expect("stats");
                 let st = step(&gpu, pos0, 1);
+                let mut shape = CacheShape::new(heads, kv_heads, hd, capacity, dtype);
+                shape.gated_queries = gated;
                 let att = Attention::new_split(
                     &gpu,
-                    CacheShape::new(heads, kv_heads, hd, capacity, dtype),
+                    shape,
                     &qkv_b,
                     with_rope.then_some(&table),
                     &inp.kb,
@@ -1936,6 +1944,7 @@ fn split_attention_merged_by_the_output_product_matches_cpu() {
                             heads,
                             head_dim: hd,
                             window: None,
+                            gate: gated.then_some(&qkv_b),
                         }),
                         layout: MatVecLayout {
                             int8: Some(true),
@@ -1950,7 +1959,13 @@ fn split_attention_merged_by_the_output_product_matches_cpu() {
                 merge.encode(&mut rec);
                 rec.submit();
                 let got = read(&gpu, &y, rows as usize);
-                let attn = attention_ref(&inp, c);
+                let mut attn = attention_ref(&inp, c);
+                if gated {
+                    for (i, a) in attn.iter_mut().enumerate() {
+                        let gate = qkv[q_at(i / hdu) + hdu + i % hdu];
+                        *a /= 1.0 + (-gate).exp();
+                    }
+                }
                 assert_eq!(merge.takes_int8(), quant.is_some(), "{quant:?}");
                 let (want, mag) = if merge.takes_int8() {
                     matvec_ref_int8(&w, &attn, rows as usize, width as usize)
@@ -1958,7 +1973,7 @@ fn split_attention_merged_by_the_output_product_matches_cpu() {
                     matvec_ref(&w, &attn, rows as usize, width as usize)
                 };
                 let what = format!(
-                    "split attention {dtype:?} rope={with_rope} {c:?} {quant:?} ({} runs)",
+                    "split attention {dtype:?} rope={with_rope} gated={gated} {c:?} {quant:?} ({} runs)",
                     splits_for(pos0 + 1)
                 );
                 // The token's own k/v enter in f32 here but are stored rounded: allow f16 error.

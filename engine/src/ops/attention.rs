@@ -272,6 +272,10 @@ impl Attention {
             flag("F16", shape.dtype == KvDType::F16),
             flag("Q8", shape.dtype == KvDType::Q8_0),
             flag("SPLIT", split.is_some()),
+            (
+                "QSTEP",
+                if shape.gated_queries { "2" } else { "1" }.to_string(),
+            ),
             flag("NO_ROPE", matches!(split, Some((_, None)))),
             ("ROT", rotary_dim.to_string()),
             ("MIN_SPLIT", MIN_SPLIT.to_string()),

@@ -48,6 +48,9 @@ pub struct SplitAttention<'a> {
     pub head_dim: u32,
     /// The attention's sliding window, if it has one (it splits fewer keys).
     pub window: Option<u32>,
+    /// The token's QKV row where it carries an output gate head after each query head
+    /// (Qwen3.5): the merged output is scaled by sigmoid of it.
+    pub gate: Option<&'a StorageBuffer>,
 }
 
 /// A row handed from one decode product to the next as int8 blocks (shaders/matvec_handoff.wgsl):
@@ -394,6 +397,10 @@ impl MatVec {
             flag("OUT_GAIN", handoff_out.is_some_and(|(_, g)| g.is_some())),
             ("OUT_BLOCK", out_block.to_string()),
             flag("COMBINE", opts.combine.is_some()),
+            flag(
+                "GATED",
+                opts.combine.as_ref().is_some_and(|c| c.gate.is_some()),
+            ),
             (
                 "WINDOW",
                 opts.combine
@@ -495,6 +502,9 @@ impl MatVec {
         if let Some(c) = &opts.combine {
             entries.push((9, &c.partials.buffer));
             entries.push((10, &c.stats.buffer));
+            if let Some(gate) = c.gate {
+                entries.push((17, &gate.buffer));
+            }
         }
         if let Some((kind, weight, bias, _)) = opts.norm.filter(|_| handoff_in.is_none()) {
             entries.push((6, &weight.buffer));

@@ -137,7 +137,8 @@ impl Layer {
                     rope.encode(rec, 1);
                 }
                 decode_attention.encode(rec, pos, 1);
-                if let Some(gate) = gate {
+                // Split runs are gated where the output product merges them.
+                if let (Some(gate), false) = (gate, split) {
                     gate.encode(rec, 1);
                 }
             }

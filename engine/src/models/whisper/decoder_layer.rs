@@ -296,6 +296,7 @@ pub(super) fn build_layer(
                     heads,
                     head_dim: hd,
                     window: None,
+                    gate: None,
                 }),
                 layout: MatVecLayout::for_dtype(b.dtype),
                 ..Default::default()

@@ -189,12 +189,14 @@ impl LayerContext<'_> {
             MatVecOptions {
                 bias: w.o_bias.as_ref(),
                 residual,
-                combine: self.split_attention.then_some(SplitAttention {
+                // A Gated DeltaNet layer's output is whole: only attention comes in runs.
+                combine: (self.split_attention && w.delta.is_none()).then_some(SplitAttention {
                     partials: &a.split_partials,
                     stats: &a.split_stats,
                     heads: spec.heads,
                     head_dim: spec.head_dim,
                     window: cache.window,
+                    gate: spec.output_gate.then_some(&a.qkv),
                 }),
                 layout: self.decode_layout,
                 handoff_out: up_in.map(|h| (h, Some(&w.mlp_norm.0))),

@@ -290,11 +290,9 @@ impl DecoderModel {
             .filter(|_| spec.rope.is_some())
             .map(table)
             .transpose()?;
-        // Sinks join the softmax of whole attention only (see `LayerContext::attentions`).
-        // So does the output gate, applied before the output product.
-        let split_attention = MatVec::stages_input(gpu, spec.heads * spec.head_dim)
-            && !spec.sinks
-            && !spec.output_gate;
+        // Sinks join the softmax of whole attention only (see `LayerContext::attentions`);
+        // an output gate is applied where the output product merges the runs.
+        let split_attention = MatVec::stages_input(gpu, spec.heads * spec.head_dim) && !spec.sinks;
         let context = LayerContext {
             gpu,
             spec,
