@@ -14,13 +14,14 @@
 // and the output is RMSNorm(O) · w · SiLU(z) per head.
 //
 // QKNORM normalizes q and k in place (workgroup per key head and token). PREP computes W, U,
-// P and G for every chunk at once (workgroup per value head and chunk, invocation per row).
-// CHUNK walks the chunks in order (workgroup per value head and COLS state columns,
-// invocation per column; a column's state lives in registers, and no column reads
-// another's). GNORM applies the gated norm in place.
+// P and G for every chunk at once (workgroup per value head and chunk). WALK carries the state
+// through the chunks in order (workgroup per value head and COLS state columns, the columns in
+// workgroup memory): V' and the state each chunk starts from, the only work that must wait
+// for the chunk before. OUT computes O for every chunk at once from those, and GNORM applies
+// the gated norm in place.
 //
-// Defines: one of QKNORM, PREP, CHUNK, GNORM; DK, DV, NK, NV; TILED (value head h reads key
-// head h mod NK, GGUF's order, instead of h / (NV / NK)).
+// Defines: one of QKNORM, PREP, WALK (with COLS), OUT, GNORM; DK, DV, NK, NV; TILED (value
+// head h reads key head h mod NK, GGUF's order, instead of h / (NV / NK)).
 
 struct Params {
     // The convolved channels (2·NK·DK + NV·DV) and the length of the rows holding them.
@@ -111,62 +112,96 @@ fn main(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id) wid: v
 @group(0) @binding(5) var<storage, read_write> decays: array<f32>;
 // [tokens][NV][DK]: W.
 @group(0) @binding(6) var<storage, read_write> w_rows: array<f32>;
-// [tokens][NV][DV]: U.
+// [tokens][NV][DV]: U (the walk turns it into V').
 @group(0) @binding(7) var<storage, read_write> u_rows: array<f32>;
 // [tokens][NV][CH]: P's rows.
 @group(0) @binding(8) var<storage, read_write> p_rows: array<f32>;
 @group(0) @binding(12) var<storage, read> gate_rows: array<f32>;
 
+// Dims of q and k staged at a time for the Gram products.
+const DT: u32 = 16u;
+
 var<workgroup> g_run: array<f32, CH>;
 var<workgroup> betas: array<f32, CH>;
 // M, then T below the diagonal (zero above it; T's unit diagonal is implicit).
 var<workgroup> m: array<f32, 4096>;
+var<workgroup> k_tile: array<f32, 1024>;
+var<workgroup> q_tile: array<f32, 1024>;
 
-@compute @workgroup_size(64)
-fn main(@builtin(local_invocation_index) i: u32, @builtin(workgroup_id) wid: vec3<u32>) {
+// 256 invocations: the Gram products four per row (16 columns each), the solve one per
+// column, W and U one per column of k and v.
+@compute @workgroup_size(256)
+fn main(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id) wid: vec3<u32>) {
     let h = wid.x;
     let t0 = wid.y * CH;
     let len = min(CH, step.n_tokens - t0);
     let kh = key_head(h);
-    let valid = i < len;
-    // Rows past the prompt read its last row and are masked.
-    let t = t0 + min(i, len - 1u);
-    let gates = t * p.gates_stride + p.gates_at;
-    let beta = select(0.0, 1.0 / (1.0 + exp(-gate_rows[gates + h])), valid);
-    g_run[i] = select(0.0, decay_a[h] * softplus(gate_rows[gates + NV + h] + dt_bias[h]), valid);
-    betas[i] = beta;
-    workgroupBarrier();
-    var g = 0.0;
-    for (var j = 0u; j <= i; j++) {
-        g += g_run[j];
+    let k_base = NK * DK + kh * DK;
+    if (tid < CH) {
+        let valid = tid < len;
+        // Rows past the prompt read its last row and are masked.
+        let gates = (t0 + min(tid, len - 1u)) * p.gates_stride + p.gates_at;
+        let a = gate_rows[gates + NV + h];
+        betas[tid] = select(0.0, 1.0 / (1.0 + exp(-gate_rows[gates + h])), valid);
+        g_run[tid] = select(0.0, decay_a[h] * softplus(a + dt_bias[h]), valid);
     }
     workgroupBarrier();
-    g_run[i] = g;
+    var g_sum = 0.0;
+    if (tid < CH) {
+        for (var j = 0u; j <= tid; j++) {
+            g_sum += g_run[j];
+        }
+    }
     workgroupBarrier();
-    if (valid) {
-        decays[t * NV + h] = g;
+    if (tid < CH) {
+        g_run[tid] = g_sum;
+        if (tid < len) {
+            decays[(t0 + tid) * NV + h] = g_sum;
+        }
     }
 
-    // Row i of M and P. Every invocation walks the same j, so k_j's loads are shared.
-    let q_i = t * p.row_stride + kh * DK;
-    let k_i = q_i + NK * DK;
-    let p_at = (t * NV + h) * CH;
-    for (var j = 0u; j < CH; j++) {
-        var kk = 0.0;
-        var qk = 0.0;
-        if (j < len) {
-            let k_j = (t0 + j) * p.row_stride + NK * DK + kh * DK;
-            for (var d = 0u; d < DK; d++) {
-                let kj = rows[k_j + d];
-                kk += rows[k_i + d] * kj;
-                qk += rows[q_i + d] * kj;
+    // Row i's k·k_j and q·k_j for its 16 columns j, over staged tiles of the chunk's q and k.
+    let i = tid / 4u;
+    let j0 = (tid % 4u) * 16u;
+    var kk: array<f32, 16>;
+    var qk: array<f32, 16>;
+    for (var jj = 0u; jj < 16u; jj++) {
+        kk[jj] = 0.0;
+        qk[jj] = 0.0;
+    }
+    for (var d0 = 0u; d0 < DK; d0 += DT) {
+        workgroupBarrier();
+        for (var e = tid; e < CH * DT; e += 256u) {
+            let row = e / DT;
+            let d = d0 + e % DT;
+            // Rows and dims past the chunk read inside it and are masked.
+            let at = (t0 + min(row, len - 1u)) * p.row_stride + kh * DK + min(d, DK - 1u);
+            let inside = row < len && d < DK;
+            q_tile[e] = select(0.0, rows[at], inside);
+            k_tile[e] = select(0.0, rows[at + NK * DK], inside);
+        }
+        workgroupBarrier();
+        for (var dd = 0u; dd < DT; dd++) {
+            let ki = k_tile[i * DT + dd];
+            let qi = q_tile[i * DT + dd];
+            for (var jj = 0u; jj < 16u; jj++) {
+                let kj = k_tile[(j0 + jj) * DT + dd];
+                kk[jj] += ki * kj;
+                qk[jj] += qi * kj;
             }
         }
+    }
+    let g_i = g_run[i];
+    let beta_i = betas[i];
+    let row_valid = i < len;
+    let p_at = ((t0 + min(i, len - 1u)) * NV + h) * CH;
+    for (var jj = 0u; jj < 16u; jj++) {
+        let j = j0 + jj;
         // G_i − G_j ≤ 0 where it is used (j ≤ i); the clamp keeps the rest finite.
-        let decay = exp(min(g - g_run[j], 0.0));
-        m[i * CH + j] = select(0.0, beta * kk * decay, j < i && valid);
-        if (valid) {
-            p_rows[p_at + j] = select(0.0, qk * decay, j <= i);
+        let decay = exp(min(g_i - g_run[j], 0.0));
+        m[i * CH + j] = select(0.0, beta_i * kk[jj] * decay, j < i && row_valid);
+        if (row_valid) {
+            p_rows[p_at + j] = select(0.0, qk[jj] * decay, j <= i);
         }
     }
     workgroupBarrier();
@@ -175,128 +210,179 @@ fn main(@builtin(local_invocation_index) i: u32, @builtin(workgroup_id) wid: vec
     // holds column j; rows above r already hold T.
     for (var r = 1u; r < len; r++) {
         var x = 0.0;
-        if (i < r) {
-            x = -m[r * CH + i];
-            for (var k = i + 1u; k < r; k++) {
-                x -= m[r * CH + k] * m[k * CH + i];
+        if (tid < r) {
+            x = -m[r * CH + tid];
+            for (var k = tid + 1u; k < r; k++) {
+                x -= m[r * CH + k] * m[k * CH + tid];
             }
         }
         workgroupBarrier();
-        if (i < r) {
-            m[r * CH + i] = x;
+        if (tid < r) {
+            m[r * CH + tid] = x;
         }
         workgroupBarrier();
     }
 
-    // W = T (β e^G k) and U = T (β v), a column per invocation: the column's inputs in
-    // registers, T's rows shared.
+    // W = T (β e^G k) and U = T (β v), a column of k or v per invocation: the column's inputs
+    // in registers, T's rows shared.
     var col: array<f32, CH>;
-    for (var d = i; d < DK; d += CH) {
+    for (var c = tid; c < DK + DV; c += 256u) {
+        let is_k = c < DK;
+        let d = select(c - DK, c, is_k);
+        let src = select(2u * NK * DK + h * DV + d, k_base + d, is_k);
         for (var j = 0u; j < CH; j++) {
-            let at = (t0 + min(j, len - 1u)) * p.row_stride + NK * DK + kh * DK + d;
-            col[j] = select(0.0, betas[j] * exp(g_run[j]) * rows[at], j < len);
+            let at = (t0 + min(j, len - 1u)) * p.row_stride + src;
+            let scale = betas[j] * select(1.0, exp(g_run[j]), is_k);
+            col[j] = select(0.0, scale * rows[at], j < len);
         }
         for (var r = 0u; r < len; r++) {
             var acc = col[r];
             for (var j = 0u; j < r; j++) {
                 acc += m[r * CH + j] * col[j];
             }
-            w_rows[((t0 + r) * NV + h) * DK + d] = acc;
-        }
-    }
-    for (var d = i; d < DV; d += CH) {
-        for (var j = 0u; j < CH; j++) {
-            let at = (t0 + min(j, len - 1u)) * p.row_stride + 2u * NK * DK + h * DV + d;
-            col[j] = select(0.0, betas[j] * rows[at], j < len);
-        }
-        for (var r = 0u; r < len; r++) {
-            var acc = col[r];
-            for (var j = 0u; j < r; j++) {
-                acc += m[r * CH + j] * col[j];
+            if (is_k) {
+                w_rows[((t0 + r) * NV + h) * DK + d] = acc;
+            } else {
+                u_rows[((t0 + r) * NV + h) * DV + d] = acc;
             }
-            u_rows[((t0 + r) * NV + h) * DV + d] = acc;
         }
     }
 }
 #endif
 
-#if CHUNK
-const COLS: u32 = 32u;
-
+#if WALK
 @group(0) @binding(2) var<storage, read> rows: array<f32>;
 @group(0) @binding(5) var<storage, read> decays: array<f32>;
 @group(0) @binding(6) var<storage, read> w_rows: array<f32>;
-@group(0) @binding(7) var<storage, read> u_rows: array<f32>;
-@group(0) @binding(8) var<storage, read> p_rows: array<f32>;
-// [NV][DK][DV].
+// U in, V' out (each value read, then written, by the same invocation).
+@group(0) @binding(7) var<storage, read_write> u_rows: array<f32>;
+// [NV][DK][DV]: the sequence's state, carried in and out.
 @group(0) @binding(9) var<storage, read_write> state: array<f32>;
-// [tokens][NV·DV]: O, before the gated norm.
-@group(0) @binding(10) var<storage, read_write> out: array<f32>;
+// [chunks][NV][DK][DV]: the state each chunk starts from.
+@group(0) @binding(13) var<storage, read_write> chunk_states: array<f32>;
 
-// Per row of the chunk: e^G and e^{G_L − G}.
-var<workgroup> grow: array<f32, CH>;
-var<workgroup> gleft: array<f32, CH>;
-// V' per row, a column per invocation (each reads only its own).
-var<workgroup> v_new: array<f32, 2048>;
+const COLS: u32 = {{COLS}}u;
+const GROUPS: u32 = 128u / COLS;
+const ROWS_PER: u32 = CH / GROUPS;
+const DK_PER: u32 = (DK + GROUPS - 1u) / GROUPS;
 
-@compute @workgroup_size(32)
+// The state's COLS columns of this workgroup, [DK][COLS].
+var<workgroup> s_tile: array<f32, DK * COLS>;
+var<workgroup> v_tile: array<f32, CH * COLS>;
+var<workgroup> g_left: array<f32, CH>;
+
+// 128 invocations: COLS state columns × GROUPS groups, a group taking a share of the
+// chunk's rows for V' and of the state's rows for its update.
+@compute @workgroup_size(128)
 fn main(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id) wid: vec3<u32>) {
     let h = wid.y;
-    let v = wid.x * COLS + tid;
+    let c = tid % COLS;
+    let group = tid / COLS;
+    let v = wid.x * COLS + c;
     let owns = v < DV;
     let vc = min(v, DV - 1u);
     let kh = key_head(h);
-    var s: array<f32, DK>;
-    for (var d = 0u; d < DK; d++) {
-        s[d] = state[(h * DK + d) * DV + vc];
+    let k_base = NK * DK + kh * DK;
+    for (var d = group; d < DK; d += GROUPS) {
+        s_tile[d * COLS + c] = select(0.0, state[(h * DK + d) * DV + vc], owns);
     }
     let chunks = (step.n_tokens + CH - 1u) / CH;
-    for (var c = 0u; c < chunks; c++) {
-        let t0 = c * CH;
+    for (var ch = 0u; ch < chunks; ch++) {
+        let t0 = ch * CH;
         let len = min(CH, step.n_tokens - t0);
         let g_last = decays[(t0 + len - 1u) * NV + h];
-        // The previous chunk is done with the decays.
         workgroupBarrier();
-        for (var r = tid; r < len; r += COLS) {
-            let g = decays[(t0 + r) * NV + h];
-            grow[r] = exp(g);
-            gleft[r] = exp(g_last - g);
+        for (var r = tid; r < len; r += 128u) {
+            g_left[r] = exp(g_last - decays[(t0 + r) * NV + h]);
         }
-        workgroupBarrier();
-        for (var r = 0u; r < len; r++) {
-            let t = t0 + r;
-            let w_at = (t * NV + h) * DK;
-            let q_at = t * p.row_stride + kh * DK;
-            var ws = 0.0;
-            var qs = 0.0;
-            for (var d = 0u; d < DK; d++) {
-                ws += w_rows[w_at + d] * s[d];
-                qs += rows[q_at + d] * s[d];
-            }
-            let fresh = u_rows[(t * NV + h) * DV + vc] - ws;
-            v_new[r * COLS + tid] = fresh;
-            let p_at = (t * NV + h) * CH;
-            var o = grow[r] * qs;
-            for (var j = 0u; j <= r; j++) {
-                o += p_rows[p_at + j] * v_new[j * COLS + tid];
-            }
-            if (owns) {
-                out[t * NV * DV + h * DV + v] = o;
+        // The state this chunk starts from, for the outputs.
+        if (owns) {
+            for (var d = group; d < DK; d += GROUPS) {
+                chunk_states[((ch * NV + h) * DK + d) * DV + v] = s_tile[d * COLS + c];
             }
         }
-        let carry = exp(g_last);
+        // V' = U − W S over this group's rows.
+        let r0 = group * ROWS_PER;
+        var acc: array<f32, ROWS_PER>;
+        for (var k = 0u; k < ROWS_PER; k++) {
+            acc[k] = 0.0;
+        }
         for (var d = 0u; d < DK; d++) {
-            var acc = 0.0;
-            for (var r = 0u; r < len; r++) {
-                let k = rows[(t0 + r) * p.row_stride + NK * DK + kh * DK + d];
-                acc += k * gleft[r] * v_new[r * COLS + tid];
+            let sv = s_tile[d * COLS + c];
+            for (var k = 0u; k < ROWS_PER; k++) {
+                let r = min(r0 + k, len - 1u);
+                acc[k] += w_rows[((t0 + r) * NV + h) * DK + d] * sv;
             }
-            s[d] = carry * s[d] + acc;
+        }
+        for (var k = 0u; k < ROWS_PER; k++) {
+            let r = r0 + k;
+            if (r < len) {
+                let at = ((t0 + r) * NV + h) * DV + vc;
+                let fresh = u_rows[at] - acc[k];
+                v_tile[r * COLS + c] = fresh;
+                if (owns) {
+                    u_rows[at] = fresh;
+                }
+            }
+        }
+        workgroupBarrier();
+        // S ← e^{G_L} S + (e^{G_L − G} k)ᵀ V' over this group's rows of the state.
+        let carry = exp(g_last);
+        for (var d = group; d < DK; d += GROUPS) {
+            var sum = 0.0;
+            for (var r = 0u; r < len; r++) {
+                let k = rows[(t0 + r) * p.row_stride + k_base + d];
+                sum += k * g_left[r] * v_tile[r * COLS + c];
+            }
+            s_tile[d * COLS + c] = carry * s_tile[d * COLS + c] + sum;
         }
     }
+    workgroupBarrier();
     if (owns) {
+        for (var d = group; d < DK; d += GROUPS) {
+            state[(h * DK + d) * DV + v] = s_tile[d * COLS + c];
+        }
+    }
+}
+#endif
+
+#if OUT
+@group(0) @binding(2) var<storage, read> rows: array<f32>;
+@group(0) @binding(5) var<storage, read> decays: array<f32>;
+// V'.
+@group(0) @binding(7) var<storage, read> u_rows: array<f32>;
+@group(0) @binding(8) var<storage, read> p_rows: array<f32>;
+// [tokens][NV·DV]: O, before the gated norm.
+@group(0) @binding(10) var<storage, read_write> out: array<f32>;
+@group(0) @binding(13) var<storage, read> chunk_states: array<f32>;
+
+// O = (e^G q) S + P V' for one chunk and head, an output column per invocation (the state's
+// column in registers).
+@compute @workgroup_size(64)
+fn main(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id) wid: vec3<u32>) {
+    let h = wid.x;
+    let ch = wid.y;
+    let t0 = ch * CH;
+    let len = min(CH, step.n_tokens - t0);
+    let kh = key_head(h);
+    for (var v = tid; v < DV; v += 64u) {
+        var s: array<f32, DK>;
         for (var d = 0u; d < DK; d++) {
-            state[(h * DK + d) * DV + v] = s[d];
+            s[d] = chunk_states[((ch * NV + h) * DK + d) * DV + v];
+        }
+        for (var r = 0u; r < len; r++) {
+            let t = t0 + r;
+            let q_at = t * p.row_stride + kh * DK;
+            var qs = 0.0;
+            for (var d = 0u; d < DK; d++) {
+                qs += rows[q_at + d] * s[d];
+            }
+            var o = exp(decays[t * NV + h]) * qs;
+            let p_at = (t * NV + h) * CH;
+            for (var j = 0u; j <= r; j++) {
+                o += p_rows[p_at + j] * u_rows[((t0 + j) * NV + h) * DV + v];
+            }
+            out[t * NV * DV + h * DV + v] = o;
         }
     }
 }

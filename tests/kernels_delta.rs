@@ -363,6 +363,16 @@ fn chunked_prompts_over_several_chunks_then_decoding_match_cpu() {
         conv_kernel: 3,
     };
     check(small, &[DELTA_CHUNKED_FROM as usize, 1, 3 * chunk - 1], 13);
+    // Key heads over 128 wide (the walk then takes 16 state columns a workgroup), not a
+    // multiple of the Gram products' 16-dim tiles.
+    let wide_keys = DeltaNetShape {
+        key_heads: 1,
+        value_heads: 2,
+        key_dim: 136,
+        value_dim: 20,
+        conv_kernel: 4,
+    };
+    check(wide_keys, &[chunk + 6, 1], 14);
 }
 
 /// Prefill of N tokens then one decoded token gives what N + 1 single tokens give: the chunked

@@ -1,6 +1,7 @@
 //! Gated DeltaNet over a prompt in chunks (shaders/delta_chunk.wgsl): the chunked gated delta
-//! rule, where only the chunks of 64 tokens run one after another and the work inside a chunk
-//! is products over its tokens. Decoding's single tokens keep the recurrent kernel
+//! rule, where only the state's walk through the chunks of 64 tokens runs one chunk after
+//! another; the work inside a chunk, and the outputs from the state each chunk starts from,
+//! are products over its tokens, every chunk at once. Decoding's single tokens keep the recurrent kernel
 //! (delta_net.wgsl); both read and leave the same state.
 
 use super::delta_net::{DeltaNetIo, DeltaNetShape, DeltaNetState, DeltaNetWeights, Dispatch};
@@ -12,8 +13,11 @@ const SOURCE: &str = include_str!("../../../shaders/delta_chunk.wgsl");
 /// Tokens per chunk (`CH` in the shader).
 pub const DELTA_CHUNK: u32 = 64;
 
-/// State columns per workgroup of the chunk walk (`COLS` in the shader).
-const CHUNK_COLUMNS: u32 = 32;
+/// State columns per workgroup of the chunk walk (`COLS` in the shader): 32, or 16 for key
+/// heads over 128 wide, so that the columns' state fits 16 KiB of workgroup memory.
+fn walk_columns(key_dim: u32) -> u32 {
+    if key_dim > 128 { 16 } else { 32 }
+}
 
 /// The per-token products a prompt's chunks hand from the preparation to the walk, shared
 /// by every layer of a model (one layer runs at a time).
@@ -26,6 +30,8 @@ pub struct DeltaScratch {
     u_rows: StorageBuffer,
     /// `[tokens][value_heads][DELTA_CHUNK]`: each token's row of the chunk's decayed q·k.
     p_rows: StorageBuffer,
+    /// `[chunks][value_heads][key_dim][value_dim]`: the state each chunk starts from.
+    chunk_states: StorageBuffer,
     tokens: u32,
 }
 
@@ -40,6 +46,10 @@ impl DeltaScratch {
             w_rows: gpu.storage("delta-net chunk W", per_head(shape.key_dim))?,
             u_rows: gpu.storage("delta-net chunk U", per_head(shape.value_dim))?,
             p_rows: gpu.storage("delta-net chunk P", per_head(DELTA_CHUNK))?,
+            chunk_states: gpu.storage(
+                "delta-net chunk states",
+                4 * u64::from(tokens.max(1).div_ceil(DELTA_CHUNK)) * shape.state_values(),
+            )?,
             tokens: tokens.max(1),
         })
     }
@@ -50,15 +60,17 @@ impl DeltaScratch {
     }
 }
 
-/// The four dispatches of a chunked prompt step.
+/// The five dispatches of a chunked prompt step.
 pub(super) struct ChunkedDelta {
     qk_norm: Dispatch,
     prep: Dispatch,
     walk: Dispatch,
+    out: Dispatch,
     gated_norm: Dispatch,
     key_heads: u32,
     value_heads: u32,
     value_dim: u32,
+    columns: u32,
     max_tokens: u32,
 }
 
@@ -76,6 +88,7 @@ impl ChunkedDelta {
         params: &UniformBuffer,
     ) -> Result<Self, GpuError> {
         let s = io.scratch;
+        let columns = walk_columns(shape.key_dim);
         let kernel = |stage: &'static str| {
             gpu.kernel(
                 "delta-net chunks",
@@ -88,6 +101,7 @@ impl ChunkedDelta {
                     ("DV", shape.value_dim.to_string()),
                     ("NK", shape.key_heads.to_string()),
                     ("NV", shape.value_heads.to_string()),
+                    ("COLS", columns.to_string()),
                 ],
             )
         };
@@ -117,16 +131,27 @@ impl ChunkedDelta {
                 ],
             )?,
             walk: dispatch(
-                "CHUNK",
+                "WALK",
                 &[
                     (1, &step.buffer),
                     (2, &io.rows.buffer),
                     (5, &s.decays.buffer),
                     (6, &s.w_rows.buffer),
                     (7, &s.u_rows.buffer),
-                    (8, &s.p_rows.buffer),
                     (9, &state.recurrent.buffer),
+                    (13, &s.chunk_states.buffer),
+                ],
+            )?,
+            out: dispatch(
+                "OUT",
+                &[
+                    (1, &step.buffer),
+                    (2, &io.rows.buffer),
+                    (5, &s.decays.buffer),
+                    (7, &s.u_rows.buffer),
+                    (8, &s.p_rows.buffer),
                     (10, &io.out.buffer),
+                    (13, &s.chunk_states.buffer),
                 ],
             )?,
             gated_norm: dispatch(
@@ -140,6 +165,7 @@ impl ChunkedDelta {
             key_heads: shape.key_heads,
             value_heads: shape.value_heads,
             value_dim: shape.value_dim,
+            columns,
             max_tokens: s.tokens,
         })
     }
@@ -156,8 +182,9 @@ impl ChunkedDelta {
         };
         run(rec, &self.qk_norm, [self.key_heads, n, 1]);
         run(rec, &self.prep, [self.value_heads, chunks, 1]);
-        let column_groups = self.value_dim.div_ceil(CHUNK_COLUMNS);
+        let column_groups = self.value_dim.div_ceil(self.columns);
         run(rec, &self.walk, [column_groups, self.value_heads, 1]);
+        run(rec, &self.out, [self.value_heads, chunks, 1]);
         run(rec, &self.gated_norm, [self.value_heads, n, 1]);
     }
 }
