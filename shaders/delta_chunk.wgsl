@@ -2,7 +2,7 @@
 // flash-linear-attention, as transformers' `torch_chunk_gated_delta_rule` computes it. The
 // token-by-token recurrence (delta_net.wgsl's DELTA) runs one token after another; here only
 // the chunks follow one another, and the work inside a chunk is products over its tokens.
-// The rows are delta_net.wgsl's: q/k/v per token, convolved (CONV), and z and the gates
+// The input rows are delta_net.wgsl's: q/k/v first in each token's row, and z and the gates
 // [b | a] after them or in rows of their own (Params).
 //
 // Per value head h and chunk (tokens 0..L), with q and k L2-normalized (q also by 1/√DK),
@@ -13,14 +13,17 @@
 //   V' = U − W S,  O = (e^G q) S + P V',  S ← e^{G_L} S + (e^{G_L − G} k)ᵀ V'
 // and the output is RMSNorm(O) · w · SiLU(z) per head.
 //
-// QKNORM normalizes q and k in place (workgroup per key head and token). PREP computes W, U,
+// CONV convolves every token and channel at once into rows of their own, and CONV_STATE
+// keeps the step's last inputs for the next one. QKNORM normalizes q and k in place
+// (workgroup per key head and token). PREP computes W, U,
 // P and G for every chunk at once (workgroup per value head and chunk). WALK carries the state
 // through the chunks in order (workgroup per value head and COLS state columns, the columns in
 // workgroup memory): V' and the state each chunk starts from, the only work that must wait
 // for the chunk before. OUT computes O for every chunk at once from those, and GNORM applies
 // the gated norm in place.
 //
-// Defines: one of QKNORM, PREP, WALK (with COLS), OUT, GNORM; DK, DV, NK, NV; TILED (value
+// Defines: one of CONV and CONV_STATE (with K), QKNORM, PREP, WALK (with COLS), OUT, GNORM;
+// DK, DV, NK, NV; TILED (value
 // head h reads key head h mod NK, GGUF's order, instead of h / (NV / NK)).
 
 struct Params {
@@ -34,7 +37,9 @@ struct Params {
     z_stride: u32,
     gates_at: u32,
     gates_stride: u32,
-    _pad: u32,
+    // The input product's rows (q/k/v first), which CONV reads; `row_stride` is then the
+    // convolved rows' (`channels`).
+    in_stride: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -65,6 +70,60 @@ fn softplus(x: f32) -> f32 {
     }
     return log(1.0 + exp(x));
 }
+
+const KEEP: u32 = {{K}}u - 1u;
+
+#if CONV
+// [channels][K]: tap j multiplies the input K − 1 − j tokens back.
+@group(0) @binding(3) var<storage, read> conv_w: array<f32>;
+// [tokens][in_stride]: the input product's rows, q/k/v first.
+@group(0) @binding(14) var<storage, read> in_rows: array<f32>;
+// [channels][K − 1]: the sequence's last inputs before this step, oldest first.
+@group(0) @binding(4) var<storage, read> conv_state: array<f32>;
+// [tokens][channels]: the convolved q/k/v.
+@group(0) @binding(2) var<storage, read_write> rows: array<f32>;
+
+// The causal convolution with SiLU, every token and channel at once (the recurrent form's
+// CONV walks each channel through the tokens in place).
+@compute @workgroup_size(64)
+fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
+    let c = gid.x;
+    let t = gid.y;
+    if (c >= p.channels) {
+        return;
+    }
+    var sum = 0.0;
+    for (var j = 0u; j < {{K}}u; j++) {
+        // The input K − 1 − j tokens back: this step's row, or the carried state.
+        let back = KEEP - j;
+        var x = 0.0;
+        if (t >= back) {
+            x = in_rows[(t - back) * p.in_stride + c];
+        } else {
+            x = conv_state[c * KEEP + KEEP - (back - t)];
+        }
+        sum += conv_w[c * {{K}}u + j] * x;
+    }
+    rows[t * p.row_stride + c] = silu(sum);
+}
+#endif
+
+#if CONV_STATE
+@group(0) @binding(4) var<storage, read_write> conv_state: array<f32>;
+@group(0) @binding(14) var<storage, read> in_rows: array<f32>;
+
+// The last K − 1 inputs of the step become the state (the step has at least that many).
+@compute @workgroup_size(64)
+fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
+    let c = gid.x;
+    if (c >= p.channels) {
+        return;
+    }
+    for (var j = 0u; j < KEEP; j++) {
+        conv_state[c * KEEP + j] = in_rows[(step.n_tokens - KEEP + j) * p.in_stride + c];
+    }
+}
+#endif
 
 #if QKNORM
 @group(0) @binding(2) var<storage, read_write> rows: array<f32>;
@@ -163,12 +222,10 @@ fn main(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id) wid: v
     // Row i's k·k_j and q·k_j for its 16 columns j, over staged tiles of the chunk's q and k.
     let i = tid / 4u;
     let j0 = (tid % 4u) * 16u;
-    var kk: array<f32, 16>;
-    var qk: array<f32, 16>;
-    for (var jj = 0u; jj < 16u; jj++) {
-        kk[jj] = 0.0;
-        qk[jj] = 0.0;
-    }
+#for jj in 0..16
+    var kk{{jj}} = 0.0;
+    var qk{{jj}} = 0.0;
+#endfor
     for (var d0 = 0u; d0 < DK; d0 += DT) {
         workgroupBarrier();
         for (var e = tid; e < CH * DT; e += 256u) {
@@ -184,26 +241,28 @@ fn main(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id) wid: v
         for (var dd = 0u; dd < DT; dd++) {
             let ki = k_tile[i * DT + dd];
             let qi = q_tile[i * DT + dd];
-            for (var jj = 0u; jj < 16u; jj++) {
-                let kj = k_tile[(j0 + jj) * DT + dd];
-                kk[jj] += ki * kj;
-                qk[jj] += qi * kj;
-            }
+#for jj in 0..16
+            let kj{{jj}} = k_tile[(j0 + {{jj}}u) * DT + dd];
+            kk{{jj}} += ki * kj{{jj}};
+            qk{{jj}} += qi * kj{{jj}};
+#endfor
         }
     }
     let g_i = g_run[i];
     let beta_i = betas[i];
     let row_valid = i < len;
     let p_at = ((t0 + min(i, len - 1u)) * NV + h) * CH;
-    for (var jj = 0u; jj < 16u; jj++) {
-        let j = j0 + jj;
+#for jj in 0..16
+    {
+        let j = j0 + {{jj}}u;
         // G_i − G_j ≤ 0 where it is used (j ≤ i); the clamp keeps the rest finite.
         let decay = exp(min(g_i - g_run[j], 0.0));
-        m[i * CH + j] = select(0.0, beta_i * kk[jj] * decay, j < i && row_valid);
+        m[i * CH + j] = select(0.0, beta_i * kk{{jj}} * decay, j < i && row_valid);
         if (row_valid) {
-            p_rows[p_at + j] = select(0.0, qk[jj] * decay, j <= i);
+            p_rows[p_at + j] = select(0.0, qk{{jj}} * decay, j <= i);
         }
     }
+#endfor
     workgroupBarrier();
 
     // T = (I + M)⁻¹ row by row: T[r][j] = −M[r][j] − Σ_{j<k<r} M[r][k] T[k][j]. Invocation j
@@ -263,7 +322,8 @@ fn main(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id) wid: v
 
 const COLS: u32 = {{COLS}}u;
 const GROUPS: u32 = 128u / COLS;
-const ROWS_PER: u32 = CH / GROUPS;
+// ROWS: CH / GROUPS, the chunk's rows a group takes.
+const ROWS_PER: u32 = {{ROWS}}u;
 const DK_PER: u32 = (DK + GROUPS - 1u) / GROUPS;
 
 // The state's COLS columns of this workgroup, [DK][COLS].
@@ -301,30 +361,28 @@ fn main(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id) wid: v
                 chunk_states[((ch * NV + h) * DK + d) * DV + v] = s_tile[d * COLS + c];
             }
         }
-        // V' = U − W S over this group's rows.
+        // V' = U − W S over this group's rows (named accumulators stay in registers).
         let r0 = group * ROWS_PER;
-        var acc: array<f32, ROWS_PER>;
-        for (var k = 0u; k < ROWS_PER; k++) {
-            acc[k] = 0.0;
-        }
+#for k in 0..ROWS
+        var acc{{k}} = 0.0;
+        let w{{k}} = ((t0 + min(r0 + {{k}}u, len - 1u)) * NV + h) * DK;
+#endfor
         for (var d = 0u; d < DK; d++) {
             let sv = s_tile[d * COLS + c];
-            for (var k = 0u; k < ROWS_PER; k++) {
-                let r = min(r0 + k, len - 1u);
-                acc[k] += w_rows[((t0 + r) * NV + h) * DK + d] * sv;
+#for k in 0..ROWS
+            acc{{k}} += w_rows[w{{k}} + d] * sv;
+#endfor
+        }
+#for k in 0..ROWS
+        if (r0 + {{k}}u < len) {
+            let at = ((t0 + r0 + {{k}}u) * NV + h) * DV + vc;
+            let fresh = u_rows[at] - acc{{k}};
+            v_tile[(r0 + {{k}}u) * COLS + c] = fresh;
+            if (owns) {
+                u_rows[at] = fresh;
             }
         }
-        for (var k = 0u; k < ROWS_PER; k++) {
-            let r = r0 + k;
-            if (r < len) {
-                let at = ((t0 + r) * NV + h) * DV + vc;
-                let fresh = u_rows[at] - acc[k];
-                v_tile[r * COLS + c] = fresh;
-                if (owns) {
-                    u_rows[at] = fresh;
-                }
-            }
-        }
+#endfor
         workgroupBarrier();
         // S ← e^{G_L} S + (e^{G_L − G} k)ᵀ V' over this group's rows of the state.
         let carry = exp(g_last);

@@ -31,7 +31,8 @@ struct Params {
     z_stride: u32,
     gates_at: u32,
     gates_stride: u32,
-    _pad: u32,
+    // delta_chunk.wgsl's (the input rows' stride there); unused here.
+    in_stride: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;

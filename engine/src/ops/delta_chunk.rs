@@ -4,7 +4,9 @@
 //! are products over its tokens, every chunk at once. Decoding's single tokens keep the recurrent kernel
 //! (delta_net.wgsl); both read and leave the same state.
 
-use super::delta_net::{DeltaNetIo, DeltaNetShape, DeltaNetState, DeltaNetWeights, Dispatch};
+use super::delta_net::{
+    DeltaNetIo, DeltaNetShape, DeltaNetState, DeltaNetWeights, Dispatch, Params,
+};
 use super::{bind, flag};
 use crate::gpu::{Gpu, GpuError, Recorder, StorageBuffer, UniformBuffer};
 
@@ -13,11 +15,11 @@ const SOURCE: &str = include_str!("../../../shaders/delta_chunk.wgsl");
 /// Tokens per chunk (`CH` in the shader).
 pub const DELTA_CHUNK: u32 = 64;
 
-/// State columns per workgroup of the chunk walk (`COLS` in the shader): 32, or 16 for key
-/// heads over 128 wide, so that the columns' state fits 16 KiB of workgroup memory.
-fn walk_columns(key_dim: u32) -> u32 {
-    if key_dim > 128 { 16 } else { 32 }
-}
+/// State columns per workgroup of the chunk walk (`COLS` in the shader). The walk is a chain
+/// of dependent loads per chunk, so it wants many workgroups in flight: 8 columns make 16
+/// workgroups a value head (on an H200, 9B shape, 4,000-token prompt, 32 columns a workgroup
+/// spent 151 ms of 603 ms in kernels on the walk).
+const WALK_COLUMNS: u32 = 8;
 
 /// The per-token products a prompt's chunks hand from the preparation to the walk, shared
 /// by every layer of a model (one layer runs at a time).
@@ -32,6 +34,8 @@ pub struct DeltaScratch {
     p_rows: StorageBuffer,
     /// `[chunks][value_heads][key_dim][value_dim]`: the state each chunk starts from.
     chunk_states: StorageBuffer,
+    /// `[tokens][channels]`: the convolved q/k/v.
+    mixed: StorageBuffer,
     tokens: u32,
 }
 
@@ -50,6 +54,10 @@ impl DeltaScratch {
                 "delta-net chunk states",
                 4 * u64::from(tokens.max(1).div_ceil(DELTA_CHUNK)) * shape.state_values(),
             )?,
+            mixed: gpu.storage(
+                "delta-net convolved rows",
+                4 * u64::from(tokens.max(1)) * u64::from(shape.channels()),
+            )?,
             tokens: tokens.max(1),
         })
     }
@@ -60,8 +68,10 @@ impl DeltaScratch {
     }
 }
 
-/// The five dispatches of a chunked prompt step.
+/// The seven dispatches of a chunked prompt step.
 pub(super) struct ChunkedDelta {
+    conv: Dispatch,
+    conv_state: Dispatch,
     qk_norm: Dispatch,
     prep: Dispatch,
     walk: Dispatch,
@@ -71,11 +81,14 @@ pub(super) struct ChunkedDelta {
     value_heads: u32,
     value_dim: u32,
     columns: u32,
+    channels: u32,
     max_tokens: u32,
+    _params: UniformBuffer,
 }
 
 impl ChunkedDelta {
-    /// `params` is the recurrent kernels' uniform (channels, row stride, eps).
+    /// `recurrent` is the recurrent kernels' parameters; these kernels read q/k/v from the
+    /// convolved rows of the scratch instead.
     #[allow(clippy::too_many_arguments)]
     pub(super) fn new(
         gpu: &Gpu,
@@ -85,10 +98,17 @@ impl ChunkedDelta {
         state: &DeltaNetState,
         io: &DeltaNetIo<'_>,
         step: &UniformBuffer,
-        params: &UniformBuffer,
+        recurrent: Params,
     ) -> Result<Self, GpuError> {
         let s = io.scratch;
-        let columns = walk_columns(shape.key_dim);
+        let params = gpu.uniform(
+            "delta-net chunk params",
+            &Params {
+                row_stride: shape.channels(),
+                ..recurrent
+            },
+        );
+        let columns = WALK_COLUMNS;
         let kernel = |stage: &'static str| {
             gpu.kernel(
                 "delta-net chunks",
@@ -102,6 +122,9 @@ impl ChunkedDelta {
                     ("NK", shape.key_heads.to_string()),
                     ("NV", shape.value_heads.to_string()),
                     ("COLS", columns.to_string()),
+                    // The walk's 128 invocations: COLS columns × 128 / COLS groups of rows.
+                    ("ROWS", (DELTA_CHUNK * columns / 128).to_string()),
+                    ("K", shape.conv_kernel.to_string()),
                 ],
             )
         };
@@ -114,13 +137,31 @@ impl ChunkedDelta {
                 kernel,
             })
         };
+        let rows = &s.mixed.buffer;
         Ok(Self {
-            qk_norm: dispatch("QKNORM", &[(2, &io.rows.buffer)])?,
+            conv: dispatch(
+                "CONV",
+                &[
+                    (2, rows),
+                    (3, &weights.conv.buffer),
+                    (4, &state.conv.buffer),
+                    (14, &io.rows.buffer),
+                ],
+            )?,
+            conv_state: dispatch(
+                "CONV_STATE",
+                &[
+                    (1, &step.buffer),
+                    (4, &state.conv.buffer),
+                    (14, &io.rows.buffer),
+                ],
+            )?,
+            qk_norm: dispatch("QKNORM", &[(2, rows)])?,
             prep: dispatch(
                 "PREP",
                 &[
                     (1, &step.buffer),
-                    (2, &io.rows.buffer),
+                    (2, rows),
                     (3, &weights.decay_a.buffer),
                     (4, &weights.dt_bias.buffer),
                     (5, &s.decays.buffer),
@@ -134,7 +175,7 @@ impl ChunkedDelta {
                 "WALK",
                 &[
                     (1, &step.buffer),
-                    (2, &io.rows.buffer),
+                    (2, rows),
                     (5, &s.decays.buffer),
                     (6, &s.w_rows.buffer),
                     (7, &s.u_rows.buffer),
@@ -146,7 +187,7 @@ impl ChunkedDelta {
                 "OUT",
                 &[
                     (1, &step.buffer),
-                    (2, &io.rows.buffer),
+                    (2, rows),
                     (5, &s.decays.buffer),
                     (7, &s.u_rows.buffer),
                     (8, &s.p_rows.buffer),
@@ -166,7 +207,9 @@ impl ChunkedDelta {
             value_heads: shape.value_heads,
             value_dim: shape.value_dim,
             columns,
+            channels: shape.channels(),
             max_tokens: s.tokens,
+            _params: params,
         })
     }
 
@@ -180,6 +223,8 @@ impl ChunkedDelta {
         let run = |rec: &mut Recorder<'_>, d: &Dispatch, grid: [u32; 3]| {
             rec.dispatch_xyz(&d.kernel, &d.bind_group, grid);
         };
+        run(rec, &self.conv, [self.channels.div_ceil(64), n, 1]);
+        run(rec, &self.conv_state, [self.channels.div_ceil(64), 1, 1]);
         run(rec, &self.qk_norm, [self.key_heads, n, 1]);
         run(rec, &self.prep, [self.value_heads, chunks, 1]);
         let column_groups = self.value_dim.div_ceil(self.columns);

@@ -12,17 +12,19 @@ use crate::gpu::{Gpu, GpuError, Kernel, Recorder, StorageBuffer, UniformBuffer};
 
 const SOURCE: &str = include_str!("../../../shaders/delta_net.wgsl");
 
+/// Shared by delta_net.wgsl and delta_chunk.wgsl.
 #[repr(C)]
 #[derive(Clone, Copy, Default, Pod, Zeroable)]
-struct Params {
-    channels: u32,
-    row_stride: u32,
-    eps: f32,
-    z_at: u32,
-    z_stride: u32,
-    gates_at: u32,
-    gates_stride: u32,
-    _pad: u32,
+pub(super) struct Params {
+    pub(super) channels: u32,
+    pub(super) row_stride: u32,
+    pub(super) eps: f32,
+    pub(super) z_at: u32,
+    pub(super) z_stride: u32,
+    pub(super) gates_at: u32,
+    pub(super) gates_stride: u32,
+    /// The input rows' stride where q/k/v are convolved into rows of their own (chunks).
+    pub(super) in_stride: u32,
 }
 
 /// The head layout of a Gated DeltaNet layer: `key_heads` q/k heads of `key_dim`, shared by
@@ -227,7 +229,7 @@ pub(super) struct Dispatch {
 /// work.
 pub const DELTA_CHUNKED_FROM: u32 = 16;
 
-/// The convolution and the recurrence of one layer: two dispatches a decode step, five a
+/// The convolution and the recurrence of one layer: two dispatches a decode step, seven a
 /// chunked prompt step.
 pub struct DeltaNet {
     conv: Dispatch,
@@ -254,19 +256,17 @@ impl DeltaNet {
     ) -> Result<Self, GpuError> {
         shape.check().map_err(GpuError::Device)?;
         io.check(shape).map_err(GpuError::Device)?;
-        let params = gpu.uniform(
-            "delta-net params",
-            &Params {
-                channels: shape.channels(),
-                row_stride: io.rows_stride,
-                eps,
-                z_at: io.z.offset,
-                z_stride: io.z.stride,
-                gates_at: io.gates.offset,
-                gates_stride: io.gates.stride,
-                _pad: 0,
-            },
-        );
+        let values = Params {
+            channels: shape.channels(),
+            row_stride: io.rows_stride,
+            eps,
+            z_at: io.z.offset,
+            z_stride: io.z.stride,
+            gates_at: io.gates.offset,
+            gates_stride: io.gates.stride,
+            in_stride: io.rows_stride,
+        };
+        let params = gpu.uniform("delta-net params", &values);
         let conv_kernel = gpu.kernel(
             "delta-net conv",
             SOURCE,
@@ -321,8 +321,7 @@ impl DeltaNet {
             ),
             kernel: delta_kernel,
         };
-        let chunked =
-            ChunkedDelta::new(gpu, shape, tiled_heads, weights, state, io, step, &params)?;
+        let chunked = ChunkedDelta::new(gpu, shape, tiled_heads, weights, state, io, step, values)?;
         Ok(Self {
             conv,
             delta,
@@ -347,7 +346,6 @@ impl DeltaNet {
             self.encode(rec);
             return;
         }
-        self.encode_conv(rec);
         self.chunked.encode(rec, n);
     }
 
