@@ -324,10 +324,15 @@ const COLS: u32 = {{COLS}}u;
 const GROUPS: u32 = 128u / COLS;
 // ROWS: CH / GROUPS, the chunk's rows a group takes.
 const ROWS_PER: u32 = {{ROWS}}u;
-const DK_PER: u32 = (DK + GROUPS - 1u) / GROUPS;
+
+// Dims of W or k staged at a time, and a staged row's stride (padded so that the groups'
+// rows fall in different banks).
+const DH: u32 = 32u;
+const TILE_ROW: u32 = DH + 1u;
 
 // The state's COLS columns of this workgroup, [DK][COLS].
 var<workgroup> s_tile: array<f32, DK * COLS>;
+var<workgroup> tile: array<f32, CH * TILE_ROW>;
 var<workgroup> v_tile: array<f32, CH * COLS>;
 var<workgroup> g_left: array<f32, CH>;
 
@@ -361,17 +366,28 @@ fn main(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id) wid: v
                 chunk_states[((ch * NV + h) * DK + d) * DV + v] = s_tile[d * COLS + c];
             }
         }
-        // V' = U − W S over this group's rows (named accumulators stay in registers).
+        // V' = U − W S over this group's rows (named accumulators stay in registers), W
+        // staged DH dims at a time: loads the workgroup issues together, then reads from
+        // workgroup memory.
         let r0 = group * ROWS_PER;
 #for k in 0..ROWS
         var acc{{k}} = 0.0;
-        let w{{k}} = ((t0 + min(r0 + {{k}}u, len - 1u)) * NV + h) * DK;
 #endfor
-        for (var d = 0u; d < DK; d++) {
-            let sv = s_tile[d * COLS + c];
+        for (var d0 = 0u; d0 < DK; d0 += DH) {
+            workgroupBarrier();
+            for (var e = tid; e < CH * DH; e += 128u) {
+                let r = e / DH;
+                let dd = e % DH;
+                let src = ((t0 + min(r, len - 1u)) * NV + h) * DK + min(d0 + dd, DK - 1u);
+                tile[r * TILE_ROW + dd] = select(0.0, w_rows[src], d0 + dd < DK);
+            }
+            workgroupBarrier();
+            for (var dd = 0u; dd < DH; dd++) {
+                let sv = s_tile[min(d0 + dd, DK - 1u) * COLS + c];
 #for k in 0..ROWS
-            acc{{k}} += w_rows[w{{k}} + d] * sv;
+                acc{{k}} += tile[(r0 + {{k}}u) * TILE_ROW + dd] * sv;
 #endfor
+            }
         }
 #for k in 0..ROWS
         if (r0 + {{k}}u < len) {
@@ -384,15 +400,25 @@ fn main(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id) wid: v
         }
 #endfor
         workgroupBarrier();
-        // S ← e^{G_L} S + (e^{G_L − G} k)ᵀ V' over this group's rows of the state.
+        // S ← e^{G_L} S + (e^{G_L − G} k)ᵀ V' over this group's rows of the state, the
+        // decayed k staged DH dims at a time.
         let carry = exp(g_last);
-        for (var d = group; d < DK; d += GROUPS) {
-            var sum = 0.0;
-            for (var r = 0u; r < len; r++) {
-                let k = rows[(t0 + r) * p.row_stride + k_base + d];
-                sum += k * g_left[r] * v_tile[r * COLS + c];
+        for (var d0 = 0u; d0 < DK; d0 += DH) {
+            workgroupBarrier();
+            for (var e = tid; e < CH * DH; e += 128u) {
+                let r = e / DH;
+                let dd = e % DH;
+                let src = (t0 + min(r, len - 1u)) * p.row_stride + k_base + min(d0 + dd, DK - 1u);
+                tile[r * TILE_ROW + dd] = select(0.0, rows[src] * g_left[r], r < len && d0 + dd < DK);
             }
-            s_tile[d * COLS + c] = carry * s_tile[d * COLS + c] + sum;
+            workgroupBarrier();
+            for (var d = d0 + group; d < min(d0 + DH, DK); d += GROUPS) {
+                var sum = 0.0;
+                for (var r = 0u; r < len; r++) {
+                    sum += tile[r * TILE_ROW + d - d0] * v_tile[r * COLS + c];
+                }
+                s_tile[d * COLS + c] = carry * s_tile[d * COLS + c] + sum;
+            }
         }
     }
     workgroupBarrier();
@@ -414,34 +440,78 @@ fn main(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id) wid: v
 @group(0) @binding(10) var<storage, read_write> out: array<f32>;
 @group(0) @binding(13) var<storage, read> chunk_states: array<f32>;
 
-// O = (e^G q) S + P V' for one chunk and head, an output column per invocation (the state's
-// column in registers).
-@compute @workgroup_size(64)
+// Dims of q and of the state staged at a time, and a staged q row's stride (padded so that
+// the row groups' rows fall in different banks).
+const DH: u32 = 32u;
+const Q_ROW: u32 = DH + 1u;
+
+var<workgroup> q_tile: array<f32, CH * Q_ROW>;
+var<workgroup> s_tile: array<f32, DH * 32u>;
+var<workgroup> v_tile: array<f32, CH * 32u>;
+
+// O = (e^G q) S + P V' for one chunk and head, 32 output columns at a time: invocation
+// (group, c) takes column c of the block for 16 of the chunk's rows (named accumulators stay
+// in registers); q, the state's columns and V' staged in workgroup memory.
+@compute @workgroup_size(128)
 fn main(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id) wid: vec3<u32>) {
     let h = wid.x;
     let ch = wid.y;
     let t0 = ch * CH;
     let len = min(CH, step.n_tokens - t0);
     let kh = key_head(h);
-    for (var v = tid; v < DV; v += 64u) {
-        var s: array<f32, DK>;
-        for (var d = 0u; d < DK; d++) {
-            s[d] = chunk_states[((ch * NV + h) * DK + d) * DV + v];
-        }
-        for (var r = 0u; r < len; r++) {
-            let t = t0 + r;
-            let q_at = t * p.row_stride + kh * DK;
-            var qs = 0.0;
-            for (var d = 0u; d < DK; d++) {
-                qs += rows[q_at + d] * s[d];
+    let c = tid % 32u;
+    let r0 = (tid / 32u) * 16u;
+    for (var v0 = 0u; v0 < DV; v0 += 32u) {
+        let v = min(v0 + c, DV - 1u);
+#for k in 0..16
+        var acc{{k}} = 0.0;
+#endfor
+        for (var d0 = 0u; d0 < DK; d0 += DH) {
+            workgroupBarrier();
+            for (var e = tid; e < CH * DH; e += 128u) {
+                let r = e / DH;
+                let d = min(d0 + e % DH, DK - 1u);
+                let inside = r < len && d0 + e % DH < DK;
+                let at = (t0 + min(r, len - 1u)) * p.row_stride + kh * DK + d;
+                q_tile[r * Q_ROW + e % DH] = select(0.0, rows[at], inside);
             }
-            var o = exp(decays[t * NV + h]) * qs;
-            let p_at = (t * NV + h) * CH;
-            for (var j = 0u; j <= r; j++) {
-                o += p_rows[p_at + j] * u_rows[((t0 + j) * NV + h) * DV + v];
+            for (var e = tid; e < DH * 32u; e += 128u) {
+                let d = min(d0 + e / 32u, DK - 1u);
+                let col = min(v0 + e % 32u, DV - 1u);
+                s_tile[e] = chunk_states[((ch * NV + h) * DK + d) * DV + col];
             }
-            out[t * NV * DV + h * DV + v] = o;
+            workgroupBarrier();
+            for (var dd = 0u; dd < DH; dd++) {
+                let sv = s_tile[dd * 32u + c];
+#for k in 0..16
+                acc{{k}} += q_tile[(r0 + {{k}}u) * Q_ROW + dd] * sv;
+#endfor
+            }
         }
+        // V' of the block's columns.
+        workgroupBarrier();
+        for (var e = tid; e < CH * 32u; e += 128u) {
+            let r = min(e / 32u, len - 1u);
+            let col = min(v0 + e % 32u, DV - 1u);
+            v_tile[e] = u_rows[((t0 + r) * NV + h) * DV + col];
+        }
+        workgroupBarrier();
+#for k in 0..16
+        {
+            let r = r0 + {{k}}u;
+            if (r < len) {
+                let t = t0 + r;
+                var o = exp(decays[t * NV + h]) * acc{{k}};
+                let p_at = (t * NV + h) * CH;
+                for (var j = 0u; j <= r; j++) {
+                    o += p_rows[p_at + j] * v_tile[j * 32u + c];
+                }
+                if (v0 + c < DV) {
+                    out[t * NV * DV + h * DV + v] = o;
+                }
+            }
+        }
+#endfor
     }
 }
 #endif

@@ -11,13 +11,14 @@
 // Where the layer's input products are stacked into one (every part in one format), z, b and
 // a follow q/k/v in each row; otherwise they come in rows of their own (Params).
 //
-// DELTA: workgroup h runs value head h through the tokens in order; invocation v owns column
-// v of the head's state S (DK × DV, f32). Per token: q and k of key head h / (NV / NK),
+// DELTA: workgroup h runs value head h through the tokens in order; GROUPS invocations share
+// column v of the head's state S (DK × DV, f32), each holding DKQ of its rows. Per token: q and k of key head h / (NV / NK),
 // L2-normalized (and q scaled by 1/√DK); β = sigmoid(b), decay = exp(A · softplus(a + dt_bias))
 // with A = −exp(A_log) < 0; then S ← decay·S, S ← S + k ⊗ β(v − Sᵀk), o = Sᵀq; the output is
 // RMSNorm(o) · w · SiLU(z) over the head's DV values.
 //
-// Defines: CONV (with K), DELTA (with DK, DV, the workgroup size, and NK, NV; TILED: value
+// Defines: CONV (with K), DELTA (with DK, DV, the workgroup size WG, GROUPS, DKQ, and NK, NV;
+// TILED: value
 // head h reads key head h mod NK, GGUF's order, instead of h / (NV / NK)).
 
 struct Params {
@@ -99,11 +100,17 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
 const DK: u32 = {{DK}}u;
 const DV: u32 = {{DV}}u;
 const WG: u32 = {{WG}}u;
+// GROUPS groups of VP invocations: invocation (g, v) holds rows g·DKQ … of state column v.
+const GROUPS: u32 = {{GROUPS}}u;
+const VP: u32 = WG / GROUPS;
+const DKQ: u32 = {{DKQ}}u;
 
 var<workgroup> qs: array<f32, DK>;
 var<workgroup> ks: array<f32, DK>;
 var<workgroup> red_q: array<f32, WG>;
 var<workgroup> red_k: array<f32, WG>;
+// The groups' partial sums over their rows of the state.
+var<workgroup> part: array<f32, WG>;
 
 // Sums `red_q` and `red_k` into their first elements (every invocation calls it alike).
 fn reduce_pair(tid: u32) {
@@ -115,6 +122,15 @@ fn reduce_pair(tid: u32) {
         }
     }
     workgroupBarrier();
+}
+
+// The sum over the groups of `part` for column v (after a barrier).
+fn column_sum(v: u32) -> f32 {
+    var sum = 0.0;
+    for (var g = 0u; g < GROUPS; g++) {
+        sum += part[g * VP + v];
+    }
+    return sum;
 }
 
 // log(1 + eˣ), as torch computes it (linear past 20).
@@ -133,12 +149,18 @@ fn main(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id) wid: v
 #else
     let kh = h / ({{NV}}u / {{NK}}u);
 #endif
-    let v_col = min(tid, DV - 1u);
-    let owns = tid < DV;
-    var s: array<f32, {{DK}}>;
-    for (var i = 0u; i < DK; i++) {
-        s[i] = state[(h * DK + i) * DV + v_col];
+    let v_col = tid % VP;
+    let group = tid / VP;
+    let owns = v_col < DV;
+    let vc = min(v_col, DV - 1u);
+    let d0 = group * DKQ;
+    // This invocation's rows of the state column, in named registers (zero past DK).
+#for k in 0..DKQ
+    var s{{k}} = 0.0;
+    if (d0 + {{k}}u < DK) {
+        s{{k}} = state[(h * DK + d0 + {{k}}u) * DV + vc];
     }
+#endfor
     let q_at = kh * DK;
     let k_at = {{NK}}u * DK + kh * DK;
     let v_at = 2u * {{NK}}u * DK + h * DV;
@@ -160,41 +182,48 @@ fn main(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id) wid: v
         // As transformers' l2norm: x · rsqrt(Σx² + 1e-6); q also by 1/√DK.
         let q_scale = inverseSqrt(red_q[0] + 1e-6) * inverseSqrt(f32(DK));
         let k_scale = inverseSqrt(red_k[0] + 1e-6);
-        // Every invocation has its scales before the sums are reused.
-        workgroupBarrier();
         let z_at = t * p.z_stride + p.z_at;
         let b_at = t * p.gates_stride + p.gates_at;
         let beta = 1.0 / (1.0 + exp(-gate_rows[b_at + h]));
         let a = gate_rows[b_at + {{NV}}u + h];
         let decay = exp(decay_a[h] * softplus(a + dt_bias[h]));
         var kv = 0.0;
-        for (var i = 0u; i < DK; i++) {
-            s[i] *= decay;
-            kv += s[i] * ks[i];
-        }
-        let delta = beta * (rows[row + v_at + v_col] - kv * k_scale);
+#for k in 0..DKQ
+        let key{{k}} = select(0.0, ks[min(d0 + {{k}}u, DK - 1u)] * k_scale, d0 + {{k}}u < DK);
+        s{{k}} *= decay;
+        kv += s{{k}} * key{{k}};
+#endfor
+        part[tid] = kv;
+        workgroupBarrier();
+        let delta = beta * (rows[row + v_at + vc] - column_sum(v_col));
         var o = 0.0;
-        for (var i = 0u; i < DK; i++) {
-            s[i] += ks[i] * k_scale * delta;
-            o += s[i] * qs[i];
-        }
-        o *= q_scale;
+#for k in 0..DKQ
+        s{{k}} += key{{k}} * delta;
+        o += s{{k}} * select(0.0, qs[min(d0 + {{k}}u, DK - 1u)], d0 + {{k}}u < DK);
+#endfor
+        // Every invocation has read the kv partials.
+        workgroupBarrier();
+        part[tid] = o;
+        workgroupBarrier();
+        let o_all = column_sum(v_col) * q_scale;
         // The gated RMSNorm over the head's DV outputs.
-        red_q[tid] = select(0.0, o * o, owns);
+        red_q[tid] = select(0.0, o_all * o_all, owns && group == 0u);
         red_k[tid] = 0.0;
         reduce_pair(tid);
         let inv_rms = inverseSqrt(red_q[0] / f32(DV) + p.eps);
-        if (owns) {
+        if (owns && group == 0u) {
             let gate = z_rows[z_at + h * DV + v_col];
-            out[t * {{NV}}u * DV + h * DV + v_col] = norm_w[v_col] * (o * inv_rms) * silu(gate);
+            out[t * {{NV}}u * DV + h * DV + v_col] = norm_w[v_col] * (o_all * inv_rms) * silu(gate);
         }
-        // qs, ks and the reductions are reused by the next token.
+        // qs, ks, part and the reductions are reused by the next token.
         workgroupBarrier();
     }
     if (owns) {
-        for (var i = 0u; i < DK; i++) {
-            state[(h * DK + i) * DV + v_col] = s[i];
+#for k in 0..DKQ
+        if (d0 + {{k}}u < DK) {
+            state[(h * DK + d0 + {{k}}u) * DV + v_col] = s{{k}};
         }
+#endfor
     }
 }
 #endif
