@@ -297,3 +297,35 @@ fn recurrent_state_is_counted_and_does_not_grow_with_the_context() {
         (short.model.state_bytes(), short.model.cache_bytes())
     );
 }
+
+/// Every generation starts the recurrent states afresh: regenerating an answer after another
+/// prompt (what regenerate and edit do in the chat) reproduces the first answer, through the
+/// chunked prompt form and through prompt steps short enough for the recurrent one.
+#[test]
+fn regenerating_after_another_prompt_reproduces_the_answer() {
+    use backpack_engine::models::GenerateParams;
+    for (chunk, what) in [(512, "chunked"), (5, "recurrent")] {
+        let options = ModelOptions {
+            dtype: WeightDType::F32,
+            prefill_chunk: chunk,
+            ..Default::default()
+        };
+        let path = fixtures().join("models").join("tiny-qwen3-5");
+        let mut m = TextModel::load(&gpu(), &path, &options).expect("load");
+        let params = GenerateParams {
+            max_tokens: 12,
+            ..Default::default()
+        };
+        let long = "the engine ran to the river and back again ".repeat(3);
+        let mut answer = |text: &str| {
+            m.generate(&Prompt::Raw(text.into()), &params, &|| false, |_, _| {})
+                .expect("generate")
+                .tokens
+        };
+        let first = answer(&long);
+        let other = answer("Grüße aus dem Rucksack");
+        let again = answer(&long);
+        assert_eq!(first, again, "{what}");
+        assert_ne!(first, other, "{what}: a different prompt");
+    }
+}
