@@ -78,7 +78,7 @@ const KEEP: u32 = {{K}}u - 1u;
 @group(0) @binding(3) var<storage, read> conv_w: array<f32>;
 // [tokens][in_stride]: the input product's rows, q/k/v first.
 @group(0) @binding(14) var<storage, read> in_rows: array<f32>;
-// [channels][K − 1]: the sequence's last inputs before this step, oldest first.
+// [channels][K]: the sequence's inputs by position (delta_net.wgsl's ring of K slots).
 @group(0) @binding(4) var<storage, read> conv_state: array<f32>;
 // [tokens][channels]: the convolved q/k/v.
 @group(0) @binding(2) var<storage, read_write> rows: array<f32>;
@@ -94,13 +94,14 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     }
     var sum = 0.0;
     for (var j = 0u; j < {{K}}u; j++) {
-        // The input K − 1 − j tokens back: this step's row, or the carried state.
+        // The input K − 1 − j tokens back: this step's row, or the carried state's slot of
+        // that position (delta_net.wgsl's ring of K).
         let back = KEEP - j;
         var x = 0.0;
         if (t >= back) {
             x = in_rows[(t - back) * p.in_stride + c];
         } else {
-            x = conv_state[c * KEEP + KEEP - (back - t)];
+            x = conv_state[c * {{K}}u + (step.pos0 + t + 16u * {{K}}u - back) % {{K}}u];
         }
         sum += conv_w[c * {{K}}u + j] * x;
     }
@@ -112,7 +113,8 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
 @group(0) @binding(4) var<storage, read_write> conv_state: array<f32>;
 @group(0) @binding(14) var<storage, read> in_rows: array<f32>;
 
-// The last K − 1 inputs of the step become the state (the step has at least that many).
+// The step's last K − 1 inputs go to their slots of the ring (the step has at least that
+// many).
 @compute @workgroup_size(64)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     let c = gid.x;
@@ -120,7 +122,8 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
         return;
     }
     for (var j = 0u; j < KEEP; j++) {
-        conv_state[c * KEEP + j] = in_rows[(step.n_tokens - KEEP + j) * p.in_stride + c];
+        let t = step.n_tokens - KEEP + j;
+        conv_state[c * {{K}}u + (step.pos0 + t) % {{K}}u] = in_rows[t * p.in_stride + c];
     }
 }
 #endif

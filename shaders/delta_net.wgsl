@@ -4,9 +4,9 @@
 // projections stacked into one product.
 //
 // CONV: the causal depthwise convolution (K taps, no bias) over the q, k and v channels of
-// the rows, then SiLU, in place. Invocation c walks channel c through the
-// tokens in order, holding the K − 1 inputs before the current one; `conv_state` keeps the
-// last K − 1 inputs for the next step.
+// the rows, then SiLU, in place. Invocation c walks channel c through the tokens in order,
+// holding the K − 1 inputs before the current one; `conv_state` keeps the inputs by position
+// in a ring of K slots.
 //
 // Where the layer's input products are stacked into one (every part in one format), z, b and
 // a follow q/k/v in each row; otherwise they come in rows of their own (Params).
@@ -17,7 +17,10 @@
 // with A = −exp(A_log) < 0; then S ← decay·S, S ← S + k ⊗ β(v − Sᵀk), o = Sᵀq; the output is
 // RMSNorm(o) · w · SiLU(z) over the head's DV values.
 //
-// Defines: CONV (with K), DELTA (with DK, DV, the workgroup size WG, GROUPS, DKQ, and NK, NV;
+// FUSED (a decode step of one token): DELTA convolves its head's q, k and v channels itself,
+// one dispatch a layer.
+//
+// Defines: K; CONV, or DELTA (with DK, DV, the workgroup size WG, GROUPS, DKQ, NK, NV, FUSED;
 // TILED: value
 // head h reads key head h mod NK, GGUF's order, instead of h / (NV / NK)).
 
@@ -43,15 +46,24 @@ fn silu(v: f32) -> f32 {
     return v / (1.0 + exp(-v));
 }
 
+const KEEP: u32 = {{K}}u - 1u;
+
+// The convolution state's slot of the input `back` positions before `pos` (pos − back, which
+// may be before the sequence: its slot then still holds the zero it was cleared to). Slots
+// form a ring of K: a step reads the K − 1 inputs before its first token and writes its own
+// token's slot, never one the step reads, so workgroups sharing a channel need no order.
+fn ring_slot(pos: u32, back: u32) -> u32 {
+    return (pos + 16u * {{K}}u - back) % {{K}}u;
+}
+
 #if CONV
 // [tokens][row_stride], the q/k/v channels convolved in place.
 @group(0) @binding(2) var<storage, read_write> rows: array<f32>;
 // [channels][K]: tap j multiplies the input K − 1 − j tokens back.
 @group(0) @binding(3) var<storage, read> conv_w: array<f32>;
-// [channels][K − 1]: the last inputs of the sequence so far, oldest first.
+// [channels][K]: the sequence's inputs by position, position u in slot u mod K (see
+// `ring_slot`).
 @group(0) @binding(4) var<storage, read_write> conv_state: array<f32>;
-
-const KEEP: u32 = {{K}}u - 1u;
 
 @compute @workgroup_size(64)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
@@ -61,22 +73,22 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     }
     var window: array<f32, {{K}}>;
     for (var j = 0u; j < KEEP; j++) {
-        window[j] = conv_state[c * KEEP + j];
+        window[j] = conv_state[c * {{K}}u + ring_slot(step.pos0, KEEP - j)];
     }
     for (var t = 0u; t < step.n_tokens; t++) {
         let at = t * p.row_stride + c;
-        window[KEEP] = rows[at];
+        let x = rows[at];
+        window[KEEP] = x;
         var sum = 0.0;
         for (var j = 0u; j < {{K}}u; j++) {
             sum += conv_w[c * {{K}}u + j] * window[j];
         }
         rows[at] = silu(sum);
+        // The window is in registers: later tokens never read the slot this overwrites.
+        conv_state[c * {{K}}u + ring_slot(step.pos0 + t + 1u, 1u)] = x;
         for (var j = 0u; j < KEEP; j++) {
             window[j] = window[j + 1u];
         }
-    }
-    for (var j = 0u; j < KEEP; j++) {
-        conv_state[c * KEEP + j] = window[j];
     }
 }
 #endif
@@ -96,6 +108,12 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
 // z ([NV·DV] at z_at) and the gates ([b (NV) | a (NV)] at gates_at) of each token.
 @group(0) @binding(11) var<storage, read> z_rows: array<f32>;
 @group(0) @binding(12) var<storage, read> gate_rows: array<f32>;
+#if FUSED
+// The convolution's weights and state, as CONV reads them: the decode step convolves its own
+// channels (one token).
+@group(0) @binding(3) var<storage, read> conv_w: array<f32>;
+@group(0) @binding(4) var<storage, read_write> conv_state: array<f32>;
+#endif
 
 const DK: u32 = {{DK}}u;
 const DV: u32 = {{DV}}u;
@@ -107,6 +125,10 @@ const DKQ: u32 = {{DKQ}}u;
 
 var<workgroup> qs: array<f32, DK>;
 var<workgroup> ks: array<f32, DK>;
+#if FUSED
+// The token's convolved q, k and v of this head.
+var<workgroup> mixed: array<f32, 2u * DK + DV>;
+#endif
 var<workgroup> red_q: array<f32, WG>;
 var<workgroup> red_k: array<f32, WG>;
 // The groups' partial sums over their rows of the state.
@@ -166,11 +188,45 @@ fn main(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id) wid: v
     let v_at = 2u * {{NK}}u * DK + h * DV;
     for (var t = 0u; t < step.n_tokens; t++) {
         let row = t * p.row_stride;
+#if FUSED
+        // The convolution of this head's q, k and v channels with SiLU (the step is one
+        // token). Each channel's input goes to its ring slot once: q and k by the first
+        // value head reading the key head, v by its own.
+#if TILED
+        let writes_keys = h < {{NK}}u;
+#else
+        let writes_keys = h % ({{NV}}u / {{NK}}u) == 0u;
+#endif
+        for (var i = tid; i < 2u * DK + DV; i += WG) {
+            var c = v_at + i - 2u * DK;
+            if (i < DK) {
+                c = q_at + i;
+            } else if (i < 2u * DK) {
+                c = k_at + i - DK;
+            }
+            let x = rows[row + c];
+            var sum = conv_w[c * {{K}}u + KEEP] * x;
+            for (var j = 0u; j < KEEP; j++) {
+                let slot = ring_slot(step.pos0 + t, KEEP - j);
+                sum += conv_w[c * {{K}}u + j] * conv_state[c * {{K}}u + slot];
+            }
+            mixed[i] = silu(sum);
+            if (i >= 2u * DK || writes_keys) {
+                conv_state[c * {{K}}u + ring_slot(step.pos0 + t + 1u, 1u)] = x;
+            }
+        }
+        workgroupBarrier();
+#endif
         var q2 = 0.0;
         var k2 = 0.0;
         for (var i = tid; i < DK; i += WG) {
+#if FUSED
+            let qv = mixed[i];
+            let kv = mixed[DK + i];
+#else
             let qv = rows[row + q_at + i];
             let kv = rows[row + k_at + i];
+#endif
             qs[i] = qv;
             ks[i] = kv;
             q2 += qv * qv;
@@ -195,7 +251,12 @@ fn main(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id) wid: v
 #endfor
         part[tid] = kv;
         workgroupBarrier();
-        let delta = beta * (rows[row + v_at + vc] - column_sum(v_col));
+#if FUSED
+        let v_in = mixed[2u * DK + vc];
+#else
+        let v_in = rows[row + v_at + vc];
+#endif
+        let delta = beta * (v_in - column_sum(v_col));
         var o = 0.0;
 #for k in 0..DKQ
         s{{k}} += key{{k}} * delta;

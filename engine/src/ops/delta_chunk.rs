@@ -142,6 +142,7 @@ impl ChunkedDelta {
             conv: dispatch(
                 "CONV",
                 &[
+                    (1, &step.buffer),
                     (2, rows),
                     (3, &weights.conv.buffer),
                     (4, &state.conv.buffer),

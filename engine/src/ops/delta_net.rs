@@ -64,10 +64,10 @@ impl DeltaNetShape {
         u64::from(self.value_heads) * u64::from(self.key_dim) * u64::from(self.value_dim)
     }
 
-    /// Values of one layer's convolution state (the last `conv_kernel − 1` inputs of every
-    /// channel).
+    /// Values of one layer's convolution state: every channel's inputs by position in a ring
+    /// of `conv_kernel` slots (the last `conv_kernel − 1` inputs, and the slot a step writes).
     pub fn conv_state_values(&self) -> u64 {
-        u64::from(self.channels()) * u64::from(self.conv_kernel.saturating_sub(1))
+        u64::from(self.channels()) * u64::from(self.conv_kernel)
     }
 
     /// Whether the kernels take this shape; the reason where they do not.
@@ -229,11 +229,13 @@ pub(super) struct Dispatch {
 /// work.
 pub const DELTA_CHUNKED_FROM: u32 = 16;
 
-/// The convolution and the recurrence of one layer: two dispatches a decode step, seven a
-/// chunked prompt step.
+/// The convolution and the recurrence of one layer: one dispatch a decode step, two a short
+/// prompt step, seven a chunked one.
 pub struct DeltaNet {
     conv: Dispatch,
     delta: Dispatch,
+    /// A decoded token's convolution and recurrence in one dispatch.
+    step: Dispatch,
     chunked: ChunkedDelta,
     channels: u32,
     value_heads: u32,
@@ -293,45 +295,52 @@ impl DeltaNet {
         let columns = shape.value_dim.next_power_of_two().max(32);
         let groups = if columns > 128 { 2 } else { 4 };
         let workgroup = columns * groups;
-        let delta_kernel = gpu.kernel(
-            "delta-net rule",
-            SOURCE,
-            "main",
-            &[
-                flag("DELTA", true),
-                flag("TILED", tiled_heads),
-                ("DK", shape.key_dim.to_string()),
-                ("DV", shape.value_dim.to_string()),
-                ("WG", workgroup.to_string()),
-                ("GROUPS", groups.to_string()),
-                ("DKQ", shape.key_dim.div_ceil(groups).to_string()),
-                ("NK", shape.key_heads.to_string()),
-                ("NV", shape.value_heads.to_string()),
-            ],
-        )?;
-        let delta = Dispatch {
-            bind_group: bind(
-                gpu,
-                &delta_kernel,
+        let rule = |fused: bool| -> Result<Dispatch, GpuError> {
+            let kernel = gpu.kernel(
+                "delta-net rule",
+                SOURCE,
+                "main",
                 &[
-                    (0, &params.buffer),
-                    (1, &step.buffer),
-                    (2, &io.rows.buffer),
-                    (5, &weights.decay_a.buffer),
-                    (6, &weights.dt_bias.buffer),
-                    (7, &weights.norm.buffer),
-                    (8, &state.recurrent.buffer),
-                    (9, &io.out.buffer),
-                    (11, &io.z.buffer.buffer),
-                    (12, &io.gates.buffer.buffer),
+                    flag("DELTA", true),
+                    flag("FUSED", fused),
+                    flag("TILED", tiled_heads),
+                    ("K", shape.conv_kernel.to_string()),
+                    ("DK", shape.key_dim.to_string()),
+                    ("DV", shape.value_dim.to_string()),
+                    ("WG", workgroup.to_string()),
+                    ("GROUPS", groups.to_string()),
+                    ("DKQ", shape.key_dim.div_ceil(groups).to_string()),
+                    ("NK", shape.key_heads.to_string()),
+                    ("NV", shape.value_heads.to_string()),
                 ],
-            ),
-            kernel: delta_kernel,
+            )?;
+            let mut entries = vec![
+                (0, &params.buffer),
+                (1, &step.buffer),
+                (2, &io.rows.buffer),
+                (5, &weights.decay_a.buffer),
+                (6, &weights.dt_bias.buffer),
+                (7, &weights.norm.buffer),
+                (8, &state.recurrent.buffer),
+                (9, &io.out.buffer),
+                (11, &io.z.buffer.buffer),
+                (12, &io.gates.buffer.buffer),
+            ];
+            if fused {
+                entries.extend([(3, &weights.conv.buffer), (4, &state.conv.buffer)]);
+            }
+            Ok(Dispatch {
+                bind_group: bind(gpu, &kernel, &entries),
+                kernel,
+            })
         };
+        let delta = rule(false)?;
+        let step_kernel = rule(true)?;
         let chunked = ChunkedDelta::new(gpu, shape, tiled_heads, weights, state, io, step, values)?;
         Ok(Self {
             conv,
             delta,
+            step: step_kernel,
             chunked,
             channels: shape.channels(),
             value_heads: shape.value_heads,
@@ -339,21 +348,23 @@ impl DeltaNet {
         })
     }
 
-    /// Records a decode step's convolution and recurrence, token by token (the step's token
-    /// count is in `step`).
+    /// Records a decode step (one token, as `step` holds): its convolution and recurrence in
+    /// one dispatch.
     pub fn encode(&self, rec: &mut Recorder<'_>) {
-        self.encode_conv(rec);
-        rec.dispatch(&self.delta.kernel, &self.delta.bind_group, self.value_heads);
+        rec.dispatch(&self.step.kernel, &self.step.bind_group, self.value_heads);
     }
 
-    /// Records a prompt step of `n` tokens (the count `step` holds): chunked from
-    /// [`DELTA_CHUNKED_FROM`] tokens on.
+    /// Records a prompt step of `n` tokens (the count `step` holds): one token as a decode
+    /// step, chunked from [`DELTA_CHUNKED_FROM`] tokens on, token by token between.
     pub fn encode_prompt(&self, rec: &mut Recorder<'_>, n: u32) {
-        if n < DELTA_CHUNKED_FROM || n > self.chunked.max_tokens() {
+        if n == 1 {
             self.encode(rec);
-            return;
+        } else if n < DELTA_CHUNKED_FROM || n > self.chunked.max_tokens() {
+            self.encode_conv(rec);
+            rec.dispatch(&self.delta.kernel, &self.delta.bind_group, self.value_heads);
+        } else {
+            self.chunked.encode(rec, n);
         }
-        self.chunked.encode(rec, n);
     }
 
     fn encode_conv(&self, rec: &mut Recorder<'_>) {
