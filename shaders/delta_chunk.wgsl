@@ -393,13 +393,12 @@ fn main(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id) wid: v
             }
         }
 #for k in 0..ROWS
-        if (r0 + {{k}}u < len) {
-            let at = ((t0 + r0 + {{k}}u) * NV + h) * DV + vc;
+        // Columns past DV read nothing another workgroup writes; their V' is never used.
+        if (r0 + {{k}}u < len && owns) {
+            let at = ((t0 + r0 + {{k}}u) * NV + h) * DV + v;
             let fresh = u_rows[at] - acc{{k}};
             v_tile[(r0 + {{k}}u) * COLS + c] = fresh;
-            if (owns) {
-                u_rows[at] = fresh;
-            }
+            u_rows[at] = fresh;
         }
 #endfor
         workgroupBarrier();

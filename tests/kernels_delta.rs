@@ -221,6 +221,13 @@ fn run_with(
         layer.eps,
     )
     .expect("kernels");
+    // Steps this long are meant to test the chunked form: the adapter must take it.
+    if steps.iter().any(|&n| n >= DELTA_CHUNKED_FROM as usize) {
+        assert!(
+            net.prompts_in_chunks(),
+            "the adapter runs no chunked prompts"
+        );
+    }
     let mut got = Vec::new();
     let mut first = 0;
     for &n in steps {

@@ -214,6 +214,16 @@ impl ChunkedDelta {
         })
     }
 
+    /// Whether the adapter takes the chunks' kernels: 256 invocations and the preparation's
+    /// 24.5 KiB of workgroup memory (M, two staged tiles, the decays and gates).
+    pub(super) fn fits(gpu: &Gpu) -> bool {
+        let caps = gpu.caps();
+        let prep_bytes = 4 * (2 * DELTA_CHUNK + DELTA_CHUNK * DELTA_CHUNK + 2 * DELTA_CHUNK * 16);
+        caps.max_workgroup_invocations >= 256
+            && caps.max_workgroup_size_x >= 256
+            && caps.max_workgroup_storage >= prep_bytes
+    }
+
     pub(super) fn max_tokens(&self) -> u32 {
         self.max_tokens
     }

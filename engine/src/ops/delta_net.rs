@@ -98,9 +98,9 @@ impl DeltaNetShape {
                 "linear-attention rows of {width} values are over {MAX_DELTA_ROW}"
             ));
         }
-        if !(1..=16).contains(&self.conv_kernel) {
+        if !(1..=MAX_CONV_KERNEL).contains(&self.conv_kernel) {
             return Err(format!(
-                "a convolution of {} taps is outside 1..=16",
+                "a convolution of {} taps is outside 1..={MAX_CONV_KERNEL}",
                 self.conv_kernel
             ));
         }
@@ -229,6 +229,12 @@ pub(super) struct Dispatch {
 /// work.
 pub const DELTA_CHUNKED_FROM: u32 = 16;
 
+/// The widest convolution a shape may have (`DeltaNetShape::check`).
+const MAX_CONV_KERNEL: u32 = 16;
+
+// A chunked step keeps its last K − 1 inputs as the convolution's state: it must have them.
+const _: () = assert!(DELTA_CHUNKED_FROM > MAX_CONV_KERNEL - 1);
+
 /// The convolution and the recurrence of one layer: one dispatch a decode step, two a short
 /// prompt step, seven a chunked one.
 pub struct DeltaNet {
@@ -236,7 +242,7 @@ pub struct DeltaNet {
     delta: Dispatch,
     /// A decoded token's convolution and recurrence in one dispatch.
     step: Dispatch,
-    chunked: ChunkedDelta,
+    chunked: Option<ChunkedDelta>,
     channels: u32,
     value_heads: u32,
     _params: UniformBuffer,
@@ -293,7 +299,21 @@ impl DeltaNet {
         // (2 for columns over 128 wide, keeping workgroups at 512). On an H200 (9B shape,
         // Q4_K) one invocation a column took 24.7 µs a layer's decode step.
         let columns = shape.value_dim.next_power_of_two().max(32);
-        let groups = if columns > 128 { 2 } else { 4 };
+        let caps = gpu.caps();
+        let largest = caps
+            .max_workgroup_invocations
+            .min(caps.max_workgroup_size_x);
+        if columns > largest {
+            return Err(GpuError::Device(format!(
+                "linear-attention heads {} wide need workgroups of {columns}; the adapter takes {largest}",
+                shape.value_dim
+            )));
+        }
+        // Fewer groups where the adapter's workgroups are smaller.
+        let groups = [4, 2, 1]
+            .into_iter()
+            .find(|&g| (g < 4 || columns <= 128) && columns * g <= largest)
+            .unwrap_or(1);
         let workgroup = columns * groups;
         let rule = |fused: bool| -> Result<Dispatch, GpuError> {
             let kernel = gpu.kernel(
@@ -336,7 +356,21 @@ impl DeltaNet {
         };
         let delta = rule(false)?;
         let step_kernel = rule(true)?;
-        let chunked = ChunkedDelta::new(gpu, shape, tiled_heads, weights, state, io, step, values)?;
+        // Adapters without room for the chunks' workgroups step prompts token by token.
+        let chunked = if ChunkedDelta::fits(gpu) {
+            Some(ChunkedDelta::new(
+                gpu,
+                shape,
+                tiled_heads,
+                weights,
+                state,
+                io,
+                step,
+                values,
+            )?)
+        } else {
+            None
+        };
         Ok(Self {
             conv,
             delta,
@@ -348,6 +382,12 @@ impl DeltaNet {
         })
     }
 
+    /// Whether prompt steps of [`DELTA_CHUNKED_FROM`] tokens or more run in chunks here (the
+    /// adapter has room for the chunks' workgroups).
+    pub fn prompts_in_chunks(&self) -> bool {
+        self.chunked.is_some()
+    }
+
     /// Records a decode step (one token, as `step` holds): its convolution and recurrence in
     /// one dispatch.
     pub fn encode(&self, rec: &mut Recorder<'_>) {
@@ -357,13 +397,17 @@ impl DeltaNet {
     /// Records a prompt step of `n` tokens (the count `step` holds): one token as a decode
     /// step, chunked from [`DELTA_CHUNKED_FROM`] tokens on, token by token between.
     pub fn encode_prompt(&self, rec: &mut Recorder<'_>, n: u32) {
-        if n == 1 {
+        let chunked = self
+            .chunked
+            .as_ref()
+            .filter(|c| n >= DELTA_CHUNKED_FROM && n <= c.max_tokens());
+        if let Some(chunked) = chunked {
+            chunked.encode(rec, n);
+        } else if n == 1 {
             self.encode(rec);
-        } else if n < DELTA_CHUNKED_FROM || n > self.chunked.max_tokens() {
+        } else {
             self.encode_conv(rec);
             rec.dispatch(&self.delta.kernel, &self.delta.bind_group, self.value_heads);
-        } else {
-            self.chunked.encode(rec, n);
         }
     }
 
