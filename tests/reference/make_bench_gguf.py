@@ -12,8 +12,8 @@ Subcommands:
         Writes a GGUF of the shape the HF config describes (`llama` architecture for Llama and
         SmolLM2 configs, `qwen2` with Q/K/V biases for Qwen2 ones, `qwen3moe` and `gpt-oss`
         with their experts as 3-D tensors, routers, and GPT-OSS's sinks and biases, `qwen35`
-        with Gated DeltaNet layers as llama.cpp's converter lays them out) with random
-        weights; mxfp4 (mixture-of-experts shapes only) keeps the experts in MXFP4 and the rest
+        and `qwen35moe` with Gated DeltaNet layers as llama.cpp's converter lays them out) with
+        random weights; mxfp4 (mixture-of-experts shapes only) keeps the experts in MXFP4 and the rest
         in Q8_0.
         Exits with status 3, writing nothing, when the format cannot hold the shape (Q4_K needs
         rows that are a multiple of 256 values; SmolLM2-135M's 576-wide matrices are not).
@@ -78,7 +78,7 @@ FORMATS = {
 
 # GGUF architecture names of the HF model types.
 ARCHES = {"llama": "llama", "qwen2": "qwen2", "qwen3_moe": "qwen3moe", "gpt_oss": "gpt-oss",
-          "qwen3_5_text": "qwen35"}
+          "qwen3_5_text": "qwen35", "qwen3_5_moe_text": "qwen35moe"}
 
 
 def open_text(path, mode):
@@ -262,7 +262,7 @@ def shape_of(cfg):
     return {
         "arch": ARCHES[mt],
         "hidden": hidden,
-        "inter": cfg["intermediate_size"],
+        "inter": cfg.get("intermediate_size") or cfg["moe_intermediate_size"],
         "layers": cfg["num_hidden_layers"],
         "heads": heads,
         "kv_heads": cfg.get("num_key_value_heads", heads),
@@ -275,8 +275,9 @@ def shape_of(cfg):
         "top_k": cfg.get("num_experts_per_tok") or cfg.get("experts_per_token"),
         "expert_inter": cfg.get("moe_intermediate_size") or cfg["intermediate_size"],
         "gpt_oss": mt == "gpt_oss",
-        "qwen35": mt == "qwen3_5_text",
-        "linear": qwen35_linear(cfg) if mt == "qwen3_5_text" else None,
+        "qwen35": mt in ("qwen3_5_text", "qwen3_5_moe_text"),
+        "linear": qwen35_linear(cfg) if mt in ("qwen3_5_text", "qwen3_5_moe_text") else None,
+        "shared_inter": cfg.get("shared_expert_intermediate_size"),
     }
 
 
@@ -341,12 +342,27 @@ def tensor_plan(cfg, sh):
         if sh["qwen35"]:
             plan.append((b + "attn_norm.weight", h, None, "norm"))
             plan += qwen35_layer(b, h, sh, sh["linear"]["layers"][i])
-            plan += [
-                (b + "post_attention_norm.weight", h, None, "norm"),
-                (b + "ffn_gate.weight", sh["inter"], h, "matrix"),
-                (b + "ffn_up.weight", sh["inter"], h, "matrix"),
-                (b + "ffn_down.weight", h, sh["inter"], "matrix"),
-            ]
+            plan.append((b + "post_attention_norm.weight", h, None, "norm"))
+            if sh["experts"]:
+                # Routed experts as 3-D stacks, and the shared expert with its one-row gate
+                # stored as a vector (llama.cpp's converter for qwen35moe).
+                e, w, sw = sh["experts"], sh["expert_inter"], sh["shared_inter"]
+                plan += [
+                    (b + "ffn_gate_inp.weight", e * h, None, "router"),
+                    (b + "ffn_gate_exps.weight", e * w, h, "experts"),
+                    (b + "ffn_up_exps.weight", e * w, h, "experts"),
+                    (b + "ffn_down_exps.weight", e * h, w, "experts"),
+                    (b + "ffn_gate_shexp.weight", sw, h, "matrix"),
+                    (b + "ffn_up_shexp.weight", sw, h, "matrix"),
+                    (b + "ffn_down_shexp.weight", h, sw, "matrix"),
+                    (b + "ffn_gate_inp_shexp.weight", h, None, "bias"),
+                ]
+            else:
+                plan += [
+                    (b + "ffn_gate.weight", sh["inter"], h, "matrix"),
+                    (b + "ffn_up.weight", sh["inter"], h, "matrix"),
+                    (b + "ffn_down.weight", h, sh["inter"], "matrix"),
+                ]
             continue
         plan += [
             (b + "attn_norm.weight", h, None, "norm"),
@@ -489,6 +505,8 @@ def cmd_model(args):
         w.add_uint32(f"{arch}.expert_count", sh["experts"])
         w.add_uint32(f"{arch}.expert_used_count", sh["top_k"])
         w.add_uint32(f"{arch}.expert_feed_forward_length", sh["expert_inter"])
+        if sh["shared_inter"]:
+            w.add_uint32(f"{arch}.expert_shared_feed_forward_length", sh["shared_inter"])
     if sh["gpt_oss"]:
         w.add_uint32(f"{arch}.attention.sliding_window", int(cfg["sliding_window"]))
         rs = cfg.get("rope_scaling") or {}
