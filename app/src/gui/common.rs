@@ -88,7 +88,7 @@ fn sampling_controls(ui: &mut egui::Ui, s: &mut Sampling, context: Option<u32>) 
             ui.checkbox(&mut s.thinking, "Think before answering")
                 .labelled_by(l.id)
                 .on_hover_text(
-                    "Reasoning models with a thinking switch (Qwen3) write their reasoning first, \
+                    "Reasoning models with a thinking switch (Qwen3, Qwen3.5) write their reasoning first, \
                      shown folded; off answers directly",
                 );
             ui.end_row();

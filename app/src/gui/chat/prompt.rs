@@ -50,8 +50,9 @@ pub fn generate_params(s: &Sampling) -> GenerateParams {
             repeat_penalty: s.repeat_penalty,
             seed,
         },
-        // Templates keep their own default unless thinking is turned off.
-        thinking: (!s.thinking).then_some(false),
+        // Said both ways: Qwen3's templates think unless told not to, the small Qwen3.5
+        // models' only when told to.
+        thinking: Some(s.thinking),
         reasoning_effort: s.reasoning_effort,
     }
 }
@@ -117,6 +118,15 @@ pub fn file_stem_for(title: &str) -> String {
 mod tests {
     use super::*;
     use crate::gui::store::{Message, Sampling};
+
+    #[test]
+    fn the_thinking_switch_reaches_the_template_both_ways() {
+        let mut s = Sampling::default();
+        assert!(s.thinking);
+        assert_eq!(generate_params(&s).thinking, Some(true));
+        s.thinking = false;
+        assert_eq!(generate_params(&s).thinking, Some(false));
+    }
 
     #[test]
     fn oldest_turns_are_dropped_until_one_user_message_is_left() {
