@@ -13,7 +13,7 @@
 //   V' = U − W S,  O = (e^G q) S + P V',  S ← e^{G_L} S + (e^{G_L − G} k)ᵀ V'
 // and the output is RMSNorm(O) · w · SiLU(z) per head.
 //
-// CONV convolves every token and channel at once into rows of their own, and CONV_STATE
+// CONV_ALL convolves every token and channel at once into rows of their own, and CONV_STATE
 // keeps the step's last inputs for the next one. QKNORM normalizes q and k in place
 // (workgroup per key head and token). PREP computes W, U,
 // P and G for every chunk at once (workgroup per value head and chunk). WALK carries the state
@@ -22,28 +22,11 @@
 // for the chunk before. OUT computes O for every chunk at once from those, and GNORM applies
 // the gated norm in place.
 //
-// Defines: one of CONV and CONV_STATE (with K), QKNORM, PREP, WALK (with COLS), OUT, GNORM;
-// DK, DV, NK, NV; TILED (value
-// head h reads key head h mod NK, GGUF's order, instead of h / (NV / NK)).
-
-struct Params {
-    // The convolved channels (2·NK·DK + NV·DV) and the length of the rows holding them.
-    channels: u32,
-    row_stride: u32,
-    eps: f32,
-    // Where z and the gates [b | a] are in the rows of `z_rows` and `gate_rows`: the stacked
-    // rows themselves after q/k/v, or rows of their own where their products are apart.
-    z_at: u32,
-    z_stride: u32,
-    gates_at: u32,
-    gates_stride: u32,
-    // The input product's rows (q/k/v first), which CONV reads; `row_stride` is then the
-    // convolved rows' (`channels`).
-    in_stride: u32,
-}
-
-@group(0) @binding(0) var<uniform> p: Params;
-@group(0) @binding(1) var<uniform> step: Step;
+// Appended to delta_net.wgsl, whose Params, step, silu, softplus and convolution ring it uses.
+//
+// Defines: K; one of CONV_ALL, CONV_STATE, QKNORM, PREP, WALK (with COLS and ROWS), OUT,
+// GNORM; DK, DV, NK, NV; TILED (value head h reads key head h mod NK, GGUF's order, instead
+// of h / (NV / NK)).
 
 const CH: u32 = 64u;
 const DK: u32 = {{DK}}u;
@@ -59,21 +42,7 @@ fn key_head(h: u32) -> u32 {
 #endif
 }
 
-fn silu(v: f32) -> f32 {
-    return v / (1.0 + exp(-v));
-}
-
-// log(1 + eˣ), as torch computes it (linear past 20).
-fn softplus(x: f32) -> f32 {
-    if (x > 20.0) {
-        return x;
-    }
-    return log(1.0 + exp(x));
-}
-
-const KEEP: u32 = {{K}}u - 1u;
-
-#if CONV
+#if CONV_ALL
 // [channels][K]: tap j multiplies the input K − 1 − j tokens back.
 @group(0) @binding(3) var<storage, read> conv_w: array<f32>;
 // [tokens][in_stride]: the input product's rows, q/k/v first.
@@ -101,7 +70,7 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
         if (t >= back) {
             x = in_rows[(t - back) * p.in_stride + c];
         } else {
-            x = conv_state[c * {{K}}u + (step.pos0 + t + 16u * {{K}}u - back) % {{K}}u];
+            x = conv_state[c * {{K}}u + ring_slot(step.pos0 + t, back)];
         }
         sum += conv_w[c * {{K}}u + j] * x;
     }
@@ -123,7 +92,7 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     }
     for (var j = 0u; j < KEEP; j++) {
         let t = step.n_tokens - KEEP + j;
-        conv_state[c * {{K}}u + (step.pos0 + t) % {{K}}u] = in_rows[t * p.in_stride + c];
+        conv_state[c * {{K}}u + ring_slot(step.pos0 + t, 0u)] = in_rows[t * p.in_stride + c];
     }
 }
 #endif

@@ -35,7 +35,8 @@ struct Params {
     z_stride: u32,
     gates_at: u32,
     gates_stride: u32,
-    // delta_chunk.wgsl's (the input rows' stride there); unused here.
+    // Where q/k/v are convolved into rows of their own (delta_chunk.wgsl), the input rows'
+    // stride; `row_stride` is then the convolved rows' (`channels`).
     in_stride: u32,
 }
 
@@ -44,6 +45,14 @@ struct Params {
 
 fn silu(v: f32) -> f32 {
     return v / (1.0 + exp(-v));
+}
+
+// log(1 + eˣ), as torch computes it (linear past 20).
+fn softplus(x: f32) -> f32 {
+    if (x > 20.0) {
+        return x;
+    }
+    return log(1.0 + exp(x));
 }
 
 const KEEP: u32 = {{K}}u - 1u;
@@ -153,14 +162,6 @@ fn column_sum(v: u32) -> f32 {
         sum += part[g * VP + v];
     }
     return sum;
-}
-
-// log(1 + eˣ), as torch computes it (linear past 20).
-fn softplus(x: f32) -> f32 {
-    if (x > 20.0) {
-        return x;
-    }
-    return log(1.0 + exp(x));
 }
 
 @compute @workgroup_size(WG)

@@ -1,8 +1,10 @@
 //! Gated DeltaNet over a prompt in chunks (shaders/delta_chunk.wgsl): the chunked gated delta
 //! rule, where only the state's walk through the chunks of 64 tokens runs one chunk after
 //! another; the work inside a chunk, and the outputs from the state each chunk starts from,
-//! are products over its tokens, every chunk at once. Decoding's single tokens keep the recurrent kernel
-//! (delta_net.wgsl); both read and leave the same state.
+//! are products over its tokens, every chunk at once. Decoding's single tokens keep the
+//! recurrent kernel (delta_net.wgsl); both read and leave the same state.
+
+use std::sync::LazyLock;
 
 use super::delta_net::{
     DeltaNetIo, DeltaNetShape, DeltaNetState, DeltaNetWeights, Dispatch, Params,
@@ -10,7 +12,15 @@ use super::delta_net::{
 use super::{bind, flag};
 use crate::gpu::{Gpu, GpuError, Recorder, StorageBuffer, UniformBuffer};
 
-const SOURCE: &str = include_str!("../../../shaders/delta_chunk.wgsl");
+/// delta_chunk.wgsl after delta_net.wgsl, whose parameters, helpers and convolution ring the
+/// chunks share.
+static SOURCE: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        "{}\n{}",
+        include_str!("../../../shaders/delta_net.wgsl"),
+        include_str!("../../../shaders/delta_chunk.wgsl")
+    )
+});
 
 /// Tokens per chunk (`CH` in the shader).
 pub const DELTA_CHUNK: u32 = 64;
@@ -112,7 +122,7 @@ impl ChunkedDelta {
         let kernel = |stage: &'static str| {
             gpu.kernel(
                 "delta-net chunks",
-                SOURCE,
+                &SOURCE,
                 "main",
                 &[
                     flag(stage, true),
@@ -140,7 +150,7 @@ impl ChunkedDelta {
         let rows = &s.mixed.buffer;
         Ok(Self {
             conv: dispatch(
-                "CONV",
+                "CONV_ALL",
                 &[
                     (1, &step.buffer),
                     (2, rows),
