@@ -277,3 +277,77 @@ fn bench_image_reports_each_part() {
         );
     }
 }
+
+/// A Z-Image folder through the same command: guided (with a negative prompt), the image size
+/// taken from diffusers' `latents=` shape, the image as diffusers makes it; a UNet scheduler
+/// is refused by name.
+#[test]
+fn image_runs_z_image_pipelines() {
+    let dir = TempDir::new("cli-zimage");
+    let st = SafeTensors::open_files(&[fixtures().join("goldens/tiny-zimage.safetensors")])
+        .expect("goldens");
+    let meta: serde_json::Value = serde_json::from_slice(
+        &std::fs::read(fixtures().join("goldens/tiny-zimage.json")).expect("meta"),
+    )
+    .expect("json");
+    let case = &meta["cases"][1];
+    assert_eq!(case["name"], "guided_2_steps");
+    let latents = dir.join("latents.safetensors");
+    write_latents(
+        &latents,
+        &[1, 8, 8, 8],
+        &st.get("guided_2_steps.latents").expect("latents").to_f32(),
+    );
+    let model = fixtures().join("models/tiny-zimage");
+    let out_png = dir.join("lighthouse.png");
+    let run = |extra: &[&str]| {
+        let mut args = vec![
+            "image",
+            "--model",
+            model.to_str().expect("path"),
+            "--prompt",
+            case["prompt"].as_str().expect("prompt"),
+            "--negative",
+            case["negative_prompt"].as_str().expect("negative"),
+            "--steps",
+            "2",
+            "--guidance",
+            "2.5",
+            "--init-latents",
+            latents.to_str().expect("path"),
+            "--dtype",
+            "f32",
+            "--out",
+            out_png.to_str().expect("path"),
+            "--json",
+        ];
+        args.extend_from_slice(extra);
+        backpack(&args)
+    };
+    let out = run(&[]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let line = json_lines(&out).pop().expect("a JSON line");
+    assert_eq!(
+        (line["width"].as_u64(), line["height"].as_u64()),
+        (Some(32), Some(32))
+    );
+    let png = read_png(&out_png).expect("png");
+    let want = st.get("guided_2_steps.image").expect("image").to_f32();
+    let mse: f64 = png
+        .rgb
+        .iter()
+        .zip(&want)
+        .map(|(g, w)| (f64::from(*g) / 255.0 - f64::from(*w)).powi(2))
+        .sum::<f64>()
+        / want.len() as f64;
+    let psnr = 10.0 * (1.0 / mse.max(1e-20)).log10();
+    assert!(psnr >= 35.0, "PSNR {psnr:.1} dB against diffusers");
+    let refused = run(&["--scheduler", "lcm"]);
+    assert!(!refused.status.success());
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(stderr.contains("flow-matching Euler"), "{stderr}");
+}

@@ -303,7 +303,9 @@ fn openai_event_streams_decode_whole() {
 fn every_recorded_model_file_is_read() {
     use backpack_engine::load::ChatTemplate;
     use backpack_engine::models::diffusion::config::UnetConfig;
+    use backpack_engine::models::diffusion::scheduler::FlowMatchConfig;
     use backpack_engine::models::diffusion::taesd::TaesdConfig;
+    use backpack_engine::models::diffusion::zimage::ZImageConfig;
     use backpack_engine::models::whisper::{WhisperConfig, WhisperGeneration};
 
     fn walk(dir: &Path, out: &mut Vec<PathBuf>) {
@@ -319,8 +321,15 @@ fn every_recorded_model_file_is_read() {
     let mut files = Vec::new();
     walk(&corpus("models"), &mut files);
     files.sort();
-    // gpt2's first config names neither model_type nor architectures: refused by name.
-    let refused = ["openai-community--gpt2/history/b57efa2/config.json"];
+    // gpt2's first config names neither model_type nor architectures: refused by name. FLUX.2
+    // klein's transformer and VAE are refused as not supported.
+    let refused = [
+        "openai-community--gpt2/history/b57efa2/config.json",
+        "black-forest-labs--FLUX.2-klein-4B/transformer/config.json",
+        "black-forest-labs--FLUX.2-klein-4B/vae/config.json",
+        "black-forest-labs--FLUX.2-klein-base-4B/transformer/config.json",
+        "black-forest-labs--FLUX.2-klein-base-4B/vae/config.json",
+    ];
     let mut read = 0;
     for path in &files {
         let shown = path.display().to_string();
@@ -346,6 +355,12 @@ fn every_recorded_model_file_is_read() {
                     ("AutoencoderTiny", _) => {
                         TaesdConfig::from_json(&v).map(drop).map_err(|x| e(&x))
                     }
+                    ("ZImageTransformer2DModel", _) => {
+                        ZImageConfig::from_json(&v).map(drop).map_err(|x| e(&x))
+                    }
+                    ("Flux2Transformer2DModel" | "AutoencoderKLFlux2", _) => {
+                        Err(format!("{class} is not supported"))
+                    }
                     (_, "whisper") => WhisperConfig::from_file(path).map(drop).map_err(|x| e(&x)),
                     (_, "clip_text_model") => {
                         ClipConfig::from_json(&v).map(drop).map_err(|x| e(&x))
@@ -360,11 +375,20 @@ fn every_recorded_model_file_is_read() {
                     .and_then(|()| WhisperGeneration::from_dir(dir).map(drop))
                     .map_err(|e| e.to_string())
             }
-            "scheduler_config.json" => SchedulerConfig::from_json(&value())
-                .map(|c| {
-                    c.default_kind();
-                })
-                .map_err(|e| e.to_string()),
+            "scheduler_config.json" => {
+                let v = value();
+                if v["_class_name"] == "FlowMatchEulerDiscreteScheduler" {
+                    FlowMatchConfig::from_json(&v)
+                        .map(drop)
+                        .map_err(|e| e.to_string())
+                } else {
+                    SchedulerConfig::from_json(&v)
+                        .map(|c| {
+                            c.default_kind();
+                        })
+                        .map_err(|e| e.to_string())
+                }
+            }
             "tokenizer_config.json" => match value().get("chat_template").and_then(Value::as_str) {
                 Some(source) => ChatTemplate::new(source, "<s>", "</s>")
                     .and_then(|t| {
@@ -688,4 +712,74 @@ fn qwen3_5_configs_as_published() {
         assert_eq!(s.eos_token_ids, [248_044], "{path}");
         assert!(s.moe.is_none());
     }
+}
+
+/// Z-Image and Z-Image-Turbo as Tongyi-MAI publishes them: the transformer, VAE, scheduler and
+/// text-encoder configs describe the 6B single-stream model with Qwen3-4B's hidden states as
+/// captions, and the tokenizer's chat template renders the prompt as the pipeline does
+/// (thinking on: no empty reasoning block).
+#[test]
+fn z_image_configs_as_published() {
+    use backpack_engine::load::ChatTemplate;
+    use backpack_engine::models::diffusion::scheduler::{FlowMatchConfig, linear_sigmas};
+    use backpack_engine::models::diffusion::zimage::ZImageConfig;
+    let json = |path: &str| -> Value {
+        serde_json::from_slice(&std::fs::read(corpus(path)).expect(path)).expect(path)
+    };
+    for (repo, shift) in [("Z-Image-Turbo", 3.0), ("Z-Image", 6.0)] {
+        let dir = format!("models/Tongyi-MAI--{repo}");
+        let t = ZImageConfig::from_json(&json(&format!("{dir}/transformer/config.json")))
+            .expect("transformer");
+        assert_eq!(
+            (t.dim, t.heads, t.layers, t.refiner_layers),
+            (3840, 30, 30, 2)
+        );
+        assert_eq!(
+            (t.head_dim(), t.ffn_hidden(), t.patch_features()),
+            (128, 10240, 64)
+        );
+        assert_eq!(
+            (t.cap_feat_dim, t.axes_dims.clone()),
+            (2560, vec![32, 48, 48])
+        );
+        let vae = VaeConfig::from_json(&json(&format!("{dir}/vae/config.json"))).expect("vae");
+        assert_eq!((vae.latent_channels, vae.downscale()), (16, 8));
+        assert_eq!((vae.scaling_factor, vae.shift_factor), (0.3611, 0.1159));
+        assert!(!vae.quant_conv && !vae.post_quant_conv);
+        let sched =
+            FlowMatchConfig::from_json(&json(&format!("{dir}/scheduler/scheduler_config.json")))
+                .expect("scheduler");
+        assert_eq!((sched.shift, sched.dynamic.is_none()), (shift, true));
+        // Shifted, the schedule still starts at pure noise and ends at the clean image.
+        let sigmas = sched.sigmas(&linear_sigmas(8), 4096);
+        assert_eq!((sigmas[0], sigmas[8], sigmas.len()), (1.0, 0.0, 9));
+    }
+    let encoder = DecoderSpec::from_file(&corpus(
+        "models/Tongyi-MAI--Z-Image-Turbo/text_encoder/config.json",
+    ))
+    .expect("text encoder");
+    assert_eq!((encoder.hidden, encoder.layers), (2560, 36));
+    let tokenizer = json("models/Tongyi-MAI--Z-Image-Turbo/tokenizer/tokenizer_config.json");
+    let template = ChatTemplate::new(
+        tokenizer["chat_template"].as_str().expect("template"),
+        "",
+        "<|im_end|>",
+    )
+    .expect("template");
+    let switches = |thinking| ChatSwitches {
+        thinking: Some(thinking),
+        ..ChatSwitches::default()
+    };
+    let message = [ChatMessage::new("user", "a fox")];
+    let on = template
+        .render(&message, true, switches(true))
+        .expect("render");
+    assert_eq!(
+        on,
+        "<|im_start|>user\na fox<|im_end|>\n<|im_start|>assistant\n"
+    );
+    let off = template
+        .render(&message, true, switches(false))
+        .expect("render");
+    assert_eq!(off, format!("{on}<think>\n\n</think>\n\n"));
 }

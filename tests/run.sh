@@ -26,7 +26,7 @@ cargo test --workspace --locked "$@"
 # features over the packages whose targets are built, so one quick app test (no GPU) rides along:
 # without it the app's dependencies drop out, features change, and half the tree compiles again.
 BACKPACK_SHADER_CHECKS=1 cargo test --workspace --locked \
-  --test kernels --test kernels_speech --test kernels_diffusion --test remote "$@"
+  --test kernels --test kernels_speech --test kernels_diffusion --test kernels_dit --test remote "$@"
 # The package check reuses the test build (dev profile) rather than compiling everything again
 # in release.
 BACKPACK_DEB_PROFILE=dev tests/package.sh

@@ -1,5 +1,6 @@
 //! `backpack bench-image`: speed of an image model's parts at real shapes with random weights
-//! (or real ones): text encoder(s), one UNet step, VAE decode and a whole 1-step image.
+//! (or real ones): text encoder(s), one UNet or transformer step, VAE decode, a whole 1-step
+//! image and a whole image of `--steps` steps.
 
 use std::path::PathBuf;
 
@@ -20,18 +21,22 @@ pub struct BenchImageArgs {
     /// Timed runs per measurement (the median is reported).
     #[arg(long, default_value_t = 5)]
     runs: u32,
-    /// Steps of the run that times the UNet.
+    /// Steps of the run that times the UNet or transformer (and the whole image).
     #[arg(long, default_value_t = 4)]
     steps: u32,
     #[arg(long, value_enum, default_value = "f16")]
     dtype: DTypeArg,
+    /// Block-quantize a Qwen3 text encoder's matrices while loading (Z-Image: q8_0 or q4_k
+    /// to fit a 12–16 GB GPU).
+    #[arg(long, value_enum)]
+    text_quant: Option<super::QuantArg>,
     /// Load the folder's weights instead of random ones.
     #[arg(long)]
     real: bool,
     /// Print one JSON line per size.
     #[arg(long)]
     json: bool,
-    /// Print the GPU time of each kernel of one UNet call and one VAE decode.
+    /// Print the GPU time of each kernel of one UNet (or transformer) call and one VAE decode.
     #[arg(long)]
     profile: bool,
 }
@@ -47,6 +52,7 @@ pub fn run(args: BenchImageArgs, adapter: Option<&str>) -> Result<()> {
         dtype: args.dtype.into(),
         random_weights: !args.real,
         preview_decoder: None,
+        text_quantize: args.text_quant.and_then(super::QuantArg::block_format),
     };
     let mut model = DiffusionModel::load(&gpu, &args.config, &options)
         .with_context(|| format!("loading {}", args.config.display()))?;
@@ -57,6 +63,11 @@ pub fn run(args: BenchImageArgs, adapter: Option<&str>) -> Result<()> {
         info.family,
         info.weight_bytes as f64 / f64::from(1u32 << 20)
     );
+    let denoiser = if info.family == "zimage" {
+        "transformer"
+    } else {
+        "UNet"
+    };
     for &size in &args.sizes {
         let params = |steps: u32| ImageParams {
             prompt: "a lighthouse on a cliff at sunset, oil painting".into(),
@@ -72,7 +83,8 @@ pub fn run(args: BenchImageArgs, adapter: Option<&str>) -> Result<()> {
         };
         // Warm-up: plans, pipelines and first-touch allocations.
         model.generate(&params(1), false, |_| true)?;
-        let (mut text, mut vae, mut whole, mut step) = (vec![], vec![], vec![], vec![]);
+        let (mut text, mut vae, mut whole, mut step, mut total) =
+            (vec![], vec![], vec![], vec![], vec![]);
         for _ in 0..args.runs.max(1) {
             let one = model
                 .generate(&params(1), false, |_| true)?
@@ -84,10 +96,13 @@ pub fn run(args: BenchImageArgs, adapter: Option<&str>) -> Result<()> {
                 .generate(&params(args.steps.max(1)), false, |_| true)?
                 .context("stopped")?;
             step.push(many.timings.ms_per_step);
+            total.push(many.timings.total_ms);
         }
         let (text, step, vae, whole) = (median(text), median(step), median(vae), median(whole));
+        let many = median(total);
         println!(
-            "{size}×{size}: text encoder {text:.1} ms, UNet step {step:.1} ms, VAE decode {vae:.1} ms, 1-step image {whole:.1} ms ({:.0} MiB of activations)",
+            "{size}×{size}: text encoder {text:.1} ms, {denoiser} step {step:.1} ms, VAE decode {vae:.1} ms, 1-step image {whole:.1} ms, {} steps {many:.1} ms ({:.0} MiB of activations)",
+            args.steps.max(1),
             model.activation_bytes() as f64 / f64::from(1u32 << 20)
         );
         if args.profile {
@@ -106,6 +121,9 @@ pub fn run(args: BenchImageArgs, adapter: Option<&str>) -> Result<()> {
                 "size": size,
                 "text_encoder_ms": text,
                 "unet_step_ms": step,
+                "step_ms": step,
+                "steps": args.steps.max(1),
+                "image_ms": many,
                 "vae_decode_ms": vae,
                 "image_1step_ms": whole,
                 "adapter": gpu.info().name,

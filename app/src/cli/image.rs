@@ -45,7 +45,7 @@ pub struct ImageArgs {
     remote: super::remote::RemoteArgs,
     #[arg(long)]
     prompt: String,
-    /// What the image should not show (used when guidance > 1).
+    /// What the image should not show (used when guidance > 1; by Z-Image when above 0).
     #[arg(long, default_value = "")]
     negative: String,
     /// Denoising steps (default: the model's, e.g. 1 for SD-Turbo).
@@ -83,6 +83,10 @@ pub struct ImageArgs {
     /// Storage type of the weights (arithmetic is f32 either way).
     #[arg(long, value_enum, default_value = "f16")]
     dtype: DTypeArg,
+    /// Block-quantize a Qwen3 text encoder's matrices while loading (Z-Image: q8_0 or q4_k
+    /// to fit a 12–16 GB GPU).
+    #[arg(long, value_enum)]
+    text_quant: Option<super::QuantArg>,
     /// Print one JSON line per image: out, seed, steps, width, height, ms_per_step, total_ms.
     #[arg(long)]
     json: bool,
@@ -97,7 +101,7 @@ fn read_latents(path: &Path, downscale: u32) -> Result<(Vec<f32>, u32, u32)> {
         .with_context(|| format!("{}: no tensor named latents", path.display()))?;
     let &[1, _, h, w] = view.shape else {
         bail!(
-            "{}: latents has shape {:?}, expected [1, 4, H/8, W/8]",
+            "{}: latents has shape {:?}, expected [1, channels, height, width]",
             path.display(),
             view.shape
         );
@@ -177,6 +181,7 @@ pub fn run(args: ImageArgs, adapter: Option<&str>) -> Result<()> {
         dtype: args.dtype.into(),
         random_weights: false,
         preview_decoder: None,
+        text_quantize: args.text_quant.and_then(super::QuantArg::block_format),
     };
     let mut model = DiffusionModel::load(&gpu, &model_path, &options)
         .with_context(|| format!("loading {}", model_path.display()))?;
@@ -188,7 +193,16 @@ pub fn run(args: ImageArgs, adapter: Option<&str>) -> Result<()> {
         info.weight_bytes as f64 / f64::from(1u32 << 20),
         started.elapsed().as_secs_f64()
     );
-    let downscale = info.size_step / 8;
+    if info.family == "zimage"
+        && let Some(kind) = args.scheduler.map(SchedulerKind::from)
+        && kind != SchedulerKind::Euler
+    {
+        bail!(
+            "{} steps with flow-matching Euler; --scheduler {kind} is for Stable Diffusion pipelines",
+            info.name
+        );
+    }
+    let downscale = info.latent_downscale;
     let latents = args
         .init_latents
         .as_deref()

@@ -253,6 +253,7 @@ mod tests {
             "qwen3.5-4b",
             "qwen3.5-9b",
             "qwen3.5-35b-a3b",
+            "z-image-turbo",
         ] {
             let e = catalog
                 .entry(id)
@@ -281,6 +282,12 @@ mod tests {
         let mxfp4 = oss.estimate(&oss.variants[0]);
         assert_eq!(mxfp4.largest_tensor, Some(201_088 * 2880 * 2));
         assert!((12 << 30..15 << 30).contains(&mxfp4.weight_bytes));
+        // Z-Image-Turbo: the 6.2 B transformer, Qwen3-4B and the VAE, in bf16; its largest
+        // tensor is the text encoder's embedding.
+        let z = catalog.entry("z-image-turbo").expect("z-image-turbo");
+        let bf16 = z.estimate(&z.variants[0]);
+        assert_eq!(bf16.largest_tensor, Some(151_936 * 2560 * 2));
+        assert!((19 << 30..21 << 30).contains(&bf16.weight_bytes));
         // Qwen3.5-9B: 8 of 32 layers keep a KV cache (4 heads of 256), the 24 Gated
         // DeltaNet layers 32 heads of 128×128 f32 state and a 3-input convolution state each.
         let q9 = catalog.entry("qwen3.5-9b").expect("qwen3.5-9b");

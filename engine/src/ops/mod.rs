@@ -10,6 +10,7 @@ mod delta_chunk;
 mod delta_net;
 mod denoise;
 mod dequant;
+mod dit;
 mod elementwise;
 mod fill;
 mod group_norm;
@@ -40,6 +41,9 @@ pub use delta_net::{
 };
 pub use denoise::{Denoise, DenoiseBuffers, DenoiseParams, Preview, PreviewSource};
 pub use dequant::Dequantize;
+pub use dit::{
+    PatchShape, RowNorm, Slice, fill_rows, gated_add, head_rope, mod_norm, patchify, unpatchify,
+};
 pub use elementwise::{Embed, Glu, GluKind, OutputGate};
 pub use fill::{fill_random, fill_value};
 pub use group_norm::{GroupNorm, GroupNormShape};

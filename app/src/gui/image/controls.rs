@@ -33,12 +33,13 @@ pub(super) fn show(
             let model = shared
                 .image_info()
                 .map(|i| ((i.defaults.width, i.defaults.height), i.size_step));
+            let flow_matching = shared.image_info().is_some_and(|i| i.family == "zimage");
             let busy = panel.job.is_some();
             let settings = &mut shared.store.state.image;
             let before = settings.clone();
             prompts(ui, settings, busy, actions);
             ui.add_space(4.0);
-            setting_grid(ui, settings, model, panel.last_seed);
+            setting_grid(ui, settings, model, flow_matching, panel.last_seed);
             ui.add_space(4.0);
             start_image(panel, ui, settings, actions);
             if *settings != before {
@@ -174,7 +175,11 @@ fn model_status(shared: &Shared, ui: &mut egui::Ui, actions: &mut Vec<Action>) {
                     actions.push(Action::UnloadModel);
                 }
             });
-            let family = if info.family == "sdxl" { "SDXL" } else { "SD" };
+            let family = match info.family {
+                "sdxl" => "SDXL",
+                "zimage" => "Z-Image",
+                _ => "SD",
+            };
             let d = &info.defaults;
             let steps = match d.steps {
                 1 => "1 step".to_owned(),
@@ -216,11 +221,13 @@ fn prompts(ui: &mut egui::Ui, s: &mut ImageSettings, busy: bool, actions: &mut V
 }
 
 /// Size, steps, guidance, scheduler, seed and batch. `model`: the loaded model's default
-/// size and size step.
+/// size and size step; `flow_matching`: the model steps with its own flow-matching Euler
+/// (Z-Image), so there is no scheduler to pick.
 fn setting_grid(
     ui: &mut egui::Ui,
     s: &mut ImageSettings,
     model: Option<((u32, u32), u32)>,
+    flow_matching: bool,
     last_seed: Option<u64>,
 ) {
     egui::Grid::new("image-settings")
@@ -243,7 +250,13 @@ fn setting_grid(
                 );
             ui.end_row();
             let l = ui.label("Scheduler");
-            scheduler_picker(ui, s).labelled_by(l.id);
+            if flow_matching {
+                ui.label("Flow matching (Euler)")
+                    .labelled_by(l.id)
+                    .on_hover_text("This model steps with the scheduler it was trained for");
+            } else {
+                scheduler_picker(ui, s).labelled_by(l.id);
+            }
             ui.end_row();
             let l = ui.label("Seed");
             seed_row(ui, s, last_seed, l.id);

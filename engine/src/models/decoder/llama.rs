@@ -5,7 +5,7 @@
 use super::family::{Family, LayerNames, Projection};
 
 pub(super) const FAMILY: Family = Family {
-    prefixes: &["model."],
+    prefixes: &["model.", ""],
     embedding: "{P}embed_tokens.weight",
     positions: None,
     final_norm: "{P}norm.weight",

@@ -254,6 +254,11 @@ impl DecoderModel {
 
     /// Records the layers for the `n` prompt tokens starting at `pos0`.
     fn encode_prefill_layers(&self, rec: &mut Recorder<'_>, pos0: u32, n: u32) {
+        self.encode_prefill_depth(rec, pos0, n, self.layers.len());
+    }
+
+    /// The embedding and the first `depth` layers over the step's tokens.
+    fn encode_prefill_depth(&self, rec: &mut Recorder<'_>, pos0: u32, n: u32, depth: usize) {
         // A forward pass from the first position starts the recurrent states afresh.
         if pos0 == 0 {
             for l in &self.layers {
@@ -261,7 +266,7 @@ impl DecoderModel {
             }
         }
         self.embed.encode(rec, n);
-        for l in &self.layers {
+        for l in &self.layers[..depth.min(self.layers.len())] {
             l.encode_prompt(rec, pos0, n);
         }
     }
@@ -474,6 +479,38 @@ impl DecoderModel {
             head.encode(&mut rec, n);
             rec.submit();
             out.extend(gpu.read::<f32>(&all.buffer, 0, u64::from(n) * u64::from(vocab))?);
+            pos += n;
+        }
+        self.seq_len = 0;
+        Ok(out)
+    }
+
+    /// The residual stream after the first `depth` layers at every prompt position,
+    /// `[tokens][hidden]`: transformers' `hidden_states[depth]`, what diffusion pipelines take
+    /// as a text encoder's output. Leaves the sequence reset.
+    pub fn hidden_states(&mut self, ids: &[u32], depth: usize) -> Result<Vec<f32>, Error> {
+        self.check_prompt(ids)?;
+        if depth > self.layers.len() {
+            return Err(Error::Invalid(format!(
+                "hidden states after {depth} layers: the model has {}",
+                self.layers.len()
+            )));
+        }
+        self.drain()?;
+        let gpu = self.gpu.clone();
+        gpu.queue()
+            .write_buffer(&self.acts.history.buffer, 0, bytemuck::cast_slice(ids));
+        let total = ids.len() as u32;
+        let hidden = u64::from(self.spec.hidden);
+        let mut out = Vec::with_capacity(ids.len() * self.spec.hidden as usize);
+        let mut pos = 0;
+        while pos < total {
+            let n = (total - pos).min(self.chunk);
+            self.step.write(&gpu, &self.step_params(pos, n, total));
+            let mut rec = Recorder::new(&gpu);
+            self.encode_prefill_depth(&mut rec, pos, n, depth);
+            rec.submit();
+            out.extend(gpu.read::<f32>(&self.acts.x.buffer, 0, u64::from(n) * hidden)?);
             pos += n;
         }
         self.seq_len = 0;

@@ -238,22 +238,7 @@ impl Parts {
         } else {
             (lw, lh)
         };
-        let texture = gpu.device().create_texture(&wgpu::TextureDescriptor {
-            label: Some("image preview"),
-            size: wgpu::Extent3d {
-                width: w,
-                height: h,
-                depth_or_array_layers: 1,
-            },
-            mip_level_count: 1,
-            sample_count: 1,
-            dimension: wgpu::TextureDimension::D2,
-            format: wgpu::TextureFormat::Rgba8Unorm,
-            usage: wgpu::TextureUsages::STORAGE_BINDING
-                | wgpu::TextureUsages::TEXTURE_BINDING
-                | wgpu::TextureUsages::COPY_SRC,
-            view_formats: &[],
-        });
+        let texture = preview_target(gpu, w, h);
         let view = texture.create_view(&wgpu::TextureViewDescriptor::default());
         let (columns, bias) = match self.family {
             Family::Sd => SD_PREVIEW,
@@ -476,6 +461,26 @@ impl Parts {
         }
         Ok(())
     }
+}
+
+/// A texture a preview pass draws into and the Image panel shows.
+pub(super) fn preview_target(gpu: &Gpu, width: u32, height: u32) -> wgpu::Texture {
+    gpu.device().create_texture(&wgpu::TextureDescriptor {
+        label: Some("image preview"),
+        size: wgpu::Extent3d {
+            width,
+            height,
+            depth_or_array_layers: 1,
+        },
+        mip_level_count: 1,
+        sample_count: 1,
+        dimension: wgpu::TextureDimension::D2,
+        format: wgpu::TextureFormat::Rgba8Unorm,
+        usage: wgpu::TextureUsages::STORAGE_BINDING
+            | wgpu::TextureUsages::TEXTURE_BINDING
+            | wgpu::TextureUsages::COPY_SRC,
+        view_formats: &[],
+    })
 }
 
 /// One denoising step: the UNet (twice under guidance, swapping the conditioning in), the

@@ -1,6 +1,7 @@
-//! Image generation with latent diffusion (Stable Diffusion 1.x/2.x, SD-Turbo, SDXL, SDXL-Turbo):
-//! prompt → CLIP tokens → text encoder(s) → UNet denoising loop driven by a scheduler → VAE
-//! decoder → RGB. Activations are channel-last (`[height·width][channels]`) so every layer is a
+//! Image generation with latent diffusion. UNet pipelines (Stable Diffusion 1.x/2.x, SD-Turbo,
+//! SDXL, SDXL-Turbo): prompt → CLIP tokens → text encoder(s) → UNet denoising loop driven by a
+//! scheduler → VAE decoder → RGB. Diffusion-transformer pipelines (`zimage/`): prompt → Qwen3
+//! hidden states → transformer under flow matching → VAE decoder → RGB. Activations are channel-last (`[height·width][channels]`) so every layer is a
 //! matrix product over pixels; weights are stored f16 (or f32), arithmetic is f32.
 
 mod blocks;
@@ -13,12 +14,14 @@ mod graph;
 mod layers;
 mod model;
 mod pipeline;
+mod qwen_text;
 pub mod scheduler;
 pub mod single_file;
 mod stages;
 pub mod taesd;
 mod unet;
 mod vae;
+pub mod zimage;
 
 use std::path::Path;
 

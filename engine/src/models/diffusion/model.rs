@@ -7,6 +7,7 @@ use super::generate::{Generated, ImageParams, SizedPlans, StepInfo};
 use super::pipeline::{Family, Parts};
 use super::scheduler::SchedulerKind;
 use super::taesd::Taesd;
+use super::zimage::{self, ZImage, ZImagePlans};
 use crate::Error;
 use crate::gpu::Gpu;
 use crate::ops::WeightDType;
@@ -18,6 +19,9 @@ pub struct ImageModelOptions {
     pub random_weights: bool,
     /// A TAESD folder for full-size live previews (else a linear latent-to-RGB map).
     pub preview_decoder: Option<PathBuf>,
+    /// Block-quantize a Qwen3 text encoder's matrices while loading (Z-Image), so that it
+    /// and the transformer fit a smaller GPU together.
+    pub text_quantize: Option<crate::load::GgmlType>,
 }
 
 impl Default for ImageModelOptions {
@@ -26,6 +30,7 @@ impl Default for ImageModelOptions {
             dtype: WeightDType::F16,
             random_weights: false,
             preview_decoder: None,
+            text_quantize: None,
         }
     }
 }
@@ -44,29 +49,52 @@ pub struct ImageDefaults {
 pub struct ImageModelInfo {
     pub name: String,
     pub path: PathBuf,
-    /// "sd" (1.x/2.x/Turbo) or "sdxl".
+    /// "sd" (1.x/2.x/Turbo), "sdxl" or "zimage".
     pub family: &'static str,
     pub weight_bytes: u64,
     pub defaults: ImageDefaults,
     /// Image sides must be multiples of this.
     pub size_step: u32,
-    /// How previews are drawn: "taesd", or "linear" (with the reason when a TAESD decoder was
-    /// offered but could not be used).
+    /// The VAE's image-to-latent factor (a latent of `[1][c][h][w]` is a `w·f`×`h·f` image).
+    pub latent_downscale: u32,
+    /// How previews are drawn: "taesd", "linear" (UNet pipelines) or "vae" (the pipeline's
+    /// own decoder on each step's estimate; Z-Image), with the reason when a TAESD decoder was
+    /// offered but could not be used.
     pub preview: String,
+}
+
+/// The networks of one pipeline kind, with the plans for the last image size.
+enum Pipeline {
+    Unet {
+        parts: Box<Parts>,
+        plans: Option<SizedPlans>,
+    },
+    ZImage {
+        pipe: Box<ZImage>,
+        plans: Option<ZImagePlans>,
+    },
 }
 
 pub struct DiffusionModel {
     gpu: Gpu,
-    parts: Parts,
-    plans: Option<SizedPlans>,
+    pipeline: Pipeline,
     info: ImageModelInfo,
+}
+
+/// The `_class_name` of a diffusers folder's `model_index.json`, if it has one.
+fn pipeline_class(path: &Path) -> Option<String> {
+    let index = crate::load::read_json(&path.join("model_index.json")).ok()?;
+    index.get("_class_name")?.as_str().map(str::to_owned)
 }
 
 impl DiffusionModel {
     /// Loads every network's weights onto the GPU, after checking they fit its limits.
     pub fn load(gpu: &Gpu, path: &Path, options: &ImageModelOptions) -> Result<Self, Error> {
+        if path.is_dir() && pipeline_class(path).as_deref() == Some(zimage::PIPELINE_CLASS) {
+            return Self::load_zimage(gpu, path, options);
+        }
         let mut parts = Parts::open(path, options.dtype, options.random_weights)?;
-        check_fit(gpu, &parts)?;
+        check_fit(gpu, parts.weight_bytes())?;
         // A preview decoder that cannot be used leaves the linear previews: it is an extra.
         let preview = match &options.preview_decoder {
             Some(dir) => match Taesd::open(dir) {
@@ -105,14 +133,84 @@ impl DiffusionModel {
                 + parts.text_2.as_ref().map_or(0, |t| t.net.weights.bytes),
             defaults,
             size_step,
+            latent_downscale: parts.downscale(),
             preview,
         };
         Ok(Self {
             gpu: gpu.clone(),
-            parts,
-            plans: None,
+            pipeline: Pipeline::Unet {
+                parts: Box::new(parts),
+                plans: None,
+            },
             info,
         })
+    }
+
+    fn load_zimage(gpu: &Gpu, path: &Path, options: &ImageModelOptions) -> Result<Self, Error> {
+        let mut pipe = ZImage::open(gpu, path, options)?;
+        check_fit(gpu, pipe.weight_bytes())?;
+        let preview = match &options.preview_decoder {
+            Some(dir) => match Taesd::open(dir) {
+                Ok(taesd)
+                    if taesd.config.upscale() == pipe.downscale()
+                        && taesd.config.latent_channels == pipe.transformer.config.in_channels =>
+                {
+                    pipe.taesd = Some(taesd);
+                    "taesd".to_owned()
+                }
+                Ok(_) => format!("vae ({} does not fit this model)", dir.display()),
+                Err(e) => format!("vae ({e})"),
+            },
+            None => "vae".to_owned(),
+        };
+        // The smallest image loads the transformer's and the VAE's weights now, so a missing
+        // or malformed tensor is reported at load time, not at the first image.
+        let mut plans = None;
+        let side = pipe.size_step();
+        pipe.plans_for(gpu, &mut plans, side, side)?;
+        pipe.warm_transformer(gpu, &mut plans)?;
+        drop(plans);
+        gpu.finish_uploads()?;
+        let weight_bytes =
+            pipe.transformer.weights.bytes + pipe.vae.weights.bytes + pipe.text.weight_bytes();
+        // diffusers' pipeline defaults: 50 steps at guidance 5; the distilled Turbo takes 9
+        // steps without guidance (its model card's settings).
+        let (steps, guidance) = if pipe.turbo { (9, 0.0) } else { (50, 5.0) };
+        let info = ImageModelInfo {
+            name: pipe.name.clone(),
+            path: path.to_owned(),
+            family: "zimage",
+            weight_bytes,
+            defaults: ImageDefaults {
+                steps,
+                guidance,
+                scheduler: SchedulerKind::Euler,
+                width: 1024,
+                height: 1024,
+            },
+            size_step: pipe.size_step(),
+            latent_downscale: pipe.downscale(),
+            preview,
+        };
+        Ok(Self {
+            gpu: gpu.clone(),
+            pipeline: Pipeline::ZImage {
+                pipe: Box::new(pipe),
+                plans: None,
+            },
+            info,
+        })
+    }
+
+    /// The UNet pipeline's parts and plans, for what only UNet pipelines do.
+    fn unet(&mut self) -> Result<(&mut Parts, &mut Option<SizedPlans>), Error> {
+        match &mut self.pipeline {
+            Pipeline::Unet { parts, plans } => Ok((parts, plans)),
+            Pipeline::ZImage { .. } => Err(Error::Invalid(format!(
+                "{} is a Z-Image pipeline, without a UNet",
+                self.info.name
+            ))),
+        }
     }
 
     pub fn info(&self) -> &ImageModelInfo {
@@ -134,19 +232,28 @@ impl DiffusionModel {
                 params.width, params.height, self.info.size_step
             )));
         }
-        self.parts
-            .generate(&self.gpu, &mut self.plans, params, preview, on_step)
+        match &mut self.pipeline {
+            Pipeline::Unet { parts, plans } => {
+                parts.generate(&self.gpu, plans, params, preview, on_step)
+            }
+            Pipeline::ZImage { pipe, plans } => {
+                pipe.generate(&self.gpu, plans, params, preview, on_step)
+            }
+        }
     }
 
     /// The texture the previews of the current size are drawn into.
     pub fn preview_texture(&mut self, width: u32, height: u32) -> Result<wgpu::Texture, Error> {
-        self.parts
-            .plans_for(&self.gpu, &mut self.plans, width, height)?;
-        let plans = self
-            .plans
+        let gpu = self.gpu.clone();
+        if let Pipeline::ZImage { pipe, plans } = &mut self.pipeline {
+            return pipe.preview_texture(&gpu, plans, width, height);
+        }
+        let (parts, plans) = self.unet()?;
+        parts.plans_for(&gpu, plans, width, height)?;
+        let plans = plans
             .as_mut()
             .ok_or_else(|| Error::Invalid("no plans".into()))?;
-        self.parts.preview_texture(&self.gpu, plans)
+        parts.preview_texture(&gpu, plans)
     }
 
     /// The UNet's conditioning for `prompt` (see [`Parts::text_conditioning`]).
@@ -155,7 +262,8 @@ impl DiffusionModel {
         prompt: &str,
         size: (u32, u32),
     ) -> Result<(Vec<f32>, Option<Vec<f32>>), Error> {
-        self.parts.text_conditioning(&self.gpu, prompt, size)
+        let gpu = self.gpu.clone();
+        self.unet()?.0.text_conditioning(&gpu, prompt, size)
     }
 
     /// One UNet call on a `[1][c][h][w]` latent (see [`Parts::unet_once`]).
@@ -167,40 +275,84 @@ impl DiffusionModel {
         context: &[f32],
         added: Option<&[f32]>,
     ) -> Result<Vec<f32>, Error> {
-        self.parts
-            .unet_once(&self.gpu, &mut self.plans, latent, hw, t, context, added)
+        let gpu = self.gpu.clone();
+        let (parts, plans) = self.unet()?;
+        parts.unet_once(&gpu, plans, latent, hw, t, context, added)
+    }
+
+    /// Z-Image: the caption features for `prompt`, `[tokens][hidden]`, and the token count.
+    pub fn caption_features(&mut self, prompt: &str) -> Result<(Vec<f32>, u32), Error> {
+        match &mut self.pipeline {
+            Pipeline::ZImage { pipe, .. } => pipe.caption(prompt),
+            Pipeline::Unet { .. } => Err(Error::Invalid(
+                "caption features are a Z-Image pipeline's".into(),
+            )),
+        }
+    }
+
+    /// Z-Image: one transformer call on a `[1][c][h][w]` latent at model time `t` (0 is
+    /// noise) with caption features `[tokens][hidden]`.
+    pub fn transformer_once(
+        &mut self,
+        latent: &[f32],
+        hw: (u32, u32),
+        t: f32,
+        caption: &[f32],
+    ) -> Result<Vec<f32>, Error> {
+        match &mut self.pipeline {
+            Pipeline::ZImage { pipe, plans } => {
+                pipe.transformer_once(&self.gpu, plans, latent, hw, t, caption)
+            }
+            Pipeline::Unet { .. } => Err(Error::Invalid(
+                "this pipeline has a UNet, not a transformer".into(),
+            )),
+        }
     }
 
     /// The VAE decoder on a `[1][c][h][w]` latent: `[1][3][8h][8w]` in −1..1.
     pub fn decode_latents(&mut self, latent: &[f32], hw: (u32, u32)) -> Result<Vec<f32>, Error> {
-        self.parts
-            .decode_latents(&self.gpu, &mut self.plans, latent, hw)
+        match &mut self.pipeline {
+            Pipeline::Unet { parts, plans } => parts.decode_latents(&self.gpu, plans, latent, hw),
+            Pipeline::ZImage { pipe, plans } => pipe.decode_latents(&self.gpu, plans, latent, hw),
+        }
     }
 
     /// The VAE encoder's scaled latent mean for a `[1][3][H][W]` image in −1..1.
     pub fn encode_image(&mut self, image: &[f32], hw: (u32, u32)) -> Result<Vec<f32>, Error> {
-        self.parts
-            .encode_image(&self.gpu, &mut self.plans, image, hw)
+        let gpu = self.gpu.clone();
+        let (parts, plans) = self.unet()?;
+        parts.encode_image(&gpu, plans, image, hw)
     }
 
-    /// GPU time per kernel of one UNet call and one VAE decode at `width`×`height`.
+    /// GPU time per kernel of one UNet (or transformer) call and one VAE decode at
+    /// `width`×`height`.
     pub fn profile(
         &mut self,
         width: u32,
         height: u32,
     ) -> Result<Vec<(&'static str, Vec<crate::gpu::KernelTiming>)>, Error> {
-        self.parts
-            .plans_for(&self.gpu, &mut self.plans, width, height)?;
-        let plans = self
-            .plans
+        let gpu = self.gpu.clone();
+        if let Pipeline::ZImage { pipe, plans } = &mut self.pipeline {
+            pipe.plans_for(&gpu, plans, width, height)?;
+            let plans = plans
+                .as_ref()
+                .ok_or_else(|| Error::Invalid("no plans".into()))?;
+            return pipe.profile(&gpu, plans);
+        }
+        let (parts, plans) = self.unet()?;
+        parts.plans_for(&gpu, plans, width, height)?;
+        let plans = plans
             .as_ref()
             .ok_or_else(|| Error::Invalid("no plans".into()))?;
-        self.parts.profile(&self.gpu, plans)
+        parts.profile(&gpu, plans)
     }
 
     /// Activation bytes of the current size's plans.
     pub fn activation_bytes(&self) -> u64 {
-        self.plans.as_ref().map_or(0, |p| p.activation_bytes)
+        match &self.pipeline {
+            Pipeline::Unet { plans, .. } => plans.as_ref().map_or(0, |p| p.activation_bytes),
+            Pipeline::ZImage { plans, .. } => plans.as_ref().map_or(0, |p| p.activation_bytes),
+        }
     }
 }
 
@@ -234,9 +386,8 @@ fn gib(bytes: u64) -> String {
 /// binding, or (on adapters that share system memory) more than the memory there is.
 /// Discrete GPUs do not report their memory through wgpu; running out there is an allocation
 /// error while loading.
-fn check_fit(gpu: &Gpu, parts: &Parts) -> Result<(), Error> {
+fn check_fit(gpu: &Gpu, (needed, largest): (u64, u64)) -> Result<(), Error> {
     let caps = gpu.caps();
-    let (needed, largest) = parts.weight_bytes();
     let adapter = &gpu.info().name;
     if largest > caps.max_storage_binding {
         return Err(Error::Invalid(format!(

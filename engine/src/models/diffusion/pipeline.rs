@@ -111,7 +111,7 @@ fn component_files(dir: &Path, stem: &str) -> Result<Vec<PathBuf>, Error> {
     .into())
 }
 
-fn open_component(dir: &Path, stem: &str) -> Result<SafeTensors, Error> {
+pub(super) fn open_component(dir: &Path, stem: &str) -> Result<SafeTensors, Error> {
     Ok(SafeTensors::open_files(&component_files(dir, stem)?)?)
 }
 
@@ -168,7 +168,7 @@ impl Parts {
             return Err(invalid(
                 &index_path,
                 format!(
-                    "unsupported pipeline {class:?} (supported: Stable Diffusion 1.x/2.x, SD-Turbo, SDXL, SDXL-Turbo)"
+                    "unsupported pipeline {class:?} (supported: Stable Diffusion 1.x/2.x, SD-Turbo, SDXL, SDXL-Turbo, Z-Image)"
                 ),
             ));
         }
@@ -299,7 +299,7 @@ impl Parts {
     }
 }
 
-fn network<C>(config: C, files: Option<SafeTensors>, seed: u32) -> Network<C> {
+pub(super) fn network<C>(config: C, files: Option<SafeTensors>, seed: u32) -> Network<C> {
     Network {
         config,
         files,
@@ -308,7 +308,7 @@ fn network<C>(config: C, files: Option<SafeTensors>, seed: u32) -> Network<C> {
     }
 }
 
-fn display_name(path: &Path) -> String {
+pub(super) fn display_name(path: &Path) -> String {
     path.file_stem()
         .or_else(|| path.file_name())
         .map(|s| s.to_string_lossy().into_owned())

@@ -2,10 +2,34 @@
 //! per-kernel profile — for parity checks and tools.
 
 use super::generate::{MAX_PROFILED_DISPATCHES, SizedPlans, nchw_to_nhwc, nhwc_to_nchw};
+use super::graph::Plan;
 use super::pipeline::Parts;
 use super::scheduler::timestep_embedding;
 use crate::Error;
 use crate::gpu::{Gpu, Recorder};
+
+/// GPU time per kernel of one run of each plan (timestamp queries).
+pub(super) fn profile_plans(
+    gpu: &Gpu,
+    plans: &[(&'static str, &Plan)],
+) -> Result<Vec<(&'static str, Vec<crate::gpu::KernelTiming>)>, Error> {
+    if !gpu.caps().timestamps {
+        return Err(Error::Invalid("this GPU has no timestamp queries".into()));
+    }
+    let mut out = Vec::new();
+    for &(what, plan) in plans {
+        // Query sets hold at most 4096 timestamps: a larger network's later dispatches go
+        // untimed.
+        let dispatches = (plan.len() as u32 * 4 + 16).min(MAX_PROFILED_DISPATCHES);
+        let mut profiler = crate::gpu::Profiler::new(gpu, dispatches);
+        let mut rec = Recorder::with_profiler(gpu, Some(&mut profiler));
+        plan.encode(&mut rec);
+        rec.submit();
+        gpu.wait()?;
+        out.push((what, profiler.read(gpu)?));
+    }
+    Ok(out)
+}
 
 impl Parts {
     /// GPU time per kernel of one UNet call and one VAE decode at the plans' size.
@@ -14,25 +38,13 @@ impl Parts {
         gpu: &Gpu,
         plans: &SizedPlans,
     ) -> Result<Vec<(&'static str, Vec<crate::gpu::KernelTiming>)>, Error> {
-        if !gpu.caps().timestamps {
-            return Err(Error::Invalid("this GPU has no timestamp queries".into()));
-        }
-        let mut out = Vec::new();
-        for (what, plan) in [
-            ("unet", &plans.unet.plan),
-            ("vae decode", &plans.decoder.plan),
-        ] {
-            // Query sets hold at most 4096 timestamps: a larger network's later dispatches go
-            // untimed.
-            let dispatches = (plan.len() as u32 * 4 + 16).min(MAX_PROFILED_DISPATCHES);
-            let mut profiler = crate::gpu::Profiler::new(gpu, dispatches);
-            let mut rec = Recorder::with_profiler(gpu, Some(&mut profiler));
-            plan.encode(&mut rec);
-            rec.submit();
-            gpu.wait()?;
-            out.push((what, profiler.read(gpu)?));
-        }
-        Ok(out)
+        profile_plans(
+            gpu,
+            &[
+                ("unet", &plans.unet.plan),
+                ("vae decode", &plans.decoder.plan),
+            ],
+        )
     }
 
     /// One UNet call on a `[1][c][h][w]` latent at timestep `t`.

@@ -18,6 +18,7 @@ mod config;
 mod dpm;
 mod embedding;
 mod euler;
+mod flow;
 mod lcm;
 mod noise;
 mod spacing;
@@ -31,6 +32,7 @@ use std::str::FromStr;
 
 pub use config::SchedulerConfig;
 pub use embedding::timestep_embedding;
+pub use flow::{FlowMatchConfig, flow_step, linear_sigmas};
 pub use noise::{gaussian_noise, step_noise};
 
 use crate::Error;

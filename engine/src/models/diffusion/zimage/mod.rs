@@ -1,0 +1,144 @@
+//! Z-Image and Z-Image-Turbo (diffusers' `ZImagePipeline`): prompt → Qwen3's chat template →
+//! the encoder's second-to-last hidden states → a single-stream diffusion transformer driven
+//! by flow-matching Euler steps → the 16-channel Flux VAE → RGB.
+
+mod config;
+mod generate;
+mod rope;
+mod transformer;
+
+use std::path::Path;
+
+use serde_json::Value;
+
+pub use config::ZImageConfig;
+pub use generate::ZImagePlans;
+
+use super::config::VaeConfig;
+use super::model::ImageModelOptions;
+use super::pipeline::{Network, display_name, network, open_component};
+use super::qwen_text::QwenTextEncoder;
+use super::scheduler::FlowMatchConfig;
+use crate::Error;
+use crate::gpu::Gpu;
+use crate::load::{LoadError, read_json};
+use crate::ops::WeightDType;
+
+pub const PIPELINE_CLASS: &str = "ZImagePipeline";
+
+/// A loaded Z-Image pipeline (its plans are built per image size and caption length).
+pub struct ZImage {
+    pub text: QwenTextEncoder,
+    pub transformer: Network<ZImageConfig>,
+    pub vae: Network<VaeConfig>,
+    pub scheduler: FlowMatchConfig,
+    pub dtype: WeightDType,
+    pub name: String,
+    /// Few-step distilled weights (Turbo): no guidance by default.
+    pub turbo: bool,
+    /// A tiny autoencoder for this latent space (taef1), for cheaper live previews.
+    pub taesd: Option<super::taesd::Taesd>,
+}
+
+fn component_config(root: &Path, which: &str, file: &str) -> Result<Value, Error> {
+    Ok(read_json(&root.join(which).join(file))?)
+}
+
+impl ZImage {
+    /// Opens a diffusers folder whose `model_index.json` names `ZImagePipeline`.
+    pub fn open(gpu: &Gpu, root: &Path, options: &ImageModelOptions) -> Result<Self, Error> {
+        let (dtype, random) = (options.dtype, options.random_weights);
+        let named = |what: &str, e: Error| -> Error {
+            Error::Invalid(format!("{}: {what}: {e}", root.display()))
+        };
+        let transformer_config =
+            ZImageConfig::from_json(&component_config(root, "transformer", "config.json")?)
+                .map_err(|e| named("transformer/config.json", e))?;
+        let vae_config = VaeConfig::from_json(&component_config(root, "vae", "config.json")?)
+            .map_err(|e| named("vae/config.json", e))?;
+        let scheduler = FlowMatchConfig::from_json(&component_config(
+            root,
+            "scheduler",
+            "scheduler_config.json",
+        )?)
+        .map_err(|e| named("scheduler/scheduler_config.json", e))?;
+        if vae_config.latent_channels != transformer_config.in_channels {
+            return Err(named(
+                "vae/config.json",
+                Error::Invalid(format!(
+                    "{} latent channels, but the transformer takes {}",
+                    vae_config.latent_channels, transformer_config.in_channels
+                )),
+            ));
+        }
+        let text = QwenTextEncoder::open(gpu, root, dtype, options.text_quantize, random)?;
+        if text.hidden() != transformer_config.cap_feat_dim || text.layers() < 2 {
+            return Err(named(
+                "text_encoder/config.json",
+                Error::Invalid(format!(
+                    "a text encoder of width {} and {} layers, but the transformer takes captions of width {}",
+                    text.hidden(),
+                    text.layers(),
+                    transformer_config.cap_feat_dim
+                )),
+            ));
+        }
+        let files = |which: &str| -> Result<_, Error> {
+            if random {
+                return Ok(None);
+            }
+            let dir = root.join(which);
+            if !dir.is_dir() {
+                return Err(LoadError::Missing { path: dir }.into());
+            }
+            Ok(Some(open_component(&dir, "diffusion_pytorch_model")?))
+        };
+        let name = display_name(root);
+        Ok(Self {
+            text,
+            transformer: network(transformer_config, files("transformer")?, 3),
+            vae: network(vae_config, files("vae")?, 4),
+            scheduler,
+            dtype,
+            turbo: name.to_ascii_lowercase().contains("turbo"),
+            name,
+            taesd: None,
+        })
+    }
+
+    /// The VAE's image-to-latent factor.
+    pub fn downscale(&self) -> u32 {
+        self.vae.config.downscale()
+    }
+
+    /// Image sides must be multiples of this: the VAE's factor times the patch side.
+    pub fn size_step(&self) -> u32 {
+        self.downscale() * self.transformer.config.patch
+    }
+
+    /// Bytes the weights take on the GPU, and the largest tensor's, from the files.
+    pub fn weight_bytes(&self) -> (u64, u64) {
+        let per = self.dtype.bytes();
+        let sizes = [&self.transformer.files, &self.vae.files]
+            .into_iter()
+            .flatten()
+            .flat_map(|st| {
+                st.names()
+                    .filter_map(|n| st.get(n).ok())
+                    .map(|v| v.len() as u64 * per)
+                    .collect::<Vec<_>>()
+            });
+        let (total, largest) =
+            sizes.fold((0, 0), |(total, largest), b| (total + b, largest.max(b)));
+        (total + self.text.weight_bytes(), largest)
+    }
+
+    /// The caption features for `prompt`: the encoder's second-to-last hidden states over the
+    /// chat-templated prompt (thinking on, as the pipeline renders it), `[tokens][hidden]`.
+    pub fn caption(&mut self, prompt: &str) -> Result<(Vec<f32>, u32), Error> {
+        let ids = self.text.tokens(prompt, true)?;
+        let depth = self.text.layers() - 1;
+        let states = self.text.hidden_states(&ids, depth)?;
+        Ok((states, ids.len() as u32))
+    }
+}

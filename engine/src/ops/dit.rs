@@ -1,0 +1,246 @@
+//! Diffusion-transformer plumbing (shaders/dit.wgsl): patch tokens, timestep-modulated norms,
+//! gated residual adds, head norms with RoPE from a table, and padding-token rows.
+
+use bytemuck::{Pod, Zeroable};
+
+use super::flag;
+use super::pass::{KernelSpec, Pass};
+use crate::gpu::{Gpu, GpuError, StorageBuffer};
+
+const SOURCE: &str = include_str!("../../../shaders/dit.wgsl");
+
+/// Mirrors `Params` in dit.wgsl; what `extra`, `offset` and `patch` mean depends on the entry.
+#[repr(C)]
+#[derive(Clone, Copy, Default, Pod, Zeroable)]
+struct Params {
+    rows: u32,
+    cols: u32,
+    extra: u32,
+    eps: f32,
+    offset: u32,
+    side: u32,
+    _pad: [u32; 2],
+}
+
+fn spec<'a>(entry: &'static str, defines: &'a [(&'static str, String)]) -> KernelSpec<'a> {
+    KernelSpec {
+        family: "dit",
+        source: SOURCE,
+        entry,
+        defines,
+    }
+}
+
+/// A latent's shape in patches: `width` pixels wide, `channels` deep, `side`² pixels a patch.
+#[derive(Clone, Copy, Debug)]
+pub struct PatchShape {
+    pub tokens: u32,
+    pub width: u32,
+    pub channels: u32,
+    pub side: u32,
+}
+
+impl PatchShape {
+    fn params(self) -> Params {
+        Params {
+            rows: self.tokens,
+            cols: self.side * self.side * self.channels,
+            extra: self.width,
+            offset: self.channels,
+            side: self.side,
+            ..Default::default()
+        }
+    }
+}
+
+/// Channel-last latent `[h·w][c]` → tokens `[tokens][side²·c]` (patch row, column, channel).
+pub fn patchify(
+    gpu: &Gpu,
+    shape: PatchShape,
+    latent: &StorageBuffer,
+    tokens: &StorageBuffer,
+) -> Result<Pass, GpuError> {
+    let params = shape.params();
+    let grid = Pass::grid_of_64(params.rows * params.cols);
+    Pass::new(
+        gpu,
+        spec("patchify", &[]),
+        &params,
+        &[(1, latent), (3, tokens)],
+        grid,
+    )
+}
+
+/// The inverse of [`patchify`].
+pub fn unpatchify(
+    gpu: &Gpu,
+    shape: PatchShape,
+    tokens: &StorageBuffer,
+    latent: &StorageBuffer,
+) -> Result<Pass, GpuError> {
+    let params = shape.params();
+    let grid = Pass::grid_of_64(params.rows * params.cols);
+    Pass::new(
+        gpu,
+        spec("unpatchify", &[]),
+        &params,
+        &[(1, tokens), (3, latent)],
+        grid,
+    )
+}
+
+/// Rows `first..first + rows` of `y` (`cols` wide) set to `token`.
+pub fn fill_rows(
+    gpu: &Gpu,
+    (first, rows, cols): (u32, u32, u32),
+    token: &StorageBuffer,
+    y: &StorageBuffer,
+) -> Result<Pass, GpuError> {
+    let params = Params {
+        rows,
+        cols,
+        extra: first,
+        ..Default::default()
+    };
+    let grid = Pass::grid_of_64(rows * cols);
+    Pass::new(
+        gpu,
+        spec("fill_rows", &[]),
+        &params,
+        &[(2, token), (3, y)],
+        grid,
+    )
+}
+
+/// Which norm a [`mod_norm`] takes of each row.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RowNorm {
+    /// RMSNorm times a weight vector.
+    Rms,
+    /// LayerNorm without weight or bias.
+    PlainLayer,
+}
+
+/// A vector inside a larger buffer: the timestep modulation's slices.
+#[derive(Clone, Copy)]
+pub struct Slice<'a> {
+    pub buffer: &'a StorageBuffer,
+    pub offset: u32,
+}
+
+fn row_grid(rows: u32) -> [u32; 3] {
+    let [x, y] = crate::gpu::fold_grid(rows);
+    [x, y, 1]
+}
+
+/// `y[r] = norm(x[r]) · (1 + scale)` for `rows` rows of `cols` (no scale: just the norm).
+#[allow(clippy::too_many_arguments)]
+pub fn mod_norm(
+    gpu: &Gpu,
+    (rows, cols): (u32, u32),
+    norm: RowNorm,
+    eps: f32,
+    weight: Option<&StorageBuffer>,
+    scale: Option<Slice<'_>>,
+    x: &StorageBuffer,
+    y: &StorageBuffer,
+) -> Result<Pass, GpuError> {
+    if (norm == RowNorm::Rms) != weight.is_some() {
+        return Err(GpuError::Device(
+            "an RMSNorm takes a weight and a plain LayerNorm none".into(),
+        ));
+    }
+    let defines = [
+        flag("LAYER", norm == RowNorm::PlainLayer),
+        flag("WEIGHT", weight.is_some()),
+        flag("MODULATE", scale.is_some()),
+    ];
+    let params = Params {
+        rows,
+        cols,
+        eps,
+        offset: scale.map_or(0, |s| s.offset),
+        ..Default::default()
+    };
+    let mut buffers = vec![(1, x), (3, y)];
+    if let Some(w) = weight {
+        buffers.push((2, w));
+    }
+    if let Some(s) = scale {
+        buffers.push((4, s.buffer));
+    }
+    Pass::new(
+        gpu,
+        spec("mod_norm", &defines),
+        &params,
+        &buffers,
+        row_grid(rows),
+    )
+}
+
+/// `y[r] += tanh(gate) · RMSNorm(x[r]) · weight` (no gate: a plain add of the normed row).
+#[allow(clippy::too_many_arguments)]
+pub fn gated_add(
+    gpu: &Gpu,
+    (rows, cols): (u32, u32),
+    eps: f32,
+    weight: &StorageBuffer,
+    gate: Option<Slice<'_>>,
+    x: &StorageBuffer,
+    y: &StorageBuffer,
+) -> Result<Pass, GpuError> {
+    let defines = [flag("LAYER", false), flag("MODULATE", gate.is_some())];
+    let params = Params {
+        rows,
+        cols,
+        eps,
+        offset: gate.map_or(0, |s| s.offset),
+        ..Default::default()
+    };
+    let mut buffers = vec![(1, x), (2, weight), (3, y)];
+    if let Some(g) = gate {
+        buffers.push((4, g.buffer));
+    }
+    Pass::new(
+        gpu,
+        spec("gated_add", &defines),
+        &params,
+        &buffers,
+        row_grid(rows),
+    )
+}
+
+/// In place over `tokens` fused QKV rows of `heads` query, key and value heads each: RMSNorm
+/// of every query and key head (`q_weight`, `k_weight`), then RoPE on adjacent pairs with the
+/// angles' `(cos, sin)` from `table` `[tokens][head_dim / 2][2]`.
+#[allow(clippy::too_many_arguments)]
+pub fn head_rope(
+    gpu: &Gpu,
+    (tokens, heads, head_dim): (u32, u32, u32),
+    eps: f32,
+    q_weight: &StorageBuffer,
+    k_weight: &StorageBuffer,
+    table: &StorageBuffer,
+    qkv: &StorageBuffer,
+) -> Result<Pass, GpuError> {
+    if !head_dim.is_multiple_of(2) {
+        return Err(GpuError::Device(format!(
+            "RoPE over heads of {head_dim}: an even size is needed"
+        )));
+    }
+    let params = Params {
+        rows: tokens,
+        cols: 3 * heads * head_dim,
+        extra: head_dim,
+        eps,
+        side: heads,
+        ..Default::default()
+    };
+    Pass::new(
+        gpu,
+        spec("head_rope", &[flag("LAYER", false)]),
+        &params,
+        &[(1, table), (2, q_weight), (3, qkv), (4, k_weight)],
+        [2 * heads, tokens, 1],
+    )
+}

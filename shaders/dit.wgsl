@@ -1,0 +1,185 @@
+// Diffusion-transformer plumbing (Z-Image): latents to patch tokens and back, row norms
+// modulated by the timestep, gated residual adds, RMSNorm and RoPE over attention heads, and
+// rows filled with a learned padding token. Rows are `cols` floats; statistics in f32.
+
+struct Params {
+    rows: u32,
+    cols: u32,
+    // patchify / unpatchify: the latent's width in pixels; fill_rows: the first row filled;
+    // head_rope: the head size.
+    extra: u32,
+    eps: f32,
+    // mod_norm / gated_add: where the modulation vector starts in `m`; patch: channels.
+    offset: u32,
+    // patchify / unpatchify: the patch side; head_rope: query (and key) heads.
+    side: u32,
+    _pad0: u32,
+    _pad1: u32,
+}
+
+@group(0) @binding(0) var<uniform> p: Params;
+@group(0) @binding(1) var<storage, read> x: array<f32>;
+@group(0) @binding(2) var<storage, read> weight: array<f32>;
+@group(0) @binding(3) var<storage, read_write> y: array<f32>;
+@group(0) @binding(4) var<storage, read> m: array<f32>;
+
+fn linear_id(gid: vec3<u32>, nwg: vec3<u32>) -> u32 {
+    return gid.y * nwg.x * 64u + gid.x;
+}
+
+// Where token `t`'s feature `j` (ordered patch row, patch column, channel) sits in a
+// channel-last latent `extra` pixels wide.
+fn latent_index(t: u32, j: u32) -> u32 {
+    let c = p.offset;
+    let side = p.side;
+    let tokens_wide = p.extra / side;
+    let ty = t / tokens_wide;
+    let tx = t % tokens_wide;
+    let ch = j % c;
+    let inner = j / c;
+    let py = inner / side;
+    let px = inner % side;
+    return ((ty * side + py) * p.extra + tx * side + px) * c + ch;
+}
+
+// y[t][j] = x at the latent pixel and channel feature j of token t reads (rows = tokens,
+// cols = patch²·channels).
+@compute @workgroup_size(64)
+fn patchify(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let id = linear_id(gid, nwg);
+    if (id >= p.rows * p.cols) {
+        return;
+    }
+    y[id] = x[latent_index(id / p.cols, id % p.cols)];
+}
+
+// The inverse: token features back to the channel-last latent.
+@compute @workgroup_size(64)
+fn unpatchify(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let id = linear_id(gid, nwg);
+    if (id >= p.rows * p.cols) {
+        return;
+    }
+    y[latent_index(id / p.cols, id % p.cols)] = x[id];
+}
+
+// Rows `extra`.. `extra + rows` of y take the vector `weight` (a padding token).
+@compute @workgroup_size(64)
+fn fill_rows(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let id = linear_id(gid, nwg);
+    if (id >= p.rows * p.cols) {
+        return;
+    }
+    y[p.extra * p.cols + id] = weight[id % p.cols];
+}
+
+var<workgroup> red: array<f32, 256>;
+
+fn total(tid: u32, v: f32) -> f32 {
+    red[tid] = v;
+    workgroupBarrier();
+    for (var s = 128u; s > 0u; s = s >> 1u) {
+        if (tid < s) {
+            red[tid] += red[tid + s];
+        }
+        workgroupBarrier();
+    }
+    let sum = red[0];
+    workgroupBarrier();
+    return sum;
+}
+
+fn row_of(wid: vec3<u32>, nwg: vec3<u32>) -> u32 {
+    return wid.y * nwg.x + wid.x;
+}
+
+// The RMS (or, with LAYER, mean-free) statistics of x's row: (mean, 1/σ).
+fn row_stats(base: u32, tid: u32) -> vec2<f32> {
+#if LAYER
+    var s = 0.0;
+    for (var k = tid; k < p.cols; k += 256u) {
+        s += x[base + k];
+    }
+    let mean = total(tid, s) / f32(p.cols);
+#else
+    let mean = 0.0;
+#endif
+    var sq = 0.0;
+    for (var k = tid; k < p.cols; k += 256u) {
+        let d = x[base + k] - mean;
+        sq += d * d;
+    }
+    return vec2<f32>(mean, inverseSqrt(total(tid, sq) / f32(p.cols) + p.eps));
+}
+
+// y[r] = norm(x[r]) (· weight with WEIGHT) (· (1 + m[offset..]) with MODULATE): RMSNorm, or
+// LayerNorm without affine terms with LAYER. One workgroup per row.
+@compute @workgroup_size(256)
+fn mod_norm(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id) wid: vec3<u32>,
+            @builtin(num_workgroups) nwg: vec3<u32>) {
+    let row = row_of(wid, nwg);
+    if (row >= p.rows) {
+        return;
+    }
+    let base = row * p.cols;
+    let stats = row_stats(base, tid);
+    for (var k = tid; k < p.cols; k += 256u) {
+        var v = (x[base + k] - stats.x) * stats.y;
+#if WEIGHT
+        v *= weight[k];
+#endif
+#if MODULATE
+        v *= 1.0 + m[p.offset + k];
+#endif
+        y[base + k] = v;
+    }
+}
+
+// y[r] += (tanh(m[offset..]) with MODULATE, else 1) · RMSNorm(x[r]) · weight: a branch's
+// output normed and gated into the residual stream. One workgroup per row.
+@compute @workgroup_size(256)
+fn gated_add(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id) wid: vec3<u32>,
+             @builtin(num_workgroups) nwg: vec3<u32>) {
+    let row = row_of(wid, nwg);
+    if (row >= p.rows) {
+        return;
+    }
+    let base = row * p.cols;
+    let stats = row_stats(base, tid);
+    for (var k = tid; k < p.cols; k += 256u) {
+        var v = x[base + k] * stats.y * weight[k];
+#if MODULATE
+        v *= tanh(m[p.offset + k]);
+#endif
+        y[base + k] += v;
+    }
+}
+
+// In place over fused QKV rows (query heads, key heads, value heads, `extra` floats each):
+// RMSNorm of each query head (weight) and key head (m), then each pair (2i, 2i+1) rotated by
+// the token's angle i: x = (cos, sin) pairs, [rows][extra / 2][2]. Workgroup (head, token).
+@compute @workgroup_size(256)
+fn head_rope(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id) wid: vec3<u32>) {
+    let head = wid.x;
+    let t = wid.y;
+    let hd = p.extra;
+    let base = (t * 3u * p.side + head) * hd;
+    var sq = 0.0;
+    for (var k = tid; k < hd; k += 256u) {
+        let v = y[base + k];
+        sq += v * v;
+    }
+    // Every invocation has read its elements before any is rewritten (total synchronises).
+    let inv = inverseSqrt(total(tid, sq) / f32(hd) + p.eps);
+    let is_q = head < p.side;
+    for (var i = tid; i < hd / 2u; i += 256u) {
+        let k = 2u * i;
+        let a = y[base + k] * inv * select(m[k], weight[k], is_q);
+        let b = y[base + k + 1u] * inv * select(m[k + 1u], weight[k + 1u], is_q);
+        let at = (t * (hd / 2u) + i) * 2u;
+        let c = x[at];
+        let s = x[at + 1u];
+        y[base + k] = a * c - b * s;
+        y[base + k + 1u] = a * s + b * c;
+    }
+}

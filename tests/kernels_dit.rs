@@ -1,0 +1,277 @@
+//! The diffusion-transformer kernels (shaders/dit.wgsl) against plain CPU references on random
+//! inputs of awkward sizes: patch tokens both ways, the modulated RMS and plain LayerNorm, the
+//! gated residual add, head RMSNorm with table RoPE, and padding-token rows.
+
+mod common;
+
+use backpack_engine::gpu::{Gpu, Recorder, StorageBuffer};
+use backpack_engine::ops::{
+    Pass, PatchShape, RowNorm, Slice, fill_rows, gated_add, head_rope, mod_norm, patchify,
+    unpatchify,
+};
+use common::{Rng, assert_close, gpu};
+
+fn buf(gpu: &Gpu, data: &[f32]) -> StorageBuffer {
+    gpu.storage_from("test", data).expect("buffer")
+}
+
+fn read(gpu: &Gpu, b: &StorageBuffer, n: usize) -> Vec<f32> {
+    gpu.read(&b.buffer, 0, n as u64).expect("read back")
+}
+
+fn run(gpu: &Gpu, pass: &Pass) {
+    let mut rec = Recorder::new(gpu);
+    pass.encode(&mut rec);
+    rec.submit();
+}
+
+fn close(what: &str, got: &[f32], want: &[f32]) {
+    let scale: Vec<f32> = want.iter().map(|v| v.abs()).collect();
+    assert_close(what, got, want, &scale, 1e-5, 1e-5);
+}
+
+#[test]
+fn patch_tokens_match_cpu_both_ways() {
+    let gpu = gpu();
+    let mut rng = Rng::new(1);
+    for (h, w, c, side) in [(6, 10, 5, 2), (9, 3, 3, 3), (4, 4, 16, 1)] {
+        let latent = rng.vec(h * w * c, 1.0);
+        let tokens = (h / side) * (w / side);
+        let features = side * side * c;
+        // diffusers: view(C, H/p, p, W/p, p).permute(H/p, W/p, p, p, C).
+        let mut want = vec![0.0; tokens * features];
+        for ty in 0..h / side {
+            for tx in 0..w / side {
+                for py in 0..side {
+                    for px in 0..side {
+                        for ch in 0..c {
+                            let t = ty * (w / side) + tx;
+                            let j = (py * side + px) * c + ch;
+                            want[t * features + j] =
+                                latent[((ty * side + py) * w + tx * side + px) * c + ch];
+                        }
+                    }
+                }
+            }
+        }
+        let shape = PatchShape {
+            tokens: tokens as u32,
+            width: w as u32,
+            channels: c as u32,
+            side: side as u32,
+        };
+        let x = buf(&gpu, &latent);
+        let y = buf(&gpu, &vec![0.0; want.len()]);
+        run(&gpu, &patchify(&gpu, shape, &x, &y).expect("patchify"));
+        let got = read(&gpu, &y, want.len());
+        assert_eq!(got, want, "patchify {h}×{w}×{c}, side {side}");
+        let back = buf(&gpu, &vec![0.0; latent.len()]);
+        run(
+            &gpu,
+            &unpatchify(&gpu, shape, &y, &back).expect("unpatchify"),
+        );
+        assert_eq!(read(&gpu, &back, latent.len()), latent, "unpatchify");
+    }
+}
+
+fn row_norm(row: &[f32], layer: bool, eps: f32) -> Vec<f32> {
+    let n = row.len() as f64;
+    let mean = if layer {
+        row.iter().map(|&v| f64::from(v)).sum::<f64>() / n
+    } else {
+        0.0
+    };
+    let var = row
+        .iter()
+        .map(|&v| (f64::from(v) - mean).powi(2))
+        .sum::<f64>()
+        / n;
+    let inv = 1.0 / (var + f64::from(eps)).sqrt();
+    row.iter()
+        .map(|&v| ((f64::from(v) - mean) * inv) as f32)
+        .collect()
+}
+
+#[test]
+fn modulated_norms_match_cpu() {
+    let gpu = gpu();
+    let mut rng = Rng::new(2);
+    for (rows, cols) in [(37, 75), (5, 300), (1, 1)] {
+        let x = rng.vec(rows * cols, 2.0);
+        let weight = rng.vec(cols, 1.0);
+        let offset = 3;
+        let modulation = rng.vec(offset + cols + 2, 0.5);
+        for (norm, with_scale) in [
+            (RowNorm::Rms, true),
+            (RowNorm::Rms, false),
+            (RowNorm::PlainLayer, true),
+        ] {
+            let layer = norm == RowNorm::PlainLayer;
+            let mut want = Vec::with_capacity(x.len());
+            for r in 0..rows {
+                let normed = row_norm(&x[r * cols..(r + 1) * cols], layer, 1e-5);
+                for (k, v) in normed.iter().enumerate() {
+                    let w = if layer { 1.0 } else { weight[k] };
+                    let s = if with_scale {
+                        1.0 + modulation[offset + k]
+                    } else {
+                        1.0
+                    };
+                    want.push(v * w * s);
+                }
+            }
+            let (xb, wb, mb) = (buf(&gpu, &x), buf(&gpu, &weight), buf(&gpu, &modulation));
+            let y = buf(&gpu, &vec![0.0; x.len()]);
+            let pass = mod_norm(
+                &gpu,
+                (rows as u32, cols as u32),
+                norm,
+                1e-5,
+                (!layer).then_some(&wb),
+                with_scale.then_some(Slice {
+                    buffer: &mb,
+                    offset: offset as u32,
+                }),
+                &xb,
+                &y,
+            )
+            .expect("mod_norm");
+            run(&gpu, &pass);
+            close(
+                &format!("{norm:?} {rows}×{cols}, scale {with_scale}"),
+                &read(&gpu, &y, x.len()),
+                &want,
+            );
+        }
+    }
+}
+
+#[test]
+fn gated_residual_add_matches_cpu() {
+    let gpu = gpu();
+    let mut rng = Rng::new(3);
+    for (rows, cols) in [(19, 130), (3, 257)] {
+        let branch = rng.vec(rows * cols, 3.0);
+        let residual = rng.vec(rows * cols, 1.0);
+        let weight = rng.vec(cols, 1.0);
+        let gate = rng.vec(2 * cols, 2.0);
+        for gated in [true, false] {
+            let mut want = residual.clone();
+            for r in 0..rows {
+                let normed = row_norm(&branch[r * cols..(r + 1) * cols], false, 1e-6);
+                for k in 0..cols {
+                    let g = if gated { gate[cols + k].tanh() } else { 1.0 };
+                    want[r * cols + k] += g * normed[k] * weight[k];
+                }
+            }
+            let (xb, wb, gb) = (buf(&gpu, &branch), buf(&gpu, &weight), buf(&gpu, &gate));
+            let y = buf(&gpu, &residual);
+            let pass = gated_add(
+                &gpu,
+                (rows as u32, cols as u32),
+                1e-6,
+                &wb,
+                gated.then_some(Slice {
+                    buffer: &gb,
+                    offset: cols as u32,
+                }),
+                &xb,
+                &y,
+            )
+            .expect("gated_add");
+            run(&gpu, &pass);
+            close(
+                &format!("gated add {rows}×{cols}, gate {gated}"),
+                &read(&gpu, &y, residual.len()),
+                &want,
+            );
+        }
+    }
+}
+
+#[test]
+fn head_norm_and_table_rope_match_cpu() {
+    let gpu = gpu();
+    let mut rng = Rng::new(4);
+    for (tokens, heads, head_dim) in [(7, 3, 10), (33, 2, 64), (2, 1, 2)] {
+        let row = 3 * heads * head_dim;
+        let qkv = rng.vec(tokens * row, 2.0);
+        let q_weight = rng.vec(head_dim, 1.0);
+        let k_weight = rng.vec(head_dim, 1.0);
+        let angles = rng.vec(tokens * head_dim / 2, 6.0);
+        let table: Vec<f32> = angles.iter().flat_map(|a| [a.cos(), a.sin()]).collect();
+        let mut want = qkv.clone();
+        for t in 0..tokens {
+            for h in 0..2 * heads {
+                let base = t * row + h * head_dim;
+                let weight = if h < heads { &q_weight } else { &k_weight };
+                let normed = row_norm(&qkv[base..base + head_dim], false, 1e-5);
+                for i in 0..head_dim / 2 {
+                    let a = normed[2 * i] * weight[2 * i];
+                    let b = normed[2 * i + 1] * weight[2 * i + 1];
+                    let (c, s) = (
+                        table[(t * head_dim / 2 + i) * 2],
+                        table[(t * head_dim / 2 + i) * 2 + 1],
+                    );
+                    want[base + 2 * i] = a * c - b * s;
+                    want[base + 2 * i + 1] = a * s + b * c;
+                }
+            }
+        }
+        let (qw, kw, tb) = (
+            buf(&gpu, &q_weight),
+            buf(&gpu, &k_weight),
+            buf(&gpu, &table),
+        );
+        let y = buf(&gpu, &qkv);
+        let pass = head_rope(
+            &gpu,
+            (tokens as u32, heads as u32, head_dim as u32),
+            1e-5,
+            &qw,
+            &kw,
+            &tb,
+            &y,
+        )
+        .expect("head_rope");
+        run(&gpu, &pass);
+        close(
+            &format!("head rope {tokens} tokens, {heads} heads of {head_dim}"),
+            &read(&gpu, &y, qkv.len()),
+            &want,
+        );
+    }
+    let odd = head_rope(
+        &gpu,
+        (1, 1, 3),
+        1e-5,
+        &buf(&gpu, &[1.0; 3]),
+        &buf(&gpu, &[1.0; 3]),
+        &buf(&gpu, &[1.0; 4]),
+        &buf(&gpu, &[0.0; 9]),
+    );
+    assert!(odd.is_err(), "odd head sizes are refused");
+}
+
+#[test]
+fn padding_rows_take_the_token() {
+    let gpu = gpu();
+    let mut rng = Rng::new(5);
+    let (rows, cols, first) = (11, 13, 4);
+    let x = rng.vec(rows * cols, 1.0);
+    let token = rng.vec(cols, 1.0);
+    let y = buf(&gpu, &x);
+    let pass = fill_rows(
+        &gpu,
+        (first as u32, (rows - first) as u32, cols as u32),
+        &buf(&gpu, &token),
+        &y,
+    )
+    .expect("fill");
+    run(&gpu, &pass);
+    let mut want = x.clone();
+    for r in first..rows {
+        want[r * cols..(r + 1) * cols].copy_from_slice(&token);
+    }
+    assert_eq!(read(&gpu, &y, x.len()), want);
+}

@@ -1,0 +1,308 @@
+//! Z-Image against diffusers on a tiny random pipeline with our own shapes (model and goldens
+//! from tests/reference/make_tiny_zimage.py): the chat-templated prompt's token ids and caption
+//! features, one transformer call at two times, the 16-channel-style VAE decoder, whole images
+//! from given latents with and without guidance, the flow-matching sigma tables of the
+//! published scheduler configs (static and dynamic shift), and bad input.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+
+use backpack_engine::load::SafeTensors;
+use backpack_engine::models::diffusion::scheduler::{FlowMatchConfig, linear_sigmas};
+use backpack_engine::models::diffusion::{
+    DiffusionModel, ImageModelOptions, ImageParams, SchedulerKind,
+};
+use backpack_engine::ops::WeightDType;
+use common::{assert_close, gpu};
+use serde_json::Value;
+
+fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+fn meta() -> Value {
+    let text = std::fs::read_to_string(root().join("tests/fixtures/goldens/tiny-zimage.json"))
+        .expect("tiny-zimage.json");
+    serde_json::from_str(&text).expect("json")
+}
+
+fn golden(name: &str) -> Vec<f32> {
+    let path = root().join("tests/fixtures/goldens/tiny-zimage.safetensors");
+    let st = SafeTensors::open_files(&[path]).expect("goldens");
+    st.get(name)
+        .unwrap_or_else(|e| panic!("{name}: {e}"))
+        .to_f32()
+}
+
+fn model(dtype: WeightDType) -> DiffusionModel {
+    let options = ImageModelOptions {
+        dtype,
+        ..Default::default()
+    };
+    let path = root().join("tests/fixtures/models/tiny-zimage");
+    DiffusionModel::load(&gpu(), &path, &options).unwrap_or_else(|e| panic!("tiny-zimage: {e}"))
+}
+
+fn close(what: &str, got: &[f32], want: &[f32], tol: f32) {
+    let scale: Vec<f32> = want.iter().map(|v| v.abs()).collect();
+    assert_close(what, got, want, &scale, tol, tol);
+}
+
+fn psnr(a: &[f32], b: &[f32]) -> f64 {
+    assert_eq!(a.len(), b.len());
+    let mse = a
+        .iter()
+        .zip(b)
+        .map(|(x, y)| (f64::from(*x) - f64::from(*y)).powi(2))
+        .sum::<f64>()
+        / a.len() as f64;
+    10.0 * (1.0 / mse.max(1e-20)).log10()
+}
+
+#[test]
+fn stages_match_diffusers() {
+    let mut m = model(WeightDType::F32);
+    let info = m.info().clone();
+    assert_eq!(info.family, "zimage");
+    assert_eq!(info.size_step, 8);
+    let meta = meta();
+    let prompt = meta["caption"]["prompt"].as_str().expect("prompt");
+    let (caption, tokens) = m.caption_features(prompt).expect("caption");
+    let ids = golden("prompt.ids");
+    assert_eq!(
+        tokens as usize,
+        ids.len(),
+        "the templated prompt's token count"
+    );
+    close("caption features", &caption, &golden("caption"), 1e-4);
+
+    let latents = golden("transformer.latents");
+    for (label, t) in meta["transformer"]["times"].as_object().expect("times") {
+        let t = t.as_f64().expect("time") as f32;
+        let out = m
+            .transformer_once(&latents, (8, 12), t, &caption)
+            .expect("transformer");
+        close(
+            &format!("transformer at {t}"),
+            &out,
+            &golden(&format!("transformer.out.{label}")),
+            2e-4,
+        );
+    }
+    let image = m
+        .decode_latents(&golden("vae.latents"), (6, 10))
+        .expect("decode");
+    close("vae decode", &image, &golden("vae.image"), 2e-4);
+}
+
+fn case_params(case: &Value, latents: Vec<f32>) -> ImageParams {
+    let text = |key: &str| case[key].as_str().unwrap_or_default().to_owned();
+    let number = |key: &str| case[key].as_f64().unwrap_or_else(|| panic!("{key}"));
+    ImageParams {
+        prompt: text("prompt"),
+        negative: text("negative_prompt"),
+        steps: number("steps") as u32,
+        guidance: number("guidance") as f32,
+        seed: 0,
+        width: number("width") as u32,
+        height: number("height") as u32,
+        scheduler: SchedulerKind::Euler,
+        init_image: None,
+        init_latents: Some(latents),
+    }
+}
+
+fn check_images(dtype: WeightDType, floor_db: f64) {
+    let mut m = model(dtype);
+    for case in meta()["cases"].as_array().expect("cases") {
+        let name = case["name"].as_str().expect("name");
+        let params = case_params(case, golden(&format!("{name}.latents")));
+        let mut steps = 0;
+        let image = m
+            .generate(&params, false, |_| {
+                steps += 1;
+                true
+            })
+            .expect("generate")
+            .expect("not cancelled");
+        assert_eq!(steps, params.steps, "{name}: steps reported");
+        assert_eq!((image.width, image.height), (params.width, params.height));
+        let got: Vec<f32> = image.rgb.iter().map(|v| f32::from(*v) / 255.0).collect();
+        let want = golden(&format!("{name}.image"));
+        let db = psnr(&got, &want);
+        assert!(db >= floor_db, "{name} ({dtype:?}): {db:.1} dB");
+    }
+}
+
+#[test]
+fn images_match_diffusers_in_f32() {
+    check_images(WeightDType::F32, 35.0);
+}
+
+#[test]
+fn images_match_diffusers_in_f16() {
+    check_images(WeightDType::F16, 35.0);
+}
+
+/// The sigma tables of the published scheduler configs (Z-Image-Turbo's shift 3, Z-Image's
+/// shift 6, FLUX.2 klein's dynamic exponential shift) at several step and token counts.
+#[test]
+fn sigma_tables_match_diffusers() {
+    let meta = meta();
+    let tables = &meta["schedulers"];
+    for case in tables["cases"].as_array().expect("cases") {
+        let label = case["scheduler"].as_str().expect("scheduler");
+        let config = FlowMatchConfig::from_json(&tables["configs"][label]).expect("config");
+        let steps = case["steps"].as_u64().expect("steps") as u32;
+        let tokens = case["tokens"].as_u64().expect("tokens") as u32;
+        let want: Vec<f32> = case["sigmas"]
+            .as_array()
+            .expect("sigmas")
+            .iter()
+            .map(|v| v.as_f64().expect("sigma") as f32)
+            .collect();
+        let got = config.sigmas(&linear_sigmas(steps), tokens);
+        let scale = vec![1.0; want.len()];
+        assert_close(
+            &format!("{label}, {steps} steps, {tokens} tokens"),
+            &got,
+            &want,
+            &scale,
+            2e-6,
+            0.0,
+        );
+    }
+}
+
+#[test]
+fn bad_requests_are_refused_with_reasons() {
+    let mut m = model(WeightDType::F32);
+    let mut params = case_params(&meta()["cases"][0], vec![0.0; 3]);
+    let err = m
+        .generate(&params, false, |_| true)
+        .expect_err("wrong latent size")
+        .to_string();
+    assert!(err.contains("[1, 8, 8, 12]"), "{err}");
+    params.init_latents = None;
+    params.width = 36;
+    let err = m
+        .generate(&params, false, |_| true)
+        .expect_err("odd size")
+        .to_string();
+    assert!(err.contains("multiples of 8"), "{err}");
+    params.width = 48;
+    let mut seen = 0;
+    let stopped = m
+        .generate(&params, false, |_| {
+            seen += 1;
+            false
+        })
+        .expect("cancel");
+    assert!(
+        stopped.is_none() && seen == 1,
+        "a cancelled image stops at once"
+    );
+    let err = m
+        .unet_once(&[0.0; 4], (1, 1), 1.0, &[], None)
+        .expect_err("no unet")
+        .to_string();
+    assert!(err.contains("Z-Image"), "{err}");
+}
+
+/// `texture`'s RGBA bytes, row by row.
+fn texture_rgba(texture: &wgpu::Texture) -> Vec<u8> {
+    let g = gpu();
+    let (w, h) = (texture.width(), texture.height());
+    let row = (w * 4).div_ceil(256) * 256;
+    let staging = g.device().create_buffer(&wgpu::BufferDescriptor {
+        label: Some("preview readback"),
+        size: u64::from(row * h),
+        usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+        mapped_at_creation: false,
+    });
+    let mut encoder = g.device().create_command_encoder(&Default::default());
+    encoder.copy_texture_to_buffer(
+        texture.as_image_copy(),
+        wgpu::TexelCopyBufferInfo {
+            buffer: &staging,
+            layout: wgpu::TexelCopyBufferLayout {
+                offset: 0,
+                bytes_per_row: Some(row),
+                rows_per_image: None,
+            },
+        },
+        texture.size(),
+    );
+    g.queue().submit([encoder.finish()]);
+    let bytes: Vec<u8> = g.map_read(&staging, u64::from(row * h)).expect("map");
+    bytes
+        .chunks(row as usize)
+        .flat_map(|r| r[..(w * 4) as usize].to_vec())
+        .collect()
+}
+
+/// Without a tiny decoder the VAE draws each step's clean estimate, so after the last step
+/// the preview is the image itself.
+#[test]
+fn previews_show_each_steps_estimate() {
+    let mut m = model(WeightDType::F32);
+    assert_eq!(m.info().preview, "vae");
+    let case = &meta()["cases"][0];
+    let name = case["name"].as_str().expect("name");
+    let params = case_params(case, golden(&format!("{name}.latents")));
+    let texture = m
+        .preview_texture(params.width, params.height)
+        .expect("texture");
+    assert_eq!((texture.width(), texture.height()), (48, 32));
+    let mut drawn = Vec::new();
+    let image = m
+        .generate(&params, true, |_| {
+            drawn.push(texture_rgba(&texture));
+            true
+        })
+        .expect("generate")
+        .expect("image");
+    assert_eq!(drawn.len(), params.steps as usize);
+    assert_ne!(drawn[0], drawn[1], "each step draws its own estimate");
+    let last: Vec<u8> = drawn[1].chunks(4).flat_map(|p| p[..3].to_vec()).collect();
+    let worst = last
+        .iter()
+        .zip(&image.rgb)
+        .map(|(a, b)| a.abs_diff(*b))
+        .max();
+    assert!(
+        worst <= Some(1),
+        "the last preview is the image: off by {worst:?}"
+    );
+}
+
+/// The text encoder block-quantized on load still gives the pipeline's caption features.
+#[test]
+fn a_quantized_text_encoder_keeps_the_captions() {
+    let options = ImageModelOptions {
+        dtype: WeightDType::F32,
+        text_quantize: Some(backpack_engine::load::GgmlType::Q8_0),
+        ..Default::default()
+    };
+    let path = root().join("tests/fixtures/models/tiny-zimage");
+    let mut m = DiffusionModel::load(&gpu(), &path, &options).expect("load");
+    let prompt = meta()["caption"]["prompt"]
+        .as_str()
+        .expect("prompt")
+        .to_owned();
+    let (caption, _) = m.caption_features(&prompt).expect("caption");
+    let want = golden("caption");
+    let dot: f64 = caption
+        .iter()
+        .zip(&want)
+        .map(|(a, b)| f64::from(a * b))
+        .sum();
+    let norm = |v: &[f32]| v.iter().map(|x| f64::from(x * x)).sum::<f64>().sqrt();
+    let cosine = dot / (norm(&caption) * norm(&want));
+    assert!(cosine > 0.999, "cosine {cosine}");
+    let (full, _) = model(WeightDType::F32)
+        .caption_features(&prompt)
+        .expect("caption");
+    assert_ne!(full, caption, "the quantized encoder is another path");
+}
