@@ -1,8 +1,8 @@
 //! Z-Image against diffusers on a tiny random pipeline with our own shapes (model and goldens
 //! from tests/reference/make_tiny_zimage.py): the chat-templated prompt's token ids and caption
-//! features, one transformer call at two times, the 16-channel-style VAE decoder, whole images
-//! from given latents with and without guidance, the flow-matching sigma tables of the
-//! published scheduler configs (static and dynamic shift), and bad input.
+//! features, one transformer call at two times, the VAE decoder, whole images from given
+//! latents with and without guidance, image-to-image, previews, the flow-matching sigma tables
+//! of the published scheduler configs (static and dynamic shift), and bad input.
 
 mod common;
 
@@ -305,4 +305,49 @@ fn a_quantized_text_encoder_keeps_the_captions() {
         .caption_features(&prompt)
         .expect("caption");
     assert_ne!(full, caption, "the quantized encoder is another path");
+}
+
+/// Image-to-image as diffusers' `ZImageImg2ImgPipeline` runs it (strength 0.6 of 4 steps runs
+/// 3), from the encoder's mean latent (the posterior's draw replayed as zeros there).
+#[test]
+fn image_to_image_matches_diffusers() {
+    let mut m = model(WeightDType::F32);
+    let meta = meta();
+    let case = &meta["img2img"];
+    let (w, h) = (48, 32);
+    assert_eq!(
+        (case["width"].as_u64(), case["height"].as_u64()),
+        (Some(w), Some(h))
+    );
+    let init = golden("img2img.init");
+    let plane = (w * h) as usize;
+    let pixels: Vec<f32> = (0..plane)
+        .flat_map(|p| (0..3).map(move |c| (c, p)))
+        .map(|(c, p)| init[c * plane + p])
+        .collect();
+    let strength = case["strength"].as_f64().expect("strength") as f32;
+    let params = ImageParams {
+        prompt: case["prompt"].as_str().expect("prompt").to_owned(),
+        negative: String::new(),
+        steps: case["steps"].as_u64().expect("steps") as u32,
+        guidance: 0.0,
+        seed: 0,
+        width: w as u32,
+        height: h as u32,
+        scheduler: SchedulerKind::Euler,
+        init_image: Some((pixels, strength)),
+        init_latents: Some(golden("img2img.noise")),
+    };
+    let mut steps = 0;
+    let image = m
+        .generate(&params, false, |_| {
+            steps += 1;
+            true
+        })
+        .expect("generate")
+        .expect("image");
+    assert_eq!(steps, 3, "strength 0.6 of 4 steps runs 3");
+    let got: Vec<f32> = image.rgb.iter().map(|v| f32::from(*v) / 255.0).collect();
+    let db = psnr(&got, &golden("img2img.image"));
+    assert!(db >= 35.0, "img2img: {db:.1} dB");
 }

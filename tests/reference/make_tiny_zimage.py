@@ -36,6 +36,7 @@ tokens are exercised) and captions pad too.
 
 import json
 import shutil
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -45,6 +46,7 @@ from safetensors.torch import save_file
 from diffusers import (
     AutoencoderKL,
     FlowMatchEulerDiscreteScheduler,
+    ZImageImg2ImgPipeline,
     ZImagePipeline,
     ZImageTransformer2DModel,
 )
@@ -190,6 +192,33 @@ CASES = [
 ]
 
 
+def img2img(pipe, g):
+    """ZImageImg2ImgPipeline from a smooth start image, strength 0.6 over 4 steps (3 run), with
+    the VAE posterior's draw replayed as zeros (its mean, as Backpack encodes) and the noise kept."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from make_tiny_diffusion import patched_randn
+
+    i2i = ZImageImg2ImgPipeline(**pipe.components)
+    i2i.set_progress_bar_config(disable=True)
+    h, w, steps, strength = 32, 48, 4, 0.6
+    ys, xs = torch.meshgrid(torch.linspace(0, 1, h), torch.linspace(0, 1, w), indexing="ij")
+    init = torch.stack([xs, ys, 0.5 + 0.4 * torch.sin(6 * xs * ys)]).unsqueeze(0).float()
+    gen = torch.Generator().manual_seed(21)
+    noise = torch.randn((1, 8, h // 4, w // 4), generator=gen)
+    posterior = torch.zeros((1, 8, h // 4, w // 4))
+    prompt = "an oil painting of a harbour"
+    with torch.no_grad(), patched_randn([posterior, noise]):
+        image = i2i(prompt=prompt, image=init.clone(), strength=strength, num_inference_steps=steps,
+                    guidance_scale=0.0, output_type="np").images
+    g["img2img.init"] = init
+    g["img2img.noise"] = noise
+    g["img2img.image"] = torch.from_numpy(np.ascontiguousarray(image)).float()
+    return {"prompt": prompt, "steps": steps, "strength": strength, "width": w, "height": h, "guidance": 0.0,
+            "rule": "init_timestep = min(steps * strength, steps); t_start = int(max(steps - init_timestep, 0)); "
+                    "the first kept sigma noises the encoder's mean latent: sigma * noise + (1 - sigma) * x0",
+            "random_draws": ["the VAE posterior's draw, replayed as zeros", "img2img.noise"]}
+
+
 def sigma_tables():
     static = json.loads((CORPUS / "Tongyi-MAI--Z-Image-Turbo/scheduler/scheduler_config.json").read_text())
     base = json.loads((CORPUS / "Tongyi-MAI--Z-Image/scheduler/scheduler_config.json").read_text())
@@ -261,6 +290,7 @@ def main():
         g[f"{case['name']}.latents"] = start
         g[f"{case['name']}.image"] = torch.from_numpy(np.ascontiguousarray(result)).float()
     info["cases"] = CASES
+    info["img2img"] = img2img(pipe, g)
     info["schedulers"] = sigma_tables()
 
     GOLDENS.mkdir(parents=True, exist_ok=True)

@@ -4,6 +4,7 @@
 
 mod config;
 mod generate;
+mod plans;
 mod rope;
 mod transformer;
 
@@ -12,7 +13,7 @@ use std::path::Path;
 use serde_json::Value;
 
 pub use config::ZImageConfig;
-pub use generate::ZImagePlans;
+pub use plans::ZImagePlans;
 
 use super::config::VaeConfig;
 use super::model::ImageModelOptions;

@@ -1,0 +1,383 @@
+//! The buffers and plans of one Z-Image image size: the transformer at each caption length in
+//! use, the VAE decoder (and encoder, for image-to-image), the denoising update and the
+//! preview; and single stages in diffusers' layouts for parity checks and tools.
+
+use std::sync::Arc;
+
+use super::ZImage;
+use super::config::TIME_FREQUENCIES;
+use super::transformer::{ZImageIo, ZImagePlan, build_transformer, padded};
+use crate::Error;
+use crate::gpu::{Gpu, Recorder, StorageBuffer};
+use crate::models::diffusion::generate::{nchw_to_nhwc, nhwc_to_nchw};
+use crate::models::diffusion::graph::{Builder, Plan};
+use crate::models::diffusion::scheduler::timestep_embedding;
+use crate::models::diffusion::vae::{VaePlan, build_decoder, build_encoder};
+use crate::ops::{Denoise, DenoiseBuffers, Preview, PreviewSource};
+
+/// The transformer at one caption length, with its own caption input and output.
+pub(super) struct CaptionPlan {
+    pub(super) tokens: u32,
+    plan: ZImagePlan,
+    caption: Arc<StorageBuffer>,
+    out: Arc<StorageBuffer>,
+}
+
+/// Plans and buffers for one image size, kept while the size stays.
+pub struct ZImagePlans {
+    pub width: u32,
+    pub height: u32,
+    pub(super) transformers: Vec<CaptionPlan>,
+    /// The VAE decoder, reading `decode_in` (the final latent, or a step's estimate for a
+    /// preview).
+    pub(super) decoder: VaePlan,
+    pub(super) decode_in: Arc<StorageBuffer>,
+    /// The VAE encoder (image-to-image), built on first use, reading `image_in`.
+    encoder: Option<VaePlan>,
+    image_in: Arc<StorageBuffer>,
+    pub(super) latents: Arc<StorageBuffer>,
+    model_in: Arc<StorageBuffer>,
+    time_proj: Arc<StorageBuffer>,
+    pub(super) model_out: Arc<StorageBuffer>,
+    pub(super) uncond_out: Arc<StorageBuffer>,
+    denoised: Arc<StorageBuffer>,
+    pub(super) denoise: Denoise,
+    /// The preview texture and the pass drawing it, with the tiny decoder feeding it (else
+    /// the VAE decoder on the step's estimate does).
+    pub(super) preview: Option<(wgpu::Texture, Preview, Option<Plan>)>,
+    /// Bytes of activations of the decoder and the transformer plans.
+    pub activation_bytes: u64,
+}
+
+pub(super) fn zeros(gpu: &Gpu, label: &str, floats: u32) -> Result<Arc<StorageBuffer>, Error> {
+    Ok(Arc::new(gpu.storage(label, u64::from(floats.max(1)) * 4)?))
+}
+
+/// One transformer call of a step: its plan, the caption it reads, where its output goes.
+pub(super) struct Call<'a> {
+    pub(super) plan: &'a CaptionPlan,
+    pub(super) caption: &'a StorageBuffer,
+    pub(super) out: &'a StorageBuffer,
+}
+
+impl Call<'_> {
+    pub(super) fn record(&self, rec: &mut Recorder<'_>) {
+        let bytes = self.caption.size.min(self.plan.caption.size);
+        rec.copy(&self.caption.buffer, 0, &self.plan.caption.buffer, 0, bytes);
+        self.plan.plan.plan.encode(rec);
+        rec.copy(
+            &self.plan.out.buffer,
+            0,
+            &self.out.buffer,
+            0,
+            self.plan.out.size.min(self.out.size),
+        );
+    }
+}
+
+impl ZImage {
+    pub(super) fn latent_shape(&self, width: u32, height: u32) -> Result<(u32, u32), Error> {
+        let step = self.size_step();
+        if width == 0 || height == 0 || !width.is_multiple_of(step) || !height.is_multiple_of(step)
+        {
+            return Err(Error::Invalid(format!(
+                "{width}×{height}: width and height must be positive multiples of {step}"
+            )));
+        }
+        let f = self.downscale();
+        Ok((height / f, width / f))
+    }
+
+    /// Builds (or keeps) the size's buffers and VAE decoder.
+    pub fn plans_for(
+        &mut self,
+        gpu: &Gpu,
+        slot: &mut Option<ZImagePlans>,
+        width: u32,
+        height: u32,
+    ) -> Result<(), Error> {
+        if slot
+            .as_ref()
+            .is_some_and(|p| p.width == width && p.height == height)
+        {
+            return Ok(());
+        }
+        *slot = None;
+        let (h, w) = self.latent_shape(width, height)?;
+        let n = h * w * self.transformer.config.in_channels;
+        let latents = zeros(gpu, "latents", n)?;
+        let decode_in = zeros(gpu, "decoder input", n)?;
+        let decoder = {
+            let (mut up, weights, config) = self.vae.loader(gpu, self.dtype);
+            build_decoder(
+                Builder::new(gpu, &mut up, weights),
+                config,
+                &decode_in,
+                (h, w),
+            )?
+        };
+        let model_in = zeros(gpu, "transformer input", n)?;
+        let model_out = zeros(gpu, "transformer output", n)?;
+        let uncond_out = zeros(gpu, "unconditional output", n)?;
+        let denoised = zeros(gpu, "denoised", n)?;
+        let prev = zeros(gpu, "previous denoised", n)?;
+        let noise = zeros(gpu, "step noise", n)?;
+        let denoise = Denoise::new(
+            gpu,
+            n,
+            &DenoiseBuffers {
+                latents: &latents,
+                model_out: &model_out,
+                uncond: &uncond_out,
+                model_in: &model_in,
+                denoised: &denoised,
+                prev_denoised: &prev,
+                noise: &noise,
+            },
+        )?;
+        *slot = Some(ZImagePlans {
+            width,
+            height,
+            transformers: Vec::new(),
+            activation_bytes: decoder.activation_bytes,
+            decoder,
+            decode_in,
+            encoder: None,
+            image_in: zeros(gpu, "start image", width * height * 3)?,
+            latents,
+            model_in,
+            time_proj: zeros(gpu, "time embedding", TIME_FREQUENCIES)?,
+            model_out,
+            uncond_out,
+            denoised,
+            denoise,
+            preview: None,
+        });
+        Ok(())
+    }
+
+    /// The texture previews of the current size are drawn into (made on first use): the
+    /// step's clean estimate through the tiny decoder when one is installed, else through
+    /// the pipeline's VAE decoder (exact, at the cost of a decode a step).
+    pub fn preview_texture(
+        &mut self,
+        gpu: &Gpu,
+        slot: &mut Option<ZImagePlans>,
+        width: u32,
+        height: u32,
+    ) -> Result<wgpu::Texture, Error> {
+        self.plans_for(gpu, slot, width, height)?;
+        let plans = slot
+            .as_mut()
+            .ok_or_else(|| Error::Invalid("no plans".into()))?;
+        if let Some((texture, _, _)) = &plans.preview {
+            return Ok(texture.clone());
+        }
+        let (h, w) = self.latent_shape(width, height)?;
+        let (decoder, pixels) = match self.taesd.as_mut() {
+            Some(t) => {
+                let (plan, pixels) = t.build(gpu, &plans.denoised, (h, w))?;
+                (Some(plan), pixels)
+            }
+            None => (None, plans.decoder.out.clone()),
+        };
+        let texture = crate::models::diffusion::generate::preview_target(gpu, width, height);
+        let view = texture.create_view(&wgpu::TextureViewDescriptor::default());
+        let pass = Preview::new(gpu, &PreviewSource::Pixels, &pixels, &view, width, height)?;
+        plans.preview = Some((texture.clone(), pass, decoder));
+        Ok(texture)
+    }
+
+    /// Makes sure the size's plans hold a transformer for each caption length in `lengths`
+    /// (dropping those for other lengths).
+    pub(super) fn transformers_for(
+        &mut self,
+        gpu: &Gpu,
+        plans: &mut ZImagePlans,
+        lengths: &[u32],
+    ) -> Result<(), Error> {
+        plans.transformers.retain(|p| lengths.contains(&p.tokens));
+        for &tokens in lengths {
+            if plans.transformers.iter().any(|p| p.tokens == tokens) {
+                continue;
+            }
+            let cfg = &self.transformer.config;
+            let (h, w) = self.latent_shape(plans.width, plans.height)?;
+            let io = ZImageIo {
+                latent: plans.model_in.clone(),
+                time_proj: plans.time_proj.clone(),
+                caption: zeros(gpu, "caption", padded(tokens) * cfg.cap_feat_dim)?,
+                caption_tokens: tokens,
+                out: zeros(gpu, "transformer output", h * w * cfg.in_channels)?,
+            };
+            let (mut up, weights, config) = self.transformer.loader(gpu, self.dtype);
+            let plan = build_transformer(Builder::new(gpu, &mut up, weights), config, &io, (h, w))?;
+            plans.activation_bytes += plan.activation_bytes;
+            plans.transformers.push(CaptionPlan {
+                tokens,
+                plan,
+                caption: io.caption,
+                out: io.out,
+            });
+        }
+        Ok(())
+    }
+
+    /// The VAE encoder's latent mean, scaled as the transformer sees it, `[h·w][c]`, for an
+    /// image `[H·W][3]` in −1..1.
+    pub(super) fn encode_image(
+        &mut self,
+        gpu: &Gpu,
+        plans: &mut ZImagePlans,
+        image: &[f32],
+    ) -> Result<Vec<f32>, Error> {
+        gpu.queue()
+            .write_buffer(&plans.image_in.buffer, 0, bytemuck::cast_slice(image));
+        if plans.encoder.is_none() {
+            let (mut up, weights, config) = self.vae.loader(gpu, self.dtype);
+            let b = Builder::new(gpu, &mut up, weights);
+            let hw = (plans.height, plans.width);
+            let encoder = build_encoder(b, config, &plans.image_in, hw)?;
+            plans.activation_bytes += encoder.activation_bytes;
+            plans.encoder = Some(encoder);
+        }
+        let encoder = plans
+            .encoder
+            .as_ref()
+            .ok_or_else(|| Error::Invalid("no encoder".into()))?;
+        let mut rec = Recorder::new(gpu);
+        encoder.plan.encode(&mut rec);
+        rec.submit();
+        let (h, w) = self.latent_shape(plans.width, plans.height)?;
+        let values = u64::from(h * w * self.transformer.config.in_channels);
+        Ok(gpu.read(&encoder.out.buffer, 0, values)?)
+    }
+
+    /// Builds the transformer's plan for a one-token caption at the current size, which
+    /// loads (and checks) every one of its weights.
+    pub fn warm_transformer(
+        &mut self,
+        gpu: &Gpu,
+        slot: &mut Option<ZImagePlans>,
+    ) -> Result<(), Error> {
+        let plans = slot
+            .as_mut()
+            .ok_or_else(|| Error::Invalid("no plans".into()))?;
+        self.transformers_for(gpu, plans, &[1])
+    }
+
+    /// The transformer on a `[1][c][h][w]` latent at model time `t` (0 = noise, 1 = clean)
+    /// with caption features `[tokens][cap_feat_dim]`: its raw output, `[1][c][h][w]`.
+    pub fn transformer_once(
+        &mut self,
+        gpu: &Gpu,
+        slot: &mut Option<ZImagePlans>,
+        latent: &[f32],
+        (h, w): (u32, u32),
+        t: f32,
+        caption: &[f32],
+    ) -> Result<Vec<f32>, Error> {
+        let f = self.downscale();
+        self.plans_for(gpu, slot, w * f, h * f)?;
+        let plans = slot
+            .as_mut()
+            .ok_or_else(|| Error::Invalid("no plans".into()))?;
+        let cfg = self.transformer.config.clone();
+        let tokens = (caption.len() / cfg.cap_feat_dim as usize) as u32;
+        self.transformers_for(gpu, plans, &[tokens])?;
+        let c = cfg.in_channels as usize;
+        let q = gpu.queue();
+        q.write_buffer(
+            &plans.model_in.buffer,
+            0,
+            bytemuck::cast_slice(&nchw_to_nhwc(latent, c)),
+        );
+        self.write_time(gpu, plans, t);
+        let plan = plans
+            .transformers
+            .iter()
+            .find(|p| p.tokens == tokens)
+            .ok_or_else(|| Error::Invalid("no transformer plan".into()))?;
+        q.write_buffer(&plan.caption.buffer, 0, bytemuck::cast_slice(caption));
+        let mut rec = Recorder::new(gpu);
+        plan.plan.plan.encode(&mut rec);
+        rec.submit();
+        let out: Vec<f32> = gpu.read(&plan.out.buffer, 0, u64::from(h * w) * c as u64)?;
+        Ok(nhwc_to_nchw(&out, c))
+    }
+
+    /// The VAE decoder on a `[1][c][h][w]` latent as the transformer sees it: `[1][3][H][W]`
+    /// in −1..1.
+    pub fn decode_latents(
+        &mut self,
+        gpu: &Gpu,
+        slot: &mut Option<ZImagePlans>,
+        latent: &[f32],
+        (h, w): (u32, u32),
+    ) -> Result<Vec<f32>, Error> {
+        let f = self.downscale();
+        self.plans_for(gpu, slot, w * f, h * f)?;
+        let plans = slot
+            .as_mut()
+            .ok_or_else(|| Error::Invalid("no plans".into()))?;
+        let c = self.transformer.config.in_channels as usize;
+        gpu.queue().write_buffer(
+            &plans.decode_in.buffer,
+            0,
+            bytemuck::cast_slice(&nchw_to_nhwc(latent, c)),
+        );
+        let mut rec = Recorder::new(gpu);
+        plans.decoder.plan.encode(&mut rec);
+        rec.submit();
+        let pixels = u64::from(h * w * f * f * 3);
+        let out: Vec<f32> = gpu.read(&plans.decoder.out.buffer, 0, pixels)?;
+        Ok(nhwc_to_nchw(&out, 3))
+    }
+
+    /// GPU time per kernel of one transformer call (at the last caption length used) and one
+    /// VAE decode at the plans' size.
+    pub fn profile(
+        &self,
+        gpu: &Gpu,
+        plans: &ZImagePlans,
+    ) -> Result<Vec<(&'static str, Vec<crate::gpu::KernelTiming>)>, Error> {
+        let transformer = plans
+            .transformers
+            .last()
+            .ok_or_else(|| Error::Invalid("no transformer plan: generate an image first".into()))?;
+        crate::models::diffusion::stages::profile_plans(
+            gpu,
+            &[
+                ("transformer", &transformer.plan.plan),
+                ("vae decode", &plans.decoder.plan),
+            ],
+        )
+    }
+
+    /// The scaled timestep's sinusoidal embedding for model time `t`.
+    pub(super) fn write_time(&self, gpu: &Gpu, plans: &ZImagePlans, t: f32) {
+        let cfg = &self.transformer.config;
+        let emb = timestep_embedding(t * cfg.t_scale, TIME_FREQUENCIES as usize, true, 0.0);
+        gpu.queue()
+            .write_buffer(&plans.time_proj.buffer, 0, bytemuck::cast_slice(&emb));
+    }
+}
+
+pub(super) fn copy_all(rec: &mut Recorder<'_>, src: &StorageBuffer, dst: &StorageBuffer) {
+    rec.copy(&src.buffer, 0, &dst.buffer, 0, src.size.min(dst.size));
+}
+
+/// Draws the step's clean estimate into the preview texture.
+pub(super) fn record_preview(rec: &mut Recorder<'_>, plans: &ZImagePlans) {
+    let Some((_, pass, tiny)) = &plans.preview else {
+        return;
+    };
+    match tiny {
+        Some(plan) => plan.encode(rec),
+        None => {
+            copy_all(rec, &plans.denoised, &plans.decode_in);
+            plans.decoder.plan.encode(rec);
+        }
+    }
+    pass.encode(rec);
+}
