@@ -33,7 +33,7 @@ pub fn img2img_first_step(steps: u32, strength: f32) -> Result<usize, Error> {
     let first = (n - (n * f64::from(strength)).min(n)).max(0.0) as usize;
     if first >= steps as usize {
         return Err(Error::Invalid(format!(
-            "strength {strength} of {steps} steps leaves none to run: raise the strength or the steps"
+            "{steps} steps at strength {strength} leave none to run"
         )));
     }
     Ok(first)
@@ -265,7 +265,9 @@ mod tests {
         assert_eq!(img2img_first_step(4, 0.6).ok(), Some(1));
         assert_eq!(img2img_first_step(4, 1.0).ok(), Some(0));
         assert_eq!(img2img_first_step(9, 0.5).ok(), Some(4));
-        assert!(img2img_first_step(4, 0.1).is_err(), "no step left");
+        // Any strength above zero keeps at least the last step.
+        assert_eq!(img2img_first_step(4, 0.1).ok(), Some(3));
+        assert!(img2img_first_step(0, 0.5).is_err(), "no step to run");
         assert!(img2img_first_step(4, 0.0).is_err());
         assert!(img2img_first_step(4, f32::NAN).is_err());
     }
