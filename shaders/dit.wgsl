@@ -22,6 +22,9 @@ struct Params {
 @group(0) @binding(2) var<storage, read> weight: array<f32>;
 @group(0) @binding(3) var<storage, read_write> y: array<f32>;
 @group(0) @binding(4) var<storage, read> m: array<f32>;
+// f16 values two to a word: mod_norm's rows with HALF_OUT (for a product that reads its X
+// so), head_rope's QKV rows with F16 (as a product with half_out writes them).
+@group(0) @binding(5) var<storage, read_write> y16: array<u32>;
 
 fn linear_id(gid: vec3<u32>, nwg: vec3<u32>) -> u32 {
     return gid.y * nwg.x * 64u + gid.x;
@@ -112,8 +115,21 @@ fn row_stats(base: u32, tid: u32) -> vec2<f32> {
     return vec2<f32>(mean, inverseSqrt(total(tid, sq) / f32(p.cols) + p.eps));
 }
 
+// norm(x[r])[k] (· weight with WEIGHT) (· (1 + m[offset + k]) with MODULATE).
+fn mod_norm_value(base: u32, k: u32, stats: vec2<f32>) -> f32 {
+    var v = (x[base + k] - stats.x) * stats.y;
+#if WEIGHT
+    v *= weight[k];
+#endif
+#if MODULATE
+    v *= 1.0 + m[p.offset + k];
+#endif
+    return v;
+}
+
 // y[r] = norm(x[r]) (· weight with WEIGHT) (· (1 + m[offset..]) with MODULATE): RMSNorm, or
-// LayerNorm without affine terms with LAYER. One workgroup per row.
+// LayerNorm without affine terms with LAYER; with HALF_OUT into y16 as f16 pairs (an even
+// width). One workgroup per row.
 @compute @workgroup_size(256)
 fn mod_norm(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id) wid: vec3<u32>,
             @builtin(num_workgroups) nwg: vec3<u32>) {
@@ -123,16 +139,16 @@ fn mod_norm(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id) wi
     }
     let base = row * p.cols;
     let stats = row_stats(base, tid);
-    for (var k = tid; k < p.cols; k += 256u) {
-        var v = (x[base + k] - stats.x) * stats.y;
-#if WEIGHT
-        v *= weight[k];
-#endif
-#if MODULATE
-        v *= 1.0 + m[p.offset + k];
-#endif
-        y[base + k] = v;
+#if HALF_OUT
+    for (var k = 2u * tid; k < p.cols; k += 512u) {
+        let pair = vec2<f32>(mod_norm_value(base, k, stats), mod_norm_value(base, k + 1u, stats));
+        y16[(base + k) / 2u] = pack2x16float(clamp(pair, vec2<f32>(-65504.0), vec2<f32>(65504.0)));
     }
+#else
+    for (var k = tid; k < p.cols; k += 256u) {
+        y[base + k] = mod_norm_value(base, k, stats);
+    }
+#endif
 }
 
 // y[r] += (tanh(m[offset..]) with MODULATE, else 1) · RMSNorm(x[r]) · weight: a branch's
@@ -155,9 +171,28 @@ fn gated_add(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id) w
     }
 }
 
-// In place over fused QKV rows (query heads, key heads, value heads, `extra` floats each):
-// RMSNorm of each query head (weight) and key head (m), then each pair (2i, 2i+1) rotated by
-// the token's angle i: x = (cos, sin) pairs, [rows][extra / 2][2]. Workgroup (head, token).
+// Element `k` of the head starting at `base` in the QKV rows (f16 pairs in y16 with F16).
+fn qkv_pair(base: u32, k: u32) -> vec2<f32> {
+#if F16
+    return unpack2x16float(y16[(base + k) / 2u]);
+#else
+    return vec2<f32>(y[base + k], y[base + k + 1u]);
+#endif
+}
+
+fn store_qkv_pair(base: u32, k: u32, v: vec2<f32>) {
+#if F16
+    y16[(base + k) / 2u] = pack2x16float(clamp(v, vec2<f32>(-65504.0), vec2<f32>(65504.0)));
+#else
+    y[base + k] = v.x;
+    y[base + k + 1u] = v.y;
+#endif
+}
+
+// In place over fused QKV rows (query heads, key heads, value heads, `extra` floats each; f16
+// pairs with F16): RMSNorm of each query head (weight) and key head (m), then each pair
+// (2i, 2i+1) rotated by the token's angle i: x = (cos, sin) pairs, [rows][extra / 2][2].
+// Workgroup (head, token).
 @compute @workgroup_size(256)
 fn head_rope(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id) wid: vec3<u32>) {
     let head = wid.x;
@@ -165,21 +200,21 @@ fn head_rope(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id) w
     let hd = p.extra;
     let base = (t * 3u * p.side + head) * hd;
     var sq = 0.0;
-    for (var k = tid; k < hd; k += 256u) {
-        let v = y[base + k];
-        sq += v * v;
+    for (var i = tid; i < hd / 2u; i += 256u) {
+        let v = qkv_pair(base, 2u * i);
+        sq += dot(v, v);
     }
     // Every invocation has read its elements before any is rewritten (total synchronises).
     let inv = inverseSqrt(total(tid, sq) / f32(hd) + p.eps);
     let is_q = head < p.side;
     for (var i = tid; i < hd / 2u; i += 256u) {
         let k = 2u * i;
-        let a = y[base + k] * inv * select(m[k], weight[k], is_q);
-        let b = y[base + k + 1u] * inv * select(m[k + 1u], weight[k + 1u], is_q);
+        let v = qkv_pair(base, k) * inv;
+        let a = v.x * select(m[k], weight[k], is_q);
+        let b = v.y * select(m[k + 1u], weight[k + 1u], is_q);
         let at = (t * (hd / 2u) + i) * 2u;
         let c = x[at];
         let s = x[at + 1u];
-        y[base + k] = a * c - b * s;
-        y[base + k + 1u] = a * s + b * c;
+        store_qkv_pair(base, k, vec2<f32>(a * c - b * s, a * s + b * c));
     }
 }

@@ -6,10 +6,10 @@ mod common;
 
 use backpack_engine::gpu::{Gpu, Recorder, StorageBuffer};
 use backpack_engine::ops::{
-    Pass, PatchShape, RowNorm, Slice, fill_rows, gated_add, head_rope, mod_norm, patchify,
-    unpatchify,
+    Pass, PatchShape, RowNorm, RowNormForm, Slice, fill_rows, gated_add, head_rope, mod_norm,
+    patchify, unpatchify,
 };
-use common::{Rng, assert_close, gpu};
+use common::{Rng, assert_close, gpu, round_f16};
 
 fn buf(gpu: &Gpu, data: &[f32]) -> StorageBuffer {
     gpu.storage_from("test", data).expect("buffer")
@@ -28,6 +28,64 @@ fn run(gpu: &Gpu, pass: &Pass) {
 fn close(what: &str, got: &[f32], want: &[f32]) {
     let scale: Vec<f32> = want.iter().map(|v| v.abs()).collect();
     assert_close(what, got, want, &scale, 1e-5, 1e-5);
+}
+
+/// `n` values stored as f16 pairs, one to a 32-bit word.
+fn read_halves(gpu: &Gpu, b: &StorageBuffer, n: usize) -> Vec<f32> {
+    let words: Vec<u32> = gpu
+        .read(&b.buffer, 0, n.div_ceil(2) as u64)
+        .expect("read back");
+    words
+        .iter()
+        .flat_map(|w| [*w as u16, (*w >> 16) as u16])
+        .take(n)
+        .map(|h| half::f16::from_bits(h).to_f32())
+        .collect()
+}
+
+/// f32 values packed as f16 pairs (what a product with `half_out` writes).
+fn halves(values: &[f32]) -> Vec<u32> {
+    values
+        .chunks(2)
+        .map(|p| {
+            let lo = half::f16::from_f32(p[0]).to_bits();
+            let hi = half::f16::from_f32(p[1]).to_bits();
+            u32::from(lo) | (u32::from(hi) << 16)
+        })
+        .collect()
+}
+
+/// Within f16 rounding of a value computed from f16-rounded inputs.
+fn close_f16(what: &str, got: &[f32], want: &[f32]) {
+    let scale: Vec<f32> = want.iter().map(|v| v.abs()).collect();
+    assert_close(what, got, &round_f16(want), &scale, 2e-3, 2e-3);
+}
+
+/// The head norm and rotation of every query and key head of `qkv`, on the CPU.
+fn head_rope_ref(
+    qkv: &[f32],
+    (tokens, heads, head_dim): (usize, usize, usize),
+    (q_weight, k_weight): (&[f32], &[f32]),
+    table: &[f32],
+) -> Vec<f32> {
+    let row = 3 * heads * head_dim;
+    let mut want = qkv.to_vec();
+    for t in 0..tokens {
+        for h in 0..2 * heads {
+            let base = t * row + h * head_dim;
+            let weight = if h < heads { q_weight } else { k_weight };
+            let normed = row_norm(&qkv[base..base + head_dim], false, 1e-5);
+            for i in 0..head_dim / 2 {
+                let a = normed[2 * i] * weight[2 * i];
+                let b = normed[2 * i + 1] * weight[2 * i + 1];
+                let at = (t * head_dim / 2 + i) * 2;
+                let (c, s) = (table[at], table[at + 1]);
+                want[base + 2 * i] = a * c - b * s;
+                want[base + 2 * i + 1] = a * s + b * c;
+            }
+        }
+    }
+    want
 }
 
 #[test]
@@ -121,27 +179,31 @@ fn modulated_norms_match_cpu() {
                 }
             }
             let (xb, wb, mb) = (buf(&gpu, &x), buf(&gpu, &weight), buf(&gpu, &modulation));
-            let y = buf(&gpu, &vec![0.0; x.len()]);
-            let pass = mod_norm(
-                &gpu,
-                (rows as u32, cols as u32),
-                norm,
-                1e-5,
-                (!layer).then_some(&wb),
-                with_scale.then_some(Slice {
-                    buffer: &mb,
-                    offset: offset as u32,
-                }),
-                &xb,
-                &y,
-            )
-            .expect("mod_norm");
-            run(&gpu, &pass);
-            close(
-                &format!("{norm:?} {rows}×{cols}, scale {with_scale}"),
-                &read(&gpu, &y, x.len()),
-                &want,
-            );
+            for half_out in [false, true] {
+                if half_out && !cols.is_multiple_of(2) {
+                    continue;
+                }
+                let y = buf(&gpu, &vec![0.0; x.len()]);
+                let form = RowNormForm {
+                    norm,
+                    eps: 1e-5,
+                    weight: (!layer).then_some(&wb),
+                    scale: with_scale.then_some(Slice {
+                        buffer: &mb,
+                        offset: offset as u32,
+                    }),
+                    half_out,
+                };
+                let pass =
+                    mod_norm(&gpu, (rows as u32, cols as u32), form, &xb, &y).expect("mod_norm");
+                run(&gpu, &pass);
+                let what = format!("{norm:?} {rows}×{cols}, scale {with_scale}, f16 {half_out}");
+                if half_out {
+                    close_f16(&what, &read_halves(&gpu, &y, x.len()), &want);
+                } else {
+                    close(&what, &read(&gpu, &y, x.len()), &want);
+                }
+            }
         }
     }
 }
@@ -194,51 +256,36 @@ fn head_norm_and_table_rope_match_cpu() {
     let gpu = gpu();
     let mut rng = Rng::new(4);
     for (tokens, heads, head_dim) in [(7, 3, 10), (33, 2, 64), (2, 1, 2)] {
-        let row = 3 * heads * head_dim;
-        let qkv = rng.vec(tokens * row, 2.0);
+        let qkv = rng.vec(tokens * 3 * heads * head_dim, 2.0);
         let q_weight = rng.vec(head_dim, 1.0);
         let k_weight = rng.vec(head_dim, 1.0);
         let angles = rng.vec(tokens * head_dim / 2, 6.0);
         let table: Vec<f32> = angles.iter().flat_map(|a| [a.cos(), a.sin()]).collect();
-        let mut want = qkv.clone();
-        for t in 0..tokens {
-            for h in 0..2 * heads {
-                let base = t * row + h * head_dim;
-                let weight = if h < heads { &q_weight } else { &k_weight };
-                let normed = row_norm(&qkv[base..base + head_dim], false, 1e-5);
-                for i in 0..head_dim / 2 {
-                    let a = normed[2 * i] * weight[2 * i];
-                    let b = normed[2 * i + 1] * weight[2 * i + 1];
-                    let (c, s) = (
-                        table[(t * head_dim / 2 + i) * 2],
-                        table[(t * head_dim / 2 + i) * 2 + 1],
-                    );
-                    want[base + 2 * i] = a * c - b * s;
-                    want[base + 2 * i + 1] = a * s + b * c;
-                }
-            }
-        }
+        let shape = (tokens, heads, head_dim);
+        let weights = (q_weight.as_slice(), k_weight.as_slice());
         let (qw, kw, tb) = (
             buf(&gpu, &q_weight),
             buf(&gpu, &k_weight),
             buf(&gpu, &table),
         );
+        let what = format!("head rope {tokens} tokens, {heads} heads of {head_dim}");
+        let dims = (tokens as u32, heads as u32, head_dim as u32);
         let y = buf(&gpu, &qkv);
-        let pass = head_rope(
-            &gpu,
-            (tokens as u32, heads as u32, head_dim as u32),
-            1e-5,
-            &qw,
-            &kw,
-            &tb,
-            &y,
-        )
-        .expect("head_rope");
+        let pass = head_rope(&gpu, dims, 1e-5, &qw, &kw, &tb, &y, false).expect("head_rope");
         run(&gpu, &pass);
-        close(
-            &format!("head rope {tokens} tokens, {heads} heads of {head_dim}"),
-            &read(&gpu, &y, qkv.len()),
-            &want,
+        let want = head_rope_ref(&qkv, shape, weights, &table);
+        close(&what, &read(&gpu, &y, qkv.len()), &want);
+        // From f16 rows (value heads kept as they were): against the rounded inputs.
+        let y16 = gpu
+            .storage_from("qkv halves", &halves(&qkv))
+            .expect("buffer");
+        let pass = head_rope(&gpu, dims, 1e-5, &qw, &kw, &tb, &y16, true).expect("head_rope");
+        run(&gpu, &pass);
+        let want16 = head_rope_ref(&round_f16(&qkv), shape, weights, &table);
+        close_f16(
+            &format!("{what}, f16"),
+            &read_halves(&gpu, &y16, qkv.len()),
+            &want16,
         );
     }
     let odd = head_rope(
@@ -249,6 +296,7 @@ fn head_norm_and_table_rope_match_cpu() {
         &buf(&gpu, &[1.0; 3]),
         &buf(&gpu, &[1.0; 4]),
         &buf(&gpu, &[0.0; 9]),
+        false,
     );
     assert!(odd.is_err(), "odd head sizes are refused");
 }

@@ -133,27 +133,49 @@ fn row_grid(rows: u32) -> [u32; 3] {
     [x, y, 1]
 }
 
+/// How a [`mod_norm`] normalises and where it writes.
+#[derive(Clone, Copy)]
+pub struct RowNormForm<'a> {
+    pub norm: RowNorm,
+    pub eps: f32,
+    /// The RMSNorm's weight (none for a plain LayerNorm).
+    pub weight: Option<&'a StorageBuffer>,
+    /// Scales the normed row by `1 + scale`.
+    pub scale: Option<Slice<'a>>,
+    /// y takes f16 values, two to a word (for a product that reads its X so): an even width.
+    pub half_out: bool,
+}
+
 /// `y[r] = norm(x[r]) · (1 + scale)` for `rows` rows of `cols` (no scale: just the norm).
-#[allow(clippy::too_many_arguments)]
 pub fn mod_norm(
     gpu: &Gpu,
     (rows, cols): (u32, u32),
-    norm: RowNorm,
-    eps: f32,
-    weight: Option<&StorageBuffer>,
-    scale: Option<Slice<'_>>,
+    form: RowNormForm<'_>,
     x: &StorageBuffer,
     y: &StorageBuffer,
 ) -> Result<Pass, GpuError> {
+    let RowNormForm {
+        norm,
+        eps,
+        weight,
+        scale,
+        half_out,
+    } = form;
     if (norm == RowNorm::Rms) != weight.is_some() {
         return Err(GpuError::Device(
             "an RMSNorm takes a weight and a plain LayerNorm none".into(),
         ));
     }
+    if half_out && !cols.is_multiple_of(2) {
+        return Err(GpuError::Device(format!(
+            "a norm of width {cols} cannot write f16 pairs"
+        )));
+    }
     let defines = [
         flag("LAYER", norm == RowNorm::PlainLayer),
         flag("WEIGHT", weight.is_some()),
         flag("MODULATE", scale.is_some()),
+        flag("HALF_OUT", half_out),
     ];
     let params = Params {
         rows,
@@ -162,7 +184,7 @@ pub fn mod_norm(
         offset: scale.map_or(0, |s| s.offset),
         ..Default::default()
     };
-    let mut buffers = vec![(1, x), (3, y)];
+    let mut buffers = vec![(1, x), (if half_out { 5 } else { 3 }, y)];
     if let Some(w) = weight {
         buffers.push((2, w));
     }
@@ -212,7 +234,8 @@ pub fn gated_add(
 
 /// In place over `tokens` fused QKV rows of `heads` query, key and value heads each: RMSNorm
 /// of every query and key head (`q_weight`, `k_weight`), then RoPE on adjacent pairs with the
-/// angles' `(cos, sin)` from `table` `[tokens][head_dim / 2][2]`.
+/// angles' `(cos, sin)` from `table` `[tokens][head_dim / 2][2]`. With `f16`, the rows hold
+/// f16 values two to a word (as a product with `half_out` writes them).
 #[allow(clippy::too_many_arguments)]
 pub fn head_rope(
     gpu: &Gpu,
@@ -222,6 +245,7 @@ pub fn head_rope(
     k_weight: &StorageBuffer,
     table: &StorageBuffer,
     qkv: &StorageBuffer,
+    f16: bool,
 ) -> Result<Pass, GpuError> {
     if !head_dim.is_multiple_of(2) {
         return Err(GpuError::Device(format!(
@@ -236,11 +260,12 @@ pub fn head_rope(
         side: heads,
         ..Default::default()
     };
+    let rows = if f16 { 5 } else { 3 };
     Pass::new(
         gpu,
-        spec("head_rope", &[flag("LAYER", false)]),
+        spec("head_rope", &[flag("F16", f16)]),
         &params,
-        &[(1, table), (2, q_weight), (3, qkv), (4, k_weight)],
+        &[(1, table), (2, q_weight), (rows, qkv), (4, k_weight)],
         [2 * heads, tokens, 1],
     )
 }

@@ -46,6 +46,16 @@ pub enum Activation {
     /// diffusers' GEGLU over the product's two blocks of outputs (value, gate), in its
     /// epilogue: half the weight rows come out (see `MatMul::gates_in_epilogue`).
     Geglu,
+    /// SwiGLU over the product's two blocks of outputs (gate, up), in its epilogue.
+    SwiGlu,
+}
+
+/// Which of a product's operands hold f16 values two to a word (tensor-core tiles only: see
+/// `MatMulOptions::half_in` and `half_out`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Halves {
+    pub input: bool,
+    pub output: bool,
 }
 
 type Encoder = Box<dyn Fn(&mut Recorder<'_>) + Send + Sync>;
@@ -278,15 +288,36 @@ impl<'a, 'w> Builder<'a, 'w> {
         activation: Activation,
         residual: Option<Act>,
         conv: Option<Conv2dShape>,
+        out: (u32, u32),
+    ) -> Result<Act, Error> {
+        let halves = Halves::default();
+        self.product_with(x, w, bias, activation, residual, conv, out, halves)
+    }
+
+    /// As [`Builder::product`], with f16 operands where `halves` says.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn product_with(
+        &mut self,
+        x: &Act,
+        w: Arc<Matrix>,
+        bias: Option<Arc<StorageBuffer>>,
+        activation: Activation,
+        residual: Option<Act>,
+        conv: Option<Conv2dShape>,
         (out_h, out_w): (u32, u32),
+        halves: Halves,
     ) -> Result<Act, Error> {
         let rows = out_h * out_w;
         let (gelu, relu) = match activation {
-            Activation::None | Activation::Geglu => (None, false),
+            Activation::None | Activation::Geglu | Activation::SwiGlu => (None, false),
             Activation::Gelu(g) => (Some(g), false),
             Activation::Relu => (None, true),
         };
-        let glu = (activation == Activation::Geglu).then_some(GluKind::GeluErf);
+        let glu = match activation {
+            Activation::Geglu => Some(GluKind::GeluErf),
+            Activation::SwiGlu => Some(GluKind::Silu),
+            _ => None,
+        };
         let out_channels = if glu.is_some() { w.rows / 2 } else { w.rows };
         let accumulate = residual.is_some();
         let y = match residual {
@@ -322,8 +353,8 @@ impl<'a, 'w> Builder<'a, 'w> {
                 coop_tile: None,
                 rows: Some(rows),
                 glu,
-                half_out: false,
-                half_in: false,
+                half_out: halves.output,
+                half_in: halves.input,
             },
         )?;
         self.push(move |rec| mm.encode(rec, rows));

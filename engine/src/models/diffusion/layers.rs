@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use super::graph::{Act, Activation, Builder};
+use super::graph::{Act, Activation, Builder, Halves};
 use crate::Error;
 use crate::gpu::StorageBuffer;
 use crate::models::weights::Part;
@@ -38,14 +38,28 @@ impl Builder<'_, '_> {
         residual: Option<Act>,
     ) -> Result<Act, Error> {
         let activation = gelu.map_or(Activation::None, Activation::Gelu);
-        self.linear_with(x, names, out_each, activation, residual)
+        self.linear_with(x, names, out_each, activation, residual, Halves::default())
+    }
+
+    /// Linear layers sharing an input fused into one product, with an activation (a gate in
+    /// the epilogue among them) and f16 operands where `halves` says.
+    pub fn linear_halves(
+        &mut self,
+        x: &Act,
+        names: &[&str],
+        out_each: u32,
+        activation: Activation,
+        halves: Halves,
+    ) -> Result<Act, Error> {
+        self.linear_with(x, names, out_each, activation, None, halves)
     }
 
     /// Linear `name` into `2·width` outputs (value, gate) through diffusers' GEGLU: gated in
     /// the product's epilogue on tensor cores, else by a pass of its own.
     pub fn linear_geglu(&mut self, x: &Act, name: &str, width: u32) -> Result<Act, Error> {
         if MatMul::gates_in_epilogue(self.gpu) {
-            return self.linear_with(x, &[name], 2 * width, Activation::Geglu, None);
+            let halves = Halves::default();
+            return self.linear_with(x, &[name], 2 * width, Activation::Geglu, None, halves);
         }
         let gate_up = self.linear(x, name, 2 * width, None, None)?;
         let gated = self.geglu(&gate_up)?;
@@ -60,6 +74,7 @@ impl Builder<'_, '_> {
         out_each: u32,
         activation: Activation,
         residual: Option<Act>,
+        halves: Halves,
     ) -> Result<Act, Error> {
         let key = names.join("+");
         let weight_names: Vec<String> = names.iter().map(|n| format!("{n}.weight")).collect();
@@ -97,7 +112,7 @@ impl Builder<'_, '_> {
         } else {
             None
         };
-        self.product(x, w, bias, activation, residual, None, (x.h, x.w))
+        self.product_with(x, w, bias, activation, residual, None, (x.h, x.w), halves)
     }
 
     /// A 2-D convolution `name` (`.weight` `[out][in][k][k]`, `.bias`) over a channel-last

@@ -9,10 +9,10 @@ use super::config::{SEQ_MULTIPLE, TIME_HIDDEN, ZImageConfig};
 use super::rope::{Positions, rope_table};
 use crate::Error;
 use crate::gpu::StorageBuffer;
-use crate::models::diffusion::graph::{Act, Builder, Plan};
+use crate::models::diffusion::graph::{Act, Activation, Builder, Halves, Plan};
 use crate::ops::{
-    FullLayout, Glu, GluKind, PatchShape, RowNorm, Slice, fill_rows, gated_add, head_rope,
-    mod_norm, patchify, unpatchify,
+    FullLayout, Glu, GluKind, MatMul, PatchShape, RowNorm, RowNormForm, Slice, fill_rows,
+    gated_add, head_rope, mod_norm, patchify, unpatchify,
 };
 
 /// What a plan reads each call and where its output lands.
@@ -91,7 +91,14 @@ pub fn build_transformer(
 
     let (cap, cap_total) = (io.caption_tokens, positions.caption_padded);
     let caption = Builder::external(&io.caption, 1, cap_total, cfg.cap_feat_dim);
-    let normed = rms_norm(&mut b, &caption, "cap_embedder.0", cfg.norm_eps, None)?;
+    let normed = rms_norm(
+        &mut b,
+        &caption,
+        "cap_embedder.0",
+        cfg.norm_eps,
+        None,
+        false,
+    )?;
     let mut c = b.linear(&normed, "cap_embedder.1", dim, None, None)?;
     b.release(normed);
     pad_rows(&mut b, &c, cap, "cap_pad_token")?;
@@ -127,19 +134,17 @@ pub fn build_transformer(
     )?;
     b.release(adaln_silu);
     let normed = b.alloc(1, joint.pixels(), dim)?;
-    let pass = mod_norm(
-        b.gpu,
-        (joint.pixels(), dim),
-        RowNorm::PlainLayer,
-        1e-6,
-        None,
-        Some(Slice {
+    let form = RowNormForm {
+        norm: RowNorm::PlainLayer,
+        eps: 1e-6,
+        weight: None,
+        scale: Some(Slice {
             buffer: &scale.buf,
             offset: 0,
         }),
-        &joint.buf,
-        &normed.buf,
-    )?;
+        half_out: false,
+    };
+    let pass = mod_norm(b.gpu, (joint.pixels(), dim), form, &joint.buf, &normed.buf)?;
     b.push(move |rec| pass.encode(rec));
     b.release(joint);
     b.release(scale);
@@ -183,29 +188,29 @@ fn pad_rows(b: &mut Builder<'_, '_>, x: &Act, from: u32, name: &str) -> Result<(
     Ok(())
 }
 
-/// RMSNorm `name` (`.weight`) of every row, scaled by `1 + scale` when given.
+/// RMSNorm `name` (`.weight`) of every row, scaled by `1 + scale` when given; with `half`,
+/// written as f16 pairs for a product that reads them so.
 fn rms_norm(
     b: &mut Builder<'_, '_>,
     x: &Act,
     name: &str,
     eps: f32,
     scale: Option<(&Act, u32)>,
+    half: bool,
 ) -> Result<Act, Error> {
     let weight = b.vector(&format!("{name}.weight"), x.channels, Some(1.0))?;
     let y = b.alloc(x.h, x.w, x.channels)?;
-    let pass = mod_norm(
-        b.gpu,
-        (x.pixels(), x.channels),
-        RowNorm::Rms,
+    let form = RowNormForm {
+        norm: RowNorm::Rms,
         eps,
-        Some(&weight),
-        scale.map(|(m, offset)| Slice {
+        weight: Some(&weight),
+        scale: scale.map(|(m, offset)| Slice {
             buffer: &m.buf,
             offset,
         }),
-        &x.buf,
-        &y.buf,
-    )?;
+        half_out: half,
+    };
+    let pass = mod_norm(b.gpu, (x.pixels(), x.channels), form, &x.buf, &y.buf)?;
     b.push(move |rec| pass.encode(rec));
     Ok(y)
 }
@@ -237,6 +242,15 @@ fn gated_residual(
     Ok(())
 }
 
+/// Whether a block's normed rows, QKV rows and attention outputs pass between its kernels as
+/// f16: on tensor cores, whose products and attention multiply them as f16 anyway. That halves
+/// the bytes written and read back, as in the Whisper encoder.
+fn half_activations(b: &Builder<'_, '_>, cfg: &ZImageConfig) -> bool {
+    b.gpu.caps().cooperative_matrix
+        && cfg.dim.is_multiple_of(8)
+        && cfg.ffn_hidden().is_multiple_of(8)
+}
+
 /// `ZImageTransformerBlock`: modulated (or plain) pre-norm attention and SwiGLU feed-forward,
 /// each output RMS-normed and gated into the residual stream.
 fn block(
@@ -260,10 +274,11 @@ fn block(
         None => None,
     };
     let at = |offset: u32| modulation.as_ref().map(|m| (m, offset * dim));
+    let half = half_activations(b, cfg);
 
-    let n1 = rms_norm(b, &x, &format!("{name}.attention_norm1"), eps, at(0))?;
+    let n1 = rms_norm(b, &x, &format!("{name}.attention_norm1"), eps, at(0), half)?;
     let a = format!("{name}.attention");
-    let qkv = b.linear_fused(
+    let qkv = b.linear_halves(
         &n1,
         &[
             &format!("{a}.to_q"),
@@ -271,8 +286,11 @@ fn block(
             &format!("{a}.to_v"),
         ],
         dim,
-        None,
-        None,
+        Activation::None,
+        Halves {
+            input: half,
+            output: half,
+        },
     )?;
     b.release(n1);
     let (heads, head_dim) = (cfg.heads, cfg.head_dim());
@@ -287,6 +305,7 @@ fn block(
         &k_weight,
         rope,
         &qkv.buf,
+        half,
     )?;
     b.push(move |rec| pass.encode(rec));
     let layout = FullLayout {
@@ -297,25 +316,47 @@ fn block(
         q_stride: 3 * dim,
         kv_stride: 3 * dim,
         k_off: dim,
-        f16: false,
+        f16: half,
     };
     let att = b.attention(&qkv, &qkv, layout, false)?;
     b.release(qkv);
-    let o = b.linear(&att, &format!("{a}.to_out.0"), dim, None, None)?;
+    let read_half = Halves {
+        input: half,
+        output: false,
+    };
+    let out_name = format!("{a}.to_out.0");
+    let o = b.linear_halves(&att, &[&out_name], dim, Activation::None, read_half)?;
     b.release(att);
     gated_residual(b, &x, o, &format!("{name}.attention_norm2"), eps, at(1))?;
 
-    let n2 = rms_norm(b, &x, &format!("{name}.ffn_norm1"), eps, at(2))?;
+    let n2 = rms_norm(b, &x, &format!("{name}.ffn_norm1"), eps, at(2), half)?;
     let ff = format!("{name}.feed_forward");
-    let hidden = cfg.ffn_hidden();
-    let gate_up = b.linear_fused(
-        &n2,
-        &[&format!("{ff}.w1"), &format!("{ff}.w3")],
-        hidden,
-        None,
-        None,
-    )?;
+    let gated = swiglu(b, &n2, &ff, cfg.ffn_hidden(), read_half)?;
     b.release(n2);
+    let f = b.linear(&gated, &format!("{ff}.w2"), dim, None, None)?;
+    b.release(gated);
+    gated_residual(b, &x, f, &format!("{name}.ffn_norm2"), eps, at(3))?;
+    if let Some(m) = modulation {
+        b.release(m);
+    }
+    Ok(x)
+}
+
+/// `silu(x·w1ᵀ) · (x·w3ᵀ)`: gated in the product's epilogue on tensor cores (reading f16 X
+/// where `halves` says), else by a pass of its own.
+fn swiglu(
+    b: &mut Builder<'_, '_>,
+    x: &Act,
+    ff: &str,
+    hidden: u32,
+    halves: Halves,
+) -> Result<Act, Error> {
+    let names = [format!("{ff}.w1"), format!("{ff}.w3")];
+    let names = [names[0].as_str(), names[1].as_str()];
+    if MatMul::gates_in_epilogue(b.gpu) {
+        return b.linear_halves(x, &names, hidden, Activation::SwiGlu, halves);
+    }
+    let gate_up = b.linear_fused(x, &names, hidden, None, None)?;
     let gated = b.alloc(gate_up.h, gate_up.w, hidden)?;
     let rows = gate_up.pixels();
     let step = b.step(rows);
@@ -329,11 +370,5 @@ fn block(
     )?;
     b.push(move |rec| glu.encode(rec, rows));
     b.release(gate_up);
-    let f = b.linear(&gated, &format!("{ff}.w2"), dim, None, None)?;
-    b.release(gated);
-    gated_residual(b, &x, f, &format!("{name}.ffn_norm2"), eps, at(3))?;
-    if let Some(m) = modulation {
-        b.release(m);
-    }
-    Ok(x)
+    Ok(gated)
 }
