@@ -258,6 +258,44 @@ fn image_panel_generates_stops_and_keeps_a_gallery() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// A Z-Image pipeline in the same panel: its defaults (the VAE's native size, its steps and
+/// guidance) are taken, the scheduler is its own, each step paints a preview through its VAE,
+/// and the image lands in the gallery with its parameters.
+#[test]
+fn image_panel_draws_z_image_with_previews() {
+    let dir = fresh_dir("zimage");
+    let mut h = harness(&dir);
+    h.get_by_label("Image").click();
+    h.run_steps(2);
+    let model = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/models/tiny-zimage");
+    type_into(&mut h, "Image model path", &model.display().to_string());
+    h.get_by_label("Load").click();
+    wait_for(&mut h, "the image model", image_ready);
+    assert!(h.state().shared.image_error.is_none());
+    h.get_by_label_contains("Z-Image ·");
+    h.get_by_label("Flow matching (Euler)");
+    let s = &h.state().shared.store.state.image;
+    assert_eq!((s.width, s.height), (32, 32), "the VAE's sample size");
+    set_steps(&mut h, 2);
+    type_into(&mut h, "Prompt", PROMPT);
+    h.get_by_label("Generate").click();
+    h.step();
+    wait_for(&mut h, "the image", image_idle);
+    let image = &h.state().image;
+    assert!(image.error.is_none(), "{:?}", image.error);
+    assert!(image.previews_shown >= 1, "a step's preview was painted");
+    let files = pngs(&dir);
+    assert_eq!(files.len(), 1, "{files:?}");
+    let png = read_png(&files[0]).expect("a readable PNG");
+    assert_eq!((png.width, png.height), (32, 32));
+    let parameters = png.parameters.expect("a parameters chunk");
+    assert!(parameters.starts_with(PROMPT), "{parameters}");
+    assert!(parameters.contains("Model: tiny-zimage"), "{parameters}");
+    eframe::App::on_exit(h.state_mut());
+    drop(h);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// The Image panel with the tiny model loaded and a prompt typed, at a fixed data dir (no temp
 /// paths and no timings in the picture).
 #[test]

@@ -66,6 +66,9 @@ fn stages_match_diffusers() {
     let info = m.info().clone();
     assert_eq!(info.family, "zimage");
     assert_eq!(info.size_step, 8);
+    // The tiny VAE's sample_size (32); the published one says 1024.
+    assert_eq!((info.defaults.width, info.defaults.height), (32, 32));
+    assert_eq!((info.defaults.steps, info.defaults.guidance), (50, 5.0));
     let meta = meta();
     let prompt = meta["caption"]["prompt"].as_str().expect("prompt");
     let (caption, tokens) = m.caption_features(prompt).expect("caption");

@@ -39,6 +39,21 @@ pub struct ZImage {
     pub turbo: bool,
     /// A tiny autoencoder for this latent space (taef1), for cheaper live previews.
     pub taesd: Option<super::taesd::Taesd>,
+    /// The image side the VAE was trained for (its `sample_size`; 1024 where it says none),
+    /// the default size.
+    pub native_side: u32,
+}
+
+/// The VAE config's `sample_size` (a side, or `[height, width]`), rounded down to `step`.
+fn native_side(vae: &Value, step: u32) -> u32 {
+    let side = match vae.get("sample_size") {
+        Some(Value::Number(n)) => n.as_u64(),
+        Some(Value::Array(sides)) => sides.iter().filter_map(Value::as_u64).min(),
+        _ => None,
+    }
+    .unwrap_or(1024)
+    .clamp(u64::from(step), 4096) as u32;
+    side / step * step
 }
 
 fn component_config(root: &Path, which: &str, file: &str) -> Result<Value, Error> {
@@ -55,8 +70,10 @@ impl ZImage {
         let transformer_config =
             ZImageConfig::from_json(&component_config(root, "transformer", "config.json")?)
                 .map_err(|e| named("transformer/config.json", e))?;
-        let vae_config = VaeConfig::from_json(&component_config(root, "vae", "config.json")?)
-            .map_err(|e| named("vae/config.json", e))?;
+        let vae_json = component_config(root, "vae", "config.json")?;
+        let vae_config =
+            VaeConfig::from_json(&vae_json).map_err(|e| named("vae/config.json", e))?;
+        let size_step = vae_config.downscale() * transformer_config.patch;
         let scheduler = FlowMatchConfig::from_json(&component_config(
             root,
             "scheduler",
@@ -104,6 +121,7 @@ impl ZImage {
             turbo: name.to_ascii_lowercase().contains("turbo"),
             name,
             taesd: None,
+            native_side: native_side(&vae_json, size_step),
         })
     }
 
