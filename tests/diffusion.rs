@@ -17,7 +17,7 @@ use backpack_engine::models::diffusion::{
 use backpack_engine::ops::WeightDType;
 use common::{assert_close, gpu};
 use serde_json::Value;
-use temp_dir::TempDir;
+use temp_dir::{TempDir, copy_dir};
 
 fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
@@ -445,19 +445,6 @@ fn bad_input_is_a_clear_error() {
     p.init_latents = None;
     p.steps = 0;
     assert!(m.generate(&p, false, |_| true).is_err());
-}
-
-fn copy_dir(src: &Path, dst: &Path) {
-    std::fs::create_dir_all(dst).expect("mkdir");
-    for entry in std::fs::read_dir(src).expect("read dir") {
-        let entry = entry.expect("entry");
-        let to = dst.join(entry.file_name());
-        if entry.path().is_dir() {
-            copy_dir(&entry.path(), &to);
-        } else {
-            std::fs::copy(entry.path(), to).expect("copy");
-        }
-    }
 }
 
 #[test]

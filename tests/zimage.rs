@@ -5,6 +5,8 @@
 //! of the published scheduler configs (static and dynamic shift), and bad input.
 
 mod common;
+#[path = "support/temp_dir.rs"]
+mod temp_dir;
 
 use std::path::{Path, PathBuf};
 
@@ -16,6 +18,7 @@ use backpack_engine::models::diffusion::{
 use backpack_engine::ops::WeightDType;
 use common::{assert_close, gpu};
 use serde_json::Value;
+use temp_dir::{TempDir, copy_dir};
 
 fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
@@ -353,4 +356,42 @@ fn image_to_image_matches_diffusers() {
     let got: Vec<f32> = image.rgb.iter().map(|v| f32::from(*v) / 255.0).collect();
     let db = psnr(&got, &golden("img2img.image"));
     assert!(db >= 35.0, "img2img: {db:.1} dB");
+}
+
+/// The transformer as one file in the model's original key layout (ComfyUI's, the Z-Image
+/// repository's: fused QKV, `x_embedder`, `final_layer`, the `model.diffusion_model.` prefix)
+/// put in the folder's `transformer/` gives diffusers' image.
+#[test]
+fn an_original_layout_transformer_file_loads() {
+    let dir = TempDir::new("zimage-original");
+    copy_dir(&root().join("tests/fixtures/models/tiny-zimage"), &dir);
+    let transformer = dir.join("transformer");
+    std::fs::remove_file(transformer.join("diffusion_pytorch_model.safetensors")).expect("rm");
+    std::fs::copy(
+        root().join("tests/fixtures/models/tiny-zimage-original.safetensors"),
+        transformer.join("z_image_turbo_bf16.safetensors"),
+    )
+    .expect("copy");
+    let options = ImageModelOptions {
+        dtype: WeightDType::F32,
+        ..Default::default()
+    };
+    let mut m = DiffusionModel::load(&gpu(), &dir, &options).expect("load");
+    let case = &meta()["cases"][0];
+    let name = case["name"].as_str().expect("name");
+    let params = case_params(case, golden(&format!("{name}.latents")));
+    let image = m
+        .generate(&params, false, |_| true)
+        .expect("generate")
+        .expect("image");
+    let got: Vec<f32> = image.rgb.iter().map(|v| f32::from(*v) / 255.0).collect();
+    let db = psnr(&got, &golden(&format!("{name}.image")));
+    assert!(db >= 35.0, "{name} from the original layout: {db:.1} dB");
+    // A second weights file makes the folder ambiguous: refused, naming what is missing.
+    std::fs::write(transformer.join("extra.safetensors"), b"").expect("write");
+    let err = DiffusionModel::load(&gpu(), &dir, &options)
+        .err()
+        .expect("ambiguous")
+        .to_string();
+    assert!(err.contains("diffusion_pytorch_model"), "{err}");
 }

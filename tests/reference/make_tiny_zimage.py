@@ -18,6 +18,11 @@ Pillow, safetensors, numpy):
                                     8 latent channels, caption width 48
         vae/                        AutoencoderKL, 8 latent channels, 3 levels (1/4 latents),
                                     scaling 0.3611 and shift 0.1159 (the Flux VAE's), no quant convs
+        tiny-zimage-original.safetensors   the same transformer in the model's original key layout
+                                    (fused attention.qkv, x_embedder, final_layer, the
+                                    "model.diffusion_model." prefix), as ComfyUI's files and
+                                    the Z-Image repository have it; checked by converting it back
+                                    with diffusers' own single-file converter
     tests/reference/configs/z-image-turbo/   Z-Image-Turbo's published configs with the tiny
                                     tokenizer, for benchmarks at the real shapes with random
                                     weights (backpack bench-image, bench_zimage_diffusers.py)
@@ -182,6 +187,31 @@ def bench_config():
     tokenizer(folder / "tokenizer")
 
 
+def original_layout(folder):
+    """The transformer in the original key layout: the inverse of diffusers'
+    convert_z_image_transformer_checkpoint_to_diffusers, verified through it."""
+    from safetensors.torch import load_file
+    from diffusers.loaders.single_file_utils import convert_z_image_transformer_checkpoint_to_diffusers
+
+    ours = load_file(folder / "transformer" / "diffusion_pytorch_model.safetensors")
+    out = {}
+    for name, t in ours.items():
+        if any(f".attention.to_{x}.weight" in name for x in "kv"):
+            continue
+        key = name.replace("all_final_layer.2-1.", "final_layer.").replace("all_x_embedder.2-1.", "x_embedder.")
+        key = key.replace(".attention.to_out.0.", ".attention.out.")
+        key = key.replace(".attention.norm_k.", ".attention.k_norm.").replace(".attention.norm_q.", ".attention.q_norm.")
+        if ".attention.to_q.weight" in name:
+            k, v = (ours[name.replace("to_q", w)] for w in ("to_k", "to_v"))
+            key = key.replace(".attention.to_q.weight", ".attention.qkv.weight")
+            t = torch.cat([t, k, v], dim=0)
+        out["model.diffusion_model." + key] = t.contiguous()
+    back = convert_z_image_transformer_checkpoint_to_diffusers(dict(out))
+    assert back.keys() == ours.keys(), set(back) ^ set(ours)
+    assert all(torch.equal(back[k], ours[k]) for k in ours), "the converter reads it back unchanged"
+    save_file(out, MODELS / "tiny-zimage-original.safetensors", metadata={"format": "pt"})
+
+
 CASES = [
     {"name": "turbo_2_steps", "prompt": "a red fox in the snow, watercolour", "negative_prompt": "",
      "steps": 2, "guidance": 0.0, "width": 48, "height": 32, "seed": 11},
@@ -245,6 +275,7 @@ def main():
     torch.manual_seed(0)
     folder = MODELS / NAME
     build(folder)
+    original_layout(folder)
     bench_config()
     pipe = ZImagePipeline.from_pretrained(folder, torch_dtype=torch.float32)
     g = {}

@@ -31,3 +31,18 @@ impl Drop for TempDir {
         let _ = std::fs::remove_dir_all(&self.0);
     }
 }
+
+/// Copies the folder `src` into `dst` (made if missing), subfolders included.
+#[allow(dead_code)] // Each test binary that includes this file uses what it needs.
+pub fn copy_dir(src: &Path, dst: &Path) {
+    std::fs::create_dir_all(dst).expect("mkdir");
+    for entry in std::fs::read_dir(src).expect("read dir") {
+        let path = entry.expect("entry").path();
+        let to = dst.join(path.file_name().expect("name"));
+        if path.is_dir() {
+            copy_dir(&path, &to);
+        } else {
+            std::fs::copy(&path, &to).expect("copy");
+        }
+    }
+}

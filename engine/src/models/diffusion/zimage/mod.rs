@@ -4,6 +4,7 @@
 
 mod config;
 mod generate;
+mod original_layout;
 mod plans;
 mod rope;
 mod transformer;
@@ -111,10 +112,19 @@ impl ZImage {
             }
             Ok(Some(open_component(&dir, "diffusion_pytorch_model")?))
         };
+        let transformer_files = if random {
+            None
+        } else {
+            let patch = transformer_config.patch;
+            Some(original_layout::transformer_weights(
+                &root.join("transformer"),
+                patch,
+            )?)
+        };
         let name = display_name(root);
         Ok(Self {
             text,
-            transformer: network(transformer_config, files("transformer")?, 3),
+            transformer: network(transformer_config, transformer_files, 3),
             vae: network(vae_config, files("vae")?, 4),
             scheduler,
             dtype,
