@@ -395,3 +395,35 @@ fn an_original_layout_transformer_file_loads() {
         .to_string();
     assert!(err.contains("diffusion_pytorch_model"), "{err}");
 }
+
+/// The transformer block-quantized on load (Q8_0) draws the same picture within its
+/// rounding, and takes less memory than in f16.
+#[test]
+fn a_quantized_transformer_keeps_the_image() {
+    let path = root().join("tests/fixtures/models/tiny-zimage");
+    let load = |quantize| {
+        let options = ImageModelOptions {
+            dtype: WeightDType::F16,
+            quantize,
+            ..Default::default()
+        };
+        DiffusionModel::load(&gpu(), &path, &options).expect("load")
+    };
+    let mut m = load(Some(backpack_engine::load::GgmlType::Q8_0));
+    let full_bytes = load(None).info().weight_bytes;
+    assert!(
+        m.info().weight_bytes < full_bytes,
+        "quantized weights are smaller"
+    );
+    let case = &meta()["cases"][0];
+    let name = case["name"].as_str().expect("name");
+    let params = case_params(case, golden(&format!("{name}.latents")));
+    let image = m
+        .generate(&params, false, |_| true)
+        .expect("generate")
+        .expect("image");
+    let got: Vec<f32> = image.rgb.iter().map(|v| f32::from(*v) / 255.0).collect();
+    let db = psnr(&got, &golden(&format!("{name}.image")));
+    // 49 dB here; a wrong block layout or scale would fall far below.
+    assert!(db >= 40.0, "{name} with a Q8_0 transformer: {db:.1} dB");
+}

@@ -30,6 +30,10 @@ pub struct BenchImageArgs {
     /// to fit a 12–16 GB GPU).
     #[arg(long, value_enum)]
     text_quant: Option<super::QuantArg>,
+    /// Block-quantize a diffusion transformer's linear layers while loading (Z-Image: q8_0
+    /// halves the transformer's memory).
+    #[arg(long, value_enum)]
+    quant: Option<super::QuantArg>,
     /// Load the folder's weights instead of random ones.
     #[arg(long)]
     real: bool,
@@ -53,6 +57,7 @@ pub fn run(args: BenchImageArgs, adapter: Option<&str>) -> Result<()> {
         random_weights: !args.real,
         preview_decoder: None,
         text_quantize: args.text_quant.and_then(super::QuantArg::block_format),
+        quantize: args.quant.and_then(super::QuantArg::block_format),
     };
     let mut model = DiffusionModel::load(&gpu, &args.config, &options)
         .with_context(|| format!("loading {}", args.config.display()))?;

@@ -87,6 +87,10 @@ pub struct ImageArgs {
     /// to fit a 12–16 GB GPU).
     #[arg(long, value_enum)]
     text_quant: Option<super::QuantArg>,
+    /// Block-quantize a diffusion transformer's linear layers while loading (Z-Image: q8_0
+    /// halves the transformer's memory).
+    #[arg(long, value_enum)]
+    quant: Option<super::QuantArg>,
     /// Print one JSON line per image: out, seed, steps, width, height, ms_per_step, total_ms.
     #[arg(long)]
     json: bool,
@@ -182,6 +186,7 @@ pub fn run(args: ImageArgs, adapter: Option<&str>) -> Result<()> {
         random_weights: false,
         preview_decoder: None,
         text_quantize: args.text_quant.and_then(super::QuantArg::block_format),
+        quantize: args.quant.and_then(super::QuantArg::block_format),
     };
     let mut model = DiffusionModel::load(&gpu, &model_path, &options)
         .with_context(|| format!("loading {}", model_path.display()))?;

@@ -88,7 +88,7 @@ impl Builder<'_, '_> {
                     cols,
                 })
                 .collect();
-            up.dense_matrix(&key, &parts, false)
+            up.matrix(&key, &parts, false)
         })?;
         let bias = if names.len() == 1 {
             self.bias(names[0], out_each)?

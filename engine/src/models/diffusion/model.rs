@@ -22,6 +22,8 @@ pub struct ImageModelOptions {
     /// Block-quantize a Qwen3 text encoder's matrices while loading (Z-Image), so that it
     /// and the transformer fit a smaller GPU together.
     pub text_quantize: Option<crate::load::GgmlType>,
+    /// Block-quantize a diffusion transformer's linear layers while loading (Z-Image).
+    pub quantize: Option<crate::load::GgmlType>,
 }
 
 impl Default for ImageModelOptions {
@@ -31,6 +33,7 @@ impl Default for ImageModelOptions {
             random_weights: false,
             preview_decoder: None,
             text_quantize: None,
+            quantize: None,
         }
     }
 }

@@ -32,6 +32,9 @@ pub struct Network<C> {
     pub files: Option<SafeTensors>,
     pub weights: WeightCache,
     pub seed: u32,
+    /// Block-quantize the linear layers' matrices while loading (rows that are not whole
+    /// blocks stay dense).
+    pub quantize: Option<crate::load::GgmlType>,
 }
 
 impl<C> Network<C> {
@@ -45,11 +48,9 @@ impl<C> Network<C> {
             Some(st) => WeightSource::Files(st),
             None => WeightSource::Random { seed: self.seed },
         };
-        (
-            Uploader::new(gpu, source, dtype),
-            &mut self.weights,
-            &self.config,
-        )
+        let mut up = Uploader::new(gpu, source, dtype);
+        up.quantize = self.quantize;
+        (up, &mut self.weights, &self.config)
     }
 }
 
@@ -130,12 +131,7 @@ fn text_encoder(
     };
     Ok(TextEncoder {
         tokenizer: ClipTokenizer::from_dir(&root.join(tokenizer))?,
-        net: Network {
-            config,
-            files,
-            weights: WeightCache::default(),
-            seed: 0,
-        },
+        net: network(config, files, 0),
         plan: None,
     })
 }
@@ -305,6 +301,7 @@ pub(super) fn network<C>(config: C, files: Option<SafeTensors>, seed: u32) -> Ne
         files,
         weights: WeightCache::default(),
         seed,
+        quantize: None,
     }
 }
 

@@ -122,9 +122,11 @@ impl ZImage {
             )?)
         };
         let name = display_name(root);
+        let mut transformer = network(transformer_config, transformer_files, 3);
+        transformer.quantize = options.quantize;
         Ok(Self {
             text,
-            transformer: network(transformer_config, transformer_files, 3),
+            transformer,
             vae: network(vae_config, files("vae")?, 4),
             scheduler,
             dtype,
@@ -145,18 +147,25 @@ impl ZImage {
         self.downscale() * self.transformer.config.patch
     }
 
-    /// Bytes the weights take on the GPU, and the largest tensor's, from the files.
+    /// Bytes the weights take on the GPU, and the largest tensor's, from the files (a
+    /// quantized transformer's matrices at their block format's size).
     pub fn weight_bytes(&self) -> (u64, u64) {
-        let per = self.dtype.bytes();
-        let sizes = [&self.transformer.files, &self.vae.files]
-            .into_iter()
-            .flatten()
-            .flat_map(|st| {
-                st.names()
-                    .filter_map(|n| st.get(n).ok())
-                    .map(|v| v.len() as u64 * per)
-                    .collect::<Vec<_>>()
-            });
+        let dense = self.dtype.bytes() as f64;
+        let per_transformer = self.transformer.quantize.map_or(dense, |ty| {
+            ty.block_bytes() as f64 / ty.block_elems() as f64
+        });
+        let sized = |st: &crate::load::SafeTensors, per: f64| -> Vec<u64> {
+            st.names()
+                .filter_map(|n| st.get(n).ok())
+                .map(|v| (v.len() as f64 * if v.shape.len() == 2 { per } else { dense }) as u64)
+                .collect()
+        };
+        let sizes = self
+            .transformer
+            .files
+            .iter()
+            .flat_map(|st| sized(st, per_transformer))
+            .chain(self.vae.files.iter().flat_map(|st| sized(st, dense)));
         let (total, largest) =
             sizes.fold((0, 0), |(total, largest), b| (total + b, largest.max(b)));
         (total + self.text.weight_bytes(), largest)
