@@ -19,7 +19,10 @@ use backpack_engine::load::{
 };
 use backpack_engine::models::diffusion::clip_tokenizer::ClipTokenizer;
 use backpack_engine::models::diffusion::config::{ClipConfig, UnetConfig, VaeConfig};
-use backpack_engine::models::diffusion::scheduler::SchedulerConfig;
+use backpack_engine::models::diffusion::scheduler::{
+    FlowMatchConfig, SchedulerConfig, linear_sigmas,
+};
+use backpack_engine::models::diffusion::zimage::ZImageConfig;
 use backpack_engine::models::whisper::{WhisperConfig, WhisperGeneration};
 use mutate::{Scratch, fuzz};
 
@@ -160,6 +163,11 @@ fn model_configs() {
             UnetConfig::from_json(&value).map(|_| ()).map_err(err),
             VaeConfig::from_json(&value).map(|_| ()).map_err(err),
             ClipConfig::from_json(&value).map(|_| ()).map_err(err),
+            ZImageConfig::from_json(&value)
+                .map(|c| {
+                    let _ = (c.head_dim(), c.ffn_hidden(), c.patch_features());
+                })
+                .map_err(err),
         ];
         std::fs::write(&path, bytes).map_err(err)?;
         let whisper = WhisperConfig::from_file(&path).map(|_| ()).map_err(err);
@@ -177,6 +185,11 @@ fn scheduler_configs() {
     seeds.extend(seeds_named("tests/conformance", "scheduler_config.json"));
     fuzz("scheduler", &seeds, 1000, None, |bytes| {
         let value: serde_json::Value = serde_json::from_slice(bytes).map_err(err)?;
+        if let Ok(flow) = FlowMatchConfig::from_json(&value) {
+            let sigmas = flow.sigmas(&linear_sigmas(4), 4096);
+            assert!(sigmas.iter().all(|s| s.is_finite()), "{sigmas:?}");
+            return Ok(());
+        }
         let config = SchedulerConfig::from_json(&value).map_err(err)?;
         let _ = config.default_kind();
         Ok(())

@@ -75,13 +75,28 @@ impl FlowMatchConfig {
             if kind != "exponential" && kind != "linear" {
                 return Err(bad(format!("time_shift_type {kind:?}")));
             }
-            Some(DynamicShift {
+            let shift = DynamicShift {
                 base_shift: number(v, "base_shift", 0.5)?,
                 max_shift: number(v, "max_shift", 1.15)?,
                 base_seq_len: number(v, "base_image_seq_len", 256.0)?,
                 max_seq_len: number(v, "max_image_seq_len", 4096.0)?,
                 exponential: kind == "exponential",
-            })
+            };
+            // mu is a line through (base_seq_len, base_shift) and (max_seq_len, max_shift);
+            // exponential shifts take e^mu, so it stays within what f64 holds.
+            let bounded = |x: f64| x.is_finite() && x.abs() <= 50.0;
+            if shift.max_seq_len <= shift.base_seq_len
+                || shift.base_seq_len < 0.0
+                || !bounded(shift.base_shift)
+                || !bounded(shift.max_shift)
+                || shift.max_seq_len > 1e9
+            {
+                return Err(bad(format!(
+                    "dynamic shifting from ({}, {}) to ({}, {}) tokens and shifts",
+                    shift.base_seq_len, shift.base_shift, shift.max_seq_len, shift.max_shift
+                )));
+            }
+            Some(shift)
         } else {
             None
         };
@@ -91,6 +106,7 @@ impl FlowMatchConfig {
         let valid = (1.0..=100_000.0).contains(&train)
             && shift.is_finite()
             && shift > 0.0
+            && shift <= 1e6
             && (0.0..1.0).contains(&terminal);
         if !valid {
             return Err(bad(format!(
@@ -132,7 +148,10 @@ impl FlowMatchConfig {
                 }
             })
             .collect();
-        if let (Some(terminal), Some(&last)) = (self.shift_terminal, sigmas.last()) {
+        // A schedule that ends at 1 (one step) has nothing to stretch.
+        if let (Some(terminal), Some(&last)) = (self.shift_terminal, sigmas.last())
+            && last < 1.0
+        {
             let scale = (1.0 - last) / (1.0 - terminal);
             for s in &mut sigmas {
                 *s = 1.0 - (1.0 - *s) / scale;
