@@ -192,11 +192,16 @@ fn store_qkv_pair(base: u32, k: u32, v: vec2<f32>) {
 // In place over fused QKV rows (query heads, key heads, value heads, `extra` floats each; f16
 // pairs with F16): RMSNorm of each query head (weight) and key head (m), then each pair
 // (2i, 2i+1) rotated by the token's angle i: x = (cos, sin) pairs, [rows][extra / 2][2].
-// Workgroup (head, token).
+// Workgroups: tokens over x and y (folded), heads over z.
 @compute @workgroup_size(256)
-fn head_rope(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id) wid: vec3<u32>) {
-    let head = wid.x;
-    let t = wid.y;
+fn head_rope(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id) wid: vec3<u32>,
+             @builtin(num_workgroups) nwg: vec3<u32>) {
+    let head = wid.z;
+    let t = wid.y * nwg.x + wid.x;
+    // Uniform across the workgroup, so the barriers below stay in uniform control flow.
+    if (t >= p.rows) {
+        return;
+    }
     let hd = p.extra;
     let base = (t * 3u * p.side + head) * hd;
     var sq = 0.0;

@@ -751,7 +751,7 @@ fn z_image_configs_as_published() {
                 .expect("scheduler");
         assert_eq!((sched.shift, sched.dynamic.is_none()), (shift, true));
         // Shifted, the schedule still starts at pure noise and ends at the clean image.
-        let sigmas = sched.sigmas(&linear_sigmas(8), 4096);
+        let sigmas = sched.sigmas(&linear_sigmas(8), 4096).expect("sigmas");
         assert_eq!((sigmas[0], sigmas[8], sigmas.len()), (1.0, 0.0, 9));
     }
     let encoder = DecoderSpec::from_file(&corpus(

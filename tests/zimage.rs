@@ -168,7 +168,9 @@ fn sigma_tables_match_diffusers() {
             .iter()
             .map(|v| v.as_f64().expect("sigma") as f32)
             .collect();
-        let got = config.sigmas(&linear_sigmas(steps), tokens);
+        let got = config
+            .sigmas(&linear_sigmas(steps), tokens)
+            .expect("sigmas");
         let scale = vec![1.0; want.len()];
         assert_close(
             &format!("{label}, {steps} steps, {tokens} tokens"),

@@ -266,6 +266,9 @@ pub fn head_rope(
         spec("head_rope", &[flag("F16", f16)]),
         &params,
         &[(1, table), (2, q_weight), (rows, qkv), (4, k_weight)],
-        [2 * heads, tokens, 1],
+        {
+            let [x, y] = crate::gpu::fold_grid(tokens);
+            [x, y, 2 * heads]
+        },
     )
 }

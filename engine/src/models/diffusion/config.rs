@@ -234,6 +234,10 @@ impl VaeConfig {
         if n == 0 {
             return Err(bad(what, "block_out_channels is missing"));
         }
+        // Each level halves the image; more than eight would leave no pixels of any image.
+        if n > 8 {
+            return Err(bad(what, format!("{n} levels in block_out_channels")));
+        }
         let class = str_field(v, "_class_name").unwrap_or("AutoencoderKL");
         if class != "AutoencoderKL" {
             return Err(bad(what, format!("unsupported autoencoder {class}")));

@@ -130,20 +130,18 @@ impl FlowMatchConfig {
 
     /// The schedule's sigmas from the pipeline's `base` list, with the terminal zero
     /// appended (`set_timesteps(sigmas=base, mu=…)`); `tokens` is the image's patch count.
-    pub fn sigmas(&self, base: &[f32], tokens: u32) -> Vec<f32> {
+    /// Refused where the shift leaves them outside 0..=1 (where diffusers overflows or
+    /// divides by zero).
+    pub fn sigmas(&self, base: &[f32], tokens: u32) -> Result<Vec<f32>, Error> {
+        let mu = self.dynamic.as_ref().map(|d| (d, Self::mu(d, tokens)));
         let mut sigmas: Vec<f64> = base
             .iter()
             .map(|&s| {
                 let s = f64::from(s);
-                match &self.dynamic {
-                    Some(d) => {
-                        let mu = Self::mu(d, tokens);
-                        if d.exponential {
-                            mu.exp() / (mu.exp() + (1.0 / s - 1.0))
-                        } else {
-                            mu / (mu + (1.0 / s - 1.0))
-                        }
-                    }
+                match mu {
+                    // e^mu / (e^mu + (1/s − 1)), written so that a large mu cannot overflow.
+                    Some((d, mu)) if d.exponential => 1.0 / (1.0 + (-mu).exp() * (1.0 / s - 1.0)),
+                    Some((_, mu)) => mu / (mu + (1.0 / s - 1.0)),
                     None => self.shift * s / (1.0 + (self.shift - 1.0) * s),
                 }
             })
@@ -157,9 +155,20 @@ impl FlowMatchConfig {
                 *s = 1.0 - (1.0 - *s) / scale;
             }
         }
+        if let Some(bad_sigma) = sigmas.iter().find(|s| !(0.0..=1.0).contains(*s)) {
+            return Err(bad(format!(
+                "the shift for {tokens} image tokens gives sigma {bad_sigma}, outside 0..1"
+            )));
+        }
         let mut out: Vec<f32> = sigmas.into_iter().map(|s| s as f32).collect();
         out.push(0.0);
-        out
+        Ok(out)
+    }
+
+    /// The model's time for `sigma`, as the pipelines pass it: `(1000 − σ·N) / 1000` with
+    /// N training timesteps, in f32 as torch takes it.
+    pub fn model_time(&self, sigma: f32) -> f32 {
+        (1000.0 - sigma * self.train_timesteps as f32) / 1000.0
     }
 }
 
@@ -216,7 +225,7 @@ mod tests {
             "shift": 3.0, "use_dynamic_shifting": false
         }))
         .expect("config");
-        let s = c.sigmas(&linear_sigmas(4), 4096);
+        let s = c.sigmas(&linear_sigmas(4), 4096).expect("sigmas");
         let want = [1.0, 0.9, 0.75, 0.5, 0.0];
         for (a, b) in s.iter().zip(want) {
             assert!((a - b).abs() < 1e-6, "{s:?}");
@@ -240,6 +249,29 @@ mod tests {
         assert!(err(with("shift", json!("3"))).contains("shift"));
         assert!(err(with("shift", json!(-1.0))).contains("shift"));
         assert!(err(json!({ "_class_name": "EulerDiscreteScheduler" })).contains("Euler"));
+    }
+
+    #[test]
+    fn shifts_that_leave_zero_to_one_are_refused() {
+        let config = |extra: Value| {
+            let mut c = json!({
+                "_class_name": "FlowMatchEulerDiscreteScheduler", "use_dynamic_shifting": true,
+                "base_shift": 0.5, "max_shift": 50.0
+            });
+            c.as_object_mut()
+                .expect("object")
+                .extend(extra.as_object().expect("object").clone());
+            FlowMatchConfig::from_json(&c).expect("config")
+        };
+        // A huge mu saturates the exponential form at 1 rather than overflowing to NaN.
+        let s = config(json!({}))
+            .sigmas(&linear_sigmas(4), 1 << 20)
+            .expect("sigmas");
+        assert!(s.iter().all(|v| (0.0..=1.0).contains(v)), "{s:?}");
+        // A negative mu in the linear form gives sigmas outside 0..1: refused.
+        let linear =
+            config(json!({ "time_shift_type": "linear", "base_shift": -5.0, "max_shift": -4.0 }));
+        assert!(linear.sigmas(&linear_sigmas(4), 1024).is_err());
     }
 
     #[test]

@@ -107,15 +107,31 @@ impl ZImageConfig {
         if !raw.qk_norm {
             return Err(bad("qk_norm false is not supported"));
         }
-        // A checkpoint may list several patch sizes; the pipeline runs the first pair.
-        let (Some(&patch), Some(&1)) = (raw.all_patch_size.first(), raw.all_f_patch_size.first())
+        // A checkpoint may list several patch sizes; the pipeline always runs 2 (with a frame
+        // patch of 1), which must be among them.
+        let pairs = raw.all_patch_size.iter().zip(&raw.all_f_patch_size);
+        let Some(patch) = pairs
+            .filter(|(_, f)| **f == 1)
+            .map(|(p, _)| *p)
+            .find(|p| *p == 2)
         else {
-            return Err(bad(
-                "all_patch_size must start with a size and all_f_patch_size with 1",
-            ));
+            return Err(bad(format!(
+                "all_patch_size {:?} with all_f_patch_size {:?}: the pipeline runs patch size 2 with frame patch 1",
+                raw.all_patch_size, raw.all_f_patch_size
+            )));
         };
+        let bounded = [
+            ("in_channels", raw.in_channels, 1024),
+            ("dim", raw.dim, 65_536),
+            ("n_heads", raw.n_heads, 1024),
+            ("n_layers", raw.n_layers, 1024),
+            ("n_refiner_layers", raw.n_refiner_layers, 1024),
+            ("cap_feat_dim", raw.cap_feat_dim, 65_536),
+        ];
+        if let Some((key, value, most)) = bounded.iter().find(|(_, v, most)| v > most) {
+            return Err(bad(format!("{key} {value} is more than {most}")));
+        }
         let positive = [
-            ("all_patch_size", patch),
             ("in_channels", raw.in_channels),
             ("dim", raw.dim),
             ("n_heads", raw.n_heads),
@@ -204,6 +220,14 @@ mod tests {
         assert!(err(json!({ "dim": 100, "n_heads": 3 })).contains("n_heads"));
         assert!(err(json!({ "n_layers": "many" })).contains("n_layers"));
         assert!(err(json!({ "dim": 0 })).contains("dim"));
+        assert!(err(json!({ "all_patch_size": [4] })).contains("patch size 2"));
+        assert!(err(json!({ "dim": 1_000_000 })).contains("dim"));
+        // Several patch sizes: the pipeline's 2 is the one run.
+        let c = ZImageConfig::from_json(
+            &json!({ "all_patch_size": [4, 2], "all_f_patch_size": [1, 1] }),
+        )
+        .expect("2 is listed");
+        assert_eq!(c.patch, 2);
         assert!(err(json!({ "_class_name": "FluxTransformer2DModel" })).contains("Flux"));
     }
 }

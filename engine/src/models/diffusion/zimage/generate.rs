@@ -12,6 +12,9 @@ use crate::models::diffusion::generate::{Generated, ImageParams, StepInfo, Timin
 use crate::models::diffusion::scheduler::{flow_step, gaussian_noise, linear_sigmas};
 use crate::ops::DenoiseParams;
 
+/// The most steps an image takes.
+const MAX_STEPS: u32 = 1000;
+
 /// The captions of one image on the GPU, and the order of a step's transformer calls.
 struct Captions {
     cond: StorageBuffer,
@@ -30,7 +33,10 @@ pub fn img2img_first_step(steps: u32, strength: f32) -> Result<usize, Error> {
         )));
     }
     let n = f64::from(steps);
-    let first = (n - (n * f64::from(strength)).min(n)).max(0.0) as usize;
+    // The strength as typed (0.6, not the f32 nearest it, 0.6000000238): diffusers multiplies
+    // Python floats, and a product that is a whole number must stay one.
+    let strength: f64 = strength.to_string().parse().unwrap_or(f64::from(strength));
+    let first = (n - (n * strength).min(n)).max(0.0) as usize;
     if first >= steps as usize {
         return Err(Error::Invalid(format!(
             "{steps} steps at strength {strength} leave none to run"
@@ -145,6 +151,12 @@ impl ZImage {
         mut on_step: impl FnMut(StepInfo) -> bool,
     ) -> Result<Option<Generated>, Error> {
         let start = Instant::now();
+        if !(1..=MAX_STEPS).contains(&params.steps) {
+            return Err(Error::Invalid(format!(
+                "{} steps: 1 to {MAX_STEPS} are possible",
+                params.steps
+            )));
+        }
         let first = match &params.init_image {
             Some((_, strength)) => img2img_first_step(params.steps, *strength)?,
             None => 0,
@@ -164,15 +176,14 @@ impl ZImage {
         let patch = self.transformer.config.patch;
         let sigmas = self
             .scheduler
-            .sigmas(&linear_sigmas(params.steps), (h / patch) * (w / patch));
+            .sigmas(&linear_sigmas(params.steps), (h / patch) * (w / patch))?;
         self.start_latents(gpu, plans, params, sigmas[first])?;
         let n = h * w * self.transformer.config.in_channels;
         let steps = (sigmas.len() - 1 - first) as u32;
         let steps_start = Instant::now();
         for (i, pair) in sigmas[first..].windows(2).enumerate() {
             let (sigma, next) = (pair[0], pair[1]);
-            // The pipeline's model time: (1000 − 1000σ) / 1000, in f32 as torch takes it.
-            self.write_time(gpu, plans, (1000.0 - sigma * 1000.0) / 1000.0);
+            self.write_time(gpu, plans, self.scheduler.model_time(sigma));
             let s = flow_step(sigma, next, true);
             let update = DenoiseParams {
                 n,
@@ -265,6 +276,10 @@ mod tests {
         assert_eq!(img2img_first_step(4, 0.6).ok(), Some(1));
         assert_eq!(img2img_first_step(4, 1.0).ok(), Some(0));
         assert_eq!(img2img_first_step(9, 0.5).ok(), Some(4));
+        // Whole products of steps and strength, as Python's floats give them.
+        assert_eq!(img2img_first_step(5, 0.6).ok(), Some(2));
+        assert_eq!(img2img_first_step(10, 0.8).ok(), Some(2));
+        assert_eq!(img2img_first_step(50, 0.6).ok(), Some(20));
         // Any strength above zero keeps at least the last step.
         assert_eq!(img2img_first_step(4, 0.1).ok(), Some(3));
         assert!(img2img_first_step(0, 0.5).is_err(), "no step to run");

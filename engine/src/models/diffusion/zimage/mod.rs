@@ -53,7 +53,8 @@ fn native_side(vae: &Value, step: u32) -> u32 {
         _ => None,
     }
     .unwrap_or(1024)
-    .clamp(u64::from(step), 4096) as u32;
+    .min(4096)
+    .max(u64::from(step)) as u32;
     side / step * step
 }
 

@@ -196,7 +196,15 @@ impl ZImage {
         plans: &mut ZImagePlans,
         lengths: &[u32],
     ) -> Result<(), Error> {
-        plans.transformers.retain(|p| lengths.contains(&p.tokens));
+        let (kept, dropped): (Vec<_>, Vec<_>) = std::mem::take(&mut plans.transformers)
+            .into_iter()
+            .partition(|p| lengths.contains(&p.tokens));
+        plans.transformers = kept;
+        for plan in dropped {
+            plans.activation_bytes = plans
+                .activation_bytes
+                .saturating_sub(plan.plan.activation_bytes);
+        }
         for &tokens in lengths {
             if plans.transformers.iter().any(|p| p.tokens == tokens) {
                 continue;
