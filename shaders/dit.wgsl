@@ -25,6 +25,8 @@ struct Params {
 // f16 values two to a word: mod_norm's rows with HALF_OUT (for a product that reads its X
 // so), head_rope's QKV rows with F16 (as a product with half_out writes them).
 @group(0) @binding(5) var<storage, read_write> y16: array<u32>;
+// fill_tail: the rows in use, as the call's caption sets them.
+@group(0) @binding(6) var<storage, read> used: array<u32>;
 
 fn linear_id(gid: vec3<u32>, nwg: vec3<u32>) -> u32 {
     return gid.y * nwg.x * 64u + gid.x;
@@ -74,6 +76,17 @@ fn fill_rows(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgro
         return;
     }
     y[p.extra * p.cols + id] = weight[id % p.cols];
+}
+
+// Rows from used[0] on of y's first `rows` (`cols` wide) take the vector `weight`: the
+// padding token after a caption whose length is known only when the plan runs.
+@compute @workgroup_size(64)
+fn fill_tail(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let id = linear_id(gid, nwg);
+    if (id >= p.rows * p.cols || id / p.cols < used[0]) {
+        return;
+    }
+    y[id] = weight[id % p.cols];
 }
 
 var<workgroup> red: array<f32, 256>;

@@ -1,13 +1,14 @@
 //! The diffusion-transformer kernels (shaders/dit.wgsl) against plain CPU references on random
 //! inputs of awkward sizes: patch tokens both ways, the modulated RMS and plain LayerNorm, the
-//! gated residual add, head RMSNorm with table RoPE, and padding-token rows.
+//! gated residual add, head RMSNorm with table RoPE, and padding-token rows (fixed, or from a
+//! count read when the pass runs).
 
 mod common;
 
 use backpack_engine::gpu::{Gpu, Recorder, StorageBuffer};
 use backpack_engine::ops::{
-    Pass, PatchShape, RowNorm, RowNormForm, Slice, fill_rows, gated_add, head_rope, mod_norm,
-    patchify, unpatchify,
+    Pass, PatchShape, RowNorm, RowNormForm, Slice, fill_rows, fill_tail, gated_add, head_rope,
+    mod_norm, patchify, unpatchify,
 };
 use common::{Rng, assert_close, gpu, round_f16};
 
@@ -322,4 +323,31 @@ fn padding_rows_take_the_token() {
         want[r * cols..(r + 1) * cols].copy_from_slice(&token);
     }
     assert_eq!(read(&gpu, &y, x.len()), want);
+}
+
+/// The rows past a count read when the pass runs take the token; changing the count between
+/// runs of the same pass moves the boundary.
+#[test]
+fn tail_rows_follow_the_count_set_at_run_time() {
+    let gpu = gpu();
+    let mut rng = Rng::new(6);
+    let (rows, cols) = (9, 7);
+    let x = rng.vec(rows * cols, 1.0);
+    let token = rng.vec(cols, 1.0);
+    let used = gpu.storage_from("used", &[0u32]).expect("buffer");
+    let y = buf(&gpu, &x);
+    let t = buf(&gpu, &token);
+    let pass = fill_tail(&gpu, (rows as u32, cols as u32), &used, &t, &y).expect("fill");
+    for count in [9usize, 4, 0] {
+        gpu.queue()
+            .write_buffer(&y.buffer, 0, bytemuck::cast_slice(&x));
+        gpu.queue()
+            .write_buffer(&used.buffer, 0, bytemuck::cast_slice(&[count as u32]));
+        run(&gpu, &pass);
+        let mut want = x.clone();
+        for r in count..rows {
+            want[r * cols..(r + 1) * cols].copy_from_slice(&token);
+        }
+        assert_eq!(read(&gpu, &y, x.len()), want, "rows from {count}");
+    }
 }

@@ -112,6 +112,30 @@ pub fn fill_rows(
     )
 }
 
+/// Rows `used[0]..rows` of `y` (`cols` wide) set to `token`, the first row read when the pass
+/// runs (`used` holds one u32).
+pub fn fill_tail(
+    gpu: &Gpu,
+    (rows, cols): (u32, u32),
+    used: &StorageBuffer,
+    token: &StorageBuffer,
+    y: &StorageBuffer,
+) -> Result<Pass, GpuError> {
+    let params = Params {
+        rows,
+        cols,
+        ..Default::default()
+    };
+    let grid = Pass::grid_of_64(rows * cols);
+    Pass::new(
+        gpu,
+        spec("fill_tail", &[]),
+        &params,
+        &[(2, token), (3, y), (6, used)],
+        grid,
+    )
+}
+
 /// Which norm a [`mod_norm`] takes of each row.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum RowNorm {

@@ -5,9 +5,10 @@
 use std::time::Instant;
 
 use super::ZImage;
-use super::plans::{Call, ZImagePlans, copy_all, record_preview};
+use super::plans::{Call, CaptionRows, ZImagePlans, copy_all, record_preview};
+use super::transformer::padded;
 use crate::Error;
-use crate::gpu::{Gpu, Recorder, StorageBuffer};
+use crate::gpu::{Gpu, Recorder};
 use crate::models::diffusion::generate::{Generated, ImageParams, StepInfo, Timings, nchw_to_nhwc};
 use crate::models::diffusion::scheduler::{flow_step, gaussian_noise, linear_sigmas};
 use crate::ops::DenoiseParams;
@@ -17,8 +18,8 @@ const MAX_STEPS: u32 = 1000;
 
 /// The captions of one image on the GPU, and the order of a step's transformer calls.
 struct Captions {
-    cond: StorageBuffer,
-    uncond: Option<StorageBuffer>,
+    cond: CaptionRows,
+    uncond: Option<CaptionRows>,
     /// (plan index, conditional): under guidance the negative caption's call comes first,
     /// its output set aside.
     calls: Vec<(usize, bool)>,
@@ -64,17 +65,11 @@ impl ZImage {
         let mut lengths = vec![cond_tokens];
         lengths.extend(uncond.as_ref().map(|u| u.1));
         self.transformers_for(gpu, plans, &lengths)?;
-        let upload = |label: &str, values: &[f32]| -> Result<StorageBuffer, Error> {
-            let buf = gpu.storage(label, (values.len() as u64).max(1) * 4)?;
-            gpu.queue()
-                .write_buffer(&buf.buffer, 0, bytemuck::cast_slice(values));
-            Ok(buf)
-        };
         let find = |tokens: u32| {
             plans
                 .transformers
                 .iter()
-                .position(|p| p.tokens == tokens)
+                .position(|p| p.rows == padded(tokens))
                 .ok_or_else(|| Error::Invalid("no transformer plan".into()))
         };
         let mut calls = Vec::new();
@@ -83,10 +78,10 @@ impl ZImage {
         }
         calls.push((find(cond_tokens)?, true));
         Ok(Captions {
-            cond: upload("caption", &cond)?,
+            cond: CaptionRows::upload(gpu, "caption", &cond, cond_tokens)?,
             uncond: uncond
                 .as_ref()
-                .map(|(u, _)| upload("negative caption", u))
+                .map(|(u, n)| CaptionRows::upload(gpu, "negative caption", u, *n))
                 .transpose()?,
             calls,
         })

@@ -15,11 +15,14 @@ use crate::models::diffusion::scheduler::timestep_embedding;
 use crate::models::diffusion::vae::{VaePlan, build_decoder, build_encoder};
 use crate::ops::{Denoise, DenoiseBuffers, Preview, PreviewSource};
 
-/// The transformer at one caption length, with its own caption input and output.
+/// The transformer for captions that pad to one length, with its own caption input (and
+/// count of rows in use) and output.
 pub(super) struct CaptionPlan {
-    pub(super) tokens: u32,
+    /// The padded caption length the plan serves.
+    pub(super) rows: u32,
     plan: ZImagePlan,
     caption: Arc<StorageBuffer>,
+    used: Arc<StorageBuffer>,
     out: Arc<StorageBuffer>,
 }
 
@@ -53,17 +56,44 @@ pub(super) fn zeros(gpu: &Gpu, label: &str, floats: u32) -> Result<Arc<StorageBu
     Ok(Arc::new(gpu.storage(label, u64::from(floats.max(1)) * 4)?))
 }
 
+/// A caption on the GPU: its features and (one u32) how many rows they fill.
+pub(super) struct CaptionRows {
+    pub(super) features: StorageBuffer,
+    pub(super) used: StorageBuffer,
+}
+
+impl CaptionRows {
+    pub(super) fn upload(
+        gpu: &Gpu,
+        label: &str,
+        features: &[f32],
+        rows: u32,
+    ) -> Result<Self, Error> {
+        let buffer = gpu.storage(label, (features.len() as u64).max(1) * 4)?;
+        gpu.queue()
+            .write_buffer(&buffer.buffer, 0, bytemuck::cast_slice(features));
+        Ok(Self {
+            features: buffer,
+            used: gpu.storage_from("caption rows", &[rows])?,
+        })
+    }
+}
+
 /// One transformer call of a step: its plan, the caption it reads, where its output goes.
 pub(super) struct Call<'a> {
     pub(super) plan: &'a CaptionPlan,
-    pub(super) caption: &'a StorageBuffer,
+    pub(super) caption: &'a CaptionRows,
     pub(super) out: &'a StorageBuffer,
 }
 
 impl Call<'_> {
+    /// Copies the caption and its row count in (so that captions of one padded length share
+    /// the plan, even within one submission), runs the plan, copies the output out.
     pub(super) fn record(&self, rec: &mut Recorder<'_>) {
-        let bytes = self.caption.size.min(self.plan.caption.size);
-        rec.copy(&self.caption.buffer, 0, &self.plan.caption.buffer, 0, bytes);
+        let features = &self.caption.features;
+        let bytes = features.size.min(self.plan.caption.size);
+        rec.copy(&features.buffer, 0, &self.plan.caption.buffer, 0, bytes);
+        rec.copy(&self.caption.used.buffer, 0, &self.plan.used.buffer, 0, 4);
         self.plan.plan.plan.encode(rec);
         rec.copy(
             &self.plan.out.buffer,
@@ -189,24 +219,25 @@ impl ZImage {
     }
 
     /// Makes sure the size's plans hold a transformer for each caption length in `lengths`
-    /// (dropping those for other lengths).
+    /// (one per padded length; those for other lengths are dropped).
     pub(super) fn transformers_for(
         &mut self,
         gpu: &Gpu,
         plans: &mut ZImagePlans,
         lengths: &[u32],
     ) -> Result<(), Error> {
+        let wanted: Vec<u32> = lengths.iter().map(|&n| padded(n.max(1))).collect();
         let (kept, dropped): (Vec<_>, Vec<_>) = std::mem::take(&mut plans.transformers)
             .into_iter()
-            .partition(|p| lengths.contains(&p.tokens));
+            .partition(|p| wanted.contains(&p.rows));
         plans.transformers = kept;
         for plan in dropped {
             plans.activation_bytes = plans
                 .activation_bytes
                 .saturating_sub(plan.plan.activation_bytes);
         }
-        for &tokens in lengths {
-            if plans.transformers.iter().any(|p| p.tokens == tokens) {
+        for rows in wanted {
+            if plans.transformers.iter().any(|p| p.rows == rows) {
                 continue;
             }
             let cfg = &self.transformer.config;
@@ -214,17 +245,19 @@ impl ZImage {
             let io = ZImageIo {
                 latent: plans.model_in.clone(),
                 time_proj: plans.time_proj.clone(),
-                caption: zeros(gpu, "caption", padded(tokens) * cfg.cap_feat_dim)?,
-                caption_tokens: tokens,
+                caption: zeros(gpu, "caption", rows * cfg.cap_feat_dim)?,
+                caption_rows: rows,
+                caption_used: Arc::new(gpu.storage_from("caption rows in use", &[rows])?),
                 out: zeros(gpu, "transformer output", h * w * cfg.in_channels)?,
             };
             let (mut up, weights, config) = self.transformer.loader(gpu, self.dtype);
             let plan = build_transformer(Builder::new(gpu, &mut up, weights), config, &io, (h, w))?;
             plans.activation_bytes += plan.activation_bytes;
             plans.transformers.push(CaptionPlan {
-                tokens,
+                rows,
                 plan,
                 caption: io.caption,
+                used: io.caption_used,
                 out: io.out,
             });
         }
@@ -304,9 +337,10 @@ impl ZImage {
         let plan = plans
             .transformers
             .iter()
-            .find(|p| p.tokens == tokens)
+            .find(|p| p.rows == padded(tokens))
             .ok_or_else(|| Error::Invalid("no transformer plan".into()))?;
         q.write_buffer(&plan.caption.buffer, 0, bytemuck::cast_slice(caption));
+        q.write_buffer(&plan.used.buffer, 0, bytemuck::cast_slice(&[tokens]));
         let mut rec = Recorder::new(gpu);
         plan.plan.plan.encode(&mut rec);
         rec.submit();

@@ -12,7 +12,7 @@ use crate::gpu::StorageBuffer;
 use crate::models::diffusion::graph::{Act, Activation, Builder, Halves, Plan};
 use crate::ops::{
     FullLayout, Glu, GluKind, MatMul, PatchShape, RowNorm, RowNormForm, Slice, fill_rows,
-    gated_add, head_rope, mod_norm, patchify, unpatchify,
+    fill_tail, gated_add, head_rope, mod_norm, patchify, unpatchify,
 };
 
 /// What a plan reads each call and where its output lands.
@@ -21,10 +21,13 @@ pub struct ZImageIo {
     pub latent: Arc<StorageBuffer>,
     /// `[256]`: the sinusoidal embedding of the scaled timestep.
     pub time_proj: Arc<StorageBuffer>,
-    /// `[caption_tokens][cap_feat_dim]`: the text encoder's hidden states (room for the
-    /// padded count).
+    /// `[caption_rows][cap_feat_dim]`: the text encoder's hidden states, then any rows.
     pub caption: Arc<StorageBuffer>,
-    pub caption_tokens: u32,
+    /// The caption's rows, padded: a plan serves every caption that pads to as many.
+    pub caption_rows: u32,
+    /// One u32: how many of those rows the caption fills (the rest take the padding token),
+    /// written with each call's caption.
+    pub caption_used: Arc<StorageBuffer>,
     /// `[h·w][in_channels]`: the transformer's output.
     pub out: Arc<StorageBuffer>,
 }
@@ -52,10 +55,13 @@ pub fn build_transformer(
             "a {w}×{h} latent is not a whole number of {p}×{p} patches"
         )));
     }
-    if io.caption_tokens == 0 {
-        return Err(Error::Invalid("the caption has no tokens".into()));
+    if io.caption_rows == 0 || io.caption_rows != padded(io.caption_rows) {
+        return Err(Error::Invalid(format!(
+            "caption rows {}: a positive multiple of the sequence padding is needed",
+            io.caption_rows
+        )));
     }
-    let positions = Positions::new(io.caption_tokens, (h / p, w / p));
+    let positions = Positions::new(io.caption_rows, (h / p, w / p));
     let dim = cfg.dim;
 
     let time = Builder::external(&io.time_proj, 1, 1, super::config::TIME_FREQUENCIES);
@@ -89,7 +95,7 @@ pub fn build_transformer(
         x = block(&mut b, x, &name, cfg, &image_rope, Some(&adaln))?;
     }
 
-    let (cap, cap_total) = (io.caption_tokens, positions.caption_padded);
+    let cap_total = positions.caption_padded;
     let caption = Builder::external(&io.caption, 1, cap_total, cfg.cap_feat_dim);
     let normed = rms_norm(
         &mut b,
@@ -101,7 +107,9 @@ pub fn build_transformer(
     )?;
     let mut c = b.linear(&normed, "cap_embedder.1", dim, None, None)?;
     b.release(normed);
-    pad_rows(&mut b, &c, cap, "cap_pad_token")?;
+    let token = b.vector("cap_pad_token", dim, None)?;
+    let pass = fill_tail(b.gpu, (cap_total, dim), &io.caption_used, &token, &c.buf)?;
+    b.push(move |rec| pass.encode(rec));
     for i in 0..cfg.refiner_layers {
         let name = format!("context_refiner.{i}");
         c = block(&mut b, c, &name, cfg, &caption_rope, None)?;
