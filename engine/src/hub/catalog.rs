@@ -254,6 +254,7 @@ mod tests {
             "qwen3.5-9b",
             "qwen3.5-35b-a3b",
             "z-image-turbo",
+            "z-image",
         ] {
             let e = catalog
                 .entry(id)
