@@ -243,11 +243,13 @@ fn setting_grid(
                 .on_hover_text("Denoising steps: more is slower and finer");
             ui.end_row();
             let l = ui.label("Guidance");
+            // Z-Image guides at any scale above 0; Stable Diffusion only above 1.
+            let unguided = if flow_matching { "0" } else { "0 or 1" };
             ui.add(egui::Slider::new(&mut s.guidance, 0.0..=20.0).step_by(0.1))
                 .labelled_by(l.id)
-                .on_hover_text(
-                    "How closely to follow the prompt (0 or 1: no guidance, twice as fast)",
-                );
+                .on_hover_text(format!(
+                    "How closely to follow the prompt ({unguided}: no guidance, twice as fast)"
+                ));
             ui.end_row();
             let l = ui.label("Scheduler");
             if flow_matching {
