@@ -305,11 +305,38 @@ pub(super) fn network<C>(config: C, files: Option<SafeTensors>, seed: u32) -> Ne
     }
 }
 
+/// The model's name for the UI and the PNG's parameters: the file's or folder's name, or for a
+/// Hugging Face cache snapshot (`models--ORG--NAME/snapshots/<revision>`) the repository's.
 pub(super) fn display_name(path: &Path) -> String {
+    let cached = path
+        .parent()
+        .filter(|p| p.file_name().is_some_and(|n| n == "snapshots"))
+        .and_then(Path::parent)
+        .and_then(Path::file_name)
+        .and_then(|n| n.to_str())
+        .and_then(|n| n.strip_prefix("models--"))
+        .and_then(|n| n.rsplit("--").next());
+    if let Some(name) = cached {
+        return name.to_owned();
+    }
     path.file_stem()
         .or_else(|| path.file_name())
         .map(|s| s.to_string_lossy().into_owned())
         .unwrap_or_else(|| path.display().to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::display_name;
+    use std::path::Path;
+
+    #[test]
+    fn cache_snapshots_are_named_by_their_repository() {
+        let snapshot = Path::new("/hub/models--Tongyi-MAI--Z-Image-Turbo/snapshots/5f1c2a");
+        assert_eq!(display_name(snapshot), "Z-Image-Turbo");
+        assert_eq!(display_name(Path::new("/m/sd-turbo")), "sd-turbo");
+        assert_eq!(display_name(Path::new("/m/v1-5.safetensors")), "v1-5");
+    }
 }
 
 /// Stable Diffusion's training schedule, for checkpoints that come without a scheduler.

@@ -36,13 +36,25 @@ pub struct ZImage {
     pub scheduler: FlowMatchConfig,
     pub dtype: WeightDType,
     pub name: String,
-    /// Few-step distilled weights (Turbo): no guidance by default.
+    /// Few-step distilled weights (Turbo, by its folder's name): no guidance by default.
     pub turbo: bool,
     /// A tiny autoencoder for this latent space (taef1), for cheaper live previews.
     pub taesd: Option<super::taesd::Taesd>,
     /// The image side the VAE was trained for (its `sample_size`; 1024 where it says none),
     /// the default size.
     pub native_side: u32,
+}
+
+/// Whether the folder is the distilled Turbo model. No config says so, so its name does: any
+/// part of the path, since a Hugging Face cache keeps the repository's name above a snapshot
+/// folder named by its revision (`models--Tongyi-MAI--Z-Image-Turbo/snapshots/<hash>`).
+fn names_turbo(root: &Path) -> bool {
+    root.components().any(|c| {
+        c.as_os_str()
+            .to_string_lossy()
+            .to_ascii_lowercase()
+            .contains("turbo")
+    })
 }
 
 /// The VAE config's `sample_size` (a side, or `[height, width]`), rounded down to `step`.
@@ -131,7 +143,7 @@ impl ZImage {
             vae: network(vae_config, files("vae")?, 4),
             scheduler,
             dtype,
-            turbo: name.to_ascii_lowercase().contains("turbo"),
+            turbo: names_turbo(root),
             name,
             taesd: None,
             native_side: native_side(&vae_json, size_step),
@@ -179,5 +191,22 @@ impl ZImage {
         let depth = self.text.layers() - 1;
         let states = self.text.hidden_states(&ids, depth)?;
         Ok((states, ids.len() as u32))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::names_turbo;
+    use std::path::Path;
+
+    #[test]
+    fn turbo_is_read_from_any_part_of_the_path() {
+        assert!(names_turbo(Path::new("/models/Tongyi-MAI--Z-Image-Turbo")));
+        assert!(names_turbo(Path::new(
+            "/hf/hub/models--Tongyi-MAI--Z-Image-Turbo/snapshots/5f1c2a"
+        )));
+        assert!(!names_turbo(Path::new(
+            "/hf/hub/models--Tongyi-MAI--Z-Image/snapshots/5f1c2a"
+        )));
     }
 }
