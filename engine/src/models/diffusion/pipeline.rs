@@ -325,20 +325,6 @@ pub(super) fn display_name(path: &Path) -> String {
         .unwrap_or_else(|| path.display().to_string())
 }
 
-#[cfg(test)]
-mod tests {
-    use super::display_name;
-    use std::path::Path;
-
-    #[test]
-    fn cache_snapshots_are_named_by_their_repository() {
-        let snapshot = Path::new("/hub/models--Tongyi-MAI--Z-Image-Turbo/snapshots/5f1c2a");
-        assert_eq!(display_name(snapshot), "Z-Image-Turbo");
-        assert_eq!(display_name(Path::new("/m/sd-turbo")), "sd-turbo");
-        assert_eq!(display_name(Path::new("/m/v1-5.safetensors")), "v1-5");
-    }
-}
-
 /// Stable Diffusion's training schedule, for checkpoints that come without a scheduler.
 fn default_scheduler() -> Value {
     serde_json::json!({
@@ -351,4 +337,18 @@ fn default_scheduler() -> Value {
         "timestep_spacing": "leading",
         "steps_offset": 1
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::display_name;
+    use std::path::Path;
+
+    #[test]
+    fn cache_snapshots_are_named_by_their_repository() {
+        let snapshot = Path::new("/hub/models--Tongyi-MAI--Z-Image-Turbo/snapshots/5f1c2a");
+        assert_eq!(display_name(snapshot), "Z-Image-Turbo");
+        assert_eq!(display_name(Path::new("/m/sd-turbo")), "sd-turbo");
+        assert_eq!(display_name(Path::new("/m/v1-5.safetensors")), "v1-5");
+    }
 }
