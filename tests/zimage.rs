@@ -429,3 +429,57 @@ fn a_quantized_transformer_keeps_the_image() {
     // 49 dB here; a wrong block layout or scale would fall far below.
     assert!(db >= 40.0, "{name} with a Q8_0 transformer: {db:.1} dB");
 }
+
+/// Under guidance a prompt and a negative prompt that pad to the same length share one
+/// transformer plan, each call bringing its own caption and row count: one guided step gives
+/// what the two captions' separate transformer calls, mixed and stepped by hand, give.
+#[test]
+fn a_shared_plan_keeps_each_captions_rows() {
+    let mut m = model(WeightDType::F32);
+    let (prompt, negative) = ("A lighthouse at dusk", "");
+    let (cond, cond_rows) = m.caption_features(prompt).expect("caption");
+    let (uncond, uncond_rows) = m.caption_features(negative).expect("caption");
+    assert_ne!(cond_rows, uncond_rows);
+    assert_eq!(
+        cond_rows.div_ceil(32),
+        uncond_rows.div_ceil(32),
+        "one padded length"
+    );
+    let latents = golden("guided_2_steps.latents");
+    let guidance = 2.5f32;
+    // One step from σ = 1 to 0 at model time 0: x₀ = x + out, out = neg + (g + 1)(pos − neg).
+    let pos = m
+        .transformer_once(&latents, (8, 8), 0.0, &cond)
+        .expect("pos");
+    let neg = m
+        .transformer_once(&latents, (8, 8), 0.0, &uncond)
+        .expect("neg");
+    let x0: Vec<f32> = (0..latents.len())
+        .map(|i| latents[i] + neg[i] + (guidance + 1.0) * (pos[i] - neg[i]))
+        .collect();
+    let nchw = m.decode_latents(&x0, (8, 8)).expect("decode");
+    let plane = 32 * 32;
+    let want: Vec<f32> = (0..plane)
+        .flat_map(|p| (0..3).map(move |c| (c, p)))
+        .map(|(c, p)| (nchw[c * plane + p] / 2.0 + 0.5).clamp(0.0, 1.0))
+        .collect();
+    let params = ImageParams {
+        prompt: prompt.into(),
+        negative: negative.into(),
+        steps: 1,
+        guidance,
+        seed: 0,
+        width: 32,
+        height: 32,
+        scheduler: SchedulerKind::Euler,
+        init_image: None,
+        init_latents: Some(latents),
+    };
+    let image = m
+        .generate(&params, false, |_| true)
+        .expect("generate")
+        .expect("image");
+    let got: Vec<f32> = image.rgb.iter().map(|v| f32::from(*v) / 255.0).collect();
+    let db = psnr(&got, &want);
+    assert!(db >= 45.0, "shared plan against separate calls: {db:.1} dB");
+}
