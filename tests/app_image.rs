@@ -14,6 +14,11 @@ use eframe::egui::accesskit::Role;
 use eframe::{egui, egui_wgpu, wgpu};
 use egui_kittest::Harness;
 use egui_kittest::kittest::Queryable;
+// Only its folder copy is used here.
+#[allow(dead_code)]
+#[path = "support/temp_dir.rs"]
+mod temp_dir;
+use temp_dir::copy_dir;
 
 type App = Harness<'static, BackpackApp>;
 
@@ -304,7 +309,7 @@ fn image_panel_matches_snapshot() {
     let _ = std::fs::remove_dir_all(&dir);
     // The model's path is shown, so it lives at a fixed path too.
     let model = dir.join("diffusion/tiny-sd-turbo");
-    copy_tree(&tiny_sd_turbo(), &model);
+    copy_dir(&tiny_sd_turbo(), &model);
     // The prompt is set before start: a focused text field would draw a blinking caret.
     let mut store = backpack_app::gui::store::Store::open(&dir);
     store.state.image.prompt = PROMPT.into();
@@ -321,17 +326,4 @@ fn image_panel_matches_snapshot() {
     h.snapshot_options("image", &options);
     drop(h);
     let _ = std::fs::remove_dir_all(&dir);
-}
-
-fn copy_tree(from: &Path, to: &Path) {
-    std::fs::create_dir_all(to).expect("mkdir");
-    for entry in std::fs::read_dir(from).expect("read dir") {
-        let path = entry.expect("entry").path();
-        let dest = to.join(path.file_name().expect("name"));
-        if path.is_dir() {
-            copy_tree(&path, &dest);
-        } else {
-            std::fs::copy(&path, &dest).expect("copy");
-        }
-    }
 }
