@@ -91,8 +91,23 @@ fn pipeline_class(path: &Path) -> Option<String> {
 }
 
 impl DiffusionModel {
-    /// Loads every network's weights onto the GPU, after checking they fit its limits.
+    /// Loads every network's weights onto the GPU, after checking they fit its limits. Running
+    /// out of GPU memory on the way is an error that says so, not a crash.
     pub fn load(gpu: &Gpu, path: &Path, options: &ImageModelOptions) -> Result<Self, Error> {
+        let oom = gpu
+            .device()
+            .push_error_scope(wgpu::ErrorFilter::OutOfMemory);
+        let result = Self::load_inner(gpu, path, options);
+        if let Some(err) = pollster::block_on(oom.pop()) {
+            return Err(Error::Invalid(format!(
+                "the GPU ran out of memory loading {} ({err}); f16 weights, or for Z-Image --quant q8_0 and --text-quant q8_0, take less",
+                path.display()
+            )));
+        }
+        result
+    }
+
+    fn load_inner(gpu: &Gpu, path: &Path, options: &ImageModelOptions) -> Result<Self, Error> {
         if path.is_dir() && pipeline_class(path).as_deref() == Some(zimage::PIPELINE_CLASS) {
             return Self::load_zimage(gpu, path, options);
         }
@@ -235,18 +250,54 @@ impl DiffusionModel {
                 params.width, params.height, self.info.size_step
             )));
         }
-        match &mut self.pipeline {
+        // A size's plans allocate its activations: too large an image runs out of memory there.
+        let oom = self
+            .gpu
+            .device()
+            .push_error_scope(wgpu::ErrorFilter::OutOfMemory);
+        let result = match &mut self.pipeline {
             Pipeline::Unet { parts, plans } => {
                 parts.generate(&self.gpu, plans, params, preview, on_step)
             }
             Pipeline::ZImage { pipe, plans } => {
                 pipe.generate(&self.gpu, plans, params, preview, on_step)
             }
+        };
+        if let Some(err) = pollster::block_on(oom.pop()) {
+            // The plans made before the failure are incomplete: the next image makes them anew.
+            match &mut self.pipeline {
+                Pipeline::Unet { plans, .. } => *plans = None,
+                Pipeline::ZImage { plans, .. } => *plans = None,
+            }
+            return Err(Error::Invalid(format!(
+                "the GPU ran out of memory for a {}×{} image ({err}); a smaller size takes less",
+                params.width, params.height
+            )));
         }
+        result
     }
 
     /// The texture the previews of the current size are drawn into.
+    /// (It builds the size's plans: running out of GPU memory there is an error that says so.)
     pub fn preview_texture(&mut self, width: u32, height: u32) -> Result<wgpu::Texture, Error> {
+        let gpu = self.gpu.clone();
+        let oom = gpu
+            .device()
+            .push_error_scope(wgpu::ErrorFilter::OutOfMemory);
+        let result = self.preview_texture_inner(width, height);
+        if let Some(err) = pollster::block_on(oom.pop()) {
+            match &mut self.pipeline {
+                Pipeline::Unet { plans, .. } => *plans = None,
+                Pipeline::ZImage { plans, .. } => *plans = None,
+            }
+            return Err(Error::Invalid(format!(
+                "the GPU ran out of memory for a {width}×{height} image ({err}); a smaller size takes less"
+            )));
+        }
+        result
+    }
+
+    fn preview_texture_inner(&mut self, width: u32, height: u32) -> Result<wgpu::Texture, Error> {
         let gpu = self.gpu.clone();
         if let Pipeline::ZImage { pipe, plans } = &mut self.pipeline {
             return pipe.preview_texture(&gpu, plans, width, height);
