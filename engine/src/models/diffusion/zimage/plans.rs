@@ -35,9 +35,8 @@ pub struct ZImagePlans {
     /// preview).
     pub(super) decoder: VaePlan,
     pub(super) decode_in: Arc<StorageBuffer>,
-    /// The VAE encoder (image-to-image), built on first use, reading `image_in`.
-    encoder: Option<VaePlan>,
-    image_in: Arc<StorageBuffer>,
+    /// The VAE encoder (image-to-image) and the start image it reads, made on first use.
+    encoder: Option<(VaePlan, Arc<StorageBuffer>)>,
     pub(super) latents: Arc<StorageBuffer>,
     model_in: Arc<StorageBuffer>,
     time_proj: Arc<StorageBuffer>,
@@ -173,7 +172,6 @@ impl ZImage {
             decoder,
             decode_in,
             encoder: None,
-            image_in: zeros(gpu, "start image", width * height * 3)?,
             latents,
             model_in,
             time_proj: zeros(gpu, "time embedding", TIME_FREQUENCIES)?,
@@ -272,20 +270,22 @@ impl ZImage {
         plans: &mut ZImagePlans,
         image: &[f32],
     ) -> Result<Vec<f32>, Error> {
-        gpu.queue()
-            .write_buffer(&plans.image_in.buffer, 0, bytemuck::cast_slice(image));
         if plans.encoder.is_none() {
+            let pixels = u64::from(plans.width) * u64::from(plans.height) * 3;
+            let image_in = Arc::new(gpu.storage("start image", pixels * 4)?);
             let (mut up, weights, config) = self.vae.loader(gpu, self.dtype);
             let b = Builder::new(gpu, &mut up, weights);
             let hw = (plans.height, plans.width);
-            let encoder = build_encoder(b, config, &plans.image_in, hw)?;
+            let encoder = build_encoder(b, config, &image_in, hw)?;
             plans.activation_bytes += encoder.activation_bytes;
-            plans.encoder = Some(encoder);
+            plans.encoder = Some((encoder, image_in));
         }
-        let encoder = plans
+        let (encoder, image_in) = plans
             .encoder
             .as_ref()
             .ok_or_else(|| Error::Invalid("no encoder".into()))?;
+        gpu.queue()
+            .write_buffer(&image_in.buffer, 0, bytemuck::cast_slice(image));
         let mut rec = Recorder::new(gpu);
         encoder.plan.encode(&mut rec);
         rec.submit();
