@@ -165,8 +165,7 @@ impl DiffusionModel {
     }
 
     fn load_zimage(gpu: &Gpu, path: &Path, options: &ImageModelOptions) -> Result<Self, Error> {
-        let mut pipe = ZImage::open(gpu, path, options)?;
-        check_fit(gpu, pipe.weight_bytes())?;
+        let mut pipe = ZImage::open(gpu, path, options, &|bytes| check_fit(gpu, bytes))?;
         let preview = match &options.preview_decoder {
             Some(dir) => match Taesd::open(dir) {
                 Ok(taesd)

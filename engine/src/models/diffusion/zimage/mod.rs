@@ -23,7 +23,7 @@ use super::qwen_text::QwenTextEncoder;
 use super::scheduler::FlowMatchConfig;
 use crate::Error;
 use crate::gpu::Gpu;
-use crate::load::{LoadError, read_json};
+use crate::load::{LoadError, SafeTensors, read_json};
 use crate::ops::WeightDType;
 
 pub const PIPELINE_CLASS: &str = "ZImagePipeline";
@@ -43,6 +43,41 @@ pub struct ZImage {
     /// The image side the VAE was trained for (its `sample_size`; 1024 where it says none),
     /// the default size.
     pub native_side: u32,
+}
+
+/// Bytes `st`'s tensors take as `dtype` (matrices in `quantize`'s block format where given),
+/// and the largest tensor's.
+fn tensors_bytes(
+    st: &SafeTensors,
+    dtype: WeightDType,
+    quantize: Option<crate::load::GgmlType>,
+) -> (u64, u64) {
+    let dense = dtype.bytes() as f64;
+    let matrix = quantize.map_or(dense, |ty| {
+        ty.block_bytes() as f64 / ty.block_elems() as f64
+    });
+    st.names()
+        .filter_map(|n| st.get(n).ok())
+        .map(|v| (v.len() as f64 * if v.shape.len() == 2 { matrix } else { dense }) as u64)
+        .fold((0, 0), |(total, largest), b| (total + b, largest.max(b)))
+}
+
+/// The transformer's and the VAE's bytes from their files (none for random weights).
+fn networks_bytes(
+    transformer: &Network<ZImageConfig>,
+    vae: &Network<VaeConfig>,
+    dtype: WeightDType,
+) -> (u64, u64) {
+    let parts = [
+        (&transformer.files, transformer.quantize),
+        (&vae.files, None),
+    ];
+    parts
+        .into_iter()
+        .filter_map(|(files, quantize)| files.as_ref().map(|st| tensors_bytes(st, dtype, quantize)))
+        .fold((0, 0), |(total, largest), (b, l)| {
+            (total + b, largest.max(l))
+        })
 }
 
 /// Whether the folder is the distilled Turbo model. No config says so, so its name does: any
@@ -76,7 +111,13 @@ fn component_config(root: &Path, which: &str, file: &str) -> Result<Value, Error
 
 impl ZImage {
     /// Opens a diffusers folder whose `model_index.json` names `ZImagePipeline`.
-    pub fn open(gpu: &Gpu, root: &Path, options: &ImageModelOptions) -> Result<Self, Error> {
+    /// `fit` hears the weights' bytes (and the largest tensor's) before any is uploaded.
+    pub fn open(
+        gpu: &Gpu,
+        root: &Path,
+        options: &ImageModelOptions,
+        fit: &dyn Fn((u64, u64)) -> Result<(), Error>,
+    ) -> Result<Self, Error> {
         let (dtype, random) = (options.dtype, options.random_weights);
         let named = |what: &str, e: Error| -> Error {
             Error::Invalid(format!("{}: {what}: {e}", root.display()))
@@ -103,18 +144,6 @@ impl ZImage {
                 )),
             ));
         }
-        let text = QwenTextEncoder::open(gpu, root, dtype, options.text_quantize, random)?;
-        if text.hidden() != transformer_config.cap_feat_dim || text.layers() < 2 {
-            return Err(named(
-                "text_encoder/config.json",
-                Error::Invalid(format!(
-                    "a text encoder of width {} and {} layers, but the transformer takes captions of width {}",
-                    text.hidden(),
-                    text.layers(),
-                    transformer_config.cap_feat_dim
-                )),
-            ));
-        }
         let files = |which: &str| -> Result<_, Error> {
             if random {
                 return Ok(None);
@@ -135,12 +164,35 @@ impl ZImage {
             )?)
         };
         let name = display_name(root);
+        let cap_feat_dim = transformer_config.cap_feat_dim;
         let mut transformer = network(transformer_config, transformer_files, 3);
         transformer.quantize = options.quantize;
+        let vae = network(vae_config, files("vae")?, 4);
+        // Checked before the text encoder uploads anything, from the files' sizes.
+        let (bytes, largest) = networks_bytes(&transformer, &vae, dtype);
+        let text_bytes = if random {
+            0
+        } else {
+            let st = SafeTensors::open_dir(&root.join("text_encoder"))?;
+            tensors_bytes(&st, dtype, options.text_quantize).0
+        };
+        fit((bytes + text_bytes, largest))?;
+        let text = QwenTextEncoder::open(gpu, root, dtype, options.text_quantize, random)?;
+        if text.hidden() != cap_feat_dim || text.layers() < 2 {
+            return Err(named(
+                "text_encoder/config.json",
+                Error::Invalid(format!(
+                    "a text encoder of width {} and {} layers, but the transformer takes captions of width {}",
+                    text.hidden(),
+                    text.layers(),
+                    cap_feat_dim
+                )),
+            ));
+        }
         Ok(Self {
             text,
             transformer,
-            vae: network(vae_config, files("vae")?, 4),
+            vae,
             scheduler,
             dtype,
             turbo: names_turbo(root),
@@ -160,28 +212,12 @@ impl ZImage {
         self.downscale() * self.transformer.config.patch
     }
 
-    /// Bytes the weights take on the GPU, and the largest tensor's, from the files (a
-    /// quantized transformer's matrices at their block format's size).
+    /// Bytes the weights take on the GPU, and the largest tensor's: the transformer's and the
+    /// VAE's from their files (a quantized transformer's matrices at their block size), the
+    /// text encoder's as uploaded.
     pub fn weight_bytes(&self) -> (u64, u64) {
-        let dense = self.dtype.bytes() as f64;
-        let per_transformer = self.transformer.quantize.map_or(dense, |ty| {
-            ty.block_bytes() as f64 / ty.block_elems() as f64
-        });
-        let sized = |st: &crate::load::SafeTensors, per: f64| -> Vec<u64> {
-            st.names()
-                .filter_map(|n| st.get(n).ok())
-                .map(|v| (v.len() as f64 * if v.shape.len() == 2 { per } else { dense }) as u64)
-                .collect()
-        };
-        let sizes = self
-            .transformer
-            .files
-            .iter()
-            .flat_map(|st| sized(st, per_transformer))
-            .chain(self.vae.files.iter().flat_map(|st| sized(st, dense)));
-        let (total, largest) =
-            sizes.fold((0, 0), |(total, largest), b| (total + b, largest.max(b)));
-        (total + self.text.weight_bytes(), largest)
+        let (bytes, largest) = networks_bytes(&self.transformer, &self.vae, self.dtype);
+        (bytes + self.text.weight_bytes(), largest)
     }
 
     /// The caption features for `prompt`: the encoder's second-to-last hidden states over the
