@@ -15,7 +15,7 @@ use backpack_engine::models::diffusion::{
     DiffusionModel, ImageModelOptions, ImageParams, SchedulerKind, nchw_to_nhwc,
 };
 use backpack_engine::ops::WeightDType;
-use common::{assert_close, gpu};
+use common::{assert_close, gpu, psnr};
 use serde_json::Value;
 use temp_dir::{TempDir, copy_dir};
 
@@ -81,17 +81,6 @@ impl std::ops::Deref for ModelDir {
 
 fn model(pipeline: &str) -> DiffusionModel {
     load(&model_dir(pipeline), WeightDType::F32)
-}
-
-fn psnr(a: &[f32], b: &[f32]) -> f64 {
-    assert_eq!(a.len(), b.len());
-    let mse = a
-        .iter()
-        .zip(b)
-        .map(|(x, y)| (f64::from(*x) - f64::from(*y)).powi(2))
-        .sum::<f64>()
-        / a.len() as f64;
-    10.0 * (1.0 / mse.max(1e-20)).log10()
 }
 
 fn close(what: &str, got: &[f32], want: &[f32], tol: f32) {

@@ -16,7 +16,7 @@ use backpack_engine::models::diffusion::{
     DiffusionModel, ImageModelOptions, ImageParams, SchedulerKind,
 };
 use backpack_engine::ops::WeightDType;
-use common::{assert_close, gpu};
+use common::{assert_close, gpu, psnr};
 use serde_json::Value;
 use temp_dir::{TempDir, copy_dir};
 
@@ -50,17 +50,6 @@ fn model(dtype: WeightDType) -> DiffusionModel {
 fn close(what: &str, got: &[f32], want: &[f32], tol: f32) {
     let scale: Vec<f32> = want.iter().map(|v| v.abs()).collect();
     assert_close(what, got, want, &scale, tol, tol);
-}
-
-fn psnr(a: &[f32], b: &[f32]) -> f64 {
-    assert_eq!(a.len(), b.len());
-    let mse = a
-        .iter()
-        .zip(b)
-        .map(|(x, y)| (f64::from(*x) - f64::from(*y)).powi(2))
-        .sum::<f64>()
-        / a.len() as f64;
-    10.0 * (1.0 / mse.max(1e-20)).log10()
 }
 
 #[test]
@@ -100,6 +89,21 @@ fn stages_match_diffusers() {
         .decode_latents(&golden("vae.latents"), (6, 10))
         .expect("decode");
     close("vae decode", &image, &golden("vae.image"), 2e-4);
+}
+
+/// The first image case from its given latents: its name and how close it comes to
+/// diffusers' image.
+fn first_case_db(m: &mut DiffusionModel) -> (String, f64) {
+    let case = &meta()["cases"][0];
+    let name = case["name"].as_str().expect("name").to_owned();
+    let params = case_params(case, golden(&format!("{name}.latents")));
+    let image = m
+        .generate(&params, false, |_| true)
+        .expect("generate")
+        .expect("image");
+    let got: Vec<f32> = image.rgb.iter().map(|v| f32::from(*v) / 255.0).collect();
+    let db = psnr(&got, &golden(&format!("{name}.image")));
+    (name, db)
 }
 
 fn case_params(case: &Value, latents: Vec<f32>) -> ImageParams {
@@ -379,15 +383,7 @@ fn an_original_layout_transformer_file_loads() {
         ..Default::default()
     };
     let mut m = DiffusionModel::load(&gpu(), &dir, &options).expect("load");
-    let case = &meta()["cases"][0];
-    let name = case["name"].as_str().expect("name");
-    let params = case_params(case, golden(&format!("{name}.latents")));
-    let image = m
-        .generate(&params, false, |_| true)
-        .expect("generate")
-        .expect("image");
-    let got: Vec<f32> = image.rgb.iter().map(|v| f32::from(*v) / 255.0).collect();
-    let db = psnr(&got, &golden(&format!("{name}.image")));
+    let (name, db) = first_case_db(&mut m);
     assert!(db >= 35.0, "{name} from the original layout: {db:.1} dB");
     // A second weights file makes the folder ambiguous: refused, naming what is missing.
     std::fs::write(transformer.join("extra.safetensors"), b"").expect("write");
@@ -417,15 +413,7 @@ fn a_quantized_transformer_keeps_the_image() {
         m.info().weight_bytes < full_bytes,
         "quantized weights are smaller"
     );
-    let case = &meta()["cases"][0];
-    let name = case["name"].as_str().expect("name");
-    let params = case_params(case, golden(&format!("{name}.latents")));
-    let image = m
-        .generate(&params, false, |_| true)
-        .expect("generate")
-        .expect("image");
-    let got: Vec<f32> = image.rgb.iter().map(|v| f32::from(*v) / 255.0).collect();
-    let db = psnr(&got, &golden(&format!("{name}.image")));
+    let (name, db) = first_case_db(&mut m);
     // 49 dB here; a wrong block layout or scale would fall far below.
     assert!(db >= 40.0, "{name} with a Q8_0 transformer: {db:.1} dB");
 }

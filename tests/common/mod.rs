@@ -225,3 +225,15 @@ pub fn pypi_package(spec: &str, folder: &str) -> PathBuf {
     std::fs::write(&done, spec).expect("mark the package unpacked");
     dir
 }
+
+/// Peak signal-to-noise ratio, in dB, of two images with values in 0..1.
+pub fn psnr(a: &[f32], b: &[f32]) -> f64 {
+    assert_eq!(a.len(), b.len());
+    let mse = a
+        .iter()
+        .zip(b)
+        .map(|(x, y)| (f64::from(*x) - f64::from(*y)).powi(2))
+        .sum::<f64>()
+        / a.len() as f64;
+    10.0 * (1.0 / mse.max(1e-20)).log10()
+}

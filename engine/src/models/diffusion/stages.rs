@@ -106,16 +106,8 @@ impl Parts {
             .as_mut()
             .ok_or_else(|| Error::Invalid("no plans".into()))?;
         let lc = self.unet.config.in_channels as usize;
-        gpu.queue().write_buffer(
-            &plans.latents.buffer,
-            0,
-            bytemuck::cast_slice(&nchw_to_nhwc(latent, lc)),
-        );
-        let mut rec = Recorder::new(gpu);
-        plans.decoder.plan.encode(&mut rec);
-        rec.submit();
-        let out: Vec<f32> = gpu.read(&plans.decoder.out.buffer, 0, u64::from(h * w * f * f * 3))?;
-        Ok(nhwc_to_nchw(&out, 3))
+        let decoder = &plans.decoder;
+        decoder.decode_once(gpu, &plans.latents, latent, lc, h * w * f * f)
     }
 
     /// The VAE encoder's latent mean, scaled as the UNet sees it, for a `[1][3][H][W]` image

@@ -15,6 +15,28 @@ pub struct VaePlan {
     pub activation_bytes: u64,
 }
 
+impl VaePlan {
+    /// Runs the decoder once on a `[1][c][h][w]` latent written into `input` (the buffer the
+    /// plan reads): the image `[1][3][H][W]` of `pixels` pixels, in −1..1.
+    pub fn decode_once(
+        &self,
+        gpu: &crate::gpu::Gpu,
+        input: &StorageBuffer,
+        latent: &[f32],
+        channels: usize,
+        pixels: u32,
+    ) -> Result<Vec<f32>, Error> {
+        let nhwc = super::generate::nchw_to_nhwc(latent, channels);
+        gpu.queue()
+            .write_buffer(&input.buffer, 0, bytemuck::cast_slice(&nhwc));
+        let mut rec = crate::gpu::Recorder::new(gpu);
+        self.plan.encode(&mut rec);
+        rec.submit();
+        let out: Vec<f32> = gpu.read(&self.out.buffer, 0, u64::from(pixels) * 3)?;
+        Ok(super::generate::nhwc_to_nchw(&out, 3))
+    }
+}
+
 const EPS: f32 = 1e-6;
 
 fn norms(cfg: &VaeConfig) -> Norms {

@@ -363,17 +363,8 @@ impl ZImage {
             .as_mut()
             .ok_or_else(|| Error::Invalid("no plans".into()))?;
         let c = self.transformer.config.in_channels as usize;
-        gpu.queue().write_buffer(
-            &plans.decode_in.buffer,
-            0,
-            bytemuck::cast_slice(&nchw_to_nhwc(latent, c)),
-        );
-        let mut rec = Recorder::new(gpu);
-        plans.decoder.plan.encode(&mut rec);
-        rec.submit();
-        let pixels = u64::from(h * w * f * f * 3);
-        let out: Vec<f32> = gpu.read(&plans.decoder.out.buffer, 0, pixels)?;
-        Ok(nhwc_to_nchw(&out, 3))
+        let decoder = &plans.decoder;
+        decoder.decode_once(gpu, &plans.decode_in, latent, c, h * w * f * f)
     }
 
     /// GPU time per kernel of one transformer call (at the last caption length used) and one
