@@ -379,7 +379,8 @@ fn main(
     let n_keys = p.keys;
 #endif
 #else
-    let n_keys = step.pos0 + t + 1u;
+    // Causal, and never past seq_len: a padded prompt's pad rows see only the real tokens.
+    let n_keys = min(step.pos0 + t + 1u, step.seq_len);
     let first_key = first_visible(step.pos0 + t);
 #endif
 #endif
@@ -578,8 +579,8 @@ fn tiled(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id) wid: 
     let k_base = kv_head * p.capacity * QUADS;
     let row_quads = QUADS;
     let v_base = k_base;
-    let keys_end = step.pos0 + min(q0 + BQ, n_queries);
-    let visible = step.pos0 + row + 1u;
+    let keys_end = min(step.pos0 + min(q0 + BQ, n_queries), step.seq_len);
+    let visible = min(step.pos0 + row + 1u, step.seq_len);
     // The block's first query sees the earliest keys.
     let keys_start = first_visible(step.pos0 + q0);
     let lowest = first_visible(step.pos0 + row);

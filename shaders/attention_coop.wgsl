@@ -197,8 +197,8 @@ fn flash(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id) wid: 
     let k_base = kv_head * p.capacity * QUADS;
     let row_quads = QUADS;
     let v_base = k_base;
-    let keys_end = step.pos0 + min(q0 + FQ, n_queries);
-    let visible = step.pos0 + row + 1u;
+    let keys_end = min(step.pos0 + min(q0 + FQ, n_queries), step.seq_len);
+    let visible = min(step.pos0 + row + 1u, step.seq_len);
     let keys_start = first_visible(step.pos0 + q0);
     let lowest = first_visible(step.pos0 + row);
 #endif

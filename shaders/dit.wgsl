@@ -13,7 +13,8 @@ struct Params {
     offset: u32,
     // patchify / unpatchify: the patch side; head_rope: query (and key) heads.
     side: u32,
-    _pad0: u32,
+    // mod_norm with SHIFT: where the shift vector starts in `m`.
+    shift: u32,
     _pad1: u32,
 }
 
@@ -137,10 +138,14 @@ fn mod_norm_value(base: u32, k: u32, stats: vec2<f32>) -> f32 {
 #if MODULATE
     v *= 1.0 + m[p.offset + k];
 #endif
+#if SHIFT
+    v += m[p.shift + k];
+#endif
     return v;
 }
 
-// y[r] = norm(x[r]) (· weight with WEIGHT) (· (1 + m[offset..]) with MODULATE): RMSNorm, or
+// y[r] = norm(x[r]) (· weight with WEIGHT) (· (1 + m[offset..]) with MODULATE) (+ m[shift..]
+// with SHIFT): RMSNorm, or
 // LayerNorm without affine terms with LAYER; with HALF_OUT into y16 as f16 pairs (an even
 // width). One workgroup per row.
 @compute @workgroup_size(256)
@@ -235,4 +240,37 @@ fn head_rope(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id) w
         let s = x[at + 1u];
         store_qkv_pair(base, k, vec2<f32>(a * c - b * s, a * s + b * c));
     }
+}
+
+// y[r][k] += m[offset + k] · x[r][k]: a branch's output gated into the residual stream by the
+// timestep's modulation (FLUX.2). rows × cols elements, 64 a workgroup.
+@compute @workgroup_size(64)
+fn scaled_add(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let id = linear_id(gid, nwg);
+    if (id >= p.rows * p.cols) {
+        return;
+    }
+    y[id] += m[p.offset + id % p.cols] * x[id];
+}
+
+// FLUX.2's packed latent back to the VAE's: tokens `[rows][cols]` of an `extra`-token-wide
+// grid, feature j = channel·4 + dy·2 + dx, each de-normalised by the VAE's batch-norm
+// statistics (weight: σ per feature, then the means), into a channel-last latent twice as wide
+// and high with cols / 4 channels.
+@compute @workgroup_size(64)
+fn bn_unpack(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let id = linear_id(gid, nwg);
+    if (id >= p.rows * p.cols) {
+        return;
+    }
+    let t = id / p.cols;
+    let j = id % p.cols;
+    let channels = p.cols / 4u;
+    let c = j / 4u;
+    let dy = (j % 4u) / 2u;
+    let dx = j % 2u;
+    let ty = t / p.extra;
+    let tx = t % p.extra;
+    let at = ((2u * ty + dy) * (2u * p.extra) + 2u * tx + dx) * channels + c;
+    y[at] = x[id] * weight[j] + weight[p.cols + j];
 }

@@ -263,21 +263,23 @@ fn image_panel_generates_stops_and_keeps_a_gallery() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// A Z-Image pipeline in the same panel: its defaults (the VAE's native size, its steps and
-/// guidance) are taken, the scheduler is its own, each step paints a preview through its VAE,
-/// and the image lands in the gallery with its parameters.
-#[test]
-fn image_panel_draws_z_image_with_previews() {
-    let dir = fresh_dir("zimage");
+/// A diffusion-transformer pipeline in the same panel: its defaults (the VAE's native size,
+/// its steps and guidance) are taken, the scheduler is its own, each step paints a preview
+/// through its VAE, and the image lands in the gallery with its parameters. Returns the
+/// harness, the image made and the data dir.
+fn draws_a_transformer_pipeline(fixture: &str, family: &str) -> (App, PathBuf, PathBuf) {
+    let dir = fresh_dir(fixture);
     let mut h = harness(&dir);
     h.get_by_label("Image").click();
     h.run_steps(2);
-    let model = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/models/tiny-zimage");
+    let model = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../tests/fixtures/models")
+        .join(fixture);
     type_into(&mut h, "Image model path", &model.display().to_string());
     h.get_by_label("Load").click();
     wait_for(&mut h, "the image model", image_ready);
     assert!(h.state().shared.image_error.is_none());
-    h.get_by_label_contains("Z-Image ·");
+    h.get_by_label_contains(&format!("{family} ·"));
     h.get_by_label("Flow matching (Euler)");
     let s = &h.state().shared.store.state.image;
     assert_eq!((s.width, s.height), (32, 32), "the VAE's sample size");
@@ -295,7 +297,46 @@ fn image_panel_draws_z_image_with_previews() {
     assert_eq!((png.width, png.height), (32, 32));
     let parameters = png.parameters.expect("a parameters chunk");
     assert!(parameters.starts_with(PROMPT), "{parameters}");
-    assert!(parameters.contains("Model: tiny-zimage"), "{parameters}");
+    assert!(
+        parameters.contains(&format!("Model: {fixture}")),
+        "{parameters}"
+    );
+    let made = files[0].clone();
+    (h, made, dir)
+}
+
+#[test]
+fn image_panel_draws_z_image_with_previews() {
+    let (mut h, _, dir) = draws_a_transformer_pipeline("tiny-zimage", "Z-Image");
+    eframe::App::on_exit(h.state_mut());
+    drop(h);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// FLUX.2 takes a dropped picture as a reference (no strength) and draws with it.
+#[test]
+fn image_panel_draws_flux2_with_a_reference() {
+    let (mut h, made, dir) = draws_a_transformer_pipeline("tiny-flux2", "FLUX.2");
+    h.input_mut()
+        .dropped_files
+        .push(Arc::new(Dropped(made.clone())));
+    h.run_steps(2);
+    assert_eq!(h.state().image.start_image(), Some(made.as_path()));
+    h.get_by_label("Reference image");
+    assert!(
+        h.query_by_label("Strength").is_none(),
+        "a reference has no strength"
+    );
+    h.get_by_label("Generate").click();
+    h.step();
+    wait_for(&mut h, "the image", image_idle);
+    let image = &h.state().image;
+    assert!(image.error.is_none(), "{:?}", image.error);
+    assert_eq!(
+        pngs(&dir).len(),
+        2,
+        "the referenced image joins the gallery"
+    );
     eframe::App::on_exit(h.state_mut());
     drop(h);
     let _ = std::fs::remove_dir_all(&dir);

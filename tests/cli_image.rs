@@ -337,17 +337,113 @@ fn image_runs_z_image_pipelines() {
     );
     let png = read_png(&out_png).expect("png");
     let want = st.get("guided_2_steps.image").expect("image").to_f32();
-    let mse: f64 = png
-        .rgb
-        .iter()
-        .zip(&want)
-        .map(|(g, w)| (f64::from(*g) / 255.0 - f64::from(*w)).powi(2))
-        .sum::<f64>()
-        / want.len() as f64;
-    let psnr = 10.0 * (1.0 / mse.max(1e-20)).log10();
+    let psnr = png_psnr(&png.rgb, &want);
     assert!(psnr >= 35.0, "PSNR {psnr:.1} dB against diffusers");
     let refused = run(&["--scheduler", "lcm"]);
     assert!(!refused.status.success());
     let stderr = String::from_utf8_lossy(&refused.stderr);
     assert!(stderr.contains("flow-matching Euler"), "{stderr}");
+}
+
+/// PSNR in dB of 8-bit pixels against floats in 0..1.
+fn png_psnr(rgb: &[u8], want: &[f32]) -> f64 {
+    let mse: f64 = rgb
+        .iter()
+        .zip(want)
+        .map(|(g, w)| (f64::from(*g) / 255.0 - f64::from(*w)).powi(2))
+        .sum::<f64>()
+        / want.len() as f64;
+    10.0 * (1.0 / mse.max(1e-20)).log10()
+}
+
+/// A FLUX.2 klein folder through the same command: diffusers' packed `latents=` (the size
+/// taken from their shape), and a reference picture through --init-image at its own size; both
+/// images as diffusers makes them.
+#[test]
+fn image_runs_flux2_pipelines() {
+    let dir = TempDir::new("cli-flux2");
+    let st = SafeTensors::open_files(&[fixtures().join("goldens/tiny-flux2.safetensors")])
+        .expect("goldens");
+    let meta: serde_json::Value = serde_json::from_slice(
+        &std::fs::read(fixtures().join("goldens/tiny-flux2.json")).expect("meta"),
+    )
+    .expect("json");
+    let model = fixtures().join("models/tiny-flux2");
+    let run = |prompt: &str, extra: &[&str], out: &Path| {
+        let mut args = vec![
+            "image",
+            "--model",
+            model.to_str().expect("path"),
+            "--prompt",
+            prompt,
+            "--steps",
+            "2",
+            "--dtype",
+            "f32",
+            "--out",
+            out.to_str().expect("path"),
+            "--json",
+        ];
+        args.extend_from_slice(extra);
+        let out = backpack(&args);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        json_lines(&out).pop().expect("a JSON line")
+    };
+
+    let case = &meta["cases"][0];
+    assert_eq!(case["name"], "distilled_2_steps");
+    let latents = dir.join("latents.safetensors");
+    let values = st
+        .get("distilled_2_steps.latents")
+        .expect("latents")
+        .to_f32();
+    write_latents(&latents, &[1, 24, 4, 6], &values);
+    let out_png = dir.join("fox.png");
+    let prompt = case["prompt"].as_str().expect("prompt");
+    let line = run(
+        prompt,
+        &["--init-latents", latents.to_str().expect("path")],
+        &out_png,
+    );
+    assert_eq!(
+        (line["width"].as_u64(), line["height"].as_u64()),
+        (Some(48), Some(32))
+    );
+    let png = read_png(&out_png).expect("png");
+    let db = png_psnr(
+        &png.rgb,
+        &st.get("distilled_2_steps.image").expect("image").to_f32(),
+    );
+    assert!(db >= 35.0, "PSNR {db:.1} dB against diffusers");
+
+    let reference = &meta["reference"];
+    let latents = dir.join("reference-latents.safetensors");
+    let values = st.get("reference.latents").expect("latents").to_f32();
+    write_latents(&latents, &[1, 24, 8, 9], &values);
+    let picture = fixtures().join("goldens/tiny-flux2-reference.png");
+    let out_png = dir.join("night.png");
+    let line = run(
+        reference["prompt"].as_str().expect("prompt"),
+        &[
+            "--init-image",
+            picture.to_str().expect("path"),
+            "--init-latents",
+            latents.to_str().expect("path"),
+        ],
+        &out_png,
+    );
+    assert_eq!(
+        (line["width"].as_u64(), line["height"].as_u64()),
+        (Some(72), Some(64))
+    );
+    let png = read_png(&out_png).expect("png");
+    let db = png_psnr(
+        &png.rgb,
+        &st.get("reference.image").expect("image").to_f32(),
+    );
+    assert!(db >= 35.0, "reference: PSNR {db:.1} dB against diffusers");
 }

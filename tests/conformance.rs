@@ -303,6 +303,7 @@ fn openai_event_streams_decode_whole() {
 fn every_recorded_model_file_is_read() {
     use backpack_engine::load::ChatTemplate;
     use backpack_engine::models::diffusion::config::UnetConfig;
+    use backpack_engine::models::diffusion::flux2::Flux2Config;
     use backpack_engine::models::diffusion::scheduler::FlowMatchConfig;
     use backpack_engine::models::diffusion::taesd::TaesdConfig;
     use backpack_engine::models::diffusion::zimage::ZImageConfig;
@@ -321,15 +322,8 @@ fn every_recorded_model_file_is_read() {
     let mut files = Vec::new();
     walk(&corpus("models"), &mut files);
     files.sort();
-    // gpt2's first config names neither model_type nor architectures: refused by name. FLUX.2
-    // klein's transformer and VAE are refused as not supported.
-    let refused = [
-        "openai-community--gpt2/history/b57efa2/config.json",
-        "black-forest-labs--FLUX.2-klein-4B/transformer/config.json",
-        "black-forest-labs--FLUX.2-klein-4B/vae/config.json",
-        "black-forest-labs--FLUX.2-klein-base-4B/transformer/config.json",
-        "black-forest-labs--FLUX.2-klein-base-4B/vae/config.json",
-    ];
+    // gpt2's first config names neither model_type nor architectures: refused by name.
+    let refused = ["openai-community--gpt2/history/b57efa2/config.json"];
     let mut read = 0;
     for path in &files {
         let shown = path.display().to_string();
@@ -358,8 +352,11 @@ fn every_recorded_model_file_is_read() {
                     ("ZImageTransformer2DModel", _) => {
                         ZImageConfig::from_json(&v).map(drop).map_err(|x| e(&x))
                     }
-                    ("Flux2Transformer2DModel" | "AutoencoderKLFlux2", _) => {
-                        Err(format!("{class} is not supported"))
+                    ("Flux2Transformer2DModel", _) => {
+                        Flux2Config::from_json(&v).map(drop).map_err(|x| e(&x))
+                    }
+                    ("AutoencoderKLFlux2", _) => {
+                        VaeConfig::from_json(&v).map(drop).map_err(|x| e(&x))
                     }
                     (_, "whisper") => WhisperConfig::from_file(path).map(drop).map_err(|x| e(&x)),
                     (_, "clip_text_model") => {
@@ -782,4 +779,73 @@ fn z_image_configs_as_published() {
         .render(&message, true, switches(false))
         .expect("render");
     assert_eq!(off, format!("{on}<think>\n\n</think>\n\n"));
+}
+
+/// FLUX.2 [klein] 4B and its base as published: the transformer's shape, the text encoder deep
+/// and wide enough for the three stacked layers, the 32-channel VAE with its batch norm and no
+/// scale, the dynamic exponential shift under the pipeline's empirical mu, `is_distilled` on
+/// the distilled model only, and the template in its own file with thinking off.
+#[test]
+fn flux2_klein_configs_as_published() {
+    use backpack_engine::load::TextTokenizer;
+    use backpack_engine::models::diffusion::flux2::{Flux2Config, TEXT_LAYERS, empirical_mu};
+    use backpack_engine::models::diffusion::scheduler::{FlowMatchConfig, linear_sigmas};
+    let json = |path: &str| -> Value {
+        serde_json::from_slice(&std::fs::read(corpus(path)).expect(path)).expect(path)
+    };
+    for (repo, distilled) in [("FLUX.2-klein-4B", true), ("FLUX.2-klein-base-4B", false)] {
+        let dir = format!("models/black-forest-labs--{repo}");
+        let t = Flux2Config::from_json(&json(&format!("{dir}/transformer/config.json")))
+            .expect("transformer");
+        assert_eq!((t.dim(), t.heads, t.mlp_hidden()), (3072, 24, 9216));
+        assert_eq!((t.double_layers, t.single_layers), (5, 20));
+        assert_eq!((t.in_channels, t.latent_channels()), (128, 32));
+        let encoder = DecoderSpec::from_file(&corpus(&format!("{dir}/text_encoder/config.json")))
+            .expect("text encoder");
+        assert_eq!(
+            encoder.hidden * TEXT_LAYERS.len() as u32,
+            t.joint_attention_dim
+        );
+        assert!(encoder.layers as usize >= TEXT_LAYERS[2]);
+        let vae = VaeConfig::from_json(&json(&format!("{dir}/vae/config.json"))).expect("vae");
+        assert_eq!((vae.latent_channels, vae.downscale()), (32, 8));
+        assert_eq!((vae.scaling_factor, vae.shift_factor), (1.0, 0.0));
+        assert_eq!(vae.batch_norm_eps, Some(1e-4));
+        assert!(vae.quant_conv && vae.post_quant_conv);
+        let sched =
+            FlowMatchConfig::from_json(&json(&format!("{dir}/scheduler/scheduler_config.json")))
+                .expect("scheduler");
+        assert!(sched.dynamic.as_ref().is_some_and(|d| d.exponential));
+        // 1024² is 64×64 packed tokens: four steps from pure noise to the clean image.
+        let sigmas = sched
+            .sigmas_at_mu(&linear_sigmas(4), empirical_mu(4096, 4))
+            .expect("sigmas");
+        assert_eq!((sigmas[0], sigmas[4], sigmas.len()), (1.0, 0.0, 5));
+        let index = json(&format!("{dir}/model_index.json"));
+        assert_eq!(index["_class_name"], "Flux2KleinPipeline");
+        assert_eq!(index["is_distilled"].as_bool().unwrap_or(false), distilled);
+    }
+    // The template comes from chat_template.jinja (the tokenizer config has none): the
+    // published files with the tiny fixture's vocabulary.
+    let tokenizer_dir = corpus("models/black-forest-labs--FLUX.2-klein-4B/tokenizer");
+    let dir = std::env::temp_dir().join(format!("backpack-klein-tokenizer-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("dir");
+    for file in ["tokenizer_config.json", "chat_template.jinja"] {
+        std::fs::copy(tokenizer_dir.join(file), dir.join(file)).expect("copy");
+    }
+    let tiny = corpus("../fixtures/models/tiny-qwen3/tokenizer.json");
+    std::fs::copy(tiny, dir.join("tokenizer.json")).expect("tokenizer.json");
+    let tokenizer = TextTokenizer::from_dir(&dir).expect("tokenizer");
+    let switches = ChatSwitches {
+        thinking: Some(false),
+        ..ChatSwitches::default()
+    };
+    let rendered = tokenizer
+        .render_chat(&[ChatMessage::new("user", "a fox")], true, switches)
+        .expect("render");
+    assert_eq!(
+        rendered,
+        "<|im_start|>user\na fox<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
 }

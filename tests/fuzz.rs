@@ -19,6 +19,7 @@ use backpack_engine::load::{
 };
 use backpack_engine::models::diffusion::clip_tokenizer::ClipTokenizer;
 use backpack_engine::models::diffusion::config::{ClipConfig, UnetConfig, VaeConfig};
+use backpack_engine::models::diffusion::flux2::Flux2Config;
 use backpack_engine::models::diffusion::scheduler::{
     FlowMatchConfig, SchedulerConfig, linear_sigmas,
 };
@@ -168,6 +169,11 @@ fn model_configs() {
                     let _ = (c.head_dim(), c.ffn_hidden(), c.patch_features());
                 })
                 .map_err(err),
+            Flux2Config::from_json(&value)
+                .map(|c| {
+                    let _ = (c.dim(), c.mlp_hidden(), c.latent_channels());
+                })
+                .map_err(err),
         ];
         std::fs::write(&path, bytes).map_err(err)?;
         let whisper = WhisperConfig::from_file(&path).map(|_| ()).map_err(err);
@@ -188,6 +194,13 @@ fn scheduler_configs() {
         if let Ok(flow) = FlowMatchConfig::from_json(&value) {
             if let Ok(sigmas) = flow.sigmas(&linear_sigmas(4), 4096) {
                 assert!(sigmas.iter().all(|s| s.is_finite()), "{sigmas:?}");
+            }
+            // FLUX.2's empirical mu, at a small and a large image.
+            for tokens in [16, 16384] {
+                let mu = backpack_engine::models::diffusion::flux2::empirical_mu(tokens, 4);
+                if let Ok(sigmas) = flow.sigmas_at_mu(&linear_sigmas(4), mu) {
+                    assert!(sigmas.iter().all(|s| s.is_finite()), "{sigmas:?}");
+                }
             }
             return Ok(());
         }

@@ -7,8 +7,8 @@ mod common;
 
 use backpack_engine::gpu::{Gpu, Recorder, StorageBuffer};
 use backpack_engine::ops::{
-    Pass, PatchShape, RowNorm, RowNormForm, Slice, fill_rows, fill_tail, gated_add, head_rope,
-    mod_norm, patchify, unpatchify,
+    Pass, PatchShape, RowNorm, RowNormForm, Slice, bn_unpack, fill_rows, fill_tail, gated_add,
+    head_rope, mod_norm, patchify, scaled_add, unpatchify,
 };
 use common::{Rng, assert_close, gpu, round_f16};
 
@@ -159,11 +159,13 @@ fn modulated_norms_match_cpu() {
         let x = rng.vec(rows * cols, 2.0);
         let weight = rng.vec(cols, 1.0);
         let offset = 3;
-        let modulation = rng.vec(offset + cols + 2, 0.5);
-        for (norm, with_scale) in [
-            (RowNorm::Rms, true),
-            (RowNorm::Rms, false),
-            (RowNorm::PlainLayer, true),
+        let shift_at = offset + cols + 1;
+        let modulation = rng.vec(shift_at + cols + 2, 0.5);
+        for (norm, with_scale, with_shift) in [
+            (RowNorm::Rms, true, false),
+            (RowNorm::Rms, false, false),
+            (RowNorm::PlainLayer, true, false),
+            (RowNorm::PlainLayer, true, true),
         ] {
             let layer = norm == RowNorm::PlainLayer;
             let mut want = Vec::with_capacity(x.len());
@@ -176,7 +178,12 @@ fn modulated_norms_match_cpu() {
                     } else {
                         1.0
                     };
-                    want.push(v * w * s);
+                    let shift = if with_shift {
+                        modulation[shift_at + k]
+                    } else {
+                        0.0
+                    };
+                    want.push(v * w * s + shift);
                 }
             }
             let (xb, wb, mb) = (buf(&gpu, &x), buf(&gpu, &weight), buf(&gpu, &modulation));
@@ -193,12 +200,15 @@ fn modulated_norms_match_cpu() {
                         buffer: &mb,
                         offset: offset as u32,
                     }),
+                    shift: with_shift.then_some(shift_at as u32),
                     half_out,
                 };
                 let pass =
                     mod_norm(&gpu, (rows as u32, cols as u32), form, &xb, &y).expect("mod_norm");
                 run(&gpu, &pass);
-                let what = format!("{norm:?} {rows}×{cols}, scale {with_scale}, f16 {half_out}");
+                let what = format!(
+                    "{norm:?} {rows}×{cols}, scale {with_scale}, shift {with_shift}, f16 {half_out}"
+                );
                 if half_out {
                     close_f16(&what, &read_halves(&gpu, &y, x.len()), &want);
                 } else {
@@ -350,4 +360,71 @@ fn tail_rows_follow_the_count_set_at_run_time() {
         }
         assert_eq!(read(&gpu, &y, x.len()), want, "rows from {count}");
     }
+}
+
+#[test]
+fn modulated_residual_add_matches_cpu() {
+    let gpu = gpu();
+    let mut rng = Rng::new(9);
+    for (rows, cols) in [(13, 70), (1, 3), (65, 33)] {
+        let x = rng.vec(rows * cols, 1.5);
+        let y0 = rng.vec(rows * cols, 1.0);
+        let offset = 5;
+        let m = rng.vec(offset + cols, 0.8);
+        let want: Vec<f32> = (0..rows * cols)
+            .map(|i| y0[i] + m[offset + i % cols] * x[i])
+            .collect();
+        let (xb, yb, mb) = (buf(&gpu, &x), buf(&gpu, &y0), buf(&gpu, &m));
+        let gate = Slice {
+            buffer: &mb,
+            offset: offset as u32,
+        };
+        let pass = scaled_add(&gpu, (rows as u32, cols as u32), gate, &xb, &yb).expect("pass");
+        run(&gpu, &pass);
+        close(
+            &format!("scaled add {rows}×{cols}"),
+            &read(&gpu, &yb, want.len()),
+            &want,
+        );
+    }
+}
+
+#[test]
+fn packed_latents_unpack_with_batch_norm_statistics() {
+    let gpu = gpu();
+    let mut rng = Rng::new(10);
+    // (token rows, token columns, latent channels): FLUX.2 packs 2×2 patches channel-major.
+    for (h, w, c) in [(3, 5, 3), (1, 1, 1), (4, 2, 7)] {
+        let features = 4 * c;
+        let packed = rng.vec(h * w * features, 1.0);
+        let stats = rng.vec(2 * features, 1.0);
+        let mut want = vec![0.0f32; packed.len()];
+        for t in 0..h * w {
+            let (ty, tx) = (t / w, t % w);
+            for ch in 0..c {
+                for dy in 0..2 {
+                    for dx in 0..2 {
+                        let j = ch * 4 + dy * 2 + dx;
+                        let at = ((2 * ty + dy) * 2 * w + 2 * tx + dx) * c + ch;
+                        want[at] = packed[t * features + j] * stats[j] + stats[features + j];
+                    }
+                }
+            }
+        }
+        let (pb, sb) = (buf(&gpu, &packed), buf(&gpu, &stats));
+        let out = buf(&gpu, &vec![0.0; packed.len()]);
+        let shape = ((h * w) as u32, features as u32, w as u32);
+        let pass = bn_unpack(&gpu, shape, &sb, &pb, &out).expect("pass");
+        run(&gpu, &pass);
+        close(
+            &format!("unpack {h}×{w}×{c}"),
+            &read(&gpu, &out, want.len()),
+            &want,
+        );
+    }
+    let b = buf(&gpu, &[0.0; 8]);
+    assert!(
+        bn_unpack(&gpu, (2, 6, 1), &b, &b, &b).is_err(),
+        "6 features are not 2×2 patches"
+    );
 }

@@ -237,3 +237,35 @@ pub fn psnr(a: &[f32], b: &[f32]) -> f64 {
         / a.len() as f64;
     10.0 * (1.0 / mse.max(1e-20)).log10()
 }
+
+/// `texture`'s RGBA bytes, row by row.
+pub fn texture_rgba(texture: &wgpu::Texture) -> Vec<u8> {
+    let g = gpu();
+    let (w, h) = (texture.width(), texture.height());
+    let row = (w * 4).div_ceil(256) * 256;
+    let staging = g.device().create_buffer(&wgpu::BufferDescriptor {
+        label: Some("preview readback"),
+        size: u64::from(row * h),
+        usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+        mapped_at_creation: false,
+    });
+    let mut encoder = g.device().create_command_encoder(&Default::default());
+    encoder.copy_texture_to_buffer(
+        texture.as_image_copy(),
+        wgpu::TexelCopyBufferInfo {
+            buffer: &staging,
+            layout: wgpu::TexelCopyBufferLayout {
+                offset: 0,
+                bytes_per_row: Some(row),
+                rows_per_image: None,
+            },
+        },
+        texture.size(),
+    );
+    g.queue().submit([encoder.finish()]);
+    let bytes: Vec<u8> = g.map_read(&staging, u64::from(row * h)).expect("map");
+    bytes
+        .chunks(row as usize)
+        .flat_map(|r| r[..(w * 4) as usize].to_vec())
+        .collect()
+}

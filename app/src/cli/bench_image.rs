@@ -68,7 +68,7 @@ pub fn run(args: BenchImageArgs, adapter: Option<&str>) -> Result<()> {
         info.family,
         info.weight_bytes as f64 / f64::from(1u32 << 20)
     );
-    let denoiser = if info.family == "zimage" {
+    let denoiser = if matches!(info.family, "zimage" | "flux2") {
         "transformer"
     } else {
         "UNet"

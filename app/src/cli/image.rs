@@ -65,13 +65,16 @@ pub struct ImageArgs {
     #[arg(long, conflicts_with = "endpoint", value_enum)]
     scheduler: Option<SchedulerArg>,
     /// Start from this picture (image-to-image: PNG, JPEG or WebP), resized to the output size.
+    /// FLUX.2 takes it as a reference the new image follows (its pipeline's `image`), at the
+    /// picture's own size by default; --strength does not apply there.
     #[arg(long, conflicts_with = "endpoint", value_name = "IMAGE")]
     init_image: Option<PathBuf>,
     /// How much of the start image is repainted (0..1].
     #[arg(long, default_value_t = 0.75)]
     strength: f32,
-    /// A safetensors file with one f32 tensor `latents` [1, 4, H/8, W/8] used in place of the
-    /// seeded noise (scaled by the scheduler's initial sigma, as diffusers' `latents=`).
+    /// A safetensors file with one f32 tensor `latents` in the pipeline's own layout (SD:
+    /// [1, 4, H/8, W/8]; Z-Image: [1, 16, H/8, W/8]; FLUX.2: the packed [1, 128, H/16, W/16])
+    /// used in place of the seeded noise, as diffusers' `latents=`.
     #[arg(long, conflicts_with = "endpoint", value_name = "FILE")]
     init_latents: Option<PathBuf>,
     /// Images to generate.
@@ -198,7 +201,7 @@ pub fn run(args: ImageArgs, adapter: Option<&str>) -> Result<()> {
         info.weight_bytes as f64 / f64::from(1u32 << 20),
         started.elapsed().as_secs_f64()
     );
-    if info.family == "zimage"
+    if matches!(info.family, "zimage" | "flux2")
         && let Some(kind) = args.scheduler.map(SchedulerKind::from)
         && kind != SchedulerKind::Euler
     {
@@ -213,20 +216,23 @@ pub fn run(args: ImageArgs, adapter: Option<&str>) -> Result<()> {
         .as_deref()
         .map(|p| read_latents(p, downscale))
         .transpose()?;
-    let (width, height) = match (&latents, args.width, args.height) {
-        (Some((_, w, h)), None, None) => (*w, *h),
-        (_, w, h) => (
+    let start = args
+        .init_image
+        .as_deref()
+        .map(read_start_image)
+        .transpose()?;
+    let (width, height) = match (&latents, &start, args.width, args.height) {
+        (Some((_, w, h)), _, None, None) => (*w, *h),
+        // FLUX.2 draws at its reference's size, as its pipeline does.
+        (None, Some(image), None, None) if info.family == "flux2" => {
+            reference_size((image.width, image.height), info.size_step)
+        }
+        (_, _, w, h) => (
             w.unwrap_or(info.defaults.width),
             h.unwrap_or(info.defaults.height),
         ),
     };
-    let init_image = match &args.init_image {
-        Some(path) => {
-            let start = read_start_image(path)?;
-            Some((init_image_floats(&start, width, height), args.strength))
-        }
-        None => None,
-    };
+    let init_image = start.map(|image| (init_image_floats(&image, width, height), args.strength));
     let seed = args.seed.unwrap_or_else(random_seed);
     let params = ImageParams {
         prompt: args.prompt.clone(),
@@ -291,10 +297,36 @@ pub fn run(args: ImageArgs, adapter: Option<&str>) -> Result<()> {
     Ok(())
 }
 
+/// A reference picture's size as `Flux2KleinPipeline` takes it: scaled to at most 1024² pixels
+/// (keeping its aspect), then each side rounded down to a multiple of `step` (at least one).
+fn reference_size((w, h): (u32, u32), step: u32) -> (u32, u32) {
+    let area = f64::from(w) * f64::from(h);
+    let scale = if area > 1024.0 * 1024.0 {
+        (1024.0 * 1024.0 / area).sqrt()
+    } else {
+        1.0
+    };
+    let side = |v: u32| (((f64::from(v) * scale) as u32) / step * step).max(step);
+    (side(w), side(h))
+}
+
 /// A seed from the clock, when none is given (printed with the result, so it can be reused).
 fn random_seed() -> u64 {
     let nanos = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_nanos());
     (nanos as u64 ^ (nanos >> 64) as u64) % 4_294_967_296
+}
+
+#[cfg(test)]
+mod tests {
+    use super::reference_size;
+
+    #[test]
+    fn references_keep_their_size_within_a_megapixel() {
+        assert_eq!(reference_size((1000, 700), 16), (992, 688));
+        // 2048×1536 scales by √(1/3) to 1182×886, then rounds down to multiples of 16.
+        assert_eq!(reference_size((2048, 1536), 16), (1168, 880));
+        assert_eq!(reference_size((5, 5), 16), (16, 16));
+    }
 }

@@ -255,6 +255,8 @@ mod tests {
             "qwen3.5-35b-a3b",
             "z-image-turbo",
             "z-image",
+            "flux.2-klein-4b",
+            "flux.2-klein-base-4b",
         ] {
             let e = catalog
                 .entry(id)
@@ -289,6 +291,10 @@ mod tests {
         let bf16 = z.estimate(&z.variants[0]);
         assert_eq!(bf16.largest_tensor, Some(151_936 * 2560 * 2));
         assert!((19 << 30..21 << 30).contains(&bf16.weight_bytes));
+        // FLUX.2 klein 4B: the 3.9 B transformer, Qwen3-4B and the VAE, in bf16.
+        let klein = catalog.entry("flux.2-klein-4b").expect("flux.2-klein-4b");
+        let bf16 = klein.estimate(&klein.variants[0]);
+        assert!((14 << 30..16 << 30).contains(&bf16.weight_bytes));
         // Qwen3.5-9B: 8 of 32 layers keep a KV cache (4 heads of 256), the 24 Gated
         // DeltaNet layers 32 heads of 128×128 f32 state and a 3-input convolution state each.
         let q9 = catalog.entry("qwen3.5-9b").expect("qwen3.5-9b");

@@ -19,7 +19,8 @@ struct Params {
     eps: f32,
     offset: u32,
     side: u32,
-    _pad: [u32; 2],
+    shift: u32,
+    _pad: u32,
 }
 
 fn spec<'a>(entry: &'static str, defines: &'a [(&'static str, String)]) -> KernelSpec<'a> {
@@ -166,11 +167,14 @@ pub struct RowNormForm<'a> {
     pub weight: Option<&'a StorageBuffer>,
     /// Scales the normed row by `1 + scale`.
     pub scale: Option<Slice<'a>>,
+    /// Then adds the vector at this offset in the scale's buffer (FLUX.2's adaLN shift).
+    pub shift: Option<u32>,
     /// y takes f16 values, two to a word (for a product that reads its X so): an even width.
     pub half_out: bool,
 }
 
-/// `y[r] = norm(x[r]) · (1 + scale)` for `rows` rows of `cols` (no scale: just the norm).
+/// `y[r] = norm(x[r]) · (1 + scale) + shift` for `rows` rows of `cols` (no scale or shift:
+/// just the norm).
 pub fn mod_norm(
     gpu: &Gpu,
     (rows, cols): (u32, u32),
@@ -183,8 +187,14 @@ pub fn mod_norm(
         eps,
         weight,
         scale,
+        shift,
         half_out,
     } = form;
+    if shift.is_some() && scale.is_none() {
+        return Err(GpuError::Device(
+            "a norm's shift is read from its scale's buffer: a scale is needed".into(),
+        ));
+    }
     if (norm == RowNorm::Rms) != weight.is_some() {
         return Err(GpuError::Device(
             "an RMSNorm takes a weight and a plain LayerNorm none".into(),
@@ -199,6 +209,7 @@ pub fn mod_norm(
         flag("LAYER", norm == RowNorm::PlainLayer),
         flag("WEIGHT", weight.is_some()),
         flag("MODULATE", scale.is_some()),
+        flag("SHIFT", shift.is_some()),
         flag("HALF_OUT", half_out),
     ];
     let params = Params {
@@ -206,6 +217,7 @@ pub fn mod_norm(
         cols,
         eps,
         offset: scale.map_or(0, |s| s.offset),
+        shift: shift.unwrap_or(0),
         ..Default::default()
     };
     let mut buffers = vec![(1, x), (if half_out { 5 } else { 3 }, y)];
@@ -294,5 +306,58 @@ pub fn head_rope(
             let [x, y] = crate::gpu::fold_grid(tokens);
             [x, y, 2 * heads]
         },
+    )
+}
+
+/// `y[r] += gate · x[r]` over `rows` rows of `cols`, the gate a vector of the modulation.
+pub fn scaled_add(
+    gpu: &Gpu,
+    (rows, cols): (u32, u32),
+    gate: Slice<'_>,
+    x: &StorageBuffer,
+    y: &StorageBuffer,
+) -> Result<Pass, GpuError> {
+    let params = Params {
+        rows,
+        cols,
+        offset: gate.offset,
+        ..Default::default()
+    };
+    Pass::new(
+        gpu,
+        spec("scaled_add", &[]),
+        &params,
+        &[(1, x), (3, y), (4, gate.buffer)],
+        Pass::grid_of_64(rows * cols),
+    )
+}
+
+/// FLUX.2's packed latent `[tokens][4·c]` (a `tokens_wide`-wide grid; feature `c·4 + dy·2 +
+/// dx`) times the batch-norm σ plus its mean (`stats`: `[2][4·c]`, σ then mean) into the VAE's
+/// channel-last latent `[2·rows·2·tokens_wide][c]`.
+pub fn bn_unpack(
+    gpu: &Gpu,
+    (tokens, features, tokens_wide): (u32, u32, u32),
+    stats: &StorageBuffer,
+    packed: &StorageBuffer,
+    latent: &StorageBuffer,
+) -> Result<Pass, GpuError> {
+    if !features.is_multiple_of(4) || tokens_wide == 0 || !tokens.is_multiple_of(tokens_wide) {
+        return Err(GpuError::Device(format!(
+            "{tokens} packed tokens of {features} features, {tokens_wide} wide: 2×2 patches of whole rows are needed"
+        )));
+    }
+    let params = Params {
+        rows: tokens,
+        cols: features,
+        extra: tokens_wide,
+        ..Default::default()
+    };
+    Pass::new(
+        gpu,
+        spec("bn_unpack", &[]),
+        &params,
+        &[(1, packed), (2, stats), (3, latent)],
+        Pass::grid_of_64(tokens * features),
     )
 }

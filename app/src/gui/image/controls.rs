@@ -33,15 +33,15 @@ pub(super) fn show(
             let model = shared
                 .image_info()
                 .map(|i| ((i.defaults.width, i.defaults.height), i.size_step));
-            let flow_matching = shared.image_info().is_some_and(|i| i.family == "zimage");
+            let family = shared.image_info().map(|i| i.family);
             let busy = panel.job.is_some();
             let settings = &mut shared.store.state.image;
             let before = settings.clone();
             prompts(ui, settings, busy, actions);
             ui.add_space(4.0);
-            setting_grid(ui, settings, model, flow_matching, panel.last_seed);
+            setting_grid(ui, settings, model, family, panel.last_seed);
             ui.add_space(4.0);
-            start_image(panel, ui, settings, actions);
+            start_image(panel, ui, settings, family == Some("flux2"), actions);
             if *settings != before {
                 shared.store.mark_dirty();
             }
@@ -178,6 +178,7 @@ fn model_status(shared: &Shared, ui: &mut egui::Ui, actions: &mut Vec<Action>) {
             let family = match info.family {
                 "sdxl" => "SDXL",
                 "zimage" => "Z-Image",
+                "flux2" => "FLUX.2",
                 _ => "SD",
             };
             let d = &info.defaults;
@@ -221,15 +222,16 @@ fn prompts(ui: &mut egui::Ui, s: &mut ImageSettings, busy: bool, actions: &mut V
 }
 
 /// Size, steps, guidance, scheduler, seed and batch. `model`: the loaded model's default
-/// size and size step; `flow_matching`: the model steps with its own flow-matching Euler
-/// (Z-Image), so there is no scheduler to pick.
+/// size and size step; `family`: the loaded model's. Diffusion transformers (Z-Image, FLUX.2)
+/// step with their own flow-matching Euler, so there is no scheduler to pick.
 fn setting_grid(
     ui: &mut egui::Ui,
     s: &mut ImageSettings,
     model: Option<((u32, u32), u32)>,
-    flow_matching: bool,
+    family: Option<&str>,
     last_seed: Option<u64>,
 ) {
+    let flow_matching = matches!(family, Some("zimage" | "flux2"));
     egui::Grid::new("image-settings")
         .num_columns(2)
         .spacing([8.0, 4.0])
@@ -243,8 +245,13 @@ fn setting_grid(
                 .on_hover_text("Denoising steps: more is slower and finer");
             ui.end_row();
             let l = ui.label("Guidance");
-            // Z-Image guides at any scale above 0; Stable Diffusion only above 1.
-            let unguided = if flow_matching { "0" } else { "0 or 1" };
+            // Z-Image guides at any scale above 0; Stable Diffusion and FLUX.2 only above 1
+            // (and the distilled FLUX.2 klein never).
+            let unguided = if family == Some("zimage") {
+                "0"
+            } else {
+                "0 or 1"
+            };
             ui.add(egui::Slider::new(&mut s.guidance, 0.0..=20.0).step_by(0.1))
                 .labelled_by(l.id)
                 .on_hover_text(format!(
@@ -335,15 +342,22 @@ fn seed_row(ui: &mut egui::Ui, s: &mut ImageSettings, last_seed: Option<u64>, la
     });
 }
 
-/// Image-to-image: the start picture (dropped on the panel or chosen) and the strength.
+/// Image-to-image: the start picture (dropped on the panel or chosen) and the strength. For
+/// FLUX.2 (`reference`) the picture is a reference the new image follows, without a strength.
 fn start_image(
     panel: &ImagePanel,
     ui: &mut egui::Ui,
     s: &mut ImageSettings,
+    reference: bool,
     actions: &mut Vec<Action>,
 ) {
-    ui.label(egui::RichText::new("Start image").strong())
-        .on_hover_text("Image-to-image: start from a picture instead of noise");
+    if reference {
+        ui.label(egui::RichText::new("Reference image").strong())
+            .on_hover_text("FLUX.2 draws a new image that follows this one (editing)");
+    } else {
+        ui.label(egui::RichText::new("Start image").strong())
+            .on_hover_text("Image-to-image: start from a picture instead of noise");
+    }
     let Some(start) = &panel.start else {
         ui.horizontal_wrapped(|ui| {
             ui.weak("None: drop a picture on the panel, or");
@@ -368,6 +382,9 @@ fn start_image(
             }
         });
     });
+    if reference {
+        return;
+    }
     ui.horizontal(|ui| {
         let l = ui.label("Strength");
         ui.add(egui::Slider::new(&mut s.strength, 0.05..=1.0).step_by(0.05))

@@ -489,10 +489,26 @@ impl DecoderModel {
     /// `[tokens][hidden]`: transformers' `hidden_states[depth]`, what diffusion pipelines take
     /// as a text encoder's output. Leaves the sequence reset.
     pub fn hidden_states(&mut self, ids: &[u32], depth: usize) -> Result<Vec<f32>, Error> {
+        self.hidden_states_at(ids, ids.len(), &[depth])
+    }
+
+    /// The residual stream after each of `depths` layers (ascending) at every token of `ids`,
+    /// `[tokens][depths.len()·hidden]`: a token's states side by side in the order of
+    /// `depths`. Only the first `real` tokens are attended to: the rest are padding, as a
+    /// padded batch's attention mask has it (each pad row sees the real tokens, not itself).
+    pub fn hidden_states_at(
+        &mut self,
+        ids: &[u32],
+        real: usize,
+        depths: &[usize],
+    ) -> Result<Vec<f32>, Error> {
         self.check_prompt(ids)?;
-        if depth > self.layers.len() {
+        let ascending = depths.windows(2).all(|d| d[0] < d[1]);
+        let deepest = depths.last().copied().unwrap_or(0);
+        if depths.is_empty() || !ascending || deepest > self.layers.len() || real == 0 {
             return Err(Error::Invalid(format!(
-                "hidden states after {depth} layers: the model has {}",
+                "hidden states after layers {depths:?} of {} real tokens: the model has {} layers",
+                real.min(ids.len()),
                 self.layers.len()
             )));
         }
@@ -501,16 +517,39 @@ impl DecoderModel {
         gpu.queue()
             .write_buffer(&self.acts.history.buffer, 0, bytemuck::cast_slice(ids));
         let total = ids.len() as u32;
-        let hidden = u64::from(self.spec.hidden);
-        let mut out = Vec::with_capacity(ids.len() * self.spec.hidden as usize);
+        let real = real.min(ids.len()) as u32;
+        let hidden = self.spec.hidden as usize;
+        let width = hidden * depths.len();
+        let mut out = vec![0.0f32; ids.len() * width];
         let mut pos = 0;
         while pos < total {
             let n = (total - pos).min(self.chunk);
-            self.step.write(&gpu, &self.step_params(pos, n, total));
+            let mut step = self.step_params(pos, n, total);
+            step.seq_len = step.seq_len.min(real);
+            self.step.write(&gpu, &step);
             let mut rec = Recorder::new(&gpu);
-            self.encode_prefill_depth(&mut rec, pos, n, depth);
-            rec.submit();
-            out.extend(gpu.read::<f32>(&self.acts.x.buffer, 0, u64::from(n) * hidden)?);
+            if pos == 0 {
+                for l in &self.layers {
+                    l.clear_state(&mut rec);
+                }
+            }
+            self.embed.encode(&mut rec, n);
+            let mut done = 0;
+            for (slot, &depth) in depths.iter().enumerate() {
+                for l in &self.layers[done..depth] {
+                    l.encode_prompt(&mut rec, pos, n);
+                }
+                done = depth;
+                rec.submit();
+                rec = Recorder::new(&gpu);
+                let states: Vec<f32> =
+                    gpu.read(&self.acts.x.buffer, 0, u64::from(n) * hidden as u64)?;
+                for (t, row) in states.chunks_exact(hidden).enumerate() {
+                    let at = (pos as usize + t) * width + slot * hidden;
+                    out[at..at + hidden].copy_from_slice(row);
+                }
+            }
+            drop(rec);
             pos += n;
         }
         self.seq_len = 0;

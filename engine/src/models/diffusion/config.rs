@@ -222,6 +222,9 @@ pub struct VaeConfig {
     pub post_quant_conv: bool,
     pub quant_conv: bool,
     pub mid_attention: bool,
+    /// FLUX.2's VAE (`AutoencoderKLFlux2`): its latents, packed 2×2, are normalised by the
+    /// running statistics of a batch norm (`bn`) with this epsilon instead of a scale and shift.
+    pub batch_norm_eps: Option<f32>,
 }
 
 impl VaeConfig {
@@ -239,9 +242,32 @@ impl VaeConfig {
             return Err(bad(what, format!("{n} levels in block_out_channels")));
         }
         let class = str_field(v, "_class_name").unwrap_or("AutoencoderKL");
-        if class != "AutoencoderKL" {
+        let flux2 = class == "AutoencoderKLFlux2";
+        if class != "AutoencoderKL" && !flux2 {
             return Err(bad(what, format!("unsupported autoencoder {class}")));
         }
+        let batch_norm_eps = if flux2 {
+            let patch: Vec<u64> = v
+                .get("patch_size")
+                .and_then(Value::as_array)
+                .map(|a| a.iter().filter_map(Value::as_u64).collect())
+                .unwrap_or_else(|| vec![2, 2]);
+            if patch != [2, 2] {
+                return Err(bad(
+                    what,
+                    format!("patch_size {patch:?}: FLUX.2 packs 2×2 patches"),
+                ));
+            }
+            let eps = f32_field(v, "batch_norm_eps", 1e-4);
+            if !(eps.is_finite() && eps > 0.0) {
+                return Err(bad(what, format!("batch_norm_eps {eps}")));
+            }
+            Some(eps)
+        } else {
+            None
+        };
+        // FLUX.2's VAE has no scale or shift of its own: the batch norm takes their place.
+        let default_scale = if flux2 { 1.0 } else { 0.18215 };
         Ok(Self {
             in_channels: u32_field(v, "in_channels", Some(3), what)?,
             out_channels: u32_field(v, "out_channels", Some(3), what)?,
@@ -249,11 +275,12 @@ impl VaeConfig {
             channels: per_level(v, "block_out_channels", n, None, what)?,
             layers_per_block: u32_field(v, "layers_per_block", Some(2), what)?,
             norm_groups: u32_field(v, "norm_num_groups", Some(32), what)?,
-            scaling_factor: f32_field(v, "scaling_factor", 0.18215),
+            scaling_factor: f32_field(v, "scaling_factor", default_scale),
             shift_factor: f32_field(v, "shift_factor", 0.0),
             post_quant_conv: bool_field(v, "use_post_quant_conv", true),
             quant_conv: bool_field(v, "use_quant_conv", true),
             mid_attention: bool_field(v, "mid_block_add_attention", true),
+            batch_norm_eps,
         })
     }
 

@@ -54,6 +54,35 @@ impl Builder<'_, '_> {
         self.linear_with(x, names, out_each, activation, None, halves)
     }
 
+    /// `silu(x·gateᵀ) · (x·upᵀ)` of the linear layers `gate` and `up`: gated in the product's
+    /// epilogue on tensor cores (f16 operands where `halves` says), else by a pass of its own.
+    pub fn swiglu(
+        &mut self,
+        x: &Act,
+        [gate, up]: [&str; 2],
+        hidden: u32,
+        halves: Halves,
+    ) -> Result<Act, Error> {
+        if MatMul::gates_in_epilogue(self.gpu) {
+            return self.linear_halves(x, &[gate, up], hidden, Activation::SwiGlu, halves);
+        }
+        let gate_up = self.linear_fused(x, &[gate, up], hidden, None, None)?;
+        let gated = self.alloc(gate_up.h, gate_up.w, hidden)?;
+        let rows = gate_up.pixels();
+        let step = self.step(rows);
+        let glu = Glu::new(
+            self.gpu,
+            GluKind::Silu,
+            hidden,
+            &gate_up.buf,
+            &gated.buf,
+            &step,
+        )?;
+        self.push(move |rec| glu.encode(rec, rows));
+        self.release(gate_up);
+        Ok(gated)
+    }
+
     /// Linear `name` into `2·width` outputs (value, gate) through diffusers' GEGLU: gated in
     /// the product's epilogue on tensor cores, else by a pass of its own.
     pub fn linear_geglu(&mut self, x: &Act, name: &str, width: u32) -> Result<Act, Error> {

@@ -1,20 +1,23 @@
 //! Image generation with latent diffusion. UNet pipelines (Stable Diffusion 1.x/2.x, SD-Turbo,
 //! SDXL, SDXL-Turbo): prompt → CLIP tokens → text encoder(s) → UNet denoising loop driven by a
-//! scheduler → VAE decoder → RGB. Diffusion-transformer pipelines (`zimage/`): prompt → Qwen3
-//! hidden states → transformer under flow matching → VAE decoder → RGB. Activations are channel-last (`[height·width][channels]`) so every layer is a
-//! matrix product over pixels; weights are stored f16 (or f32), arithmetic is f32.
+//! scheduler → VAE decoder → RGB. Diffusion-transformer pipelines (`zimage/`, `flux2/`):
+//! prompt → Qwen3 hidden states → transformer under flow matching → VAE decoder → RGB.
+//! Activations are channel-last (`[height·width][channels]`) so every layer is a matrix
+//! product over pixels; weights are stored f16 (or f32), arithmetic is f32.
 
 mod blocks;
 mod clip;
 pub mod clip_tokenizer;
 mod conditioning;
 pub mod config;
+pub mod flux2;
 mod generate;
 mod graph;
 mod layers;
 mod model;
 mod pipeline;
 mod qwen_text;
+mod rope_table;
 pub mod scheduler;
 pub mod single_file;
 mod stages;

@@ -3,6 +3,7 @@
 
 use std::path::{Path, PathBuf};
 
+use super::flux2::{self, Flux2, Flux2Plans};
 use super::generate::{Generated, ImageParams, SizedPlans, StepInfo};
 use super::pipeline::{Family, Parts};
 use super::scheduler::SchedulerKind;
@@ -52,7 +53,7 @@ pub struct ImageDefaults {
 pub struct ImageModelInfo {
     pub name: String,
     pub path: PathBuf,
-    /// "sd" (1.x/2.x/Turbo), "sdxl" or "zimage".
+    /// "sd" (1.x/2.x/Turbo), "sdxl", "zimage" or "flux2".
     pub family: &'static str,
     pub weight_bytes: u64,
     pub defaults: ImageDefaults,
@@ -75,6 +76,10 @@ enum Pipeline {
     ZImage {
         pipe: Box<ZImage>,
         plans: Option<ZImagePlans>,
+    },
+    Flux2 {
+        pipe: Box<Flux2>,
+        plans: Option<Flux2Plans>,
     },
 }
 
@@ -100,7 +105,7 @@ impl DiffusionModel {
         let result = Self::load_inner(gpu, path, options);
         if let Some(err) = pollster::block_on(oom.pop()) {
             return Err(Error::Invalid(format!(
-                "the GPU ran out of memory loading {} ({err}); f16 weights, or for Z-Image --quant q8_0 and --text-quant q8_0, take less",
+                "the GPU ran out of memory loading {} ({err}); f16 weights, or for Z-Image and FLUX.2 --quant q8_0 and --text-quant q8_0, take less",
                 path.display()
             )));
         }
@@ -108,8 +113,11 @@ impl DiffusionModel {
     }
 
     fn load_inner(gpu: &Gpu, path: &Path, options: &ImageModelOptions) -> Result<Self, Error> {
-        if path.is_dir() && pipeline_class(path).as_deref() == Some(zimage::PIPELINE_CLASS) {
-            return Self::load_zimage(gpu, path, options);
+        let class = path.is_dir().then(|| pipeline_class(path)).flatten();
+        match class.as_deref() {
+            Some(zimage::PIPELINE_CLASS) => return Self::load_zimage(gpu, path, options),
+            Some(flux2::PIPELINE_CLASS) => return Self::load_flux2(gpu, path, options),
+            _ => {}
         }
         let mut parts = Parts::open(path, options.dtype, options.random_weights)?;
         check_fit(gpu, parts.weight_bytes())?;
@@ -219,12 +227,52 @@ impl DiffusionModel {
         })
     }
 
+    fn load_flux2(gpu: &Gpu, path: &Path, options: &ImageModelOptions) -> Result<Self, Error> {
+        let mut pipe = Flux2::open(gpu, path, options, &|bytes| check_fit(gpu, bytes))?;
+        // The smallest image loads the transformer's and the VAE's weights now.
+        let mut plans = None;
+        let side = pipe.size_step();
+        pipe.plans_for(gpu, &mut plans, side, side)?;
+        pipe.warm_transformer(gpu, &mut plans)?;
+        drop(plans);
+        gpu.finish_uploads()?;
+        let weight_bytes =
+            pipe.transformer.weights.bytes + pipe.vae.weights.bytes + pipe.text.weight_bytes();
+        // The distilled klein's model card: 4 steps, guidance 1 (none); the base model takes
+        // the pipeline's defaults, 50 steps at guidance 4.
+        let (steps, guidance) = if pipe.distilled { (4, 1.0) } else { (50, 4.0) };
+        let info = ImageModelInfo {
+            name: pipe.name.clone(),
+            path: path.to_owned(),
+            family: "flux2",
+            weight_bytes,
+            defaults: ImageDefaults {
+                steps,
+                guidance,
+                scheduler: SchedulerKind::Euler,
+                width: pipe.native_side,
+                height: pipe.native_side,
+            },
+            size_step: pipe.size_step(),
+            latent_downscale: pipe.size_step(),
+            preview: "vae".to_owned(),
+        };
+        Ok(Self {
+            gpu: gpu.clone(),
+            pipeline: Pipeline::Flux2 {
+                pipe: Box::new(pipe),
+                plans: None,
+            },
+            info,
+        })
+    }
+
     /// The UNet pipeline's parts and plans, for what only UNet pipelines do.
     fn unet(&mut self) -> Result<(&mut Parts, &mut Option<SizedPlans>), Error> {
         match &mut self.pipeline {
             Pipeline::Unet { parts, plans } => Ok((parts, plans)),
-            Pipeline::ZImage { .. } => Err(Error::Invalid(format!(
-                "{} is a Z-Image pipeline, without a UNet",
+            Pipeline::ZImage { .. } | Pipeline::Flux2 { .. } => Err(Error::Invalid(format!(
+                "{} is a diffusion-transformer pipeline, without a UNet",
                 self.info.name
             ))),
         }
@@ -261,12 +309,16 @@ impl DiffusionModel {
             Pipeline::ZImage { pipe, plans } => {
                 pipe.generate(&self.gpu, plans, params, preview, on_step)
             }
+            Pipeline::Flux2 { pipe, plans } => {
+                pipe.generate(&self.gpu, plans, params, preview, on_step)
+            }
         };
         if let Some(err) = pollster::block_on(oom.pop()) {
             // The plans made before the failure are incomplete: the next image makes them anew.
             match &mut self.pipeline {
                 Pipeline::Unet { plans, .. } => *plans = None,
                 Pipeline::ZImage { plans, .. } => *plans = None,
+                Pipeline::Flux2 { plans, .. } => *plans = None,
             }
             return Err(Error::Invalid(format!(
                 "the GPU ran out of memory for a {}×{} image ({err}); a smaller size takes less",
@@ -288,6 +340,7 @@ impl DiffusionModel {
             match &mut self.pipeline {
                 Pipeline::Unet { plans, .. } => *plans = None,
                 Pipeline::ZImage { plans, .. } => *plans = None,
+                Pipeline::Flux2 { plans, .. } => *plans = None,
             }
             return Err(Error::Invalid(format!(
                 "the GPU ran out of memory for a {width}×{height} image ({err}); a smaller size takes less"
@@ -298,8 +351,14 @@ impl DiffusionModel {
 
     fn preview_texture_inner(&mut self, width: u32, height: u32) -> Result<wgpu::Texture, Error> {
         let gpu = self.gpu.clone();
-        if let Pipeline::ZImage { pipe, plans } = &mut self.pipeline {
-            return pipe.preview_texture(&gpu, plans, width, height);
+        match &mut self.pipeline {
+            Pipeline::ZImage { pipe, plans } => {
+                return pipe.preview_texture(&gpu, plans, width, height);
+            }
+            Pipeline::Flux2 { pipe, plans } => {
+                return pipe.preview_texture(&gpu, plans, width, height);
+            }
+            Pipeline::Unet { .. } => {}
         }
         let (parts, plans) = self.unet()?;
         parts.plans_for(&gpu, plans, width, height)?;
@@ -333,18 +392,20 @@ impl DiffusionModel {
         parts.unet_once(&gpu, plans, latent, hw, t, context, added)
     }
 
-    /// Z-Image: the caption features for `prompt`, `[tokens][hidden]`, and the token count.
+    /// Diffusion transformers: the caption features for `prompt`, `[tokens][width]`, and the
+    /// token count (Z-Image: the prompt's; FLUX.2: padded to 512, three layers side by side).
     pub fn caption_features(&mut self, prompt: &str) -> Result<(Vec<f32>, u32), Error> {
         match &mut self.pipeline {
             Pipeline::ZImage { pipe, .. } => pipe.caption(prompt),
+            Pipeline::Flux2 { pipe, .. } => pipe.caption(prompt),
             Pipeline::Unet { .. } => Err(Error::Invalid(
-                "caption features are a Z-Image pipeline's".into(),
+                "caption features are a diffusion transformer's".into(),
             )),
         }
     }
 
-    /// Z-Image: one transformer call on a `[1][c][h][w]` latent at model time `t` (0 is
-    /// noise) with caption features `[tokens][hidden]`.
+    /// One transformer call on a `[1][c][h][w]` latent with caption features: Z-Image's at
+    /// model time `t` (0 is noise), FLUX.2's packed latent at sigma `t` (1 is noise).
     pub fn transformer_once(
         &mut self,
         latent: &[f32],
@@ -354,6 +415,9 @@ impl DiffusionModel {
     ) -> Result<Vec<f32>, Error> {
         match &mut self.pipeline {
             Pipeline::ZImage { pipe, plans } => {
+                pipe.transformer_once(&self.gpu, plans, latent, hw, t, caption)
+            }
+            Pipeline::Flux2 { pipe, plans } => {
                 pipe.transformer_once(&self.gpu, plans, latent, hw, t, caption)
             }
             Pipeline::Unet { .. } => Err(Error::Invalid(
@@ -367,6 +431,7 @@ impl DiffusionModel {
         match &mut self.pipeline {
             Pipeline::Unet { parts, plans } => parts.decode_latents(&self.gpu, plans, latent, hw),
             Pipeline::ZImage { pipe, plans } => pipe.decode_latents(&self.gpu, plans, latent, hw),
+            Pipeline::Flux2 { pipe, plans } => pipe.decode_latents(&self.gpu, plans, latent, hw),
         }
     }
 
@@ -385,12 +450,17 @@ impl DiffusionModel {
         height: u32,
     ) -> Result<Vec<(&'static str, Vec<crate::gpu::KernelTiming>)>, Error> {
         let gpu = self.gpu.clone();
-        if let Pipeline::ZImage { pipe, plans } = &mut self.pipeline {
-            pipe.plans_for(&gpu, plans, width, height)?;
-            let plans = plans
-                .as_ref()
-                .ok_or_else(|| Error::Invalid("no plans".into()))?;
-            return pipe.profile(&gpu, plans);
+        let no_plans = || Error::Invalid("no plans".into());
+        match &mut self.pipeline {
+            Pipeline::ZImage { pipe, plans } => {
+                pipe.plans_for(&gpu, plans, width, height)?;
+                return pipe.profile(&gpu, plans.as_ref().ok_or_else(no_plans)?);
+            }
+            Pipeline::Flux2 { pipe, plans } => {
+                pipe.plans_for(&gpu, plans, width, height)?;
+                return pipe.profile(&gpu, plans.as_ref().ok_or_else(no_plans)?);
+            }
+            Pipeline::Unet { .. } => {}
         }
         let (parts, plans) = self.unet()?;
         parts.plans_for(&gpu, plans, width, height)?;
@@ -405,6 +475,7 @@ impl DiffusionModel {
         match &self.pipeline {
             Pipeline::Unet { plans, .. } => plans.as_ref().map_or(0, |p| p.activation_bytes),
             Pipeline::ZImage { plans, .. } => plans.as_ref().map_or(0, |p| p.activation_bytes),
+            Pipeline::Flux2 { plans, .. } => plans.as_ref().map_or(0, |p| p.activation_bytes),
         }
     }
 }

@@ -339,6 +339,58 @@ fn default_scheduler() -> Value {
     })
 }
 
+/// Bytes `st`'s tensors take as `dtype` (matrices in `quantize`'s block format where given),
+/// and the largest tensor's.
+pub(super) fn tensors_bytes(
+    st: &SafeTensors,
+    dtype: WeightDType,
+    quantize: Option<crate::load::GgmlType>,
+) -> (u64, u64) {
+    let dense = dtype.bytes() as f64;
+    let matrix = quantize.map_or(dense, |ty| {
+        ty.block_bytes() as f64 / ty.block_elems() as f64
+    });
+    st.names()
+        .filter_map(|n| st.get(n).ok())
+        .map(|v| (v.len() as f64 * if v.shape.len() == 2 { matrix } else { dense }) as u64)
+        .fold((0, 0), |(total, largest), b| (total + b, largest.max(b)))
+}
+
+/// The transformer's and the VAE's bytes from their files (none for random weights).
+pub(super) fn networks_bytes<C>(
+    transformer: &Network<C>,
+    vae: &Network<VaeConfig>,
+    dtype: WeightDType,
+) -> (u64, u64) {
+    let parts = [
+        (&transformer.files, transformer.quantize),
+        (&vae.files, None),
+    ];
+    parts
+        .into_iter()
+        .filter_map(|(files, quantize)| files.as_ref().map(|st| tensors_bytes(st, dtype, quantize)))
+        .fold((0, 0), |(total, largest), (b, l)| {
+            (total + b, largest.max(l))
+        })
+}
+
+/// The VAE config's `sample_size` (a side, or `[height, width]`), rounded down to `step`.
+pub(super) fn native_side(vae: &Value, step: u32) -> u32 {
+    let side = match vae.get("sample_size") {
+        Some(Value::Number(n)) => n.as_u64(),
+        Some(Value::Array(sides)) => sides.iter().filter_map(Value::as_u64).min(),
+        _ => None,
+    }
+    .unwrap_or(1024)
+    .min(4096)
+    .max(u64::from(step)) as u32;
+    side / step * step
+}
+
+pub(super) fn component_config(root: &Path, which: &str, file: &str) -> Result<Value, Error> {
+    Ok(read_json(&root.join(which).join(file))?)
+}
+
 #[cfg(test)]
 mod tests {
     use super::display_name;

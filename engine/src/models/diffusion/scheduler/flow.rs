@@ -133,15 +133,34 @@ impl FlowMatchConfig {
     /// Refused where the shift leaves them outside 0..=1 (where diffusers overflows or
     /// divides by zero).
     pub fn sigmas(&self, base: &[f32], tokens: u32) -> Result<Vec<f32>, Error> {
-        let mu = self.dynamic.as_ref().map(|d| (d, Self::mu(d, tokens)));
+        let mu = self.dynamic.as_ref().map(|d| Self::mu(d, tokens));
+        self.shifted(base, mu).map_err(|sigma| {
+            bad(format!(
+                "the shift for {tokens} image tokens gives sigma {sigma}, outside 0..1"
+            ))
+        })
+    }
+
+    /// As [`Self::sigmas`], with the pipeline's own `mu` (FLUX.2's empirical one) for a
+    /// dynamic shift; a static shift ignores it, as `set_timesteps` does.
+    pub fn sigmas_at_mu(&self, base: &[f32], mu: f64) -> Result<Vec<f32>, Error> {
+        let mu = self.dynamic.as_ref().map(|_| mu);
+        self.shifted(base, mu)
+            .map_err(|sigma| bad(format!("mu {mu:?} gives sigma {sigma}, outside 0..1")))
+    }
+
+    /// `base` shifted (dynamically by `mu` where given, else statically), stretched to the
+    /// terminal sigma, with the final zero; or the first sigma outside 0..=1.
+    fn shifted(&self, base: &[f32], mu: Option<f64>) -> Result<Vec<f32>, f64> {
+        let exponential = self.dynamic.as_ref().is_some_and(|d| d.exponential);
         let mut sigmas: Vec<f64> = base
             .iter()
             .map(|&s| {
                 let s = f64::from(s);
                 match mu {
                     // e^mu / (e^mu + (1/s − 1)), written so that a large mu cannot overflow.
-                    Some((d, mu)) if d.exponential => 1.0 / (1.0 + (-mu).exp() * (1.0 / s - 1.0)),
-                    Some((_, mu)) => mu / (mu + (1.0 / s - 1.0)),
+                    Some(mu) if exponential => 1.0 / (1.0 + (-mu).exp() * (1.0 / s - 1.0)),
+                    Some(mu) => mu / (mu + (1.0 / s - 1.0)),
                     None => self.shift * s / (1.0 + (self.shift - 1.0) * s),
                 }
             })
@@ -155,10 +174,8 @@ impl FlowMatchConfig {
                 *s = 1.0 - (1.0 - *s) / scale;
             }
         }
-        if let Some(bad_sigma) = sigmas.iter().find(|s| !(0.0..=1.0).contains(*s)) {
-            return Err(bad(format!(
-                "the shift for {tokens} image tokens gives sigma {bad_sigma}, outside 0..1"
-            )));
+        if let Some(&bad_sigma) = sigmas.iter().find(|s| !(0.0..=1.0).contains(*s)) {
+            return Err(bad_sigma);
         }
         let mut out: Vec<f32> = sigmas.into_iter().map(|s| s as f32).collect();
         out.push(0.0);

@@ -11,19 +11,20 @@ mod transformer;
 
 use std::path::Path;
 
-use serde_json::Value;
-
 pub use config::ZImageConfig;
 pub use plans::ZImagePlans;
 
 use super::config::VaeConfig;
 use super::model::ImageModelOptions;
-use super::pipeline::{Network, display_name, network, open_component};
+use super::pipeline::{
+    Network, component_config, display_name, native_side, network, networks_bytes, open_component,
+    tensors_bytes,
+};
 use super::qwen_text::QwenTextEncoder;
 use super::scheduler::FlowMatchConfig;
 use crate::Error;
 use crate::gpu::Gpu;
-use crate::load::{LoadError, SafeTensors, read_json};
+use crate::load::{LoadError, SafeTensors};
 use crate::ops::WeightDType;
 
 pub const PIPELINE_CLASS: &str = "ZImagePipeline";
@@ -45,41 +46,6 @@ pub struct ZImage {
     pub native_side: u32,
 }
 
-/// Bytes `st`'s tensors take as `dtype` (matrices in `quantize`'s block format where given),
-/// and the largest tensor's.
-fn tensors_bytes(
-    st: &SafeTensors,
-    dtype: WeightDType,
-    quantize: Option<crate::load::GgmlType>,
-) -> (u64, u64) {
-    let dense = dtype.bytes() as f64;
-    let matrix = quantize.map_or(dense, |ty| {
-        ty.block_bytes() as f64 / ty.block_elems() as f64
-    });
-    st.names()
-        .filter_map(|n| st.get(n).ok())
-        .map(|v| (v.len() as f64 * if v.shape.len() == 2 { matrix } else { dense }) as u64)
-        .fold((0, 0), |(total, largest), b| (total + b, largest.max(b)))
-}
-
-/// The transformer's and the VAE's bytes from their files (none for random weights).
-fn networks_bytes(
-    transformer: &Network<ZImageConfig>,
-    vae: &Network<VaeConfig>,
-    dtype: WeightDType,
-) -> (u64, u64) {
-    let parts = [
-        (&transformer.files, transformer.quantize),
-        (&vae.files, None),
-    ];
-    parts
-        .into_iter()
-        .filter_map(|(files, quantize)| files.as_ref().map(|st| tensors_bytes(st, dtype, quantize)))
-        .fold((0, 0), |(total, largest), (b, l)| {
-            (total + b, largest.max(l))
-        })
-}
-
 /// Whether the folder is the distilled Turbo model. No config says so, so its name does: any
 /// part of the path, since a Hugging Face cache keeps the repository's name above a snapshot
 /// folder named by its revision (`models--Tongyi-MAI--Z-Image-Turbo/snapshots/<hash>`).
@@ -90,23 +56,6 @@ fn names_turbo(root: &Path) -> bool {
             .to_ascii_lowercase()
             .contains("turbo")
     })
-}
-
-/// The VAE config's `sample_size` (a side, or `[height, width]`), rounded down to `step`.
-fn native_side(vae: &Value, step: u32) -> u32 {
-    let side = match vae.get("sample_size") {
-        Some(Value::Number(n)) => n.as_u64(),
-        Some(Value::Array(sides)) => sides.iter().filter_map(Value::as_u64).min(),
-        _ => None,
-    }
-    .unwrap_or(1024)
-    .min(4096)
-    .max(u64::from(step)) as u32;
-    side / step * step
-}
-
-fn component_config(root: &Path, which: &str, file: &str) -> Result<Value, Error> {
-    Ok(read_json(&root.join(which).join(file))?)
 }
 
 impl ZImage {

@@ -44,30 +44,6 @@ impl Positions {
     }
 }
 
-/// `(cos, sin)` of every token's angles, `[tokens][head_dim / 2][2]`: axis a contributes
-/// `axes_dims[a] / 2` angles `position · θ^(−2j / axes_dims[a])`. As diffusers does, the
-/// frequencies and products are taken in f64 and the angle rounded to f32 before its cosine
-/// and sine.
-pub fn rope_table(ids: &[[u32; 3]], axes_dims: &[u32], theta: f32) -> Vec<f32> {
-    let theta = f64::from(theta);
-    let freqs: Vec<(usize, f64)> = axes_dims
-        .iter()
-        .enumerate()
-        .flat_map(|(axis, &d)| {
-            (0..d / 2).map(move |j| (axis, 1.0 / theta.powf(f64::from(2 * j) / f64::from(d))))
-        })
-        .collect();
-    let mut table = Vec::with_capacity(ids.len() * freqs.len() * 2);
-    for id in ids {
-        for &(axis, f) in &freqs {
-            let angle = (f64::from(id[axis]) * f) as f32;
-            table.push(angle.cos());
-            table.push(angle.sin());
-        }
-    }
-    table
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -84,16 +60,5 @@ mod tests {
         assert_eq!(&img[..4], &[[33, 0, 0], [33, 0, 1], [33, 0, 2], [33, 1, 0]]);
         assert_eq!(img[6], [0, 0, 0]);
         assert_eq!(p.joint().len(), 64);
-    }
-
-    #[test]
-    fn angles_per_axis() {
-        let t = rope_table(&[[2, 3, 5]], &[2, 4, 2], 256.0);
-        // Axis 0: one angle 2·1; axis 1: 3·1 and 3·256^(−1/2); axis 2: 5·1.
-        let angles = [2.0f32, 3.0, 3.0 / 16.0, 5.0];
-        assert_eq!(t.len(), 8);
-        for (i, a) in angles.iter().enumerate() {
-            assert!((t[2 * i] - a.cos()).abs() < 1e-6 && (t[2 * i + 1] - a.sin()).abs() < 1e-6);
-        }
     }
 }

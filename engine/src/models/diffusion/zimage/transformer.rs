@@ -6,13 +6,14 @@
 use std::sync::Arc;
 
 use super::config::{SEQ_MULTIPLE, TIME_HIDDEN, ZImageConfig};
-use super::rope::{Positions, rope_table};
+use super::rope::Positions;
 use crate::Error;
 use crate::gpu::StorageBuffer;
 use crate::models::diffusion::graph::{Act, Activation, Builder, Halves, Plan};
+use crate::models::diffusion::rope_table::rope_table;
 use crate::ops::{
-    FullLayout, Glu, GluKind, MatMul, PatchShape, RowNorm, RowNormForm, Slice, fill_rows,
-    fill_tail, gated_add, head_rope, mod_norm, patchify, unpatchify,
+    FullLayout, PatchShape, RowNorm, RowNormForm, Slice, fill_rows, fill_tail, gated_add,
+    head_rope, mod_norm, patchify, unpatchify,
 };
 
 /// What a plan reads each call and where its output lands.
@@ -150,6 +151,7 @@ pub fn build_transformer(
             buffer: &scale.buf,
             offset: 0,
         }),
+        shift: None,
         half_out: false,
     };
     let pass = mod_norm(b.gpu, (joint.pixels(), dim), form, &joint.buf, &normed.buf)?;
@@ -180,7 +182,7 @@ fn upload_table(
     cfg: &ZImageConfig,
     ids: &[[u32; 3]],
 ) -> Result<Arc<StorageBuffer>, Error> {
-    let table = rope_table(ids, &cfg.axes_dims, cfg.rope_theta);
+    let table = rope_table(ids, &cfg.axes_dims, cfg.rope_theta, true);
     Ok(Arc::new(b.gpu.storage_from("rope table", &table)?))
 }
 
@@ -216,6 +218,7 @@ fn rms_norm(
             buffer: &m.buf,
             offset,
         }),
+        shift: None,
         half_out: half,
     };
     let pass = mod_norm(b.gpu, (x.pixels(), x.channels), form, &x.buf, &y.buf)?;
@@ -339,7 +342,8 @@ fn block(
 
     let n2 = rms_norm(b, &x, &format!("{name}.ffn_norm1"), eps, at(2), half)?;
     let ff = format!("{name}.feed_forward");
-    let gated = swiglu(b, &n2, &ff, cfg.ffn_hidden(), read_half)?;
+    let names = [format!("{ff}.w1"), format!("{ff}.w3")];
+    let gated = b.swiglu(&n2, [&names[0], &names[1]], cfg.ffn_hidden(), read_half)?;
     b.release(n2);
     let f = b.linear(&gated, &format!("{ff}.w2"), dim, None, None)?;
     b.release(gated);
@@ -348,35 +352,4 @@ fn block(
         b.release(m);
     }
     Ok(x)
-}
-
-/// `silu(x·w1ᵀ) · (x·w3ᵀ)`: gated in the product's epilogue on tensor cores (reading f16 X
-/// where `halves` says), else by a pass of its own.
-fn swiglu(
-    b: &mut Builder<'_, '_>,
-    x: &Act,
-    ff: &str,
-    hidden: u32,
-    halves: Halves,
-) -> Result<Act, Error> {
-    let names = [format!("{ff}.w1"), format!("{ff}.w3")];
-    let names = [names[0].as_str(), names[1].as_str()];
-    if MatMul::gates_in_epilogue(b.gpu) {
-        return b.linear_halves(x, &names, hidden, Activation::SwiGlu, halves);
-    }
-    let gate_up = b.linear_fused(x, &names, hidden, None, None)?;
-    let gated = b.alloc(gate_up.h, gate_up.w, hidden)?;
-    let rows = gate_up.pixels();
-    let step = b.step(rows);
-    let glu = Glu::new(
-        b.gpu,
-        GluKind::Silu,
-        hidden,
-        &gate_up.buf,
-        &gated.buf,
-        &step,
-    )?;
-    b.push(move |rec| glu.encode(rec, rows));
-    b.release(gate_up);
-    Ok(gated)
 }

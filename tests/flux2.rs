@@ -1,0 +1,297 @@
+//! FLUX.2 [klein] against diffusers on a tiny random pipeline with our own shapes (model and
+//! goldens from tests/reference/make_tiny_flux2.py): the padded, templated prompt's stacked
+//! hidden states, one transformer call at two sigmas, the VAE decoder through the batch-norm
+//! statistics, whole images from given latents (distilled, and the base model under guidance),
+//! a reference image, previews, the sigma tables under the pipeline's empirical mu, and bad
+//! input.
+
+mod common;
+#[path = "support/temp_dir.rs"]
+mod temp_dir;
+
+use std::path::{Path, PathBuf};
+
+use backpack_engine::load::SafeTensors;
+use backpack_engine::models::diffusion::flux2::empirical_mu;
+use backpack_engine::models::diffusion::scheduler::{FlowMatchConfig, linear_sigmas};
+use backpack_engine::models::diffusion::{
+    DiffusionModel, ImageModelOptions, ImageParams, SchedulerKind,
+};
+use backpack_engine::ops::WeightDType;
+use common::{assert_close, gpu, psnr, texture_rgba};
+use serde_json::Value;
+use temp_dir::{TempDir, copy_dir};
+
+fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+fn meta() -> Value {
+    let text = std::fs::read_to_string(root().join("tests/fixtures/goldens/tiny-flux2.json"))
+        .expect("tiny-flux2.json");
+    serde_json::from_str(&text).expect("json")
+}
+
+fn golden(name: &str) -> Vec<f32> {
+    let path = root().join("tests/fixtures/goldens/tiny-flux2.safetensors");
+    let st = SafeTensors::open_files(&[path]).expect("goldens");
+    st.get(name)
+        .unwrap_or_else(|e| panic!("{name}: {e}"))
+        .to_f32()
+}
+
+fn fixture() -> PathBuf {
+    root().join("tests/fixtures/models/tiny-flux2")
+}
+
+fn load(path: &Path, dtype: WeightDType) -> DiffusionModel {
+    let options = ImageModelOptions {
+        dtype,
+        ..Default::default()
+    };
+    DiffusionModel::load(&gpu(), path, &options)
+        .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+/// The fixture with FLUX.2-klein-base's `model_index.json` (no `is_distilled`).
+fn base_copy() -> TempDir {
+    let dir = TempDir::new("flux2-base");
+    copy_dir(&fixture(), &dir);
+    let index = root()
+        .join("tests/conformance/models/black-forest-labs--FLUX.2-klein-base-4B/model_index.json");
+    std::fs::copy(index, dir.join("model_index.json")).expect("base index");
+    dir
+}
+
+fn close(what: &str, got: &[f32], want: &[f32], tol: f32) {
+    let scale: Vec<f32> = want.iter().map(|v| v.abs()).collect();
+    assert_close(what, got, want, &scale, tol, tol);
+}
+
+#[test]
+fn stages_match_diffusers() {
+    let mut m = load(&fixture(), WeightDType::F32);
+    let info = m.info().clone();
+    assert_eq!(info.family, "flux2");
+    assert_eq!((info.size_step, info.latent_downscale), (8, 8));
+    // The distilled klein's settings; the tiny VAE's sample_size (the published one says 1024).
+    assert_eq!((info.defaults.steps, info.defaults.guidance), (4, 1.0));
+    assert_eq!((info.defaults.width, info.defaults.height), (32, 32));
+    let meta = meta();
+    let prompt = meta["caption"]["prompt"].as_str().expect("prompt");
+    let (caption, rows) = m.caption_features(prompt).expect("caption");
+    assert_eq!(rows, 512, "captions are padded to 512 tokens");
+    // The real tokens and the padding (which attends to the real tokens only).
+    close("caption features", &caption, &golden("caption"), 1e-4);
+
+    let latents = golden("transformer.latents");
+    for (label, sigma) in meta["transformer"]["sigmas"].as_object().expect("sigmas") {
+        let sigma = sigma.as_f64().expect("sigma") as f32;
+        let out = m
+            .transformer_once(&latents, (4, 5), sigma, &caption)
+            .expect("transformer");
+        close(
+            &format!("transformer at sigma {sigma}"),
+            &out,
+            &golden(&format!("transformer.out.{label}")),
+            2e-4,
+        );
+    }
+    let image = m
+        .decode_latents(&golden("vae.latents"), (3, 4))
+        .expect("decode");
+    close("vae decode", &image, &golden("vae.image"), 2e-4);
+}
+
+fn case_params(case: &Value, latents: Vec<f32>) -> ImageParams {
+    let number = |key: &str| case[key].as_f64().unwrap_or_else(|| panic!("{key}"));
+    ImageParams {
+        prompt: case["prompt"].as_str().unwrap_or_default().to_owned(),
+        negative: String::new(),
+        steps: number("steps") as u32,
+        guidance: number("guidance") as f32,
+        seed: 0,
+        width: number("width") as u32,
+        height: number("height") as u32,
+        scheduler: SchedulerKind::Euler,
+        init_image: None,
+        init_latents: Some(latents),
+    }
+}
+
+fn check_images(dtype: WeightDType, floor_db: f64) {
+    let mut distilled = load(&fixture(), dtype);
+    let base_dir = base_copy();
+    let mut base = load(&base_dir, dtype);
+    assert_eq!(base.info().defaults.guidance, 4.0, "the base model guides");
+    for case in meta()["cases"].as_array().expect("cases") {
+        let name = case["name"].as_str().expect("name");
+        let m = if case["base"].as_bool() == Some(true) {
+            &mut base
+        } else {
+            &mut distilled
+        };
+        let params = case_params(case, golden(&format!("{name}.latents")));
+        let mut steps = 0;
+        let image = m
+            .generate(&params, false, |_| {
+                steps += 1;
+                true
+            })
+            .expect("generate")
+            .expect("not cancelled");
+        assert_eq!(steps, params.steps, "{name}: steps reported");
+        assert_eq!((image.width, image.height), (params.width, params.height));
+        let got: Vec<f32> = image.rgb.iter().map(|v| f32::from(*v) / 255.0).collect();
+        let db = psnr(&got, &golden(&format!("{name}.image")));
+        assert!(db >= floor_db, "{name} ({dtype:?}): {db:.1} dB");
+    }
+}
+
+#[test]
+fn images_match_diffusers_in_f32() {
+    check_images(WeightDType::F32, 35.0);
+}
+
+#[test]
+fn images_match_diffusers_in_f16() {
+    check_images(WeightDType::F16, 30.0);
+}
+
+/// A start image is a reference, as `Flux2KleinPipeline`'s `image`: encoded, packed,
+/// normalised and joined to the sequence at t = 10.
+#[test]
+fn a_reference_image_matches_diffusers() {
+    let mut m = load(&fixture(), WeightDType::F32);
+    let case = &meta()["reference"];
+    // The PNG's pixels in 0..1 (the CLI test reads the PNG itself).
+    let pixels = golden("reference.pixels");
+    let mut params = case_params(case, golden("reference.latents"));
+    params.guidance = 1.0;
+    params.init_image = Some((pixels, 0.6));
+    let image = m
+        .generate(&params, false, |_| true)
+        .expect("generate")
+        .expect("image");
+    let got: Vec<f32> = image.rgb.iter().map(|v| f32::from(*v) / 255.0).collect();
+    let db = psnr(&got, &golden("reference.image"));
+    assert!(db >= 35.0, "reference image: {db:.1} dB");
+    // Without the reference the same latents make a different image.
+    params.init_image = None;
+    let plain = m
+        .generate(&params, false, |_| true)
+        .expect("generate")
+        .expect("image");
+    assert_ne!(plain.rgb, image.rgb, "the reference steers the image");
+}
+
+#[test]
+fn sigma_tables_match_diffusers() {
+    let config_path = root().join(
+        "tests/conformance/models/black-forest-labs--FLUX.2-klein-4B/scheduler/scheduler_config.json",
+    );
+    let config: Value =
+        serde_json::from_slice(&std::fs::read(config_path).expect("config")).expect("json");
+    let config = FlowMatchConfig::from_json(&config).expect("scheduler");
+    for case in meta()["schedulers"].as_array().expect("tables") {
+        let steps = case["steps"].as_u64().expect("steps") as u32;
+        let tokens = case["tokens"].as_u64().expect("tokens") as u32;
+        let mu = empirical_mu(tokens, steps);
+        let want_mu = case["mu"].as_f64().expect("mu");
+        assert!(
+            (mu - want_mu).abs() < 1e-12,
+            "mu at {tokens} tokens, {steps} steps"
+        );
+        let want: Vec<f32> = case["sigmas"]
+            .as_array()
+            .expect("sigmas")
+            .iter()
+            .map(|v| v.as_f64().expect("sigma") as f32)
+            .collect();
+        let got = config
+            .sigmas_at_mu(&linear_sigmas(steps), mu)
+            .expect("sigmas");
+        let scale = vec![1.0; want.len()];
+        let what = format!("{steps} steps, {tokens} tokens");
+        assert_close(&what, &got, &want, &scale, 2e-6, 0.0);
+    }
+}
+
+/// Each step's clean estimate goes through the batch-norm statistics and the VAE into the
+/// preview, so after the last step the preview is the image itself.
+#[test]
+fn previews_show_each_steps_estimate() {
+    let mut m = load(&fixture(), WeightDType::F32);
+    assert_eq!(m.info().preview, "vae");
+    let case = &meta()["cases"][0];
+    let name = case["name"].as_str().expect("name");
+    let params = case_params(case, golden(&format!("{name}.latents")));
+    let texture = m
+        .preview_texture(params.width, params.height)
+        .expect("texture");
+    let mut drawn = Vec::new();
+    let image = m
+        .generate(&params, true, |_| {
+            drawn.push(texture_rgba(&texture));
+            true
+        })
+        .expect("generate")
+        .expect("image");
+    assert_eq!(drawn.len(), params.steps as usize);
+    assert_ne!(drawn[0], drawn[1], "each step draws its own estimate");
+    let last: Vec<u8> = drawn[1].chunks(4).flat_map(|p| p[..3].to_vec()).collect();
+    let worst = last
+        .iter()
+        .zip(&image.rgb)
+        .map(|(a, b)| a.abs_diff(*b))
+        .max();
+    assert!(
+        worst <= Some(1),
+        "the last preview is the image: off by {worst:?}"
+    );
+}
+
+#[test]
+fn bad_input_is_refused_with_reasons() {
+    let mut m = load(&fixture(), WeightDType::F32);
+    let mut params = case_params(&meta()["cases"][0], vec![0.0; 3]);
+    let err = m
+        .generate(&params, false, |_| true)
+        .expect_err("wrong latent size")
+        .to_string();
+    assert!(err.contains("[1, 24, 4, 6]"), "{err}");
+    params.init_latents = None;
+    params.width = 36;
+    let err = m
+        .generate(&params, false, |_| true)
+        .expect_err("odd size")
+        .to_string();
+    assert!(err.contains("multiples of 8"), "{err}");
+    let err = m
+        .transformer_once(&[0.0; 24], (1, 1), 0.5, &[0.0; 10])
+        .expect_err("short caption")
+        .to_string();
+    assert!(err.contains("[512][48]"), "{err}");
+
+    // A text encoder too shallow for layers 9, 18 and 27 is named.
+    let dir = TempDir::new("flux2-shallow");
+    copy_dir(&fixture(), &dir);
+    let config_path = dir.join("text_encoder/config.json");
+    let mut config: Value =
+        serde_json::from_slice(&std::fs::read(&config_path).expect("read")).expect("json");
+    config["num_hidden_layers"] = 20.into();
+    std::fs::write(&config_path, config.to_string()).expect("write");
+    let options = ImageModelOptions {
+        dtype: WeightDType::F32,
+        random_weights: true,
+        ..Default::default()
+    };
+    let err = DiffusionModel::load(&gpu(), &dir, &options)
+        .err()
+        .expect("too few layers")
+        .to_string();
+    assert!(
+        err.contains("text_encoder/config.json") && err.contains("[9, 18, 27]"),
+        "{err}"
+    );
+}
