@@ -274,3 +274,24 @@ fn bn_unpack(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgro
     let at = ((2u * ty + dy) * (2u * p.extra) + 2u * tx + dx) * channels + c;
     y[at] = x[id] * weight[j] + weight[p.cols + j];
 }
+
+// Rows joined as f16 pairs: each output row (cols words) is `extra` words of f16 pairs from
+// `used` (an attention output written as f16), then `offset` f32 values from x packed into
+// pairs (a feed-forward's output). FLUX.2's single-stream blocks project both through one
+// matrix.
+@compute @workgroup_size(64)
+fn join_half_rows(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let id = linear_id(gid, nwg);
+    if (id >= p.rows * p.cols) {
+        return;
+    }
+    let r = id / p.cols;
+    let w = id % p.cols;
+    if (w < p.extra) {
+        y16[id] = used[r * p.extra + w];
+        return;
+    }
+    let k = r * p.offset + 2u * (w - p.extra);
+    let pair = vec2<f32>(x[k], x[k + 1u]);
+    y16[id] = pack2x16float(clamp(pair, vec2<f32>(-65504.0), vec2<f32>(65504.0)));
+}

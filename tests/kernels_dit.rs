@@ -8,7 +8,7 @@ mod common;
 use backpack_engine::gpu::{Gpu, Recorder, StorageBuffer};
 use backpack_engine::ops::{
     Pass, PatchShape, RowNorm, RowNormForm, Slice, bn_unpack, fill_rows, fill_tail, gated_add,
-    head_rope, mod_norm, patchify, scaled_add, unpatchify,
+    head_rope, join_half_rows, mod_norm, patchify, scaled_add, unpatchify,
 };
 use common::{Rng, assert_close, gpu, round_f16};
 
@@ -426,5 +426,34 @@ fn packed_latents_unpack_with_batch_norm_statistics() {
     assert!(
         bn_unpack(&gpu, (2, 6, 1), &b, &b, &b).is_err(),
         "6 features are not 2×2 patches"
+    );
+}
+
+#[test]
+fn rows_join_as_f16_pairs() {
+    let gpu = gpu();
+    let mut rng = Rng::new(11);
+    for (rows, half_cols, full_cols) in [(7, 6, 10), (1, 2, 2), (33, 48, 144)] {
+        let first = round_f16(&rng.vec(rows * half_cols, 2.0));
+        let second = rng.vec(rows * full_cols, 2.0);
+        let mut want = Vec::new();
+        for r in 0..rows {
+            want.extend_from_slice(&first[r * half_cols..(r + 1) * half_cols]);
+            want.extend(round_f16(&second[r * full_cols..(r + 1) * full_cols]));
+        }
+        let halves_buf = gpu.storage_from("halves", &halves(&first)).expect("buffer");
+        let full = buf(&gpu, &second);
+        let out = buf(&gpu, &vec![0.0; want.len().div_ceil(2)]);
+        let shape = (half_cols as u32, full_cols as u32);
+        let pass =
+            join_half_rows(&gpu, rows as u32, shape, &halves_buf, &full, &out).expect("pass");
+        run(&gpu, &pass);
+        let got = read_halves(&gpu, &out, want.len());
+        assert_eq!(got, want, "{rows} rows of {half_cols} + {full_cols}");
+    }
+    let b = buf(&gpu, &[0.0; 4]);
+    assert!(
+        join_half_rows(&gpu, 1, (3, 2), &b, &b, &b).is_err(),
+        "odd widths"
     );
 }

@@ -113,7 +113,7 @@ def main():
                     device, args.repeats, args.warmup),
                 "vae_decode_s": timed(decode, device, args.repeats, args.warmup),
                 "image_s": timed(
-                    lambda: pipe(PROMPT, height=size, width=size, num_inference_steps=args.steps,
+                    lambda: pipe(prompt=PROMPT, height=size, width=size, num_inference_steps=args.steps,
                                  guidance_scale=1.0, output_type="np"),
                     device, args.repeats, args.warmup),
                 "steps": args.steps,

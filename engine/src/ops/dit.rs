@@ -361,3 +361,35 @@ pub fn bn_unpack(
         Pass::grid_of_64(tokens * features),
     )
 }
+
+/// `rows` rows of `halves` (f16 values two to a word, `half_cols` of them) followed by `full`'s
+/// f32 values (`full_cols`), written as one row of f16 pairs into `out`: two outputs side by
+/// side for a product that reads its X as f16. Both widths must be even.
+pub fn join_half_rows(
+    gpu: &Gpu,
+    rows: u32,
+    (half_cols, full_cols): (u32, u32),
+    halves: &StorageBuffer,
+    full: &StorageBuffer,
+    out: &StorageBuffer,
+) -> Result<Pass, GpuError> {
+    if !half_cols.is_multiple_of(2) || !full_cols.is_multiple_of(2) {
+        return Err(GpuError::Device(format!(
+            "rows of {half_cols} and {full_cols} values cannot join as f16 pairs"
+        )));
+    }
+    let params = Params {
+        rows,
+        cols: (half_cols + full_cols) / 2,
+        extra: half_cols / 2,
+        offset: full_cols,
+        ..Default::default()
+    };
+    Pass::new(
+        gpu,
+        spec("join_half_rows", &[]),
+        &params,
+        &[(1, full), (5, out), (6, halves)],
+        Pass::grid_of_64(rows * (half_cols + full_cols) / 2),
+    )
+}

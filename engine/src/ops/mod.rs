@@ -43,7 +43,7 @@ pub use denoise::{Denoise, DenoiseBuffers, DenoiseParams, Preview, PreviewSource
 pub use dequant::Dequantize;
 pub use dit::{
     PatchShape, RowNorm, RowNormForm, Slice, bn_unpack, fill_rows, fill_tail, gated_add, head_rope,
-    mod_norm, patchify, scaled_add, unpatchify,
+    join_half_rows, mod_norm, patchify, scaled_add, unpatchify,
 };
 pub use elementwise::{Embed, Glu, GluKind, OutputGate};
 pub use fill::{fill_random, fill_value};

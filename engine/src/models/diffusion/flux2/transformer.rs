@@ -10,7 +10,9 @@ use crate::Error;
 use crate::gpu::StorageBuffer;
 use crate::models::diffusion::graph::{Act, Activation, Builder, Halves, Plan};
 use crate::models::diffusion::rope_table::rope_table;
-use crate::ops::{FullLayout, RowNorm, RowNormForm, Slice, head_rope, mod_norm, scaled_add};
+use crate::ops::{
+    FullLayout, RowNorm, RowNormForm, Slice, head_rope, join_half_rows, mod_norm, scaled_add,
+};
 
 /// The t coordinate of the first reference image's tokens (`_prepare_image_ids`' `scale`).
 pub const REFERENCE_T: u32 = 10;
@@ -465,41 +467,30 @@ fn single_block(
     )?;
     let att = attend(b, &qkv, cfg, half)?;
     b.release(qkv);
-    // The feed-forward's output takes the attention output's format, so the two join as one
-    // row (f16 pairs join as whole 32-bit words).
-    let halves = Halves {
+    let read_half = Halves {
         input: half,
-        output: half,
+        output: false,
     };
     let mlp = cfg.mlp_hidden();
     let gated = b.swiglu(
         &n,
         [&format!("{a}.mlp_in.gate"), &format!("{a}.mlp_in.up")],
         mlp,
-        halves,
+        read_half,
     )?;
     b.release(n);
+    // Attention and feed-forward side by side for the one output projection: as f16 pairs on
+    // tensor cores (the attention wrote f16), else as f32.
     let joined = if half {
-        let words = |x: &Act| Act {
-            buf: x.buf.clone(),
-            h: x.h,
-            w: x.w,
-            channels: x.channels / 2,
-        };
-        let j = b.concat(&words(&att), &words(&gated))?;
-        Act {
-            channels: dim + mlp,
-            ..j
-        }
+        let j = b.alloc(h.h, h.w, dim + mlp)?;
+        let pass = join_half_rows(b.gpu, h.pixels(), (dim, mlp), &att.buf, &gated.buf, &j.buf)?;
+        b.push(move |rec| pass.encode(rec));
+        j
     } else {
         b.concat(&att, &gated)?
     };
     b.release(att);
     b.release(gated);
-    let read_half = Halves {
-        input: half,
-        output: false,
-    };
     let o = b.linear_halves(
         &joined,
         &[&format!("{a}.to_out")],
