@@ -1,24 +1,23 @@
 // Writes an image being generated into an RGBA texture the Image panel draws, straight from
-// the GPU buffers: either a latent x[pixel][4] through a 4→3 linear map (a fast approximation
-// of the VAE), or decoded pixels x[pixel][3] in −1..1.
+// the GPU buffers: either a latent x[pixel][channels] through a channels→3 linear map (a fast
+// approximation of the VAE), or decoded pixels x[pixel][3] in −1..1.
 // Defines: LATENT.
 
 struct Params {
     width: u32,
     height: u32,
-    _pad0: u32,
-    _pad1: u32,
-    // Columns of the 4→3 map, then the bias (LATENT).
-    m0: vec4<f32>,
-    m1: vec4<f32>,
-    m2: vec4<f32>,
-    m3: vec4<f32>,
-    bias: vec4<f32>,
+    // The latent's channels (LATENT).
+    channels: u32,
+    _pad: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> x: array<f32>;
 @group(0) @binding(2) var out: texture_storage_2d<rgba8unorm, write>;
+#if LATENT
+// The map's rows (one per channel, RGB in xyz), then the bias.
+@group(0) @binding(3) var<storage, read> map: array<vec4<f32>>;
+#endif
 
 @compute @workgroup_size(8, 8)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
@@ -27,8 +26,10 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     }
     let i = gid.y * p.width + gid.x;
 #if LATENT
-    let l = vec4<f32>(x[4u * i], x[4u * i + 1u], x[4u * i + 2u], x[4u * i + 3u]);
-    let rgb = (l.x * p.m0 + l.y * p.m1 + l.z * p.m2 + l.w * p.m3 + p.bias).xyz;
+    var rgb = map[p.channels].xyz;
+    for (var c = 0u; c < p.channels; c++) {
+        rgb += x[p.channels * i + c] * map[c].xyz;
+    }
 #else
     let rgb = vec3<f32>(x[3u * i], x[3u * i + 1u], x[3u * i + 2u]);
 #endif

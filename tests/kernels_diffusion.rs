@@ -655,7 +655,10 @@ fn denoise_step_and_preview_match_cpu() {
     let bias = [0.1, -0.05, 0.02];
     let preview = Preview::new(
         &gpu,
-        &PreviewSource::Latent { columns, bias },
+        &PreviewSource::Latent {
+            rows: &columns,
+            bias,
+        },
         &db,
         &view,
         w as u32,
@@ -725,6 +728,56 @@ fn denoise_step_and_preview_match_cpu() {
                 );
             }
             assert_eq!(bytes[y * 256 + xx * 4 + 3], 255);
+        }
+    }
+}
+
+/// The linear preview over latents of many channels (FLUX.2's 32): each pixel's RGB is the
+/// channels through the map's rows plus its bias, mapped from −1..1 to bytes.
+#[test]
+fn linear_preview_of_many_channels_matches_cpu() {
+    let gpu = gpu();
+    let mut rng = Rng::new(21);
+    let (w, h, c) = (5usize, 3usize, 32usize);
+    let latent = rng.vec(w * h * c, 1.5);
+    let rows: Vec<[f32; 3]> = (0..c)
+        .map(|_| {
+            let r = rng.vec(3, 0.3);
+            [r[0], r[1], r[2]]
+        })
+        .collect();
+    let bias = [0.05, -0.1, 0.2];
+    let texture = gpu.device().create_texture(&wgpu::TextureDescriptor {
+        label: None,
+        size: wgpu::Extent3d {
+            width: w as u32,
+            height: h as u32,
+            depth_or_array_layers: 1,
+        },
+        mip_level_count: 1,
+        sample_count: 1,
+        dimension: wgpu::TextureDimension::D2,
+        format: wgpu::TextureFormat::Rgba8Unorm,
+        usage: wgpu::TextureUsages::STORAGE_BINDING | wgpu::TextureUsages::COPY_SRC,
+        view_formats: &[],
+    });
+    let view = texture.create_view(&Default::default());
+    let x = gpu.storage_from("latent", &latent).expect("buffer");
+    let source = PreviewSource::Latent { rows: &rows, bias };
+    let preview = Preview::new(&gpu, &source, &x, &view, w as u32, h as u32).expect("preview");
+    let mut rec = Recorder::new(&gpu);
+    preview.encode(&mut rec);
+    rec.submit();
+    let rgba = common::texture_rgba(&texture);
+    for i in 0..w * h {
+        for ch in 0..3 {
+            let v: f32 = (0..c).map(|k| latent[i * c + k] * rows[k][ch]).sum::<f32>() + bias[ch];
+            let want = ((v * 0.5 + 0.5).clamp(0.0, 1.0) * 255.0).round();
+            let got = f32::from(rgba[i * 4 + ch]);
+            assert!(
+                (got - want).abs() <= 1.0,
+                "pixel {i} channel {ch}: {got} vs {want}"
+            );
         }
     }
 }

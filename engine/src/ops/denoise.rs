@@ -105,9 +105,8 @@ impl Denoise {
 struct PreviewParams {
     width: u32,
     height: u32,
-    _pad: [u32; 2],
-    /// Columns of the latent → RGB map, then the bias.
-    map: [[f32; 4]; 5],
+    channels: u32,
+    _pad: u32,
 }
 
 /// Draws a channel-last image into an `Rgba8Unorm` texture with `STORAGE_BINDING` usage.
@@ -116,13 +115,15 @@ pub struct Preview {
     bind_group: wgpu::BindGroup,
     grid: [u32; 3],
     _params: crate::gpu::UniformBuffer,
+    _map: Option<StorageBuffer>,
 }
 
 /// How a preview reads its source buffer.
-pub enum PreviewSource {
-    /// A latent `[pixel][4]` through the 4→3 map `rgb = Σ lᵢ·columns[i] + bias`.
+pub enum PreviewSource<'a> {
+    /// A latent `[pixel][channels]` through the linear map `rgb = Σ lᵢ·rows[i] + bias`, one
+    /// row per channel.
     Latent {
-        columns: [[f32; 3]; 4],
+        rows: &'a [[f32; 3]],
         bias: [f32; 3],
     },
     /// Decoded pixels `[pixel][3]` in −1..1.
@@ -132,53 +133,65 @@ pub enum PreviewSource {
 impl Preview {
     pub fn new(
         gpu: &Gpu,
-        source: &PreviewSource,
+        source: &PreviewSource<'_>,
         x: &StorageBuffer,
         texture: &wgpu::TextureView,
         width: u32,
         height: u32,
     ) -> Result<Self, GpuError> {
-        let mut map = [[0.0f32; 4]; 5];
-        if let PreviewSource::Latent { columns, bias } = source {
-            for (dst, col) in map.iter_mut().zip(columns) {
-                dst[..3].copy_from_slice(col);
+        let map = match source {
+            PreviewSource::Latent { rows, bias } => {
+                let table: Vec<f32> = rows
+                    .iter()
+                    .chain(std::iter::once(bias))
+                    .flat_map(|r| [r[0], r[1], r[2], 0.0])
+                    .collect();
+                Some((gpu.storage_from("preview map", &table)?, rows.len() as u32))
             }
-            map[4][..3].copy_from_slice(bias);
-        }
-        let latent = matches!(source, PreviewSource::Latent { .. });
+            PreviewSource::Pixels => None,
+        };
+        let latent = map.is_some();
         let kernel = gpu.kernel("preview", PREVIEW_SOURCE, "main", &[flag("LATENT", latent)])?;
         let params = gpu.uniform(
             "preview params",
             &PreviewParams {
                 width,
                 height,
-                _pad: [0; 2],
-                map,
+                channels: map.as_ref().map_or(0, |(_, c)| *c),
+                _pad: 0,
             },
         );
+        let mut entries = vec![
+            wgpu::BindGroupEntry {
+                binding: 0,
+                resource: params.buffer.as_entire_binding(),
+            },
+            wgpu::BindGroupEntry {
+                binding: 1,
+                resource: x.buffer.as_entire_binding(),
+            },
+            wgpu::BindGroupEntry {
+                binding: 2,
+                resource: wgpu::BindingResource::TextureView(texture),
+            },
+        ];
+        if let Some((table, _)) = &map {
+            entries.push(wgpu::BindGroupEntry {
+                binding: 3,
+                resource: table.buffer.as_entire_binding(),
+            });
+        }
         let bind_group = gpu.device().create_bind_group(&wgpu::BindGroupDescriptor {
             label: Some("preview"),
             layout: &kernel.layout,
-            entries: &[
-                wgpu::BindGroupEntry {
-                    binding: 0,
-                    resource: params.buffer.as_entire_binding(),
-                },
-                wgpu::BindGroupEntry {
-                    binding: 1,
-                    resource: x.buffer.as_entire_binding(),
-                },
-                wgpu::BindGroupEntry {
-                    binding: 2,
-                    resource: wgpu::BindingResource::TextureView(texture),
-                },
-            ],
+            entries: &entries,
         });
         Ok(Self {
             kernel,
             bind_group,
             grid: [width.div_ceil(8), height.div_ceil(8), 1],
             _params: params,
+            _map: map.map(|(table, _)| table),
         })
     }
 

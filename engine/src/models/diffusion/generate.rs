@@ -88,27 +88,6 @@ pub(super) const CONTEXT_TOKENS: u32 = 77;
 /// Dispatches a profile times (two timestamps each, 4096 per query set).
 pub(super) const MAX_PROFILED_DISPATCHES: u32 = 2048;
 
-/// Approximate latent → RGB maps for previews without a decoder (least-squares fits of the
-/// SD and SDXL VAEs' outputs on their latents, widely used for sampler previews).
-const SD_PREVIEW: ([[f32; 3]; 4], [f32; 3]) = (
-    [
-        [0.3512, 0.2297, 0.3227],
-        [0.3250, 0.4974, 0.2350],
-        [-0.2829, 0.1762, 0.2721],
-        [-0.2120, -0.2616, -0.7177],
-    ],
-    [0.0, 0.0, 0.0],
-);
-const SDXL_PREVIEW: ([[f32; 3]; 4], [f32; 3]) = (
-    [
-        [0.3651, 0.4232, 0.4341],
-        [-0.2533, -0.0042, 0.1068],
-        [0.1076, 0.1111, -0.0362],
-        [-0.3165, -0.2492, -0.2188],
-    ],
-    [0.1084, -0.0175, -0.0011],
-);
-
 fn zeros(gpu: &Gpu, label: &str, floats: u32) -> Result<Arc<StorageBuffer>, Error> {
     Ok(Arc::new(gpu.storage(label, u64::from(floats.max(1)) * 4)?))
 }
@@ -240,9 +219,9 @@ impl Parts {
         };
         let texture = preview_target(gpu, w, h);
         let view = texture.create_view(&wgpu::TextureViewDescriptor::default());
-        let (columns, bias) = match self.family {
-            Family::Sd => SD_PREVIEW,
-            Family::Sdxl => SDXL_PREVIEW,
+        let map = match self.family {
+            Family::Sd => &super::preview_maps::SD,
+            Family::Sdxl => &super::preview_maps::SDXL,
         };
         let (preview, decoder) = match taesd {
             Some((plan, pixels)) => (
@@ -252,7 +231,10 @@ impl Parts {
             None => (
                 Preview::new(
                     gpu,
-                    &PreviewSource::Latent { columns, bias },
+                    &PreviewSource::Latent {
+                        rows: map.rows,
+                        bias: map.bias,
+                    },
                     &plans.denoised,
                     &view,
                     w,

@@ -16,6 +16,7 @@ mod graph;
 mod layers;
 mod model;
 mod pipeline;
+pub mod preview_maps;
 mod qwen_text;
 mod rope_table;
 pub mod scheduler;

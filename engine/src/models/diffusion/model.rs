@@ -61,9 +61,9 @@ pub struct ImageModelInfo {
     pub size_step: u32,
     /// The VAE's image-to-latent factor (a latent of `[1][c][h][w]` is a `w·f`×`h·f` image).
     pub latent_downscale: u32,
-    /// How previews are drawn: "taesd", "linear" (UNet pipelines) or "vae" (the pipeline's
-    /// own decoder on each step's estimate; Z-Image), with the reason when a TAESD decoder was
-    /// offered but could not be used.
+    /// How previews are drawn: "taesd", "linear" (a map fitted for the latent's channels) or
+    /// "vae" (the pipeline's own decoder on each step's estimate, where no map fits), with the
+    /// reason when a TAESD decoder was offered but could not be used.
     pub preview: String,
 }
 
@@ -174,6 +174,13 @@ impl DiffusionModel {
 
     fn load_zimage(gpu: &Gpu, path: &Path, options: &ImageModelOptions) -> Result<Self, Error> {
         let mut pipe = ZImage::open(gpu, path, options, &|bytes| check_fit(gpu, bytes))?;
+        // Without a tiny decoder: the linear map fitted for these latents, else the VAE.
+        let channels = pipe.transformer.config.in_channels;
+        let fallback = if super::preview_maps::for_channels(channels).is_some() {
+            "linear"
+        } else {
+            "vae"
+        };
         let preview = match &options.preview_decoder {
             Some(dir) => match Taesd::open(dir) {
                 Ok(taesd)
@@ -183,10 +190,10 @@ impl DiffusionModel {
                     pipe.taesd = Some(taesd);
                     "taesd".to_owned()
                 }
-                Ok(_) => format!("vae ({} does not fit this model)", dir.display()),
-                Err(e) => format!("vae ({e})"),
+                Ok(_) => format!("{fallback} ({} does not fit this model)", dir.display()),
+                Err(e) => format!("{fallback} ({e})"),
             },
-            None => "vae".to_owned(),
+            None => fallback.to_owned(),
         };
         // The smallest image loads the transformer's and the VAE's weights now, so a missing
         // or malformed tensor is reported at load time, not at the first image.
@@ -255,7 +262,7 @@ impl DiffusionModel {
             },
             size_step: pipe.size_step(),
             latent_downscale: pipe.size_step(),
-            preview: "vae".to_owned(),
+            preview: pipe.preview_kind().to_owned(),
         };
         Ok(Self {
             gpu: gpu.clone(),

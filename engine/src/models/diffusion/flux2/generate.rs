@@ -6,7 +6,7 @@
 use std::time::Instant;
 
 use super::Flux2;
-use super::plans::Flux2Plans;
+use super::plans::{EstimatePreview, Flux2Plans};
 use crate::Error;
 use crate::gpu::{Gpu, Recorder, StorageBuffer};
 use crate::models::diffusion::generate::{Generated, ImageParams, StepInfo, Timings, nchw_to_nhwc};
@@ -220,9 +220,14 @@ fn record_step(rec: &mut Recorder<'_>, plans: &Flux2Plans, captions: &Captions, 
         plans.denoise.guide.encode(rec);
     }
     plans.denoise.step.encode(rec);
-    if preview && let Some((_, pass)) = &plans.preview {
-        plans.unpack_estimate.encode(rec);
-        plans.decoder.plan.encode(rec);
+    if preview && let Some((_, pass, feed)) = &plans.preview {
+        match feed {
+            EstimatePreview::Linear(unpack) => unpack.encode(rec),
+            EstimatePreview::Vae => {
+                plans.unpack_estimate.encode(rec);
+                plans.decoder.plan.encode(rec);
+            }
+        }
         pass.encode(rec);
     }
 }

@@ -11,6 +11,7 @@ use crate::Error;
 use crate::gpu::{Gpu, Recorder, StorageBuffer};
 use crate::models::diffusion::generate::{nchw_to_nhwc, nhwc_to_nchw};
 use crate::models::diffusion::graph::Builder;
+use crate::models::diffusion::preview_maps;
 use crate::models::diffusion::qwen_text::MAX_PROMPT_TOKENS;
 use crate::models::diffusion::scheduler::timestep_embedding;
 use crate::models::diffusion::vae::{VaePlan, build_decoder, build_encoder};
@@ -44,11 +45,21 @@ pub struct Flux2Plans {
     time_proj: Arc<StorageBuffer>,
     pub(super) model_out: Arc<StorageBuffer>,
     pub(super) uncond_out: Arc<StorageBuffer>,
+    /// Each step's clean estimate (packed, normalised), for previews.
+    denoised: Arc<StorageBuffer>,
     pub(super) denoise: Denoise,
-    /// The preview texture and the pass drawing the decoded estimate into it.
-    pub(super) preview: Option<(wgpu::Texture, Preview)>,
+    /// The preview texture, the pass drawing it, and what feeds that pass.
+    pub(super) preview: Option<(wgpu::Texture, Preview, EstimatePreview)>,
     /// Bytes of activations of the decoder and the transformer plan.
     pub activation_bytes: u64,
+}
+
+/// How a step's clean estimate reaches the preview.
+pub(super) enum EstimatePreview {
+    /// Unpacked (still normalised) for the linear map fitted for the 32-channel latents.
+    Linear(Pass),
+    /// Through the statistics and the VAE decoder.
+    Vae,
 }
 
 fn zeros(gpu: &Gpu, label: &str, floats: u32) -> Result<Arc<StorageBuffer>, Error> {
@@ -138,6 +149,7 @@ impl Flux2 {
             time_proj: zeros(gpu, "time embedding", self.transformer.config.time_channels)?,
             model_out,
             uncond_out,
+            denoised,
             denoise,
             preview: None,
         });
@@ -175,8 +187,19 @@ impl Flux2 {
         Ok(())
     }
 
+    /// How previews are drawn: "linear" where a map is fitted for the VAE's channels (the
+    /// published 32), else "vae".
+    pub fn preview_kind(&self) -> &'static str {
+        match preview_maps::for_channels(self.transformer.config.latent_channels()) {
+            Some(_) => "linear",
+            None => "vae",
+        }
+    }
+
     /// The texture previews of the current size are drawn into (made on first use): each
-    /// step's clean estimate through the VAE decoder.
+    /// step's clean estimate unpacked through the linear map fitted for its channels (at the
+    /// latent's size), else through the statistics and the VAE decoder (exact, a decode a
+    /// step).
     pub fn preview_texture(
         &mut self,
         gpu: &Gpu,
@@ -188,14 +211,45 @@ impl Flux2 {
         let plans = slot
             .as_mut()
             .ok_or_else(|| Error::Invalid("no plans".into()))?;
-        if let Some((texture, _)) = &plans.preview {
+        if let Some((texture, _, _)) = &plans.preview {
             return Ok(texture.clone());
         }
-        let texture = crate::models::diffusion::generate::preview_target(gpu, width, height);
-        let view = texture.create_view(&wgpu::TextureViewDescriptor::default());
-        let pixels = plans.decoder.out.clone();
-        let pass = Preview::new(gpu, &PreviewSource::Pixels, &pixels, &view, width, height)?;
-        plans.preview = Some((texture.clone(), pass));
+        let (h, w) = self.token_grid(width, height)?;
+        let features = self.transformer.config.in_channels;
+        let channels = self.transformer.config.latent_channels();
+        let (texture, pass, feed) = match preview_maps::for_channels(channels) {
+            Some(map) => {
+                let unpacked = zeros(gpu, "preview latent", h * w * features)?;
+                let mut identity = vec![1.0; features as usize];
+                identity.resize(2 * features as usize, 0.0);
+                let stats = gpu.storage_from("identity statistics", &identity)?;
+                let unpack = bn_unpack(
+                    gpu,
+                    (h * w, features, w),
+                    &stats,
+                    &plans.denoised,
+                    &unpacked,
+                )?;
+                let texture = crate::models::diffusion::generate::preview_target(gpu, 2 * w, 2 * h);
+                let view = texture.create_view(&wgpu::TextureViewDescriptor::default());
+                let source = PreviewSource::Latent {
+                    rows: map.rows,
+                    bias: map.bias,
+                };
+                let pass = Preview::new(gpu, &source, &unpacked, &view, 2 * w, 2 * h)?;
+                (texture, pass, EstimatePreview::Linear(unpack))
+            }
+            None => {
+                let texture =
+                    crate::models::diffusion::generate::preview_target(gpu, width, height);
+                let view = texture.create_view(&wgpu::TextureViewDescriptor::default());
+                let pixels = plans.decoder.out.clone();
+                let pass =
+                    Preview::new(gpu, &PreviewSource::Pixels, &pixels, &view, width, height)?;
+                (texture, pass, EstimatePreview::Vae)
+            }
+        };
+        plans.preview = Some((texture.clone(), pass, feed));
         Ok(texture)
     }
 

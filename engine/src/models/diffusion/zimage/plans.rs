@@ -11,6 +11,7 @@ use crate::Error;
 use crate::gpu::{Gpu, Recorder, StorageBuffer};
 use crate::models::diffusion::generate::{nchw_to_nhwc, nhwc_to_nchw};
 use crate::models::diffusion::graph::{Builder, Plan};
+use crate::models::diffusion::preview_maps::{self, PreviewMap};
 use crate::models::diffusion::scheduler::timestep_embedding;
 use crate::models::diffusion::vae::{VaePlan, build_decoder, build_encoder};
 use crate::ops::{Denoise, DenoiseBuffers, Preview, PreviewSource};
@@ -44,11 +45,20 @@ pub struct ZImagePlans {
     pub(super) uncond_out: Arc<StorageBuffer>,
     denoised: Arc<StorageBuffer>,
     pub(super) denoise: Denoise,
-    /// The preview texture and the pass drawing it, with the tiny decoder feeding it (else
-    /// the VAE decoder on the step's estimate does).
-    pub(super) preview: Option<(wgpu::Texture, Preview, Option<Plan>)>,
+    /// The preview texture, the pass drawing it, and what feeds that pass.
+    pub(super) preview: Option<(wgpu::Texture, Preview, PreviewDecoder)>,
     /// Bytes of activations of the decoder and the transformer plans.
     pub activation_bytes: u64,
+}
+
+/// What turns a step's clean estimate into the preview's input.
+pub(super) enum PreviewDecoder {
+    /// A tiny autoencoder's decoder, to pixels.
+    Tiny(Plan),
+    /// None: the preview maps the latent itself.
+    Linear(&'static PreviewMap),
+    /// The pipeline's VAE decoder, to pixels.
+    Vae,
 }
 
 pub(super) fn zeros(gpu: &Gpu, label: &str, floats: u32) -> Result<Arc<StorageBuffer>, Error> {
@@ -185,8 +195,9 @@ impl ZImage {
     }
 
     /// The texture previews of the current size are drawn into (made on first use): the
-    /// step's clean estimate through the tiny decoder when one is installed, else through
-    /// the pipeline's VAE decoder (exact, at the cost of a decode a step).
+    /// step's clean estimate through the tiny decoder when one is installed, else through the
+    /// linear map fitted for the latent's channels (at the latent's size), else through the
+    /// pipeline's VAE decoder (exact, at the cost of a decode a step).
     pub fn preview_texture(
         &mut self,
         gpu: &Gpu,
@@ -202,16 +213,29 @@ impl ZImage {
             return Ok(texture.clone());
         }
         let (h, w) = self.latent_shape(width, height)?;
-        let (decoder, pixels) = match self.taesd.as_mut() {
-            Some(t) => {
+        let map = preview_maps::for_channels(self.transformer.config.in_channels);
+        let (decoder, source, (tw, th)) = match (self.taesd.as_mut(), map) {
+            (Some(t), _) => {
                 let (plan, pixels) = t.build(gpu, &plans.denoised, (h, w))?;
-                (Some(plan), pixels)
+                (PreviewDecoder::Tiny(plan), pixels, (width, height))
             }
-            None => (None, plans.decoder.out.clone()),
+            (None, Some(map)) => (PreviewDecoder::Linear(map), plans.denoised.clone(), (w, h)),
+            (None, None) => (
+                PreviewDecoder::Vae,
+                plans.decoder.out.clone(),
+                (width, height),
+            ),
         };
-        let texture = crate::models::diffusion::generate::preview_target(gpu, width, height);
+        let texture = crate::models::diffusion::generate::preview_target(gpu, tw, th);
         let view = texture.create_view(&wgpu::TextureViewDescriptor::default());
-        let pass = Preview::new(gpu, &PreviewSource::Pixels, &pixels, &view, width, height)?;
+        let kind = match &decoder {
+            PreviewDecoder::Linear(map) => PreviewSource::Latent {
+                rows: map.rows,
+                bias: map.bias,
+            },
+            _ => PreviewSource::Pixels,
+        };
+        let pass = Preview::new(gpu, &kind, &source, &view, tw, th)?;
         plans.preview = Some((texture.clone(), pass, decoder));
         Ok(texture)
     }
@@ -406,8 +430,9 @@ pub(super) fn record_preview(rec: &mut Recorder<'_>, plans: &ZImagePlans) {
         return;
     };
     match tiny {
-        Some(plan) => plan.encode(rec),
-        None => {
+        PreviewDecoder::Tiny(plan) => plan.encode(rec),
+        PreviewDecoder::Linear(_) => {}
+        PreviewDecoder::Vae => {
             copy_all(rec, &plans.denoised, &plans.decode_in);
             plans.decoder.plan.encode(rec);
         }
