@@ -342,3 +342,35 @@ fn previews_at_the_published_channels_use_the_linear_map() {
     assert_eq!(drawn.len(), 2);
     assert_ne!(drawn[0], drawn[1], "each step draws its own estimate");
 }
+
+/// The transformer as one file in Black Forest Labs' original key layout (ComfyUI's single
+/// files), put alone in the folder's `transformer/`, gives the diffusers folder's image.
+#[test]
+fn an_original_layout_transformer_file_loads() {
+    let dir = TempDir::new("flux2-original");
+    copy_dir(&fixture(), &dir);
+    let transformer = dir.join("transformer");
+    std::fs::remove_file(transformer.join("diffusion_pytorch_model.safetensors")).expect("rm");
+    std::fs::copy(
+        root().join("tests/fixtures/models/tiny-flux2-original.safetensors"),
+        transformer.join("flux-2-klein-tiny.safetensors"),
+    )
+    .expect("copy");
+    let case = &meta()["cases"][0];
+    let name = case["name"].as_str().expect("name");
+    let params = case_params(case, golden(&format!("{name}.latents")));
+    let mut original = load(&dir, WeightDType::F32);
+    let from_file = original
+        .generate(&params, false, |_| true)
+        .expect("generate")
+        .expect("image");
+    let mut folder = load(&fixture(), WeightDType::F32);
+    let from_folder = folder
+        .generate(&params, false, |_| true)
+        .expect("generate")
+        .expect("image");
+    assert_eq!(
+        from_file.rgb, from_folder.rgb,
+        "the same weights, the same image"
+    );
+}

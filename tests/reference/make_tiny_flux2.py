@@ -28,6 +28,11 @@ Pillow, safetensors, numpy):
         tiny-flux2.json             what each golden is, the image cases, and the sigma tables
                                     under the pipeline's empirical mu
         tiny-flux2-reference.png    the reference picture of the reference-image case
+    tests/fixtures/models/tiny-flux2-original.safetensors   the same transformer in Black Forest
+                                    Labs' original key layout (fused qkv, linear1/linear2, the
+                                    final layer's shift before its scale, the
+                                    "model.diffusion_model." prefix), as ComfyUI's single files have
+                                    it; checked by converting it back with diffusers' own converter
     tests/reference/configs/flux2-klein-4b/   FLUX.2-klein-4B's published configs with the tiny
                                     tokenizer, for benchmarks at the real shapes with random
                                     weights (backpack bench-image, bench_flux2_diffusers.py)
@@ -150,6 +155,65 @@ def bench_config():
     tokenizer(folder / "tokenizer")
 
 
+def original_layout(folder):
+    """The transformer in Black Forest Labs' original key layout (ComfyUI's single files): the
+    inverse of diffusers' convert_flux2_transformer_checkpoint_to_diffusers, verified through it."""
+    from safetensors.torch import load_file
+    from diffusers.loaders.single_file_utils import convert_flux2_transformer_checkpoint_to_diffusers
+
+    ours = load_file(folder / "transformer" / "diffusion_pytorch_model.safetensors")
+    renames = {
+        "x_embedder.": "img_in.", "context_embedder.": "txt_in.",
+        "time_guidance_embed.timestep_embedder.linear_1.": "time_in.in_layer.",
+        "time_guidance_embed.timestep_embedder.linear_2.": "time_in.out_layer.",
+        "double_stream_modulation_img.linear.": "double_stream_modulation_img.lin.",
+        "double_stream_modulation_txt.linear.": "double_stream_modulation_txt.lin.",
+        "single_stream_modulation.linear.": "single_stream_modulation.lin.",
+        "proj_out.": "final_layer.linear.",
+    }
+    double = {
+        "attn.norm_q.weight": "img_attn.norm.query_norm.scale", "attn.norm_k.weight": "img_attn.norm.key_norm.scale",
+        "attn.to_out.0.weight": "img_attn.proj.weight", "ff.linear_in.weight": "img_mlp.0.weight",
+        "ff.linear_out.weight": "img_mlp.2.weight", "attn.norm_added_q.weight": "txt_attn.norm.query_norm.scale",
+        "attn.norm_added_k.weight": "txt_attn.norm.key_norm.scale", "attn.to_add_out.weight": "txt_attn.proj.weight",
+        "ff_context.linear_in.weight": "txt_mlp.0.weight", "ff_context.linear_out.weight": "txt_mlp.2.weight",
+    }
+    single = {
+        "attn.to_qkv_mlp_proj.weight": "linear1.weight", "attn.to_out.weight": "linear2.weight",
+        "attn.norm_q.weight": "norm.query_norm.scale", "attn.norm_k.weight": "norm.key_norm.scale",
+    }
+    out = {}
+    for name, t in ours.items():
+        parts = name.split(".")
+        if name.startswith("transformer_blocks."):
+            block, rest = parts[1], ".".join(parts[2:])
+            if rest in ("attn.to_q.weight", "attn.add_q_proj.weight"):
+                stream = "img" if rest == "attn.to_q.weight" else "txt"
+                names = ["to_q", "to_k", "to_v"] if stream == "img" else ["add_q_proj", "add_k_proj", "add_v_proj"]
+                qkv = torch.cat([ours[f"transformer_blocks.{block}.attn.{n}.weight"] for n in names], dim=0)
+                out[f"double_blocks.{block}.{stream}_attn.qkv.weight"] = qkv
+            elif rest in double:
+                out[f"double_blocks.{block}.{double[rest]}"] = t
+            continue
+        if name.startswith("single_transformer_blocks."):
+            out[f"single_blocks.{parts[1]}.{single['.'.join(parts[2:])]}"] = t
+            continue
+        if name == "norm_out.linear.weight":
+            scale, shift = t.chunk(2, dim=0)
+            out["final_layer.adaLN_modulation.1.weight"] = torch.cat([shift, scale], dim=0)
+            continue
+        key = name
+        for a, b in renames.items():
+            key = key.replace(a, b)
+        out[key] = t
+    out = {"model.diffusion_model." + k: v.contiguous() for k, v in out.items()}
+    plain = {k[len("model.diffusion_model."):]: v for k, v in out.items()}
+    back = convert_flux2_transformer_checkpoint_to_diffusers(dict(plain))
+    assert back.keys() == ours.keys(), set(back) ^ set(ours)
+    assert all(torch.equal(back[k], ours[k]) for k in ours), "the converter reads it back unchanged"
+    save_file(out, MODELS / f"{NAME}-original.safetensors", metadata={"format": "pt"})
+
+
 CASES = [
     {"name": "distilled_2_steps", "prompt": "a red fox in the snow, watercolour", "steps": 2,
      "guidance": 1.0, "width": 48, "height": 32, "seed": 11, "base": False},
@@ -196,6 +260,7 @@ def main():
     torch.manual_seed(0)
     folder = MODELS / NAME
     build(folder)
+    original_layout(folder)
     bench_config()
     GOLDENS.mkdir(parents=True, exist_ok=True)
     pipe = Flux2KleinPipeline.from_pretrained(folder, torch_dtype=torch.float32)

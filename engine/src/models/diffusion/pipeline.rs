@@ -391,6 +391,27 @@ pub(super) fn component_config(root: &Path, which: &str, file: &str) -> Result<V
     Ok(read_json(&root.join(which).join(file))?)
 }
 
+/// The folder's only `.safetensors` file, if it has exactly one (a single-file checkpoint put
+/// in a component's folder).
+pub(super) fn lone_safetensors(dir: &Path) -> Result<Option<PathBuf>, Error> {
+    let entries = std::fs::read_dir(dir).map_err(|e| LoadError::Io {
+        path: dir.to_owned(),
+        source: e,
+    })?;
+    let files: Vec<PathBuf> = entries
+        .filter_map(Result::ok)
+        .map(|e| e.path())
+        .filter(|p| {
+            p.extension()
+                .is_some_and(|e| e.eq_ignore_ascii_case("safetensors"))
+        })
+        .collect();
+    Ok(match files.as_slice() {
+        [one] => Some(one.clone()),
+        _ => None,
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::display_name;

@@ -142,9 +142,10 @@ pub fn build_transformer(
     copy_rows(&mut b, &h, cap, tokens, &image, 0, 4 * dim);
     b.release(h);
     let temb_silu = b.silu(&mods.temb)?;
-    let out_mod = b.linear(&temb_silu, "norm_out.linear", 2 * dim, None, None)?;
-    b.release(temb_silu);
     // AdaLayerNormContinuous: scale first, then shift.
+    let halves = ["norm_out.linear.scale", "norm_out.linear.shift"];
+    let out_mod = b.linear_fused(&temb_silu, &halves, dim, None, None)?;
+    b.release(temb_silu);
     let normed = modulated_norm(&mut b, &image, cfg.eps, &out_mod, (0, dim), false)?;
     b.release(image);
     b.release(out_mod);

@@ -5,11 +5,11 @@
 //! the patch-size modules, `attention.out`, `attention.q_norm`/`k_norm`, and the fused
 //! `attention.qkv` split into its query, key and value rows.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use crate::Error;
 use crate::load::{LoadError, SafeTensors};
-use crate::models::diffusion::pipeline::open_component;
+use crate::models::diffusion::pipeline::{lone_safetensors, open_component};
 
 const PREFIX: &str = "model.diffusion_model.";
 
@@ -24,7 +24,7 @@ pub fn transformer_weights(dir: &Path, patch: u32) -> Result<SafeTensors, Error>
     }
     let st = match open_component(dir, "diffusion_pytorch_model") {
         Ok(st) => st,
-        Err(missing) => match lone_file(dir)? {
+        Err(missing) => match lone_safetensors(dir)? {
             Some(file) => SafeTensors::open_files(&[file])?,
             None => return Err(missing),
         },
@@ -33,26 +33,6 @@ pub fn transformer_weights(dir: &Path, patch: u32) -> Result<SafeTensors, Error>
         return Ok(to_diffusers(&st, patch)?);
     }
     Ok(st)
-}
-
-/// The folder's only `.safetensors` file, if it has exactly one.
-fn lone_file(dir: &Path) -> Result<Option<PathBuf>, Error> {
-    let entries = std::fs::read_dir(dir).map_err(|e| LoadError::Io {
-        path: dir.to_owned(),
-        source: e,
-    })?;
-    let files: Vec<PathBuf> = entries
-        .filter_map(Result::ok)
-        .map(|e| e.path())
-        .filter(|p| {
-            p.extension()
-                .is_some_and(|e| e.eq_ignore_ascii_case("safetensors"))
-        })
-        .collect();
-    Ok(match files.as_slice() {
-        [one] => Some(one.clone()),
-        _ => None,
-    })
 }
 
 fn is_original(st: &SafeTensors) -> bool {
