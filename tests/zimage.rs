@@ -5,37 +5,29 @@
 //! of the published scheduler configs (static and dynamic shift), and bad input.
 
 mod common;
+#[path = "support/goldens.rs"]
+mod goldens;
 #[path = "support/temp_dir.rs"]
 mod temp_dir;
 
-use std::path::{Path, PathBuf};
-
-use backpack_engine::load::SafeTensors;
 use backpack_engine::models::diffusion::scheduler::{FlowMatchConfig, linear_sigmas};
 use backpack_engine::models::diffusion::{
     DiffusionModel, ImageModelOptions, ImageParams, SchedulerKind,
 };
 use backpack_engine::ops::WeightDType;
 use common::{assert_close, gpu, psnr, texture_rgba};
+use goldens::{Goldens, root};
 use serde_json::Value;
 use temp_dir::{TempDir, copy_dir};
 
-fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
-}
+const GOLDENS: Goldens = Goldens("tiny-zimage");
 
 fn meta() -> Value {
-    let text = std::fs::read_to_string(root().join("tests/fixtures/goldens/tiny-zimage.json"))
-        .expect("tiny-zimage.json");
-    serde_json::from_str(&text).expect("json")
+    GOLDENS.meta()
 }
 
 fn golden(name: &str) -> Vec<f32> {
-    let path = root().join("tests/fixtures/goldens/tiny-zimage.safetensors");
-    let st = SafeTensors::open_files(&[path]).expect("goldens");
-    st.get(name)
-        .unwrap_or_else(|e| panic!("{name}: {e}"))
-        .to_f32()
+    GOLDENS.get(name)
 }
 
 fn model(dtype: WeightDType) -> DiffusionModel {

@@ -355,10 +355,7 @@ impl Parts {
         let pixels = u64::from(plans.width * plans.height * 3);
         let image: Vec<f32> = gpu.read(&plans.decoder.out.buffer, 0, pixels)?;
         let vae_ms = vae_start.elapsed().as_secs_f64() * 1e3;
-        let rgb = image
-            .iter()
-            .map(|v| ((v / 2.0 + 0.5).clamp(0.0, 1.0) * 255.0).round() as u8)
-            .collect();
+        let rgb = super::flow_loop::to_srgb(&image);
         Ok(Some(Generated {
             width: plans.width,
             height: plans.height,

@@ -10,6 +10,7 @@ mod clip;
 pub mod clip_tokenizer;
 mod conditioning;
 pub mod config;
+mod flow_loop;
 pub mod flux2;
 mod generate;
 mod graph;

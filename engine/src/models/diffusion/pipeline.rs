@@ -393,7 +393,7 @@ pub(super) fn component_config(root: &Path, which: &str, file: &str) -> Result<V
 
 /// The folder's only `.safetensors` file, if it has exactly one (a single-file checkpoint put
 /// in a component's folder).
-pub(super) fn lone_safetensors(dir: &Path) -> Result<Option<PathBuf>, Error> {
+fn lone_safetensors(dir: &Path) -> Result<Option<PathBuf>, Error> {
     let entries = std::fs::read_dir(dir).map_err(|e| LoadError::Io {
         path: dir.to_owned(),
         source: e,
@@ -410,6 +410,24 @@ pub(super) fn lone_safetensors(dir: &Path) -> Result<Option<PathBuf>, Error> {
         [one] => Some(one.clone()),
         _ => None,
     })
+}
+
+/// A diffusion transformer folder's weights: `diffusion_pytorch_model*`, or else the folder's
+/// one `.safetensors` file (a single-file checkpoint put there).
+pub(super) fn transformer_files(dir: &Path) -> Result<SafeTensors, Error> {
+    if !dir.is_dir() {
+        return Err(LoadError::Missing {
+            path: dir.to_owned(),
+        }
+        .into());
+    }
+    match open_component(dir, "diffusion_pytorch_model") {
+        Ok(st) => Ok(st),
+        Err(missing) => match lone_safetensors(dir)? {
+            Some(file) => Ok(SafeTensors::open_files(&[file])?),
+            None => Err(missing),
+        },
+    }
 }
 
 #[cfg(test)]

@@ -8,6 +8,21 @@ use super::scheduler::timestep_embedding;
 use crate::Error;
 use crate::gpu::{Gpu, Recorder};
 
+/// GPU time per kernel of one diffusion-transformer call (the plan last built, if any) and one
+/// VAE decode.
+pub(super) fn profile_transformer(
+    gpu: &Gpu,
+    transformer: Option<&Plan>,
+    decoder: &Plan,
+) -> Result<Vec<(&'static str, Vec<crate::gpu::KernelTiming>)>, Error> {
+    let transformer = transformer
+        .ok_or_else(|| Error::Invalid("no transformer plan: generate an image first".into()))?;
+    profile_plans(
+        gpu,
+        &[("transformer", transformer), ("vae decode", decoder)],
+    )
+}
+
 /// GPU time per kernel of one run of each plan (timestamp queries).
 pub(super) fn profile_plans(
     gpu: &Gpu,

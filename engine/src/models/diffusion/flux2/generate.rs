@@ -9,12 +9,11 @@ use super::Flux2;
 use super::plans::{EstimatePreview, Flux2Plans};
 use crate::Error;
 use crate::gpu::{Gpu, Recorder, StorageBuffer};
-use crate::models::diffusion::generate::{Generated, ImageParams, StepInfo, Timings, nchw_to_nhwc};
-use crate::models::diffusion::scheduler::{flow_step, gaussian_noise, linear_sigmas};
-use crate::ops::DenoiseParams;
-
-/// The most steps an image takes.
-const MAX_STEPS: u32 = 1000;
+use crate::models::diffusion::flow_loop::{
+    FlowSteps, check_steps, decode_to_srgb, finished, run_steps,
+};
+use crate::models::diffusion::generate::{Generated, ImageParams, StepInfo, nchw_to_nhwc};
+use crate::models::diffusion::scheduler::{gaussian_noise, linear_sigmas};
 
 /// The pipeline's `compute_empirical_mu`: the shift fitted to the image's token count and the
 /// number of steps (above 4300 tokens, the token count alone).
@@ -116,12 +115,7 @@ impl Flux2 {
         mut on_step: impl FnMut(StepInfo) -> bool,
     ) -> Result<Option<Generated>, Error> {
         let start = Instant::now();
-        if !(1..=MAX_STEPS).contains(&params.steps) {
-            return Err(Error::Invalid(format!(
-                "{} steps: 1 to {MAX_STEPS} are possible",
-                params.steps
-            )));
-        }
+        check_steps(params.steps)?;
         if preview {
             self.preview_texture(gpu, slot, params.width, params.height)?;
         }
@@ -138,56 +132,41 @@ impl Flux2 {
             .scheduler
             .sigmas_at_mu(&linear_sigmas(params.steps), mu)?;
         self.start_latents(gpu, plans, params)?;
-        let n = h * w * self.transformer.config.in_channels;
-        let guidance = if captions.uncond.is_some() {
-            params.guidance
-        } else {
-            1.0
-        };
-        let steps_start = Instant::now();
-        for (i, pair) in sigmas.windows(2).enumerate() {
-            let (sigma, next) = (pair[0], pair[1]);
-            self.write_time(gpu, plans, sigma);
-            let s = flow_step(sigma, next, false);
-            let update = DenoiseParams {
-                n,
-                c_in: 1.0,
-                guidance,
-                p: s.p,
-                q: s.q,
-                a: s.a,
-                b: s.b,
-                ..Default::default()
-            };
-            plans.denoise.set(gpu, &update);
-            let mut rec = Recorder::in_parts(gpu);
-            record_step(&mut rec, plans, &captions, preview);
-            rec.submit();
-            gpu.wait()?;
-            let info = StepInfo {
-                step: i as u32 + 1,
-                steps: params.steps,
-                elapsed_ms: start.elapsed().as_secs_f64() * 1e3,
-            };
-            if !on_step(info) {
-                return Ok(None);
-            }
-        }
-        let steps_ms = steps_start.elapsed().as_secs_f64() * 1e3;
-        let vae_start = Instant::now();
-        let rgb = decode(gpu, plans)?;
-        Ok(Some(Generated {
-            width: params.width,
-            height: params.height,
-            rgb,
-            timings: Timings {
-                text_ms,
-                steps_ms,
-                ms_per_step: steps_ms / f64::from(params.steps),
-                vae_ms: vae_start.elapsed().as_secs_f64() * 1e3,
-                total_ms: start.elapsed().as_secs_f64() * 1e3,
+        let flow = FlowSteps {
+            sigmas: &sigmas,
+            values: h * w * self.transformer.config.in_channels,
+            guidance: if captions.uncond.is_some() {
+                params.guidance
+            } else {
+                1.0
             },
-        }))
+            negated_velocity: false,
+        };
+        let plans = &*plans;
+        let this = &*self;
+        let Some(steps_ms) = run_steps(
+            gpu,
+            &plans.denoise,
+            &flow,
+            start,
+            |sigma| this.write_time(gpu, plans, sigma),
+            |rec| record_step(rec, plans, &captions, preview),
+            &mut on_step,
+        )?
+        else {
+            return Ok(None);
+        };
+        let decode_start = Instant::now();
+        let pixels = params.width * params.height;
+        let rgb = decode_to_srgb(gpu, &plans.decoder, pixels, |rec| plans.unpack.encode(rec))?;
+        let steps = params.steps;
+        Ok(Some(finished(
+            params,
+            rgb,
+            (text_ms, steps_ms, steps),
+            decode_start,
+            start,
+        )))
     }
 }
 
@@ -230,21 +209,6 @@ fn record_step(rec: &mut Recorder<'_>, plans: &Flux2Plans, captions: &Captions, 
         }
         pass.encode(rec);
     }
-}
-
-/// The final latents through the batch-norm statistics and the VAE decoder:
-/// `[height][width][3]` sRGB bytes.
-fn decode(gpu: &Gpu, plans: &Flux2Plans) -> Result<Vec<u8>, Error> {
-    let mut rec = Recorder::in_parts(gpu);
-    plans.unpack.encode(&mut rec);
-    plans.decoder.plan.encode(&mut rec);
-    rec.submit();
-    let pixels = u64::from(plans.width * plans.height * 3);
-    let image: Vec<f32> = gpu.read(&plans.decoder.out.buffer, 0, pixels)?;
-    Ok(image
-        .iter()
-        .map(|v| ((v / 2.0 + 0.5).clamp(0.0, 1.0) * 255.0).round() as u8)
-        .collect())
 }
 
 #[cfg(test)]

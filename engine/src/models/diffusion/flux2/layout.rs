@@ -14,26 +14,14 @@ use std::path::Path;
 use super::config::Flux2Config;
 use crate::Error;
 use crate::load::{LoadError, SafeTensors};
-use crate::models::diffusion::pipeline::{lone_safetensors, open_component};
+use crate::models::diffusion::pipeline::transformer_files;
 
 const PREFIX: &str = "model.diffusion_model.";
 
 /// The transformer folder's weights: `diffusion_pytorch_model*` in either layout, or else the
 /// folder's one `.safetensors` file (a single file put there).
 pub fn transformer_weights(dir: &Path, cfg: &Flux2Config) -> Result<SafeTensors, Error> {
-    if !dir.is_dir() {
-        return Err(LoadError::Missing {
-            path: dir.to_owned(),
-        }
-        .into());
-    }
-    let st = match open_component(dir, "diffusion_pytorch_model") {
-        Ok(st) => st,
-        Err(missing) => match lone_safetensors(dir)? {
-            Some(file) => SafeTensors::open_files(&[file])?,
-            None => return Err(missing),
-        },
-    };
+    let st = transformer_files(dir)?;
     Ok(views(&st, cfg)?)
 }
 

@@ -391,17 +391,8 @@ impl Flux2 {
         gpu: &Gpu,
         plans: &Flux2Plans,
     ) -> Result<Vec<(&'static str, Vec<crate::gpu::KernelTiming>)>, Error> {
-        let transformer = plans
-            .transformer
-            .as_ref()
-            .ok_or_else(|| Error::Invalid("no transformer plan: generate an image first".into()))?;
-        crate::models::diffusion::stages::profile_plans(
-            gpu,
-            &[
-                ("transformer", &transformer.plan.plan),
-                ("vae decode", &plans.decoder.plan),
-            ],
-        )
+        let transformer = plans.transformer.as_ref().map(|t| &t.plan.plan);
+        crate::models::diffusion::stages::profile_transformer(gpu, transformer, &plans.decoder.plan)
     }
 
     /// The sinusoidal embedding of sigma `t` as the transformer takes it: the scheduler's

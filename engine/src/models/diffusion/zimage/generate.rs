@@ -9,12 +9,11 @@ use super::plans::{Call, CaptionRows, ZImagePlans, copy_all, record_preview};
 use super::transformer::padded;
 use crate::Error;
 use crate::gpu::{Gpu, Recorder};
-use crate::models::diffusion::generate::{Generated, ImageParams, StepInfo, Timings, nchw_to_nhwc};
-use crate::models::diffusion::scheduler::{flow_step, gaussian_noise, linear_sigmas};
-use crate::ops::DenoiseParams;
-
-/// The most steps an image takes.
-const MAX_STEPS: u32 = 1000;
+use crate::models::diffusion::flow_loop::{
+    FlowSteps, check_steps, decode_to_srgb, finished, run_steps,
+};
+use crate::models::diffusion::generate::{Generated, ImageParams, StepInfo, nchw_to_nhwc};
+use crate::models::diffusion::scheduler::{gaussian_noise, linear_sigmas};
 
 /// The captions of one image on the GPU, and the order of a step's transformer calls.
 struct Captions {
@@ -146,12 +145,7 @@ impl ZImage {
         mut on_step: impl FnMut(StepInfo) -> bool,
     ) -> Result<Option<Generated>, Error> {
         let start = Instant::now();
-        if !(1..=MAX_STEPS).contains(&params.steps) {
-            return Err(Error::Invalid(format!(
-                "{} steps: 1 to {MAX_STEPS} are possible",
-                params.steps
-            )));
-        }
+        check_steps(params.steps)?;
         let first = match &params.init_image {
             Some((_, strength)) => img2img_first_step(params.steps, *strength)?,
             None => 0,
@@ -173,52 +167,41 @@ impl ZImage {
             .scheduler
             .sigmas(&linear_sigmas(params.steps), (h / patch) * (w / patch))?;
         self.start_latents(gpu, plans, params, sigmas[first])?;
-        let n = h * w * self.transformer.config.in_channels;
-        let steps = (sigmas.len() - 1 - first) as u32;
-        let steps_start = Instant::now();
-        for (i, pair) in sigmas[first..].windows(2).enumerate() {
-            let (sigma, next) = (pair[0], pair[1]);
-            self.write_time(gpu, plans, self.scheduler.model_time(sigma));
-            let s = flow_step(sigma, next, true);
-            let update = DenoiseParams {
-                n,
-                c_in: 1.0,
-                guidance: params.guidance + 1.0,
-                p: s.p,
-                q: s.q,
-                a: s.a,
-                b: s.b,
-                ..Default::default()
-            };
-            plans.denoise.set(gpu, &update);
-            let mut rec = Recorder::in_parts(gpu);
-            record_step(&mut rec, plans, &captions, preview);
-            rec.submit();
-            gpu.wait()?;
-            let info = StepInfo {
-                step: i as u32 + 1,
-                steps,
-                elapsed_ms: start.elapsed().as_secs_f64() * 1e3,
-            };
-            if !on_step(info) {
-                return Ok(None);
-            }
-        }
-        let steps_ms = steps_start.elapsed().as_secs_f64() * 1e3;
-        let vae_start = Instant::now();
-        let rgb = decode(gpu, plans)?;
-        Ok(Some(Generated {
-            width: params.width,
-            height: params.height,
+        let walked = &sigmas[first..];
+        let flow = FlowSteps {
+            sigmas: walked,
+            values: h * w * self.transformer.config.in_channels,
+            // The pipeline's pos + g·(pos − neg) is neg + (g + 1)·(pos − neg).
+            guidance: params.guidance + 1.0,
+            negated_velocity: true,
+        };
+        let plans = &*plans;
+        let this = &*self;
+        let Some(steps_ms) = run_steps(
+            gpu,
+            &plans.denoise,
+            &flow,
+            start,
+            |sigma| this.write_time(gpu, plans, this.scheduler.model_time(sigma)),
+            |rec| record_step(rec, plans, &captions, preview),
+            &mut on_step,
+        )?
+        else {
+            return Ok(None);
+        };
+        let decode_start = Instant::now();
+        let pixels = params.width * params.height;
+        let rgb = decode_to_srgb(gpu, &plans.decoder, pixels, |rec| {
+            copy_all(rec, &plans.latents, &plans.decode_in);
+        })?;
+        let steps = (walked.len() - 1) as u32;
+        Ok(Some(finished(
+            params,
             rgb,
-            timings: Timings {
-                text_ms,
-                steps_ms,
-                ms_per_step: steps_ms / f64::from(steps.max(1)),
-                vae_ms: vae_start.elapsed().as_secs_f64() * 1e3,
-                total_ms: start.elapsed().as_secs_f64() * 1e3,
-            },
-        }))
+            (text_ms, steps_ms, steps),
+            decode_start,
+            start,
+        )))
     }
 }
 
@@ -245,20 +228,6 @@ fn record_step(rec: &mut Recorder<'_>, plans: &ZImagePlans, captions: &Captions,
     if preview {
         record_preview(rec, plans);
     }
-}
-
-/// The final latent through the VAE decoder: `[height][width][3]` sRGB bytes.
-fn decode(gpu: &Gpu, plans: &ZImagePlans) -> Result<Vec<u8>, Error> {
-    let mut rec = Recorder::in_parts(gpu);
-    copy_all(&mut rec, &plans.latents, &plans.decode_in);
-    plans.decoder.plan.encode(&mut rec);
-    rec.submit();
-    let pixels = u64::from(plans.width * plans.height * 3);
-    let image: Vec<f32> = gpu.read(&plans.decoder.out.buffer, 0, pixels)?;
-    Ok(image
-        .iter()
-        .map(|v| ((v / 2.0 + 0.5).clamp(0.0, 1.0) * 255.0).round() as u8)
-        .collect())
 }
 
 #[cfg(test)]

@@ -398,17 +398,8 @@ impl ZImage {
         gpu: &Gpu,
         plans: &ZImagePlans,
     ) -> Result<Vec<(&'static str, Vec<crate::gpu::KernelTiming>)>, Error> {
-        let transformer = plans
-            .transformers
-            .last()
-            .ok_or_else(|| Error::Invalid("no transformer plan: generate an image first".into()))?;
-        crate::models::diffusion::stages::profile_plans(
-            gpu,
-            &[
-                ("transformer", &transformer.plan.plan),
-                ("vae decode", &plans.decoder.plan),
-            ],
-        )
+        let transformer = plans.transformers.last().map(|t| &t.plan.plan);
+        crate::models::diffusion::stages::profile_transformer(gpu, transformer, &plans.decoder.plan)
     }
 
     /// The scaled timestep's sinusoidal embedding for model time `t`.
