@@ -1,6 +1,10 @@
 //! `backpack`: the desktop app's binary. Without a subcommand it opens the window; with one it
 //! runs the engine from the command line (`cli/`, a file per subcommand).
 
+// On Windows a GUI-subsystem app, so that a double-click opens no console window; the CLI
+// attaches to the console it is run from (`attach_parent_console`).
+#![cfg_attr(windows, windows_subsystem = "windows")]
+
 mod cli;
 
 use anyhow::Result;
@@ -36,7 +40,24 @@ struct Cli {
     command: Option<cli::Command>,
 }
 
+/// Windows: with arguments, write to the console the app was started from (a GUI-subsystem
+/// process gets none of its own). Without one (a double-click) there is none to attach to.
+#[cfg(windows)]
+#[allow(unsafe_code)]
+fn attach_parent_console() {
+    if std::env::args_os().len() > 1 {
+        // SAFETY: AttachConsole takes a process id and touches no memory of ours.
+        unsafe {
+            windows_sys::Win32::System::Console::AttachConsole(
+                windows_sys::Win32::System::Console::ATTACH_PARENT_PROCESS,
+            );
+        }
+    }
+}
+
 fn main() -> Result<()> {
+    #[cfg(windows)]
+    attach_parent_console();
     let args = Cli::parse();
     if args.self_test {
         return cli::self_test::run(args.adapter.as_deref());

@@ -328,11 +328,18 @@ fn device_rank(t: wgpu::DeviceType) -> u8 {
     }
 }
 
+/// How an adapter ranks (lower first): the kind of device, then its API.
+fn adapter_rank(device: wgpu::DeviceType, backend: wgpu::Backend) -> (u8, u8) {
+    (device_rank(device), backend_rank(backend))
+}
+
 fn backend_rank(b: wgpu::Backend) -> u8 {
-    // The GL backend lacks f16 and subgroups; prefer the modern APIs for the same device.
+    // For the same device: Vulkan (or Metal) first, whose shaders get f16, subgroups and
+    // cooperative matrices; then D3D12 (whose FXC compiler has none of them); GL last.
     match b {
-        wgpu::Backend::Vulkan | wgpu::Backend::Metal | wgpu::Backend::Dx12 => 0,
-        _ => 1,
+        wgpu::Backend::Vulkan | wgpu::Backend::Metal => 0,
+        wgpu::Backend::Dx12 => 1,
+        _ => 2,
     }
 }
 
@@ -380,7 +387,25 @@ pub fn pick_adapter(
     };
     candidates.sort_by_key(|a| {
         let i = a.get_info();
-        (device_rank(i.device_type), backend_rank(i.backend))
+        adapter_rank(i.device_type, i.backend)
     });
     Ok(candidates[0].clone())
+}
+
+#[cfg(test)]
+mod rank_tests {
+    use super::adapter_rank;
+    use wgpu::{Backend, DeviceType};
+
+    #[test]
+    fn the_device_comes_first_then_vulkan_before_d3d12_before_gl() {
+        let discrete_dx12 = adapter_rank(DeviceType::DiscreteGpu, Backend::Dx12);
+        assert!(adapter_rank(DeviceType::DiscreteGpu, Backend::Vulkan) < discrete_dx12);
+        assert!(discrete_dx12 < adapter_rank(DeviceType::DiscreteGpu, Backend::Gl));
+        assert!(discrete_dx12 < adapter_rank(DeviceType::IntegratedGpu, Backend::Vulkan));
+        assert!(
+            adapter_rank(DeviceType::IntegratedGpu, Backend::Dx12)
+                < adapter_rank(DeviceType::Cpu, Backend::Vulkan)
+        );
+    }
 }

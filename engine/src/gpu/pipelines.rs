@@ -77,6 +77,9 @@ impl Gpu {
         .into();
         let device = &self.inner.device;
         let scope = device.push_error_scope(wgpu::ErrorFilter::Validation);
+        // A backend's own shader compiler failing (D3D's FXC on a kernel it cannot express) is
+        // an internal error: caught too, so it is this kernel's error, not a panic.
+        let internal = device.push_error_scope(wgpu::ErrorFilter::Internal);
         let descriptor = wgpu::ShaderModuleDescriptor {
             label: Some(&label),
             source: wgpu::ShaderSource::Wgsl(text.into()),
@@ -98,7 +101,8 @@ impl Gpu {
             },
             cache: None,
         });
-        if let Some(err) = pollster::block_on(scope.pop()) {
+        let internal = pollster::block_on(internal.pop());
+        if let Some(err) = pollster::block_on(scope.pop()).or(internal) {
             return Err(shader_error(err.to_string()));
         }
         let layout = pipeline.get_bind_group_layout(0);

@@ -430,7 +430,9 @@ pub fn store_token(path: &Path, token: &str) -> Result<(), HubError> {
 }
 
 /// Writes `bytes` to `path` (creating its folder) so that only the file's owner can read it:
-/// for secrets such as tokens and API keys.
+/// for secrets such as tokens and API keys. Unix: mode 0600. Windows has no mode bits; the
+/// files live in the user's profile (`%APPDATA%`), whose inherited ACL admits only the user,
+/// SYSTEM and Administrators.
 pub fn write_owner_only(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     use std::io::Write;
     if let Some(dir) = path.parent() {
