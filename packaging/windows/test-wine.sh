@@ -4,8 +4,9 @@
 # In a fresh Wine prefix: the installer installs silently (/S) into the user's programs
 # folder with its Start-menu entry; `backpack.exe --version`; `--self-test` (Wine's Vulkan
 # reaches the host's driver, lavapipe here); `generate --json` on the tiny model gives the same
-# tokens as the Linux binary; the window opens and is captured (screenshot.png); a silent
-# uninstall removes the program and keeps the user's data; /REMOVEDATA removes it too.
+# tokens as the Linux binary, and `image` the same PNG; the window opens and is captured
+# (screenshot.png); a silent uninstall removes the program and keeps the user's data;
+# /REMOVEDATA removes it too.
 # Needs Wine (Debian's wine and wine64), Xvfb and xwd; run as root it installs them when missing.
 set -uo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
@@ -99,6 +100,14 @@ print(("ok" if w == l and w else "FAILED") + f": generate --json tokens, Windows
 sys.exit(0 if w == l and w else 1)
 PY
 [ -s "$work/windows.json" ] || tail -5 "$work/generate.err"
+
+# An image: the tiny FLUX.2 pipeline, same seed, the same PNG as the Linux binary writes.
+image_args=(image --model tests/fixtures/models/tiny-flux2 --prompt "a red fox" --steps 2 --seed 7
+    --width 32 --height 32 --dtype f32)
+"$wine" "$exe" "${image_args[@]}" --out "Z:$work/windows.png" >/dev/null 2>"$work/image.err"
+"$linux_bin" "${image_args[@]}" --out "$work/linux.png" >/dev/null 2>&1
+check "image: the same PNG as the Linux binary's" cmp -s "$work/windows.png" "$work/linux.png"
+[ -s "$work/windows.png" ] || tail -5 "$work/image.err"
 
 # The window: opened by the Start-menu target, captured after it has drawn.
 BACKPACK_DATA_DIR= "$wine" "$exe" >"$work/window.log" 2>&1 &
