@@ -631,20 +631,7 @@ fn denoise_step_and_preview_match_cpu() {
         ..Default::default()
     };
     denoise.set(&gpu, &p);
-    let texture = gpu.device().create_texture(&wgpu::TextureDescriptor {
-        label: None,
-        size: wgpu::Extent3d {
-            width: w as u32,
-            height: h as u32,
-            depth_or_array_layers: 1,
-        },
-        mip_level_count: 1,
-        sample_count: 1,
-        dimension: wgpu::TextureDimension::D2,
-        format: wgpu::TextureFormat::Rgba8Unorm,
-        usage: wgpu::TextureUsages::STORAGE_BINDING | wgpu::TextureUsages::COPY_SRC,
-        view_formats: &[],
-    });
+    let texture = rgba_target(&gpu, w as u32, h as u32);
     let view = texture.create_view(&Default::default());
     let columns = [
         [0.5, -0.2, 0.1],
@@ -747,20 +734,7 @@ fn linear_preview_of_many_channels_matches_cpu() {
         })
         .collect();
     let bias = [0.05, -0.1, 0.2];
-    let texture = gpu.device().create_texture(&wgpu::TextureDescriptor {
-        label: None,
-        size: wgpu::Extent3d {
-            width: w as u32,
-            height: h as u32,
-            depth_or_array_layers: 1,
-        },
-        mip_level_count: 1,
-        sample_count: 1,
-        dimension: wgpu::TextureDimension::D2,
-        format: wgpu::TextureFormat::Rgba8Unorm,
-        usage: wgpu::TextureUsages::STORAGE_BINDING | wgpu::TextureUsages::COPY_SRC,
-        view_formats: &[],
-    });
+    let texture = rgba_target(&gpu, w as u32, h as u32);
     let view = texture.create_view(&Default::default());
     let x = gpu.storage_from("latent", &latent).expect("buffer");
     let source = PreviewSource::Latent { rows: &rows, bias };
@@ -780,4 +754,22 @@ fn linear_preview_of_many_channels_matches_cpu() {
             );
         }
     }
+}
+
+/// An RGBA texture a preview pass can draw into and a test read back.
+fn rgba_target(gpu: &Gpu, width: u32, height: u32) -> wgpu::Texture {
+    gpu.device().create_texture(&wgpu::TextureDescriptor {
+        label: None,
+        size: wgpu::Extent3d {
+            width,
+            height,
+            depth_or_array_layers: 1,
+        },
+        mip_level_count: 1,
+        sample_count: 1,
+        dimension: wgpu::TextureDimension::D2,
+        format: wgpu::TextureFormat::Rgba8Unorm,
+        usage: wgpu::TextureUsages::STORAGE_BINDING | wgpu::TextureUsages::COPY_SRC,
+        view_formats: &[],
+    })
 }

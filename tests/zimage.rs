@@ -7,6 +7,8 @@
 mod common;
 #[path = "support/goldens.rs"]
 mod goldens;
+#[path = "support/previews.rs"]
+mod previews;
 #[path = "support/temp_dir.rs"]
 mod temp_dir;
 
@@ -433,52 +435,15 @@ fn a_shared_plan_keeps_each_captions_rows() {
 }
 
 /// At the published latent channels the previews take the linear map fitted for them, at the
-/// latent's size (random weights: the tiny shapes otherwise).
+/// latent's size (the latent is a quarter of the image; random weights: the tiny shapes otherwise).
 #[test]
 fn previews_at_the_published_channels_use_the_linear_map() {
-    let dir = TempDir::new("linear-preview");
-    copy_dir(&root().join("tests/fixtures/models/tiny-zimage"), &dir);
-    let set = |file: &str, key: &str, value: u32| {
-        let path = dir.join(file);
-        let mut v: Value =
-            serde_json::from_slice(&std::fs::read(&path).expect("read")).expect("json");
-        v[key] = value.into();
-        std::fs::write(&path, v.to_string()).expect("write");
-    };
-    set("transformer/config.json", "in_channels", 16);
-    set("vae/config.json", "latent_channels", 16);
-    let options = ImageModelOptions {
-        dtype: WeightDType::F32,
-        random_weights: true,
-        ..Default::default()
-    };
-    let mut m = DiffusionModel::load(&gpu(), &dir, &options).expect("load");
-    assert_eq!(m.info().preview, "linear");
-    let texture = m.preview_texture(32, 32).expect("texture");
-    assert_eq!(
-        (texture.width(), texture.height()),
+    previews::check_linear_previews(
+        "tiny-zimage",
+        &[
+            ("transformer/config.json", "in_channels", 16),
+            ("vae/config.json", "latent_channels", 16),
+        ],
         (8, 8),
-        "the latent is a quarter of the image"
     );
-    let params = ImageParams {
-        prompt: "a fox".into(),
-        negative: String::new(),
-        steps: 2,
-        guidance: 0.0,
-        seed: 3,
-        width: 32,
-        height: 32,
-        scheduler: SchedulerKind::Euler,
-        init_image: None,
-        init_latents: None,
-    };
-    let mut drawn = Vec::new();
-    m.generate(&params, true, |_| {
-        drawn.push(texture_rgba(&texture));
-        true
-    })
-    .expect("generate")
-    .expect("image");
-    assert_eq!(drawn.len(), 2);
-    assert_ne!(drawn[0], drawn[1], "each step draws its own estimate");
 }
