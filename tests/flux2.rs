@@ -290,6 +290,23 @@ fn bad_input_is_refused_with_reasons() {
         err.contains("text_encoder/config.json") && err.contains("[9, 18, 27]"),
         "{err}"
     );
+
+    // A tokenizer that pads on the left would move every real token: refused by name.
+    let dir = TempDir::new("flux2-left");
+    copy_dir(&fixture(), &dir);
+    let config_path = dir.join("tokenizer/tokenizer_config.json");
+    let mut config: Value =
+        serde_json::from_slice(&std::fs::read(&config_path).expect("read")).expect("json");
+    config["padding_side"] = "left".into();
+    std::fs::write(&config_path, config.to_string()).expect("write");
+    let err = DiffusionModel::load(&gpu(), &dir, &options)
+        .err()
+        .expect("left padding")
+        .to_string();
+    assert!(
+        err.contains("tokenizer_config.json") && err.contains("\"left\""),
+        "{err}"
+    );
 }
 
 /// At the published latent channels the previews take the linear map fitted for them, at the

@@ -85,6 +85,23 @@ fn latent_stats(vae: &Network<VaeConfig>, features: u32, eps: f32) -> Result<Vec
     Ok(stats)
 }
 
+/// Refuses a tokenizer configured to pad on the left: the captions are the padded prompt's
+/// states, and with the padding first every real token would sit at another position.
+fn check_padding_side(root: &Path) -> Result<(), Error> {
+    let path = root.join("tokenizer").join("tokenizer_config.json");
+    let side = crate::load::read_json(&path).ok().and_then(|v| {
+        v.get("padding_side")
+            .and_then(|s| s.as_str().map(str::to_owned))
+    });
+    match side.as_deref() {
+        None | Some("right") => Ok(()),
+        Some(other) => Err(Error::Invalid(format!(
+            "{}: padding_side {other:?}: FLUX.2 captions are read with the padding after the prompt (\"right\")",
+            path.display()
+        ))),
+    }
+}
+
 /// `model_index.json`'s `is_distilled` (false where absent, as the pipeline's default).
 fn is_distilled(root: &Path) -> bool {
     crate::load::read_json(&root.join("model_index.json"))
@@ -165,6 +182,7 @@ impl Flux2 {
             let st = SafeTensors::open_dir(&root.join("text_encoder"))?;
             tensors_bytes(&st, dtype, options.text_quantize).0
         };
+        check_padding_side(root)?;
         fit((bytes + text_bytes, largest))?;
         let text = QwenTextEncoder::open(gpu, root, dtype, options.text_quantize, random)?;
         let deepest = TEXT_LAYERS[TEXT_LAYERS.len() - 1];
