@@ -87,7 +87,12 @@ impl Flux2Config {
         if let Some((key, value, most)) = bounded.iter().find(|(_, v, most)| v > most) {
             return Err(bad(format!("{key} {value} is more than {most}")));
         }
-        if let Some((key, _, _)) = bounded.iter().find(|(_, v, _)| *v == 0) {
+        // Either kind of block may be absent (diffusers builds such a model); no width may be.
+        let counts = ["num_layers", "num_single_layers"];
+        let zero = bounded
+            .iter()
+            .find(|(key, v, _)| *v == 0 && !counts.contains(key));
+        if let Some((key, _, _)) = zero {
             return Err(bad(format!("{key} is 0")));
         }
         if self.out_channels != self.in_channels {
@@ -171,6 +176,7 @@ mod tests {
             json!({"mlp_ratio": -1.0}),
             json!({"num_layers": "five"}),
             json!({"_class_name": "FluxTransformer2DModel"}),
+            json!({"num_attention_heads": 0}),
         ] {
             assert!(Flux2Config::from_json(&bad).is_err(), "{bad}");
         }
