@@ -2,14 +2,16 @@
 //! model's velocity on the GPU (one submission a step, with its progress reported), then the
 //! VAE decoder's pixels as sRGB bytes.
 
+use std::sync::Arc;
 use std::time::Instant;
 
+use super::generate::nchw_to_nhwc;
 use super::generate::{Generated, ImageParams, StepInfo, Timings};
-use super::scheduler::flow_step;
+use super::scheduler::{flow_step, gaussian_noise};
 use super::vae::VaePlan;
 use crate::Error;
-use crate::gpu::{Gpu, Recorder};
-use crate::ops::{Denoise, DenoiseParams};
+use crate::gpu::{Gpu, Recorder, StorageBuffer};
+use crate::ops::{Denoise, DenoiseBuffers, DenoiseParams};
 
 /// The most steps an image takes.
 pub const MAX_STEPS: u32 = 1000;
@@ -32,6 +34,90 @@ pub struct FlowSteps<'a> {
     pub values: u32,
     pub guidance: f32,
     pub negated_velocity: bool,
+}
+
+/// A zeroed f32 buffer of `floats` values (at least one).
+pub fn zeros(gpu: &Gpu, label: &str, floats: u32) -> Result<Arc<StorageBuffer>, Error> {
+    Ok(Arc::new(gpu.storage(label, u64::from(floats.max(1)) * 4)?))
+}
+
+/// The buffers one image's loop works on (`values` each; the model's input may hold more, a
+/// reference image's tokens after the latent) and the update passes over them.
+pub struct FlowBuffers {
+    pub latents: Arc<StorageBuffer>,
+    pub model_in: Arc<StorageBuffer>,
+    pub model_out: Arc<StorageBuffer>,
+    pub uncond_out: Arc<StorageBuffer>,
+    /// Each step's clean estimate (what previews draw).
+    pub denoised: Arc<StorageBuffer>,
+    pub denoise: Denoise,
+}
+
+impl FlowBuffers {
+    pub fn new(gpu: &Gpu, values: u32, model_in_values: u32) -> Result<Self, Error> {
+        let latents = zeros(gpu, "latents", values)?;
+        let model_in = zeros(gpu, "transformer input", model_in_values.max(values))?;
+        let model_out = zeros(gpu, "transformer output", values)?;
+        let uncond_out = zeros(gpu, "unconditional output", values)?;
+        let denoised = zeros(gpu, "denoised", values)?;
+        let prev = zeros(gpu, "previous denoised", values)?;
+        let noise = zeros(gpu, "step noise", values)?;
+        let denoise = Denoise::new(
+            gpu,
+            values,
+            &DenoiseBuffers {
+                latents: &latents,
+                model_out: &model_out,
+                uncond: &uncond_out,
+                model_in: &model_in,
+                denoised: &denoised,
+                prev_denoised: &prev,
+                noise: &noise,
+            },
+        )?;
+        Ok(Self {
+            latents,
+            model_in,
+            model_out,
+            uncond_out,
+            denoised,
+            denoise,
+        })
+    }
+}
+
+/// The starting noise, channel-last: `params.init_latents` (diffusers' `[1][c][h][w]`, checked
+/// against that shape) or seeded Gaussian noise.
+pub fn start_noise(params: &ImageParams, (c, h, w): (u32, u32, u32)) -> Result<Vec<f32>, Error> {
+    let n = h * w * c;
+    let noise = match &params.init_latents {
+        Some(l) if l.len() == n as usize => l.clone(),
+        Some(l) => {
+            return Err(Error::Invalid(format!(
+                "init latents hold {} values; a {}×{} image needs [1, {c}, {h}, {w}] = {n}",
+                l.len(),
+                params.width,
+                params.height
+            )));
+        }
+        None => gaussian_noise(params.seed, n as usize),
+    };
+    Ok(nchw_to_nhwc(&noise, c as usize))
+}
+
+/// The start image in −1..1 (`[height][width][3]`), checked against the image's size.
+pub fn start_pixels(params: &ImageParams) -> Result<Option<Vec<f32>>, Error> {
+    let Some((pixels, _)) = &params.init_image else {
+        return Ok(None);
+    };
+    let expected = (params.width * params.height * 3) as usize;
+    if pixels.len() != expected {
+        return Err(Error::Invalid(format!(
+            "the start image has {} values, {expected} expected",
+            pixels.len()
+        )));
+    }
+    Ok(Some(pixels.iter().map(|v| v * 2.0 - 1.0).collect()))
 }
 
 /// Runs the steps: `prepare` hears each step's sigma (to write the model's time), `record`

@@ -10,10 +10,10 @@ use super::plans::{EstimatePreview, Flux2Plans};
 use crate::Error;
 use crate::gpu::{Gpu, Recorder, StorageBuffer};
 use crate::models::diffusion::flow_loop::{
-    FlowSteps, check_steps, decode_to_srgb, finished, run_steps,
+    FlowSteps, check_steps, decode_to_srgb, finished, run_steps, start_noise, start_pixels,
 };
-use crate::models::diffusion::generate::{Generated, ImageParams, StepInfo, nchw_to_nhwc};
-use crate::models::diffusion::scheduler::{gaussian_noise, linear_sigmas};
+use crate::models::diffusion::generate::{Generated, ImageParams, StepInfo};
+use crate::models::diffusion::scheduler::linear_sigmas;
 
 /// The pipeline's `compute_empirical_mu`: the shift fitted to the image's token count and the
 /// number of steps (above 4300 tokens, the token count alone).
@@ -71,30 +71,10 @@ impl Flux2 {
         let (h, w) = self.token_grid(params.width, params.height)?;
         let c = self.transformer.config.in_channels;
         let n = h * w * c;
-        let noise = match &params.init_latents {
-            Some(l) if l.len() == n as usize => l.clone(),
-            Some(l) => {
-                return Err(Error::Invalid(format!(
-                    "init latents hold {} values; a {}×{} image needs [1, {c}, {h}, {w}] = {n}",
-                    l.len(),
-                    params.width,
-                    params.height
-                )));
-            }
-            None => gaussian_noise(params.seed, n as usize),
-        };
-        let start = nchw_to_nhwc(&noise, c as usize);
+        let start = start_noise(params, (c, h, w))?;
         gpu.queue()
             .write_buffer(&plans.latents.buffer, 0, bytemuck::cast_slice(&start));
-        if let Some((pixels, _)) = &params.init_image {
-            let expected = (params.width * params.height * 3) as usize;
-            if pixels.len() != expected {
-                return Err(Error::Invalid(format!(
-                    "the start image has {} values, {expected} expected",
-                    pixels.len()
-                )));
-            }
-            let scaled: Vec<f32> = pixels.iter().map(|v| v * 2.0 - 1.0).collect();
+        if let Some(scaled) = start_pixels(params)? {
             let tokens = self.reference_tokens(gpu, plans, &scaled)?;
             gpu.queue().write_buffer(
                 &plans.model_in.buffer,

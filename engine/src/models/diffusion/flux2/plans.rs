@@ -9,13 +9,14 @@ use super::Flux2;
 use super::transformer::{Flux2Io, Flux2Plan, Grid, build_transformer};
 use crate::Error;
 use crate::gpu::{Gpu, Recorder, StorageBuffer};
+use crate::models::diffusion::flow_loop::{FlowBuffers, zeros};
 use crate::models::diffusion::generate::{nchw_to_nhwc, nhwc_to_nchw};
 use crate::models::diffusion::graph::Builder;
 use crate::models::diffusion::preview_maps;
 use crate::models::diffusion::qwen_text::MAX_PROMPT_TOKENS;
 use crate::models::diffusion::scheduler::timestep_embedding;
 use crate::models::diffusion::vae::{VaePlan, build_decoder, build_encoder};
-use crate::ops::{Denoise, DenoiseBuffers, Pass, Preview, PreviewSource, bn_unpack};
+use crate::ops::{Denoise, Pass, Preview, PreviewSource, bn_unpack};
 
 /// The transformer for one token grid, reading `caption` and writing `out`.
 pub(super) struct TransformerPlan {
@@ -62,10 +63,6 @@ pub(super) enum EstimatePreview {
     Vae,
 }
 
-fn zeros(gpu: &Gpu, label: &str, floats: u32) -> Result<Arc<StorageBuffer>, Error> {
-    Ok(Arc::new(gpu.storage(label, u64::from(floats.max(1)) * 4)?))
-}
-
 impl Flux2 {
     /// The packed latent's token grid (rows, columns) for an image.
     pub(super) fn token_grid(&self, width: u32, height: u32) -> Result<(u32, u32), Error> {
@@ -97,7 +94,6 @@ impl Flux2 {
         let (h, w) = self.token_grid(width, height)?;
         let features = self.transformer.config.in_channels;
         let n = h * w * features;
-        let latents = zeros(gpu, "latents", n)?;
         let decode_in = zeros(gpu, "decoder input", n)?;
         let decoder = {
             let (mut up, weights, config) = self.vae.loader(gpu, self.dtype);
@@ -109,29 +105,16 @@ impl Flux2 {
             )?
         };
         let stats = gpu.storage_from("latent statistics", &self.latent_stats)?;
+        let FlowBuffers {
+            latents,
+            model_in,
+            model_out,
+            uncond_out,
+            denoised,
+            denoise,
+        } = FlowBuffers::new(gpu, n, 2 * n)?;
         let unpack = bn_unpack(gpu, (h * w, features, w), &stats, &latents, &decode_in)?;
-        let model_in = zeros(gpu, "transformer input", 2 * n)?;
-        let model_out = zeros(gpu, "transformer output", n)?;
-        let uncond_out = zeros(gpu, "unconditional output", n)?;
-        let denoised = zeros(gpu, "denoised", n)?;
-        let (prev, noise) = (
-            zeros(gpu, "previous denoised", n)?,
-            zeros(gpu, "step noise", n)?,
-        );
         let unpack_estimate = bn_unpack(gpu, (h * w, features, w), &stats, &denoised, &decode_in)?;
-        let denoise = Denoise::new(
-            gpu,
-            n,
-            &DenoiseBuffers {
-                latents: &latents,
-                model_out: &model_out,
-                uncond: &uncond_out,
-                model_in: &model_in,
-                denoised: &denoised,
-                prev_denoised: &prev,
-                noise: &noise,
-            },
-        )?;
         let joint = self.transformer.config.joint_attention_dim;
         *slot = Some(Flux2Plans {
             width,

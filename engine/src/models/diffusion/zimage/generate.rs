@@ -10,10 +10,10 @@ use super::transformer::padded;
 use crate::Error;
 use crate::gpu::{Gpu, Recorder};
 use crate::models::diffusion::flow_loop::{
-    FlowSteps, check_steps, decode_to_srgb, finished, run_steps,
+    FlowSteps, check_steps, decode_to_srgb, finished, run_steps, start_noise, start_pixels,
 };
-use crate::models::diffusion::generate::{Generated, ImageParams, StepInfo, nchw_to_nhwc};
-use crate::models::diffusion::scheduler::{gaussian_noise, linear_sigmas};
+use crate::models::diffusion::generate::{Generated, ImageParams, StepInfo};
+use crate::models::diffusion::scheduler::linear_sigmas;
 
 /// The captions of one image on the GPU, and the order of a step's transformer calls.
 struct Captions {
@@ -98,30 +98,9 @@ impl ZImage {
     ) -> Result<(), Error> {
         let (h, w) = self.latent_shape(params.width, params.height)?;
         let c = self.transformer.config.in_channels;
-        let n = h * w * c;
-        let noise = match &params.init_latents {
-            Some(l) if l.len() == n as usize => l.clone(),
-            Some(l) => {
-                return Err(Error::Invalid(format!(
-                    "init latents hold {} values; a {}×{} image needs [1, {c}, {h}, {w}] = {n}",
-                    l.len(),
-                    params.width,
-                    params.height
-                )));
-            }
-            None => gaussian_noise(params.seed, n as usize),
-        };
-        let noise = nchw_to_nhwc(&noise, c as usize);
-        let start = match &params.init_image {
-            Some((pixels, _)) => {
-                let expected = (params.width * params.height * 3) as usize;
-                if pixels.len() != expected {
-                    return Err(Error::Invalid(format!(
-                        "the start image has {} values, {expected} expected",
-                        pixels.len()
-                    )));
-                }
-                let scaled: Vec<f32> = pixels.iter().map(|v| v * 2.0 - 1.0).collect();
+        let noise = start_noise(params, (c, h, w))?;
+        let start = match start_pixels(params)? {
+            Some(scaled) => {
                 let x0 = self.encode_image(gpu, plans, &scaled)?;
                 x0.iter()
                     .zip(&noise)

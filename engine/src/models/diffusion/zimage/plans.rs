@@ -9,12 +9,13 @@ use super::config::TIME_FREQUENCIES;
 use super::transformer::{ZImageIo, ZImagePlan, build_transformer, padded};
 use crate::Error;
 use crate::gpu::{Gpu, Recorder, StorageBuffer};
+use crate::models::diffusion::flow_loop::{FlowBuffers, zeros};
 use crate::models::diffusion::generate::{nchw_to_nhwc, nhwc_to_nchw};
 use crate::models::diffusion::graph::{Builder, Plan};
 use crate::models::diffusion::preview_maps::{self, PreviewMap};
 use crate::models::diffusion::scheduler::timestep_embedding;
 use crate::models::diffusion::vae::{VaePlan, build_decoder, build_encoder};
-use crate::ops::{Denoise, DenoiseBuffers, Preview, PreviewSource};
+use crate::ops::{Denoise, Preview, PreviewSource};
 
 /// The transformer for captions that pad to one length, with its own caption input (and
 /// count of rows in use) and output.
@@ -59,10 +60,6 @@ pub(super) enum PreviewDecoder {
     Linear(&'static PreviewMap),
     /// The pipeline's VAE decoder, to pixels.
     Vae,
-}
-
-pub(super) fn zeros(gpu: &Gpu, label: &str, floats: u32) -> Result<Arc<StorageBuffer>, Error> {
-    Ok(Arc::new(gpu.storage(label, u64::from(floats.max(1)) * 4)?))
 }
 
 /// A caption on the GPU: its features and (one u32) how many rows they fill.
@@ -144,7 +141,6 @@ impl ZImage {
         *slot = None;
         let (h, w) = self.latent_shape(width, height)?;
         let n = h * w * self.transformer.config.in_channels;
-        let latents = zeros(gpu, "latents", n)?;
         let decode_in = zeros(gpu, "decoder input", n)?;
         let decoder = {
             let (mut up, weights, config) = self.vae.loader(gpu, self.dtype);
@@ -155,25 +151,14 @@ impl ZImage {
                 (h, w),
             )?
         };
-        let model_in = zeros(gpu, "transformer input", n)?;
-        let model_out = zeros(gpu, "transformer output", n)?;
-        let uncond_out = zeros(gpu, "unconditional output", n)?;
-        let denoised = zeros(gpu, "denoised", n)?;
-        let prev = zeros(gpu, "previous denoised", n)?;
-        let noise = zeros(gpu, "step noise", n)?;
-        let denoise = Denoise::new(
-            gpu,
-            n,
-            &DenoiseBuffers {
-                latents: &latents,
-                model_out: &model_out,
-                uncond: &uncond_out,
-                model_in: &model_in,
-                denoised: &denoised,
-                prev_denoised: &prev,
-                noise: &noise,
-            },
-        )?;
+        let FlowBuffers {
+            latents,
+            model_in,
+            model_out,
+            uncond_out,
+            denoised,
+            denoise,
+        } = FlowBuffers::new(gpu, n, n)?;
         *slot = Some(ZImagePlans {
             width,
             height,
