@@ -13,6 +13,9 @@
 // The logits are read as vec4 words (the buffer is padded to a multiple of 4) so that one
 // workgroup keeps enough bytes in flight to stream a large vocabulary.
 //
+// A grammar's mask, when `masked` is set, leaves only the tokens whose bit is set: the others
+// become NEG_BIG before any other processor sees them.
+//
 // Defines: WG (a power of two; also the candidate capacity).
 
 struct Params {
@@ -23,7 +26,7 @@ struct Params {
     temperature: f32,
     top_p: f32,
     repeat_penalty: f32,
-    _pad: u32,
+    masked: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -31,6 +34,7 @@ struct Params {
 @group(0) @binding(2) var<storage, read_write> logits: array<vec4<f32>>;
 @group(0) @binding(3) var<storage, read_write> history: array<u32>;
 @group(0) @binding(4) var<storage, read_write> seen: array<atomic<u32>>;
+@group(0) @binding(5) var<storage, read> mask: array<u32>;
 
 const NEG_BIG: f32 = -3.0e38;
 // Tokens more than this many (scaled) logits below the best have relative probability
@@ -327,7 +331,7 @@ fn main(@builtin(local_invocation_index) tid: u32) {
     var local_max = NEG_BIG;
     var best = 0u;
     let n_words = words();
-    if (p.greedy != 0u && p.repeat_penalty == 1.0) {
+    if (p.greedy != 0u && p.repeat_penalty == 1.0 && p.masked == 0u) {
         // Plain argmax, the common case: read only, two words in flight per invocation.
         for (var base = tid; base < n_words; base += 2u * {{WG}}u) {
             let second = base + {{WG}}u;
@@ -356,7 +360,7 @@ fn main(@builtin(local_invocation_index) tid: u32) {
             var l4 = logits[w];
             for (var c = 0u; c < 4u; c++) {
                 let v = w * 4u + c;
-                if (v >= p.vocab) {
+                if (v >= p.vocab || (p.masked != 0u && (mask[v / 32u] & (1u << (v % 32u))) == 0u)) {
                     l4[c] = NEG_BIG;
                     continue;
                 }

@@ -257,7 +257,7 @@ fn text_tokenizers() {
                 .encode_chat(
                     &[ChatMessage::new("user", "Hi")],
                     true,
-                    ChatSwitches::default(),
+                    &ChatSwitches::default(),
                 )
                 .map_err(err)?;
         }
@@ -325,8 +325,75 @@ fn chat_templates() {
         let switches = ChatSwitches {
             thinking: Some(false),
             reasoning_effort: Some(ReasoningEffort::High),
+            tools: vec![serde_json::json!({"type": "function", "function": {
+                "name": "get_weather",
+                "description": "Weather now",
+                "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}
+            }})],
         };
-        template.render(&messages, true, switches).map_err(err)?;
+        template.render(&messages, true, &switches).map_err(err)?;
+        Ok(())
+    });
+}
+
+/// The tool-call readers on mutated answers of every family's format: no panic, and whatever
+/// they return is consistent (calls have names).
+#[test]
+fn tool_call_answers() {
+    use backpack_engine::models::tool_calls::{ToolCallStream, ToolFormat};
+    let seeds: Vec<Vec<u8>> = [
+        "Sure.<tool_call>\n{\"name\": \"f\", \"arguments\": {\"a\": [1, {\"b\": null}]}}\n</tool_call>",
+        "<tool_call>\n<function=f>\n<parameter=city>\nParis\n</parameter>\n</function>\n</tool_call>",
+        "{\"name\": \"f\", \"parameters\": {\"a\": 1}}; {\"name\": \"g\", \"parameters\": {}}",
+        "[TOOL_CALLS][{\"name\": \"f\", \"arguments\": {}, \"id\": \"abcDEF123\"}]",
+        "[TOOL_CALLS]f[CALL_ID]000000001[ARGS]{\"a\": 1}[TOOL_CALLS]g[ARGS]{}",
+        "<|tool_call>call:f{a:<|\"|>x<|\"|>,b:[1,{c:true}]}<tool_call|>",
+        "<start_function_call>call:f{a:<escape>x<escape>}<end_function_call>",
+        "<|tool_call|>[{\"name\": \"f\", \"arguments\": {}}]<|/tool_call|>",
+    ]
+    .iter()
+    .map(|s| s.as_bytes().to_vec())
+    .collect();
+    let formats = [
+        ToolFormat::Hermes,
+        ToolFormat::Llama3,
+        ToolFormat::Mistral,
+        ToolFormat::Gemma4,
+        ToolFormat::FunctionGemma,
+        ToolFormat::Phi4,
+    ];
+    fuzz("tool-call answers", &seeds, 1500, None, |bytes| {
+        let text = String::from_utf8_lossy(bytes);
+        for format in formats {
+            let (_, calls) = format.parse(&text, &[]);
+            if calls
+                .iter()
+                .any(|c| c.name.is_empty() && format != ToolFormat::Llama3)
+            {
+                return Err(format!("{format:?}: a call without a name"));
+            }
+            let mut stream = ToolCallStream::new(format, Vec::new());
+            for chunk in text.as_bytes().chunks(5) {
+                stream.push(&String::from_utf8_lossy(chunk));
+            }
+            stream.finish();
+        }
+        Ok(())
+    });
+}
+
+/// GBNF grammars, mutated: converted or refused with an error, never a panic.
+#[test]
+fn gbnf_grammars() {
+    let seeds: Vec<Vec<u8>> = [
+        "root ::= object\nobject ::= \"{\" ws ( string \":\" ws value ( \",\" ws string \":\" ws value )* )? \"}\" ws\nvalue ::= object | string | [0-9]+ | \"true\"\nstring ::= \"\\\"\" ( [^\"\\\\\\x7F\\x00-\\x1F] | \"\\\\\" [\"\\\\bfnrt] )* \"\\\"\" ws\nws ::= | \" \" | \"\\n\" [ \\t]{0,20}\n",
+        "root ::= (\"yes\" | \"no\") \".\"{1,3} # answer\n",
+    ]
+    .iter()
+    .map(|s| s.as_bytes().to_vec())
+    .collect();
+    fuzz("GBNF grammar", &seeds, 2000, None, |bytes| {
+        let _ = backpack_engine::grammar::gbnf_to_lark(&String::from_utf8_lossy(bytes));
         Ok(())
     });
 }

@@ -89,13 +89,13 @@ fn sentencepiece_vocabulary_tokenizes_like_transformers() {
     for chat in &golden.chats {
         assert_eq!(
             tokenizer
-                .render_chat(&chat.messages, true, ChatSwitches::default())
+                .render_chat(&chat.messages, true, &ChatSwitches::default())
                 .expect("template"),
             chat.prompt_text
         );
         assert_eq!(
             tokenizer
-                .encode_chat(&chat.messages, true, ChatSwitches::default())
+                .encode_chat(&chat.messages, true, &ChatSwitches::default())
                 .expect("chat"),
             chat.prompt_ids
         );
@@ -119,8 +119,7 @@ fn sentencepiece_gguf_generates_like_transformers() {
             let params = GenerateParams {
                 max_tokens: case.greedy_tokens.len() as u32,
                 sampler: SamplerParams::default(),
-                thinking: None,
-                reasoning_effort: None,
+                ..Default::default()
             };
             let stats = model
                 .generate(&prompt, &params, &|| false, |_, _| {})

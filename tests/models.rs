@@ -553,7 +553,7 @@ fn reasoning_effort_reaches_the_chat_template() {
             .render_chat(
                 &messages,
                 true,
-                ChatSwitches {
+                &ChatSwitches {
                     reasoning_effort: effort,
                     ..Default::default()
                 },

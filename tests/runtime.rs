@@ -63,8 +63,7 @@ fn sampling(max_tokens: u32) -> GenerateParams {
             seed: 3,
             ..Default::default()
         },
-        thinking: None,
-        reasoning_effort: None,
+        ..Default::default()
     }
 }
 
@@ -139,8 +138,7 @@ async fn cancel_stops_within_one_token() {
     let params = GenerateParams {
         max_tokens: 200,
         sampler: SamplerParams::default(),
-        thinking: None,
-        reasoning_effort: None,
+        ..Default::default()
     };
     let request = engine.generate(Prompt::Raw("Once upon a time".into()), params);
     let mut seen = 0;
@@ -196,8 +194,7 @@ async fn cancel_one_stops_only_that_request() {
     let params = || GenerateParams {
         max_tokens: 12,
         sampler: SamplerParams::default(),
-        thinking: None,
-        reasoning_effort: None,
+        ..Default::default()
     };
     let first = engine.generate(Prompt::Raw("Once upon a time".into()), params());
     let second = engine.generate(Prompt::Raw("Once upon a time".into()), params());
@@ -313,6 +310,7 @@ async fn bad_input_gives_clear_errors_and_the_engine_keeps_working() {
             request: r,
             message,
             prompt_too_long,
+            ..
         } => {
             assert_eq!(r, Some(request));
             assert!(message.contains("no model"), "{message}");
@@ -335,6 +333,7 @@ async fn bad_input_gives_clear_errors_and_the_engine_keeps_working() {
             request: r,
             message,
             prompt_too_long,
+            ..
         } => {
             assert_eq!(r, Some(request));
             assert!(message.contains("context holds 16"), "{message}");

@@ -671,3 +671,88 @@ async fn transcriptions_and_images_match_the_cli() {
     assert_eq!(r.status(), 400);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// An agent's loop over HTTP: a streamed, forced tool call arrives as `delta.tool_calls` (id,
+/// name, JSON arguments) with finish_reason `tool_calls`; the call and the tool's result sent
+/// back give an answer; a GBNF `grammar` holds the text.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tool_calls_stream_and_round_trip() {
+    let model = server_process::LongContext::of("tiny-qwen2");
+    let server = start_with(&["--model", model.path()]);
+    let client = backpack_engine::http::client_builder()
+        .build()
+        .expect("HTTP client");
+    let url = format!("{}/v1/chat/completions", server.base);
+    let tools = json!([{"type": "function", "function": {
+        "name": "get_weather",
+        "parameters": {"type": "object", "properties": {"city": {"enum": ["Paris", "Oslo"]}},
+                       "required": ["city"], "additionalProperties": false}
+    }}]);
+    let ask = json!({"role": "user", "content": "Weather in Paris?"});
+    let body = json!({"messages": [ask], "tools": tools, "tool_choice": "required",
+                      "stream": true, "temperature": 0.7, "seed": 5, "max_tokens": 64});
+    let events = sse(client.post(&url).json(&body).send().await.expect("stream")).await;
+    assert_eq!(events.last().map(String::as_str), Some("[DONE]"));
+    let chunks: Vec<Value> = events[..events.len() - 1]
+        .iter()
+        .map(|e| serde_json::from_str(e).expect("chunk"))
+        .collect();
+    let calls: Vec<&Value> = chunks
+        .iter()
+        .filter_map(|c| c["choices"][0]["delta"]["tool_calls"].as_array())
+        .flatten()
+        .collect();
+    assert_eq!(calls.len(), 1, "{chunks:?}");
+    let call = calls[0];
+    assert_eq!(call["index"], 0);
+    assert_eq!(call["function"]["name"], "get_weather");
+    let arguments = call["function"]["arguments"].as_str().expect("arguments");
+    let parsed: Value = serde_json::from_str(arguments).expect("JSON arguments");
+    assert!(["Paris", "Oslo"].contains(&parsed["city"].as_str().unwrap_or("")));
+    let finish = chunks
+        .iter()
+        .find_map(|c| c["choices"][0]["finish_reason"].as_str());
+    assert_eq!(finish, Some("tool_calls"));
+
+    // The call and its result go back; the model answers (not necessarily sensibly: random
+    // weights), through the template's tool turns.
+    let id = call["id"].as_str().expect("id");
+    let messages = json!([
+        ask,
+        {"role": "assistant", "content": null, "tool_calls": [
+            {"id": id, "type": "function", "function": {"name": "get_weather", "arguments": arguments}}
+        ]},
+        {"role": "tool", "tool_call_id": id, "content": "{\"temp\": 21}"}
+    ]);
+    let body = json!({"messages": messages, "tools": tools, "temperature": 0, "max_tokens": 8});
+    let r = client
+        .post(&url)
+        .json(&body)
+        .send()
+        .await
+        .expect("round trip");
+    assert_eq!(r.status(), 200);
+    let answer: Value = r.json().await.expect("json");
+    assert_eq!(
+        answer["choices"][0]["message"]["role"], "assistant",
+        "{answer}"
+    );
+
+    // llama.cpp's `grammar` field.
+    let body = json!({"messages": [{"role": "user", "content": "Yes or no?"}],
+                      "grammar": "root ::= (\"yes\" | \"no\") \"!\"", "temperature": 1, "seed": 3,
+                      "max_tokens": 16});
+    let answer: Value = client
+        .post(&url)
+        .json(&body)
+        .send()
+        .await
+        .expect("grammar")
+        .json()
+        .await
+        .expect("json");
+    let content = answer["choices"][0]["message"]["content"]
+        .as_str()
+        .expect("content");
+    assert!(content == "yes!" || content == "no!", "{content:?}");
+}

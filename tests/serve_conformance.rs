@@ -11,7 +11,7 @@ mod server_process;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use serde_json::Value;
+use serde_json::{Value, json};
 use server_process::{fixture, start_with};
 
 fn recorded(name: &str) -> Vec<u8> {
@@ -146,19 +146,120 @@ async fn requests_as_the_openai_client_sends_them() {
         }
     }
 
-    // What the server does not do is refused by name, not ignored.
-    for (file, param) in [
-        ("chat_tools.request.json", "tools"),
-        ("chat_json_object.request.json", "response_format"),
-        ("chat_parse_json_schema.request.json", "response_format"),
+    // Tools and structured outputs, as the client sends them, to a server whose model has
+    // room for tool definitions. A bound on the answer keeps the tiny random model quick; an
+    // answer that ends on its own is held to what was asked.
+    let long = server_process::LongContext::of("tiny-qwen2");
+    let tool_server = start_with(&["--model", long.path()]);
+    let post = |path: &str, body: Vec<u8>, kind: &str| {
+        client
+            .post(format!("{}{path}", tool_server.base))
+            .header("content-type", kind)
+            .header("user-agent", "OpenAI/Python 3.57.0")
+            .body(body)
+            .send()
+    };
+    let bounded = |file: &str| {
+        let mut body: Value = serde_json::from_slice(&recorded(file)).expect("json");
+        body["max_tokens"] = 96.into();
+        serde_json::to_vec(&body).expect("body")
+    };
+    for file in [
+        "chat_tools.request.json",
+        "chat_json_object.request.json",
+        "chat_parse_json_schema.request.json",
     ] {
-        let response = post("/v1/chat/completions", recorded(file), json)
+        let response = post("/v1/chat/completions", bounded(file), json)
             .await
-            .expect("refused");
-        assert_eq!(response.status(), 400, "{file}");
-        let error: Value = response.json().await.expect("json");
-        assert_eq!(error["error"]["param"], param, "{file}: {error}");
+            .expect("answer");
+        assert_eq!(response.status(), 200, "{file}");
+        let answer: Value = response.json().await.expect("json");
+        let choice = &answer["choices"][0];
+        let finish = choice["finish_reason"].as_str().expect("finish_reason");
+        assert!(
+            ["stop", "length", "tool_calls"].contains(&finish),
+            "{file}: {answer}"
+        );
+        if finish != "stop" || file.contains("tools") {
+            continue;
+        }
+        let content = choice["message"]["content"].as_str().expect("content");
+        let value: Value =
+            serde_json::from_str(content).unwrap_or_else(|e| panic!("{file}: {e}: {content:?}"));
+        assert!(value.is_object(), "{file}: {value}");
+        if file.contains("schema") {
+            assert!(
+                value["city"].is_string() && value["temperature"].is_number(),
+                "{value}"
+            );
+            assert_eq!(value.as_object().map(|o| o.len()), Some(2), "{value}");
+        }
     }
+
+    // A forced call of the recorded tool: the answer is the call, in OpenAI's shape.
+    let mut forced: Value =
+        serde_json::from_slice(&recorded("chat_tools.request.json")).expect("json");
+    forced["tool_choice"] = json!({"type": "function", "function": {"name": "get_weather"}});
+    forced["tools"][0]["function"]["parameters"]["properties"]["city"]["enum"] =
+        json!(["San Francisco", "Paris"]);
+    forced["max_tokens"] = 96.into();
+    forced["parallel_tool_calls"] = false.into();
+    let response = post(
+        "/v1/chat/completions",
+        serde_json::to_vec(&forced).expect("body"),
+        json,
+    )
+    .await
+    .expect("forced");
+    assert_eq!(response.status(), 200);
+    let answer: Value = response.json().await.expect("json");
+    let choice = &answer["choices"][0];
+    assert_eq!(choice["finish_reason"], "tool_calls", "{answer}");
+    let call = &choice["message"]["tool_calls"][0];
+    assert_eq!(call["type"], "function");
+    assert_eq!(call["function"]["name"], "get_weather");
+    assert!(
+        call["id"]
+            .as_str()
+            .is_some_and(|id| id.starts_with("call_"))
+    );
+    let arguments: Value =
+        serde_json::from_str(call["function"]["arguments"].as_str().expect("text")).expect("json");
+    assert!(["San Francisco", "Paris"].contains(&arguments["city"].as_str().unwrap_or("")));
+
+    // What the server cannot honour is refused by name: a schema keyword strict mode cannot
+    // hold, a tool_choice naming no tool.
+    let mut strict: Value =
+        serde_json::from_slice(&recorded("chat_parse_json_schema.request.json")).expect("json");
+    strict["response_format"]["json_schema"]["schema"]["dependentSchemas"] = json!({"city": {}});
+    let mut unknown = forced.clone();
+    unknown["tool_choice"]["function"]["name"] = "nope".into();
+    for (body, param) in [(strict, "response_format"), (unknown, "tool_choice")] {
+        let response = post(
+            "/v1/chat/completions",
+            serde_json::to_vec(&body).expect("body"),
+            json,
+        )
+        .await
+        .expect("refused");
+        assert_eq!(response.status(), 400, "{param}");
+        let error: Value = response.json().await.expect("json");
+        assert_eq!(error["error"]["param"], param, "{error}");
+        if param == "response_format" {
+            let message = error["error"]["message"].as_str().unwrap_or_default();
+            assert!(message.contains("dependentSchemas"), "{message}");
+        }
+    }
+
+    drop(tool_server);
+    let post = |path: &str, body: Vec<u8>, kind: &str| {
+        client
+            .post(format!("{}{path}", server.base))
+            .header("content-type", kind)
+            .header("user-agent", "OpenAI/Python 3.57.0")
+            .body(body)
+            .send()
+    };
 
     // The recorded form with one field more: the tiny random Whisper model would otherwise
     // decode 448 tokens a window at every fallback temperature, minutes on a software GPU.

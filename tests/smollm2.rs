@@ -78,8 +78,7 @@ fn smollm2_gguf_chats_like_transformers() {
             let params = GenerateParams {
                 max_tokens: case.greedy_tokens.len() as u32,
                 sampler: SamplerParams::default(),
-                thinking: None,
-                reasoning_effort: None,
+                ..Default::default()
             };
             let stats = model
                 .generate(&prompt, &params, &|| false, |_, _| {})

@@ -9,6 +9,7 @@
 
 pub mod audio;
 pub mod gpu;
+pub mod grammar;
 pub mod http;
 pub mod hub;
 pub mod load;
@@ -28,6 +29,8 @@ pub enum Error {
     Gpu(#[from] gpu::GpuError),
     #[error(transparent)]
     Audio(#[from] audio::AudioError),
+    #[error(transparent)]
+    Grammar(#[from] grammar::GrammarError),
     #[error(
         "the prompt is {tokens} tokens long but the context holds {capacity}; shorten it or raise the context length"
     )]

@@ -13,6 +13,42 @@ pub fn fixture(model: &str) -> PathBuf {
         .join(model)
 }
 
+/// A copy of a fixture whose config allows 2,048 positions (its random weights read any
+/// position alike): prompts with tool definitions outgrow the fixtures' 256. Removed when
+/// dropped.
+pub struct LongContext(pub PathBuf);
+
+impl LongContext {
+    pub fn of(model: &str) -> Self {
+        static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let dir =
+            std::env::temp_dir().join(format!("backpack-long-{model}-{}-{n}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("temp dir");
+        for entry in std::fs::read_dir(fixture(model)).expect("fixture") {
+            let path = entry.expect("entry").path();
+            std::fs::copy(&path, dir.join(path.file_name().expect("name"))).expect("copy");
+        }
+        let config = dir.join("config.json");
+        let mut value: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(&config).expect("config")).expect("json");
+        value["max_position_embeddings"] = 2048.into();
+        std::fs::write(&config, value.to_string()).expect("write");
+        Self(dir)
+    }
+
+    pub fn path(&self) -> &str {
+        self.0.to_str().expect("utf-8")
+    }
+}
+
+impl Drop for LongContext {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
 /// A running `backpack serve`, killed when dropped.
 pub struct ServerProcess {
     child: Child,

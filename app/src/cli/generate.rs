@@ -2,6 +2,7 @@ use std::io::Write;
 use std::path::PathBuf;
 
 use anyhow::{Context, Result, bail};
+use backpack_engine::grammar::Constraint;
 use backpack_engine::load::{ChatMessage, ReasoningEffort};
 use backpack_engine::models::reasoning::split_reasoning;
 use backpack_engine::models::{GenerateParams, Prompt};
@@ -69,6 +70,17 @@ pub struct GenerateArgs {
     /// faster on GPUs with tensor cores, for 2 bytes per weight more GPU memory.
     #[arg(long, conflicts_with = "endpoint")]
     f16_prompt_weights: bool,
+    /// Hold the answer to a grammar: GBNF as llama.cpp takes it (`root ::= ...`), or
+    /// llguidance's Lark (`start: ...`, which may embed `%json {...}`).
+    #[arg(long, conflicts_with_all = ["grammar_file", "json_schema", "endpoint"])]
+    grammar: Option<String>,
+    /// As --grammar, read from a file (.gbnf or .lark).
+    #[arg(long, conflicts_with_all = ["json_schema", "endpoint"])]
+    grammar_file: Option<PathBuf>,
+    /// Hold the answer to a JSON schema (the schema's text, or @FILE): the output always
+    /// parses and validates.
+    #[arg(long, conflicts_with = "endpoint")]
+    json_schema: Option<String>,
     /// Print one JSON object with ids, text and timings after the text: `text` is the reply,
     /// `reasoning` what a reasoning model thought first (null if it did not, or with --raw).
     #[arg(long)]
@@ -121,6 +133,41 @@ pub fn resolve_model(model: &std::path::Path) -> Result<PathBuf> {
         );
     }
     bail!("model path {} does not exist", model.display())
+}
+
+/// The grammar `--grammar`, `--grammar-file` or `--json-schema` gives.
+fn constraint(args: &GenerateArgs) -> Result<Option<Constraint>> {
+    let grammar = match (&args.grammar, &args.grammar_file) {
+        (Some(text), _) => Some(text.clone()),
+        (None, Some(path)) => Some(
+            std::fs::read_to_string(path)
+                .with_context(|| format!("reading the grammar {}", path.display()))?,
+        ),
+        (None, None) => None,
+    };
+    if let Some(text) = grammar {
+        return Ok(Some(if text.contains("::=") {
+            Constraint::Gbnf(text)
+        } else {
+            Constraint::Lark(text)
+        }));
+    }
+    let Some(schema) = &args.json_schema else {
+        return Ok(None);
+    };
+    let (text, source) = match schema.strip_prefix('@') {
+        Some(path) => (
+            std::fs::read_to_string(path).with_context(|| format!("reading the schema {path}"))?,
+            path.to_owned(),
+        ),
+        None => (schema.clone(), "--json-schema".to_owned()),
+    };
+    let schema: serde_json::Value =
+        serde_json::from_str(&text).with_context(|| format!("{source} is not JSON"))?;
+    Ok(Some(Constraint::JsonSchema {
+        schema,
+        strict: true,
+    }))
 }
 
 /// The answer from `--endpoint`'s model.
@@ -209,6 +256,8 @@ pub fn run(args: GenerateArgs, adapter: Option<&str>) -> Result<()> {
                 sampler,
                 thinking: args.no_think.then_some(false),
                 reasoning_effort: args.reasoning_effort.map(Into::into),
+                constraint: constraint(&args)?,
+                tools: Vec::new(),
             },
         );
         let mut tokens = Vec::new();

@@ -12,6 +12,8 @@ use backpack_engine::ops::SamplerParams;
 use serde::Deserialize;
 use serde_json::{Value, json};
 
+use super::tools::{message_tool_calls, output_constraint, tool_request};
+
 /// An error as OpenAI's API reports it: `{"error": {"message", "type", "param", "code"}}`.
 #[derive(Debug)]
 pub struct ApiError {
@@ -93,6 +95,14 @@ pub struct Message {
     pub role: String,
     #[serde(default)]
     pub content: Option<Content>,
+    /// An assistant turn's calls.
+    #[serde(default)]
+    pub tool_calls: Option<Vec<Value>>,
+    /// The call a `tool` message answers.
+    #[serde(default)]
+    pub tool_call_id: Option<String>,
+    #[serde(default)]
+    pub name: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -125,8 +135,11 @@ pub struct Sampling {
     pub n: Option<u32>,
     pub logprobs: Option<Value>,
     pub logit_bias: Option<Value>,
-    pub tools: Option<Value>,
     pub response_format: Option<Value>,
+    /// llama.cpp's constrained decoding: GBNF (or llguidance's Lark).
+    pub grammar: Option<String>,
+    /// llama.cpp's shortcut for a JSON-schema response.
+    pub json_schema: Option<Value>,
     #[serde(default)]
     pub stream: bool,
     pub stream_options: Option<StreamOptions>,
@@ -136,6 +149,9 @@ pub struct Sampling {
 #[derive(Debug, Deserialize)]
 pub struct ChatRequest {
     pub messages: Vec<Message>,
+    pub tools: Option<Value>,
+    pub tool_choice: Option<Value>,
+    pub parallel_tool_calls: Option<bool>,
     #[serde(flatten)]
     pub sampling: Sampling,
 }
@@ -150,6 +166,8 @@ pub enum PromptField {
 #[derive(Debug, Deserialize)]
 pub struct CompletionRequest {
     pub prompt: PromptField,
+    /// Refused: tools need a chat template.
+    pub tools: Option<Value>,
     pub suffix: Option<String>,
     pub echo: Option<bool>,
     pub best_of: Option<u32>,
@@ -164,6 +182,8 @@ pub struct Job {
     pub stops: Vec<String>,
     pub stream: bool,
     pub include_usage: bool,
+    /// Tool definitions whose calls are read out of the answer (empty: none).
+    pub tools: Vec<Value>,
 }
 
 impl ChatRequest {
@@ -176,35 +196,63 @@ impl ChatRequest {
         }
         let mut messages = Vec::with_capacity(self.messages.len());
         for m in self.messages {
-            let role = match m.role.as_str() {
-                "system" | "developer" => "system",
-                "user" => "user",
-                "assistant" => "assistant",
-                other => {
-                    return Err(ApiError::bad_request(
-                        format!(
-                            "messages with role {other:?} are not supported (system, developer, user, assistant are)"
-                        ),
-                        Some("messages"),
-                    ));
-                }
-            };
-            let content = match m.content {
-                None => String::new(),
-                Some(Content::Text(t)) => t,
-                Some(Content::Parts(parts)) => text_parts(&parts)?,
-            };
-            messages.push(ChatMessage::new(role, &content));
+            messages.push(chat_message(m)?);
         }
-        let (params, stops, stream, include_usage) = self.sampling.check(context)?;
+        let tools = tool_request(
+            self.tools.as_ref(),
+            self.tool_choice.as_ref(),
+            self.parallel_tool_calls,
+        )?;
+        let (mut params, stops, stream, include_usage) = self.sampling.check(context)?;
+        if let Some(forced) = tools.forced {
+            if params.constraint.is_some() {
+                return Err(ApiError::bad_request(
+                    "a required tool call cannot be combined with response_format or grammar",
+                    Some("tool_choice"),
+                ));
+            }
+            params.constraint = Some(forced);
+        }
+        params.tools = tools.tools.clone();
         Ok(Job {
             prompt: Prompt::Chat(messages),
             params,
             stops,
             stream,
             include_usage,
+            tools: tools.tools,
         })
     }
+}
+
+/// One OpenAI message in the template's terms.
+fn chat_message(m: Message) -> Result<ChatMessage, ApiError> {
+    let role = match m.role.as_str() {
+        "system" | "developer" => "system",
+        "user" => "user",
+        "assistant" => "assistant",
+        "tool" => "tool",
+        other => {
+            return Err(ApiError::bad_request(
+                format!(
+                    "messages with role {other:?} are not supported (system, developer, user, assistant, tool are)"
+                ),
+                Some("messages"),
+            ));
+        }
+    };
+    let content = match m.content {
+        None => String::new(),
+        Some(Content::Text(t)) => t,
+        Some(Content::Parts(parts)) => text_parts(&parts)?,
+    };
+    let mut message = ChatMessage::new(role, &content);
+    if let Some(calls) = &m.tool_calls {
+        message.tool_calls = message_tool_calls(calls)?;
+    }
+    message.tool_call_id = m.tool_call_id;
+    message.name = m.name;
+    Ok(message)
 }
 
 /// The text of content parts; other kinds (images, audio) are refused.
@@ -251,6 +299,16 @@ impl CompletionRequest {
         if self.echo == Some(true) {
             return Err(ApiError::bad_request("echo is not supported", Some("echo")));
         }
+        if self
+            .tools
+            .as_ref()
+            .is_some_and(|v| v.as_array().is_some_and(|a| !a.is_empty()))
+        {
+            return Err(ApiError::bad_request(
+                "tools need a chat template: use /v1/chat/completions",
+                Some("tools"),
+            ));
+        }
         if self.best_of.is_some_and(|b| b > 1) {
             return Err(ApiError::bad_request(
                 "best_of above 1 is not supported",
@@ -264,6 +322,7 @@ impl CompletionRequest {
             stops,
             stream,
             include_usage,
+            tools: Vec::new(),
         })
     }
 }
@@ -305,18 +364,11 @@ impl Sampling {
         {
             return refuse("logit_bias", "is not supported");
         }
-        if self
-            .tools
-            .as_ref()
-            .is_some_and(|v| v.as_array().is_some_and(|a| !a.is_empty()))
-        {
-            return refuse("tools", "are not supported");
-        }
-        if let Some(format) = &self.response_format
-            && format.get("type").and_then(Value::as_str) != Some("text")
-        {
-            return refuse("response_format", "other than text is not supported");
-        }
+        let constraint = output_constraint(
+            self.response_format.as_ref(),
+            self.grammar.as_deref(),
+            self.json_schema.as_ref(),
+        )?;
         let temperature = self.temperature.unwrap_or(1.0);
         if !(0.0..=2.0).contains(&temperature) {
             return refuse("temperature", "must be between 0 and 2");
@@ -370,6 +422,8 @@ impl Sampling {
             },
             thinking: kwarg("enable_thinking").and_then(Value::as_bool),
             reasoning_effort,
+            constraint,
+            tools: Vec::new(),
         };
         let include_usage = self.stream_options.is_some_and(|o| o.include_usage);
         Ok((params, stops, self.stream, include_usage))

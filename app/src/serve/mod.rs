@@ -8,6 +8,7 @@ mod media;
 mod routes;
 mod state;
 mod stop;
+mod tools;
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -197,6 +198,7 @@ async fn load_text(gpu: &Gpu, path: &Path, load: ModelOptions, queue: usize) -> 
         dispatch: Dispatch::new(engine, events, queue),
         model: info.name,
         context: info.context,
+        tool_format: info.tool_format,
     })
 }
 

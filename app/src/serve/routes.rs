@@ -13,6 +13,7 @@ use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use backpack_engine::models::StopReason;
 use backpack_engine::models::reasoning::{AnswerPiece, ReasoningSplitter, split_reasoning};
+use backpack_engine::models::tool_calls::{ParsedCall, StreamPiece, ToolCallStream, ToolFormat};
 use backpack_engine::runtime::Event;
 use serde_json::{Value, json};
 use tokio::sync::mpsc;
@@ -23,6 +24,7 @@ use super::api::{
 use super::dispatch::Ticket;
 use super::state::{Server, TextSide};
 use super::stop::StopMatcher;
+use super::tools::call_json;
 
 #[derive(Clone, Copy, PartialEq)]
 enum Kind {
@@ -120,13 +122,18 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
-fn engine_error(message: String, prompt_too_long: Option<(usize, u32)>) -> ApiError {
+fn engine_error(
+    message: String,
+    prompt_too_long: Option<(usize, u32)>,
+    bad_grammar: bool,
+) -> ApiError {
     match prompt_too_long {
         Some((tokens, context)) => ApiError::bad_request(
             format!("the prompt has {tokens} tokens; this model's context holds {context}"),
             Some("messages"),
         )
         .with_code("context_length_exceeded"),
+        None if bad_grammar => ApiError::bad_request(message, Some("response_format")),
         None => ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "server_error", message),
     }
 }
@@ -150,8 +157,9 @@ async fn answer(s: &TextSide, job: Job, kind: Kind) -> Response {
         Some(Event::Error {
             message,
             prompt_too_long,
+            bad_grammar,
             ..
-        }) => return engine_error(message, prompt_too_long).into_response(),
+        }) => return engine_error(message, prompt_too_long, bad_grammar).into_response(),
         Some(event) => event,
         None => {
             return ApiError::new(
@@ -175,6 +183,8 @@ async fn answer(s: &TextSide, job: Job, kind: Kind) -> Response {
         model: s.model.clone(),
         created: unix_now(),
         kind,
+        tools: job.tools,
+        tool_format: s.tool_format,
     };
     let stops = StopMatcher::new(job.stops);
     if job.stream {
@@ -184,12 +194,14 @@ async fn answer(s: &TextSide, job: Job, kind: Kind) -> Response {
     }
 }
 
-/// The fields every response and chunk carries.
+/// The fields every response and chunk carries, and the tools whose calls are read out.
 struct Reply {
     id: String,
     model: String,
     created: u64,
     kind: Kind,
+    tools: Vec<Value>,
+    tool_format: ToolFormat,
 }
 
 /// How a generation ended, as the response reports it.
@@ -221,15 +233,31 @@ impl Reply {
             Kind::Chat => {
                 // A reasoning model's thinking goes apart, as other servers report it.
                 let (reasoning, reply) = split_reasoning(text);
-                let mut message = json!({"role": "assistant", "content": reply});
+                let (content, calls) = if self.tools.is_empty() {
+                    (reply, Vec::new())
+                } else {
+                    self.tool_format.parse(&reply, &self.tools)
+                };
+                let mut message = json!({"role": "assistant", "content": content});
                 if let Some(reasoning) = reasoning {
                     message["reasoning_content"] = reasoning.into();
+                }
+                let mut finish = end.finish;
+                if !calls.is_empty() {
+                    if message["content"] == "" {
+                        message["content"] = Value::Null;
+                    }
+                    message["tool_calls"] = calls
+                        .iter()
+                        .map(|c| call_json(c, self.tool_format, None))
+                        .collect();
+                    finish = "tool_calls";
                 }
                 json!({
                     "index": 0,
                     "message": message,
                     "logprobs": null,
-                    "finish_reason": end.finish,
+                    "finish_reason": finish,
                 })
             }
             Kind::Text => {
@@ -244,6 +272,14 @@ impl Reply {
             "choices": [choice],
             "usage": usage(end.prompt_tokens, end.completion_tokens),
         })
+    }
+
+    /// A stream chunk with one tool call.
+    fn call_chunk(&self, call: &ParsedCall, index: usize) -> Value {
+        let mut chunk = self.chunk(None, None, false);
+        chunk["choices"][0]["delta"]["tool_calls"] =
+            json!([call_json(call, self.tool_format, Some(index))]);
+        chunk
     }
 
     /// A stream chunk with a piece of the answer.
@@ -326,8 +362,9 @@ async fn whole(reply: Reply, mut ticket: Ticket, first: Event, mut stops: StopMa
             Event::Error {
                 message,
                 prompt_too_long,
+                bad_grammar,
                 ..
-            } => return engine_error(message, prompt_too_long).into_response(),
+            } => return engine_error(message, prompt_too_long, bad_grammar).into_response(),
             _ => {}
         }
         event = ticket.next().await;
@@ -357,6 +394,58 @@ fn pieces(splitter: &mut Option<ReasoningSplitter>, text: &str, last: bool) -> V
     out
 }
 
+/// A streamed answer's text as chunks: the reasoning apart (chat), and tool calls read out
+/// where the request gave tools.
+struct AnswerStream {
+    splitter: Option<ReasoningSplitter>,
+    calls_in: Option<ToolCallStream>,
+    /// Calls sent so far (their indexes).
+    calls: usize,
+}
+
+impl AnswerStream {
+    fn new(reply: &Reply) -> Self {
+        let chat = reply.kind == Kind::Chat;
+        Self {
+            splitter: chat.then(ReasoningSplitter::default),
+            calls_in: (chat && !reply.tools.is_empty())
+                .then(|| ToolCallStream::new(reply.tool_format, reply.tools.clone())),
+            calls: 0,
+        }
+    }
+
+    /// The chunks `text` completes; `last` flushes what is held back.
+    fn chunks(&mut self, reply: &Reply, text: &str, last: bool) -> Vec<Value> {
+        let mut out = Vec::new();
+        for piece in pieces(&mut self.splitter, text, last) {
+            match (&mut self.calls_in, piece) {
+                (Some(calls), AnswerPiece::Reply(text)) => {
+                    let pieces = calls.push(&text);
+                    self.tool_pieces(reply, pieces, &mut out);
+                }
+                (_, piece) => out.push(reply.piece_chunk(&piece)),
+            }
+        }
+        if last && let Some(calls) = &mut self.calls_in {
+            let pieces = calls.finish();
+            self.tool_pieces(reply, pieces, &mut out);
+        }
+        out
+    }
+
+    fn tool_pieces(&mut self, reply: &Reply, pieces: Vec<StreamPiece>, out: &mut Vec<Value>) {
+        for piece in pieces {
+            match piece {
+                StreamPiece::Text(t) => out.push(reply.piece_chunk(&AnswerPiece::Reply(t))),
+                StreamPiece::Call(call) => {
+                    out.push(reply.call_chunk(&call, self.calls));
+                    self.calls += 1;
+                }
+            }
+        }
+    }
+}
+
 /// Streams chunks from a task that follows the generation; when the client goes away the
 /// channel closes, the task drops its ticket and the generation is cancelled.
 fn stream(
@@ -376,7 +465,7 @@ fn stream(
             return;
         }
         let mut stopped = false;
-        let mut splitter = (reply.kind == Kind::Chat).then(ReasoningSplitter::default);
+        let mut pieces = AnswerStream::new(&reply);
         let mut event = Some(first);
         while let Some(e) = event {
             match e {
@@ -386,8 +475,8 @@ fn stream(
                         stopped = true;
                         ticket.stop();
                     }
-                    for piece in pieces(&mut splitter, &out, false) {
-                        if !send(reply.piece_chunk(&piece)).await {
+                    for chunk in pieces.chunks(&reply, &out, false) {
+                        if !send(chunk).await {
                             return;
                         }
                     }
@@ -403,12 +492,15 @@ fn stream(
                     } else {
                         stops.finish()
                     };
-                    for piece in pieces(&mut splitter, &rest, true) {
-                        if !send(reply.piece_chunk(&piece)).await {
+                    for chunk in pieces.chunks(&reply, &rest, true) {
+                        if !send(chunk).await {
                             return;
                         }
                     }
-                    let end = ending(stop, stopped, prompt_tokens, generated_tokens);
+                    let mut end = ending(stop, stopped, prompt_tokens, generated_tokens);
+                    if pieces.calls > 0 {
+                        end.finish = "tool_calls";
+                    }
                     log_answer(ticket.id, &end);
                     if !send(reply.chunk(None, Some(end.finish), false)).await {
                         return;
@@ -421,9 +513,10 @@ fn stream(
                 Event::Error {
                     message,
                     prompt_too_long,
+                    bad_grammar,
                     ..
                 } => {
-                    let _ = send(engine_error(message, prompt_too_long).body()).await;
+                    let _ = send(engine_error(message, prompt_too_long, bad_grammar).body()).await;
                     return;
                 }
                 _ => {}
@@ -461,6 +554,8 @@ mod tests {
             model: "m".into(),
             created: 0,
             kind,
+            tools: Vec::new(),
+            tool_format: ToolFormat::Hermes,
         }
     }
 

@@ -23,6 +23,8 @@ pub struct TextSide {
     pub dispatch: Arc<Dispatch>,
     pub model: String,
     pub context: u32,
+    /// How the model writes tool calls.
+    pub tool_format: backpack_engine::models::tool_calls::ToolFormat,
 }
 
 impl Server {

@@ -8,12 +8,14 @@ mod gguf;
 mod gguf_model;
 mod gguf_moe;
 mod moe;
+mod python_json;
 pub mod quant;
 mod qwen35;
 mod rope;
 mod safetensors;
 mod template;
 mod tokenizer;
+mod tool_prompt;
 
 pub use config::{Arch, DecoderSpec, LinearLayers, MlpKind, SlidingWindow};
 pub use error::LoadError;
@@ -23,6 +25,8 @@ pub use gguf_model::{gguf_spec, gguf_tensor_name, gguf_tokenizer, unpermuted_row
 pub use moe::{ExpertActivation, MAX_EXPERTS, MAX_TOP_K, MoeSpec, RouterWeights};
 pub use rope::{RopeScaling, RopeSpec};
 pub use safetensors::{DType, SafeTensors, TensorView};
-pub use template::{ChatMessage, ChatSwitches, ChatTemplate, ReasoningEffort};
+pub use template::{
+    ChatMessage, ChatSwitches, ChatTemplate, FunctionCall, ReasoningEffort, ToolCall,
+};
 pub(crate) use tokenizer::without_panics;
 pub use tokenizer::{GenerationConfig, StreamDecoder, TextTokenizer};

@@ -7,10 +7,23 @@ use serde::{Deserialize, Serialize};
 
 use super::error::LoadError;
 
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct ChatMessage {
     pub role: String,
+    #[serde(default)]
     pub content: String,
+    /// An earlier answer's reasoning, which some templates keep (GPT-OSS's `thinking`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub thinking: Option<String>,
+    /// The calls an assistant turn made (OpenAI's `tool_calls`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tool_calls: Vec<ToolCall>,
+    /// Which call a `tool` message answers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_call_id: Option<String>,
+    /// The tool's name on a `tool` message, where the client gave it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
 }
 
 impl ChatMessage {
@@ -18,8 +31,34 @@ impl ChatMessage {
         Self {
             role: role.to_owned(),
             content: content.to_owned(),
+            thinking: None,
+            tool_calls: Vec::new(),
+            tool_call_id: None,
+            name: None,
         }
     }
+}
+
+/// One function call, in the shape templates read (`tool_call.function.name`, and the
+/// arguments as a mapping, as transformers passes them).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ToolCall {
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub id: String,
+    #[serde(rename = "type", default = "function_kind")]
+    pub kind: String,
+    pub function: FunctionCall,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct FunctionCall {
+    pub name: String,
+    /// A JSON object where the arguments parse as one; the text as sent otherwise.
+    pub arguments: serde_json::Value,
+}
+
+fn function_kind() -> String {
+    "function".to_owned()
 }
 
 /// How hard a reasoning model thinks, where its template takes it (GPT-OSS's
@@ -54,17 +93,24 @@ impl ReasoningEffort {
 
 /// What a chat template is told besides the messages; None leaves a switch undefined, which
 /// templates take as their default.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq)]
 pub struct ChatSwitches {
     /// `enable_thinking` (Qwen3's switch).
     pub thinking: Option<bool>,
     /// `reasoning_effort` (GPT-OSS).
     pub reasoning_effort: Option<ReasoningEffort>,
+    /// `tools`: function definitions in OpenAI's shape (none when empty, as transformers
+    /// passes it).
+    pub tools: Vec<serde_json::Value>,
 }
 
 pub struct ChatTemplate {
     /// The template reads `enable_thinking` (a reasoning model that can answer directly).
     pub thinking_switch: bool,
+    /// The template reads `tools` (otherwise they are described in a system message).
+    pub knows_tools: bool,
+    /// The template's text, from which the tool-call format is recognised.
+    pub source: String,
     env: Environment<'static>,
     bos_token: String,
     eos_token: String,
@@ -86,10 +132,14 @@ impl ChatTemplate {
         env.add_function("strftime_now", |format: String| -> String {
             strftime_now(&format)
         });
+        // transformers replaces Jinja's `tojson` (which escapes HTML) with Python's json.dumps.
+        env.add_filter("tojson", super::python_json::tojson_filter);
         env.add_template_owned("chat", source.to_owned())
             .map_err(|e| LoadError::Template(e.to_string()))?;
         Ok(Self {
             thinking_switch: source.contains("enable_thinking"),
+            knows_tools: source.contains("tools"),
+            source: source.to_owned(),
             env,
             bos_token: bos_token.to_owned(),
             eos_token: eos_token.to_owned(),
@@ -101,7 +151,7 @@ impl ChatTemplate {
         &self,
         messages: &[ChatMessage],
         add_generation_prompt: bool,
-        switches: ChatSwitches,
+        switches: &ChatSwitches,
     ) -> Result<String, LoadError> {
         let template = self
             .env
@@ -118,6 +168,14 @@ impl ChatTemplate {
         if let Some(effort) = switches.reasoning_effort {
             ctx.insert("reasoning_effort", effort.as_str().into());
         }
+        ctx.insert(
+            "tools",
+            if switches.tools.is_empty() {
+                Value::from(())
+            } else {
+                Value::from_serialize(&switches.tools)
+            },
+        );
         let ctx = Value::from(ctx);
         template.render(ctx).map_err(|e| {
             let mut message = e.to_string();
@@ -203,7 +261,7 @@ mod tests {
             .render(
                 &[ChatMessage::new("user", "  hi  ")],
                 true,
-                ChatSwitches::default(),
+                &ChatSwitches::default(),
             )
             .expect("renders");
         assert_eq!(
@@ -222,10 +280,10 @@ mod tests {
             thinking,
             ..Default::default()
         };
-        let on = t.render(&[], true, with(None)).expect("renders");
-        assert_eq!(on, t.render(&[], true, with(Some(true))).expect("renders"));
+        let on = t.render(&[], true, &with(None)).expect("renders");
+        assert_eq!(on, t.render(&[], true, &with(Some(true))).expect("renders"));
         assert!(!on.contains("<think>"));
-        let off = t.render(&[], true, with(Some(false))).expect("renders");
+        let off = t.render(&[], true, &with(Some(false))).expect("renders");
         assert!(off.ends_with("<think>\n\n</think>\n\n"), "{off:?}");
         assert!(
             !ChatTemplate::new("{{ bos_token }}", "", "")
@@ -239,7 +297,7 @@ mod tests {
         let t =
             ChatTemplate::new("{{ raise_exception('no system role') }}", "", "").expect("compiles");
         let err = t
-            .render(&[], false, ChatSwitches::default())
+            .render(&[], false, &ChatSwitches::default())
             .expect_err("must fail");
         assert!(err.to_string().contains("no system role"), "{err}");
     }

@@ -156,6 +156,11 @@ impl TextTokenizer {
         }
     }
 
+    /// The `tokenizers` tokenizer underneath (its vocabulary and decoder, for grammars).
+    pub fn hf(&self) -> &tokenizers::Tokenizer {
+        &self.inner
+    }
+
     pub fn vocab_size(&self) -> u32 {
         self.inner.get_vocab_size(true) as u32
     }
@@ -172,6 +177,15 @@ impl TextTokenizer {
 
     pub fn token_to_id(&self, token: &str) -> Option<u32> {
         self.inner.token_to_id(token)
+    }
+
+    /// The id of `token` where it is a special (control) token of the vocabulary.
+    pub fn special_token_id(&self, token: &str) -> Option<u32> {
+        self.inner
+            .get_added_tokens_decoder()
+            .into_iter()
+            .find(|(_, t)| t.special && t.content == token)
+            .map(|(id, _)| id)
     }
 
     /// Tokenizes `text`; `add_special_tokens` adds BOS etc. as the tokenizer's post-processor
@@ -191,7 +205,7 @@ impl TextTokenizer {
         &self,
         messages: &[ChatMessage],
         add_generation_prompt: bool,
-        switches: ChatSwitches,
+        switches: &ChatSwitches,
     ) -> Result<Vec<u32>, LoadError> {
         let text = self.render_chat(messages, add_generation_prompt, switches)?;
         self.encode(&text, false)
@@ -217,14 +231,31 @@ impl TextTokenizer {
         &self,
         messages: &[ChatMessage],
         add_generation_prompt: bool,
-        switches: ChatSwitches,
+        switches: &ChatSwitches,
     ) -> Result<String, LoadError> {
         let template = self.template.as_ref().ok_or_else(|| {
             LoadError::Template(
                 "the model has no chat template (tokenizer_config.json chat_template or chat_template.jinja); use a raw prompt".into(),
             )
         })?;
+        let uses_tools = !switches.tools.is_empty()
+            || messages
+                .iter()
+                .any(|m| m.role == "tool" || !m.tool_calls.is_empty());
+        if uses_tools && !template.knows_tools {
+            let messages = super::tool_prompt::without_tool_support(messages, &switches.tools);
+            let switches = ChatSwitches {
+                tools: Vec::new(),
+                ..switches.clone()
+            };
+            return template.render(&messages, add_generation_prompt, &switches);
+        }
         template.render(messages, add_generation_prompt, switches)
+    }
+
+    /// The chat template's text, if the model has one.
+    pub fn template_source(&self) -> Option<&str> {
+        self.template.as_ref().map(|t| t.source.as_str())
     }
 
     pub fn decode(&self, ids: &[u32], skip_special_tokens: bool) -> Result<String, LoadError> {

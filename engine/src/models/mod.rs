@@ -9,6 +9,7 @@ pub mod harmony;
 mod host_tensor;
 pub mod reasoning;
 mod text;
+pub mod tool_calls;
 mod weight_rows;
 mod weights;
 pub mod whisper;

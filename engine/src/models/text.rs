@@ -5,9 +5,11 @@ use serde::{Deserialize, Serialize};
 
 use super::decoder::{DecoderModel, ModelOptions};
 use super::harmony::{HarmonyStream, HarmonyTokens};
+use super::tool_calls::ToolFormat;
 use super::weights::WeightSource;
 use crate::Error;
 use crate::gpu::Gpu;
+use crate::grammar::{Constraint, GrammarVocab, Guide, Preamble, ToolDemand, forced_call_lark};
 use crate::load::{
     ChatMessage, ChatSwitches, DecoderSpec, GenerationConfig, GgufFile, LoadError, ReasoningEffort,
     SafeTensors, StreamDecoder, TextTokenizer, gguf_spec, gguf_tokenizer,
@@ -67,6 +69,11 @@ pub struct GenerateParams {
     pub thinking: Option<bool>,
     /// The chat template's `reasoning_effort` (None: the template's default).
     pub reasoning_effort: Option<ReasoningEffort>,
+    /// A grammar the answer must follow (after any reasoning); None: free text.
+    pub constraint: Option<Constraint>,
+    /// Tool definitions in OpenAI's shape (`{"type": "function", "function": {...}}`), handed
+    /// to the chat template.
+    pub tools: Vec<serde_json::Value>,
 }
 
 impl Default for GenerateParams {
@@ -76,6 +83,8 @@ impl Default for GenerateParams {
             sampler: SamplerParams::default(),
             thinking: None,
             reasoning_effort: None,
+            constraint: None,
+            tools: Vec::new(),
         }
     }
 }
@@ -86,6 +95,7 @@ impl GenerateParams {
         ChatSwitches {
             thinking: self.thinking,
             reasoning_effort: self.reasoning_effort,
+            tools: self.tools.clone(),
         }
     }
 }
@@ -134,6 +144,13 @@ pub struct ModelInfo {
     pub has_chat_template: bool,
     /// The chat template can turn a reasoning model's thinking off.
     pub thinking_switch: bool,
+    /// How the model writes tool calls (from its chat template).
+    #[serde(default = "default_tool_format")]
+    pub tool_format: ToolFormat,
+}
+
+fn default_tool_format() -> ToolFormat {
+    ToolFormat::Hermes
 }
 
 /// A decoder on the GPU with its tokenizer: text in, token ids and text deltas out.
@@ -143,6 +160,11 @@ pub struct TextModel {
     pub generation: GenerationConfig,
     eos_ids: Vec<u32>,
     name: String,
+    /// The vocabulary as grammars see it, built at the first constrained answer.
+    grammar_vocab: Option<GrammarVocab>,
+    tool_format: ToolFormat,
+    /// Special tokens kept in a chat answer's text, because they mark tool calls.
+    kept_specials: std::collections::HashMap<u32, String>,
 }
 
 /// Text the tokenizer encodes once at load (see `TextModel::assemble`).
@@ -217,6 +239,17 @@ impl TextModel {
         // A tokenizer's first encode also sets up its caches (about 0.25 ms of a 500-token
         // prompt with SmolLM2's): done here, it stays out of the first answer's wait.
         let _ = tokenizer.encode(TOKENIZER_WARM_UP, false);
+        let tool_format = if HarmonyTokens::of(&tokenizer).is_some() {
+            // The harmony stream writes calls as `<tool_call>` JSON.
+            ToolFormat::Hermes
+        } else {
+            ToolFormat::detect(tokenizer.template_source())
+        };
+        let kept_specials = tool_format
+            .special_markers()
+            .iter()
+            .filter_map(|m| Some((tokenizer.token_to_id(m)?, (*m).to_owned())))
+            .collect();
         let name = path.file_name().map_or_else(
             || path.display().to_string(),
             |n| n.to_string_lossy().into_owned(),
@@ -227,6 +260,9 @@ impl TextModel {
             generation,
             eos_ids,
             name,
+            grammar_vocab: None,
+            tool_format,
+            kept_specials,
         }
     }
 
@@ -245,6 +281,7 @@ impl TextModel {
             dispatches_per_token: self.model.dispatches_per_token(),
             has_chat_template: self.tokenizer.has_chat_template(),
             thinking_switch: self.tokenizer.has_thinking_switch(),
+            tool_format: self.tool_format,
         }
     }
 
@@ -253,14 +290,14 @@ impl TextModel {
     }
 
     pub fn tokenize(&self, prompt: &Prompt) -> Result<Vec<u32>, Error> {
-        self.tokenize_with(prompt, ChatSwitches::default())
+        self.tokenize_with(prompt, &ChatSwitches::default())
     }
 
     /// As [`TextModel::tokenize`], with the chat template's switches set.
     pub fn tokenize_with(
         &self,
         prompt: &Prompt,
-        switches: ChatSwitches,
+        switches: &ChatSwitches,
     ) -> Result<Vec<u32>, Error> {
         Ok(match prompt {
             Prompt::Raw(text) => self.tokenizer.encode(text, true)?,
@@ -281,7 +318,7 @@ impl TextModel {
         mut on_token: impl FnMut(u32, &str),
     ) -> Result<GenerationStats, Error> {
         let start = Instant::now();
-        let prompt_tokens = self.tokenize_with(prompt, params.switches())?;
+        let prompt_tokens = self.tokenize_with(prompt, &params.switches())?;
         let mut stats = GenerationStats {
             prompt_tokens,
             tokens: Vec::new(),
@@ -304,6 +341,12 @@ impl TextModel {
             Prompt::Chat(_) => HarmonyTokens::of(&self.tokenizer).map(HarmonyStream::new),
             Prompt::Raw(_) | Prompt::Tokens(_) => None,
         };
+        let is_chat = matches!(prompt, Prompt::Chat(_));
+        let mut guide =
+            self.start_guide(prompt, params, &stats.prompt_tokens, harmony.is_some())?;
+        if let Some(g) = &mut guide {
+            self.model.set_mask(Some(&g.mask()?))?;
+        }
         // A generation prompt that opens the reasoning leaves the model to write it and then
         // `</think>` with no opening tag: the answer gets the tag it continues from, so that it
         // reads as every other reasoning model's does.
@@ -322,6 +365,9 @@ impl TextModel {
         let first_at = Instant::now();
         loop {
             stats.tokens.push(token);
+            if let Some(g) = &mut guide {
+                g.accept(token)?;
+            }
             let stop = if self.eos_ids.contains(&token) {
                 Some(StopReason::EndOfText)
             } else if stats.tokens.len() as u32 >= params.max_tokens {
@@ -337,6 +383,9 @@ impl TextModel {
                 Some(h) => h.push(&self.tokenizer, token)?,
                 None => stream.push(&self.tokenizer, token)?,
             };
+            if is_chat && let Some(marker) = self.kept_specials.get(&token) {
+                delta.push_str(marker);
+            }
             if stop.is_some() {
                 // Flush what was held back; an incomplete character becomes U+FFFD.
                 delta.push_str(&match &mut harmony {
@@ -353,6 +402,9 @@ impl TextModel {
                 stats.stop = stop;
                 break;
             }
+            if let Some(g) = &mut guide {
+                self.model.set_mask(Some(&g.mask()?))?;
+            }
             token = self.model.decode()?;
         }
         let decoded = stats.tokens.len().saturating_sub(1);
@@ -363,5 +415,68 @@ impl TextModel {
             0.0
         };
         Ok(stats)
+    }
+
+    /// The grammar state of a constrained answer, if `params` asks for one.
+    fn start_guide(
+        &mut self,
+        prompt: &Prompt,
+        params: &GenerateParams,
+        prompt_tokens: &[u32],
+        harmony: bool,
+    ) -> Result<Option<Guide>, Error> {
+        let (constraint, preamble) = match &params.constraint {
+            None => return Ok(None),
+            Some(Constraint::ToolCall { function, parallel }) => {
+                let demand = ToolDemand {
+                    tools: &params.tools,
+                    function: function.as_deref(),
+                    parallel: *parallel,
+                };
+                let special = |t: &str| self.tokenizer.special_token_id(t);
+                let lark = forced_call_lark(self.tool_format, harmony, &demand, &special)?;
+                // Harmony's call grammar opens its own channel; others may think first.
+                let preamble = if harmony {
+                    Preamble::None
+                } else {
+                    self.preamble(prompt, prompt_tokens, false)
+                };
+                (Constraint::Lark(lark), preamble)
+            }
+            Some(c) => (c.clone(), self.preamble(prompt, prompt_tokens, harmony)),
+        };
+        Ok(Some(Guide::new(
+            self.grammar_vocab()?,
+            &constraint,
+            preamble,
+        )?))
+    }
+
+    /// The grammar view of the vocabulary, built on first use.
+    fn grammar_vocab(&mut self) -> Result<&GrammarVocab, Error> {
+        if self.grammar_vocab.is_none() {
+            let vocab = GrammarVocab::new(&self.tokenizer, self.model.spec().vocab, &self.eos_ids)?;
+            self.grammar_vocab = Some(vocab);
+        }
+        self.grammar_vocab
+            .as_ref()
+            .ok_or_else(|| Error::Invalid("the grammar vocabulary is missing".into()))
+    }
+
+    /// What may precede a constrained answer: GPT-OSS's analysis channel, or the thinking of
+    /// a model whose template has it (already opened when the prompt ends in `<think>`).
+    fn preamble(&self, prompt: &Prompt, prompt_tokens: &[u32], harmony: bool) -> Preamble {
+        if !matches!(prompt, Prompt::Chat(_)) {
+            return Preamble::None;
+        }
+        if harmony {
+            Preamble::Harmony
+        } else if self.tokenizer.opens_reasoning(prompt_tokens) {
+            Preamble::Reasoning { opened: true }
+        } else if self.tokenizer.has_thinking_switch() {
+            Preamble::Reasoning { opened: false }
+        } else {
+            Preamble::None
+        }
     }
 }

@@ -38,14 +38,20 @@ struct Params {
     temperature: f32,
     top_p: f32,
     repeat_penalty: f32,
-    _pad: u32,
+    /// 1: only the tokens `mask` allows may be picked.
+    masked: u32,
 }
+
+/// Where `masked` sits in the uniform (it is written alone when a mask is set or cleared).
+const MASKED_OFFSET: u64 = 28;
 
 /// Picks the next token from the logits and appends it to the history buffer.
 pub struct Sample {
     kernel: Kernel,
     bind_group: wgpu::BindGroup,
     params: UniformBuffer,
+    /// One bit per token, for grammar-constrained answers.
+    mask: StorageBuffer,
     vocab: u32,
 }
 
@@ -111,6 +117,7 @@ impl Sample {
             "sampler params",
             &Self::pack(vocab, &SamplerParams::default()),
         );
+        let mask = gpu.storage("token mask", u64::from(vocab.div_ceil(32)) * 4)?;
         let bind_group = bind(
             gpu,
             &kernel,
@@ -120,12 +127,14 @@ impl Sample {
                 (2, &logits.buffer),
                 (3, &history.buffer),
                 (4, &seen.buffer),
+                (5, &mask.buffer),
             ],
         );
         Ok(Self {
             kernel,
             bind_group,
             params,
+            mask,
             vocab,
         })
     }
@@ -149,13 +158,31 @@ impl Sample {
             } else {
                 1.0
             },
-            _pad: 0,
+            masked: 0,
         }
     }
 
-    /// Sets the sampling settings for the following submissions.
+    /// Sets the sampling settings for the following submissions (and clears any mask).
     pub fn set(&self, gpu: &Gpu, s: &SamplerParams) {
         self.params.write(gpu, &Self::pack(self.vocab, s));
+    }
+
+    /// Restricts the following submissions to the tokens `mask` allows (bit `i % 32` of word
+    /// `i / 32`), or lifts the restriction. A mask shorter than the vocabulary forbids the rest.
+    pub fn set_mask(&self, gpu: &Gpu, mask: Option<&[u32]>) {
+        if let Some(words) = mask {
+            let mut all = vec![0u32; self.vocab.div_ceil(32) as usize];
+            let n = words.len().min(all.len());
+            all[..n].copy_from_slice(&words[..n]);
+            gpu.queue()
+                .write_buffer(&self.mask.buffer, 0, bytemuck::cast_slice(&all));
+        }
+        let flag = u32::from(mask.is_some());
+        gpu.queue().write_buffer(
+            &self.params.buffer,
+            MASKED_OFFSET,
+            bytemuck::bytes_of(&flag),
+        );
     }
 
     pub fn encode(&self, rec: &mut Recorder<'_>) {

@@ -110,6 +110,7 @@ impl RemoteHandle {
                     request: Some(id),
                     message: e.to_string(),
                     prompt_too_long: None,
+                    bad_grammar: false,
                 },
             }));
         });

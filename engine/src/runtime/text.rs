@@ -53,6 +53,9 @@ pub enum Event {
         /// Set when the prompt did not fit the context: (prompt tokens, context length), so a
         /// UI can offer to drop the oldest turns.
         prompt_too_long: Option<(usize, u32)>,
+        /// The request's grammar or JSON schema could not be compiled (its fault, not the
+        /// engine's).
+        bad_grammar: bool,
     },
 }
 
@@ -134,6 +137,7 @@ impl Engine {
                                 request: None,
                                 message: e.to_string(),
                                 prompt_too_long: None,
+                                bad_grammar: false,
                             }),
                         }
                     }
@@ -144,6 +148,7 @@ impl Engine {
                                 request: Some(id),
                                 message: crate::Error::NoModel.to_string(),
                                 prompt_too_long: None,
+                                bad_grammar: false,
                             });
                             continue;
                         };
@@ -187,6 +192,10 @@ impl Engine {
                                     }
                                     _ => None,
                                 },
+                                bad_grammar: matches!(
+                                    e,
+                                    crate::Error::Grammar(crate::grammar::GrammarError::Invalid(_))
+                                ),
                             }),
                         }
                     }

@@ -66,6 +66,7 @@ impl ChatPanel {
                 request: Some(request),
                 message,
                 prompt_too_long,
+                ..
             } => self.on_error(shared, request, message, prompt_too_long),
             Event::Loaded(_) | Event::Error { request: None, .. } => {}
         }

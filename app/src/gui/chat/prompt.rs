@@ -54,6 +54,7 @@ pub fn generate_params(s: &Sampling) -> GenerateParams {
         // models' only when told to.
         thinking: Some(s.thinking),
         reasoning_effort: s.reasoning_effort,
+        ..GenerateParams::default()
     }
 }
 

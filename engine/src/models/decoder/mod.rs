@@ -168,6 +168,9 @@ pub struct DecoderModel {
     long_rope_after: Option<u32>,
     /// Tokens of the current sequence's prompt.
     prompt_len: u32,
+    /// A grammar's mask is set: each step waits for the mask its token needs, so none is
+    /// submitted ahead.
+    masked: bool,
 }
 
 impl DecoderModel {
@@ -220,8 +223,22 @@ impl DecoderModel {
         self.last_prompt_encode
     }
 
-    pub fn set_sampler(&self, params: &SamplerParams) {
+    pub fn set_sampler(&mut self, params: &SamplerParams) {
         self.sample.set(&self.gpu, params);
+        self.masked = false;
+    }
+
+    /// Restricts the next sampled token to those `mask` allows (one bit per token), or lifts
+    /// the restriction. While a mask is set, decoding runs one step at a time: call this before
+    /// each [`DecoderModel::decode`] (and before [`DecoderModel::prefill`] for the first token).
+    pub fn set_mask(&mut self, mask: Option<&[u32]>) -> Result<(), Error> {
+        // Steps already submitted were sampled without this mask: a masked answer never has
+        // any (each step is read before the next mask), so only a previous answer's are
+        // forgotten here.
+        self.drain()?;
+        self.sample.set_mask(&self.gpu, mask);
+        self.masked = mask.is_some();
+        Ok(())
     }
 
     /// The step uniform for `n` tokens from `pos0` in a forward pass over `forward_len`
@@ -366,7 +383,8 @@ impl DecoderModel {
                 capacity: self.capacity,
             });
         }
-        while self.in_flight.len() < self.depth && self.submitted_len < self.capacity {
+        let depth = if self.masked { 1 } else { self.depth };
+        while self.in_flight.len() < depth && self.submitted_len < self.capacity {
             self.submit_decode_step(self.submitted_len);
             self.submitted_len += 1;
         }

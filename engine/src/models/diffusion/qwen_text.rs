@@ -99,7 +99,7 @@ impl QwenTextEncoder {
         };
         let mut ids =
             self.tokenizer
-                .encode_chat(&[ChatMessage::new("user", prompt)], true, switches)?;
+                .encode_chat(&[ChatMessage::new("user", prompt)], true, &switches)?;
         ids.truncate(MAX_PROMPT_TOKENS as usize);
         Ok(ids)
     }

@@ -409,6 +409,7 @@ impl DecoderModel {
                 .and_then(|r| r.longrope(spec.rotary_dim))
                 .map(|(_, original, _)| original),
             prompt_len: 0,
+            masked: false,
             last_encode: std::time::Duration::ZERO,
             last_prompt_encode: std::time::Duration::ZERO,
         };

@@ -1,0 +1,303 @@
+//! Tool calls in a model's answer, in the format its chat template taught it, read into
+//! OpenAI's shape: a name, JSON arguments, and the text around them as the reply.
+//!
+//! The format follows from the chat template (see [`ToolFormat::detect`]); GPT-OSS's harmony
+//! calls arrive already written as `<tool_call>` JSON by [`super::harmony`]. An answer whose
+//! call does not parse is left as text, as vLLM and llama.cpp leave it.
+
+mod formats;
+
+use serde_json::Value;
+
+/// How a model writes its calls.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub enum ToolFormat {
+    /// `<tool_call>{"name", "arguments"}</tool_call>` (Qwen2.5, Qwen3, Hermes, GPT-OSS as
+    /// rewritten, and templates that know no tools), or inside it Qwen3-Coder's and
+    /// Qwen3.5's `<function=NAME><parameter=P>value</parameter></function>`.
+    Hermes,
+    /// A bare `{"name", "parameters"}` object, perhaps after `<|python_tag|>`; several joined
+    /// by `;` (Llama 3.1–3.3).
+    Llama3,
+    /// `[TOOL_CALLS]` then a JSON array (Mistral v0.3, Nemo), or `[TOOL_CALLS]name[ARGS]{...}`
+    /// repeated, with `[CALL_ID]id` in some (Mistral Small 3.1+, Ministral 3, Devstral).
+    Mistral,
+    /// `<|tool_call>call:NAME{key:<|"|>text<|"|>,n:1}<tool_call|>` (Gemma 4).
+    Gemma4,
+    /// `<start_function_call>call:NAME{key:<escape>text<escape>}<end_function_call>`
+    /// (FunctionGemma).
+    FunctionGemma,
+    /// `<|tool_call|>` then one call or a list of them, `<|/tool_call|>` (Phi-4-mini); also
+    /// `functools[...]`.
+    Phi4,
+}
+
+/// One call read from an answer.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ParsedCall {
+    pub name: String,
+    /// A JSON object (or whatever JSON value the model wrote).
+    pub arguments: Value,
+    /// The id the model wrote (Mistral's `[CALL_ID]`, Nemo's `"id"`), if any.
+    pub id: Option<String>,
+}
+
+impl ToolFormat {
+    /// The format a chat template teaches, from its text.
+    pub fn detect(template: Option<&str>) -> Self {
+        let Some(t) = template else {
+            return Self::Hermes;
+        };
+        if t.contains("[TOOL_CALLS]") {
+            Self::Mistral
+        } else if t.contains("<|tool_call>") {
+            Self::Gemma4
+        } else if t.contains("<start_function_call>") || t.contains("start_function_declaration") {
+            Self::FunctionGemma
+        } else if t.contains("<|tool_call|>") || t.contains("<|tool|>") {
+            Self::Phi4
+        } else if t.contains("<tool_call>") {
+            Self::Hermes
+        } else if t.contains("<|python_tag|>") || t.contains("\"parameters\": ") {
+            Self::Llama3
+        } else {
+            Self::Hermes
+        }
+    }
+
+    /// The text that opens a call. `at_start`: a marker that counts only before any other
+    /// non-blank text (Llama's bare JSON).
+    fn markers(self) -> &'static [(&'static str, bool)] {
+        match self {
+            Self::Hermes => &[("<tool_call>", false)],
+            Self::Llama3 => &[("<|python_tag|>", false), ("{", true)],
+            Self::Mistral => &[("[TOOL_CALLS]", false)],
+            Self::Gemma4 => &[("<|tool_call>", false)],
+            Self::FunctionGemma => &[("<start_function_call>", false)],
+            Self::Phi4 => &[("<|tool_call|>", false), ("functools[", false)],
+        }
+    }
+
+    /// Special tokens the answer's text must keep for calls to be read (a tokenizer's decode
+    /// drops special tokens otherwise).
+    pub fn special_markers(self) -> &'static [&'static str] {
+        match self {
+            Self::Hermes => &["<tool_call>", "</tool_call>"],
+            Self::Llama3 => &["<|python_tag|>"],
+            Self::Mistral => &["[TOOL_CALLS]", "[ARGS]", "[CALL_ID]"],
+            Self::Gemma4 => &["<|tool_call>", "<tool_call|>", "<|\"|>"],
+            Self::FunctionGemma => &["<start_function_call>", "<end_function_call>", "<escape>"],
+            Self::Phi4 => &["<|tool_call|>", "<|/tool_call|>"],
+        }
+    }
+
+    /// The reply text and the calls in a whole answer. `tools` (OpenAI's definitions) type the
+    /// values of formats that write them untyped (Qwen3.5's XML parameters).
+    pub fn parse(self, text: &str, tools: &[Value]) -> (String, Vec<ParsedCall>) {
+        let Some(start) = self.first_marker(text) else {
+            return (text.to_owned(), Vec::new());
+        };
+        match formats::parse_calls(self, &text[start..], tools) {
+            Some((calls, after)) if !calls.is_empty() => {
+                let mut content = text[..start].to_owned();
+                content.push_str(after.trim());
+                (content.trim_end().to_owned(), calls)
+            }
+            _ => (text.to_owned(), Vec::new()),
+        }
+    }
+
+    /// Where the first call opens in `text`.
+    fn first_marker(self, text: &str) -> Option<usize> {
+        self.markers()
+            .iter()
+            .filter_map(|&(marker, at_start)| {
+                let at = text.find(marker)?;
+                (!at_start || text[..at].trim().is_empty()).then_some(at)
+            })
+            .min()
+    }
+}
+
+/// A piece of a streamed answer once calls are recognised.
+#[derive(Clone, Debug, PartialEq)]
+pub enum StreamPiece {
+    Text(String),
+    Call(ParsedCall),
+}
+
+/// Reads calls out of a streamed answer: text passes through until a call may be opening (a
+/// marker, or the first characters of one, are held back); from the first marker on, the
+/// rest is kept and read whole at the end. Text that turns out not to be a call is released
+/// then.
+pub struct ToolCallStream {
+    format: ToolFormat,
+    tools: Vec<Value>,
+    /// Text not yet released: a possible marker's start, or everything from a marker on.
+    held: String,
+    /// A marker has been seen.
+    calling: bool,
+    /// Non-blank text has been released (a start-only marker no longer counts).
+    spoke: bool,
+}
+
+impl ToolCallStream {
+    pub fn new(format: ToolFormat, tools: Vec<Value>) -> Self {
+        Self {
+            format,
+            tools,
+            held: String::new(),
+            calling: false,
+            spoke: false,
+        }
+    }
+
+    /// The pieces `delta` completes.
+    pub fn push(&mut self, delta: &str) -> Vec<StreamPiece> {
+        self.held.push_str(delta);
+        if self.calling {
+            return Vec::new();
+        }
+        let markers: Vec<&str> = self
+            .format
+            .markers()
+            .iter()
+            .filter(|&&(_, at_start)| !at_start || !self.spoke)
+            .map(|&(m, _)| m)
+            .collect();
+        let found = markers
+            .iter()
+            .filter_map(|m| {
+                let at = self.held.find(m)?;
+                let start_only = self.format.markers().iter().any(|&(x, s)| x == *m && s);
+                (!start_only || self.held[..at].trim().is_empty()).then_some(at)
+            })
+            .min();
+        let release = match found {
+            Some(at) => {
+                self.calling = true;
+                at
+            }
+            // Keep back the longest tail that could begin a marker.
+            None => self.held.len() - longest_marker_prefix(&self.held, &markers),
+        };
+        let text: String = self.held.drain(..release).collect();
+        if !text.trim().is_empty() {
+            self.spoke = true;
+        }
+        if text.is_empty() {
+            Vec::new()
+        } else {
+            vec![StreamPiece::Text(text)]
+        }
+    }
+
+    /// The rest at the end of the answer: its calls, or its text if they do not parse.
+    pub fn finish(&mut self) -> Vec<StreamPiece> {
+        let held = std::mem::take(&mut self.held);
+        if !self.calling {
+            return if held.is_empty() {
+                Vec::new()
+            } else {
+                vec![StreamPiece::Text(held)]
+            };
+        }
+        let (content, calls) = self.format.parse(&held, &self.tools);
+        let mut pieces = Vec::new();
+        if !content.is_empty() {
+            pieces.push(StreamPiece::Text(content));
+        }
+        pieces.extend(calls.into_iter().map(StreamPiece::Call));
+        pieces
+    }
+}
+
+/// The length of the longest suffix of `text` that is a proper prefix of a marker.
+fn longest_marker_prefix(text: &str, markers: &[&str]) -> usize {
+    let mut best = 0;
+    for m in markers {
+        for len in (1..m.len()).rev() {
+            if len <= best {
+                break;
+            }
+            if m.is_char_boundary(len)
+                && text.len() >= len
+                && text.is_char_boundary(text.len() - len)
+                && text.ends_with(&m[..len])
+            {
+                best = len;
+                break;
+            }
+        }
+    }
+    best
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn stream_all(format: ToolFormat, text: &str, step: usize) -> Vec<StreamPiece> {
+        let mut s = ToolCallStream::new(format, Vec::new());
+        let mut out = Vec::new();
+        let chars: Vec<char> = text.chars().collect();
+        for chunk in chars.chunks(step) {
+            out.extend(s.push(&chunk.iter().collect::<String>()));
+        }
+        out.extend(s.finish());
+        out
+    }
+
+    fn text_of(pieces: &[StreamPiece]) -> String {
+        pieces
+            .iter()
+            .filter_map(|p| match p {
+                StreamPiece::Text(t) => Some(t.as_str()),
+                StreamPiece::Call(_) => None,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn streams_release_text_and_read_calls_at_the_end() {
+        let answer =
+            "Let me check.<tool_call>\n{\"name\": \"f\", \"arguments\": {\"x\": 1}}\n</tool_call>";
+        for step in [1, 3, 7, 100] {
+            let pieces = stream_all(ToolFormat::Hermes, answer, step);
+            assert_eq!(text_of(&pieces), "Let me check.", "step {step}");
+            let calls: Vec<_> = pieces
+                .iter()
+                .filter_map(|p| match p {
+                    StreamPiece::Call(c) => Some(c.name.as_str()),
+                    StreamPiece::Text(_) => None,
+                })
+                .collect();
+            assert_eq!(calls, ["f"], "step {step}");
+        }
+    }
+
+    #[test]
+    fn a_marker_prefix_that_is_not_a_marker_is_released() {
+        let pieces = stream_all(ToolFormat::Hermes, "a <tool b", 2);
+        assert_eq!(text_of(&pieces), "a <tool b");
+        // Llama's bare JSON counts only at the start.
+        let pieces = stream_all(ToolFormat::Llama3, "use {braces}", 1);
+        assert_eq!(text_of(&pieces), "use {braces}");
+        // A call that does not parse comes back as text.
+        let pieces = stream_all(ToolFormat::Hermes, "x<tool_call>{not json</tool_call>", 4);
+        assert_eq!(text_of(&pieces), "x<tool_call>{not json</tool_call>");
+    }
+
+    #[test]
+    fn formats_follow_the_template() {
+        assert_eq!(ToolFormat::detect(None), ToolFormat::Hermes);
+        assert_eq!(
+            ToolFormat::detect(Some("{{ '[TOOL_CALLS]' }}")),
+            ToolFormat::Mistral
+        );
+        assert_eq!(
+            ToolFormat::detect(Some("{{ '<|python_tag|>' }}")),
+            ToolFormat::Llama3
+        );
+    }
+}
