@@ -481,7 +481,8 @@ fn multimodal_gemma3_checkpoints_load_their_text_model() {
 
 /// GPT-OSS's harmony answers, tokenized by the tiny GPT-OSS fixture's tokenizer (which has the
 /// harmony control tokens): the analysis channel becomes the reasoning, the final channel the
-/// reply, headers never reach the text, and a tool call's body ends at `<|call|>`.
+/// reply, headers never reach the text, and a call to `functions.NAME` (its body ending at
+/// `<|call|>`) is written as a `<tool_call>` that reads back as the call.
 #[test]
 fn harmony_channels_split_into_reasoning_and_reply() {
     use backpack_engine::load::TextTokenizer;
@@ -521,13 +522,18 @@ fn harmony_channels_split_into_reasoning_and_reply() {
         "<|start|>assistant<|channel|>commentary to=functions.weather <|constrain|>json",
         "<|message|>{\"city\":\"Paris\"}<|call|>"
     ));
+    let (reasoning, reply) = split_reasoning(&call);
+    assert_eq!(reasoning.as_deref(), Some("Need the weather."));
     assert_eq!(
-        split_reasoning(&call),
-        (
-            Some("Need the weather.".into()),
-            "{\"city\":\"Paris\"}".into()
-        )
+        reply,
+        "<tool_call>\n{\"name\": \"weather\", \"arguments\": {\"city\":\"Paris\"}}\n</tool_call>"
     );
+    let (content, calls) =
+        backpack_engine::models::tool_calls::ToolFormat::Hermes.parse(&reply, &[]);
+    assert!(content.is_empty());
+    assert_eq!(calls.len(), 1);
+    assert_eq!(calls[0].name, "weather");
+    assert_eq!(calls[0].arguments, serde_json::json!({"city": "Paris"}));
     // Cut off while reasoning: the reasoning is closed, the reply empty.
     let cut = run("<|channel|>analysis<|message|>Still thinking about");
     assert_eq!(
