@@ -439,11 +439,13 @@ pub fn finish_reason(stop: StopReason, stopped: bool) -> &'static str {
     }
 }
 
-pub fn usage(prompt: usize, completion: usize) -> Value {
+/// OpenAI's usage object; `cached` prompt tokens came from the prompt cache.
+pub fn usage(prompt: usize, completion: usize, cached: usize) -> Value {
     json!({
         "prompt_tokens": prompt,
         "completion_tokens": completion,
         "total_tokens": prompt + completion,
+        "prompt_tokens_details": {"cached_tokens": cached},
     })
 }
 

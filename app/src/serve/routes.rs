@@ -209,12 +209,14 @@ struct Ending {
     finish: &'static str,
     prompt_tokens: usize,
     completion_tokens: usize,
+    cached_tokens: usize,
 }
 
 fn ending(stop: StopReason, stopped: bool, prompt_tokens: usize, generated: usize) -> Ending {
     Ending {
         finish: finish_reason(stop, stopped),
         prompt_tokens,
+        cached_tokens: 0,
         // The end-of-text token is not part of the answer.
         completion_tokens: generated - usize::from(stop == StopReason::EndOfText && generated > 0),
     }
@@ -270,7 +272,7 @@ impl Reply {
             "created": self.created,
             "model": self.model,
             "choices": [choice],
-            "usage": usage(end.prompt_tokens, end.completion_tokens),
+            "usage": usage(end.prompt_tokens, end.completion_tokens, end.cached_tokens),
         })
     }
 
@@ -327,7 +329,7 @@ impl Reply {
             "created": self.created,
             "model": self.model,
             "choices": [],
-            "usage": usage(end.prompt_tokens, end.completion_tokens),
+            "usage": usage(end.prompt_tokens, end.completion_tokens, end.cached_tokens),
         })
     }
 }
@@ -350,12 +352,14 @@ async fn whole(reply: Reply, mut ticket: Ticket, first: Event, mut stops: StopMa
                 stop,
                 prompt_tokens,
                 generated_tokens,
+                cached_tokens,
                 ..
             } => {
                 if !stopped {
                     text.push_str(&stops.finish());
                 }
-                let end = ending(stop, stopped, prompt_tokens, generated_tokens);
+                let mut end = ending(stop, stopped, prompt_tokens, generated_tokens);
+                end.cached_tokens = cached_tokens;
                 log_answer(ticket.id, &end);
                 return Json(reply.whole(&text, &end)).into_response();
             }
@@ -485,6 +489,7 @@ fn stream(
                     stop,
                     prompt_tokens,
                     generated_tokens,
+                    cached_tokens,
                     ..
                 } => {
                     let rest = if stopped {
@@ -498,6 +503,7 @@ fn stream(
                         }
                     }
                     let mut end = ending(stop, stopped, prompt_tokens, generated_tokens);
+                    end.cached_tokens = cached_tokens;
                     if pieces.calls > 0 {
                         end.finish = "tool_calls";
                     }

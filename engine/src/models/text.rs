@@ -121,6 +121,8 @@ pub struct GenerationStats {
     /// Decode speed after the first token.
     pub tokens_per_s: f64,
     pub stop: StopReason,
+    /// Prompt tokens taken from the cache of the previous prompt instead of run again.
+    pub cached_tokens: usize,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -327,6 +329,7 @@ impl TextModel {
             prompt_time: Duration::ZERO,
             tokens_per_s: 0.0,
             stop: StopReason::MaxTokens,
+            cached_tokens: 0,
         };
         if params.max_tokens == 0 {
             return Ok(stats);
@@ -360,6 +363,7 @@ impl TextModel {
         };
         let prefill_start = Instant::now();
         let mut token = self.model.prefill(&stats.prompt_tokens)?;
+        stats.cached_tokens = self.model.last_prompt_reused() as usize;
         stats.prompt_time = prefill_start.elapsed();
         stats.ttft = start.elapsed();
         let first_at = Instant::now();

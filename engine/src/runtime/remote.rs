@@ -142,5 +142,6 @@ fn done(id: u64, answer: &RemoteAnswer) -> Event {
         prompt_time: None,
         tokens_per_s: answer.tokens_per_s,
         stop,
+        cached_tokens: 0,
     }
 }

@@ -46,6 +46,8 @@ pub enum Event {
         prompt_time: Option<Duration>,
         tokens_per_s: f64,
         stop: StopReason,
+        /// Prompt tokens the local model took from its cache of the previous prompt.
+        cached_tokens: usize,
     },
     Error {
         request: Option<u64>,
@@ -182,6 +184,7 @@ impl Engine {
                                 prompt_time: Some(stats.prompt_time),
                                 tokens_per_s: stats.tokens_per_s,
                                 stop: stats.stop,
+                                cached_tokens: stats.cached_tokens,
                             }),
                             Err(e) => send(Event::Error {
                                 request: Some(id),

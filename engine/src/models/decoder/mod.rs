@@ -60,6 +60,10 @@ pub struct ModelOptions {
     /// expanding each into a shared scratch before its product: prompts run about 10 %
     /// faster on tensor cores, for 2 bytes per weight more GPU memory.
     pub f16_prompt_weights: bool,
+    /// A prompt that starts with the tokens the cache holds from the last one (and its answer)
+    /// runs only the rest. Models whose recurrent state cannot rewind (Gated DeltaNet) and
+    /// longrope models run every prompt whole.
+    pub prefix_cache: bool,
 }
 
 impl Default for ModelOptions {
@@ -73,6 +77,7 @@ impl Default for ModelOptions {
             quantized: true,
             lookahead: true,
             f16_prompt_weights: false,
+            prefix_cache: true,
         }
     }
 }
@@ -171,6 +176,19 @@ pub struct DecoderModel {
     /// A grammar's mask is set: each step waits for the mask its token needs, so none is
     /// submitted ahead.
     masked: bool,
+    /// The prompt cache: tokens whose keys and values sit in the cache at their positions (the
+    /// last prompt and the answer tokens fed after it). A prompt that starts with them runs
+    /// only the rest (an agent's conversation, a shared system prompt or tool list).
+    reusable: Vec<u32>,
+    /// The last token returned, not known to have been fed yet.
+    pending: Option<u32>,
+    /// One past the highest position written since the last prompt from position 0 (a
+    /// sliding-window layer's rolling cache may have lost older positions to it).
+    written_end: u32,
+    /// Prompts may reuse the cached prefix (off for models whose state cannot rewind).
+    prefix_reuse: bool,
+    /// Prompt tokens the last prefill took from the cache.
+    last_prompt_reused: u32,
 }
 
 impl DecoderModel {
@@ -317,11 +335,60 @@ impl DecoderModel {
         gpu.queue()
             .write_buffer(&self.acts.history.buffer, 0, bytemuck::cast_slice(ids));
         let total = ids.len() as u32;
+        let reuse = self.reusable_prefix(ids);
+        if reuse > 0 {
+            // The repetition penalty's seen set: the reused tokens', then the rest as embedded.
+            let mut seen = vec![0u32; self.spec.vocab.div_ceil(32) as usize];
+            for &id in &ids[..reuse as usize] {
+                seen[(id / 32) as usize] |= 1 << (id % 32);
+            }
+            gpu.queue()
+                .write_buffer(&self.acts.seen.buffer, 0, bytemuck::cast_slice(&seen));
+        } else {
+            self.written_end = 0;
+        }
         self.prompt_len = total;
-        self.submit_forward(total, 0, true);
+        self.last_prompt_reused = reuse;
+        self.submit_forward(reuse, total, 0, reuse == 0);
         self.seq_len = total;
         self.submitted_len = total;
-        self.read_oldest()
+        self.reusable = ids.to_vec();
+        self.pending = None;
+        let token = self.read_oldest()?;
+        self.pending = Some(token);
+        Ok(token)
+    }
+
+    /// Tokens of the last prompt the cache still holds, that `ids` starts with, and that a
+    /// prompt from there may reuse (at least one token is always run, for its logits).
+    fn reusable_prefix(&self, ids: &[u32]) -> u32 {
+        if !self.prefix_reuse || self.long_rope_after.is_some() {
+            return 0;
+        }
+        let common = self
+            .reusable
+            .iter()
+            .zip(ids)
+            .take_while(|(a, b)| a == b)
+            .count()
+            .min(ids.len() - 1) as u32;
+        // A rolling sliding-window cache holds `chunk` positions past its window: later
+        // writes beyond that have overwritten what queries from `common` still need.
+        if self.spec.window.is_some() && self.written_end > common + self.chunk {
+            return 0;
+        }
+        common
+    }
+
+    /// Prompt tokens the last prefill took from the cache instead of running.
+    pub fn last_prompt_reused(&self) -> u32 {
+        self.last_prompt_reused
+    }
+
+    /// Forgets the prompt cache (the cache's contents were written by another path).
+    fn forget_prefix(&mut self) {
+        self.reusable.clear();
+        self.pending = None;
     }
 
     /// Runs a short prompt and a decode step through every kernel once, then forgets them: what
@@ -341,21 +408,24 @@ impl DecoderModel {
         self.drain()?;
         self.seq_len = 0;
         self.submitted_len = 0;
+        self.forget_prefix();
         self.prompt_len = 0;
         Ok(())
     }
 
-    /// Submits a forward pass over the first `total` tokens of the history (in chunks) that
-    /// samples the next token into readback `slot`; `fresh` clears the seen-token set first.
-    fn submit_forward(&mut self, total: u32, slot: usize, fresh: bool) {
+    /// Submits a forward pass over the history's tokens from `from` to `total` (in chunks)
+    /// that samples the next token into readback `slot`; `fresh` clears the seen-token set
+    /// first.
+    fn submit_forward(&mut self, from: u32, total: u32, slot: usize, fresh: bool) {
         let gpu = self.gpu.clone();
         let started = std::time::Instant::now();
-        let mut pos = 0;
+        self.written_end = self.written_end.max(total);
+        let mut pos = from;
         while pos < total {
             let n = (total - pos).min(self.chunk);
             self.step.write(&gpu, &self.step_params(pos, n, total));
             let mut rec = Recorder::in_parts(&gpu);
-            if pos == 0 && fresh {
+            if pos == from && fresh {
                 rec.clear(&self.acts.seen.buffer);
             }
             self.encode_prefill_layers(&mut rec, pos, n);
@@ -390,6 +460,10 @@ impl DecoderModel {
         }
         let token = self.read_oldest()?;
         self.seq_len += 1;
+        // Returning this token means the one before it was fed.
+        if let Some(fed) = self.pending.replace(token) {
+            self.reusable.push(fed);
+        }
         Ok(token)
     }
 
@@ -398,11 +472,12 @@ impl DecoderModel {
         // Longrope: the first time the sequence passes the switch length, transformers encodes
         // it again from the start with the long factors (the cache holds short-factor keys).
         if self.long_rope_after == Some(pos) && self.prompt_len <= pos {
-            self.submit_forward(pos + 1, pos as usize % PIPELINE_DEPTH, false);
+            self.submit_forward(0, pos + 1, pos as usize % PIPELINE_DEPTH, false);
             return;
         }
         let gpu = self.gpu.clone();
         let started = std::time::Instant::now();
+        self.written_end = self.written_end.max(pos + 1);
         self.step.write(&gpu, &self.step_params(pos, 1, pos + 1));
         let mut rec = Recorder::new(&gpu);
         self.encode_decode(&mut rec, pos);
@@ -500,6 +575,7 @@ impl DecoderModel {
             pos += n;
         }
         self.seq_len = 0;
+        self.forget_prefix();
         Ok(out)
     }
 
@@ -571,6 +647,7 @@ impl DecoderModel {
             pos += n;
         }
         self.seq_len = 0;
+        self.forget_prefix();
         Ok(out)
     }
 
@@ -597,6 +674,7 @@ impl DecoderModel {
         gpu.wait()?;
         self.seq_len = n;
         self.submitted_len = n;
+        self.forget_prefix();
         Ok(profiler.read(&gpu)?)
     }
 
@@ -621,6 +699,7 @@ impl DecoderModel {
         self.encode_decode(&mut rec, self.seq_len);
         rec.submit();
         gpu.wait()?;
+        self.forget_prefix();
         Ok(profiler.read(&gpu)?)
     }
 }

@@ -410,6 +410,11 @@ impl DecoderModel {
                 .map(|(_, original, _)| original),
             prompt_len: 0,
             masked: false,
+            reusable: Vec::new(),
+            pending: None,
+            written_end: 0,
+            prefix_reuse: opts.prefix_cache && spec.linear.is_none(),
+            last_prompt_reused: 0,
             last_encode: std::time::Duration::ZERO,
             last_prompt_encode: std::time::Duration::ZERO,
         };
