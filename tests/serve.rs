@@ -164,7 +164,14 @@ async fn serves_openai_shapes_with_the_answers_of_generate() {
     assert_eq!(text, want["text"].as_str().expect("text"));
     let usage = chunks.last().expect("usage chunk");
     assert_eq!(usage["choices"], json!([]));
-    assert_eq!(usage["usage"], chat["usage"]);
+    for count in ["prompt_tokens", "completion_tokens", "total_tokens"] {
+        assert_eq!(usage["usage"][count], chat["usage"][count], "{count}");
+    }
+    // The same prompt again: all but its last token came from the prompt cache.
+    assert_eq!(
+        usage["usage"]["prompt_tokens_details"]["cached_tokens"],
+        prompt_tokens - 1
+    );
     assert!(
         chunks
             .iter()

@@ -11,6 +11,11 @@ Whisper and an image model, e.g. with the test fixtures:
     python tests/reference/openai_client_check.py --base http://127.0.0.1:8080/v1 \\
         --key sk-check --audio tests/fixtures/audio/speech_short.wav
 
+With --tools, also an agent's loop (a forced tool call, streamed and whole, its result sent
+back) and structured outputs (`response_format` json_object, and `.parse()` with a pydantic
+model as json_schema). Tool definitions outgrow the tiny fixture's 256-token context: serve a
+real chat model for those, e.g. `--model Qwen/Qwen2.5-0.5B-Instruct-GGUF`.
+
 Prints what the client sees for each endpoint; exits non-zero on the first surprise.
 """
 
@@ -34,10 +39,79 @@ def png_size(data):
     return struct.unpack(">II", data[16:24])
 
 
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "The weather in a city now",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string", "enum": ["Paris", "Oslo"]}},
+            "required": ["city"],
+            "additionalProperties": False,
+        },
+    },
+}
+
+
+def tools_and_structured_outputs(client, model):
+    import json
+    from typing import Literal
+
+    from pydantic import BaseModel
+
+    ask = {"role": "user", "content": "What is the weather in Paris?"}
+    answer = client.chat.completions.create(model=model, messages=[ask], tools=[WEATHER],
+                                            tool_choice="required", max_tokens=64)
+    choice = answer.choices[0]
+    calls = choice.message.tool_calls or []
+    check("forced tool call", choice.finish_reason == "tool_calls" and len(calls) >= 1,
+          repr(choice.message))
+    call = calls[0]
+    args = json.loads(call.function.arguments)
+    check("tool call arguments", call.function.name == "get_weather"
+          and args.get("city") in ("Paris", "Oslo"), call.function.arguments)
+
+    stream = client.chat.completions.create(model=model, messages=[ask], tools=[WEATHER],
+                                            tool_choice="required", max_tokens=64, stream=True)
+    names, finish = [], None
+    for chunk in stream:
+        if chunk.choices:
+            for delta in chunk.choices[0].delta.tool_calls or []:
+                names.append(delta.function.name)
+            finish = chunk.choices[0].finish_reason or finish
+    check("streamed tool call", names[:1] == ["get_weather"] and finish == "tool_calls",
+          f"{names} {finish}")
+
+    messages = [ask, choice.message.model_dump(exclude_none=True),
+                {"role": "tool", "tool_call_id": call.id, "content": json.dumps({"temp_c": 21})}]
+    final = client.chat.completions.create(model=model, messages=messages, tools=[WEATHER],
+                                           max_tokens=64)
+    check("answer after the tool result", final.choices[0].message.content is not None,
+          repr(final.choices[0].message.content))
+
+    obj = client.chat.completions.create(model=model, messages=[ask], max_tokens=96,
+                                         response_format={"type": "json_object"})
+    if obj.choices[0].finish_reason == "stop":
+        check("json_object parses", isinstance(json.loads(obj.choices[0].message.content), dict),
+              obj.choices[0].message.content)
+
+    class Weather(BaseModel):
+        city: Literal["Paris", "Oslo"]
+        celsius: int
+
+    parsed = client.beta.chat.completions.parse(model=model, messages=[ask], max_tokens=96,
+                                                response_format=Weather)
+    check("json_schema via .parse()", parsed.choices[0].message.parsed is not None,
+          repr(parsed.choices[0].message.content))
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--base", default="http://127.0.0.1:8080/v1")
     ap.add_argument("--key", default="sk-none")
+    ap.add_argument("--tools", action="store_true",
+                    help="also check tool calls and structured outputs (needs a real chat model)")
     ap.add_argument("--audio", help="an audio file for the transcription checks")
     ap.add_argument("--size", default="64x64", help="image size (multiples of the model's step)")
     args = ap.parse_args()
@@ -93,6 +167,8 @@ def main():
         check("logit_bias refused", False)
     except openai.BadRequestError as e:
         check("logit_bias refused (400)", e.status_code == 400, e.message)
+    if args.tools:
+        tools_and_structured_outputs(client, text_model)
     if args.key != "sk-none":
         try:
             OpenAI(base_url=args.base, api_key="wrong", max_retries=0).models.list()

@@ -1,8 +1,9 @@
-//! The transcript (Markdown answers, the one streaming, an inline editor for a user message)
-//! and the composer with its dictation button.
+//! The transcript (Markdown answers, the one streaming, tool calls laid out, an inline editor
+//! for a user message) and the composer with its dictation button.
 
 use std::time::Instant;
 
+use backpack_engine::models::tool_calls::{ParsedCall, ToolFormat};
 use eframe::egui;
 use egui_commonmark::{CommonMarkCache, CommonMarkViewer};
 
@@ -20,6 +21,8 @@ struct MessageView<'a> {
     can_regenerate: bool,
     /// The text being edited, when this user message is.
     editing: Option<&'a mut String>,
+    /// How the loaded model writes tool calls, to show them apart from the text.
+    tool_format: Option<ToolFormat>,
 }
 
 pub(super) fn show(
@@ -41,6 +44,10 @@ pub(super) fn show(
         .map(|g| (g.message, g.tokens, g.first_token, g.started));
     let busy = panel.active.is_some();
     let model_ready = matches!(shared.model, ModelState::Ready { .. });
+    let tool_format = match &shared.model {
+        ModelState::Ready { info, .. } => Some(info.tool_format),
+        _ => None,
+    };
     let ChatPanel {
         editing, md_cache, ..
     } = panel;
@@ -69,6 +76,7 @@ pub(super) fn show(
                         Some((eid, eindex, text)) if *eid == id && *eindex == i => Some(text),
                         _ => None,
                     },
+                    tool_format,
                 };
                 message(ui, m, view, md_cache, actions);
                 ui.add_space(6.0);
@@ -132,12 +140,19 @@ fn message(
                                 );
                             });
                     }
+                    let (text, calls) = match view.tool_format {
+                        Some(format) => format.parse(answer, &[]),
+                        None => (answer.to_owned(), Vec::new()),
+                    };
                     CommonMarkViewer::new().show_with_id(
                         egui::Id::unique(("message", id, i)),
                         ui,
                         md_cache,
-                        answer,
+                        &text,
                     );
+                    for call in &calls {
+                        tool_call(ui, call);
+                    }
                 }
             }
             if let Some(error) = &m.error {
@@ -145,6 +160,18 @@ fn message(
             }
             ui.horizontal(|ui| footer(ui, m, &view, actions));
         });
+}
+
+/// A call the model made, as the function's name and its arguments laid out as JSON (the app
+/// runs no tools: an answer that calls one ends there).
+fn tool_call(ui: &mut egui::Ui, call: &ParsedCall) {
+    egui::Frame::group(ui.style()).show(ui, |ui| {
+        ui.set_width(ui.available_width());
+        ui.label(egui::RichText::new(format!("Tool call: {}", call.name)).strong());
+        let arguments = serde_json::to_string_pretty(&call.arguments)
+            .unwrap_or_else(|_| call.arguments.to_string());
+        ui.add(egui::Label::new(egui::RichText::new(arguments).monospace()).selectable(true));
+    });
 }
 
 /// The reasoning a thinking model (Qwen3, DeepSeek-R1 distills) writes between `<think>` and
