@@ -4,7 +4,8 @@
 //! llguidance ships this conversion only as a Python script; it is small, so it lives here.
 //! Rules that are not recursive and consist only of literals, character classes and other such
 //! rules become Lark terminals (uppercase names): llguidance matches those as one lexeme, which
-//! keeps long strings and numbers fast. `root` becomes `start`.
+//! keeps long strings and numbers fast. `root` becomes `start` (over one such terminal when
+//! it qualifies itself: a free-text grammar is then one lexeme, not a rule per character).
 
 use std::collections::{HashMap, HashSet};
 
@@ -51,8 +52,13 @@ pub fn gbnf_to_lark(text: &str) -> Result<String, GrammarError> {
     let lark_names = lark_names(&rules, &terminal);
     let mut out = String::new();
     for (name, body) in &rules {
-        out.push_str(&lark_names[name]);
-        out.push_str(": ");
+        if name == "root" && terminal.contains(name) {
+            // Lark's start must be a rule; the other names all begin with `g_`.
+            out.push_str("start: ROOT_TERMINAL\nROOT_TERMINAL: ");
+        } else {
+            out.push_str(&lark_names[name]);
+            out.push_str(": ");
+        }
         write_node(&mut out, body, &lark_names, true);
         out.push('\n');
     }
@@ -75,7 +81,7 @@ fn terminal_rules(rules: &[(String, Node)]) -> HashSet<String> {
     loop {
         let before = terminal.len();
         for (name, body) in rules {
-            if name != "root" && !terminal.contains(name) && is_terminal(body, &terminal) {
+            if !terminal.contains(name) && is_terminal(body, &terminal) {
                 terminal.insert(name.clone());
             }
         }
@@ -102,7 +108,9 @@ fn lark_names(rules: &[(String, Node)], terminal: &HashSet<String>) -> HashMap<S
     let mut taken = HashSet::new();
     let mut out = HashMap::new();
     for (name, _) in rules {
-        let base = if name == "root" {
+        let base = if name == "root" && terminal.contains(name) {
+            "ROOT_TERMINAL".to_owned()
+        } else if name == "root" {
             "start".to_owned()
         } else {
             let plain = format!("g_{}", name.replace('-', "_"));
@@ -492,7 +500,7 @@ mod tests {
         let lark = gbnf_to_lark(gbnf).expect("converts");
         assert_eq!(
             lark,
-            "start: G_GREETING (\" \" G_NAME)?\n\
+            "start: ROOT_TERMINAL\nROOT_TERMINAL: G_GREETING (\" \" G_NAME)?\n\
              G_GREETING: \"hi\\n\" | \"hello\"\n\
              G_NAME: /[A-Z]/ /[a-z\\x{2D}]/{1,8}\n"
         );
