@@ -16,7 +16,7 @@ mod vocab;
 pub use gbnf::gbnf_to_lark;
 pub use guide::Guide;
 pub use tools::{ToolDemand, forced_call_lark};
-pub use vocab::GrammarVocab;
+pub use vocab::{GrammarVocab, PendingVocab};
 
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};

@@ -38,11 +38,52 @@ impl TokenizerEnv for ModelTokEnv {
     }
 }
 
+/// A [`GrammarVocab`] built on a thread of its own from the moment a model's tokenizer is read,
+/// so that neither loading nor the first constrained answer waits for it.
+pub struct PendingVocab(Pending);
+
+enum Pending {
+    Building(std::thread::JoinHandle<Result<GrammarVocab, GrammarError>>),
+    Done(Result<GrammarVocab, String>),
+}
+
+impl PendingVocab {
+    /// Starts building the vocabulary of `tokenizer` (see [`GrammarVocab::new`]).
+    pub fn spawn(tokenizer: &TextTokenizer, vocab: u32, eos: &[u32]) -> Self {
+        let hf = tokenizer.hf().clone();
+        let eos = eos.to_vec();
+        let handle = std::thread::Builder::new()
+            .name("grammar vocabulary".into())
+            .spawn(move || GrammarVocab::new(hf, vocab, &eos));
+        Self(match handle {
+            Ok(h) => Pending::Building(h),
+            Err(e) => Pending::Done(Err(e.to_string())),
+        })
+    }
+
+    /// The vocabulary, waiting for it if it is still being built.
+    pub fn get(&mut self) -> Result<&GrammarVocab, GrammarError> {
+        if matches!(self.0, Pending::Building(_)) {
+            let placeholder = Pending::Done(Err("building it panicked".into()));
+            if let Pending::Building(handle) = std::mem::replace(&mut self.0, placeholder) {
+                self.0 = Pending::Done(match handle.join() {
+                    Ok(result) => result.map_err(|e| e.to_string()),
+                    Err(_) => Err("building it panicked".into()),
+                });
+            }
+        }
+        match &self.0 {
+            Pending::Done(Ok(v)) => Ok(v),
+            Pending::Done(Err(e)) => Err(GrammarError::Vocabulary(e.clone())),
+            Pending::Building(_) => Err(GrammarError::Vocabulary("still building".into())),
+        }
+    }
+}
+
 impl GrammarVocab {
     /// `vocab`: the width of the model's logits (may exceed the tokenizer's, padded); `eos`:
     /// the tokens that end an answer (at least one).
-    pub fn new(tokenizer: &TextTokenizer, vocab: u32, eos: &[u32]) -> Result<Self, GrammarError> {
-        let hf = tokenizer.hf().clone();
+    pub fn new(hf: tokenizers::Tokenizer, vocab: u32, eos: &[u32]) -> Result<Self, GrammarError> {
         let json = hf
             .to_string(false)
             .map_err(|e| GrammarError::Vocabulary(e.to_string()))?;

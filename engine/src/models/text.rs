@@ -9,7 +9,9 @@ use super::tool_calls::ToolFormat;
 use super::weights::WeightSource;
 use crate::Error;
 use crate::gpu::Gpu;
-use crate::grammar::{Constraint, GrammarVocab, Guide, Preamble, ToolDemand, forced_call_lark};
+use crate::grammar::{
+    Constraint, GrammarVocab, Guide, PendingVocab, Preamble, ToolDemand, forced_call_lark,
+};
 use crate::load::{
     ChatMessage, ChatSwitches, DecoderSpec, GenerationConfig, GgufFile, LoadError, ReasoningEffort,
     SafeTensors, StreamDecoder, TextTokenizer, gguf_spec, gguf_tokenizer,
@@ -162,11 +164,44 @@ pub struct TextModel {
     pub generation: GenerationConfig,
     eos_ids: Vec<u32>,
     name: String,
-    /// The vocabulary as grammars see it, built at the first constrained answer.
-    grammar_vocab: Option<GrammarVocab>,
+    /// The vocabulary as grammars see it, built on its own thread from load on.
+    grammar_vocab: PendingVocab,
     tool_format: ToolFormat,
     /// Special tokens kept in a chat answer's text, because they mark tool calls.
     kept_specials: std::collections::HashMap<u32, String>,
+}
+
+/// What a model's files give besides its weights.
+struct Parts {
+    tokenizer: TextTokenizer,
+    generation: GenerationConfig,
+    eos_ids: Vec<u32>,
+    grammar_vocab: PendingVocab,
+}
+
+/// The tokens that end an answer: the generation config's (transformers stops on those),
+/// else the model's, else the tokenizer's; and a harmony answer's `<|return|>` and `<|call|>`
+/// whatever else the files name (a GGUF file names one end-of-text token).
+fn eos_ids(
+    spec: &DecoderSpec,
+    generation: &GenerationConfig,
+    tokenizer: &TextTokenizer,
+) -> Vec<u32> {
+    let mut eos_ids = generation.eos_token_ids.clone();
+    if eos_ids.is_empty() {
+        eos_ids = spec.eos_token_ids.clone();
+    }
+    if eos_ids.is_empty() {
+        eos_ids.extend(tokenizer.eos_token_id());
+    }
+    if let Some(harmony) = HarmonyTokens::of(tokenizer) {
+        for id in harmony.stops() {
+            if !eos_ids.contains(&id) {
+                eos_ids.push(id);
+            }
+        }
+    }
+    eos_ids
 }
 
 /// Text the tokenizer encodes once at load (see `TextModel::assemble`).
@@ -194,9 +229,17 @@ impl TextModel {
         let spec = DecoderSpec::from_file(&path.join("config.json"))?;
         let tokenizer = TextTokenizer::from_dir(path)?;
         let generation = GenerationConfig::from_dir(path)?;
+        let eos_ids = eos_ids(&spec, &generation, &tokenizer);
+        let grammar_vocab = PendingVocab::spawn(&tokenizer, spec.vocab, &eos_ids);
         let weights = SafeTensors::open_dir(path)?;
         let model = DecoderModel::build(gpu, &spec, WeightSource::Files(&weights), opts)?;
-        Ok(Self::assemble(path, spec, model, tokenizer, generation))
+        let parts = Parts {
+            tokenizer,
+            generation,
+            eos_ids,
+            grammar_vocab,
+        };
+        Ok(Self::assemble(path, model, parts))
     }
 
     /// Loads a GGUF file: metadata, tokenizer and chat template from the file itself.
@@ -204,40 +247,26 @@ impl TextModel {
         let file = GgufFile::open(path)?;
         let spec = gguf_spec(&file)?;
         let tokenizer = gguf_tokenizer(&file)?;
+        let generation = GenerationConfig::default();
+        let eos_ids = eos_ids(&spec, &generation, &tokenizer);
+        let grammar_vocab = PendingVocab::spawn(&tokenizer, spec.vocab, &eos_ids);
         let model = DecoderModel::build(gpu, &spec, WeightSource::Gguf(&file, &spec), opts)?;
-        Ok(Self::assemble(
-            path,
-            spec,
-            model,
+        let parts = Parts {
             tokenizer,
-            GenerationConfig::default(),
-        ))
+            generation,
+            eos_ids,
+            grammar_vocab,
+        };
+        Ok(Self::assemble(path, model, parts))
     }
 
-    fn assemble(
-        path: &Path,
-        spec: DecoderSpec,
-        model: DecoderModel,
-        tokenizer: TextTokenizer,
-        generation: GenerationConfig,
-    ) -> Self {
-        // transformers stops on the generation config's eos ids, which default to the model's.
-        let mut eos_ids = generation.eos_token_ids.clone();
-        if eos_ids.is_empty() {
-            eos_ids = spec.eos_token_ids.clone();
-        }
-        if eos_ids.is_empty() {
-            eos_ids.extend(tokenizer.eos_token_id());
-        }
-        // A harmony answer ends at <|return|> or <|call|> whatever else the file names (a
-        // GGUF file names one end-of-text token).
-        if let Some(harmony) = HarmonyTokens::of(&tokenizer) {
-            for id in harmony.stops() {
-                if !eos_ids.contains(&id) {
-                    eos_ids.push(id);
-                }
-            }
-        }
+    fn assemble(path: &Path, model: DecoderModel, parts: Parts) -> Self {
+        let Parts {
+            tokenizer,
+            generation,
+            eos_ids,
+            grammar_vocab,
+        } = parts;
         // A tokenizer's first encode also sets up its caches (about 0.25 ms of a 500-token
         // prompt with SmolLM2's): done here, it stays out of the first answer's wait.
         let _ = tokenizer.encode(TOKENIZER_WARM_UP, false);
@@ -262,7 +291,7 @@ impl TextModel {
             generation,
             eos_ids,
             name,
-            grammar_vocab: None,
+            grammar_vocab,
             tool_format,
             kept_specials,
         }
@@ -369,9 +398,6 @@ impl TextModel {
         let first_at = Instant::now();
         loop {
             stats.tokens.push(token);
-            if let Some(g) = &mut guide {
-                g.accept(token)?;
-            }
             let stop = if self.eos_ids.contains(&token) {
                 Some(StopReason::EndOfText)
             } else if stats.tokens.len() as u32 >= params.max_tokens {
@@ -406,10 +432,18 @@ impl TextModel {
                 stats.stop = stop;
                 break;
             }
-            if let Some(g) = &mut guide {
-                self.model.set_mask(Some(&g.mask()?))?;
-            }
-            token = self.model.decode()?;
+            token = match &mut guide {
+                // The grammar takes the token and gives the next mask while the GPU runs the
+                // step's forward pass.
+                Some(g) => {
+                    let fed = token;
+                    self.model.decode_masked(|| {
+                        g.accept(fed)?;
+                        Ok(g.mask()?)
+                    })?
+                }
+                None => self.model.decode()?,
+            };
         }
         let decoded = stats.tokens.len().saturating_sub(1);
         let secs = first_at.elapsed().as_secs_f64();
@@ -456,15 +490,9 @@ impl TextModel {
         )?))
     }
 
-    /// The grammar view of the vocabulary, built on first use.
+    /// The grammar view of the vocabulary (waiting for its thread the first time).
     fn grammar_vocab(&mut self) -> Result<&GrammarVocab, Error> {
-        if self.grammar_vocab.is_none() {
-            let vocab = GrammarVocab::new(&self.tokenizer, self.model.spec().vocab, &self.eos_ids)?;
-            self.grammar_vocab = Some(vocab);
-        }
-        self.grammar_vocab
-            .as_ref()
-            .ok_or_else(|| Error::Invalid("the grammar vocabulary is missing".into()))
+        Ok(self.grammar_vocab.get()?)
     }
 
     /// What may precede a constrained answer: GPT-OSS's analysis channel, or the thinking of

@@ -279,12 +279,17 @@ impl DecoderModel {
 
     /// Records the decode step that feeds the token at `pos`.
     fn encode_decode(&self, rec: &mut Recorder<'_>, pos: u32) {
+        self.encode_decode_logits(rec, pos);
+        self.sample.encode(rec);
+    }
+
+    /// The decode step up to its logits.
+    fn encode_decode_logits(&self, rec: &mut Recorder<'_>, pos: u32) {
         self.embed.encode(rec, 1);
         for l in &self.layers {
             l.encode_decode(rec, pos, self.split_attention);
         }
         self.lm_head_mv.encode(rec);
-        self.sample.encode(rec);
     }
 
     /// Records the layers for the `n` prompt tokens starting at `pos0`.
@@ -461,6 +466,54 @@ impl DecoderModel {
         let token = self.read_oldest()?;
         self.seq_len += 1;
         // Returning this token means the one before it was fed.
+        if let Some(fed) = self.pending.replace(token) {
+            self.reusable.push(fed);
+        }
+        Ok(token)
+    }
+
+    /// As [`DecoderModel::decode`], sampling under the token mask `mask` returns (one bit per
+    /// token), which the CPU computes while the step's forward pass runs: the mask depends on
+    /// the token just fed, so no step is submitted ahead, but the GPU waits only for the
+    /// sampler's share.
+    pub fn decode_masked(
+        &mut self,
+        mask: impl FnOnce() -> Result<Vec<u32>, Error>,
+    ) -> Result<u32, Error> {
+        if self.seq_len == 0 {
+            return Err(Error::Invalid("decode before prefill".into()));
+        }
+        if self.seq_len >= self.capacity {
+            return Err(Error::ContextFull {
+                capacity: self.capacity,
+            });
+        }
+        self.drain()?;
+        let gpu = self.gpu.clone();
+        let pos = self.submitted_len;
+        let slot = pos as usize % PIPELINE_DEPTH;
+        if self.long_rope_after == Some(pos) && self.prompt_len <= pos {
+            let words = mask()?;
+            self.sample.set_mask(&gpu, Some(&words));
+            self.submit_forward(0, pos + 1, slot, false);
+        } else {
+            self.written_end = self.written_end.max(pos + 1);
+            self.step.write(&gpu, &self.step_params(pos, 1, pos + 1));
+            let mut rec = Recorder::new(&gpu);
+            self.encode_decode_logits(&mut rec, pos);
+            rec.submit();
+            let words = mask()?;
+            self.sample.set_mask(&gpu, Some(&words));
+            let mut rec = Recorder::new(&gpu);
+            self.sample.encode(&mut rec);
+            self.copy_sampled(&mut rec, pos + 1, slot);
+            let submission = rec.submit();
+            self.in_flight.push_back(InFlight { slot, submission });
+        }
+        self.masked = true;
+        self.submitted_len += 1;
+        let token = self.read_oldest()?;
+        self.seq_len += 1;
         if let Some(fed) = self.pending.replace(token) {
             self.reusable.push(fed);
         }
