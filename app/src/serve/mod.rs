@@ -20,7 +20,7 @@ use axum::extract::DefaultBodyLimit;
 use axum::routing::{get, post};
 use backpack_engine::gpu::Gpu;
 use backpack_engine::models::{ModelInfo, ModelOptions};
-use backpack_engine::runtime::{Engine, Event};
+use backpack_engine::runtime::{Engine, EngineHandle, Event};
 
 pub use dispatch::Dispatch;
 pub use state::{Server, TextSide};
@@ -90,23 +90,35 @@ pub async fn serve(
     let shutdown = async {
         let _ = tokio::signal::ctrl_c().await;
     };
-    serve_until(gpu, models, load, opts, shutdown, |local, served| {
+    serve_until(gpu, models, load, opts, None, shutdown, |local, served| {
         eprintln!("serving {} at http://{local}/v1", served.join(", "));
     })
     .await
 }
 
+/// A text model another engine already holds (the app's chat model), served through that
+/// engine instead of loading a second copy.
+pub struct SharedText {
+    pub path: PathBuf,
+    pub info: ModelInfo,
+    pub engine: EngineHandle,
+    /// The engine's events from now on (the server picks out its own requests').
+    pub events: tokio::sync::mpsc::UnboundedReceiver<Event>,
+}
+
 /// As [`serve`], until `shutdown` completes; `listening` gets the bound address and the model
-/// ids served once requests are taken (the app's server switch shows them).
+/// ids served once requests are taken (the app's server switch shows them). `shared` serves
+/// its text model where `models` names it.
 pub async fn serve_until(
     gpu: Gpu,
     models: Vec<PathBuf>,
     load: ModelOptions,
     opts: ServeOptions,
+    shared: Option<SharedText>,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
     listening: impl FnOnce(SocketAddr, Vec<String>),
 ) -> Result<()> {
-    let server = Arc::new(load_all(&gpu, models, load, &opts).await?);
+    let server = Arc::new(load_all(&gpu, models, load, &opts, shared).await?);
     let addr: SocketAddr = format!("{}:{}", opts.host, opts.port)
         .parse()
         .or_else(|_| {
@@ -143,6 +155,7 @@ async fn load_all(
     models: Vec<PathBuf>,
     load: ModelOptions,
     opts: &ServeOptions,
+    mut shared: Option<SharedText>,
 ) -> Result<Server> {
     let (mut text, mut speech, mut image) = (None, None, None);
     for path in models {
@@ -167,7 +180,18 @@ async fn load_all(
         match kind {
             "speech" => speech = Some(load_speech(gpu, &path, opts.queue).await?),
             "image" => image = Some(load_image(gpu, &path, opts.queue).await?),
-            _ => text = Some(load_text(gpu, &path, load.clone(), opts.queue).await?),
+            _ => match shared.take_if(|s| s.path == path) {
+                Some(s) => {
+                    eprintln!("text: {} (shared with the chat)", s.info.name);
+                    text = Some(TextSide {
+                        dispatch: Dispatch::new(s.engine, s.events, opts.queue),
+                        model: s.info.name,
+                        context: s.info.context,
+                        tool_format: s.info.tool_format,
+                    });
+                }
+                None => text = Some(load_text(gpu, &path, load.clone(), opts.queue).await?),
+            },
         }
     }
     Ok(Server {

@@ -1,7 +1,9 @@
 //! The server switch in Settings: `backpack serve` inside the app, on the window's GPU, serving
 //! the models the app has loaded (text, speech, image) so editors and scripts can use them
-//! while the window stays open. The server loads its own copy of each model on the shared
-//! device and runs on its own thread and runtime; switching it off stops it gracefully.
+//! while the window stays open. The chat's text model is shared: the server sends its requests
+//! to the chat's engine, which answers them in turn with the chat's. Speech and image models
+//! are loaded again on the shared device. The server runs on its own thread and runtime;
+//! switching it off stops it gracefully.
 
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
@@ -11,7 +13,7 @@ use backpack_engine::models::ModelOptions;
 use eframe::egui;
 use tokio::sync::oneshot;
 
-use crate::serve::{ServeOptions, serve_until};
+use crate::serve::{ServeOptions, SharedText, serve_until};
 
 #[derive(Clone, Debug, PartialEq)]
 pub enum ServerState {
@@ -57,6 +59,7 @@ impl ServerLink {
         models: Vec<PathBuf>,
         load: ModelOptions,
         opts: ServeOptions,
+        shared: Option<SharedText>,
         ctx: &egui::Context,
     ) {
         self.stop();
@@ -90,6 +93,7 @@ impl ServerLink {
                             models,
                             load,
                             opts,
+                            shared,
                             shutdown,
                             move |addr, models| {
                                 let url = format!("http://{addr}/v1");

@@ -80,12 +80,16 @@ impl GpuSummary {
 pub struct EngineLink {
     handle: EngineHandle,
     events: mpsc::UnboundedReceiver<Event>,
+    /// Where the engine's events also go while the in-app server shares the model.
+    tap: Tap,
     /// The newest generation request, so loading or unloading can cancel whatever runs
     /// without knowing which panel asked for it.
     last_request: u64,
     // Dropped last: the engine task lives on it (shared with the speech service).
     runtime: Arc<tokio::runtime::Runtime>,
 }
+
+type Tap = Arc<std::sync::Mutex<Option<mpsc::UnboundedSender<Event>>>>;
 
 /// Wakes `ctx`, batching wake-ups that come within [`REPAINT_BATCH`].
 fn wake_fn(ctx: &egui::Context) -> WakeFn {
@@ -101,16 +105,48 @@ impl EngineLink {
             .thread_name("backpack-engine")
             .enable_all()
             .build()?;
-        let (handle, events) = {
+        let (handle, mut from_engine) = {
             let _inside = runtime.enter();
-            Engine::spawn(gpu, Some(wake_fn(ctx)))
+            Engine::spawn(gpu, None)
         };
+        // Every event reaches the UI, and the in-app server too while it shares the model
+        // (each side ignores the other's requests); the server's reach it without waiting
+        // for a frame.
+        let (to_ui, events) = mpsc::unbounded_channel();
+        let tap: Tap = Arc::default();
+        let wake = wake_fn(ctx);
+        let forward = tap.clone();
+        runtime.spawn(async move {
+            while let Some(event) = from_engine.recv().await {
+                if let Ok(mut tap) = forward.lock()
+                    && let Some(server) = tap.as_ref()
+                    && server.send(event.clone()).is_err()
+                {
+                    *tap = None;
+                }
+                if to_ui.send(event).is_err() {
+                    break;
+                }
+                wake();
+            }
+        });
         Ok(Self {
             handle,
             events,
+            tap,
             last_request: 0,
             runtime: Arc::new(runtime),
         })
+    }
+
+    /// The engine for the in-app server to send requests to, and the events it sees from now
+    /// on: the server then answers with the model the chat has loaded, not a second copy.
+    pub fn share(&self) -> (EngineHandle, mpsc::UnboundedReceiver<Event>) {
+        let (tx, rx) = mpsc::unbounded_channel();
+        if let Ok(mut tap) = self.tap.lock() {
+            *tap = Some(tx);
+        }
+        (self.handle.clone(), rx)
     }
 
     /// Starts the speech service on the engine's runtime, on the same GPU.
@@ -145,9 +181,10 @@ impl EngineLink {
         self.last_request
     }
 
-    /// Cancels request `id`; it ends within one token.
+    /// Cancels request `id` (alone: the in-app server's may be queued around it); it ends
+    /// within one token.
     pub fn cancel(&self, id: u64) {
-        self.handle.cancel(id);
+        self.handle.cancel_one(id);
     }
 
     /// Cancels every request sent so far.

@@ -7,8 +7,8 @@ use eframe::egui;
 
 use crate::gui::services::server::{ServerLink, ServerState};
 use crate::gui::services::text;
-use crate::gui::shared::Shared;
-use crate::serve::ServeOptions;
+use crate::gui::shared::{ModelState, Shared};
+use crate::serve::{ServeOptions, SharedText};
 
 const DEFAULT_PORT: u16 = 8080;
 
@@ -125,8 +125,21 @@ impl ServerSwitch {
             api_key: Some(key).filter(|k| !k.is_empty()),
             ..Default::default()
         };
+        // The chat's model answers the server's requests too, through the chat's engine.
+        let text = match (&shared.model, &shared.engine) {
+            (ModelState::Ready { path, info, .. }, Some(engine)) => {
+                let (engine, events) = engine.share();
+                Some(SharedText {
+                    path: path.clone(),
+                    info: info.clone(),
+                    engine,
+                    events,
+                })
+            }
+            _ => None,
+        };
         self.link
-            .start(gpu, models, shared.load_options(), opts, ctx);
+            .start(gpu, models, shared.load_options(), opts, text, ctx);
         Ok(())
     }
 
