@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# What a grammar costs per token (free text, a JSON schema, a permissive GBNF
+# grammar, each with the decode pipeline on or off) and what the prompt cache saves on a
+# 2,000-token shared prefix, on random GGUFs of SmolLM2-135M (Q8_0) and SmolLM2-1.7B (Q4_K)
+# shapes with SmolLM2's real tokenizer.
+#
+# Run from the repository root on the GPU machine with the NVIDIA Vulkan driver, after staging
+# what tests/reference/bench_llamacpp.sh --stage writes (gguf wheel, SmolLM2 tokenizer) into
+# .bench/ and a stripped release binary as .bench/backpack.xz; .gl/ holds the Vulkan loader's
+# Debian packages (docs/performance.md says how).
+set -uo pipefail
+for f in .gl/*.deb; do dpkg -x "$f" / >/dev/null; done
+ldconfig
+export VK_DRIVER_FILES=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
+export __EGL_VENDOR_LIBRARY_FILENAMES=/usr/local/nvidia/share/glvnd/egl_vendor.d/10_nvidia.json
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+xz -dc .bench/backpack.xz > .bench/backpack && chmod +x .bench/backpack
+pip install --no-deps -q --target /tmp/gg .bench/gguf-0.19.0-py3-none-any.whl 2>/dev/null
+export PYTHONPATH=/tmp/gg
+xz -dc .bench/smollm2-tokenizer.json.xz > /tmp/tok.json
+python3 tests/reference/make_bench_gguf.py model --config tests/reference/configs/smollm2-1.7b.json \
+    --format q4_k --tokenizer /tmp/tok.json --out /tmp/m17.gguf
+python3 tests/reference/make_bench_gguf.py model --config tests/reference/configs/smollm2-135m.json \
+    --format q8_0 --tokenizer /tmp/tok.json --out /tmp/m135.gguf
+B=.bench/backpack
+cat > /tmp/schema.json <<'J'
+{"type": "array", "minItems": 60, "items": {"type": "object", "properties": {
+  "id": {"type": "integer", "minimum": 0, "maximum": 99999},
+  "name": {"type": "string", "maxLength": 12},
+  "ok": {"type": "boolean"}}, "required": ["id", "name", "ok"], "additionalProperties": false}}
+J
+PROMPT="List the records of the inventory as JSON, one object per record with its id, name and status."
+run() {
+    local label=$1 model=$2; shift 2
+    for rep in 1 2; do
+        $B generate --model "$model" --raw --prompt "$PROMPT" --max-tokens 256 --temperature 0 --json "$@" \
+            2>/tmp/err.txt | tail -1 | python3 -c "
+import json,sys
+d=json.loads(sys.stdin.read())
+print(f'$label rep $rep: {len(d[\"tokens\"])} tokens, {d[\"tokens_per_s\"]:.1f} tok/s, ttft {d[\"ttft_ms\"]:.1f} ms')
+" || tail -3 /tmp/err.txt
+    done
+}
+for model in /tmp/m135.gguf /tmp/m17.gguf; do
+    echo "== $model"
+    run "free" "$model"
+    run "any text (masked path)" "$model" --grammar 'root ::= [^\x00]*'
+    run "json-schema" "$model" --json-schema @/tmp/schema.json
+    run "gbnf words" "$model" --grammar 'root ::= ([a-z]+ " ")*'
+done
+echo "== decode pipeline on / off (bench, 1.7B Q4_K)"
+$B bench --model /tmp/m17.gguf --prompt-len 64 --gen 256 --json 2>/dev/null | tail -1 | cut -c1-400
+$B bench --model /tmp/m17.gguf --prompt-len 64 --gen 256 --sync --json 2>/dev/null | tail -1 | cut -c1-400
+echo "== prompt cache, serve /tmp/m17.gguf"
+$B serve --model /tmp/m17.gguf --port 18180 --context 4096 2>/tmp/serve.txt &
+for i in $(seq 60); do grep -q serving /tmp/serve.txt && break; sleep 1; done
+python3 - <<'PY'
+import json, time, urllib.request
+words = " ".join(f"rule{i} applies to item{i % 37} when status{i % 11} is set." for i in range(260))
+def ask(user):
+    body = {"prompt": words + "\nQ: " + user + "\nA:", "max_tokens": 1, "temperature": 0}
+    req = urllib.request.Request("http://127.0.0.1:18180/v1/completions",
+        data=json.dumps(body).encode(), headers={"content-type": "application/json"})
+    t = time.perf_counter()
+    answer = json.load(urllib.request.urlopen(req))
+    return (time.perf_counter() - t) * 1e3, answer["usage"]
+for user in ["warm-up", "First question about the rules?", "Second, different question?", "Third one, longer: which items are affected by status4?"]:
+    ms, usage = ask(user)
+    print(f"{user!r}: {ms:.1f} ms for the request, prompt {usage['prompt_tokens']}, cached {usage['prompt_tokens_details']['cached_tokens']}")
+PY
+kill %1
