@@ -962,3 +962,30 @@ fn published_tool_templates_render_a_tool_round_trip() {
         assert!(text.contains("21"), "{dir}: the result is there");
     }
 }
+
+/// Phi-4-mini's published template ignores the `tools` variable and reads a system message's
+/// `tools` field instead: the definitions land there, as the model card shows them, and the
+/// answer's `<|tool_call|>` is what the model's format reads.
+#[test]
+fn phi4_mini_gets_its_tools_in_the_system_message() {
+    use backpack_engine::models::tool_calls::ToolFormat;
+    let dir = with_tokenizer("models/microsoft--Phi-4-mini-instruct", "phi4");
+    let tokenizer = TextTokenizer::from_dir(&dir).expect("tokenizer");
+    assert_eq!(
+        ToolFormat::detect(tokenizer.template_source()),
+        ToolFormat::Phi4
+    );
+    let switches = ChatSwitches {
+        tools: vec![serde_json::json!({"type": "function", "function": {
+            "name": "get_weather", "parameters": {"type": "object"}}})],
+        ..Default::default()
+    };
+    let text = tokenizer
+        .render_chat(&[ChatMessage::new("user", "Weather?")], true, &switches)
+        .expect("render");
+    assert_eq!(
+        text,
+        "<|system|><|tool|>[{\"name\":\"get_weather\",\"parameters\":{\"type\":\"object\"}}]<|/tool|><|end|><|user|>Weather?<|end|><|assistant|>"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -24,6 +24,10 @@ pub struct ChatMessage {
     /// The tool's name on a `tool` message, where the client gave it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub name: Option<String>,
+    /// Tool definitions as JSON text on a system message, where a template reads them there
+    /// (Phi-4-mini's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tools: Option<String>,
 }
 
 impl ChatMessage {
@@ -35,6 +39,7 @@ impl ChatMessage {
             tool_calls: Vec::new(),
             tool_call_id: None,
             name: None,
+            tools: None,
         }
     }
 }
@@ -138,7 +143,7 @@ impl ChatTemplate {
             .map_err(|e| LoadError::Template(e.to_string()))?;
         Ok(Self {
             thinking_switch: source.contains("enable_thinking"),
-            knows_tools: source.contains("tools"),
+            knows_tools: reads_tools_variable(source),
             source: source.to_owned(),
             env,
             bos_token: bos_token.to_owned(),
@@ -185,6 +190,19 @@ impl ChatTemplate {
             LoadError::Template(message)
         })
     }
+}
+
+/// Whether a template reads the `tools` variable (not merely a message's `tools` field, as
+/// Phi-4-mini's does, or `builtin_tools`).
+fn reads_tools_variable(source: &str) -> bool {
+    let bytes = source.as_bytes();
+    let ident = |b: u8| b.is_ascii_alphanumeric() || b == b'_';
+    source.match_indices("tools").any(|(at, _)| {
+        let before = at.checked_sub(1).map(|i| bytes[i]);
+        let after = bytes.get(at + "tools".len()).copied();
+        !before.is_some_and(|b| ident(b) || b == b'\'' || b == b'"' || b == b'.')
+            && !after.is_some_and(|b| ident(b) || b == b'\'' || b == b'"')
+    })
 }
 
 /// Today's date in the handful of strftime directives chat templates use (Llama 3's
@@ -290,6 +308,18 @@ mod tests {
                 .expect("compiles")
                 .thinking_switch
         );
+    }
+
+    #[test]
+    fn the_tools_variable_is_told_from_a_messages_field() {
+        assert!(reads_tools_variable(
+            "{%- if tools %}{{ tools | tojson }}{% endif %}"
+        ));
+        assert!(reads_tools_variable("{%- if not tools is defined %}"));
+        assert!(!reads_tools_variable(
+            "{% if 'tools' in message and message['tools'] is not none %}"
+        ));
+        assert!(!reads_tools_variable("{{ builtin_tools }} {{ m.tools }}"));
     }
 
     #[test]

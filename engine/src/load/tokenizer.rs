@@ -242,6 +242,15 @@ impl TextTokenizer {
             || messages
                 .iter()
                 .any(|m| m.role == "tool" || !m.tool_calls.is_empty());
+        if uses_tools && !template.knows_tools && template.source.contains("<|tool|>") {
+            // Phi-4-mini reads the definitions from the system message's `tools` field.
+            let messages = super::tool_prompt::in_system_field(messages, &switches.tools);
+            let switches = ChatSwitches {
+                tools: Vec::new(),
+                ..switches.clone()
+            };
+            return template.render(&messages, add_generation_prompt, &switches);
+        }
         if uses_tools && !template.knows_tools {
             let messages = super::tool_prompt::without_tool_support(messages, &switches.tools);
             let switches = ChatSwitches {

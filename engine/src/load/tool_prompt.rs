@@ -1,8 +1,9 @@
-//! Tools for a model whose chat template knows none: the definitions and the calling
-//! convention go into the system message, earlier calls are written out the way the model is
-//! asked to write them, and tool results come back as user turns. The convention is the
-//! `<tool_call>` JSON one (Hermes', which Qwen2.5 and Qwen3 were trained on), so the same
-//! parser reads the answers.
+//! Tools for a model whose chat template does not read `tools`: the definitions and the
+//! calling convention go into the system message, earlier calls are written out the way the
+//! model is asked to write them, and tool results come back as user turns. The convention is
+//! the `<tool_call>` JSON one (Hermes', which Qwen2.5 and Qwen3 were trained on), so the same
+//! parser reads the answers. Phi-4-mini's template reads the definitions from a system
+//! message's own `tools` field instead ([`in_system_field`]).
 
 use serde_json::Value;
 
@@ -55,6 +56,31 @@ pub fn without_tool_support(messages: &[ChatMessage], tools: &[Value]) -> Vec<Ch
                 out.push(ChatMessage::new("assistant", &text));
             }
             _ => out.push(ChatMessage::new(&m.role, &m.content)),
+        }
+    }
+    out
+}
+
+/// `messages` with the function definitions as JSON text in the system message's `tools`
+/// field (a system message is added first where there is none); earlier calls and results,
+/// which such a template cannot show, written out as for a template without tools.
+pub fn in_system_field(messages: &[ChatMessage], tools: &[Value]) -> Vec<ChatMessage> {
+    let mut out = without_tool_support(messages, &[]);
+    if tools.is_empty() {
+        return out;
+    }
+    // The model card's form: the function objects themselves, not OpenAI's wrappers.
+    let functions: Vec<&Value> = tools
+        .iter()
+        .map(|t| t.get("function").unwrap_or(t))
+        .collect();
+    let text = serde_json::to_string(&functions).unwrap_or_default();
+    match out.first_mut() {
+        Some(first) if first.role == "system" => first.tools = Some(text),
+        _ => {
+            let mut system = ChatMessage::new("system", "");
+            system.tools = Some(text);
+            out.insert(0, system);
         }
     }
     out
