@@ -96,3 +96,52 @@ fn smollm2_gguf_chats_like_transformers() {
         }
     }
 }
+
+/// A real 49k-token BPE vocabulary under a JSON schema: tokens that hold several JSON pieces at
+/// once (`":"`, `"},`) are allowed exactly when the grammar can take all of them, and the
+/// greedy answer of the real model parses and validates.
+#[test]
+fn smollm2_answers_under_a_json_schema() {
+    use backpack_engine::grammar::Constraint;
+    use backpack_engine::models::StopReason;
+    let opts = ModelOptions {
+        dtype: WeightDType::F16,
+        ..Default::default()
+    };
+    let mut model = TextModel::load(&gpu(), &model_file(), &opts).expect("SmolLM2 loads");
+    let schema = serde_json::json!({
+        "type": "object",
+        "properties": {
+            "city": {"type": "string", "maxLength": 24},
+            "country": {"type": "string", "maxLength": 24}
+        },
+        "required": ["city", "country"],
+        "additionalProperties": false
+    });
+    let params = GenerateParams {
+        max_tokens: 48,
+        sampler: SamplerParams::default(),
+        constraint: Some(Constraint::JsonSchema {
+            schema,
+            strict: true,
+        }),
+        ..Default::default()
+    };
+    let prompt = Prompt::Chat(vec![ChatMessage::new(
+        "user",
+        "What is the capital of France? Answer in JSON with the city and its country.",
+    )]);
+    let stats = model
+        .generate(&prompt, &params, &|| false, |_, _| {})
+        .expect("generate");
+    assert_eq!(stats.stop, StopReason::EndOfText, "{:?}", stats.text);
+    let value: serde_json::Value = serde_json::from_str(&stats.text)
+        .unwrap_or_else(|e| panic!("{e}: {:?}", stats.text));
+    let object = value.as_object().expect("an object");
+    assert_eq!(object.len(), 2, "{value}");
+    for key in ["city", "country"] {
+        let text = object[key].as_str().expect("a string");
+        assert!(text.chars().count() <= 24, "{value}");
+    }
+    eprintln!("SmolLM2 under the schema: {}", stats.text);
+}
