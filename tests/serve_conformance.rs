@@ -81,17 +81,27 @@ fn client() -> reqwest::Client {
         .expect("HTTP client")
 }
 
+/// A POST with the headers the OpenAI Python client sends.
+fn as_the_client(
+    client: &reqwest::Client,
+    url: String,
+    body: Vec<u8>,
+    kind: &str,
+) -> impl std::future::Future<Output = reqwest::Result<reqwest::Response>> + use<> {
+    client
+        .post(url)
+        .header("content-type", kind)
+        .header("user-agent", "OpenAI/Python 3.57.0")
+        .body(body)
+        .send()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn requests_as_the_openai_client_sends_them() {
     let server = server(true);
     let client = client();
     let post = |path: &str, body: Vec<u8>, kind: &str| {
-        client
-            .post(format!("{}{path}", server.base))
-            .header("content-type", kind)
-            .header("user-agent", "OpenAI/Python 3.57.0")
-            .body(body)
-            .send()
+        as_the_client(&client, format!("{}{path}", server.base), body, kind)
     };
     let json = "application/json";
 
@@ -152,12 +162,7 @@ async fn requests_as_the_openai_client_sends_them() {
     let long = server_process::LongContext::of("tiny-qwen2");
     let tool_server = start_with(&["--model", long.path()]);
     let post = |path: &str, body: Vec<u8>, kind: &str| {
-        client
-            .post(format!("{}{path}", tool_server.base))
-            .header("content-type", kind)
-            .header("user-agent", "OpenAI/Python 3.57.0")
-            .body(body)
-            .send()
+        as_the_client(&client, format!("{}{path}", tool_server.base), body, kind)
     };
     let bounded = |file: &str| {
         let mut body: Value = serde_json::from_slice(&recorded(file)).expect("json");
@@ -253,12 +258,7 @@ async fn requests_as_the_openai_client_sends_them() {
 
     drop(tool_server);
     let post = |path: &str, body: Vec<u8>, kind: &str| {
-        client
-            .post(format!("{}{path}", server.base))
-            .header("content-type", kind)
-            .header("user-agent", "OpenAI/Python 3.57.0")
-            .body(body)
-            .send()
+        as_the_client(&client, format!("{}{path}", server.base), body, kind)
     };
 
     // The recorded form with one field more: the tiny random Whisper model would otherwise

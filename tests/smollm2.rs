@@ -135,8 +135,8 @@ fn smollm2_answers_under_a_json_schema() {
         .generate(&prompt, &params, &|| false, |_, _| {})
         .expect("generate");
     assert_eq!(stats.stop, StopReason::EndOfText, "{:?}", stats.text);
-    let value: serde_json::Value = serde_json::from_str(&stats.text)
-        .unwrap_or_else(|e| panic!("{e}: {:?}", stats.text));
+    let value: serde_json::Value =
+        serde_json::from_str(&stats.text).unwrap_or_else(|e| panic!("{e}: {:?}", stats.text));
     let object = value.as_object().expect("an object");
     assert_eq!(object.len(), 2, "{value}");
     for key in ["city", "country"] {

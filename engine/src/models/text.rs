@@ -179,6 +179,20 @@ struct Parts {
     grammar_vocab: PendingVocab,
 }
 
+impl Parts {
+    /// The files' parts, with the grammar vocabulary's thread started.
+    fn new(spec: &DecoderSpec, tokenizer: TextTokenizer, generation: GenerationConfig) -> Self {
+        let eos_ids = eos_ids(spec, &generation, &tokenizer);
+        let grammar_vocab = PendingVocab::spawn(&tokenizer, spec.vocab, &eos_ids);
+        Self {
+            tokenizer,
+            generation,
+            eos_ids,
+            grammar_vocab,
+        }
+    }
+}
+
 /// The tokens that end an answer: the generation config's (transformers stops on those),
 /// else the model's, else the tokenizer's; and a harmony answer's `<|return|>` and `<|call|>`
 /// whatever else the files name (a GGUF file names one end-of-text token).
@@ -228,17 +242,9 @@ impl TextModel {
         }
         let spec = DecoderSpec::from_file(&path.join("config.json"))?;
         let tokenizer = TextTokenizer::from_dir(path)?;
-        let generation = GenerationConfig::from_dir(path)?;
-        let eos_ids = eos_ids(&spec, &generation, &tokenizer);
-        let grammar_vocab = PendingVocab::spawn(&tokenizer, spec.vocab, &eos_ids);
+        let parts = Parts::new(&spec, tokenizer, GenerationConfig::from_dir(path)?);
         let weights = SafeTensors::open_dir(path)?;
         let model = DecoderModel::build(gpu, &spec, WeightSource::Files(&weights), opts)?;
-        let parts = Parts {
-            tokenizer,
-            generation,
-            eos_ids,
-            grammar_vocab,
-        };
         Ok(Self::assemble(path, model, parts))
     }
 
@@ -246,17 +252,8 @@ impl TextModel {
     fn load_gguf(gpu: &Gpu, path: &Path, opts: &ModelOptions) -> Result<Self, Error> {
         let file = GgufFile::open(path)?;
         let spec = gguf_spec(&file)?;
-        let tokenizer = gguf_tokenizer(&file)?;
-        let generation = GenerationConfig::default();
-        let eos_ids = eos_ids(&spec, &generation, &tokenizer);
-        let grammar_vocab = PendingVocab::spawn(&tokenizer, spec.vocab, &eos_ids);
+        let parts = Parts::new(&spec, gguf_tokenizer(&file)?, GenerationConfig::default());
         let model = DecoderModel::build(gpu, &spec, WeightSource::Gguf(&file, &spec), opts)?;
-        let parts = Parts {
-            tokenizer,
-            generation,
-            eos_ids,
-            grammar_vocab,
-        };
         Ok(Self::assemble(path, model, parts))
     }
 
