@@ -78,6 +78,18 @@ impl ToolFormat {
         }
     }
 
+    /// The text that closes one call, for formats that close each (a streamed call can then
+    /// go out as soon as it is complete).
+    fn closer(self) -> Option<&'static str> {
+        match self {
+            Self::Hermes => Some("</tool_call>"),
+            Self::Gemma4 => Some("<tool_call|>"),
+            Self::FunctionGemma => Some("<end_function_call>"),
+            Self::Phi4 => Some("<|/tool_call|>"),
+            Self::Llama3 | Self::Mistral => None,
+        }
+    }
+
     /// Special tokens the answer's text must keep for calls to be read (a tokenizer's decode
     /// drops special tokens otherwise).
     pub fn special_markers(self) -> &'static [&'static str] {
@@ -127,9 +139,9 @@ pub enum StreamPiece {
 }
 
 /// Reads calls out of a streamed answer: text passes through until a call may be opening (a
-/// marker, or the first characters of one, are held back); from the first marker on, the
-/// rest is kept and read whole at the end. Text that turns out not to be a call is released
-/// then.
+/// marker, or the first characters of one, are held back). In formats that close each call,
+/// a call goes out as soon as it is closed; otherwise the rest is kept from the first marker
+/// on and read whole at the end. Text that turns out not to be a call is released then.
 pub struct ToolCallStream {
     format: ToolFormat,
     tools: Vec<Value>,
@@ -139,6 +151,8 @@ pub struct ToolCallStream {
     calling: bool,
     /// Non-blank text has been released (a start-only marker no longer counts).
     spoke: bool,
+    /// A call went out and no text since: blanks between calls are not the reply.
+    after_call: bool,
 }
 
 impl ToolCallStream {
@@ -149,15 +163,46 @@ impl ToolCallStream {
             held: String::new(),
             calling: false,
             spoke: false,
+            after_call: false,
         }
     }
 
     /// The pieces `delta` completes.
     pub fn push(&mut self, delta: &str) -> Vec<StreamPiece> {
         self.held.push_str(delta);
-        if self.calling {
-            return Vec::new();
+        let mut pieces = Vec::new();
+        loop {
+            if self.calling {
+                match self.closed_call() {
+                    Some(calls) => pieces.extend(calls.into_iter().map(StreamPiece::Call)),
+                    None => return pieces,
+                }
+            }
+            pieces.extend(self.release_text());
+            if !self.calling {
+                return pieces;
+            }
         }
+    }
+
+    /// The calls of the first closed block in what is held, taken out of it; None while the
+    /// block is open, or when it does not read as calls (the end decides then).
+    fn closed_call(&mut self) -> Option<Vec<ParsedCall>> {
+        let closer = self.format.closer()?;
+        let end = self.held.find(closer)? + closer.len();
+        let (content, calls) = self.format.parse(&self.held[..end], &self.tools);
+        if calls.is_empty() || !content.trim().is_empty() {
+            return None;
+        }
+        self.held.drain(..end);
+        self.calling = false;
+        self.spoke = true;
+        self.after_call = true;
+        Some(calls)
+    }
+
+    /// Text that cannot begin a call, released; `calling` is set where a marker is found.
+    fn release_text(&mut self) -> Vec<StreamPiece> {
         let markers: Vec<&str> = self
             .format
             .markers()
@@ -182,21 +227,19 @@ impl ToolCallStream {
             None => self.held.len() - longest_marker_prefix(&self.held, &markers),
         };
         let text: String = self.held.drain(..release).collect();
-        if !text.trim().is_empty() {
-            self.spoke = true;
+        if text.trim().is_empty() && (self.after_call || text.is_empty()) {
+            return Vec::new();
         }
-        if text.is_empty() {
-            Vec::new()
-        } else {
-            vec![StreamPiece::Text(text)]
-        }
+        self.spoke = true;
+        self.after_call = false;
+        vec![StreamPiece::Text(text)]
     }
 
     /// The rest at the end of the answer: its calls, or its text if they do not parse.
     pub fn finish(&mut self) -> Vec<StreamPiece> {
         let held = std::mem::take(&mut self.held);
         if !self.calling {
-            return if held.is_empty() {
+            return if held.is_empty() || (self.after_call && held.trim().is_empty()) {
                 Vec::new()
             } else {
                 vec![StreamPiece::Text(held)]
@@ -274,6 +317,25 @@ mod tests {
                 .collect();
             assert_eq!(calls, ["f"], "step {step}");
         }
+    }
+
+    #[test]
+    fn closed_calls_go_out_before_the_answer_ends() {
+        let mut s = ToolCallStream::new(ToolFormat::Hermes, Vec::new());
+        let first = "<tool_call>\n{\"name\": \"a\", \"arguments\": {}}\n</tool_call>\n";
+        let pieces = s.push(first);
+        assert!(
+            matches!(&pieces[..], [StreamPiece::Call(c)] if c.name == "a"),
+            "{pieces:?}"
+        );
+        let pieces = s.push("<tool_call>\n{\"name\": \"b\", \"arguments\": {}}");
+        assert!(pieces.is_empty(), "{pieces:?}");
+        let pieces = s.push("\n</tool_call>");
+        assert!(
+            matches!(&pieces[..], [StreamPiece::Call(c)] if c.name == "b"),
+            "{pieces:?}"
+        );
+        assert!(s.finish().is_empty());
     }
 
     #[test]
