@@ -171,14 +171,12 @@ fn generation_configs_as_published() {
     );
 }
 
+#[path = "support/temp_dir.rs"]
+mod temp_dir;
+
 /// A folder of a tiny tokenizer.json beside a published tokenizer_config.json (and template).
-fn with_tokenizer(config_dir: &str, name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!(
-        "backpack-conformance-{name}-{}",
-        std::process::id()
-    ));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).expect("mkdir");
+fn with_tokenizer(config_dir: &str, name: &str) -> temp_dir::TempDir {
+    let dir = temp_dir::TempDir::new(&format!("conformance-{name}"));
     let tiny = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/models/tiny-qwen3");
     std::fs::copy(tiny.join("tokenizer.json"), dir.join("tokenizer.json")).expect("tokenizer");
     for entry in std::fs::read_dir(corpus(config_dir)).expect("corpus dir") {
@@ -228,7 +226,6 @@ fn chat_templates_inline_or_in_their_own_file_render_alike() {
             "{text}"
         );
         rendered.push(text);
-        let _ = std::fs::remove_dir_all(dir);
     }
     assert_eq!(rendered[0], rendered[1]);
 }
@@ -987,5 +984,4 @@ fn phi4_mini_gets_its_tools_in_the_system_message() {
         text,
         "<|system|><|tool|>[{\"name\":\"get_weather\",\"parameters\":{\"type\":\"object\"}}]<|/tool|><|end|><|user|>Weather?<|end|><|assistant|>"
     );
-    let _ = std::fs::remove_dir_all(&dir);
 }
