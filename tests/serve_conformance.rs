@@ -292,6 +292,8 @@ async fn hostile_bodies_get_clean_errors() {
                 recorded("chat_basic.request.json"),
                 recorded("chat_stream_options.request.json"),
                 recorded("chat_tools.request.json"),
+                recorded("chat_json_object.request.json"),
+                recorded("chat_parse_json_schema.request.json"),
             ],
         ),
         (

@@ -11,6 +11,7 @@ use axum::http::{StatusCode, header};
 use axum::middleware::Next;
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
+use backpack_engine::grammar::Constraint;
 use backpack_engine::models::StopReason;
 use backpack_engine::models::reasoning::{AnswerPiece, ReasoningSplitter, split_reasoning};
 use backpack_engine::models::tool_calls::{ParsedCall, StreamPiece, ToolCallStream, ToolFormat};
@@ -125,7 +126,7 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
 fn engine_error(
     message: String,
     prompt_too_long: Option<(usize, u32)>,
-    bad_grammar: bool,
+    bad_grammar: Option<&'static str>,
 ) -> ApiError {
     match prompt_too_long {
         Some((tokens, context)) => ApiError::bad_request(
@@ -133,14 +134,24 @@ fn engine_error(
             Some("messages"),
         )
         .with_code("context_length_exceeded"),
-        None if bad_grammar => ApiError::bad_request(message, Some("response_format")),
+        None if bad_grammar.is_some() => ApiError::bad_request(message, bad_grammar),
         None => ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "server_error", message),
+    }
+}
+
+/// The request field that set the answer's grammar.
+fn grammar_param(constraint: Option<&Constraint>) -> &'static str {
+    match constraint {
+        Some(Constraint::Gbnf(_) | Constraint::Lark(_)) => "grammar",
+        Some(Constraint::ToolCall { .. }) => "tool_choice",
+        _ => "response_format",
     }
 }
 
 /// Queues the job; answers whole or streamed. Waits for the first token before replying, so a
 /// prompt the engine refuses gets an HTTP error, not a broken stream.
 async fn answer(s: &TextSide, job: Job, kind: Kind) -> Response {
+    let grammar_param = grammar_param(job.params.constraint.as_ref());
     let Some(mut ticket) = s.dispatch.submit(job.prompt, job.params) else {
         return ApiError::new(
             StatusCode::TOO_MANY_REQUESTS,
@@ -159,7 +170,14 @@ async fn answer(s: &TextSide, job: Job, kind: Kind) -> Response {
             prompt_too_long,
             bad_grammar,
             ..
-        }) => return engine_error(message, prompt_too_long, bad_grammar).into_response(),
+        }) => {
+            return engine_error(
+                message,
+                prompt_too_long,
+                bad_grammar.then_some(grammar_param),
+            )
+            .into_response();
+        }
         Some(event) => event,
         None => {
             return ApiError::new(
@@ -185,6 +203,7 @@ async fn answer(s: &TextSide, job: Job, kind: Kind) -> Response {
         kind,
         tools: job.tools,
         tool_format: s.tool_format,
+        grammar_param,
     };
     let stops = StopMatcher::new(job.stops);
     if job.stream {
@@ -202,6 +221,8 @@ struct Reply {
     kind: Kind,
     tools: Vec<Value>,
     tool_format: ToolFormat,
+    /// The request field a grammar error is blamed on.
+    grammar_param: &'static str,
 }
 
 /// How a generation ended, as the response reports it.
@@ -368,7 +389,10 @@ async fn whole(reply: Reply, mut ticket: Ticket, first: Event, mut stops: StopMa
                 prompt_too_long,
                 bad_grammar,
                 ..
-            } => return engine_error(message, prompt_too_long, bad_grammar).into_response(),
+            } => {
+                let param = bad_grammar.then_some(reply.grammar_param);
+                return engine_error(message, prompt_too_long, param).into_response();
+            }
             _ => {}
         }
         event = ticket.next().await;
@@ -522,7 +546,8 @@ fn stream(
                     bad_grammar,
                     ..
                 } => {
-                    let _ = send(engine_error(message, prompt_too_long, bad_grammar).body()).await;
+                    let param = bad_grammar.then_some(reply.grammar_param);
+                    let _ = send(engine_error(message, prompt_too_long, param).body()).await;
                     return;
                 }
                 _ => {}
@@ -562,6 +587,7 @@ mod tests {
             kind,
             tools: Vec::new(),
             tool_format: ToolFormat::Hermes,
+            grammar_param: "response_format",
         }
     }
 

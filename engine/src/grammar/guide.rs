@@ -21,13 +21,21 @@ impl Guide {
     ) -> Result<Self, GrammarError> {
         let lark = constraint.to_lark(preamble)?;
         let grammar = TopLevelGrammar::from_lark(lark);
+        // A position in the Lark text means something only where the request wrote it.
+        let invalid = |message: &str| {
+            let message = clean(message);
+            GrammarError::Invalid(match constraint {
+                Constraint::Lark(_) => message,
+                _ => without_position(&message).to_owned(),
+            })
+        };
         let parser = vocab
             .factory()
             .create_parser(grammar)
-            .map_err(|e| GrammarError::Invalid(clean(&e.to_string())))?;
+            .map_err(|e| invalid(&e.to_string()))?;
         let matcher = Matcher::new(Ok(parser));
         if let Some(e) = matcher.get_error() {
-            return Err(GrammarError::Invalid(clean(&e)));
+            return Err(invalid(&e));
         }
         Ok(Self {
             matcher,
@@ -41,7 +49,7 @@ impl Guide {
         let mask = self
             .matcher
             .compute_mask_or_eos()
-            .map_err(|e| GrammarError::Matcher(e.to_string()))?;
+            .map_err(|e| GrammarError::Matcher(clean(&e.to_string())))?;
         let mut words = mask.as_slice().to_vec();
         words.resize(self.words, 0);
         if words.iter().all(|&w| w == 0) {
@@ -59,7 +67,7 @@ impl Guide {
         }
         self.matcher
             .consume_token(token)
-            .map_err(|e| GrammarError::Matcher(e.to_string()))
+            .map_err(|e| GrammarError::Matcher(clean(&e.to_string())))
     }
 
     /// Whether the answer so far is a complete sentence of the grammar.
@@ -68,7 +76,19 @@ impl Guide {
     }
 }
 
-/// llguidance's messages carry a location prefix meant for its own logs.
+/// The message without llguidance's leading `at LINE(COLUMN): `.
+fn without_position(message: &str) -> &str {
+    match message
+        .strip_prefix("at ")
+        .and_then(|rest| rest.split_once("): "))
+    {
+        Some((position, rest)) if position.chars().all(|c| c.is_ascii_digit() || c == '(') => rest,
+        _ => message,
+    }
+}
+
+/// llguidance's messages end with a dump of the parser's state meant for its own logs: the
+/// first line says what went wrong.
 fn clean(message: &str) -> String {
-    message.trim().to_owned()
+    message.trim().lines().next().unwrap_or_default().to_owned()
 }

@@ -55,8 +55,8 @@ pub enum Event {
         /// Set when the prompt did not fit the context: (prompt tokens, context length), so a
         /// UI can offer to drop the oldest turns.
         prompt_too_long: Option<(usize, u32)>,
-        /// The request's grammar or JSON schema could not be compiled (its fault, not the
-        /// engine's).
+        /// The request's grammar or JSON schema could not be compiled or followed (its fault,
+        /// not the engine's).
         bad_grammar: bool,
     },
 }
@@ -197,7 +197,10 @@ impl Engine {
                                 },
                                 bad_grammar: matches!(
                                     e,
-                                    crate::Error::Grammar(crate::grammar::GrammarError::Invalid(_))
+                                    crate::Error::Grammar(
+                                        crate::grammar::GrammarError::Invalid(_)
+                                            | crate::grammar::GrammarError::Matcher(_)
+                                    )
                                 ),
                             }),
                         }
