@@ -985,3 +985,103 @@ fn phi4_mini_gets_its_tools_in_the_system_message() {
         "<|system|><|tool|>[{\"name\":\"get_weather\",\"parameters\":{\"type\":\"object\"}}]<|/tool|><|end|><|user|>Weather?<|end|><|assistant|>"
     );
 }
+
+/// The official JSON-Schema-Test-Suite (draft 2020-12, the keywords structured outputs use):
+/// each instance, written as compact JSON and tokenized, is taken whole by the grammar of its
+/// schema when the suite calls it valid, and never when it calls it invalid. The one kind of
+/// valid instance refused is another spelling of a value the grammar writes one way: a whole
+/// number with a `.0` where an integer, a `const` or an `enum` asks for one, a `const` object
+/// with its keys in another order. Schemas that strict mode refuses are listed with why.
+#[test]
+fn json_schema_grammars_agree_with_the_schema_test_suite() {
+    use backpack_engine::grammar::{Constraint, GrammarVocab, Guide, Preamble};
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/models/tiny-qwen2");
+    let tokenizer = TextTokenizer::from_dir(&dir).expect("tokenizer");
+    let eos = tokenizer.eos_token_id().expect("an end-of-text token");
+    let vocab = GrammarVocab::new(tokenizer.hf().clone(), tokenizer.vocab_size(), &[eos])
+        .expect("vocabulary");
+    let other_spelling = |label: &str, text: &str| {
+        label.contains("property order")
+            || text
+                .split(|c: char| !(c.is_ascii_digit() || c == '.'))
+                .any(|n| n.ends_with(".0"))
+    };
+    let (mut agreed, mut excepted, mut refused, mut differ) =
+        (0, Vec::new(), Vec::new(), Vec::new());
+    let suite = corpus("json-schema-test-suite");
+    let mut files: Vec<_> = std::fs::read_dir(&suite)
+        .expect("suite")
+        .map(|e| e.expect("entry").path())
+        .collect();
+    files.sort();
+    for file in files {
+        let groups: Value =
+            serde_json::from_slice(&std::fs::read(&file).expect("read")).expect("suite file");
+        let name = file
+            .file_stem()
+            .and_then(|s| s.to_str())
+            .unwrap_or_default()
+            .to_owned();
+        for group in groups.as_array().expect("groups") {
+            let constraint = Constraint::JsonSchema {
+                schema: group["schema"].clone(),
+                strict: true,
+            };
+            if let Err(e) = Guide::new(&vocab, &constraint, Preamble::None) {
+                let tests = group["tests"].as_array().expect("tests");
+                if e.to_string().contains("Unsatisfiable") {
+                    // No document fits: the suite must call every instance invalid.
+                    assert!(tests.iter().all(|t| t["valid"] == false), "{name}: {e}");
+                    agreed += tests.len();
+                } else {
+                    // Strict mode refuses what it cannot hold (a keyword, a bound written
+                    // as 2.0), saying what.
+                    refused.push(format!(
+                        "{name}: {}: {e}",
+                        group["description"].as_str().unwrap_or_default()
+                    ));
+                }
+                continue;
+            }
+            for case in group["tests"].as_array().expect("tests") {
+                let label = format!(
+                    "{name}: {} / {}",
+                    group["description"].as_str().unwrap_or_default(),
+                    case["description"].as_str().unwrap_or_default()
+                );
+                let text = serde_json::to_string(&case["data"]).expect("json");
+                let ids = tokenizer.encode(&text, false).expect("encode");
+                let taken = match Guide::new(&vocab, &constraint, Preamble::None) {
+                    Err(e) => panic!("{label}: the schema does not compile: {e}"),
+                    Ok(mut guide) => {
+                        ids.iter().all(|&id| {
+                            let allowed = guide
+                                .mask()
+                                .is_ok_and(|m| m[(id / 32) as usize] & (1 << (id % 32)) != 0);
+                            allowed && guide.accept(id).is_ok()
+                        }) && guide.is_complete()
+                    }
+                };
+                let valid = case["valid"].as_bool().expect("valid");
+                if taken == valid {
+                    agreed += 1;
+                } else if valid && other_spelling(&label, &text) {
+                    excepted.push(format!("{label}: {text}"));
+                } else {
+                    differ.push(format!(
+                        "{label}: {text} is {} but the grammar {}",
+                        if valid { "valid" } else { "invalid" },
+                        if taken { "takes it" } else { "refuses it" }
+                    ));
+                }
+            }
+        }
+    }
+    eprintln!("{agreed} instances agree; excepted: {excepted:#?}; schemas refused: {refused:#?}");
+    assert!(differ.is_empty(), "{differ:#?}");
+    assert!(agreed >= 350, "{agreed}");
+    assert!(
+        excepted.len() <= 10 && refused.len() <= 6,
+        "{excepted:#?} {refused:#?}"
+    );
+}
