@@ -18,10 +18,17 @@ xz -dc .bench/backpack.xz > .bench/backpack && chmod +x .bench/backpack
 pip install --no-deps -q --target /tmp/gg .bench/gguf-0.19.0-py3-none-any.whl 2>/dev/null
 export PYTHONPATH=/tmp/gg
 xz -dc .bench/smollm2-tokenizer.json.xz > /tmp/tok.json
-python3 tests/reference/make_bench_gguf.py model --config tests/reference/configs/smollm2-1.7b.json \
-    --format q4_k --tokenizer /tmp/tok.json --out /tmp/m17.gguf
-python3 tests/reference/make_bench_gguf.py model --config tests/reference/configs/smollm2-135m.json \
-    --format q8_0 --tokenizer /tmp/tok.json --out /tmp/m135.gguf
+# SHAPES: "config:format" pairs (tests/reference/configs/CONFIG.json); the last one is served for
+# the prompt-cache measurement.
+SHAPES=${SHAPES:-"smollm2-135m:q8_0 smollm2-1.7b:q4_k"}
+models=()
+for pair in $SHAPES; do
+    config=${pair%%:*} format=${pair##*:}
+    python3 tests/reference/make_bench_gguf.py model --config "tests/reference/configs/$config.json" \
+        --format "$format" --tokenizer /tmp/tok.json --out "/tmp/$config-$format.gguf"
+    models+=("/tmp/$config-$format.gguf")
+done
+served=${models[-1]}
 B=.bench/backpack
 cat > /tmp/schema.json <<'J'
 {"type": "array", "minItems": 60, "items": {"type": "object", "properties": {
@@ -41,18 +48,18 @@ print(f'$label rep $rep: {len(d[\"tokens\"])} tokens, {d[\"tokens_per_s\"]:.1f} 
 " || tail -3 /tmp/err.txt
     done
 }
-for model in /tmp/m135.gguf /tmp/m17.gguf; do
+for model in "${models[@]}"; do
     echo "== $model"
     run "free" "$model"
     run "any text (masked path)" "$model" --grammar 'root ::= [^\x00]*'
     run "json-schema" "$model" --json-schema @/tmp/schema.json
     run "gbnf words" "$model" --grammar 'root ::= ([a-z]+ " ")*'
 done
-echo "== decode pipeline on / off (bench, 1.7B Q4_K)"
-$B bench --model /tmp/m17.gguf --prompt-len 64 --gen 256 --json 2>/dev/null | tail -1 | cut -c1-400
-$B bench --model /tmp/m17.gguf --prompt-len 64 --gen 256 --sync --json 2>/dev/null | tail -1 | cut -c1-400
-echo "== prompt cache, serve /tmp/m17.gguf"
-$B serve --model /tmp/m17.gguf --port 18180 --context 4096 2>/tmp/serve.txt &
+echo "== decode pipeline on / off (bench, $served)"
+$B bench --model "$served" --prompt-len 64 --gen 256 --json 2>/dev/null | tail -1 | cut -c1-400
+$B bench --model "$served" --prompt-len 64 --gen 256 --sync --json 2>/dev/null | tail -1 | cut -c1-400
+echo "== prompt cache, serve $served"
+$B serve --model "$served" --port 18180 --context 4096 2>/tmp/serve.txt &
 for i in $(seq 60); do grep -q serving /tmp/serve.txt && break; sleep 1; done
 python3 - <<'PY'
 import json, time, urllib.request
