@@ -2188,16 +2188,27 @@ fn sample_once(gpu: &Gpu, logits: &[f32], history: &[u32], params: &SamplerParam
     sample_with(gpu, logits, history, params, None)
 }
 
-/// Sampler widths the tests cover: the adapter's choice (64 lanes on a CPU adapter, 1024 where
-/// GPUs allow it) and the 256 that GPUs with smaller workgroups take.
-const SAMPLER_WIDTHS: [Option<u32>; 2] = [None, Some(256)];
-
 fn sample_with(
     gpu: &Gpu,
     logits: &[f32],
     history: &[u32],
     params: &SamplerParams,
     width: Option<u32>,
+) -> u32 {
+    sample_masked(gpu, logits, history, params, width, None)
+}
+
+/// Sampler widths the tests cover: the adapter's choice (64 lanes on a CPU adapter, 1024 where
+/// GPUs allow it) and the 256 that GPUs with smaller workgroups take.
+const SAMPLER_WIDTHS: [Option<u32>; 2] = [None, Some(256)];
+
+fn sample_masked(
+    gpu: &Gpu,
+    logits: &[f32],
+    history: &[u32],
+    params: &SamplerParams,
+    width: Option<u32>,
+    mask: Option<&[u32]>,
 ) -> u32 {
     let vocab = logits.len() as u32;
     // Pad to whole vec4 words with values that would win if the padding were read.
@@ -2215,11 +2226,87 @@ fn sample_with(
     let st = step(gpu, 0, history.len() as u32);
     let op = Sample::with_width(gpu, vocab, &lb, &hb, &seen, &st, width).expect("sample");
     op.set(gpu, params);
+    op.set_mask(gpu, mask);
     let mut rec = Recorder::new(gpu);
     op.encode(&mut rec);
     rec.submit();
     let out: Vec<u32> = gpu.read(&hb.buffer, history.len() as u64, 1).expect("read");
     out[0]
+}
+
+/// A grammar's mask: greedy picks the best allowed token (after the repetition penalty) as a
+/// CPU argmax over the allowed ones does, and draws with temperature, top-k and top-p only
+/// ever land on allowed tokens; awkward vocabularies (not whole vec4 or mask words) and a mask
+/// shorter than the vocabulary (the rest forbidden).
+#[test]
+fn masked_sampling_keeps_to_the_allowed_tokens() {
+    let gpu = gpu();
+    let mut rng = common::Rng::new(61);
+    for vocab in [7usize, 1003, 4099] {
+        let logits = rng.vec(vocab, 4.0);
+        let words = vocab.div_ceil(32);
+        let mut mask = vec![0u32; words];
+        for id in 0..vocab {
+            if rng.below(10) == 0 {
+                mask[id / 32] |= 1 << (id % 32);
+            }
+        }
+        mask[0] |= 1 << 3;
+        // The last word left out: its tokens are forbidden.
+        let given = if words > 1 {
+            &mask[..words - 1]
+        } else {
+            &mask[..]
+        };
+        let allowed = |id: usize| id / 32 < given.len() && given[id / 32] & (1 << (id % 32)) != 0;
+        let history = [1u32, (vocab as u32) / 2];
+        for width in SAMPLER_WIDTHS {
+            for penalty in [1.0f32, 1.3] {
+                let params = SamplerParams {
+                    repeat_penalty: penalty,
+                    ..Default::default()
+                };
+                let penalized = |id: usize| {
+                    let l = logits[id];
+                    if history.contains(&(id as u32)) && penalty != 1.0 {
+                        if l > 0.0 { l / penalty } else { l * penalty }
+                    } else {
+                        l
+                    }
+                };
+                let want = (0..vocab)
+                    .filter(|&id| allowed(id))
+                    .fold(None, |best: Option<usize>, id| match best {
+                        Some(b) if penalized(b) >= penalized(id) => Some(b),
+                        _ => Some(id),
+                    })
+                    .expect("an allowed token");
+                let got = sample_masked(&gpu, &logits, &history, &params, width, Some(given));
+                assert_eq!(
+                    got as usize, want,
+                    "vocab {vocab}, width {width:?}, penalty {penalty}"
+                );
+            }
+            for seed in 0..6u64 {
+                let params = SamplerParams {
+                    temperature: 1.2,
+                    top_k: 5,
+                    top_p: 0.9,
+                    seed,
+                    ..Default::default()
+                };
+                let got = sample_masked(&gpu, &logits, &history, &params, width, Some(given));
+                assert!(allowed(got as usize), "vocab {vocab}: drew forbidden {got}");
+                let plain = SamplerParams {
+                    temperature: 1.0,
+                    seed,
+                    ..Default::default()
+                };
+                let got = sample_masked(&gpu, &logits, &history, &plain, width, Some(given));
+                assert!(allowed(got as usize), "vocab {vocab}: drew forbidden {got}");
+            }
+        }
+    }
 }
 
 #[test]

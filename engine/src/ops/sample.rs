@@ -171,11 +171,19 @@ impl Sample {
     /// `i / 32`), or lifts the restriction. A mask shorter than the vocabulary forbids the rest.
     pub fn set_mask(&self, gpu: &Gpu, mask: Option<&[u32]>) {
         if let Some(words) = mask {
-            let mut all = vec![0u32; self.vocab.div_ceil(32) as usize];
-            let n = words.len().min(all.len());
-            all[..n].copy_from_slice(&words[..n]);
+            // Written as given each token; only a short mask needs its tail cleared.
+            let full = self.vocab.div_ceil(32) as usize;
+            let n = words.len().min(full);
             gpu.queue()
-                .write_buffer(&self.mask.buffer, 0, bytemuck::cast_slice(&all));
+                .write_buffer(&self.mask.buffer, 0, bytemuck::cast_slice(&words[..n]));
+            if n < full {
+                let tail = vec![0u32; full - n];
+                gpu.queue().write_buffer(
+                    &self.mask.buffer,
+                    n as u64 * 4,
+                    bytemuck::cast_slice(&tail),
+                );
+            }
         }
         let flag = u32::from(mask.is_some());
         gpu.queue().write_buffer(
