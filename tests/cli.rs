@@ -245,3 +245,124 @@ fn self_test_reports_the_gpu_and_checks_kernels() {
     assert!(text.contains("audio input"), "{text}");
     assert!(text.trim_end().ends_with("all good"), "{text}");
 }
+
+/// `generate --json` with the given extra flags on a fixture's first golden case: the JSON line
+/// and the tokens transformers chose greedily.
+fn generate_golden(model: &str, extra: &[&str]) -> Result<(serde_json::Value, Vec<u64>), String> {
+    let case = golden_case(model, 0);
+    let want: Vec<u64> = case["greedy_tokens"]
+        .as_array()
+        .expect("tokens")
+        .iter()
+        .filter_map(|v| v.as_u64())
+        .collect();
+    let dir = fixtures().join("models").join(model);
+    let max = want.len().to_string();
+    let mut args = vec![
+        "generate",
+        "--model",
+        dir.to_str().expect("utf-8 path"),
+        "--raw",
+        "--prompt",
+        case["prompt"].as_str().expect("raw prompt"),
+        "--max-tokens",
+        &max,
+        "--dtype",
+        "f32",
+        "--json",
+    ];
+    args.extend_from_slice(extra);
+    let out = backpack(&args);
+    if !out.status.success() {
+        return Err(String::from_utf8_lossy(&out.stderr).into_owned());
+    }
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let json = serde_json::from_str(stdout.lines().last().expect("a JSON line")).expect("json");
+    Ok((json, want))
+}
+
+/// Speculative decoding keeps transformers' greedy answer, with drafts from the context and
+/// from a draft model (here the model itself, so every draft is kept), and says what it kept.
+#[test]
+fn speculative_generation_keeps_the_greedy_tokens() {
+    for model in ["tiny-llama", "tiny-qwen3-moe"] {
+        let dir = fixtures().join("models").join(model);
+        let draft = dir.to_str().expect("path");
+        for extra in [
+            vec!["--speculate", "4"],
+            vec!["--draft-model", draft, "--speculate", "3"],
+        ] {
+            let (json, want) = generate_golden(model, &extra).expect("generate");
+            let got: Vec<u64> = json["tokens"]
+                .as_array()
+                .expect("tokens")
+                .iter()
+                .filter_map(|v| v.as_u64())
+                .collect();
+            assert_eq!(got, want, "{model} {extra:?}");
+            let drafted = json["drafted_tokens"].as_u64().expect("drafted_tokens");
+            let accepted = json["accepted_tokens"].as_u64().expect("accepted_tokens");
+            assert!(accepted <= drafted, "{model} {extra:?}");
+            if extra.len() == 4 && want.len() > 1 {
+                assert!(drafted > 0 && accepted == drafted, "{model}: {json}");
+            }
+        }
+    }
+    let err = generate_golden("tiny-qwen3-5", &["--speculate", "4"]).expect_err("cannot rewind");
+    assert!(err.contains("cannot speculate"), "{err}");
+    let err = generate_golden("tiny-llama", &["--speculate", "9"]).expect_err("too many");
+    assert!(err.contains("1 to 7"), "{err}");
+}
+
+/// `bench --speculate K --acceptance A,...`: one speculative row per pair, on the greedy answer
+/// plain decoding gave (f32: the two forms agree token for token).
+#[test]
+fn bench_json_carries_the_speculative_rows() {
+    let dir = fixtures().join("models/tiny-llama");
+    let out = backpack(&[
+        "bench",
+        "--model",
+        dir.to_str().expect("path"),
+        "--dtype",
+        "f32",
+        "--prompt-len",
+        "9",
+        "--gen",
+        "20",
+        "--repeat",
+        "1",
+        "--speculate",
+        "2,5",
+        "--acceptance",
+        "1,0.5",
+        "--json",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let json: serde_json::Value =
+        serde_json::from_str(stdout.lines().last().expect("a line")).expect("JSON");
+    let rows = json["speculative"].as_array().expect("speculative rows");
+    let shapes: Vec<(u64, f64)> = rows
+        .iter()
+        .map(|r| {
+            let k = r["drafts_per_round"].as_u64().expect("k");
+            (k, r["acceptance"].as_f64().expect("acceptance"))
+        })
+        .collect();
+    assert_eq!(shapes, [(2, 1.0), (2, 0.5), (5, 1.0), (5, 0.5)]);
+    for r in rows {
+        assert_eq!(r["differing_tokens"], 0, "{r}");
+        assert!(r["speculative_tok_s"].as_f64().expect("tok/s") > 0.0);
+        let per_round = r["tokens_per_round"].as_f64().expect("tokens a round");
+        let k = r["drafts_per_round"].as_f64().expect("k");
+        assert!(per_round >= 1.0 && per_round <= k + 1.0, "{r}");
+        if r["acceptance"] == 1.0 {
+            // Every draft kept: all but the last round give k + 1 tokens.
+            assert!(per_round > k * 0.75, "{r}");
+        }
+    }
+}

@@ -55,6 +55,13 @@ pub struct BenchArgs {
     /// Wait for every decode step before submitting the next (no lookahead).
     #[arg(long)]
     sync: bool,
+    /// Also measure speculative decoding with these numbers of drafts a round (greedy only):
+    /// the drafts are the model's own answer, each replaced with chance 1 − --acceptance.
+    #[arg(long, value_delimiter = ',')]
+    speculate: Vec<u32>,
+    /// The chances each draft is the model's own next token (with --speculate).
+    #[arg(long, value_delimiter = ',', default_value = "1")]
+    acceptance: Vec<f64>,
     /// Print the result as one JSON line.
     #[arg(long)]
     json: bool,
@@ -159,11 +166,31 @@ pub fn run(args: BenchArgs, adapter: Option<&str>) -> Result<()> {
         (None, None)
     };
     let dispatches = model.dispatches_per_token();
+    if !args.speculate.is_empty() && args.temperature > 0.0 {
+        anyhow::bail!("--speculate measures greedy decoding: leave --temperature at 0");
+    }
+    let shapes: Vec<(u32, f64)> = args
+        .speculate
+        .iter()
+        .flat_map(|&k| args.acceptance.iter().map(move |&a| (k, a)))
+        .collect();
+    let speculative = if shapes.is_empty() {
+        Vec::new()
+    } else {
+        super::bench_speculative::measure(&mut model, &prompt, args.generate, &shapes, args.repeat)?
+    };
     // After the timed runs: timestamp queries slow the GPU down a little.
     let profile = if args.profile {
         Some((model.profile_prefill(&prompt)?, model.profile_decode()?))
     } else {
         None
+    };
+    let verify_profile = match args.speculate.first() {
+        Some(&k) if args.profile => {
+            model.prefill(&prompt)?;
+            Some((k, model.profile_verify(&prompt[..k as usize])?))
+        }
+        _ => None,
     };
     if args.json {
         let mut out = serde_json::json!({
@@ -191,6 +218,9 @@ pub fn run(args: BenchArgs, adapter: Option<&str>) -> Result<()> {
             "bandwidth_fraction": bandwidth.map(|b| weights_gb * decode_tps / b),
             "dispatch_floor_us": floor_us,
         });
+        if !speculative.is_empty() {
+            out["speculative"] = speculative.iter().map(|s| s.json()).collect();
+        }
         if let Some((prefill, decode)) = &profile {
             out["profile"] = serde_json::json!({
                 "prefill": timings_json(prefill),
@@ -216,9 +246,15 @@ pub fn run(args: BenchArgs, adapter: Option<&str>) -> Result<()> {
             bandwidth,
             floor_us,
         });
+        for s in &speculative {
+            s.print();
+        }
         if let Some((prefill, decode)) = profile {
             print_timings("the prompt", prefill);
             print_timings("one decode step", decode);
+        }
+        if let Some((k, verify)) = verify_profile {
+            print_timings(&format!("one verification of {k} drafts"), verify);
         }
     }
     Ok(())

@@ -81,6 +81,8 @@ pub struct GenerateArgs {
     /// parses and validates.
     #[arg(long, conflicts_with = "endpoint")]
     json_schema: Option<String>,
+    #[command(flatten)]
+    speculate: super::SpeculateArgs,
     /// Print one JSON object with ids, text and timings after the text: `text` is the reply,
     /// `reasoning` what a reasoning model thought first (null if it did not, or with --raw).
     #[arg(long)]
@@ -205,16 +207,15 @@ pub fn run(args: GenerateArgs, adapter: Option<&str>) -> Result<()> {
         .build()?;
     runtime.block_on(async move {
         let (engine, mut events) = Engine::spawn(gpu, None);
-        engine.load(
-            model,
-            super::model_options(
-                args.dtype,
-                args.quant,
-                args.context,
-                args.kv_cache,
-                args.f16_prompt_weights,
-            ),
+        let mut options = super::model_options(
+            args.dtype,
+            args.quant,
+            args.context,
+            args.kv_cache,
+            args.f16_prompt_weights,
         );
+        options.speculate = args.speculate.speculation()?;
+        engine.load(model, options);
         let info = match events.recv().await {
             Some(Event::Loaded(info)) => info,
             Some(Event::Error { message, .. }) => bail!("{message}"),
@@ -282,6 +283,7 @@ pub fn run(args: GenerateArgs, adapter: Option<&str>) -> Result<()> {
                     prompt_time,
                     tokens_per_s,
                     stop,
+                    drafts,
                     ..
                 } if r == request => {
                     writeln!(stdout)?;
@@ -292,6 +294,14 @@ pub fn run(args: GenerateArgs, adapter: Option<&str>) -> Result<()> {
                         ttft.as_secs_f64() * 1e3,
                         tokens_per_s
                     );
+                    if drafts.drafted > 0 {
+                        eprintln!(
+                            "speculation: {} of {} drafted tokens kept ({:.0} %)",
+                            drafts.accepted,
+                            drafts.drafted,
+                            100.0 * drafts.accepted as f64 / drafts.drafted as f64
+                        );
+                    }
                     if args.json {
                         // A raw prompt's continuation is reported as it came.
                         let (reasoning, reply) = if args.raw {
@@ -308,6 +318,8 @@ pub fn run(args: GenerateArgs, adapter: Option<&str>) -> Result<()> {
                             "prompt_ms": prompt_time.map(|t| t.as_secs_f64() * 1e3),
                             "tokens_per_s": tokens_per_s,
                             "dispatches_per_token": info.dispatches_per_token,
+                            "drafted_tokens": drafts.drafted,
+                            "accepted_tokens": drafts.accepted,
                         });
                         writeln!(stdout, "{line}")?;
                     }

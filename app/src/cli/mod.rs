@@ -4,6 +4,7 @@
 pub mod bench;
 pub mod bench_gemm;
 pub mod bench_image;
+pub mod bench_speculative;
 pub mod bench_speech;
 pub mod generate;
 pub mod image;
@@ -13,6 +14,8 @@ pub mod remote;
 pub mod self_test;
 pub mod serve;
 pub mod transcribe;
+
+use std::path::PathBuf;
 
 use anyhow::Result;
 use clap::{Subcommand, ValueEnum};
@@ -118,6 +121,42 @@ impl QuantArg {
         }
     }
 }
+
+/// Speculative decoding's flags (`generate`, `serve`).
+#[derive(clap::Args, Clone, Debug, Default)]
+pub struct SpeculateArgs {
+    /// Speculative decoding with a small draft model that shares the model's tokenizer (a
+    /// folder, a .gguf file or an installed repo id): it guesses --speculate tokens a round
+    /// and the model checks them in one pass. Answers are unchanged; only speed differs.
+    #[arg(long)]
+    pub draft_model: Option<PathBuf>,
+    /// Speculative decoding: guess up to N tokens a round (1 to 16) and check them in one
+    /// pass of the model. Without --draft-model the guesses are copied from the context
+    /// (prompt lookup: edits, summaries, repeated records). Default with --draft-model: 5.
+    #[arg(long, value_name = "N")]
+    pub speculate: Option<u32>,
+}
+
+impl SpeculateArgs {
+    /// What the flags ask for, with the draft model's repo id resolved.
+    pub fn speculation(&self) -> Result<Option<backpack_engine::models::speculate::Speculation>> {
+        use backpack_engine::models::speculate::Speculation;
+        let draft = match &self.draft_model {
+            Some(d) => Some(generate::resolve_model(d)?),
+            None => None,
+        };
+        Ok(match (draft, self.speculate) {
+            (None, None) => None,
+            (draft, tokens) => Some(Speculation {
+                tokens: tokens.unwrap_or(DEFAULT_DRAFTS),
+                draft,
+            }),
+        })
+    }
+}
+
+/// Drafts a round when --draft-model is given alone.
+const DEFAULT_DRAFTS: u32 = 5;
 
 /// Opens the GPU, telling the user which adapter runs the work (and warning on a CPU one).
 /// How `generate` and `serve` load a text model from their flags (`--quant f16` stores the

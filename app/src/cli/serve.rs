@@ -40,6 +40,8 @@ pub struct ServeArgs {
     /// faster on GPUs with tensor cores, for 2 bytes per weight more GPU memory.
     #[arg(long)]
     f16_prompt_weights: bool,
+    #[command(flatten)]
+    speculate: super::SpeculateArgs,
 }
 
 pub fn run(args: ServeArgs, adapter: Option<&str>) -> Result<()> {
@@ -49,13 +51,14 @@ pub fn run(args: ServeArgs, adapter: Option<&str>) -> Result<()> {
         .map(|m| super::generate::resolve_model(m))
         .collect::<Result<Vec<_>>>()?;
     let gpu = super::open_gpu(adapter)?;
-    let load = super::model_options(
+    let mut load = super::model_options(
         args.dtype,
         args.quant,
         args.context,
         args.kv_cache,
         args.f16_prompt_weights,
     );
+    load.speculate = args.speculate.speculation()?;
     let opts = ServeOptions {
         host: args.host,
         port: args.port,

@@ -8,6 +8,7 @@ mod expert_uploads;
 pub mod harmony;
 mod host_tensor;
 pub mod reasoning;
+pub mod speculate;
 mod text;
 pub mod tool_calls;
 mod weight_rows;

@@ -5,6 +5,7 @@ use serde::{Deserialize, Serialize};
 
 use super::decoder::{DecoderModel, ModelOptions};
 use super::harmony::{HarmonyStream, HarmonyTokens};
+use super::speculate::{DraftStats, Speculator};
 use super::tool_calls::ToolFormat;
 use super::weights::WeightSource;
 use crate::Error;
@@ -125,6 +126,8 @@ pub struct GenerationStats {
     pub stop: StopReason,
     /// Prompt tokens taken from the cache of the previous prompt instead of run again.
     pub cached_tokens: usize,
+    /// Speculative decoding's drafts over the answer (zero without speculation).
+    pub drafts: DraftStats,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -169,6 +172,17 @@ pub struct TextModel {
     tool_format: ToolFormat,
     /// Special tokens kept in a chat answer's text, because they mark tool calls.
     kept_specials: std::collections::HashMap<u32, String>,
+    /// Drafts and verifies when speculative decoding is on.
+    speculator: Option<Speculator>,
+}
+
+/// An answer being decoded speculatively.
+struct Speculating {
+    /// The prompt and the tokens returned so far.
+    context: Vec<u32>,
+    /// Tokens a verification gave beyond the first, handed out one by one.
+    ready: std::collections::VecDeque<u32>,
+    drafts: DraftStats,
 }
 
 /// What a model's files give besides its weights.
@@ -223,8 +237,19 @@ const TOKENIZER_WARM_UP: &str = "Warming up: the quick brown fox jumps over the 
     1234567890 times (ÉTÉ, naïve, 東京).";
 
 impl TextModel {
-    /// Loads an HF model folder (`config.json`, safetensors, `tokenizer.json`, …).
+    /// Loads an HF model folder (`config.json`, safetensors, `tokenizer.json`, …) or a GGUF
+    /// file, and the draft model `opts.speculate` names, if any.
     pub fn load(gpu: &Gpu, path: &Path, opts: &ModelOptions) -> Result<Self, Error> {
+        let mut text = Self::load_alone(gpu, path, opts)?;
+        if let Some(how) = &opts.speculate {
+            let speculator = Speculator::new(gpu, &text, how, opts)?;
+            text.model.set_lookahead(false);
+            text.speculator = Some(speculator);
+        }
+        Ok(text)
+    }
+
+    fn load_alone(gpu: &Gpu, path: &Path, opts: &ModelOptions) -> Result<Self, Error> {
         if !path.exists() {
             return Err(LoadError::Missing {
                 path: path.to_owned(),
@@ -291,6 +316,7 @@ impl TextModel {
             grammar_vocab,
             tool_format,
             kept_specials,
+            speculator: None,
         }
     }
 
@@ -356,6 +382,7 @@ impl TextModel {
             tokens_per_s: 0.0,
             stop: StopReason::MaxTokens,
             cached_tokens: 0,
+            drafts: DraftStats::default(),
         };
         if params.max_tokens == 0 {
             return Ok(stats);
@@ -393,13 +420,30 @@ impl TextModel {
         stats.prompt_time = prefill_start.elapsed();
         stats.ttft = start.elapsed();
         let first_at = Instant::now();
+        // Speculation drafts free text only: a grammar's mask needs each token in turn.
+        let mut speculating = match &mut self.speculator {
+            Some(s) if guide.is_none() => {
+                s.start(&params.sampler);
+                Some(Speculating {
+                    context: stats.prompt_tokens.clone(),
+                    ready: Default::default(),
+                    drafts: DraftStats::default(),
+                })
+            }
+            _ => None,
+        };
         loop {
             stats.tokens.push(token);
+            if let Some(s) = &mut speculating {
+                s.context.push(token);
+            }
+            // Where the token just returned sits: it can be fed only below the capacity.
+            let position = stats.prompt_tokens.len() + stats.tokens.len() - 1;
             let stop = if self.eos_ids.contains(&token) {
                 Some(StopReason::EndOfText)
             } else if stats.tokens.len() as u32 >= params.max_tokens {
                 Some(StopReason::MaxTokens)
-            } else if self.model.seq_len() >= self.model.capacity() {
+            } else if position >= self.model.capacity() as usize {
                 Some(StopReason::ContextFull)
             } else if cancelled() {
                 Some(StopReason::Cancelled)
@@ -429,18 +473,16 @@ impl TextModel {
                 stats.stop = stop;
                 break;
             }
-            token = match &mut guide {
-                // The grammar takes the token and gives the next mask while the GPU runs the
-                // step's forward pass.
-                Some(g) => {
-                    let fed = token;
-                    self.model.decode_masked(|| {
-                        g.accept(fed)?;
-                        Ok(g.mask()?)
-                    })?
-                }
-                None => self.model.decode()?,
-            };
+            token = self.next_token(
+                token,
+                &mut guide,
+                speculating.as_mut(),
+                params,
+                stats.tokens.len(),
+            )?;
+        }
+        if let Some(s) = speculating {
+            stats.drafts = s.drafts;
         }
         let decoded = stats.tokens.len().saturating_sub(1);
         let secs = first_at.elapsed().as_secs_f64();
@@ -450,6 +492,42 @@ impl TextModel {
             0.0
         };
         Ok(stats)
+    }
+
+    /// The token after `fed`, the last one returned: a grammar's masked step (the grammar takes
+    /// `fed` and gives the next mask while the GPU runs the step's forward pass), the next of
+    /// a verification's tokens, a speculative round, or a plain step.
+    fn next_token(
+        &mut self,
+        fed: u32,
+        guide: &mut Option<Guide>,
+        speculating: Option<&mut Speculating>,
+        params: &GenerateParams,
+        returned: usize,
+    ) -> Result<u32, Error> {
+        if let Some(g) = guide {
+            return self.model.decode_masked(|| {
+                g.accept(fed)?;
+                Ok(g.mask()?)
+            });
+        }
+        let (Some(s), Some(speculator)) = (speculating, &mut self.speculator) else {
+            return self.model.decode();
+        };
+        if let Some(next) = s.ready.pop_front() {
+            return Ok(next);
+        }
+        let limit = params.max_tokens as usize - returned;
+        let mut more = speculator.step(
+            &mut self.model,
+            &s.context,
+            &params.sampler,
+            limit,
+            &mut s.drafts,
+        )?;
+        let first = more.remove(0);
+        s.ready.extend(more);
+        Ok(first)
     }
 
     /// The grammar state of a constrained answer, if `params` asks for one.

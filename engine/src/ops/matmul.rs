@@ -8,7 +8,7 @@ use crate::gpu::{Gpu, GpuError, Kernel, Recorder, StorageBuffer, UniformBuffer};
 
 /// What every prompt-product kernel shares: the gated forms (glu_forms.wgsl), then
 /// matmul_io.wgsl, before the tiles' own file.
-fn product_source(tiles: &str) -> String {
+pub(super) fn product_source(tiles: &str) -> String {
     format!(
         "{}\n{}\n{tiles}",
         super::elementwise::GLU_FORMS,
@@ -41,18 +41,19 @@ pub const CPU_TILES_FROM: u32 = 64 * 1024;
 /// Output tile edge of the default tiles (both paths); `big_tiles` doubles it.
 const TILE: u32 = 64;
 
+/// matmul_io.wgsl's parameters (also the few-row product's, `few_rows.rs`).
 #[repr(C)]
 #[derive(Clone, Copy, Pod, Zeroable)]
-struct Params {
-    n: u32,
-    k: u32,
-    row_vecs: u32,
-    slices: u32,
-    q_scales: u32,
+pub(super) struct Params {
+    pub(super) n: u32,
+    pub(super) k: u32,
+    pub(super) row_vecs: u32,
+    pub(super) slices: u32,
+    pub(super) q_scales: u32,
     // What `reduce` needs to find the slices of a dispatch (see `MatMul::slices_for`).
-    col_tiles: u32,
-    tile_rows: u32,
-    target_workgroups: u32,
+    pub(super) col_tiles: u32,
+    pub(super) tile_rows: u32,
+    pub(super) target_workgroups: u32,
 }
 
 /// Output tiles wanted in flight: enough to occupy a large GPU (an H100 has 132 SMs).

@@ -12,6 +12,7 @@ mod denoise;
 mod dequant;
 mod dit;
 mod elementwise;
+mod few_rows;
 mod fill;
 mod group_norm;
 mod matmul;
@@ -46,6 +47,7 @@ pub use dit::{
     join_half_rows, mod_norm, patchify, scaled_add, unpatchify,
 };
 pub use elementwise::{Embed, Glu, GluKind, OutputGate};
+pub use few_rows::{FEW_ROWS, FewRows};
 pub use fill::{fill_random, fill_value};
 pub use group_norm::{GroupNorm, GroupNormShape};
 pub use matmul::{LONG_PROMPT_ROWS, MatMul, MatMulOptions, k_slices};

@@ -80,6 +80,10 @@ pub static QUANT_EMBED: LazyLock<String> =
 pub static QUANT_MATMUL: LazyLock<String> =
     LazyLock::new(|| quant_source() + super::matmul::SIMT_SOURCE.as_str());
 
+/// The few-row product over block-quantized weights: quant.wgsl expanded, then few_rows.wgsl.
+pub(crate) static QUANT_FEW_ROWS: LazyLock<String> =
+    LazyLock::new(|| quant_source() + super::few_rows::SOURCE.as_str());
+
 /// The quantized prompt product on tensor cores: quant.wgsl expanded, then the coop tiles.
 pub static QUANT_MATMUL_COOP: LazyLock<String> =
     LazyLock::new(|| quant_source() + super::matmul::COOP_SOURCE.as_str());

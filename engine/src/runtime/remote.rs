@@ -143,5 +143,6 @@ fn done(id: u64, answer: &RemoteAnswer) -> Event {
         tokens_per_s: answer.tokens_per_s,
         stop,
         cached_tokens: 0,
+        drafts: Default::default(),
     }
 }

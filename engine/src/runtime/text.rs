@@ -48,6 +48,8 @@ pub enum Event {
         stop: StopReason,
         /// Prompt tokens the local model took from its cache of the previous prompt.
         cached_tokens: usize,
+        /// Speculative decoding's drafts offered and kept (zero without speculation).
+        drafts: crate::models::speculate::DraftStats,
     },
     Error {
         request: Option<u64>,
@@ -185,6 +187,7 @@ impl Engine {
                                 tokens_per_s: stats.tokens_per_s,
                                 stop: stats.stop,
                                 cached_tokens: stats.cached_tokens,
+                                drafts: stats.drafts,
                             }),
                             Err(e) => send(Event::Error {
                                 request: Some(id),

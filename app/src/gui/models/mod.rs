@@ -51,7 +51,8 @@ impl ModelsPanel {
                         let ui = &mut cols[0];
                         loaded_model(ui, &shared.model, &mut actions);
                         ui.add_space(8.0);
-                        if loading_options(ui, &mut shared.store.state.load) {
+                        let state = &mut shared.store.state;
+                        if loading_options(ui, &mut state.load, &state.recent_models) {
                             shared.store.mark_dirty();
                         }
                         ui.add_space(8.0);
@@ -173,7 +174,7 @@ fn loaded_model(ui: &mut egui::Ui, model: &ModelState, actions: &mut Vec<Action>
 }
 
 /// How the next model is loaded. True when a setting changed.
-fn loading_options(ui: &mut egui::Ui, load: &mut LoadSettings) -> bool {
+fn loading_options(ui: &mut egui::Ui, load: &mut LoadSettings, recent: &[PathBuf]) -> bool {
     let before = load.clone();
     ui.group(|ui| {
         ui.label(egui::RichText::new("Loading options").strong());
@@ -205,6 +206,7 @@ fn loading_options(ui: &mut egui::Ui, load: &mut LoadSettings) -> bool {
             .on_hover_text(
                 "Quantized models keep an f16 copy of their weight matrices for reading                  prompts: prompts run about 10 % faster on GPUs with tensor cores, and the                  weights take 2 bytes per weight more GPU memory",
             );
+        speculation_options(ui, load, recent);
         ui.horizontal(|ui| {
             let mut custom = load.context.is_some();
             ui.checkbox(&mut custom, "Context length");
@@ -219,6 +221,41 @@ fn loading_options(ui: &mut egui::Ui, load: &mut LoadSettings) -> bool {
         });
     });
     *load != before
+}
+
+/// Speculative decoding: off, or drafts a round from the conversation or a draft model.
+fn speculation_options(ui: &mut egui::Ui, load: &mut LoadSettings, recent: &[PathBuf]) {
+    ui.horizontal(|ui| {
+        let mut on = load.speculate.is_some();
+        ui.checkbox(&mut on, "Speculative decoding").on_hover_text(
+            "Guess a few tokens ahead and check them in one pass of the model: the same \
+             answers; with f16 weights faster when the guesses are mostly right (text being \
+             copied or edited), with block-quantized weights slower for now",
+        );
+        if !on {
+            load.speculate = None;
+            return;
+        }
+        let drafts = load.speculate.get_or_insert(5);
+        ui.add(egui::DragValue::new(drafts).range(1..=16))
+            .on_hover_text("Tokens guessed a round");
+        let name = |p: &Option<PathBuf>| match p {
+            Some(p) => display_name(p),
+            None => "copied from the conversation".to_owned(),
+        };
+        egui::ComboBox::from_id_salt("draft model")
+            .selected_text(name(&load.draft_model))
+            .show_ui(ui, |ui| {
+                ui.selectable_value(&mut load.draft_model, None, name(&None));
+                for path in recent {
+                    let value = Some(path.clone());
+                    let label = name(&value);
+                    ui.selectable_value(&mut load.draft_model, value, label);
+                }
+            })
+            .response
+            .on_hover_text("Where guesses come from: the conversation itself, or a small model sharing the loaded model's tokenizer");
+    });
 }
 
 fn recent_models(ui: &mut egui::Ui, recent: &[PathBuf], actions: &mut Vec<Action>) {

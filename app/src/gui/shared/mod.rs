@@ -199,6 +199,12 @@ impl Shared {
             context: load.context,
             kv_cache: load.kv_q8.then_some(backpack_engine::ops::KvDType::Q8_0),
             f16_prompt_weights: load.f16_prompt_weights,
+            speculate: load.speculate.map(|tokens| {
+                backpack_engine::models::speculate::Speculation {
+                    tokens,
+                    draft: load.draft_model.clone(),
+                }
+            }),
             ..Default::default()
         }
     }

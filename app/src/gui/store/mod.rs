@@ -269,6 +269,10 @@ pub struct LoadSettings {
     pub kv_q8: bool,
     /// Keep f16 copies of block-quantized matrices for prompts (faster prompts, more memory).
     pub f16_prompt_weights: bool,
+    /// Speculative decoding's drafts a round; None: off.
+    pub speculate: Option<u32>,
+    /// The draft model; None drafts from the conversation (prompt lookup).
+    pub draft_model: Option<PathBuf>,
 }
 
 impl Default for LoadSettings {
@@ -279,6 +283,8 @@ impl Default for LoadSettings {
             context: None,
             kv_q8: false,
             f16_prompt_weights: false,
+            speculate: None,
+            draft_model: None,
         }
     }
 }

@@ -20,8 +20,9 @@ use crate::Error;
 use crate::gpu::{Gpu, Recorder, StorageBuffer, UniformBuffer};
 use crate::load::DecoderSpec;
 use crate::ops::{
-    DeltaScratch, Dequantize, Embed, Int8Handoff, KvDType, LONG_PROMPT_ROWS, MatMul, MatMulOptions,
-    MatVec, Matrix, MoeBuffers, Norm, NormKind, Sample, SamplerParams, StepParams, WeightDType,
+    DeltaScratch, Dequantize, Embed, FEW_ROWS, FewRows, Int8Handoff, KvDType, LONG_PROMPT_ROWS,
+    MatMul, MatMulOptions, MatVec, Matrix, MoeBuffers, Norm, NormKind, Sample, SamplerParams,
+    StepParams, WeightDType,
 };
 
 mod build;
@@ -35,8 +36,10 @@ mod llama;
 mod phi3;
 mod qwen3;
 mod qwen35;
+mod verify;
 
 use layer::{Layer, LayerMlp, Mixer, SharedExpert};
+pub use verify::MAX_VERIFY_ROWS;
 
 #[derive(Clone, Debug)]
 pub struct ModelOptions {
@@ -64,6 +67,9 @@ pub struct ModelOptions {
     /// runs only the rest. Models whose recurrent state cannot rewind (Gated DeltaNet) and
     /// longrope models run every prompt whole.
     pub prefix_cache: bool,
+    /// Speculative decoding for text models (see [`crate::models::speculate`]); None decodes
+    /// a token per step.
+    pub speculate: Option<crate::models::speculate::Speculation>,
 }
 
 impl Default for ModelOptions {
@@ -78,6 +84,7 @@ impl Default for ModelOptions {
             lookahead: true,
             f16_prompt_weights: false,
             prefix_cache: true,
+            speculate: None,
         }
     }
 }
@@ -189,6 +196,12 @@ pub struct DecoderModel {
     prefix_reuse: bool,
     /// Prompt tokens the last prefill took from the cache.
     last_prompt_reused: u32,
+    /// Decode steps wait for the one before (a speculating caller verifies in between).
+    lookahead_paused: bool,
+    /// The final norm and LM head over a verification's rows (built at the first).
+    verify_head: Option<verify::VerifyHead>,
+    /// The pending token and drafts of the last verification, until committed.
+    verifying: Vec<u32>,
 }
 
 impl DecoderModel {
@@ -458,7 +471,12 @@ impl DecoderModel {
                 capacity: self.capacity,
             });
         }
-        let depth = if self.masked { 1 } else { self.depth };
+        self.verifying.clear();
+        let depth = if self.masked || self.lookahead_paused {
+            1
+        } else {
+            self.depth
+        };
         while self.in_flight.len() < depth && self.submitted_len < self.capacity {
             self.submit_decode_step(self.submitted_len);
             self.submitted_len += 1;
@@ -563,6 +581,7 @@ impl DecoderModel {
 
     /// Waits for steps submitted ahead and forgets their tokens (a new sequence starts).
     fn drain(&mut self) -> Result<(), Error> {
+        self.verifying.clear();
         if !self.in_flight.is_empty() {
             self.in_flight.clear();
             self.gpu.wait()?;
@@ -773,10 +792,12 @@ enum PromptWeights<'a> {
 const WARM_UP_TOKENS: u32 = 128;
 
 /// A prompt product; block-quantized weights are first expanded into the shared f16 scratch,
-/// or read from their f16 copy.
+/// or read from their f16 copy. A prompt of a few tokens (a speculative verification, a
+/// prompt rejoining the cache) streams the weights in their own format instead.
 struct PromptProduct {
     expand: Option<Dequantize>,
     product: MatMul,
+    few: Option<FewRows>,
 }
 
 impl PromptProduct {
@@ -789,6 +810,7 @@ impl PromptProduct {
         step: &UniformBuffer,
         opts: MatMulOptions<'_>,
     ) -> Result<Self, Error> {
+        let few = FewRows::new(gpu, w, x, y, step, &opts)?;
         if let (PromptWeights::Copies, Some(_)) = (weights, w.quant) {
             let copy = gpu.storage("prompt weights (f16 copy)", Dequantize::scratch_bytes(w))?;
             let (expand, dense) = Dequantize::new(gpu, w, &copy)?;
@@ -799,6 +821,7 @@ impl PromptProduct {
             return Ok(Self {
                 expand: None,
                 product: MatMul::new(gpu, &dense, x, y, step, opts)?,
+                few,
             });
         }
         if let PromptWeights::Scratch(scratch) = weights
@@ -808,15 +831,21 @@ impl PromptProduct {
             return Ok(Self {
                 expand: Some(expand),
                 product: MatMul::new(gpu, &dense, x, y, step, opts)?,
+                few,
             });
         }
         Ok(Self {
             expand: None,
             product: MatMul::new(gpu, w, x, y, step, opts)?,
+            few,
         })
     }
 
     fn encode(&self, rec: &mut Recorder<'_>, n_tokens: u32) {
+        if let (Some(few), true) = (&self.few, n_tokens <= FEW_ROWS) {
+            few.encode(rec);
+            return;
+        }
         if let Some(expand) = &self.expand {
             expand.encode(rec);
         }

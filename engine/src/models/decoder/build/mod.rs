@@ -415,6 +415,9 @@ impl DecoderModel {
             written_end: 0,
             prefix_reuse: opts.prefix_cache && spec.linear.is_none(),
             last_prompt_reused: 0,
+            lookahead_paused: false,
+            verify_head: None,
+            verifying: Vec::new(),
             last_encode: std::time::Duration::ZERO,
             last_prompt_encode: std::time::Duration::ZERO,
         };

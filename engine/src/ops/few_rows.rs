@@ -1,0 +1,111 @@
+//! The product of a few rows of x, streaming W once in its own format (see few_rows.wgsl).
+
+use std::sync::LazyLock;
+
+use super::matmul::{Params, product_source};
+use super::{MatMulOptions, Matrix, bind, flag, gelu_flags};
+use crate::gpu::{Gpu, GpuError, Kernel, Recorder, StorageBuffer, UniformBuffer};
+
+/// The most rows the few-row product takes (a speculative verification of up to seven drafts).
+pub const FEW_ROWS: u32 = 8;
+
+/// Weight rows one workgroup streams (few_rows.wgsl's four).
+const WEIGHT_ROWS: u32 = 4;
+
+/// Lanes of a workgroup: they split k.
+const LANES: u32 = 64;
+
+pub(super) static SOURCE: LazyLock<String> =
+    LazyLock::new(|| product_source(include_str!("../../../shaders/few_rows.wgsl")));
+
+/// `Y = epilogue(X·Wᵀ)` for at most [`FEW_ROWS`] rows of X, reading W once in its own format
+/// (dense or block-quantized, never expanded first): the prompt path's product when a prompt
+/// is a handful of tokens. Takes matmul_io.wgsl's epilogues: bias, GELU forms, residual, ReLU
+/// and a fused gate/up product's gating.
+pub struct FewRows {
+    kernel: Kernel,
+    bind_group: wgpu::BindGroup,
+    groups: u32,
+    _params: UniformBuffer,
+}
+
+impl FewRows {
+    /// The few-row form of the product `opts` describe, or None where the kernel does not
+    /// take its shape (k not a multiple of 8, a convolution, f16 inputs or outputs).
+    pub fn new(
+        gpu: &Gpu,
+        w: &Matrix,
+        x: &StorageBuffer,
+        y: &StorageBuffer,
+        step: &UniformBuffer,
+        opts: &MatMulOptions<'_>,
+    ) -> Result<Option<Self>, GpuError> {
+        if !w.cols.is_multiple_of(8) || opts.conv.is_some() || opts.half_in || opts.half_out {
+            return Ok(None);
+        }
+        if opts.glu.is_some() && !w.rows.is_multiple_of(2) {
+            return Err(GpuError::Device(format!(
+                "a gated product needs gate and up halves: {} rows",
+                w.rows
+            )));
+        }
+        let mut defines = w.defines();
+        defines.extend(gelu_flags(opts.gelu));
+        defines.extend([
+            flag("BIAS", opts.bias.is_some()),
+            flag("RESIDUAL", opts.residual),
+            flag("RELU", opts.relu),
+            flag("GLU", opts.glu.is_some()),
+            flag("XV", true),
+            ("WG", LANES.to_string()),
+        ]);
+        if let Some(kind) = opts.glu {
+            defines.extend(kind.defines());
+        }
+        let (family, source) = match w.quant {
+            Some(_) => ("few_rows_q", super::quant_source::QUANT_FEW_ROWS.as_str()),
+            None => ("few_rows", SOURCE.as_str()),
+        };
+        let kernel = gpu.kernel(family, source, "main", &defines)?;
+        let params = gpu.uniform(
+            "few-row product params",
+            &Params {
+                n: w.rows,
+                k: w.cols,
+                row_vecs: w.row_vecs(),
+                slices: 1,
+                q_scales: w.q_scales(),
+                col_tiles: 0,
+                tile_rows: 0,
+                target_workgroups: 0,
+            },
+        );
+        let mut entries = vec![
+            (0, &params.buffer),
+            (1, &step.buffer),
+            (2, &x.buffer),
+            (3, &w.buffer.buffer),
+            (4, &y.buffer),
+        ];
+        if let Some(b) = opts.bias {
+            entries.push((5, &b.buffer));
+        }
+        let bind_group = bind(gpu, &kernel, &entries);
+        // A gated workgroup takes two outputs (their gate and up rows).
+        let groups = match opts.glu {
+            Some(_) => (w.rows / 2).div_ceil(WEIGHT_ROWS / 2),
+            None => w.rows.div_ceil(WEIGHT_ROWS),
+        };
+        Ok(Some(Self {
+            kernel,
+            bind_group,
+            groups,
+            _params: params,
+        }))
+    }
+
+    /// Records the product over the step's rows (at most [`FEW_ROWS`]).
+    pub fn encode(&self, rec: &mut Recorder<'_>) {
+        rec.dispatch(&self.kernel, &self.bind_group, self.groups);
+    }
+}

@@ -1,0 +1,191 @@
+//! The few-row product (shaders/few_rows.wgsl) against a plain CPU reference: one to eight rows
+//! of x, output widths that are no multiple of the workgroup's four weight rows, dense f32 and
+//! f16 weights and every block format, with a bias, a residual, GELU, and a fused gate/up
+//! product's gating.
+
+mod common;
+
+use backpack_engine::gpu::{Gpu, Recorder, StorageBuffer};
+use backpack_engine::load::GgmlType;
+use backpack_engine::load::quant::{dequantize, random_blocks};
+use backpack_engine::ops::{
+    FEW_ROWS, FewRows, Gelu, GluKind, MatMulOptions, Matrix, StepParams, WeightDType,
+};
+use common::{Rng, assert_close, gpu, round_f16};
+
+fn buf(gpu: &Gpu, data: &[f32]) -> StorageBuffer {
+    gpu.storage_from("test", data).expect("buffer")
+}
+
+/// W as the GPU holds it, with its values on the host.
+fn weights(gpu: &Gpu, rng: &mut Rng, form: Form, n: usize, k: usize) -> (Matrix, Vec<f32>) {
+    match form {
+        Form::Dense(dtype) => {
+            let w = rng.vec(n * k, 1.0);
+            let m = Matrix::from_f32(gpu, "w", &w, n as u32, k as u32, dtype).expect("w");
+            let host = match dtype {
+                WeightDType::F16 => round_f16(&w),
+                WeightDType::F32 => w,
+            };
+            (m, host)
+        }
+        Form::Blocks(ty) => {
+            let blocks = random_blocks(ty, n * k / ty.block_elems(), rng.below(1000));
+            let mut host = vec![0.0; n * k];
+            dequantize(ty, &blocks, &mut host);
+            let m = Matrix::from_blocks(gpu, "w", ty, &blocks, n as u32, k as u32).expect("w");
+            (m, host)
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug)]
+enum Form {
+    Dense(WeightDType),
+    Blocks(GgmlType),
+}
+
+fn gelu_tanh(v: f32) -> f32 {
+    let c = 0.797_884_6_f32;
+    0.5 * v * (1.0 + (c * (v + 0.044_715 * v * v * v)).clamp(-15.0, 15.0).tanh())
+}
+
+fn silu(v: f32) -> f32 {
+    v / (1.0 + (-v).exp())
+}
+
+/// Runs the product for `m` rows and checks it: plain (with bias, residual and GELU as
+/// `variant` says) or gated.
+fn check(gpu: &Gpu, rng: &mut Rng, form: Form, m: usize, n: usize, k: usize, variant: usize) {
+    let glu = variant == 3;
+    // A gated product's weights are its gate rows, then as many up rows.
+    let n = if glu { 2 * n } else { n };
+    let (w, host) = weights(gpu, rng, form, n, k);
+    let x = rng.vec(m * k, 1.0);
+    let bias = rng.vec(n, 1.0);
+    let width = if glu { n / 2 } else { n };
+    let before = rng.vec(m * width, 1.0);
+    let (xb, bb, yb) = (buf(gpu, &x), buf(gpu, &bias), buf(gpu, &before));
+    let step = gpu.uniform("step", &StepParams::new(0, m as u32));
+    let opts = MatMulOptions {
+        bias: (variant != 0).then_some(&bb),
+        residual: variant == 1,
+        gelu: (variant == 2).then_some(Gelu::Tanh),
+        glu: glu.then_some(GluKind::Silu),
+        ..Default::default()
+    };
+    let op = FewRows::new(gpu, &w, &xb, &yb, &step, &opts)
+        .expect("kernel")
+        .expect("a shape the kernel takes");
+    let mut rec = Recorder::new(gpu);
+    op.encode(&mut rec);
+    rec.submit();
+    let got: Vec<f32> = gpu.read(&yb.buffer, 0, (m * width) as u64).expect("read");
+    let dot = |r: usize, c: usize| -> (f32, f32) {
+        let (mut s, mut mag) = (0.0f64, 0.0f64);
+        for j in 0..k {
+            let p = f64::from(host[c * k + j]) * f64::from(x[r * k + j]);
+            s += p;
+            mag += p.abs();
+        }
+        (s as f32, mag as f32)
+    };
+    let (mut want, mut scale) = (Vec::new(), Vec::new());
+    for r in 0..m {
+        for c in 0..width {
+            let b = |i: usize| if variant != 0 { bias[i] } else { 0.0 };
+            if glu {
+                let ((g, gm), (u, um)) = (dot(r, c), dot(r, width + c));
+                let (g, u) = (g + b(c), u + b(width + c));
+                want.push(silu(g) * u);
+                scale.push(u.abs() * gm + silu(g).abs() * um + 1.0);
+            } else {
+                let (mut v, mag) = dot(r, c);
+                v += b(c);
+                if variant == 2 {
+                    v = gelu_tanh(v);
+                }
+                if variant == 1 {
+                    v += before[r * width + c];
+                }
+                want.push(v);
+                scale.push(mag + 1.0);
+            }
+        }
+    }
+    assert_close(
+        &format!("few rows {form:?} m={m} n={n} k={k} variant={variant}"),
+        &got,
+        &want,
+        &scale,
+        1e-5,
+        2e-5,
+    );
+}
+
+#[test]
+fn few_row_products_match_cpu_for_dense_weights() {
+    let gpu = gpu();
+    let mut rng = Rng::new(41);
+    for dtype in [WeightDType::F32, WeightDType::F16] {
+        for (i, &(m, n, k)) in [
+            (1, 37, 200),
+            (3, 18, 64),
+            (FEW_ROWS as usize, 130, 520),
+            (5, 40, 8),
+        ]
+        .iter()
+        .enumerate()
+        {
+            for variant in 0..4 {
+                check(
+                    &gpu,
+                    &mut rng,
+                    Form::Dense(dtype),
+                    m,
+                    n,
+                    k,
+                    (variant + i) % 4,
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn few_row_products_match_cpu_for_block_formats() {
+    let gpu = gpu();
+    let mut rng = Rng::new(42);
+    for (i, ty) in [
+        GgmlType::Mxfp4,
+        GgmlType::Q8_0,
+        GgmlType::Q4_0,
+        GgmlType::Q4_1,
+        GgmlType::Q5_0,
+        GgmlType::Q5_1,
+        GgmlType::Q4K,
+        GgmlType::Q5K,
+        GgmlType::Q6K,
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        for (j, &(m, n, k)) in [(2, 37, 256), (FEW_ROWS as usize, 22, 512)]
+            .iter()
+            .enumerate()
+        {
+            check(&gpu, &mut rng, Form::Blocks(ty), m, n, k, (i + j) % 4);
+        }
+    }
+}
+
+#[test]
+fn shapes_the_kernel_does_not_take_are_left_to_the_tiles() {
+    let gpu = gpu();
+    let mut rng = Rng::new(43);
+    let w = Matrix::from_f32(&gpu, "w", &rng.vec(4 * 12, 1.0), 4, 12, WeightDType::F32).expect("w");
+    let (x, y) = (buf(&gpu, &[0.0; 12]), buf(&gpu, &[0.0; 4]));
+    let step = gpu.uniform("step", &StepParams::new(0, 1));
+    let none = FewRows::new(&gpu, &w, &x, &y, &step, &MatMulOptions::default()).expect("kernel");
+    assert!(none.is_none(), "k = 12 is no multiple of 8");
+}
