@@ -398,14 +398,21 @@ async fn keys_queues_concurrency_and_cancellation() {
     );
 }
 
-/// The queue counts requests until they are dropped, and refuses past its limit.
+/// The queue counts requests until they are dropped, and refuses past its limit; a model the
+/// engine loads later (the app's chat switching models) is what requests see from then on.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_dispatch_queue_is_bounded() {
     use backpack_app::serve::Dispatch;
+    use backpack_app::serve::TextFacts;
     use backpack_engine::models::{GenerateParams, Prompt};
     let gpu = backpack_engine::gpu::Gpu::headless(None).expect("a GPU adapter");
     let (engine, events) = backpack_engine::runtime::Engine::spawn(gpu, None);
-    let dispatch = Dispatch::new(engine, events, 1);
+    let facts = std::sync::Arc::new(std::sync::RwLock::new(TextFacts {
+        model: "none yet".into(),
+        context: 0,
+        tool_format: backpack_engine::models::tool_calls::ToolFormat::Hermes,
+    }));
+    let dispatch = Dispatch::new(engine.clone(), events, 1, facts.clone());
     let prompt = || Prompt::Raw("hi".into());
     let first = dispatch
         .submit(prompt(), GenerateParams::default())
@@ -428,6 +435,16 @@ async fn the_dispatch_queue_is_bounded() {
         other => panic!("expected an error event, got {other:?}"),
     }
     assert!(again.next().await.is_none());
+    engine.load(fixture("tiny-llama"), Default::default());
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while facts.read().expect("facts").model != "tiny-llama" {
+        assert!(
+            Instant::now() < deadline,
+            "the load never reached the facts"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(facts.read().expect("facts").context > 0);
 }
 
 fn cli(args: &[&str]) -> std::process::Output {

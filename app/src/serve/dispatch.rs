@@ -1,6 +1,7 @@
 //! One engine, many HTTP requests: each request gets its own stream of the engine's events,
 //! the engine works through them in order, a full queue is refused (429) instead of growing,
-//! and a request dropped before it finished (its client went away) is cancelled alone.
+//! and a request dropped before it finished (its client went away) is cancelled alone. The
+//! engine's later loads (the app's chat switching models) update what requests see of it.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -9,6 +10,8 @@ use std::sync::{Arc, Mutex};
 use backpack_engine::models::{GenerateParams, Prompt};
 use backpack_engine::runtime::{EngineHandle, Event};
 use tokio::sync::mpsc;
+
+use super::state::TextFacts;
 
 type Routes = Arc<Mutex<HashMap<u64, mpsc::UnboundedSender<Event>>>>;
 
@@ -32,10 +35,12 @@ pub struct Ticket {
 impl Dispatch {
     /// Routes `events` (the engine's channel) to the tickets it hands out, at most `limit` of
     /// them open at once.
+    /// A model the engine loads later (the app's chat switching models) replaces `facts`.
     pub fn new(
         engine: EngineHandle,
         mut events: mpsc::UnboundedReceiver<Event>,
         limit: usize,
+        facts: Arc<std::sync::RwLock<TextFacts>>,
     ) -> Arc<Self> {
         let routes: Routes = Arc::default();
         let forward = routes.clone();
@@ -45,7 +50,12 @@ impl Dispatch {
                     Event::Token { request, .. } => (Some(*request), false),
                     Event::Done { request, .. } => (Some(*request), true),
                     Event::Error { request, .. } => (*request, true),
-                    Event::Loaded(_) => (None, false),
+                    Event::Loaded(info) => {
+                        if let Ok(mut f) = facts.write() {
+                            *f = TextFacts::of(info);
+                        }
+                        (None, false)
+                    }
                 };
                 let Some(request) = request else { continue };
                 let Ok(mut routes) = forward.lock() else {

@@ -23,7 +23,7 @@ use backpack_engine::models::{ModelInfo, ModelOptions};
 use backpack_engine::runtime::{Engine, EngineHandle, Event};
 
 pub use dispatch::Dispatch;
-pub use state::{Server, TextSide};
+pub use state::{Server, TextFacts, TextSide};
 
 /// How the server runs.
 #[derive(Clone, Debug)]
@@ -183,12 +183,7 @@ async fn load_all(
             _ => match shared.take_if(|s| s.path == path) {
                 Some(s) => {
                     eprintln!("text: {} (shared with the chat)", s.info.name);
-                    text = Some(TextSide {
-                        dispatch: Dispatch::new(s.engine, s.events, opts.queue),
-                        model: s.info.name,
-                        context: s.info.context,
-                        tool_format: s.info.tool_format,
-                    });
+                    text = Some(TextSide::new(s.engine, s.events, &s.info, opts.queue));
                 }
                 None => text = Some(load_text(gpu, &path, load.clone(), opts.queue).await?),
             },
@@ -218,12 +213,7 @@ async fn load_text(gpu: &Gpu, path: &Path, load: ModelOptions, queue: usize) -> 
         "text: {} ({}, context {})",
         info.name, info.architecture, info.context
     );
-    Ok(TextSide {
-        dispatch: Dispatch::new(engine, events, queue),
-        model: info.name,
-        context: info.context,
-        tool_format: info.tool_format,
-    })
+    Ok(TextSide::new(engine, events, &info, queue))
 }
 
 async fn load_speech(gpu: &Gpu, path: &Path, queue: usize) -> Result<state::Speech> {

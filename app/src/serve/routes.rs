@@ -80,7 +80,7 @@ async fn text_request<R>(
     };
     match body
         .map_err(rejected)
-        .and_then(|Json(r)| job(r, text.context))
+        .and_then(|Json(r)| job(r, text.facts().context))
     {
         Ok(job) => answer(text, job, kind).await,
         Err(e) => e.into_response(),
@@ -188,6 +188,7 @@ async fn answer(s: &TextSide, job: Job, kind: Kind) -> Response {
             .into_response();
         }
     };
+    let facts = s.facts();
     let reply = Reply {
         id: format!(
             "{}-{}",
@@ -198,11 +199,11 @@ async fn answer(s: &TextSide, job: Job, kind: Kind) -> Response {
             },
             ticket.id
         ),
-        model: s.model.clone(),
+        model: facts.model,
         created: unix_now(),
         kind,
         tools: job.tools,
-        tool_format: s.tool_format,
+        tool_format: facts.tool_format,
         grammar_param,
     };
     let stops = StopMatcher::new(job.stops);

@@ -242,9 +242,7 @@ impl TextModel {
     pub fn load(gpu: &Gpu, path: &Path, opts: &ModelOptions) -> Result<Self, Error> {
         let mut text = Self::load_alone(gpu, path, opts)?;
         if let Some(how) = &opts.speculate {
-            let speculator = Speculator::new(gpu, &text, how, opts)?;
-            text.model.set_lookahead(false);
-            text.speculator = Some(speculator);
+            text.speculator = Some(Speculator::new(gpu, &text, how, opts)?);
         }
         Ok(text)
     }

@@ -39,7 +39,7 @@ impl ServerSwitch {
         ui.group(|ui| {
             ui.label(egui::RichText::new("Local server").strong());
             ui.weak(
-                "Serves the models loaded in Chat, Speech and Image over OpenAI's API on this computer only (127.0.0.1), for editors, scripts and agents. The server loads its own copy of each model on this GPU.",
+                "Serves the models loaded in Chat, Speech and Image over OpenAI's API on this computer only (127.0.0.1), for editors, scripts and agents. The chat's model answers the server too (one copy on the GPU); the speech and image models are loaded a second time.",
             );
             let running = self.link.is_on();
             let mut port = shared.store.state.server_port.unwrap_or(DEFAULT_PORT);

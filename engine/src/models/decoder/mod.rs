@@ -20,9 +20,8 @@ use crate::Error;
 use crate::gpu::{Gpu, Recorder, StorageBuffer, UniformBuffer};
 use crate::load::DecoderSpec;
 use crate::ops::{
-    DeltaScratch, Dequantize, Embed, FEW_ROWS, FewRows, Int8Handoff, KvDType, LONG_PROMPT_ROWS,
-    MatMul, MatMulOptions, MatVec, Matrix, MoeBuffers, Norm, NormKind, Sample, SamplerParams,
-    StepParams, WeightDType,
+    DeltaScratch, Embed, Int8Handoff, KvDType, LONG_PROMPT_ROWS, MatMul, MatMulOptions, MatVec,
+    Matrix, MoeBuffers, Norm, NormKind, Sample, SamplerParams, StepParams, WeightDType,
 };
 
 mod build;
@@ -34,11 +33,13 @@ mod gpt_oss;
 mod layer;
 mod llama;
 mod phi3;
+mod prompt_product;
 mod qwen3;
 mod qwen35;
 mod verify;
 
 use layer::{Layer, LayerMlp, Mixer, SharedExpert};
+use prompt_product::{PromptProduct, PromptWeights};
 pub use verify::MAX_VERIFY_ROWS;
 
 #[derive(Clone, Debug)]
@@ -776,82 +777,9 @@ impl DecoderModel {
     }
 }
 
-/// Where a prompt product finds block-quantized weights in f16, if not in their blocks.
-#[derive(Clone, Copy)]
-enum PromptWeights<'a> {
-    /// Expanded into this shared scratch before each product.
-    Scratch(&'a StorageBuffer),
-    /// Expanded once, at load, into a copy of their own.
-    Copies,
-    /// Multiplied in their blocks.
-    Blocks,
-}
-
 /// Tokens of the prompt `DecoderModel::warm_up` runs: enough for the prompt kernels that
 /// long prompts use.
 const WARM_UP_TOKENS: u32 = 128;
-
-/// A prompt product; block-quantized weights are first expanded into the shared f16 scratch,
-/// or read from their f16 copy. A prompt of a few tokens (a speculative verification, a
-/// prompt rejoining the cache) streams the weights in their own format instead.
-struct PromptProduct {
-    expand: Option<Dequantize>,
-    product: MatMul,
-    few: Option<FewRows>,
-}
-
-impl PromptProduct {
-    fn new(
-        gpu: &Gpu,
-        weights: PromptWeights<'_>,
-        w: &Matrix,
-        x: &StorageBuffer,
-        y: &StorageBuffer,
-        step: &UniformBuffer,
-        opts: MatMulOptions<'_>,
-    ) -> Result<Self, Error> {
-        let few = FewRows::new(gpu, w, x, y, step, &opts)?;
-        if let (PromptWeights::Copies, Some(_)) = (weights, w.quant) {
-            let copy = gpu.storage("prompt weights (f16 copy)", Dequantize::scratch_bytes(w))?;
-            let (expand, dense) = Dequantize::new(gpu, w, &copy)?;
-            // Submitted now; loading ends by waiting for the GPU (`finish_uploads`).
-            let mut rec = Recorder::new(gpu);
-            expand.encode(&mut rec);
-            rec.submit();
-            return Ok(Self {
-                expand: None,
-                product: MatMul::new(gpu, &dense, x, y, step, opts)?,
-                few,
-            });
-        }
-        if let PromptWeights::Scratch(scratch) = weights
-            && build::expands_for_prompts(gpu, w)
-        {
-            let (expand, dense) = Dequantize::new(gpu, w, scratch)?;
-            return Ok(Self {
-                expand: Some(expand),
-                product: MatMul::new(gpu, &dense, x, y, step, opts)?,
-                few,
-            });
-        }
-        Ok(Self {
-            expand: None,
-            product: MatMul::new(gpu, w, x, y, step, opts)?,
-            few,
-        })
-    }
-
-    fn encode(&self, rec: &mut Recorder<'_>, n_tokens: u32) {
-        if let (Some(few), true) = (&self.few, n_tokens <= FEW_ROWS) {
-            few.encode(rec);
-            return;
-        }
-        if let Some(expand) = &self.expand {
-            expand.encode(rec);
-        }
-        self.product.encode(rec, n_tokens);
-    }
-}
 
 type FusedNorm<'a> = (NormKind, &'a StorageBuffer, Option<&'a StorageBuffer>, f32);
 

@@ -122,6 +122,10 @@ impl Speculator {
         } else {
             self.draft(context, k, target.spec().vocab)?
         };
+        // A step submitted ahead is wasted when a verification follows (it must finish and
+        // is then dropped), and gains a step's latency when a plain step follows: submit
+        // ahead only while no drafts come (prompt lookup between repeats).
+        target.set_lookahead(drafts.is_empty());
         if drafts.is_empty() {
             return Ok(vec![target.decode()?]);
         }
