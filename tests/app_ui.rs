@@ -738,6 +738,19 @@ fn settings_runs_the_server_over_the_loaded_model() {
         ))
         .expect("an answer");
     assert_eq!(answer.completion_tokens, 4);
+    // The chat loads another model: the server serves it from then on.
+    h.state_mut()
+        .shared
+        .load_model(&fixture_model("tiny-llama"));
+    wait_for(
+        &mut h,
+        "the second model to load",
+        |app| matches!(&app.shared.model, ModelState::Ready { info, .. } if info.name == "tiny-llama"),
+    );
+    h.run_steps(2);
+    h.get_by_label_contains("Serving tiny-llama");
+    let models = runtime.block_on(client.models()).expect("models");
+    assert_eq!(models[0].id, "tiny-llama");
     let keyless = RemoteClient::new(Endpoint::new(&url, None).expect("url")).expect("client");
     let refused = runtime.block_on(keyless.models());
     assert!(

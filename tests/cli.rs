@@ -34,38 +34,8 @@ fn generate_json_reproduces_greedy_tokens() {
         ("tiny-qwen3-5-moe", "f32"),
     ] {
         let case = golden_case(model, 0);
-        let prompt = case["prompt"].as_str().expect("raw prompt");
-        let want: Vec<u64> = case["greedy_tokens"]
-            .as_array()
-            .expect("tokens")
-            .iter()
-            .filter_map(|v| v.as_u64())
-            .collect();
-        let dir = fixtures().join("models").join(model);
-        let max = want.len().to_string();
-        let out = backpack(&[
-            "generate",
-            "--model",
-            dir.to_str().expect("utf-8 path"),
-            "--raw",
-            "--prompt",
-            prompt,
-            "--temperature",
-            "0",
-            "--max-tokens",
-            &max,
-            "--dtype",
-            dtype,
-            "--json",
-        ]);
-        let stdout = String::from_utf8_lossy(&out.stdout);
-        assert!(
-            out.status.success(),
-            "{model}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let last = stdout.lines().last().expect("a JSON line");
-        let json: serde_json::Value = serde_json::from_str(last).expect("last line is JSON");
+        let (json, want, stdout) =
+            generate_golden(model, dtype, &[]).unwrap_or_else(|e| panic!("{model}: {e}"));
         let got: Vec<u64> = json["tokens"]
             .as_array()
             .expect("tokens")
@@ -246,9 +216,14 @@ fn self_test_reports_the_gpu_and_checks_kernels() {
     assert!(text.trim_end().ends_with("all good"), "{text}");
 }
 
-/// `generate --json` with the given extra flags on a fixture's first golden case: the JSON line
-/// and the tokens transformers chose greedily.
-fn generate_golden(model: &str, extra: &[&str]) -> Result<(serde_json::Value, Vec<u64>), String> {
+/// `generate --json` (greedy, weights stored as `dtype`) with the given extra flags on a
+/// fixture's first golden case: the JSON line, the tokens transformers chose greedily, and
+/// stdout.
+fn generate_golden(
+    model: &str,
+    dtype: &str,
+    extra: &[&str],
+) -> Result<(serde_json::Value, Vec<u64>, String), String> {
     let case = golden_case(model, 0);
     let want: Vec<u64> = case["greedy_tokens"]
         .as_array()
@@ -267,8 +242,10 @@ fn generate_golden(model: &str, extra: &[&str]) -> Result<(serde_json::Value, Ve
         case["prompt"].as_str().expect("raw prompt"),
         "--max-tokens",
         &max,
+        "--temperature",
+        "0",
         "--dtype",
-        "f32",
+        dtype,
         "--json",
     ];
     args.extend_from_slice(extra);
@@ -278,7 +255,7 @@ fn generate_golden(model: &str, extra: &[&str]) -> Result<(serde_json::Value, Ve
     }
     let stdout = String::from_utf8_lossy(&out.stdout);
     let json = serde_json::from_str(stdout.lines().last().expect("a JSON line")).expect("json");
-    Ok((json, want))
+    Ok((json, want, stdout.into_owned()))
 }
 
 /// Speculative decoding keeps transformers' greedy answer, with drafts from the context and
@@ -292,7 +269,7 @@ fn speculative_generation_keeps_the_greedy_tokens() {
             vec!["--speculate", "4"],
             vec!["--draft-model", draft, "--speculate", "3"],
         ] {
-            let (json, want) = generate_golden(model, &extra).expect("generate");
+            let (json, want, _) = generate_golden(model, "f32", &extra).expect("generate");
             let got: Vec<u64> = json["tokens"]
                 .as_array()
                 .expect("tokens")
@@ -308,9 +285,10 @@ fn speculative_generation_keeps_the_greedy_tokens() {
             }
         }
     }
-    let err = generate_golden("tiny-qwen3-5", &["--speculate", "4"]).expect_err("cannot rewind");
+    let err =
+        generate_golden("tiny-qwen3-5", "f32", &["--speculate", "4"]).expect_err("cannot rewind");
     assert!(err.contains("cannot speculate"), "{err}");
-    let err = generate_golden("tiny-llama", &["--speculate", "9"]).expect_err("too many");
+    let err = generate_golden("tiny-llama", "f32", &["--speculate", "9"]).expect_err("too many");
     assert!(err.contains("1 to 7"), "{err}");
 }
 

@@ -15,6 +15,9 @@ const DEFAULT_PORT: u16 = 8080;
 #[derive(Default)]
 pub struct ServerSwitch {
     link: ServerLink,
+    /// The server answers through the chat's engine (its first model is the chat's, and
+    /// follows the chat's loads).
+    shares_chat: bool,
     /// The key being typed; read from the data folder once.
     key: Option<String>,
     problem: Option<String>,
@@ -76,7 +79,12 @@ impl ServerSwitch {
                         ui.label("Loading the models to serve…");
                     });
                 }
-                ServerState::Running { url, models } => {
+                ServerState::Running { url, mut models } => {
+                    if let (true, ModelState::Ready { info, .. }, Some(first)) =
+                        (self.shares_chat, &shared.model, models.first_mut())
+                    {
+                        first.clone_from(&info.name);
+                    }
                     ui.label(format!("Serving {} at {url}", models.join(", ")));
                 }
                 ServerState::Failed(e) => {
@@ -138,6 +146,7 @@ impl ServerSwitch {
             }
             _ => None,
         };
+        self.shares_chat = text.is_some();
         self.link
             .start(gpu, models, shared.load_options(), opts, text, ctx);
         Ok(())

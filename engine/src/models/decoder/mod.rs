@@ -611,18 +611,7 @@ impl DecoderModel {
             "prompt logits",
             u64::from(self.chunk) * u64::from(vocab) * 4,
         )?;
-        let d = self.spec.hidden;
-        let norm = Norm::new(
-            &gpu,
-            self.spec.norm,
-            d,
-            self.spec.norm_eps,
-            &self.final_norm.0,
-            self.final_norm.1.as_ref(),
-            &self.acts.x,
-            &self.acts.xn,
-            &self.step,
-        )?;
+        let norm = self.final_norm_over_rows()?;
         let head = MatMul::new(
             &gpu,
             &self.lm_head,
@@ -650,6 +639,22 @@ impl DecoderModel {
         self.seq_len = 0;
         self.forget_prefix();
         Ok(out)
+    }
+
+    /// The final norm over a prompt chunk's rows of the residual stream (into `xn`), for the
+    /// paths that need logits at several positions.
+    fn final_norm_over_rows(&self) -> Result<Norm, Error> {
+        Ok(Norm::new(
+            &self.gpu,
+            self.spec.norm,
+            self.spec.hidden,
+            self.spec.norm_eps,
+            &self.final_norm.0,
+            self.final_norm.1.as_ref(),
+            &self.acts.x,
+            &self.acts.xn,
+            &self.step,
+        )?)
     }
 
     /// The residual stream after the first `depth` layers at every prompt position,

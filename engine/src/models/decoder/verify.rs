@@ -179,17 +179,7 @@ impl DecoderModel {
         let gpu = &self.gpu;
         let rows = u64::from(MAX_VERIFY_ROWS.min(self.chunk));
         let logits = gpu.storage("verify logits", rows * u64::from(self.spec.vocab) * 4)?;
-        let norm = Norm::new(
-            gpu,
-            self.spec.norm,
-            self.spec.hidden,
-            self.spec.norm_eps,
-            &self.final_norm.0,
-            self.final_norm.1.as_ref(),
-            &self.acts.x,
-            &self.acts.xn,
-            &self.step,
-        )?;
+        let norm = self.final_norm_over_rows()?;
         let head = FewRows::new(
             gpu,
             &self.lm_head,
