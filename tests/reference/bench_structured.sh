@@ -8,16 +8,7 @@
 # what tests/reference/bench_llamacpp.sh --stage writes (gguf wheel, SmolLM2 tokenizer) into
 # .bench/ and a stripped release binary as .bench/backpack.xz; .gl/ holds the Vulkan loader's
 # Debian packages (docs/performance.md says how).
-set -uo pipefail
-for f in .gl/*.deb; do dpkg -x "$f" / >/dev/null; done
-ldconfig
-export VK_DRIVER_FILES=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
-export __EGL_VENDOR_LIBRARY_FILENAMES=/usr/local/nvidia/share/glvnd/egl_vendor.d/10_nvidia.json
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
-xz -dc .bench/backpack.xz > .bench/backpack && chmod +x .bench/backpack
-pip install --no-deps -q --target /tmp/gg .bench/gguf-0.19.0-py3-none-any.whl 2>/dev/null
-export PYTHONPATH=/tmp/gg
-xz -dc .bench/smollm2-tokenizer.json.xz > /tmp/tok.json
+source tests/reference/device_setup.sh
 # SHAPES: "config:format" pairs (tests/reference/configs/CONFIG.json); the last one is served for
 # the prompt-cache measurement.
 SHAPES=${SHAPES:-"smollm2-135m:q8_0 smollm2-1.7b:q4_k"}

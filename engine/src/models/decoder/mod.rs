@@ -203,6 +203,8 @@ pub struct DecoderModel {
     verify_head: Option<verify::VerifyHead>,
     /// The pending token and drafts of the last verification, until committed.
     verifying: Vec<u32>,
+    /// The sampler applies a repetition penalty (which reads the seen-token set).
+    penalized: bool,
 }
 
 impl DecoderModel {
@@ -258,6 +260,7 @@ impl DecoderModel {
     pub fn set_sampler(&mut self, params: &SamplerParams) {
         self.sample.set(&self.gpu, params);
         self.masked = false;
+        self.penalized = params.repeat_penalty != 1.0;
     }
 
     /// Restricts the next sampled token to those `mask` allows (one bit per token), or lifts

@@ -165,13 +165,16 @@ impl DecoderModel {
             u64::from(self.seq_len) * 4,
             bytemuck::bytes_of(&next),
         );
-        // The embedding marked every draft as seen; the repetition penalty must only see the
-        // tokens kept (the fed ones and the pending one).
-        let mut seen = vec![0u32; self.spec.vocab.div_ceil(32) as usize];
-        for &id in self.reusable.iter().chain([&next]) {
-            seen[(id / 32) as usize] |= 1 << (id % 32);
+        // The embedding marked every draft as seen; a repetition penalty must only see the
+        // tokens kept (the fed ones and the pending one). Without one the set is unread until
+        // the next prompt, which writes it afresh.
+        if self.penalized {
+            let mut seen = vec![0u32; self.spec.vocab.div_ceil(32) as usize];
+            for &id in self.reusable.iter().chain([&next]) {
+                seen[(id / 32) as usize] |= 1 << (id % 32);
+            }
+            queue.write_buffer(&self.acts.seen.buffer, 0, bytemuck::cast_slice(&seen));
         }
-        queue.write_buffer(&self.acts.seen.buffer, 0, bytemuck::cast_slice(&seen));
         Ok(())
     }
 

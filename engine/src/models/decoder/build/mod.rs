@@ -418,6 +418,7 @@ impl DecoderModel {
             lookahead_paused: false,
             verify_head: None,
             verifying: Vec::new(),
+            penalized: false,
             last_encode: std::time::Duration::ZERO,
             last_prompt_encode: std::time::Duration::ZERO,
         };
