@@ -25,7 +25,8 @@
 // word), then every block's f32 scale from word `scale_base` on.
 //
 // Defines: WG, HD (head_dim, a multiple of 4; of 32 with Q8), F16 (f16 cache), Q8, SPLIT (with
-// QSTEP: 2 where the QKV row interleaves query heads with gate heads), MIN_SPLIT, MAX_SPLITS,
+// QSTEP: 2 where the QKV row interleaves query heads with gate heads; KEY_LANES: lanes scoring
+// each key together, 0 for one lane a key), MIN_SPLIT, MAX_SPLITS,
 // NO_ROPE (learned positions), ROT (rotating dims of a head), RING, FULL, HALVES (with FULL: q,
 // kv and out hold f16 values, two to a word, offsets and strides still counted in values), TILED
 // (the `tiled` entry point, with BQ and BK), SINKS (a logit per head in every softmax's
@@ -59,6 +60,9 @@ struct Params {
 #endif
 
 const QUADS: u32 = {{HD}}u / 4u;
+#if KEY_LANES
+const KEY_LANES: u32 = {{KEY_LANES}}u;
+#endif
 // Keys summed side by side in the value pass.
 const KEY_GROUPS: u32 = {{WG}}u / QUADS;
 
@@ -446,6 +450,33 @@ fn main(
     var acc = vec4<f32>(0.0);
     for (var c0 = first_key; c0 < n_keys; c0 += {{WG}}u) {
         let j = c0 + tid;
+#if KEY_LANES
+        // KEY_LANES lanes score each key, each a strided share of its quads, so that a load
+        // instruction reads whole runs of a key row rather than one quad from each of a
+        // subgroup's rows; shuffles sum the shares. Trips are uniform (the chunk's last key
+        // repeated, its score unused) so every lane takes part in every shuffle.
+        let chunk_keys = min({{WG}}u, n_keys - c0);
+        let key_lane = tid % KEY_LANES;
+        for (var k0 = 0u; k0 < chunk_keys; k0 += {{WG}}u / KEY_LANES) {
+            let slot = k0 + tid / KEY_LANES;
+            let kj = c0 + min(slot, chunk_keys - 1u);
+            let row = cache_base + cache_row(kj) * row_quads;
+            var part = 0.0;
+            for (var t = 0u; t < QUADS / KEY_LANES; t++) {
+                let i = key_lane + t * KEY_LANES;
+                // This token's key from workgroup memory (its cache row may be in flight).
+                part += dot(qs[i], select(k_quad(row + i), cur_k[i], kj == pos));
+            }
+            for (var off = KEY_LANES / 2u; off > 0u; off = off >> 1u) {
+                part += subgroupShuffleXor(part, off);
+            }
+            if (key_lane == 0u && slot < chunk_keys) {
+                probs[slot] = part;
+            }
+        }
+        workgroupBarrier();
+        let score = select(NEG_BIG, probs[tid], j < n_keys);
+#else
         var score = NEG_BIG;
         if (j < n_keys) {
             let row = cache_base + cache_row(j) * row_quads;
@@ -467,6 +498,7 @@ fn main(
 #endif
             score = s;
         }
+#endif
         let new_max = max(running_max, wg_reduce(tid, score, sg_lane, sg_size, true));
         let correction = exp(running_max - new_max);
         let prob = select(0.0, exp(score - new_max), j < n_keys);

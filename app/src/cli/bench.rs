@@ -86,6 +86,8 @@ pub fn run(args: BenchArgs, adapter: Option<&str>) -> Result<()> {
         quantize: args.quant.and_then(QuantArg::block_format),
         kv_cache: args.kv_cache.map(Into::into),
         f16_prompt_weights: args.f16_prompt_weights,
+        // Every run feeds the same prompt: a cache of the last one would time a single token.
+        prefix_cache: false,
         ..Default::default()
     };
     let build_start = Instant::now();

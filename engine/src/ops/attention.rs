@@ -25,6 +25,30 @@ fn split_workgroup(head_dim: u32) -> u32 {
     if head_dim >= 128 { 128 } else { WG }
 }
 
+/// Lanes that score each key of a split decode step together (0: a lane a key): up to eight,
+/// a power of two that divides the head's quads and fits a subgroup. One lane a key reads a
+/// quad from each of a subgroup's key rows per load; eight read runs of a row. On an H200
+/// (`bench --gen 128`, Q4_K, two rounds) Llama-3.1-8B decoded 368 tok/s against 356 after a
+/// 504-token prompt and 336 against 314 after 2,000; SmolLM2-1.7B 904-906 against 889,
+/// Qwen2.5-1.5B 699-701 against 689-690. Four lanes a key measured level with eight.
+/// `BACKPACK_ATTN_KEY_LANES=N` forces N (0 for one lane a key), for measuring.
+fn split_key_lanes(gpu: &Gpu, head_dim: u32) -> u32 {
+    let caps = gpu.caps();
+    if !caps.subgroups || caps.subgroup_min_size < 2 {
+        return 0;
+    }
+    let most = std::env::var("BACKPACK_ATTN_KEY_LANES")
+        .ok()
+        .and_then(|v| v.trim().parse::<u32>().ok())
+        .unwrap_or(8);
+    let quads = head_dim / 4;
+    let mut lanes = most.min(caps.subgroup_min_size).min(64);
+    while lanes > 1 && !(lanes.is_power_of_two() && quads.is_multiple_of(lanes)) {
+        lanes -= 1;
+    }
+    if lanes >= 2 { lanes } else { 0 }
+}
+
 /// Number of key runs a decode step over `keys` keys uses.
 pub fn splits_for(keys: u32) -> u32 {
     let len = MIN_SPLIT.max(keys.div_ceil(MAX_SPLITS));
@@ -261,9 +285,15 @@ impl Attention {
         } else {
             WG
         };
+        let key_lanes = if split.is_some() {
+            split_key_lanes(gpu, head_dim)
+        } else {
+            0
+        };
         let defines = [
             ("WG", wg.to_string()),
             ("HD", head_dim.to_string()),
+            ("KEY_LANES", key_lanes.to_string()),
             // Softmax max and sum through subgroups: on an H200 (`bench --prompt-len 504
             // --gen 64`, Q4_K, two rounds) decode went SmolLM2-1.7B 835 / 830 → 856 / 856
             // tok/s, Llama-3.2-1B 1,155 / 1,155 → 1,189 / 1,183, Qwen2.5-1.5B 669 / 667 →
