@@ -123,6 +123,10 @@ pub fn run(args: BenchArgs, adapter: Option<&str>) -> Result<()> {
         let t = Instant::now();
         model.prefill(&prompt)?;
         let prefill = t.elapsed();
+        anyhow::ensure!(
+            model.last_prompt_reused() == 0,
+            "the timed prompt came from the prompt cache"
+        );
         let prefill_encode = model.last_prompt_encode_time();
         let t = Instant::now();
         let mut encode = Duration::ZERO;
