@@ -1,7 +1,8 @@
 // Causal attention over the KV cache for the step's tokens, with grouped-query heads.
 // One workgroup per (head, token). Keys are taken in chunks of WG: first every invocation
-// scores one key (with KEY_LANES, that many lanes score each key together), then the value sum runs with each invocation owning four dims of the head
-// and a share of the chunk's keys; an online softmax (running max and sum) carries across
+// scores one key (with KEY_LANES, that many lanes score each key together), then the value sum
+// runs with each invocation owning four dims of the head and a share of the chunk's keys; an
+// online softmax (running max and sum) carries across
 // chunks, so any context length fits in fixed workgroup memory. HD is a specialisation
 // constant so the per-key loops have fixed trip counts.
 //

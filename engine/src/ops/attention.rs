@@ -41,10 +41,14 @@ fn split_key_lanes(gpu: &Gpu, head_dim: u32) -> u32 {
         .ok()
         .and_then(|v| v.trim().parse::<u32>().ok())
         .unwrap_or(8);
-    let quads = head_dim / 4;
-    let mut lanes = most.min(caps.subgroup_min_size).min(64);
-    while lanes > 1 && !(lanes.is_power_of_two() && quads.is_multiple_of(lanes)) {
-        lanes -= 1;
+    let most = most.min(caps.subgroup_min_size).min(64);
+    if most < 2 {
+        return 0;
+    }
+    // The largest power of two within `most` that divides the head's quads.
+    let mut lanes = 1 << (31 - most.leading_zeros());
+    while lanes > 1 && !(head_dim / 4).is_multiple_of(lanes) {
+        lanes /= 2;
     }
     if lanes >= 2 { lanes } else { 0 }
 }
