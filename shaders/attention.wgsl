@@ -384,9 +384,15 @@ fn main(
     let n_keys = p.keys;
 #endif
 #else
+#if BATCH
+    // Each row its own sequence's token: its keys are its position's and those before.
+    let n_keys = token_pos(t) + 1u;
+    let first_key = first_visible(token_pos(t));
+#else
     // Causal, and never past seq_len: a padded prompt's pad rows see only the real tokens.
     let n_keys = min(step.pos0 + t + 1u, step.seq_len);
     let first_key = first_visible(step.pos0 + t);
+#endif
 #endif
 #endif
     let kv_head = head / (p.heads / p.kv_heads);
@@ -397,8 +403,9 @@ fn main(
     let row_quads = p.kv_stride / 4u;
     let v_base = cache_base + p.kv_heads * QUADS;
 #else
-    // Cache rows in quads: head kv_head starts at kv_head·capacity rows.
-    let cache_base = kv_head * p.capacity * QUADS;
+    // Cache rows in quads: head kv_head of slot s starts at (s·kv_heads + kv_head)·capacity
+    // rows.
+    let cache_base = (token_slot(t) * p.kv_heads + kv_head) * p.capacity * QUADS;
     let row_quads = QUADS;
     let v_base = cache_base;
 #endif
@@ -609,7 +616,7 @@ fn tiled(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id) wid: 
     let lowest = 0u;
 #else
     let q_row = (row * p.heads + head) * {{HD}}u;
-    let k_base = kv_head * p.capacity * QUADS;
+    let k_base = (step.slot * p.kv_heads + kv_head) * p.capacity * QUADS;
     let row_quads = QUADS;
     let v_base = k_base;
     let keys_end = min(step.pos0 + min(q0 + BQ, n_queries), step.seq_len);

@@ -194,7 +194,7 @@ fn flash(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id) wid: 
     let keys_start = 0u;
     let lowest = 0u;
 #else
-    let k_base = kv_head * p.capacity * QUADS;
+    let k_base = (step.slot * p.kv_heads + kv_head) * p.capacity * QUADS;
     let row_quads = QUADS;
     let v_base = k_base;
     let keys_end = min(step.pos0 + min(q0 + FQ, n_queries), step.seq_len);

@@ -3,14 +3,60 @@
 // Where the current submission is in the sequence: the absolute position of its first
 // token, how many tokens it processes, and the sequence length after it (where the sampler
 // writes the next token), and the first row of the RoPE table this submission reads (past 0
-// where a model switches tables by length: longrope). Mirrors `StepParams` in
-// engine/src/ops/mod.rs.
+// where a model switches tables by length: longrope). `slot` is the sequence's KV cache slot,
+// with its token history from word `history_base` and its seen-token set from word
+// `seen_base`. A batched decode step (kernels built with BATCH) instead takes one token of
+// each of several sequences: row t's position, slot, history base and seen base are
+// `rows[t]`. Mirrors `StepParams` in engine/src/ops/mod.rs.
 struct Step {
     pos0: u32,
     n_tokens: u32,
     seq_len: u32,
     rope_row: u32,
+    slot: u32,
+    history_base: u32,
+    seen_base: u32,
+    _pad: u32,
+    rows: array<vec4<u32>, 64>,
 }
+
+#if STEP_BOUND
+// The position of the step's token t.
+fn token_pos(t: u32) -> u32 {
+#if BATCH
+    return step.rows[t].x;
+#else
+    return step.pos0 + t;
+#endif
+}
+
+// The KV cache slot of the step's token t.
+fn token_slot(t: u32) -> u32 {
+#if BATCH
+    return step.rows[t].y;
+#else
+    return step.slot;
+#endif
+}
+
+// Where the token history of token t's sequence starts.
+fn token_history(t: u32) -> u32 {
+#if BATCH
+    return step.rows[t].z;
+#else
+    return step.history_base;
+#endif
+}
+
+// Where the seen-token set of token t's sequence starts.
+fn token_seen(t: u32) -> u32 {
+#if BATCH
+    return step.rows[t].w;
+#else
+    return step.seen_base;
+#endif
+}
+#endif
 
 // GELU with the tanh approximation (GPT-2's "gelu_new"); tanh's argument is clamped so large
 // inputs cannot overflow inside tanh.

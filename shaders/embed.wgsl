@@ -42,13 +42,13 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
     }
     let t = id / p.dim;
     let d = id % p.dim;
-    let token = min(history[step.pos0 + t], p.vocab - 1u);
+    let token = min(history[token_history(t) + token_pos(t)], p.vocab - 1u);
     var v = table_at(token * p.row_stride + d);
 #if POSITIONS
-    v += positions[(step.pos0 + t) * p.dim + d];
+    v += positions[token_pos(t) * p.dim + d];
 #endif
     x[t * p.dim + d] = v * p.scale;
     if (d == 0u) {
-        atomicOr(&seen[token / 32u], 1u << (token % 32u));
+        atomicOr(&seen[token_seen(t) + token / 32u], 1u << (token % 32u));
     }
 }

@@ -26,7 +26,7 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
     }
     let t = id / {{SUBS}}u;
     let s = id % {{SUBS}}u;
-    let token = min(history[step.pos0 + t], p.vocab - 1u);
+    let token = min(history[token_history(t) + token_pos(t)], p.vocab - 1u);
     let at = t * p.dim + 32u * s;
     q_gather(token, s, p.q_scales, at);
     if (p.scale != 1.0) {
@@ -35,6 +35,6 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
         }
     }
     if (s == 0u) {
-        atomicOr(&seen[token / 32u], 1u << (token % 32u));
+        atomicOr(&seen[token_seen(t) + token / 32u], 1u << (token % 32u));
     }
 }

@@ -92,7 +92,7 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
     let slot = (id / quads) % slots;
     let t = id / (quads * slots);
     let half_dim = p.rotary_dim / 2u;
-    let pos = step.pos0 + t;
+    let pos = token_pos(t);
     // Query head `slot` (or key/value head slot − heads) in the row, past any gate heads.
     let src_slot = select(slot + p.heads * (p.q_step - 1u), slot * p.q_step, slot < p.heads);
     let src = (t * row_slots() + src_slot) * p.head_dim;
@@ -132,7 +132,7 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
     }
     let is_k = slot < p.heads + p.kv_heads;
     let kv_head = select(slot - p.heads - p.kv_heads, slot - p.heads, is_k);
-    let dst = (kv_head * p.capacity + pos % p.capacity) * p.head_dim;
+    let dst = ((token_slot(t) * p.kv_heads + kv_head) * p.capacity + pos % p.capacity) * p.head_dim;
     store(is_k, dst + da, a0, a1);
     store(is_k, dst + db, b0, b1);
 }
@@ -166,7 +166,7 @@ fn store_q8(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgrou
     let b = id % blocks;
     let slot = (id / blocks) % (2u * p.kv_heads);
     let t = id / (blocks * 2u * p.kv_heads);
-    let pos = step.pos0 + t;
+    let pos = token_pos(t);
     let src = (t * row_slots() + p.heads * p.q_step + slot) * p.head_dim;
     let is_k = slot < p.kv_heads;
     let kv_head = select(slot - p.kv_heads, slot, is_k);
@@ -183,8 +183,9 @@ fn store_q8(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgrou
     }
     let scale = amax / 127.0;
     let inv = select(0.0, 1.0 / scale, scale > 0.0);
-    // Words of this row: (kv_head · capacity + row) · head_dim / 4.
-    let word0 = ((kv_head * p.capacity + pos % p.capacity) * p.head_dim + 32u * b) / 4u;
+    // Words of this row: ((slot · kv_heads + kv_head) · capacity + row) · head_dim / 4.
+    let cache_head = token_slot(t) * p.kv_heads + kv_head;
+    let word0 = ((cache_head * p.capacity + pos % p.capacity) * p.head_dim + 32u * b) / 4u;
     for (var w = 0u; w < 8u; w++) {
         var packed = 0u;
         for (var j = 0u; j < 4u; j++) {

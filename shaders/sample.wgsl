@@ -16,7 +16,11 @@
 // A grammar's mask, when `masked` is set, leaves only the tokens whose bit is set: the others
 // become NEG_BIG before any other processor sees them.
 //
-// Defines: WG (a power of two; also the candidate capacity).
+// With BATCH, workgroup r samples row r of a batched decode step: its logits are row r of
+// `logits` (rows of `vocab` values), its settings and mask those of the row's slot,
+// and the token goes to that sequence's history after the row's position.
+//
+// Defines: WG (a power of two; also the candidate capacity), BATCH.
 
 struct Params {
     vocab: u32,
@@ -29,9 +33,22 @@ struct Params {
     masked: u32,
 }
 
+#if BATCH
+// Settings per cache slot; the row's are copied into workgroup memory, which keeps every
+// branch on them uniform across the workgroup.
+@group(0) @binding(0) var<storage, read> slot_params: array<Params>;
+var<workgroup> p: Params;
+var<workgroup> row: u32;
+#else
 @group(0) @binding(0) var<uniform> p: Params;
+#endif
 @group(0) @binding(1) var<uniform> step: Step;
+#if BATCH
+// Rows of `vocab` logits, not always whole vec4 words: read and written a value at a time.
+@group(0) @binding(2) var<storage, read_write> logits: array<f32>;
+#else
 @group(0) @binding(2) var<storage, read_write> logits: array<vec4<f32>>;
+#endif
 @group(0) @binding(3) var<storage, read_write> history: array<u32>;
 @group(0) @binding(4) var<storage, read_write> seen: array<atomic<u32>>;
 @group(0) @binding(5) var<storage, read> mask: array<u32>;
@@ -112,6 +129,64 @@ fn words() -> u32 {
     return (p.vocab + 3u) / 4u;
 }
 
+// Word `w` (logits 4w .. 4w + 3) of this workgroup's row; past the vocabulary, whatever the
+// buffer holds there (`lane` ignores it).
+fn load_word(w: u32) -> vec4<f32> {
+#if BATCH
+    let b = row * p.vocab + 4u * w;
+    return vec4<f32>(logits[b], logits[b + 1u], logits[b + 2u], logits[b + 3u]);
+#else
+    return logits[w];
+#endif
+}
+
+fn store_word(w: u32, v: vec4<f32>) {
+#if BATCH
+    for (var c = 0u; c < 4u; c++) {
+        if (4u * w + c < p.vocab) {
+            logits[row * p.vocab + 4u * w + c] = v[c];
+        }
+    }
+#else
+    logits[w] = v;
+#endif
+}
+
+// Word `i` of this row's mask.
+fn mask_word(i: u32) -> u32 {
+#if BATCH
+    return token_slot(row) * ((p.vocab + 31u) / 32u) + i;
+#else
+    return i;
+#endif
+}
+
+// The sequence length after this row's token: where the sampled token goes.
+fn next_len() -> u32 {
+#if BATCH
+    return token_pos(row) + 1u;
+#else
+    return step.seq_len;
+#endif
+}
+
+// Where this row's sequence keeps its history and seen-token set.
+fn history_at() -> u32 {
+#if BATCH
+    return token_history(row);
+#else
+    return step.history_base;
+#endif
+}
+
+fn seen_at() -> u32 {
+#if BATCH
+    return token_seen(row);
+#else
+    return step.seen_base;
+#endif
+}
+
 // Logit `c` of word `w`, or NEG_BIG past the vocabulary.
 fn lane(w: vec4<f32>, word: u32, c: u32) -> f32 {
     return select(NEG_BIG, w[c], word * 4u + c < p.vocab);
@@ -121,7 +196,7 @@ fn lane(w: vec4<f32>, word: u32, c: u32) -> f32 {
 fn mass_above(tid: u32, threshold: u32, top: f32) -> f32 {
     var m = 0.0;
     for (var w = tid; w < words(); w += {{WG}}u) {
-        let l4 = logits[w];
+        let l4 = load_word(w);
         for (var c = 0u; c < 4u; c++) {
             let l = lane(l4, w, c);
             if (key(l) >= threshold && l > NEG_BIG) {
@@ -133,7 +208,7 @@ fn mass_above(tid: u32, threshold: u32, top: f32) -> f32 {
 }
 
 fn uniform01() -> f32 {
-    let r = hash(hash(p.seed) ^ (step.seq_len * 0x9E3779B9u));
+    let r = hash(hash(p.seed) ^ (next_len() * 0x9E3779B9u));
     return f32(r >> 8u) / 16777216.0;
 }
 
@@ -239,7 +314,7 @@ fn pick_by_bisection(tid: u32, top: f32) {
             let candidate = kth | (1u << (31u - i));
             var count = 0u;
             for (var w = tid; w < words(); w += {{WG}}u) {
-                let l4 = logits[w];
+                let l4 = load_word(w);
                 for (var c = 0u; c < 4u; c++) {
                     let l = lane(l4, w, c);
                     count += select(0u, 1u, key(l) >= candidate && l > NEG_BIG);
@@ -272,7 +347,7 @@ fn pick_by_bisection(tid: u32, top: f32) {
     let hi = min(lo + chunk, words());
     var m = 0.0;
     for (var w = lo; w < hi; w++) {
-        let l4 = logits[w];
+        let l4 = load_word(w);
         for (var c = 0u; c < 4u; c++) {
             let l = lane(l4, w, c);
             if (key(l) >= cut && l > NEG_BIG) {
@@ -306,7 +381,7 @@ fn pick_by_bisection(tid: u32, top: f32) {
         var last = lo * 4u;
         var picked = false;
         for (var w = lo; w < hi && !picked; w++) {
-            let l4 = logits[w];
+            let l4 = load_word(w);
             for (var c = 0u; c < 4u; c++) {
                 let l = lane(l4, w, c);
                 if (key(l) >= cut && l > NEG_BIG) {
@@ -327,7 +402,14 @@ fn pick_by_bisection(tid: u32, top: f32) {
 }
 
 @compute @workgroup_size({{WG}})
-fn main(@builtin(local_invocation_index) tid: u32) {
+fn main(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id) wid: vec3<u32>) {
+#if BATCH
+    if (tid == 0u) {
+        row = wid.x;
+        p = slot_params[token_slot(wid.x)];
+    }
+    workgroupBarrier();
+#endif
     var local_max = NEG_BIG;
     var best = 0u;
     let n_words = words();
@@ -335,8 +417,8 @@ fn main(@builtin(local_invocation_index) tid: u32) {
         // Plain argmax, the common case: read only, two words in flight per invocation.
         for (var base = tid; base < n_words; base += 2u * {{WG}}u) {
             let second = base + {{WG}}u;
-            let a = logits[base];
-            let b = logits[min(second, n_words - 1u)];
+            let a = load_word(base);
+            let b = load_word(min(second, n_words - 1u));
             // Increasing token order per invocation: strictly greater keeps the lowest index.
             for (var c = 0u; c < 4u; c++) {
                 let l = lane(a, base, c);
@@ -357,16 +439,16 @@ fn main(@builtin(local_invocation_index) tid: u32) {
         }
     } else {
         for (var w = tid; w < n_words; w += {{WG}}u) {
-            var l4 = logits[w];
+            var l4 = load_word(w);
             for (var c = 0u; c < 4u; c++) {
                 let v = w * 4u + c;
-                if (v >= p.vocab || (p.masked != 0u && (mask[v / 32u] & (1u << (v % 32u))) == 0u)) {
+                if (v >= p.vocab || (p.masked != 0u && (mask[mask_word(v / 32u)] & (1u << (v % 32u))) == 0u)) {
                     l4[c] = NEG_BIG;
                     continue;
                 }
                 var l = l4[c];
                 if (p.repeat_penalty != 1.0) {
-                    let bits = atomicLoad(&seen[v / 32u]);
+                    let bits = atomicLoad(&seen[seen_at() + v / 32u]);
                     if ((bits & (1u << (v % 32u))) != 0u) {
                         l = select(l * p.repeat_penalty, l / p.repeat_penalty, l > 0.0);
                     }
@@ -380,7 +462,7 @@ fn main(@builtin(local_invocation_index) tid: u32) {
                     best = v;
                 }
             }
-            logits[w] = l4;
+            store_word(w, l4);
         }
     }
     if (p.greedy != 0u) {
@@ -392,7 +474,7 @@ fn main(@builtin(local_invocation_index) tid: u32) {
         var near_mass = 0.0;
         var all_mass = 0.0;
         for (var w = tid; w < n_words; w += {{WG}}u) {
-            let l4 = logits[w];
+            let l4 = load_word(w);
             for (var c = 0u; c < 4u; c++) {
                 let l = lane(l4, w, c);
                 let e = select(0.0, exp(l - top), l > NEG_BIG);
@@ -419,7 +501,7 @@ fn main(@builtin(local_invocation_index) tid: u32) {
             let hi = min(lo + chunk, n_words);
             var mine = 0u;
             for (var w = lo; w < hi; w++) {
-                let l4 = logits[w];
+                let l4 = load_word(w);
                 for (var c = 0u; c < 4u; c++) {
                     mine += select(0u, 1u, lane(l4, w, c) >= top - WINDOW);
                 }
@@ -440,7 +522,7 @@ fn main(@builtin(local_invocation_index) tid: u32) {
             cand_idx[tid] = 0xffffffffu;
             workgroupBarrier();
             for (var w = lo; w < hi; w++) {
-                let l4 = logits[w];
+                let l4 = load_word(w);
                 for (var c = 0u; c < 4u; c++) {
                     let l = lane(l4, w, c);
                     if (l >= top - WINDOW) {
@@ -459,7 +541,7 @@ fn main(@builtin(local_invocation_index) tid: u32) {
     workgroupBarrier();
     if (tid == 0u) {
         let token = chosen_token;
-        history[step.seq_len] = token;
-        atomicOr(&seen[token / 32u], 1u << (token % 32u));
+        history[history_at() + next_len()] = token;
+        atomicOr(&seen[seen_at() + token / 32u], 1u << (token % 32u));
     }
 }

@@ -121,12 +121,18 @@ fn poisoned<T>(_: T) -> GpuError {
 /// The WGSL a kernel is compiled from: `source` preprocessed with `defines`, after common.wgsl.
 pub(crate) fn kernel_text(source: &str, defines: &[(&str, String)]) -> Result<String, String> {
     let body = preprocess(source, defines)?;
+    // The step's accessors refer to its binding: only kernels that bind it get them.
+    let mut common_defines = defines.to_vec();
+    if source.contains("var<uniform> step: Step") {
+        common_defines.push(("STEP_BOUND", "1".to_owned()));
+    }
+    let common = preprocess(COMMON, &common_defines)?;
     // WGSL wants `enable` directives before any declaration, COMMON's included.
     let (enables, rest): (Vec<&str>, Vec<&str>) = body
         .lines()
         .partition(|line| line.trim_start().starts_with("enable "));
     Ok(format!(
-        "{}\n{COMMON}\n{}",
+        "{}\n{common}\n{}",
         enables.join("\n"),
         rest.join("\n")
     ))

@@ -133,6 +133,12 @@ impl<'a> Recorder<'a> {
         self.encoder.clear_buffer(buffer, 0, None);
     }
 
+    /// Zeroes `size` bytes of `buffer` from `offset` (both multiples of 4).
+    pub fn clear_range(&mut self, buffer: &wgpu::Buffer, offset: u64, size: u64) {
+        self.pass = None;
+        self.encoder.clear_buffer(buffer, offset, Some(size));
+    }
+
     /// Number of kernel dispatches recorded so far.
     pub fn dispatches(&self) -> u32 {
         self.dispatches

@@ -15,6 +15,6 @@ mod weight_rows;
 mod weights;
 pub mod whisper;
 
-pub use decoder::{DecoderModel, ModelOptions};
+pub use decoder::{BatchRow, DecoderModel, ModelOptions};
 pub use text::{GenerateParams, GenerationStats, ModelInfo, Prompt, StopReason, TextModel};
 pub use weights::WeightSource;

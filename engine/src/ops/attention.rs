@@ -105,6 +105,9 @@ pub struct CacheShape {
     pub window: Option<u32>,
     /// Softmax scale of scores (None: 1/√head_dim).
     pub scale: Option<f32>,
+    /// Sequences the cache holds side by side, `rows` positions each (slot s's KV head h at
+    /// rows (s·kv_heads + h)·rows): one per sequence a batched decode step may take.
+    pub slots: u32,
     /// Each query head of the QKV rows is followed by a gate head of the same width (the
     /// query product of Qwen3.5's gated attention).
     pub gated_queries: bool,
@@ -128,12 +131,16 @@ impl CacheShape {
             window: None,
             scale: None,
             gated_queries: false,
+            slots: 1,
         }
     }
 
     /// Bytes of one of the layer's two caches (K or V).
     pub fn buffer_bytes(&self) -> u64 {
-        let values = u64::from(self.kv_heads) * u64::from(self.rows) * u64::from(self.head_dim);
+        let values = u64::from(self.slots)
+            * u64::from(self.kv_heads)
+            * u64::from(self.rows)
+            * u64::from(self.head_dim);
         match self.dtype {
             KvDType::F32 => values * 4,
             KvDType::F16 => values * 2,
@@ -144,7 +151,7 @@ impl CacheShape {
     /// Q8_0: the word where the block scales start, after every value.
     pub(crate) fn scale_base(&self) -> u32 {
         match self.dtype {
-            KvDType::Q8_0 => self.kv_heads * self.rows * self.head_dim / 4,
+            KvDType::Q8_0 => self.slots * self.kv_heads * self.rows * self.head_dim / 4,
             _ => 0,
         }
     }
@@ -207,7 +214,24 @@ impl Attention {
         out: &StorageBuffer,
         step: &UniformBuffer,
     ) -> Result<Self, GpuError> {
-        Self::build(gpu, shape, q, k_cache, v_cache, out, None, None, step)
+        Self::build(gpu, shape, q, k_cache, v_cache, out, None, None, false, step)
+    }
+
+    /// Attention for a batched decode step: row t is one token of the sequence in slot
+    /// `rows[t].y` of the step, at its own position, seeing its own sequence's keys
+    /// (`sinks` as in [`Attention::with_sinks`]).
+    #[allow(clippy::too_many_arguments)]
+    pub fn batched(
+        gpu: &Gpu,
+        shape: CacheShape,
+        q: &StorageBuffer,
+        k_cache: &StorageBuffer,
+        v_cache: &StorageBuffer,
+        out: &StorageBuffer,
+        sinks: Option<&StorageBuffer>,
+        step: &UniformBuffer,
+    ) -> Result<Self, GpuError> {
+        Self::build(gpu, shape, q, k_cache, v_cache, out, None, sinks, true, step)
     }
 
     /// As [`Attention::new`], with a logit per query head (`sinks`) joining every softmax's
@@ -232,6 +256,7 @@ impl Attention {
             out,
             None,
             Some(sinks),
+            false,
             step,
         )
     }
@@ -262,6 +287,7 @@ impl Attention {
             partials,
             Some((stats, table)),
             None,
+            false,
             step,
         )
     }
@@ -276,6 +302,7 @@ impl Attention {
         out: &StorageBuffer,
         split: Option<(&StorageBuffer, Option<&RopeTable>)>,
         sinks: Option<&StorageBuffer>,
+        batch: bool,
         step: &UniformBuffer,
     ) -> Result<Self, GpuError> {
         shape.check()?;
@@ -315,8 +342,9 @@ impl Attention {
             ("MIN_SPLIT", MIN_SPLIT.to_string()),
             ("MAX_SPLITS", MAX_SPLITS.to_string()),
             flag("RING", shape.window.is_some()),
-            // Prompts (not a split decode step) also get the query-block kernel.
-            flag("TILED", split.is_none()),
+            // Prompts (not a split or batched decode step) also get the query-block kernel.
+            flag("TILED", split.is_none() && !batch),
+            flag("BATCH", batch),
             ("BQ", bq.to_string()),
             ("BK", bk.to_string()),
             flag("SINKS", sinks.is_some()),
@@ -353,14 +381,15 @@ impl Attention {
                 entries.push((8, &t.sin.buffer));
             }
         }
-        let tiled = if split.is_none() && tiles_fit(gpu, head_dim) {
+        let prompts = split.is_none() && !batch;
+        let tiled = if prompts && tiles_fit(gpu, head_dim) {
             let tiled = gpu.kernel("attention", SOURCE, "tiled", &defines)?;
             let group = bind(gpu, &tiled, &entries);
             Some((tiled, group))
         } else {
             None
         };
-        let flash = if split.is_none() && attention_coop::fits(gpu, head_dim) {
+        let flash = if prompts && attention_coop::fits(gpu, head_dim) {
             let flash = attention_coop::kernel(gpu, &defines, head_dim)?;
             let group = bind(gpu, &flash, &entries);
             Some((flash, group))

@@ -42,6 +42,32 @@ impl Embed {
         step: &UniformBuffer,
         scale: f32,
     ) -> Result<Self, GpuError> {
+        Self::build(gpu, table, positions, [history, seen, x], step, scale, false)
+    }
+
+    /// As [`Embed::new`] for a batched decode step: row t embeds the token at position
+    /// `rows[t].x` of the history starting at `rows[t].z`, and marks it in the seen set at
+    /// `rows[t].w`.
+    pub fn batched(
+        gpu: &Gpu,
+        table: &Matrix,
+        positions: Option<&StorageBuffer>,
+        [history, seen, x]: [&StorageBuffer; 3],
+        step: &UniformBuffer,
+        scale: f32,
+    ) -> Result<Self, GpuError> {
+        Self::build(gpu, table, positions, [history, seen, x], step, scale, true)
+    }
+
+    fn build(
+        gpu: &Gpu,
+        table: &Matrix,
+        positions: Option<&StorageBuffer>,
+        [history, seen, x]: [&StorageBuffer; 3],
+        step: &UniformBuffer,
+        scale: f32,
+        batch: bool,
+    ) -> Result<Self, GpuError> {
         let quantized = table.quant.is_some();
         if quantized && positions.is_some() {
             return Err(GpuError::Device(
@@ -50,6 +76,7 @@ impl Embed {
         }
         let mut defines = table.defines();
         defines.push(flag("POSITIONS", positions.is_some()));
+        defines.push(flag("BATCH", batch));
         let kernel = if quantized {
             defines.push(("QGATHER", "1".into()));
             gpu.kernel(

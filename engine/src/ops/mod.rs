@@ -60,7 +60,7 @@ pub use pixels::{affine, concat, silu, slice_channels, softmax_rows, tanh_clamp,
 pub use reduce::SumReduce;
 
 pub use rope::{RopeKv, RopeTable};
-pub use sample::{Sample, SamplerParams};
+pub use sample::{BatchSample, Sample, SamplerParams};
 pub use speech_logits::{SpeechLogits, SpeechRules, SpeechTokenIds};
 
 use bytemuck::{Pod, Zeroable};
@@ -71,16 +71,27 @@ use crate::load::quant::repack_for_gpu;
 
 /// Per-submission position state shared by every kernel of a forward pass: the absolute
 /// position of the first token, how many tokens this step processes, and the sequence length
-/// after it (where the sampler writes the next token).
+/// after it (where the sampler writes the next token); the sequence's cache slot with where
+/// its token history and seen-token set start; and, for a batched decode step, each row's own
+/// position, slot, history and seen set (see `token_pos` and friends in common.wgsl).
 #[repr(C)]
-#[derive(Clone, Copy, Debug, Default, Pod, Zeroable)]
+#[derive(Clone, Copy, Debug, Pod, Zeroable)]
 pub struct StepParams {
     pub pos0: u32,
     pub n_tokens: u32,
     pub seq_len: u32,
     /// Row offset into the RoPE table (see [`RopeTable::longrope`]).
     pub rope_row: u32,
+    pub slot: u32,
+    pub history_base: u32,
+    pub seen_base: u32,
+    _pad: u32,
+    /// A batched step's rows: position, slot, history base, seen base.
+    pub rows: [[u32; 4]; MAX_BATCH_ROWS as usize],
 }
+
+/// Rows one batched decode step can take (sequences decoding together).
+pub const MAX_BATCH_ROWS: u32 = 64;
 
 impl StepParams {
     pub fn new(pos0: u32, n_tokens: u32) -> Self {
@@ -88,7 +99,7 @@ impl StepParams {
             pos0,
             n_tokens,
             seq_len: pos0 + n_tokens,
-            rope_row: 0,
+            ..Zeroable::zeroed()
         }
     }
 
@@ -96,6 +107,17 @@ impl StepParams {
     pub fn with_rope_row(self, row: u32) -> Self {
         Self {
             rope_row: row,
+            ..self
+        }
+    }
+
+    /// The same step on the sequence in cache slot `slot`, whose history and seen-token set
+    /// start at those words.
+    pub fn in_slot(self, slot: u32, history_base: u32, seen_base: u32) -> Self {
+        Self {
+            slot,
+            history_base,
+            seen_base,
             ..self
         }
     }

@@ -133,6 +133,33 @@ impl RopeKv {
         v_cache: &StorageBuffer,
         step: &UniformBuffer,
     ) -> Result<Self, GpuError> {
+        Self::build(gpu, shape, table, [qkv, q, k_cache, v_cache], step, false)
+    }
+
+    /// As [`RopeKv::new`] for a batched decode step: row t is a token of the sequence in
+    /// slot `rows[t].y` of the step, at position `rows[t].x`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn batched(
+        gpu: &Gpu,
+        shape: CacheShape,
+        table: Option<&RopeTable>,
+        qkv: &StorageBuffer,
+        q: &StorageBuffer,
+        k_cache: &StorageBuffer,
+        v_cache: &StorageBuffer,
+        step: &UniformBuffer,
+    ) -> Result<Self, GpuError> {
+        Self::build(gpu, shape, table, [qkv, q, k_cache, v_cache], step, true)
+    }
+
+    fn build(
+        gpu: &Gpu,
+        shape: CacheShape,
+        table: Option<&RopeTable>,
+        [qkv, q, k_cache, v_cache]: [&StorageBuffer; 4],
+        step: &UniformBuffer,
+        batch: bool,
+    ) -> Result<Self, GpuError> {
         let CacheShape {
             heads,
             kv_heads,
@@ -148,6 +175,7 @@ impl RopeKv {
             flag("F16", cache_dtype == KvDType::F16),
             flag("Q8", q8),
             flag("NO_ROPE", table.is_none()),
+            flag("BATCH", batch),
         ];
         let kernel = gpu.kernel("rope_kv", SOURCE, "main", &defines)?;
         let params = gpu.uniform(

@@ -86,32 +86,7 @@ impl Sample {
                 logits.size
             )));
         }
-        // One workgroup does all the work: make it as wide as the device allows, except on a
-        // CPU adapter, where its lanes run as SIMD loops and each barrier costs a pass over
-        // all of them (lavapipe, a tiny model's step: 2.2 ms with 1024 lanes, 0.16 ms with 64).
-        let caps = gpu.caps();
-        let wg = match width {
-            Some(w)
-                if w.is_power_of_two()
-                    && w >= 64
-                    && w <= caps.max_workgroup_invocations
-                    && w <= caps.max_workgroup_size_x =>
-            {
-                w
-            }
-            Some(w) => {
-                return Err(GpuError::Device(format!(
-                    "a sampler of {w} invocations does not fit (a power of two from 64 to {})",
-                    caps.max_workgroup_invocations
-                        .min(caps.max_workgroup_size_x)
-                )));
-            }
-            None if gpu.is_software() => 64,
-            None if caps.max_workgroup_invocations >= 1024 && caps.max_workgroup_size_x >= 1024 => {
-                1024
-            }
-            None => 256,
-        };
+        let wg = workgroup_width(gpu, width)?;
         let kernel = gpu.kernel("sample", SOURCE, "main", &[("WG", wg.to_string())])?;
         let params = gpu.uniform(
             "sampler params",
@@ -195,5 +170,115 @@ impl Sample {
 
     pub fn encode(&self, rec: &mut Recorder<'_>) {
         rec.dispatch_xyz(&self.kernel, &self.bind_group, [1, 1, 1]);
+    }
+}
+
+/// The sampler's workgroup width: `width` if it fits, else as wide as the device allows. One
+/// workgroup does a row's work; on a CPU adapter its lanes run as SIMD loops and each barrier
+/// costs a pass over all of them (lavapipe, a tiny model's step: 2.2 ms with 1024 lanes,
+/// 0.16 ms with 64), so it stays narrow there.
+fn workgroup_width(gpu: &Gpu, width: Option<u32>) -> Result<u32, GpuError> {
+    let caps = gpu.caps();
+    Ok(match width {
+        Some(w)
+            if w.is_power_of_two()
+                && w >= 64
+                && w <= caps.max_workgroup_invocations
+                && w <= caps.max_workgroup_size_x =>
+        {
+            w
+        }
+        Some(w) => {
+            return Err(GpuError::Device(format!(
+                "a sampler of {w} invocations does not fit (a power of two from 64 to {})",
+                caps.max_workgroup_invocations
+                    .min(caps.max_workgroup_size_x)
+            )));
+        }
+        None if gpu.is_software() => 64,
+        None if caps.max_workgroup_invocations >= 1024 && caps.max_workgroup_size_x >= 1024 => 1024,
+        None => 256,
+    })
+}
+
+/// The sampler of a batched decode step: one workgroup per row, each with the settings and
+/// grammar mask of its row's cache slot (see sample.wgsl, BATCH).
+pub struct BatchSample {
+    kernel: Kernel,
+    bind_group: wgpu::BindGroup,
+    /// [`Params`] per slot.
+    params: StorageBuffer,
+    /// One bit per token per slot.
+    mask: StorageBuffer,
+    vocab: u32,
+}
+
+impl BatchSample {
+    /// For `slots` sequences; `logits` holds a row of the padded vocabulary per batch row.
+    pub fn new(
+        gpu: &Gpu,
+        vocab: u32,
+        slots: u32,
+        [logits, history, seen]: [&StorageBuffer; 3],
+        step: &UniformBuffer,
+    ) -> Result<Self, GpuError> {
+        let wg = workgroup_width(gpu, None)?;
+        let defines = [("WG", wg.to_string()), ("BATCH", "1".to_owned())];
+        let kernel = gpu.kernel("sample", SOURCE, "main", &defines)?;
+        let params = gpu.storage(
+            "sampler params per slot",
+            u64::from(slots) * std::mem::size_of::<Params>() as u64,
+        )?;
+        let mask = gpu.storage(
+            "token masks per slot",
+            u64::from(slots) * u64::from(vocab.div_ceil(32)) * 4,
+        )?;
+        let bind_group = bind(
+            gpu,
+            &kernel,
+            &[
+                (0, &params.buffer),
+                (1, &step.buffer),
+                (2, &logits.buffer),
+                (3, &history.buffer),
+                (4, &seen.buffer),
+                (5, &mask.buffer),
+            ],
+        );
+        Ok(Self {
+            kernel,
+            bind_group,
+            params,
+            mask,
+            vocab,
+        })
+    }
+
+    /// Sets slot `slot`'s settings and its mask (None: every token allowed).
+    pub fn set(&self, gpu: &Gpu, slot: u32, s: &SamplerParams, mask: Option<&[u32]>) {
+        let mut params = Sample::pack(self.vocab, s);
+        params.masked = u32::from(mask.is_some());
+        let size = std::mem::size_of::<Params>() as u64;
+        gpu.queue().write_buffer(
+            &self.params.buffer,
+            u64::from(slot) * size,
+            bytemuck::bytes_of(&params),
+        );
+        if let Some(words) = mask {
+            let full = self.vocab.div_ceil(32) as usize;
+            let mut row = vec![0u32; full];
+            let n = words.len().min(full);
+            row[..n].copy_from_slice(&words[..n]);
+            gpu.queue().write_buffer(
+                &self.mask.buffer,
+                u64::from(slot) * full as u64 * 4,
+                bytemuck::cast_slice(&row),
+            );
+        }
+    }
+
+    /// Samples the step's `rows` rows.
+    pub fn encode(&self, rec: &mut Recorder<'_>, rows: u32) {
+        rec.dispatch_xyz(&self.kernel, &self.bind_group, [rows, 1, 1]);
     }
 }

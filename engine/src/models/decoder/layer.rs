@@ -41,6 +41,9 @@ pub(super) enum Mixer {
         /// Decoding's attention: split over runs of keys when the output product can merge
         /// them.
         decode_attention: Attention,
+        /// RoPE and attention of a batched decode step, whose rows are tokens of different
+        /// sequences (models with several cache slots).
+        batch: Option<(RopeKv, Attention)>,
         /// The sigmoid output gate (Qwen3.5).
         gate: Option<OutputGate>,
     },
@@ -174,6 +177,23 @@ impl Layer {
 
     /// Records this layer for the `n` prompt tokens starting at `pos0`.
     pub(super) fn encode_prompt(&self, rec: &mut Recorder<'_>, pos0: u32, n: u32) {
+        self.encode_rows(rec, pos0, n, false);
+    }
+
+    /// Records this layer for a batched decode step of `n` rows, each a token of its own
+    /// sequence (the step's `rows`): the prompt's kernels, with RoPE and attention taking
+    /// each row's position and cache slot. False where the layer has no batched kernels.
+    pub(super) fn encode_batch(&self, rec: &mut Recorder<'_>, n: u32) -> bool {
+        match &self.mixer {
+            Mixer::Attention { batch: Some(_), .. } => {
+                self.encode_rows(rec, 0, n, true);
+                true
+            }
+            _ => false,
+        }
+    }
+
+    fn encode_rows(&self, rec: &mut Recorder<'_>, pos0: u32, n: u32, batched: bool) {
         self.attn_norm.encode(rec, n);
         self.qkv_mm.encode(rec, n);
         for (_, mm) in &self.extra_in {
@@ -184,12 +204,17 @@ impl Layer {
                 qk_norm,
                 rope,
                 attention,
+                batch,
                 gate,
                 ..
             } => {
                 if let Some(qk) = qk_norm {
                     qk.encode(rec, n);
                 }
+                let (rope, attention) = match (batch, batched) {
+                    (Some((rope, attention)), true) => (rope, attention),
+                    _ => (rope, attention),
+                };
                 rope.encode(rec, n);
                 attention.encode(rec, pos0, n);
                 if let Some(gate) = gate {

@@ -24,6 +24,7 @@ use crate::ops::{
     Matrix, MoeBuffers, Norm, NormKind, Sample, SamplerParams, StepParams, WeightDType,
 };
 
+mod batch;
 mod build;
 mod experts;
 mod family;
@@ -38,6 +39,8 @@ mod qwen3;
 mod qwen35;
 mod verify;
 
+pub use batch::BatchRow;
+use batch::{BatchKernels, SlotState};
 use layer::{Layer, LayerMlp, Mixer, SharedExpert};
 use prompt_product::{PromptProduct, PromptWeights};
 pub use verify::MAX_VERIFY_ROWS;
@@ -71,6 +74,10 @@ pub struct ModelOptions {
     /// Speculative decoding for text models (see [`crate::models::speculate`]); None decodes
     /// a token per step.
     pub speculate: Option<crate::models::speculate::Speculation>,
+    /// Sequences kept at once, each with a KV cache of `context` positions, that a batched
+    /// decode step advances together (a server's parallel slots). Models whose state cannot
+    /// be indexed by slot (Gated DeltaNet, longrope) keep one.
+    pub slots: u32,
 }
 
 impl Default for ModelOptions {
@@ -86,6 +93,7 @@ impl Default for ModelOptions {
             f16_prompt_weights: false,
             prefix_cache: true,
             speculate: None,
+            slots: 1,
         }
     }
 }
@@ -205,6 +213,15 @@ pub struct DecoderModel {
     verifying: Vec<u32>,
     /// The sampler applies a repetition penalty (which reads the seen-token set).
     penalized: bool,
+    /// The current sequence's sampling settings.
+    sampler: SamplerParams,
+    /// The cache slot the single-sequence calls (prefill, decode, verify) work on.
+    slot: u32,
+    /// Every slot's sequence; the current one's entry is stale while it is current (its
+    /// state lives in the fields above).
+    slot_states: Vec<SlotState>,
+    /// The batched decode step's own kernels (models with several slots).
+    batch: Option<BatchKernels>,
 }
 
 impl DecoderModel {
@@ -261,6 +278,7 @@ impl DecoderModel {
         self.sample.set(&self.gpu, params);
         self.masked = false;
         self.penalized = params.repeat_penalty != 1.0;
+        self.sampler = *params;
     }
 
     /// Restricts the next sampled token to those `mask` allows (one bit per token), or lifts
@@ -280,7 +298,11 @@ impl DecoderModel {
     /// positions (the whole prompt, or the sequence so far when decoding): longrope switches
     /// tables by that length, as transformers does per forward.
     fn step_params(&self, pos0: u32, n: u32, forward_len: u32) -> StepParams {
-        let step = StepParams::new(pos0, n);
+        let step = StepParams::new(pos0, n).in_slot(
+            self.slot,
+            self.history_base(self.slot),
+            self.seen_base(self.slot),
+        );
         match self.long_rope_after {
             Some(original) if forward_len > original => step.with_rope_row(self.capacity),
             _ => step,
@@ -355,7 +377,7 @@ impl DecoderModel {
         self.seq_len = 0;
         let gpu = self.gpu.clone();
         gpu.queue()
-            .write_buffer(&self.acts.history.buffer, 0, bytemuck::cast_slice(ids));
+            .write_buffer(&self.acts.history.buffer, self.history_offset(0), bytemuck::cast_slice(ids));
         let total = ids.len() as u32;
         let reuse = self.reusable_prefix(ids);
         if reuse > 0 {
@@ -365,7 +387,7 @@ impl DecoderModel {
                 seen[(id / 32) as usize] |= 1 << (id % 32);
             }
             gpu.queue()
-                .write_buffer(&self.acts.seen.buffer, 0, bytemuck::cast_slice(&seen));
+                .write_buffer(&self.acts.seen.buffer, self.seen_offset(), bytemuck::cast_slice(&seen));
         } else {
             self.written_end = 0;
         }
@@ -448,7 +470,7 @@ impl DecoderModel {
             self.step.write(&gpu, &self.step_params(pos, n, total));
             let mut rec = Recorder::in_parts(&gpu);
             if pos == from && fresh {
-                rec.clear(&self.acts.seen.buffer);
+                rec.clear_range(&self.acts.seen.buffer, self.seen_offset(), self.seen_bytes());
             }
             self.encode_prefill_layers(&mut rec, pos, n);
             pos += n;
@@ -566,7 +588,7 @@ impl DecoderModel {
     fn copy_sampled(&self, rec: &mut Recorder<'_>, index: u32, slot: usize) {
         rec.copy(
             &self.acts.history.buffer,
-            u64::from(index) * 4,
+            self.history_offset(index),
             &self.staging[slot],
             0,
             4,
@@ -624,7 +646,7 @@ impl DecoderModel {
             MatMulOptions::default(),
         )?;
         gpu.queue()
-            .write_buffer(&self.acts.history.buffer, 0, bytemuck::cast_slice(ids));
+            .write_buffer(&self.acts.history.buffer, self.history_offset(0), bytemuck::cast_slice(ids));
         let total = ids.len() as u32;
         let mut out = Vec::with_capacity(ids.len() * vocab as usize);
         let mut pos = 0;
@@ -690,7 +712,7 @@ impl DecoderModel {
         self.drain()?;
         let gpu = self.gpu.clone();
         gpu.queue()
-            .write_buffer(&self.acts.history.buffer, 0, bytemuck::cast_slice(ids));
+            .write_buffer(&self.acts.history.buffer, self.history_offset(0), bytemuck::cast_slice(ids));
         let total = ids.len() as u32;
         let real = real.min(ids.len()) as u32;
         let hidden = self.spec.hidden as usize;
@@ -744,7 +766,7 @@ impl DecoderModel {
         let gpu = self.gpu.clone();
         let n = ids.len() as u32;
         gpu.queue()
-            .write_buffer(&self.acts.history.buffer, 0, bytemuck::cast_slice(ids));
+            .write_buffer(&self.acts.history.buffer, self.history_offset(0), bytemuck::cast_slice(ids));
         self.step.write(&gpu, &self.step_params(0, n, n));
         let mut profiler = crate::gpu::Profiler::new(&gpu, 14 * self.spec.layers + 8);
         let mut rec = Recorder::with_profiler(&gpu, Some(&mut profiler));

@@ -91,7 +91,7 @@ impl DecoderModel {
         self.verifying.extend_from_slice(drafts);
         gpu.queue().write_buffer(
             &self.acts.history.buffer,
-            u64::from(pos) * 4,
+            self.history_offset(pos),
             bytemuck::cast_slice(&self.verifying),
         );
         self.written_end = self.written_end.max(pos + rows);
@@ -162,7 +162,7 @@ impl DecoderModel {
         let queue = self.gpu.queue();
         queue.write_buffer(
             &self.acts.history.buffer,
-            u64::from(self.seq_len) * 4,
+            self.history_offset(self.seq_len),
             bytemuck::bytes_of(&next),
         );
         // The embedding marked every draft as seen; a repetition penalty must only see the
@@ -173,7 +173,7 @@ impl DecoderModel {
             for &id in self.reusable.iter().chain([&next]) {
                 seen[(id / 32) as usize] |= 1 << (id % 32);
             }
-            queue.write_buffer(&self.acts.seen.buffer, 0, bytemuck::cast_slice(&seen));
+            queue.write_buffer(&self.acts.seen.buffer, self.seen_offset(), bytemuck::cast_slice(&seen));
         }
         Ok(())
     }

@@ -18,6 +18,10 @@ use super::super::{
 /// A layer's decode products: QKV, output, and the dense MLP's up and down (none for experts).
 pub(super) type DecodeProducts = (MatVec, MatVec, Option<(MatVec, MatVec)>);
 
+/// A layer's RoPE pass and attentions: for prompts, for decoding, and for batched decode steps
+/// (models with several cache slots).
+type AttentionKernels = (RopeKv, Attention, Attention, Option<(RopeKv, Attention)>);
+
 /// What every layer's kernels share.
 pub(super) struct LayerContext<'a> {
     pub(super) gpu: &'a Gpu,
@@ -38,6 +42,8 @@ pub(super) struct LayerContext<'a> {
     pub(super) local_rope: Option<&'a RopeTable>,
     /// Decoding splits attention over runs of keys, merged by the output product.
     pub(super) split_attention: bool,
+    /// Sequences the caches hold side by side; past one, layers get batched decode kernels.
+    pub(super) slots: u32,
 }
 
 impl LayerContext<'_> {
@@ -74,6 +80,7 @@ impl LayerContext<'_> {
         );
         shape.scale = spec.attn_scale;
         shape.gated_queries = spec.output_gate;
+        shape.slots = self.slots;
         if let Some(w) = spec.window.as_ref().filter(|_| spec.is_local(i)) {
             let rows = w.size.saturating_add(self.chunk - 1);
             if rows < self.capacity {
@@ -260,7 +267,7 @@ impl LayerContext<'_> {
         k_cache: &StorageBuffer,
         v_cache: &StorageBuffer,
         sinks: Option<&StorageBuffer>,
-    ) -> Result<(RopeKv, Attention, Attention), Error> {
+    ) -> Result<AttentionKernels, Error> {
         let (gpu, a, step) = (self.gpu, self.acts, self.step);
         let rope = RopeKv::new(gpu, cache, table, &a.qkv, &a.q, k_cache, v_cache, step)?;
         let whole = || match sinks {
@@ -286,7 +293,15 @@ impl LayerContext<'_> {
         } else {
             whole()?
         };
-        Ok((rope, prompt, decode))
+        let batch = if self.slots > 1 {
+            let rope = RopeKv::batched(gpu, cache, table, &a.qkv, &a.q, k_cache, v_cache, step)?;
+            let attention =
+                Attention::batched(gpu, cache, &a.q, k_cache, v_cache, &a.attn, sinks, step)?;
+            Some((rope, attention))
+        } else {
+            None
+        };
+        Ok((rope, prompt, decode, batch))
     }
 
     /// A Gated DeltaNet layer's input products after the first (where its projections are
@@ -442,7 +457,7 @@ impl LayerContext<'_> {
             )?;
             return Ok(Mixer::DeltaNet { net, state });
         }
-        let (rope, attention, decode_attention) =
+        let (rope, attention, decode_attention, batch) =
             self.attentions(cache, self.rope_of(i), k_cache, v_cache, w.sinks.as_ref())?;
         let qk_norm = match &w.qk_norm {
             Some((q, k)) => Some(HeadNorm::new(
@@ -478,6 +493,7 @@ impl LayerContext<'_> {
             rope,
             attention,
             decode_attention,
+            batch,
             gate,
         })
     }

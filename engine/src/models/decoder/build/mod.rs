@@ -6,7 +6,8 @@ use crate::gpu::{Gpu, StorageBuffer};
 use crate::load::{DecoderSpec, GgmlType};
 use crate::ops::{
     DeltaScratch, Dequantize, Embed, Int8Handoff, MAX_SPLITS, MatMul, MatVec, MatVecLayout,
-    MatVecOptions, Matrix, MoeBuffers, NormKind, RopeTable, Sample, StepParams, WeightDType,
+    MatVecOptions, Matrix, MoeBuffers, NormKind, RopeTable, Sample, SamplerParams, StepParams,
+    WeightDType,
 };
 
 mod layer;
@@ -95,6 +96,7 @@ impl Activations {
         chunk: u32,
         capacity: u32,
         dtype: WeightDType,
+        slots: u32,
     ) -> Result<Self, Error> {
         let f = |n: u32| u64::from(n) * 4;
         let (t, d, hd, heads) = (chunk, spec.hidden, spec.head_dim, spec.heads);
@@ -147,8 +149,9 @@ impl Activations {
             },
             // Padded to whole vec4 words for the sampler.
             logits: gpu.storage("logits", f(spec.vocab.div_ceil(4) * 4))?,
-            history: gpu.storage("token history", f(capacity + 1))?,
-            seen: gpu.storage("seen tokens", f(spec.vocab.div_ceil(32)))?,
+            // A history and a seen set per slot, one after another.
+            history: gpu.storage("token history", f(slots * (capacity + 1)))?,
+            seen: gpu.storage("seen tokens", f(slots * spec.vocab.div_ceil(32)))?,
             split_partials: gpu.storage("attention runs", f(MAX_SPLITS * heads * hd))?,
             split_stats: gpu.storage("attention run stats", f(2 * MAX_SPLITS * heads))?,
             handoffs: Handoffs::new(gpu, spec, dtype)?,
@@ -217,13 +220,14 @@ impl DecoderModel {
             .min(spec.max_positions)
             .max(1);
         let chunk = opts.prefill_chunk.clamp(1, capacity);
+        let slots = super::batch::slots_for(spec, opts, chunk);
         let mut up = Uploader::new(gpu, source, dtype);
         up.keep_quantized = opts.quantized;
         up.quantize = opts.quantize;
         let weights = upload(&mut up, spec)?;
 
         let step = gpu.uniform("step", &StepParams::new(0, 1));
-        let acts = Activations::new(gpu, spec, chunk, capacity, dtype)?;
+        let acts = Activations::new(gpu, spec, chunk, capacity, dtype, slots)?;
         let matrices = || {
             weights.layers.iter().flat_map(|w| {
                 let dense = w.mlp.dense();
@@ -307,6 +311,7 @@ impl DecoderModel {
             rope: rope.as_ref(),
             local_rope: local_rope.as_ref(),
             split_attention,
+            slots,
         };
         let mut cache_bytes = 0;
         // Gated DeltaNet layers' recurrent and convolution states (the same at any context).
@@ -379,6 +384,20 @@ impl DecoderModel {
             gpu.readback_buffer("sampled token", 4),
             gpu.readback_buffer("sampled token", 4),
         ];
+        let batch = if slots > 1 {
+            Some(super::batch::BatchKernels::new(
+                gpu,
+                spec,
+                slots,
+                [&embedding, &lm_head],
+                positions.as_ref(),
+                &final_norm,
+                &acts,
+                &step,
+            )?)
+        } else {
+            None
+        };
         let mut model = Self {
             gpu: gpu.clone(),
             spec: spec.clone(),
@@ -419,6 +438,10 @@ impl DecoderModel {
             verify_head: None,
             verifying: Vec::new(),
             penalized: false,
+            sampler: SamplerParams::default(),
+            slot: 0,
+            slot_states: vec![Default::default(); slots as usize],
+            batch,
             last_encode: std::time::Duration::ZERO,
             last_prompt_encode: std::time::Duration::ZERO,
         };

@@ -1,0 +1,331 @@
+//! Several sequences on one model: each keeps a cache slot (its keys and values, token history
+//! and seen-token set side by side with the others'), and a batched decode step feeds the
+//! pending token of each of several slots through one forward pass. The weights are read once
+//! for all of them, which is what makes serving many clients at once cheaper than serving them
+//! in turn. The step runs the prompt path's products over its rows; only the embedding, RoPE,
+//! attention and the sampler know that row t belongs to its own sequence (the step's `rows`).
+//!
+//! The single-sequence calls (prefill, decode, verify) work on the current slot
+//! ([`DecoderModel::select_slot`]); the others' state waits in `slot_states`.
+
+use super::{DecoderModel, Norm, PromptProduct, PromptWeights};
+use crate::Error;
+use crate::gpu::{Gpu, Recorder, StorageBuffer, UniformBuffer};
+use crate::load::DecoderSpec;
+use crate::ops::{
+    BatchSample, Embed, MAX_BATCH_ROWS, MatMulOptions, Matrix, SamplerParams,
+    StepParams,
+};
+
+/// The cache slots a model built with `opts` keeps: as asked (at most [`MAX_BATCH_ROWS`] and
+/// one prompt chunk, the rows the activations hold), or one where a sequence's state is not
+/// indexed by slot (a Gated DeltaNet's recurrent state, longrope's table switching by
+/// length).
+pub(super) fn slots_for(spec: &DecoderSpec, opts: &super::ModelOptions, chunk: u32) -> u32 {
+    let longrope = spec
+        .rope
+        .as_ref()
+        .is_some_and(|r| r.longrope(spec.rotary_dim).is_some());
+    if spec.linear.is_some() || longrope {
+        return 1;
+    }
+    opts.slots.clamp(1, MAX_BATCH_ROWS.min(chunk))
+}
+
+/// What the model keeps of a sequence while another slot is current.
+#[derive(Clone, Default)]
+pub(super) struct SlotState {
+    seq_len: u32,
+    prompt_len: u32,
+    reusable: Vec<u32>,
+    pending: Option<u32>,
+    written_end: u32,
+    sampler: SamplerParams,
+}
+
+/// One row of a batched decode step: the slot whose pending token it feeds, and the grammar
+/// mask its next token must obey (None: free).
+#[derive(Clone, Copy, Debug)]
+pub struct BatchRow<'a> {
+    pub slot: u32,
+    pub mask: Option<&'a [u32]>,
+}
+
+/// The kernels of a batched decode step that the single-sequence passes do not have.
+pub(super) struct BatchKernels {
+    embed: Embed,
+    norm: Norm,
+    head: PromptProduct,
+    sample: BatchSample,
+    /// The rows' sampled tokens, read back.
+    staging: wgpu::Buffer,
+    _logits: StorageBuffer,
+}
+
+impl BatchKernels {
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn new(
+        gpu: &Gpu,
+        spec: &DecoderSpec,
+        slots: u32,
+        [embedding, lm_head]: [&Matrix; 2],
+        positions: Option<&StorageBuffer>,
+        final_norm: &(StorageBuffer, Option<StorageBuffer>),
+        acts: &super::Activations,
+        step: &UniformBuffer,
+    ) -> Result<Self, Error> {
+        let embed = Embed::batched(
+            gpu,
+            embedding,
+            positions,
+            [&acts.history, &acts.seen, &acts.x],
+            step,
+            spec.embed_scale,
+        )?;
+        let norm = Norm::new(
+            gpu,
+            spec.norm,
+            spec.hidden,
+            spec.norm_eps,
+            &final_norm.0,
+            final_norm.1.as_ref(),
+            &acts.x,
+            &acts.xn,
+            step,
+        )?;
+        let logits = gpu.storage(
+            "batched logits",
+            u64::from(slots) * u64::from(spec.vocab) * 4,
+        )?;
+        let head = PromptProduct::new(
+            gpu,
+            PromptWeights::Blocks,
+            lm_head,
+            &acts.xn,
+            &logits,
+            step,
+            MatMulOptions::default(),
+        )?;
+        let sample = BatchSample::new(
+            gpu,
+            spec.vocab,
+            slots,
+            [&logits, &acts.history, &acts.seen],
+            step,
+        )?;
+        Ok(Self {
+            embed,
+            norm,
+            head,
+            sample,
+            staging: gpu.readback_buffer("batched tokens", u64::from(slots) * 4),
+            _logits: logits,
+        })
+    }
+}
+
+impl DecoderModel {
+    /// Cache slots: sequences kept at once.
+    pub fn slots(&self) -> u32 {
+        self.slot_states.len() as u32
+    }
+
+    /// The slot the single-sequence calls work on.
+    pub fn slot(&self) -> u32 {
+        self.slot
+    }
+
+    /// Makes `slot` the sequence that prefill, decode and verify work on (its cache, history,
+    /// prompt cache and sampler settings); the current one's state is kept for later.
+    pub fn select_slot(&mut self, slot: u32) -> Result<(), Error> {
+        if slot >= self.slots() {
+            return Err(Error::Invalid(format!(
+                "slot {slot} of a model with {} slots",
+                self.slots()
+            )));
+        }
+        if slot == self.slot {
+            return Ok(());
+        }
+        self.drain()?;
+        self.park();
+        self.slot = slot;
+        self.unpark();
+        Ok(())
+    }
+
+    /// Tokens of `ids` that slot `slot`'s cache holds at their positions from its last prompt
+    /// and answer: what a prefill there would take from the cache (a server picks the slot
+    /// with the most).
+    pub fn cached_prefix(&self, slot: u32, ids: &[u32]) -> usize {
+        let held = if slot == self.slot {
+            &self.reusable
+        } else {
+            match self.slot_states.get(slot as usize) {
+                Some(s) => &s.reusable,
+                None => return 0,
+            }
+        };
+        held.iter().zip(ids).take_while(|(a, b)| a == b).count()
+    }
+
+    /// Sets slot `slot`'s sampling settings (the current slot's as [`Self::set_sampler`]).
+    pub fn set_slot_sampler(&mut self, slot: u32, params: &SamplerParams) -> Result<(), Error> {
+        if slot == self.slot {
+            self.set_sampler(params);
+            return Ok(());
+        }
+        let state = self
+            .slot_states
+            .get_mut(slot as usize)
+            .ok_or_else(|| Error::Invalid(format!("no slot {slot}")))?;
+        state.sampler = *params;
+        Ok(())
+    }
+
+    /// Feeds the pending token (the last one returned) of each row's slot through one forward
+    /// pass and returns each row's next token, sampled with its slot's settings under the
+    /// row's mask. Each slot must hold a prompt and have room for one more token.
+    pub fn decode_batch(&mut self, rows: &[BatchRow<'_>]) -> Result<Vec<u32>, Error> {
+        if self.batch.is_none() {
+            return Err(Error::Invalid(
+                "this model decodes one sequence at a time (one slot)".into(),
+            ));
+        }
+        let n = rows.len() as u32;
+        if n == 0 || n > self.slots() {
+            return Err(Error::Invalid(format!(
+                "a batched step of {n} rows on a model with {} slots",
+                self.slots()
+            )));
+        }
+        for (i, row) in rows.iter().enumerate() {
+            if rows[..i].iter().any(|r| r.slot == row.slot) {
+                return Err(Error::Invalid(format!(
+                    "slot {} appears twice in one batched step",
+                    row.slot
+                )));
+            }
+        }
+        self.drain()?;
+        self.park();
+        let result = self.run_batch(rows);
+        self.unpark();
+        result
+    }
+
+    fn run_batch(&mut self, rows: &[BatchRow<'_>]) -> Result<Vec<u32>, Error> {
+        let n = rows.len() as u32;
+        let mut step = StepParams::new(0, n);
+        for (t, row) in rows.iter().enumerate() {
+            let state = self
+                .slot_states
+                .get(row.slot as usize)
+                .ok_or_else(|| Error::Invalid(format!("no slot {}", row.slot)))?;
+            if state.pending.is_none() {
+                return Err(Error::Invalid(format!(
+                    "slot {} has no prompt to decode from",
+                    row.slot
+                )));
+            }
+            if state.seq_len >= self.capacity {
+                return Err(Error::ContextFull {
+                    capacity: self.capacity,
+                });
+            }
+            step.rows[t] = [
+                state.seq_len,
+                row.slot,
+                self.history_base(row.slot),
+                self.seen_base(row.slot),
+            ];
+        }
+        let gpu = self.gpu.clone();
+        let Some(batch) = &self.batch else {
+            unreachable!("checked by decode_batch")
+        };
+        self.step.write(&gpu, &step);
+        for row in rows {
+            let sampler = &self.slot_states[row.slot as usize].sampler;
+            batch.sample.set(&gpu, row.slot, sampler, row.mask);
+        }
+        let mut rec = Recorder::new(&gpu);
+        batch.embed.encode(&mut rec, n);
+        for layer in &self.layers {
+            if !layer.encode_batch(&mut rec, n) {
+                return Err(Error::Invalid(
+                    "a layer of this model has no batched decode kernels".into(),
+                ));
+            }
+        }
+        batch.norm.encode(&mut rec, n);
+        batch.head.encode(&mut rec, n);
+        batch.sample.encode(&mut rec, n);
+        for (t, r) in step.rows[..n as usize].iter().enumerate() {
+            let [pos, _, history, _] = *r;
+            let at = u64::from(history + pos + 1) * 4;
+            rec.copy(&self.acts.history.buffer, at, &batch.staging, t as u64 * 4, 4);
+        }
+        let submission = rec.submit();
+        let tokens: Vec<u32> = gpu.map_read_after(&batch.staging, u64::from(n) * 4, submission)?;
+        for (row, &token) in rows.iter().zip(&tokens) {
+            let state = &mut self.slot_states[row.slot as usize];
+            if let Some(fed) = state.pending.replace(token) {
+                state.reusable.push(fed);
+            }
+            state.seq_len += 1;
+            state.written_end = state.written_end.max(state.seq_len);
+        }
+        Ok(tokens)
+    }
+
+    /// Where slot `slot`'s token history starts in the history buffer (in tokens).
+    pub(super) fn history_base(&self, slot: u32) -> u32 {
+        slot * (self.capacity + 1)
+    }
+
+    /// Where slot `slot`'s seen-token set starts (in words).
+    pub(super) fn seen_base(&self, slot: u32) -> u32 {
+        slot * self.spec.vocab.div_ceil(32)
+    }
+
+    /// The byte offset of the current slot's history entry `index`.
+    pub(super) fn history_offset(&self, index: u32) -> u64 {
+        u64::from(self.history_base(self.slot) + index) * 4
+    }
+
+    /// The byte offset of the current slot's seen-token set.
+    pub(super) fn seen_offset(&self) -> u64 {
+        u64::from(self.seen_base(self.slot)) * 4
+    }
+
+    /// Bytes of one seen-token set.
+    pub(super) fn seen_bytes(&self) -> u64 {
+        u64::from(self.spec.vocab.div_ceil(32)) * 4
+    }
+
+    /// Keeps the current slot's sequence in `slot_states` (no step may be in flight).
+    fn park(&mut self) {
+        let state = SlotState {
+            seq_len: self.seq_len,
+            prompt_len: self.prompt_len,
+            reusable: std::mem::take(&mut self.reusable),
+            pending: self.pending,
+            written_end: self.written_end,
+            sampler: self.sampler,
+        };
+        self.slot_states[self.slot as usize] = state;
+    }
+
+    /// Takes the current slot's sequence back from `slot_states`.
+    fn unpark(&mut self) {
+        let state = std::mem::take(&mut self.slot_states[self.slot as usize]);
+        self.seq_len = state.seq_len;
+        self.submitted_len = state.seq_len;
+        self.prompt_len = state.prompt_len;
+        self.reusable = state.reusable;
+        self.pending = state.pending;
+        self.written_end = state.written_end;
+        self.set_sampler(&state.sampler);
+    }
+}
