@@ -177,3 +177,157 @@ fn bad_batches_are_refused() {
     one.model.prefill(&[1, 2, 3]).unwrap();
     assert!(one.model.decode_batch(&[row(0)]).is_err());
 }
+
+/// What the engine's events said of each request: its text, its tokens and how it ended.
+#[derive(Default, Debug)]
+struct Heard {
+    tokens: Vec<u32>,
+    text: String,
+    stop: Option<backpack_engine::models::StopReason>,
+    error: Option<String>,
+}
+
+/// Requests to an engine with several slots run together and answer as they do one at a
+/// time; one cancelled mid-answer ends alone, and a JSON-constrained one stays valid JSON.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_engine_batches_requests_and_each_answers_as_alone() {
+    use backpack_engine::grammar::Constraint;
+    use backpack_engine::models::{GenerateParams, Prompt};
+    use backpack_engine::runtime::{Engine, Event};
+    use std::collections::HashMap;
+
+    let path = fixtures().join("models").join("tiny-qwen2");
+    let greedy = |n| GenerateParams {
+        max_tokens: n,
+        ..Default::default()
+    };
+    let prompts: Vec<Prompt> = (0..5)
+        .map(|i| Prompt::Raw(format!("request {i}: {}", "word ".repeat(i + 1))))
+        .collect();
+    // Alone: the same model with one slot.
+    let mut single = model("tiny-qwen2", 1);
+    let want: Vec<Vec<u32>> = prompts
+        .iter()
+        .map(|p| {
+            single
+                .generate(p, &greedy(10), &|| false, |_, _| {})
+                .expect("alone")
+                .tokens
+        })
+        .collect();
+
+    let (engine, mut events) = Engine::spawn(gpu(), None);
+    let opts = ModelOptions {
+        dtype: WeightDType::F32,
+        prefill_chunk: 7,
+        context: Some(64),
+        slots: 3,
+        ..Default::default()
+    };
+    engine.load(path, opts);
+    match events.recv().await {
+        Some(Event::Loaded(_)) => {}
+        other => panic!("loading: {other:?}"),
+    }
+    let mut ids: Vec<u64> = prompts
+        .iter()
+        .map(|p| engine.generate(p.clone(), greedy(10)))
+        .collect();
+    // A long answer to cancel, and one under a JSON grammar.
+    let cancelled = engine.generate(prompts[0].clone(), greedy(40));
+    let json = engine.generate(
+        Prompt::Raw("{".into()),
+        GenerateParams {
+            max_tokens: 24,
+            constraint: Some(Constraint::JsonObject),
+            ..Default::default()
+        },
+    );
+    ids.extend([cancelled, json]);
+    let mut heard: HashMap<u64, Heard> = HashMap::new();
+    let mut open = ids.len();
+    while open > 0 {
+        let event = tokio::time::timeout(std::time::Duration::from_secs(120), events.recv())
+            .await
+            .expect("the engine answered in time")
+            .expect("the engine is alive");
+        match event {
+            Event::Token {
+                request,
+                id,
+                text_delta,
+            } => {
+                let h = heard.entry(request).or_default();
+                h.tokens.push(id);
+                h.text.push_str(&text_delta);
+                if request == cancelled && h.tokens.len() == 3 {
+                    engine.cancel_one(cancelled);
+                }
+            }
+            Event::Done { request, stop, .. } => {
+                heard.entry(request).or_default().stop = Some(stop);
+                open -= 1;
+            }
+            Event::Error {
+                request, message, ..
+            } => {
+                heard.entry(request.expect("a request's error")).or_default().error =
+                    Some(message);
+                open -= 1;
+            }
+            Event::Loaded(_) => panic!("no load was asked for"),
+        }
+    }
+    for (i, want) in want.iter().enumerate() {
+        let h = &heard[&ids[i]];
+        assert_eq!(h.error, None, "request {i}");
+        assert_eq!(&h.tokens, want, "request {i}: batched against alone");
+    }
+    let c = &heard[&cancelled];
+    assert_eq!(c.stop, Some(backpack_engine::models::StopReason::Cancelled));
+    assert!(c.tokens.len() < 40, "{} tokens after a cancel", c.tokens.len());
+    let j = &heard[&json];
+    assert_eq!(j.error, None);
+    // The grammar's answer is JSON as far as it got: whole when it ended on its own.
+    if j.stop == Some(backpack_engine::models::StopReason::EndOfText) {
+        serde_json::from_str::<serde_json::Value>(&j.text)
+            .unwrap_or_else(|e| panic!("{:?} is not JSON: {e}", j.text));
+    } else {
+        assert!(j.text.trim_start().starts_with('{'), "{:?}", j.text);
+    }
+}
+
+/// Steps of more rows than the few-row products take run the tiles over the blocks as stored
+/// (no expansion); each row still decodes as it does in a step of its own.
+#[test]
+fn wide_steps_over_quantized_weights_decode_each_row_as_alone() {
+    let opts = ModelOptions {
+        dtype: WeightDType::F16,
+        quantize: Some(backpack_engine::load::GgmlType::Q8_0),
+        prefill_chunk: 16,
+        context: Some(64),
+        slots: 10,
+        ..Default::default()
+    };
+    // Hidden rows of 64: its matrices take q8_0 blocks.
+    let path = fixtures().join("models").join("tiny-llama");
+    let mut wide = TextModel::load(&gpu(), &path, &opts).expect("load");
+    let mut narrow = TextModel::load(&gpu(), &path, &opts).expect("load");
+    let vocab = wide.model.spec().vocab;
+    let rows: Vec<BatchRow> = (0..10).map(|slot| BatchRow { slot, mask: None }).collect();
+    for m in [&mut wide.model, &mut narrow.model] {
+        for slot in 0..10 {
+            m.select_slot(slot).unwrap();
+            m.set_sampler(&SamplerParams::default());
+            m.prefill(&prompt(slot + 20, 6 + slot, vocab)).unwrap();
+        }
+    }
+    for step in 0..4 {
+        let together = wide.model.decode_batch(&rows).unwrap();
+        let alone: Vec<u32> = rows
+            .iter()
+            .map(|r| narrow.model.decode_batch(std::slice::from_ref(r)).unwrap()[0])
+            .collect();
+        assert_eq!(together, alone, "step {step}");
+    }
+}

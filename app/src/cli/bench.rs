@@ -62,6 +62,11 @@ pub struct BenchArgs {
     /// The chances each draft is the model's own next token (with --speculate).
     #[arg(long, value_delimiter = ',', default_value = "1")]
     acceptance: Vec<f64>,
+    /// Also measure batched decoding (a server's parallel answers) with these numbers of
+    /// sequences decoding together, each after the same prompt; with --profile, the largest's
+    /// step is profiled too.
+    #[arg(long, value_delimiter = ',')]
+    parallel: Vec<u32>,
     /// Print the result as one JSON line.
     #[arg(long)]
     json: bool,
@@ -88,6 +93,7 @@ pub fn run(args: BenchArgs, adapter: Option<&str>) -> Result<()> {
         f16_prompt_weights: args.f16_prompt_weights,
         // Every run feeds the same prompt: a cache of the last one would time a single token.
         prefix_cache: false,
+        slots: args.parallel.iter().copied().max().unwrap_or(1),
         ..Default::default()
     };
     let build_start = Instant::now();
@@ -185,6 +191,24 @@ pub fn run(args: BenchArgs, adapter: Option<&str>) -> Result<()> {
     } else {
         super::bench_speculative::measure(&mut model, &prompt, args.generate, &shapes, args.repeat)?
     };
+    let batched = if args.parallel.is_empty() {
+        Vec::new()
+    } else {
+        super::bench_batch::measure(&mut model, &prompt, args.generate, &args.parallel, args.repeat)?
+    };
+    let batch_profile = match args.parallel.iter().max() {
+        Some(&n) if args.profile => {
+            let slots: Vec<u32> = (0..n).collect();
+            for &slot in &slots {
+                model.select_slot(slot)?;
+                model.prefill(&prompt)?;
+            }
+            let timings = model.profile_batch(&slots)?;
+            model.select_slot(0)?;
+            Some((n, timings))
+        }
+        _ => None,
+    };
     // After the timed runs: timestamp queries slow the GPU down a little.
     let profile = if args.profile {
         Some((model.profile_prefill(&prompt)?, model.profile_decode()?))
@@ -227,6 +251,9 @@ pub fn run(args: BenchArgs, adapter: Option<&str>) -> Result<()> {
         if !speculative.is_empty() {
             out["speculative"] = speculative.iter().map(|s| s.json()).collect();
         }
+        if !batched.is_empty() {
+            out["batched"] = batched.iter().map(|b| b.json()).collect();
+        }
         if let Some((prefill, decode)) = &profile {
             out["profile"] = serde_json::json!({
                 "prefill": timings_json(prefill),
@@ -261,6 +288,12 @@ pub fn run(args: BenchArgs, adapter: Option<&str>) -> Result<()> {
         }
         if let Some((k, verify)) = verify_profile {
             print_timings(&format!("one verification of {k} drafts"), verify);
+        }
+        for b in &batched {
+            b.print();
+        }
+        if let Some((n, timings)) = batch_profile {
+            print_timings(&format!("one batched step of {n} sequences"), timings);
         }
     }
     Ok(())

@@ -2,6 +2,7 @@
 //! share: weight and cache storage, on-load quantization, opening the GPU.
 
 pub mod bench;
+pub mod bench_batch;
 pub mod bench_gemm;
 pub mod bench_image;
 pub mod bench_speculative;

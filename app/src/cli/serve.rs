@@ -27,6 +27,11 @@ pub struct ServeArgs {
     /// Requests running or queued at once; more are answered 429.
     #[arg(long, default_value_t = 16)]
     queue: usize,
+    /// Text answers decoded together on the GPU, each in a KV cache of --context tokens of
+    /// its own (default 4; 1 with speculative decoding, which drafts for one answer at a
+    /// time). Requests beyond it wait in the queue.
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=64))]
+    parallel: Option<u32>,
     /// Storage type of weights and KV cache on the GPU.
     #[arg(long, value_enum, default_value = "f16")]
     dtype: DTypeArg,
@@ -44,6 +49,9 @@ pub struct ServeArgs {
     speculate: super::SpeculateArgs,
 }
 
+/// Answers decoded together when --parallel is not given.
+const DEFAULT_PARALLEL: u32 = 4;
+
 pub fn run(args: ServeArgs, adapter: Option<&str>) -> Result<()> {
     let models = args
         .model
@@ -59,6 +67,14 @@ pub fn run(args: ServeArgs, adapter: Option<&str>) -> Result<()> {
         args.f16_prompt_weights,
     );
     load.speculate = args.speculate.speculation()?;
+    load.slots = match (args.parallel, &load.speculate) {
+        (Some(n), Some(_)) if n > 1 => anyhow::bail!(
+            "--parallel {n} cannot go with speculative decoding, which drafts for one answer at a time"
+        ),
+        (Some(n), _) => n,
+        (None, Some(_)) => 1,
+        (None, None) => DEFAULT_PARALLEL,
+    };
     let opts = ServeOptions {
         host: args.host,
         port: args.port,

@@ -2,6 +2,7 @@
 //! SmolLM2, TinyLlama, Mistral), Qwen2/Qwen2.5, Qwen3, Phi-3 and GPT-2 share one GPU decoder;
 //! their differences (weight names, norms, biases, positions, MLP) are resolved while loading.
 
+mod answer;
 mod decoder;
 pub mod diffusion;
 mod expert_uploads;
@@ -15,6 +16,7 @@ mod weight_rows;
 mod weights;
 pub mod whisper;
 
+pub use answer::{Answer, Piece};
 pub use decoder::{BatchRow, DecoderModel, ModelOptions};
 pub use text::{GenerateParams, GenerationStats, ModelInfo, Prompt, StopReason, TextModel};
 pub use weights::WeightSource;

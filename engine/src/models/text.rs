@@ -1,10 +1,10 @@
 use std::path::Path;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
 use super::decoder::{DecoderModel, ModelOptions};
-use super::harmony::{HarmonyStream, HarmonyTokens};
+use super::harmony::HarmonyTokens;
 use super::speculate::{DraftStats, Speculator};
 use super::tool_calls::ToolFormat;
 use super::weights::WeightSource;
@@ -15,7 +15,7 @@ use crate::grammar::{
 };
 use crate::load::{
     ChatMessage, ChatSwitches, DecoderSpec, GenerationConfig, GgufFile, LoadError, ReasoningEffort,
-    SafeTensors, StreamDecoder, TextTokenizer, gguf_spec, gguf_tokenizer,
+    SafeTensors, TextTokenizer, gguf_spec, gguf_tokenizer,
 };
 
 /// The GGUF file `path` names: the path itself, or the one `.gguf` in a folder without
@@ -165,13 +165,13 @@ pub struct TextModel {
     pub model: DecoderModel,
     pub tokenizer: TextTokenizer,
     pub generation: GenerationConfig,
-    eos_ids: Vec<u32>,
+    pub(super) eos_ids: Vec<u32>,
     name: String,
     /// The vocabulary as grammars see it, built on its own thread from load on.
     grammar_vocab: PendingVocab,
     tool_format: ToolFormat,
     /// Special tokens kept in a chat answer's text, because they mark tool calls.
-    kept_specials: std::collections::HashMap<u32, String>,
+    pub(super) kept_specials: std::collections::HashMap<u32, String>,
     /// Drafts and verifies when speculative decoding is on.
     speculator: Option<Speculator>,
 }
@@ -369,61 +369,21 @@ impl TextModel {
         cancelled: &dyn Fn() -> bool,
         mut on_token: impl FnMut(u32, &str),
     ) -> Result<GenerationStats, Error> {
-        let start = Instant::now();
-        let prompt_tokens = self.tokenize_with(prompt, &params.switches())?;
-        let mut stats = GenerationStats {
-            prompt_tokens,
-            tokens: Vec::new(),
-            text: String::new(),
-            ttft: Duration::ZERO,
-            prompt_time: Duration::ZERO,
-            tokens_per_s: 0.0,
-            stop: StopReason::MaxTokens,
-            cached_tokens: 0,
-            drafts: DraftStats::default(),
-        };
+        let mut answer = self.prepare(prompt, params)?;
         if params.max_tokens == 0 {
-            return Ok(stats);
+            return Ok(answer.finish());
         }
         if cancelled() {
-            stats.stop = StopReason::Cancelled;
-            return Ok(stats);
+            answer.stats.stop = StopReason::Cancelled;
+            return Ok(answer.finish());
         }
-        self.model.set_sampler(&params.sampler);
-        let mut stream = StreamDecoder::default();
-        let mut harmony = match prompt {
-            Prompt::Chat(_) => HarmonyTokens::of(&self.tokenizer).map(HarmonyStream::new),
-            Prompt::Raw(_) | Prompt::Tokens(_) => None,
-        };
-        let is_chat = matches!(prompt, Prompt::Chat(_));
-        let mut guide =
-            self.start_guide(prompt, params, &stats.prompt_tokens, harmony.is_some())?;
-        if let Some(g) = &mut guide {
-            self.model.set_mask(Some(&g.mask()?))?;
-        }
-        // A generation prompt that opens the reasoning leaves the model to write it and then
-        // `</think>` with no opening tag: the answer gets the tag it continues from, so that it
-        // reads as every other reasoning model's does.
-        let mut opening = match prompt {
-            Prompt::Chat(_)
-                if harmony.is_none() && self.tokenizer.opens_reasoning(&stats.prompt_tokens) =>
-            {
-                "<think>\n".to_owned()
-            }
-            _ => String::new(),
-        };
-        let prefill_start = Instant::now();
-        let mut token = self.model.prefill(&stats.prompt_tokens)?;
-        stats.cached_tokens = self.model.last_prompt_reused() as usize;
-        stats.prompt_time = prefill_start.elapsed();
-        stats.ttft = start.elapsed();
-        let first_at = Instant::now();
+        let mut token = self.prefill_answer(&mut answer, params)?;
         // Speculation drafts free text only: a grammar's mask needs each token in turn.
         let mut speculating = match &mut self.speculator {
-            Some(s) if guide.is_none() => {
+            Some(s) if answer.guide.is_none() => {
                 s.start(&params.sampler);
                 Some(Speculating {
-                    context: stats.prompt_tokens.clone(),
+                    context: answer.stats.prompt_tokens.clone(),
                     ready: Default::default(),
                     drafts: DraftStats::default(),
                 })
@@ -431,65 +391,26 @@ impl TextModel {
             _ => None,
         };
         loop {
-            stats.tokens.push(token);
             if let Some(s) = &mut speculating {
                 s.context.push(token);
             }
-            // Where the token just returned sits: it can be fed only below the capacity.
-            let position = stats.prompt_tokens.len() + stats.tokens.len() - 1;
-            let stop = if self.eos_ids.contains(&token) {
-                Some(StopReason::EndOfText)
-            } else if stats.tokens.len() as u32 >= params.max_tokens {
-                Some(StopReason::MaxTokens)
-            } else if position >= self.model.capacity() as usize {
-                Some(StopReason::ContextFull)
-            } else if cancelled() {
-                Some(StopReason::Cancelled)
-            } else {
-                None
-            };
-            let mut delta = match &mut harmony {
-                Some(h) => h.push(&self.tokenizer, token)?,
-                None => stream.push(&self.tokenizer, token)?,
-            };
-            if is_chat && let Some(marker) = self.kept_specials.get(&token) {
-                delta.push_str(marker);
-            }
-            if stop.is_some() {
-                // Flush what was held back; an incomplete character becomes U+FFFD.
-                delta.push_str(&match &mut harmony {
-                    Some(h) => h.finish(&self.tokenizer)?,
-                    None => stream.finish(&self.tokenizer)?,
-                });
-            }
-            if !opening.is_empty() {
-                delta.insert_str(0, &std::mem::take(&mut opening));
-            }
-            stats.text.push_str(&delta);
-            on_token(token, &delta);
-            if let Some(stop) = stop {
-                stats.stop = stop;
+            let piece = self.take_token(&mut answer, token, cancelled())?;
+            on_token(token, &piece.delta);
+            if piece.stop.is_some() {
                 break;
             }
             token = self.next_token(
                 token,
-                &mut guide,
+                &mut answer.guide,
                 speculating.as_mut(),
                 params,
-                stats.tokens.len(),
+                answer.stats.tokens.len(),
             )?;
         }
         if let Some(s) = speculating {
-            stats.drafts = s.drafts;
+            answer.stats.drafts = s.drafts;
         }
-        let decoded = stats.tokens.len().saturating_sub(1);
-        let secs = first_at.elapsed().as_secs_f64();
-        stats.tokens_per_s = if decoded > 0 && secs > 0.0 {
-            decoded as f64 / secs
-        } else {
-            0.0
-        };
-        Ok(stats)
+        Ok(answer.finish())
     }
 
     /// The token after `fed`, the last one returned: a grammar's masked step (the grammar takes
@@ -529,7 +450,7 @@ impl TextModel {
     }
 
     /// The grammar state of a constrained answer, if `params` asks for one.
-    fn start_guide(
+    pub(super) fn start_guide(
         &mut self,
         prompt: &Prompt,
         params: &GenerateParams,

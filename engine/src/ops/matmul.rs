@@ -72,7 +72,7 @@ pub fn k_slices(n: u32, k: u32) -> u32 {
         .clamp(1, 16)
 }
 
-#[derive(Default)]
+#[derive(Clone, Copy, Default)]
 pub struct MatMulOptions<'a> {
     pub bias: Option<&'a StorageBuffer>,
     pub gelu: Option<Gelu>,

@@ -8,6 +8,7 @@
 //! "cancelled through request N", and a panic inside a dependency while loading or serving a
 //! request becomes an error event — the service keeps serving.
 
+mod batched;
 pub mod image;
 mod live;
 pub mod remote;

@@ -1,7 +1,11 @@
 //! The text service: chat generation with one [`TextModel`], on its own blocking task (every
-//! token waits on the GPU).
+//! token waits on the GPU). A model loaded with one cache slot answers requests one after
+//! another; with several (a server's `--parallel`), answers share the GPU: each takes a free
+//! slot, new ones join between decode steps, and every step advances all of them by a token
+//! (see `batched.rs`).
 
 use std::collections::HashSet;
+
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -105,112 +109,115 @@ impl EngineHandle {
 
 pub struct Engine;
 
+/// What the service thread needs to tell whether a request was cancelled.
+#[derive(Clone)]
+pub(super) struct Cancellations {
+    through: Arc<AtomicU64>,
+    single: Arc<Mutex<HashSet<u64>>>,
+}
+
+impl Cancellations {
+    pub(super) fn is_cancelled(&self, id: u64) -> bool {
+        self.through.load(Ordering::Acquire) >= id
+            || self.single.lock().is_ok_and(|set| set.contains(&id))
+    }
+
+    /// Forgets a finished request.
+    pub(super) fn forget(&self, id: u64) {
+        if let Ok(mut set) = self.single.lock() {
+            set.remove(&id);
+        }
+    }
+}
+
 impl Engine {
     /// Starts the engine on the current tokio runtime.
     pub fn spawn(gpu: Gpu, wake: Option<WakeFn>) -> (EngineHandle, mpsc::UnboundedReceiver<Event>) {
-        let (req_tx, mut req_rx) = mpsc::unbounded_channel::<Request>();
+        let (req_tx, req_rx) = mpsc::unbounded_channel::<Request>();
         let (ev_tx, ev_rx) = mpsc::unbounded_channel::<Event>();
-        let cancelled_through = Arc::new(AtomicU64::new(0));
-        let cancelled = Arc::new(Mutex::new(HashSet::new()));
+        let cancels = Cancellations {
+            through: Arc::new(AtomicU64::new(0)),
+            single: Arc::new(Mutex::new(HashSet::new())),
+        };
         let handle = EngineHandle {
             requests: req_tx,
             next_id: Arc::new(AtomicU64::new(0)),
-            cancelled_through: cancelled_through.clone(),
-            cancelled: cancelled.clone(),
+            cancelled_through: cancels.through.clone(),
+            cancelled: cancels.single.clone(),
         };
         tokio::task::spawn_blocking(move || {
-            let send = |event: Event| {
+            let send: super::batched::Send = Box::new(move |event: Event| {
                 let _ = ev_tx.send(event);
                 if let Some(w) = &wake {
                     w();
                 }
-            };
-            let mut model: Option<TextModel> = None;
-            while let Some(request) = req_rx.blocking_recv() {
-                match request {
-                    Request::Load { path, options } => {
-                        model = None;
-                        match guarded("loading the model", || {
-                            TextModel::load(&gpu, &path, &options)
-                        }) {
-                            Ok(m) => {
-                                send(Event::Loaded(m.info()));
-                                model = Some(m);
-                            }
-                            Err(e) => send(Event::Error {
-                                request: None,
-                                message: e.to_string(),
-                                prompt_too_long: None,
-                                bad_grammar: false,
-                            }),
-                        }
-                    }
-                    Request::Unload => model = None,
-                    Request::Generate { id, prompt, params } => {
-                        let Some(m) = model.as_mut() else {
-                            send(Event::Error {
-                                request: Some(id),
-                                message: crate::Error::NoModel.to_string(),
-                                prompt_too_long: None,
-                                bad_grammar: false,
-                            });
-                            continue;
-                        };
-                        let is_cancelled = || {
-                            cancelled_through.load(Ordering::Acquire) >= id
-                                || cancelled.lock().is_ok_and(|set| set.contains(&id))
-                        };
-                        let result = guarded("generating", || {
-                            m.generate(&prompt, &params, &is_cancelled, |tok, delta| {
-                                send(Event::Token {
-                                    request: id,
-                                    id: tok,
-                                    text_delta: delta.to_owned(),
-                                });
-                            })
-                        });
-                        if let Ok(mut set) = cancelled.lock() {
-                            set.remove(&id);
-                        }
-                        if matches!(result, Err(crate::Error::Crashed(_))) {
-                            // A model interrupted mid-step may hold half-written state.
-                            model = None;
-                        }
-                        match result {
-                            Ok(stats) => send(Event::Done {
-                                request: id,
-                                prompt_tokens: stats.prompt_tokens.len(),
-                                prompt_ids: stats.prompt_tokens,
-                                generated_tokens: stats.tokens.len(),
-                                ttft: stats.ttft,
-                                prompt_time: Some(stats.prompt_time),
-                                tokens_per_s: stats.tokens_per_s,
-                                stop: stats.stop,
-                                cached_tokens: stats.cached_tokens,
-                                drafts: stats.drafts,
-                            }),
-                            Err(e) => send(Event::Error {
-                                request: Some(id),
-                                message: e.to_string(),
-                                prompt_too_long: match e {
-                                    crate::Error::PromptTooLong { tokens, capacity } => {
-                                        Some((tokens, capacity))
-                                    }
-                                    _ => None,
-                                },
-                                bad_grammar: matches!(
-                                    e,
-                                    crate::Error::Grammar(
-                                        crate::grammar::GrammarError::Invalid(_)
-                                            | crate::grammar::GrammarError::Matcher(_)
-                                    )
-                                ),
-                            }),
-                        }
-                    }
-                }
-            }
+            });
+            super::batched::Service::new(gpu, send, cancels).run(req_rx);
         });
         (handle, ev_rx)
+    }
+}
+
+/// Runs one answer to its end, sending its tokens and how it ended.
+pub(super) fn answer_alone(
+    m: &mut TextModel,
+    id: u64,
+    prompt: &Prompt,
+    params: &GenerateParams,
+    cancels: &Cancellations,
+    send: &dyn Fn(Event),
+) -> Result<(), crate::Error> {
+    let is_cancelled = || cancels.is_cancelled(id);
+    let result = guarded("generating", || {
+        m.generate(prompt, params, &is_cancelled, |tok, delta| {
+            send(Event::Token {
+                request: id,
+                id: tok,
+                text_delta: delta.to_owned(),
+            });
+        })
+    });
+    cancels.forget(id);
+    match result {
+        Ok(stats) => {
+            send(done_event(id, stats));
+            Ok(())
+        }
+        Err(e) => {
+            send(error_event(Some(id), &e));
+            Err(e)
+        }
+    }
+}
+
+pub(super) fn done_event(id: u64, stats: crate::models::GenerationStats) -> Event {
+    Event::Done {
+        request: id,
+        prompt_tokens: stats.prompt_tokens.len(),
+        prompt_ids: stats.prompt_tokens,
+        generated_tokens: stats.tokens.len(),
+        ttft: stats.ttft,
+        prompt_time: Some(stats.prompt_time),
+        tokens_per_s: stats.tokens_per_s,
+        stop: stats.stop,
+        cached_tokens: stats.cached_tokens,
+        drafts: stats.drafts,
+    }
+}
+
+pub(super) fn error_event(id: Option<u64>, e: &crate::Error) -> Event {
+    Event::Error {
+        request: id,
+        message: e.to_string(),
+        prompt_too_long: match e {
+            crate::Error::PromptTooLong { tokens, capacity } => Some((*tokens, *capacity)),
+            _ => None,
+        },
+        bad_grammar: matches!(
+            e,
+            crate::Error::Grammar(
+                crate::grammar::GrammarError::Invalid(_) | crate::grammar::GrammarError::Matcher(_)
+            )
+        ),
     }
 }

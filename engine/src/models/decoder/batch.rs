@@ -105,6 +105,7 @@ impl BatchKernels {
             &logits,
             step,
             MatMulOptions::default(),
+            false,
         )?;
         let sample = BatchSample::new(
             gpu,
@@ -214,9 +215,9 @@ impl DecoderModel {
         result
     }
 
-    fn run_batch(&mut self, rows: &[BatchRow<'_>]) -> Result<Vec<u32>, Error> {
-        let n = rows.len() as u32;
-        let mut step = StepParams::new(0, n);
+    /// The step uniform of a batched step over `rows`, each slot checked for a prompt and room.
+    fn batch_step(&self, rows: &[BatchRow<'_>]) -> Result<StepParams, Error> {
+        let mut step = StepParams::new(0, rows.len() as u32);
         for (t, row) in rows.iter().enumerate() {
             let state = self
                 .slot_states
@@ -240,27 +241,51 @@ impl DecoderModel {
                 self.seen_base(row.slot),
             ];
         }
-        let gpu = self.gpu.clone();
+        Ok(step)
+    }
+
+    /// Writes the step and the rows' sampler settings, and records the batched forward pass
+    /// and sampler.
+    fn encode_batch(
+        &self,
+        rec: &mut Recorder<'_>,
+        step: &StepParams,
+        rows: &[BatchRow<'_>],
+    ) -> Result<(), Error> {
         let Some(batch) = &self.batch else {
-            unreachable!("checked by decode_batch")
+            return Err(Error::Invalid(
+                "this model decodes one sequence at a time (one slot)".into(),
+            ));
         };
-        self.step.write(&gpu, &step);
+        let n = step.n_tokens;
+        self.step.write(&self.gpu, step);
         for row in rows {
             let sampler = &self.slot_states[row.slot as usize].sampler;
-            batch.sample.set(&gpu, row.slot, sampler, row.mask);
+            batch.sample.set(&self.gpu, row.slot, sampler, row.mask);
         }
-        let mut rec = Recorder::new(&gpu);
-        batch.embed.encode(&mut rec, n);
+        batch.embed.encode(rec, n);
         for layer in &self.layers {
-            if !layer.encode_batch(&mut rec, n) {
+            if !layer.encode_batch(rec, n) {
                 return Err(Error::Invalid(
                     "a layer of this model has no batched decode kernels".into(),
                 ));
             }
         }
-        batch.norm.encode(&mut rec, n);
-        batch.head.encode(&mut rec, n);
-        batch.sample.encode(&mut rec, n);
+        batch.norm.encode(rec, n);
+        batch.head.encode_batch(rec, n);
+        batch.sample.encode(rec, n);
+        Ok(())
+    }
+
+    fn run_batch(&mut self, rows: &[BatchRow<'_>]) -> Result<Vec<u32>, Error> {
+        let n = rows.len() as u32;
+        let step = self.batch_step(rows)?;
+        let gpu = self.gpu.clone();
+        let mut rec = Recorder::new(&gpu);
+        self.encode_batch(&mut rec, &step, rows)?;
+        let Some(batch) = &self.batch else {
+            unreachable!("checked by encode_batch")
+        };
         for (t, r) in step.rows[..n as usize].iter().enumerate() {
             let [pos, _, history, _] = *r;
             let at = u64::from(history + pos + 1) * 4;
@@ -277,6 +302,33 @@ impl DecoderModel {
             state.written_end = state.written_end.max(state.seq_len);
         }
         Ok(tokens)
+    }
+
+    /// Per-kernel GPU time of one batched step over the pending tokens of `slots` (timestamp
+    /// queries); nothing advances.
+    pub fn profile_batch(&mut self, slots: &[u32]) -> Result<Vec<crate::gpu::KernelTiming>, Error> {
+        if !self.gpu.caps().timestamps {
+            return Err(Error::Invalid(
+                "this GPU does not support timestamp queries".into(),
+            ));
+        }
+        let rows: Vec<BatchRow<'_>> = slots
+            .iter()
+            .map(|&slot| BatchRow { slot, mask: None })
+            .collect();
+        self.drain()?;
+        self.park();
+        let result = self.batch_step(&rows).and_then(|step| {
+            let gpu = self.gpu.clone();
+            let mut profiler = crate::gpu::Profiler::new(&gpu, 16 * self.spec.layers + 8);
+            let mut rec = Recorder::with_profiler(&gpu, Some(&mut profiler));
+            self.encode_batch(&mut rec, &step, &rows)?;
+            rec.submit();
+            gpu.wait()?;
+            Ok(profiler.read(&gpu)?)
+        });
+        self.unpark();
+        result
     }
 
     /// Where slot `slot`'s token history starts in the history buffer (in tokens).

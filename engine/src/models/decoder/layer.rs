@@ -195,7 +195,11 @@ impl Layer {
 
     fn encode_rows(&self, rec: &mut Recorder<'_>, pos0: u32, n: u32, batched: bool) {
         self.attn_norm.encode(rec, n);
-        self.qkv_mm.encode(rec, n);
+        if batched {
+            self.qkv_mm.encode_batch(rec, n);
+        } else {
+            self.qkv_mm.encode(rec, n);
+        }
         for (_, mm) in &self.extra_in {
             mm.encode(rec, n);
         }
@@ -223,7 +227,11 @@ impl Layer {
             }
             Mixer::DeltaNet { net, .. } => net.encode_prompt(rec, n),
         }
-        self.o_mm.encode(rec, n);
+        if batched {
+            self.o_mm.encode_batch(rec, n);
+        } else {
+            self.o_mm.encode(rec, n);
+        }
         if let Some(norm) = &self.post_attn_norm {
             norm.encode(rec, n);
         }
@@ -235,11 +243,19 @@ impl Layer {
                 down_mm,
                 ..
             } => {
-                up_mm.encode(rec, n);
+                if batched {
+                    up_mm.encode_batch(rec, n);
+                } else {
+                    up_mm.encode(rec, n);
+                }
                 if let Some(glu) = glu {
                     glu.encode(rec, n);
                 }
-                down_mm.encode(rec, n);
+                if batched {
+                    down_mm.encode_batch(rec, n);
+                } else {
+                    down_mm.encode(rec, n);
+                }
             }
             LayerMlp::Experts {
                 router,

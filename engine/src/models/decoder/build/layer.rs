@@ -120,6 +120,7 @@ impl LayerContext<'_> {
                 split_scratch: Some((self.split_scratch, self.chunk)),
                 ..opts
             },
+            self.slots > 1,
         )
     }
 
