@@ -11,12 +11,20 @@
 // local memory. The workgroup then adds its lanes' sums in workgroup memory. Rows of x:
 // step.n_tokens, at most eight. X is bound as vec4 words (XV; k a multiple of 8).
 //
-// Defines: WG and matmul_io.wgsl's (F16, QUANT and the block format, BIAS, GELU…, RESIDUAL,
-// GLU).
+// With SUBGROUP, each subgroup adds its lanes' sums in registers and one pass over the
+// subgroups' sums follows (one barrier rather than one per halving).
+//
+// Defines: WG, SUBGROUP and matmul_io.wgsl's (F16, QUANT and the block format, BIAS, GELU…,
+// RESIDUAL, GLU).
 
 const ROWS: u32 = 8u;
 
+#if SUBGROUP
+// Row r's sum of subgroup j at r·(WG / 4) + j (subgroups of at least four lanes).
+var<workgroup> sums: array<vec4<f32>, {{WG}} / 4 * 8>;
+#else
 var<workgroup> sums: array<vec4<f32>, {{WG}} * 8>;
+#endif
 
 struct Eight {
     a: vec4<f32>,
@@ -66,6 +74,10 @@ fn main(
     @builtin(local_invocation_index) tid: u32,
     @builtin(workgroup_id) wid: vec3<u32>,
     @builtin(num_workgroups) nwg: vec3<u32>,
+#if SUBGROUP
+    @builtin(subgroup_invocation_id) sg_lane: u32,
+    @builtin(subgroup_size) sg_size: u32,
+#endif
 ) {
     let g = wid.y * nwg.x + wid.x;
 #if GLU
@@ -108,6 +120,30 @@ fn main(
         if (rows > 6u) { a6 = add_row(a6, 6u, k0, w0, w1, w2, w3); }
         if (rows > 7u) { a7 = add_row(a7, 7u, k0, w0, w1, w2, w3); }
     }
+#if SUBGROUP
+    const STRIDE = {{WG}}u / 4u;
+    let sg = tid / sg_size;
+    let s0 = subgroupAdd(a0);
+    let s1 = subgroupAdd(a1);
+    let s2 = subgroupAdd(a2);
+    let s3 = subgroupAdd(a3);
+    let s4 = subgroupAdd(a4);
+    let s5 = subgroupAdd(a5);
+    let s6 = subgroupAdd(a6);
+    let s7 = subgroupAdd(a7);
+    if (sg_lane == 0u) {
+        sums[0u * STRIDE + sg] = s0;
+        sums[1u * STRIDE + sg] = s1;
+        sums[2u * STRIDE + sg] = s2;
+        sums[3u * STRIDE + sg] = s3;
+        sums[4u * STRIDE + sg] = s4;
+        sums[5u * STRIDE + sg] = s5;
+        sums[6u * STRIDE + sg] = s6;
+        sums[7u * STRIDE + sg] = s7;
+    }
+    workgroupBarrier();
+#else
+    const STRIDE = {{WG}}u;
     sums[0u * {{WG}}u + tid] = a0;
     sums[1u * {{WG}}u + tid] = a1;
     sums[2u * {{WG}}u + tid] = a2;
@@ -125,11 +161,19 @@ fn main(
         }
         workgroupBarrier();
     }
+#endif
     // One lane per (row of x, weight row) writes its output.
     for (var i = tid; i < rows * 4u; i += {{WG}}u) {
         let r = i / 4u;
         let o = i % 4u;
-        let v = sums[r * {{WG}}u];
+#if SUBGROUP
+        var v = vec4<f32>(0.0);
+        for (var j = 0u; j < {{WG}}u / sg_size; j++) {
+            v += sums[r * STRIDE + j];
+        }
+#else
+        let v = sums[r * STRIDE];
+#endif
 #if GLU
         let col = 2u * g + o;
         if (o < 2u && col < width) {

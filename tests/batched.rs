@@ -87,9 +87,9 @@ fn batched_sequences_answer_as_they_do_alone() {
                 // A new sequence joins every other step while a slot is free.
                 let free = (0..3).find(|s| running.iter().all(|r| r.slot != *s));
                 if let (Some(slot), true) = (free, step % 2 == 0 && next_prompt < prompts.len()) {
-                    m.select_slot(slot).unwrap();
+                    m.select_slot(slot).expect("select slot");
                     m.set_sampler(&sampler);
-                    let first = m.prefill(&prompts[next_prompt].0).unwrap();
+                    let first = m.prefill(&prompts[next_prompt].0).expect("prefill");
                     running.push(Running {
                         slot,
                         prompt: next_prompt,
@@ -113,7 +113,7 @@ fn batched_sequences_answer_as_they_do_alone() {
                             mask: None,
                         })
                         .collect();
-                    let tokens = m.decode_batch(&rows).unwrap();
+                    let tokens = m.decode_batch(&rows).expect("batched step");
                     for (r, t) in running.iter_mut().zip(tokens) {
                         r.tokens.push(t);
                     }
@@ -136,9 +136,9 @@ fn masked_rows_pick_only_allowed_tokens() {
     let m = &mut t.model;
     let vocab = m.spec().vocab;
     for slot in 0..2 {
-        m.select_slot(slot).unwrap();
+        m.select_slot(slot).expect("select slot");
         m.set_sampler(&SamplerParams::default());
-        m.prefill(&prompt(slot + 5, 6, vocab)).unwrap();
+        m.prefill(&prompt(slot + 5, 6, vocab)).expect("prefill");
     }
     // Row 0 may only pick token 17, row 1 is free.
     let mut mask = vec![0u32; vocab.div_ceil(32) as usize];
@@ -154,7 +154,7 @@ fn masked_rows_pick_only_allowed_tokens() {
                 mask: None,
             },
         ];
-        let tokens = m.decode_batch(&rows).unwrap();
+        let tokens = m.decode_batch(&rows).expect("batched step");
         assert_eq!(tokens[0], 17);
     }
 }
@@ -166,15 +166,18 @@ fn bad_batches_are_refused() {
     // No prompt yet.
     let row = |slot| BatchRow { slot, mask: None };
     assert!(m.decode_batch(&[row(0)]).is_err());
-    m.prefill(&[1, 2, 3]).unwrap();
+    m.prefill(&[1, 2, 3]).expect("prefill");
     assert!(m.decode_batch(&[row(0), row(0)]).is_err());
-    assert!(m.decode_batch(&[row(0), row(1)]).is_err(), "slot 1 is empty");
+    assert!(
+        m.decode_batch(&[row(0), row(1)]).is_err(),
+        "slot 1 is empty"
+    );
     assert!(m.decode_batch(&[]).is_err());
     assert!(m.select_slot(2).is_err());
-    assert_eq!(m.decode_batch(&[row(0)]).unwrap().len(), 1);
+    assert_eq!(m.decode_batch(&[row(0)]).expect("batched step").len(), 1);
     // A one-slot model has no batched step.
     let mut one = model("tiny-llama", 1);
-    one.model.prefill(&[1, 2, 3]).unwrap();
+    one.model.prefill(&[1, 2, 3]).expect("prefill");
     assert!(one.model.decode_batch(&[row(0)]).is_err());
 }
 
@@ -271,8 +274,10 @@ async fn the_engine_batches_requests_and_each_answers_as_alone() {
             Event::Error {
                 request, message, ..
             } => {
-                heard.entry(request.expect("a request's error")).or_default().error =
-                    Some(message);
+                heard
+                    .entry(request.expect("a request's error"))
+                    .or_default()
+                    .error = Some(message);
                 open -= 1;
             }
             Event::Loaded(_) => panic!("no load was asked for"),
@@ -285,7 +290,11 @@ async fn the_engine_batches_requests_and_each_answers_as_alone() {
     }
     let c = &heard[&cancelled];
     assert_eq!(c.stop, Some(backpack_engine::models::StopReason::Cancelled));
-    assert!(c.tokens.len() < 40, "{} tokens after a cancel", c.tokens.len());
+    assert!(
+        c.tokens.len() < 40,
+        "{} tokens after a cancel",
+        c.tokens.len()
+    );
     let j = &heard[&json];
     assert_eq!(j.error, None);
     // The grammar's answer is JSON as far as it got: whole when it ended on its own.
@@ -317,16 +326,22 @@ fn wide_steps_over_quantized_weights_decode_each_row_as_alone() {
     let rows: Vec<BatchRow> = (0..10).map(|slot| BatchRow { slot, mask: None }).collect();
     for m in [&mut wide.model, &mut narrow.model] {
         for slot in 0..10 {
-            m.select_slot(slot).unwrap();
+            m.select_slot(slot).expect("select slot");
             m.set_sampler(&SamplerParams::default());
-            m.prefill(&prompt(slot + 20, 6 + slot, vocab)).unwrap();
+            m.prefill(&prompt(slot + 20, 6 + slot, vocab))
+                .expect("prefill");
         }
     }
     for step in 0..4 {
-        let together = wide.model.decode_batch(&rows).unwrap();
+        let together = wide.model.decode_batch(&rows).expect("batched step");
         let alone: Vec<u32> = rows
             .iter()
-            .map(|r| narrow.model.decode_batch(std::slice::from_ref(r)).unwrap()[0])
+            .map(|r| {
+                narrow
+                    .model
+                    .decode_batch(std::slice::from_ref(r))
+                    .expect("batched step")[0]
+            })
             .collect();
         assert_eq!(together, alone, "step {step}");
     }

@@ -4,20 +4,19 @@
 # same streamed requests from tests/reference/load_client.py at each client count.
 #
 #   tests/reference/bench_serve_load.sh [--shapes smollm2-1.7b,llama-3.1-8b] [--format q4_k]
-#       [--clients 1,4,16,64] [--parallel 64] [--gen 128] [--prompt-words 100]
-#       [--rounds 2] [--json OUT.jsonl]
+#       [--clients 1,4,16,64] [--gen 128] [--prompt-words 100] [--rounds 2] [--json OUT.jsonl]
 #
 # Run from the repository root on the GPU machine, after what tests/reference/device_setup.sh
 # needs is staged (.gl/ Vulkan loader packages, .bench/backpack.xz, the gguf wheel and SmolLM2's
-# tokenizer) and .bench/llama-server.tar.xz (bench_llamacpp.sh --stage). Each server gets
-# --parallel slots of ctx = 128 + words·2 + gen tokens each (llama-server: -c slots·ctx, shared
-# by its slots), and at each client count answers clients·rounds requests (at least 8). Rows:
-# total generated tok/s and p50/p99 time to first token, and the ratios Backpack / llama.cpp.
+# tokenizer) and .bench/llama-server.tar.xz (bench_llamacpp.sh --stage). At each client count
+# C both servers start afresh with C slots (`llama-server -np C -c C·ctx`, `backpack serve
+# --parallel C --context ctx`, ctx = 128 + 2·words + gen tokens a slot) and answer C·rounds
+# requests (at least 8) after an unmeasured round of C. Rows: total generated tok/s, p50/p99 time
+# to first token, and the throughput ratio Backpack / llama.cpp.
 set -uo pipefail
 shapes=smollm2-1.7b,llama-3.1-8b
 format=q4_k
 clients=1,4,16,64
-parallel=64
 gen=128
 words=100
 rounds=2
@@ -27,7 +26,6 @@ while [ $# -gt 0 ]; do
         --shapes) shapes=$2; shift 2 ;;
         --format) format=$2; shift 2 ;;
         --clients) clients=$2; shift 2 ;;
-        --parallel) parallel=$2; shift 2 ;;
         --gen) gen=$2; shift 2 ;;
         --prompt-words) words=$2; shift 2 ;;
         --rounds) rounds=$2; shift 2 ;;
@@ -57,41 +55,45 @@ wait_ready() {
 }
 
 measure() {
-    local engine=$1 shape=$2
-    # One unmeasured request warms the server; then each client count.
-    python3 $here/load_client.py --url "http://127.0.0.1:$port" --clients 1 --requests 1 \
-        --max-tokens 16 --prompt-words "$words" --seed 99 >/dev/null
-    for c in ${clients//,/ }; do
-        local n=$((c * rounds))
-        [ $n -lt 8 ] && n=8
-        python3 $here/load_client.py --url "http://127.0.0.1:$port" --clients "$c" --requests "$n" \
-            --max-tokens "$gen" --prompt-words "$words" --label "$engine $shape $format" \
-            --json "$json_out"
-    done
+    local engine=$1 shape=$2 c=$3
+    # An unmeasured round first, at the same concurrency: both servers compile kernels for new
+    # batch shapes on first use (llama.cpp's first batched prompts took seconds).
+    python3 $here/load_client.py --url "http://127.0.0.1:$port" --clients "$c" --requests "$c" \
+        --max-tokens "$gen" --prompt-words "$words" --seed 99 >/dev/null
+    local n=$((c * rounds))
+    [ $n -lt 8 ] && n=8
+    python3 $here/load_client.py --url "http://127.0.0.1:$port" --clients "$c" --requests "$n" \
+        --max-tokens "$gen" --prompt-words "$words" --label "$engine $shape $format" \
+        --json "$json_out"
+}
+
+# serve ENGINE SHAPE FILE C: starts the server with C slots, measures C clients, stops it.
+serve() {
+    local engine=$1 shape=$2 file=$3 c=$4
+    if [ "$engine" = llama.cpp ]; then
+        "$llama" -m "$file" -ngl 999 -c $((c * ctx)) -np "$c" --host 127.0.0.1 --port $port \
+            >/tmp/$engine-$shape-$c.log 2>&1 &
+    else
+        .bench/backpack serve --model "$file" --parallel "$c" --context "$ctx" --queue 1024 \
+            --port $port >/tmp/$engine-$shape-$c.log 2>&1 &
+    fi
+    local pid=$!
+    if wait_ready $pid; then
+        measure "$engine" "$shape" "$c"
+    else
+        echo "$engine did not start:"; tail -5 /tmp/$engine-$shape-$c.log
+    fi
+    kill $pid; wait $pid 2>/dev/null
 }
 
 for shape in ${shapes//,/ }; do
     file=/tmp/$shape-$format.gguf
     python3 $here/make_bench_gguf.py model --config "$here/configs/$shape.json" --format "$format" \
         --tokenizer /tmp/tok.json --out "$file" || exit 1
-    "$llama" -m "$file" -ngl 999 -c $((parallel * ctx)) -np "$parallel" --host 127.0.0.1 \
-        --port $port >/tmp/llama-$shape.log 2>&1 &
-    pid=$!
-    if wait_ready $pid; then
-        measure llama.cpp "$shape"
-    else
-        echo "llama-server did not start:"; tail -5 /tmp/llama-$shape.log
-    fi
-    kill $pid; wait $pid 2>/dev/null
-    .bench/backpack serve --model "$file" --parallel "$parallel" --context "$ctx" --dtype f16 \
-        --queue 1024 --port $port >/tmp/backpack-$shape.log 2>&1 &
-    pid=$!
-    if wait_ready $pid; then
-        measure backpack "$shape"
-    else
-        echo "backpack serve did not start:"; tail -5 /tmp/backpack-$shape.log
-    fi
-    kill $pid; wait $pid 2>/dev/null
+    for c in ${clients//,/ }; do
+        serve llama.cpp "$shape" "$file" "$c"
+        serve backpack "$shape" "$file" "$c"
+    done
     rm -f "$file"
 done
 python3 - "$json_out" <<'EOF'

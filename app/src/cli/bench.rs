@@ -194,7 +194,13 @@ pub fn run(args: BenchArgs, adapter: Option<&str>) -> Result<()> {
     let batched = if args.parallel.is_empty() {
         Vec::new()
     } else {
-        super::bench_batch::measure(&mut model, &prompt, args.generate, &args.parallel, args.repeat)?
+        super::bench_batch::measure(
+            &mut model,
+            &prompt,
+            args.generate,
+            &args.parallel,
+            args.repeat,
+        )?
     };
     let batch_profile = match args.parallel.iter().max() {
         Some(&n) if args.profile => {

@@ -31,6 +31,9 @@ pub struct Answer {
     stopped: bool,
 }
 
+/// What a batched step gave answer `.0`: its next piece, or the error that ended it.
+pub type AnswerStep = (usize, Result<Piece, Error>);
+
 /// What one token of an answer gave.
 #[derive(Clone, Debug)]
 pub struct Piece {
@@ -227,7 +230,7 @@ impl TextModel {
         &mut self,
         answers: &mut [Answer],
         cancelled: &dyn Fn(usize) -> bool,
-    ) -> Result<Vec<(usize, Result<Piece, Error>)>, Error> {
+    ) -> Result<Vec<AnswerStep>, Error> {
         let mut out = Vec::new();
         let mut masks: Vec<(usize, Option<Vec<u32>>)> = Vec::new();
         for (i, a) in answers.iter_mut().enumerate() {

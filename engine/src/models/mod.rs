@@ -16,7 +16,7 @@ mod weight_rows;
 mod weights;
 pub mod whisper;
 
-pub use answer::{Answer, Piece};
+pub use answer::{Answer, AnswerStep, Piece};
 pub use decoder::{BatchRow, DecoderModel, ModelOptions};
 pub use text::{GenerateParams, GenerationStats, ModelInfo, Prompt, StopReason, TextModel};
 pub use weights::WeightSource;

@@ -214,7 +214,9 @@ impl Attention {
         out: &StorageBuffer,
         step: &UniformBuffer,
     ) -> Result<Self, GpuError> {
-        Self::build(gpu, shape, q, k_cache, v_cache, out, None, None, false, step)
+        Self::build(
+            gpu, shape, q, k_cache, v_cache, out, None, None, false, step,
+        )
     }
 
     /// Attention for a batched decode step: row t is one token of the sequence in slot
@@ -231,7 +233,9 @@ impl Attention {
         sinks: Option<&StorageBuffer>,
         step: &UniformBuffer,
     ) -> Result<Self, GpuError> {
-        Self::build(gpu, shape, q, k_cache, v_cache, out, None, sinks, true, step)
+        Self::build(
+            gpu, shape, q, k_cache, v_cache, out, None, sinks, true, step,
+        )
     }
 
     /// As [`Attention::new`], with a logit per query head (`sinks`) joining every softmax's

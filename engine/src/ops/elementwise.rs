@@ -42,7 +42,15 @@ impl Embed {
         step: &UniformBuffer,
         scale: f32,
     ) -> Result<Self, GpuError> {
-        Self::build(gpu, table, positions, [history, seen, x], step, scale, false)
+        Self::build(
+            gpu,
+            table,
+            positions,
+            [history, seen, x],
+            step,
+            scale,
+            false,
+        )
     }
 
     /// As [`Embed::new`] for a batched decode step: row t embeds the token at position

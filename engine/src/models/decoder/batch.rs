@@ -13,8 +13,7 @@ use crate::Error;
 use crate::gpu::{Gpu, Recorder, StorageBuffer, UniformBuffer};
 use crate::load::DecoderSpec;
 use crate::ops::{
-    BatchSample, Embed, MAX_BATCH_ROWS, MatMulOptions, Matrix, SamplerParams,
-    StepParams,
+    BatchSample, Embed, MAX_BATCH_ROWS, MatMulOptions, Matrix, SamplerParams, StepParams,
 };
 
 /// The cache slots a model built with `opts` keeps: as asked (at most [`MAX_BATCH_ROWS`] and
@@ -289,7 +288,13 @@ impl DecoderModel {
         for (t, r) in step.rows[..n as usize].iter().enumerate() {
             let [pos, _, history, _] = *r;
             let at = u64::from(history + pos + 1) * 4;
-            rec.copy(&self.acts.history.buffer, at, &batch.staging, t as u64 * 4, 4);
+            rec.copy(
+                &self.acts.history.buffer,
+                at,
+                &batch.staging,
+                t as u64 * 4,
+                4,
+            );
         }
         let submission = rec.submit();
         let tokens: Vec<u32> = gpu.map_read_after(&batch.staging, u64::from(n) * 4, submission)?;

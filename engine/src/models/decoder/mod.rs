@@ -376,8 +376,11 @@ impl DecoderModel {
         self.drain()?;
         self.seq_len = 0;
         let gpu = self.gpu.clone();
-        gpu.queue()
-            .write_buffer(&self.acts.history.buffer, self.history_offset(0), bytemuck::cast_slice(ids));
+        gpu.queue().write_buffer(
+            &self.acts.history.buffer,
+            self.history_offset(0),
+            bytemuck::cast_slice(ids),
+        );
         let total = ids.len() as u32;
         let reuse = self.reusable_prefix(ids);
         if reuse > 0 {
@@ -386,8 +389,11 @@ impl DecoderModel {
             for &id in &ids[..reuse as usize] {
                 seen[(id / 32) as usize] |= 1 << (id % 32);
             }
-            gpu.queue()
-                .write_buffer(&self.acts.seen.buffer, self.seen_offset(), bytemuck::cast_slice(&seen));
+            gpu.queue().write_buffer(
+                &self.acts.seen.buffer,
+                self.seen_offset(),
+                bytemuck::cast_slice(&seen),
+            );
         } else {
             self.written_end = 0;
         }
@@ -470,7 +476,11 @@ impl DecoderModel {
             self.step.write(&gpu, &self.step_params(pos, n, total));
             let mut rec = Recorder::in_parts(&gpu);
             if pos == from && fresh {
-                rec.clear_range(&self.acts.seen.buffer, self.seen_offset(), self.seen_bytes());
+                rec.clear_range(
+                    &self.acts.seen.buffer,
+                    self.seen_offset(),
+                    self.seen_bytes(),
+                );
             }
             self.encode_prefill_layers(&mut rec, pos, n);
             pos += n;
@@ -645,8 +655,11 @@ impl DecoderModel {
             &self.step,
             MatMulOptions::default(),
         )?;
-        gpu.queue()
-            .write_buffer(&self.acts.history.buffer, self.history_offset(0), bytemuck::cast_slice(ids));
+        gpu.queue().write_buffer(
+            &self.acts.history.buffer,
+            self.history_offset(0),
+            bytemuck::cast_slice(ids),
+        );
         let total = ids.len() as u32;
         let mut out = Vec::with_capacity(ids.len() * vocab as usize);
         let mut pos = 0;
@@ -711,8 +724,11 @@ impl DecoderModel {
         }
         self.drain()?;
         let gpu = self.gpu.clone();
-        gpu.queue()
-            .write_buffer(&self.acts.history.buffer, self.history_offset(0), bytemuck::cast_slice(ids));
+        gpu.queue().write_buffer(
+            &self.acts.history.buffer,
+            self.history_offset(0),
+            bytemuck::cast_slice(ids),
+        );
         let total = ids.len() as u32;
         let real = real.min(ids.len()) as u32;
         let hidden = self.spec.hidden as usize;
@@ -765,8 +781,11 @@ impl DecoderModel {
         self.drain()?;
         let gpu = self.gpu.clone();
         let n = ids.len() as u32;
-        gpu.queue()
-            .write_buffer(&self.acts.history.buffer, self.history_offset(0), bytemuck::cast_slice(ids));
+        gpu.queue().write_buffer(
+            &self.acts.history.buffer,
+            self.history_offset(0),
+            bytemuck::cast_slice(ids),
+        );
         self.step.write(&gpu, &self.step_params(0, n, n));
         let mut profiler = crate::gpu::Profiler::new(&gpu, 14 * self.spec.layers + 8);
         let mut rec = Recorder::with_profiler(&gpu, Some(&mut profiler));

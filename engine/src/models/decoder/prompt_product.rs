@@ -41,6 +41,9 @@ fn batch_takes_few_rows(n_tokens: u32) -> bool {
 }
 
 impl PromptProduct {
+    /// `batches`: the model runs batched decode steps, which get the tiles over `w`'s blocks
+    /// where prompts expand them.
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn new(
         gpu: &Gpu,
         weights: PromptWeights<'_>,

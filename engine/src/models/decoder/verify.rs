@@ -173,7 +173,11 @@ impl DecoderModel {
             for &id in self.reusable.iter().chain([&next]) {
                 seen[(id / 32) as usize] |= 1 << (id % 32);
             }
-            queue.write_buffer(&self.acts.seen.buffer, self.seen_offset(), bytemuck::cast_slice(&seen));
+            queue.write_buffer(
+                &self.acts.seen.buffer,
+                self.seen_offset(),
+                bytemuck::cast_slice(&seen),
+            );
         }
         Ok(())
     }
