@@ -7,7 +7,9 @@
 // with its token history from word `history_base` and its seen-token set from word
 // `seen_base`. A batched decode step (kernels built with BATCH) instead takes one token of
 // each of several sequences: row t's position, slot, history base and seen base are
-// `rows[t]`. Mirrors `StepParams` in engine/src/ops/mod.rs.
+// `batch.rows[t]`, a uniform of its own (kept out of Step, which every kernel reads: a software
+// adapter copied the whole struct at each read). Mirrors `StepParams` and `BatchRows` in
+// engine/src/ops/mod.rs.
 struct Step {
     pos0: u32,
     n_tokens: u32,
@@ -17,14 +19,21 @@ struct Step {
     history_base: u32,
     seen_base: u32,
     _pad: u32,
+}
+
+#if BATCH
+struct BatchRows {
     rows: array<vec4<u32>, 64>,
 }
+
+@group(0) @binding(20) var<uniform> batch: BatchRows;
+#endif
 
 #if STEP_BOUND
 // The position of the step's token t.
 fn token_pos(t: u32) -> u32 {
 #if BATCH
-    return step.rows[t].x;
+    return batch.rows[t].x;
 #else
     return step.pos0 + t;
 #endif
@@ -33,7 +42,7 @@ fn token_pos(t: u32) -> u32 {
 // The KV cache slot of the step's token t.
 fn token_slot(t: u32) -> u32 {
 #if BATCH
-    return step.rows[t].y;
+    return batch.rows[t].y;
 #else
     return step.slot;
 #endif
@@ -42,7 +51,7 @@ fn token_slot(t: u32) -> u32 {
 // Where the token history of token t's sequence starts.
 fn token_history(t: u32) -> u32 {
 #if BATCH
-    return step.rows[t].z;
+    return batch.rows[t].z;
 #else
     return step.history_base;
 #endif
@@ -51,7 +60,7 @@ fn token_history(t: u32) -> u32 {
 // Where the seen-token set of token t's sequence starts.
 fn token_seen(t: u32) -> u32 {
 #if BATCH
-    return step.rows[t].w;
+    return batch.rows[t].w;
 #else
     return step.seen_base;
 #endif

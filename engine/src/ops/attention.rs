@@ -214,27 +214,31 @@ impl Attention {
         out: &StorageBuffer,
         step: &UniformBuffer,
     ) -> Result<Self, GpuError> {
-        Self::build(
-            gpu, shape, q, k_cache, v_cache, out, None, None, false, step,
-        )
+        Self::build(gpu, shape, q, k_cache, v_cache, out, None, None, None, step)
     }
 
     /// Attention for a batched decode step: row t is one token of the sequence in slot
-    /// `rows[t].y` of the step, at its own position, seeing its own sequence's keys
-    /// (`sinks` as in [`Attention::with_sinks`]).
-    #[allow(clippy::too_many_arguments)]
+    /// `rows[t].y` of the step's [`super::BatchRows`] `rows`, at its own position, seeing its
+    /// own sequence's keys (`sinks` as in [`Attention::with_sinks`]).
     pub fn batched(
         gpu: &Gpu,
         shape: CacheShape,
-        q: &StorageBuffer,
-        k_cache: &StorageBuffer,
-        v_cache: &StorageBuffer,
-        out: &StorageBuffer,
+        [q, k_cache, v_cache, out]: [&StorageBuffer; 4],
         sinks: Option<&StorageBuffer>,
         step: &UniformBuffer,
+        rows: &UniformBuffer,
     ) -> Result<Self, GpuError> {
         Self::build(
-            gpu, shape, q, k_cache, v_cache, out, None, sinks, true, step,
+            gpu,
+            shape,
+            q,
+            k_cache,
+            v_cache,
+            out,
+            None,
+            sinks,
+            Some(rows),
+            step,
         )
     }
 
@@ -260,7 +264,7 @@ impl Attention {
             out,
             None,
             Some(sinks),
-            false,
+            None,
             step,
         )
     }
@@ -291,7 +295,7 @@ impl Attention {
             partials,
             Some((stats, table)),
             None,
-            false,
+            None,
             step,
         )
     }
@@ -306,7 +310,7 @@ impl Attention {
         out: &StorageBuffer,
         split: Option<(&StorageBuffer, Option<&RopeTable>)>,
         sinks: Option<&StorageBuffer>,
-        batch: bool,
+        batch: Option<&UniformBuffer>,
         step: &UniformBuffer,
     ) -> Result<Self, GpuError> {
         shape.check()?;
@@ -347,8 +351,8 @@ impl Attention {
             ("MAX_SPLITS", MAX_SPLITS.to_string()),
             flag("RING", shape.window.is_some()),
             // Prompts (not a split or batched decode step) also get the query-block kernel.
-            flag("TILED", split.is_none() && !batch),
-            flag("BATCH", batch),
+            flag("TILED", split.is_none() && batch.is_none()),
+            flag("BATCH", batch.is_some()),
             ("BQ", bq.to_string()),
             ("BK", bk.to_string()),
             flag("SINKS", sinks.is_some()),
@@ -385,7 +389,13 @@ impl Attention {
                 entries.push((8, &t.sin.buffer));
             }
         }
-        let prompts = split.is_none() && !batch;
+        if let Some(rows) = batch {
+            // Batched rows take their positions from `rows`, not the step: the automatic
+            // layout has no step binding then.
+            entries.retain(|(binding, _)| *binding != 1);
+            entries.push((super::BATCH_ROWS_BINDING, &rows.buffer));
+        }
+        let prompts = split.is_none() && batch.is_none();
         let tiled = if prompts && tiles_fit(gpu, head_dim) {
             let tiled = gpu.kernel("attention", SOURCE, "tiled", &defines)?;
             let group = bind(gpu, &tiled, &entries);

@@ -42,6 +42,22 @@ impl Embed {
         step: &UniformBuffer,
         scale: f32,
     ) -> Result<Self, GpuError> {
+        Self::build(gpu, table, positions, [history, seen, x], step, scale, None)
+    }
+
+    /// As [`Embed::new`] for a batched decode step: row t embeds the token at position
+    /// `rows[t].x` of the history starting at `rows[t].z`, and marks it in the seen set at
+    /// `rows[t].w` (`rows`: the step's [`super::BatchRows`]).
+    #[allow(clippy::too_many_arguments)]
+    pub fn batched(
+        gpu: &Gpu,
+        table: &Matrix,
+        positions: Option<&StorageBuffer>,
+        [history, seen, x]: [&StorageBuffer; 3],
+        step: &UniformBuffer,
+        rows: &UniformBuffer,
+        scale: f32,
+    ) -> Result<Self, GpuError> {
         Self::build(
             gpu,
             table,
@@ -49,22 +65,8 @@ impl Embed {
             [history, seen, x],
             step,
             scale,
-            false,
+            Some(rows),
         )
-    }
-
-    /// As [`Embed::new`] for a batched decode step: row t embeds the token at position
-    /// `rows[t].x` of the history starting at `rows[t].z`, and marks it in the seen set at
-    /// `rows[t].w`.
-    pub fn batched(
-        gpu: &Gpu,
-        table: &Matrix,
-        positions: Option<&StorageBuffer>,
-        [history, seen, x]: [&StorageBuffer; 3],
-        step: &UniformBuffer,
-        scale: f32,
-    ) -> Result<Self, GpuError> {
-        Self::build(gpu, table, positions, [history, seen, x], step, scale, true)
     }
 
     fn build(
@@ -74,7 +76,7 @@ impl Embed {
         [history, seen, x]: [&StorageBuffer; 3],
         step: &UniformBuffer,
         scale: f32,
-        batch: bool,
+        batch: Option<&UniformBuffer>,
     ) -> Result<Self, GpuError> {
         let quantized = table.quant.is_some();
         if quantized && positions.is_some() {
@@ -84,7 +86,7 @@ impl Embed {
         }
         let mut defines = table.defines();
         defines.push(flag("POSITIONS", positions.is_some()));
-        defines.push(flag("BATCH", batch));
+        defines.push(flag("BATCH", batch.is_some()));
         let kernel = if quantized {
             defines.push(("QGATHER", "1".into()));
             gpu.kernel(
@@ -120,6 +122,9 @@ impl Embed {
         ];
         if let Some(p) = positions {
             entries.push((6, &p.buffer));
+        }
+        if let Some(rows) = batch {
+            entries.push((super::BATCH_ROWS_BINDING, &rows.buffer));
         }
         let bind_group = bind(gpu, &kernel, &entries);
         Ok(Self {

@@ -72,8 +72,7 @@ use crate::load::quant::repack_for_gpu;
 /// Per-submission position state shared by every kernel of a forward pass: the absolute
 /// position of the first token, how many tokens this step processes, and the sequence length
 /// after it (where the sampler writes the next token); the sequence's cache slot with where
-/// its token history and seen-token set start; and, for a batched decode step, each row's own
-/// position, slot, history and seen set (see `token_pos` and friends in common.wgsl).
+/// its token history and seen-token set start (see `token_pos` and friends in common.wgsl).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Pod, Zeroable)]
 pub struct StepParams {
@@ -86,12 +85,22 @@ pub struct StepParams {
     pub history_base: u32,
     pub seen_base: u32,
     _pad: u32,
-    /// A batched step's rows: position, slot, history base, seen base.
-    pub rows: [[u32; 4]; MAX_BATCH_ROWS as usize],
 }
 
 /// Rows one batched decode step can take (sequences decoding together).
 pub const MAX_BATCH_ROWS: u32 = 64;
+
+/// A batched decode step's rows, each a token of its own sequence: its position, cache slot,
+/// and where its history and seen-token set start (`batch` in common.wgsl, bound by the
+/// kernels built with BATCH).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Pod, Zeroable)]
+pub struct BatchRows {
+    pub rows: [[u32; 4]; MAX_BATCH_ROWS as usize],
+}
+
+/// The binding every batched kernel takes [`BatchRows`] at.
+pub(crate) const BATCH_ROWS_BINDING: u32 = 20;
 
 impl StepParams {
     pub fn new(pos0: u32, n_tokens: u32) -> Self {

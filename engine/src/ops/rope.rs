@@ -133,23 +133,27 @@ impl RopeKv {
         v_cache: &StorageBuffer,
         step: &UniformBuffer,
     ) -> Result<Self, GpuError> {
-        Self::build(gpu, shape, table, [qkv, q, k_cache, v_cache], step, false)
+        Self::build(gpu, shape, table, [qkv, q, k_cache, v_cache], step, None)
     }
 
     /// As [`RopeKv::new`] for a batched decode step: row t is a token of the sequence in
-    /// slot `rows[t].y` of the step, at position `rows[t].x`.
-    #[allow(clippy::too_many_arguments)]
+    /// slot `rows[t].y` of the step's [`super::BatchRows`] `rows`, at position `rows[t].x`.
     pub fn batched(
         gpu: &Gpu,
         shape: CacheShape,
         table: Option<&RopeTable>,
-        qkv: &StorageBuffer,
-        q: &StorageBuffer,
-        k_cache: &StorageBuffer,
-        v_cache: &StorageBuffer,
+        [qkv, q, k_cache, v_cache]: [&StorageBuffer; 4],
         step: &UniformBuffer,
+        rows: &UniformBuffer,
     ) -> Result<Self, GpuError> {
-        Self::build(gpu, shape, table, [qkv, q, k_cache, v_cache], step, true)
+        Self::build(
+            gpu,
+            shape,
+            table,
+            [qkv, q, k_cache, v_cache],
+            step,
+            Some(rows),
+        )
     }
 
     fn build(
@@ -158,7 +162,7 @@ impl RopeKv {
         table: Option<&RopeTable>,
         [qkv, q, k_cache, v_cache]: [&StorageBuffer; 4],
         step: &UniformBuffer,
-        batch: bool,
+        batch: Option<&UniformBuffer>,
     ) -> Result<Self, GpuError> {
         let CacheShape {
             heads,
@@ -175,7 +179,7 @@ impl RopeKv {
             flag("F16", cache_dtype == KvDType::F16),
             flag("Q8", q8),
             flag("NO_ROPE", table.is_none()),
-            flag("BATCH", batch),
+            flag("BATCH", batch.is_some()),
         ];
         let kernel = gpu.kernel("rope_kv", SOURCE, "main", &defines)?;
         let params = gpu.uniform(
@@ -202,6 +206,9 @@ impl RopeKv {
         if let Some(t) = table {
             entries.push((6, &t.cos.buffer));
             entries.push((7, &t.sin.buffer));
+        }
+        if let Some(rows) = batch {
+            entries.push((super::BATCH_ROWS_BINDING, &rows.buffer));
         }
         // With q8_0, `main` leaves the caches (bindings 4, 5) to `store_q8`, which reads no
         // q (3); the automatic layouts drop what an entry point does not use.

@@ -220,7 +220,7 @@ impl BatchSample {
         vocab: u32,
         slots: u32,
         [logits, history, seen]: [&StorageBuffer; 3],
-        step: &UniformBuffer,
+        rows: &UniformBuffer,
     ) -> Result<Self, GpuError> {
         let wg = workgroup_width(gpu, None)?;
         let defines = [("WG", wg.to_string()), ("BATCH", "1".to_owned())];
@@ -237,12 +237,13 @@ impl BatchSample {
             gpu,
             &kernel,
             &[
+                // Each row's position comes from `rows`: the kernel reads no step.
                 (0, &params.buffer),
-                (1, &step.buffer),
                 (2, &logits.buffer),
                 (3, &history.buffer),
                 (4, &seen.buffer),
                 (5, &mask.buffer),
+                (super::BATCH_ROWS_BINDING, &rows.buffer),
             ],
         );
         Ok(Self {

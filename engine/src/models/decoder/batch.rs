@@ -9,11 +9,13 @@
 //! ([`DecoderModel::select_slot`]); the others' state waits in `slot_states`.
 
 use super::{DecoderModel, Norm, PromptProduct, PromptWeights};
+use bytemuck::Zeroable;
+
 use crate::Error;
 use crate::gpu::{Gpu, Recorder, StorageBuffer, UniformBuffer};
 use crate::load::DecoderSpec;
 use crate::ops::{
-    BatchSample, Embed, MAX_BATCH_ROWS, MatMulOptions, Matrix, SamplerParams, StepParams,
+    BatchRows, BatchSample, Embed, MAX_BATCH_ROWS, MatMulOptions, Matrix, SamplerParams, StepParams,
 };
 
 /// The cache slots a model built with `opts` keeps: as asked (at most [`MAX_BATCH_ROWS`] and
@@ -30,6 +32,9 @@ pub(super) fn slots_for(spec: &DecoderSpec, opts: &super::ModelOptions, chunk: u
     }
     opts.slots.clamp(1, MAX_BATCH_ROWS.min(chunk))
 }
+
+/// A batched step's uniforms: the step (its row count) and the rows.
+type BatchStep = (StepParams, BatchRows);
 
 /// What the model keeps of a sequence while another slot is current.
 #[derive(Clone, Default)]
@@ -73,12 +78,16 @@ impl BatchKernels {
         acts: &super::Activations,
         step: &UniformBuffer,
     ) -> Result<Self, Error> {
+        let Some(rows) = &acts.batch_rows else {
+            return Err(Error::Invalid("batched kernels without their rows".into()));
+        };
         let embed = Embed::batched(
             gpu,
             embedding,
             positions,
             [&acts.history, &acts.seen, &acts.x],
             step,
+            rows,
             spec.embed_scale,
         )?;
         let norm = Norm::new(
@@ -111,7 +120,7 @@ impl BatchKernels {
             spec.vocab,
             slots,
             [&logits, &acts.history, &acts.seen],
-            step,
+            rows,
         )?;
         Ok(Self {
             embed,
@@ -214,9 +223,11 @@ impl DecoderModel {
         result
     }
 
-    /// The step uniform of a batched step over `rows`, each slot checked for a prompt and room.
-    fn batch_step(&self, rows: &[BatchRow<'_>]) -> Result<StepParams, Error> {
-        let mut step = StepParams::new(0, rows.len() as u32);
+    /// The step uniform and rows of a batched step over `rows`, each slot checked for a prompt
+    /// and room.
+    fn batch_step(&self, rows: &[BatchRow<'_>]) -> Result<BatchStep, Error> {
+        let step = StepParams::new(0, rows.len() as u32);
+        let mut table = BatchRows::zeroed();
         for (t, row) in rows.iter().enumerate() {
             let state = self
                 .slot_states
@@ -233,14 +244,14 @@ impl DecoderModel {
                     capacity: self.capacity,
                 });
             }
-            step.rows[t] = [
+            table.rows[t] = [
                 state.seq_len,
                 row.slot,
                 self.history_base(row.slot),
                 self.seen_base(row.slot),
             ];
         }
-        Ok(step)
+        Ok((step, table))
     }
 
     /// Writes the step and the rows' sampler settings, and records the batched forward pass
@@ -248,16 +259,17 @@ impl DecoderModel {
     fn encode_batch(
         &self,
         rec: &mut Recorder<'_>,
-        step: &StepParams,
+        (step, table): &BatchStep,
         rows: &[BatchRow<'_>],
     ) -> Result<(), Error> {
-        let Some(batch) = &self.batch else {
+        let (Some(batch), Some(table_uniform)) = (&self.batch, &self.acts.batch_rows) else {
             return Err(Error::Invalid(
                 "this model decodes one sequence at a time (one slot)".into(),
             ));
         };
         let n = step.n_tokens;
         self.step.write(&self.gpu, step);
+        table_uniform.write(&self.gpu, table);
         for row in rows {
             let sampler = &self.slot_states[row.slot as usize].sampler;
             batch.sample.set(&self.gpu, row.slot, sampler, row.mask);
@@ -285,7 +297,7 @@ impl DecoderModel {
         let Some(batch) = &self.batch else {
             unreachable!("checked by encode_batch")
         };
-        for (t, r) in step.rows[..n as usize].iter().enumerate() {
+        for (t, r) in step.1.rows[..n as usize].iter().enumerate() {
             let [pos, _, history, _] = *r;
             let at = u64::from(history + pos + 1) * 4;
             rec.copy(

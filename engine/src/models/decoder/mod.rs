@@ -137,6 +137,8 @@ struct Activations {
     split_stats: StorageBuffer,
     /// Rows the decode products hand each other as int8 blocks (see `Handoffs`).
     handoffs: Option<Handoffs>,
+    /// The rows of a batched decode step (models with several cache slots).
+    batch_rows: Option<UniformBuffer>,
 }
 
 /// The rows decode products hand off as int8 blocks (see [`crate::ops::Int8Handoff`] and

@@ -294,13 +294,15 @@ impl LayerContext<'_> {
         } else {
             whole()?
         };
-        let batch = if self.slots > 1 {
-            let rope = RopeKv::batched(gpu, cache, table, &a.qkv, &a.q, k_cache, v_cache, step)?;
-            let attention =
-                Attention::batched(gpu, cache, &a.q, k_cache, v_cache, &a.attn, sinks, step)?;
-            Some((rope, attention))
-        } else {
-            None
+        let batch = match &a.batch_rows {
+            Some(rows) => {
+                let kv = [&a.qkv, &a.q, k_cache, v_cache];
+                let rope = RopeKv::batched(gpu, cache, table, kv, step, rows)?;
+                let io = [&a.q, k_cache, v_cache, &a.attn];
+                let attention = Attention::batched(gpu, cache, io, sinks, step, rows)?;
+                Some((rope, attention))
+            }
+            None => None,
         };
         Ok((rope, prompt, decode, batch))
     }

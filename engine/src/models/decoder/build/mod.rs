@@ -1,13 +1,15 @@
 //! The shared builder: uploads a family's weights (see `family.rs`), allocates activations and
 //! the KV cache, and creates every kernel of the decode and prompt passes.
 
+use bytemuck::Zeroable;
+
 use crate::Error;
 use crate::gpu::{Gpu, StorageBuffer};
 use crate::load::{DecoderSpec, GgmlType};
 use crate::ops::{
-    DeltaScratch, Dequantize, Embed, Int8Handoff, MAX_SPLITS, MatMul, MatVec, MatVecLayout,
-    MatVecOptions, Matrix, MoeBuffers, NormKind, RopeTable, Sample, SamplerParams, StepParams,
-    WeightDType,
+    BatchRows, DeltaScratch, Dequantize, Embed, Int8Handoff, MAX_SPLITS, MatMul, MatVec,
+    MatVecLayout, MatVecOptions, Matrix, MoeBuffers, NormKind, RopeTable, Sample, SamplerParams,
+    StepParams, WeightDType,
 };
 
 mod layer;
@@ -155,6 +157,7 @@ impl Activations {
             split_partials: gpu.storage("attention runs", f(MAX_SPLITS * heads * hd))?,
             split_stats: gpu.storage("attention run stats", f(2 * MAX_SPLITS * heads))?,
             handoffs: Handoffs::new(gpu, spec, dtype)?,
+            batch_rows: (slots > 1).then(|| gpu.uniform("batch rows", &BatchRows::zeroed())),
         })
     }
 }
