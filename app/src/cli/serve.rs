@@ -29,7 +29,8 @@ pub struct ServeArgs {
     queue: usize,
     /// Text answers decoded together on the GPU, each in a KV cache of --context tokens of
     /// its own (default 4; 1 with speculative decoding, which drafts for one answer at a
-    /// time). Requests beyond it wait in the queue.
+    /// time; halved until the caches fit where the GPU runs out of memory). Requests beyond it
+    /// wait in the queue.
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..=64))]
     parallel: Option<u32>,
     /// Storage type of weights and KV cache on the GPU.

@@ -210,8 +210,12 @@ async fn load_text(gpu: &Gpu, path: &Path, load: ModelOptions, queue: usize) -> 
         }
     };
     eprintln!(
-        "text: {} ({}, context {})",
-        info.name, info.architecture, info.context
+        "text: {} ({}, context {}, {} answer{} at once)",
+        info.name,
+        info.architecture,
+        info.context,
+        info.slots,
+        if info.slots == 1 { "" } else { "s" }
     );
     Ok(TextSide::new(engine, events, &info, queue))
 }

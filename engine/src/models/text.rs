@@ -154,6 +154,13 @@ pub struct ModelInfo {
     /// How the model writes tool calls (from its chat template).
     #[serde(default = "default_tool_format")]
     pub tool_format: ToolFormat,
+    /// Answers decoded together (cache slots), each with `context` positions.
+    #[serde(default = "one_slot")]
+    pub slots: u32,
+}
+
+fn one_slot() -> u32 {
+    1
 }
 
 fn default_tool_format() -> ToolFormat {
@@ -334,6 +341,7 @@ impl TextModel {
             has_chat_template: self.tokenizer.has_chat_template(),
             thinking_switch: self.tokenizer.has_thinking_switch(),
             tool_format: self.tool_format,
+            slots: self.model.slots(),
         }
     }
 

@@ -74,9 +74,7 @@ impl Service {
             Request::Load { path, options } => {
                 self.drop_all("the model was replaced while answering");
                 self.model = None;
-                match guarded("loading the model", || {
-                    TextModel::load(&self.gpu, &path, &options)
-                }) {
+                match self.load(&path, options) {
                     Ok(m) => {
                         (self.send)(Event::Loaded(m.info()));
                         self.model = Some(m);
@@ -102,6 +100,24 @@ impl Service {
                     // A model interrupted mid-step may hold half-written state.
                     self.model = None;
                 }
+            }
+        }
+    }
+
+    /// Loads a text model; where its cache slots do not fit the GPU's memory, with half as
+    /// many until they do or one is left (the weights alone are the limit then).
+    fn load(
+        &self,
+        path: &std::path::Path,
+        mut options: crate::models::ModelOptions,
+    ) -> Result<TextModel, Error> {
+        loop {
+            let result = guarded("loading the model", || {
+                TextModel::load(&self.gpu, path, &options)
+            });
+            match result {
+                Err(e) if options.slots > 1 && is_out_of_memory(&e) => options.slots /= 2,
+                other => return other,
             }
         }
     }
@@ -223,4 +239,11 @@ impl Service {
         }
         (self.send)(error_event(Some(id), &e));
     }
+}
+
+/// Whether loading failed for want of GPU memory, or of a buffer binding that large (each
+/// layer's cache holds every slot).
+fn is_out_of_memory(e: &Error) -> bool {
+    matches!(e, Error::Gpu(crate::gpu::GpuError::TooLarge { .. }))
+        || e.to_string().contains("ran out of memory")
 }
