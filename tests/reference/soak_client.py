@@ -159,8 +159,9 @@ def main():
         t.start()
     for t in ts:
         t.join()
-    slots_free = all(
-        f == reference[k % len(prompts)] for k, f in enumerate(final)
+        answered = sum(1 for f in final if f is not None and not f.startswith("error: "))
+    differing_after = sorted(
+        {k % len(prompts) for k, f in enumerate(final) if f != reference[k % len(prompts)]}
     )
     samples.append((args.requests, rss_mib(args.pid), gpu_mib(args.pid)))
     result = {
@@ -170,7 +171,9 @@ def main():
         "mismatches": len(state["mismatches"]),
         "mismatched_prompts": sorted(set(state["mismatches"]))[:10],
         "failures": len(state["failures"]),
-        "after_soak_all_answered_as_alone": slots_free,
+                "after_soak_answered": answered,
+        "after_soak_of": args.clients,
+        "after_soak_differing_prompts": differing_after,
         "rss_mib": [s[1] for s in samples],
         "gpu_mib": [s[2] for s in samples],
         "wall_s": round(time.perf_counter() - start, 1),
