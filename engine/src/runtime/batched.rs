@@ -109,17 +109,11 @@ impl Service {
     fn load(
         &self,
         path: &std::path::Path,
-        mut options: crate::models::ModelOptions,
+        options: crate::models::ModelOptions,
     ) -> Result<TextModel, Error> {
-        loop {
-            let result = guarded("loading the model", || {
-                TextModel::load(&self.gpu, path, &options)
-            });
-            match result {
-                Err(e) if options.slots > 1 && is_out_of_memory(&e) => options.slots /= 2,
-                other => return other,
-            }
-        }
+        load_fitting(options, |o| {
+            guarded("loading the model", || TextModel::load(&self.gpu, path, o))
+        })
     }
 
     /// Ends every queued and running answer with an error.
@@ -241,9 +235,86 @@ impl Service {
     }
 }
 
+/// `load` with `options`, and again with half the slots each time it fails for want of memory
+/// while more than one is asked for.
+fn load_fitting<T>(
+    mut options: crate::models::ModelOptions,
+    mut load: impl FnMut(&crate::models::ModelOptions) -> Result<T, Error>,
+) -> Result<T, Error> {
+    loop {
+        match load(&options) {
+            Err(e) if options.slots > 1 && is_out_of_memory(&e) => options.slots /= 2,
+            other => return other,
+        }
+    }
+}
+
 /// Whether loading failed for want of GPU memory, or of a buffer binding that large (each
 /// layer's cache holds every slot).
 fn is_out_of_memory(e: &Error) -> bool {
     matches!(e, Error::Gpu(crate::gpu::GpuError::TooLarge { .. }))
         || e.to_string().contains("ran out of memory")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::gpu::GpuError;
+    use crate::models::ModelOptions;
+
+    fn too_large() -> Error {
+        Error::Gpu(GpuError::TooLarge {
+            what: "layer 0 k cache".into(),
+            size: 1 << 33,
+            limit: 1 << 31,
+        })
+    }
+
+    #[test]
+    fn slots_halve_until_their_caches_fit() {
+        let mut tried = Vec::new();
+        let got = load_fitting(
+            ModelOptions {
+                slots: 16,
+                ..Default::default()
+            },
+            |o| {
+                tried.push(o.slots);
+                if o.slots > 4 {
+                    Err(too_large())
+                } else {
+                    Ok(o.slots)
+                }
+            },
+        );
+        assert_eq!(got.ok(), Some(4));
+        assert_eq!(tried, [16, 8, 4]);
+    }
+
+    #[test]
+    fn other_failures_and_one_slot_are_not_retried() {
+        let mut calls = 0;
+        let missing = load_fitting(
+            ModelOptions {
+                slots: 8,
+                ..Default::default()
+            },
+            |_| -> Result<(), Error> {
+                calls += 1;
+                Err(Error::Invalid("config.json is missing".into()))
+            },
+        );
+        assert!(missing.is_err());
+        assert_eq!(calls, 1);
+        let mut calls = 0;
+        let alone = load_fitting(ModelOptions::default(), |_| -> Result<(), Error> {
+            calls += 1;
+            Err(too_large())
+        });
+        assert!(alone.is_err());
+        assert_eq!(calls, 1, "one slot is as small as it gets");
+        assert!(is_out_of_memory(&Error::Invalid(
+            "the GPU ran out of memory loading this model".into()
+        )));
+    }
 }
