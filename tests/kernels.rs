@@ -3064,3 +3064,79 @@ fn quantized_embedding_gather_matches_cpu() {
         );
     }
 }
+
+/// A batched decode step's attention: each row is a token of the sequence in its own cache
+/// slot, at its own position, seeing only that slot's keys up to it. Every slot and position
+/// holds values of its own, so a wrong slot or a key past the row's position shows. Awkward sizes: heads of 12, three slots of 37 rows, a row at position 0.
+#[test]
+fn batched_attention_reads_each_rows_slot_and_matches_cpu() {
+    let gpu = gpu();
+    let mut rng = Rng::new(41);
+    let (heads, kv_heads, hd, capacity, slots) = (4u32, 2u32, 12u32, 37u32, 3u32);
+    // (position, slot) per row; two rows may share a slot.
+    let rows: [(u32, u32); 5] = [(5, 2), (33, 0), (0, 1), (17, 2), (36, 1)];
+    let hdu = hd as usize;
+    let cap = capacity as usize;
+    for dtype in DTYPES {
+        let n = (slots * kv_heads * capacity * hd) as usize;
+        let (kb, k) = upload_cache(&gpu, dtype, &rng.vec(n, 1.0));
+        let (vb, v) = upload_cache(&gpu, dtype, &rng.vec(n, 1.0));
+        let q = rng.vec(rows.len() * (heads * hd) as usize, 1.0);
+        let qb = buf(&gpu, &q);
+        let out = gpu.storage("out", q.len() as u64 * 4).expect("out");
+        let st = step(&gpu, 0, rows.len() as u32);
+        let mut table = BatchRows {
+            rows: [[0; 4]; MAX_BATCH_ROWS as usize],
+        };
+        for (t, &(pos, slot)) in rows.iter().enumerate() {
+            table.rows[t] = [pos, slot, 0, 0];
+        }
+        let table = gpu.uniform("rows", &table);
+        let mut shape = CacheShape::new(heads, kv_heads, hd, capacity, dtype);
+        shape.slots = slots;
+        let op = Attention::batched(&gpu, shape, [&qb, &kb, &vb, &out], None, &st, &table)
+            .expect("batched attention");
+        let mut rec = Recorder::new(&gpu);
+        op.encode(&mut rec, 0, rows.len() as u32);
+        rec.submit();
+        let got = read(&gpu, &out, q.len());
+        let scale = 1.0 / f64::from(hd).sqrt();
+        let mut want = Vec::with_capacity(q.len());
+        for (t, &(pos, slot)) in rows.iter().enumerate() {
+            for h in 0..heads as usize {
+                let g = h / (heads / kv_heads) as usize;
+                let base = (slot as usize * kv_heads as usize + g) * cap;
+                let qrow = &q[(t * heads as usize + h) * hdu..][..hdu];
+                let keys = pos as usize + 1;
+                let scores: Vec<f64> = (0..keys)
+                    .map(|j| {
+                        let krow = &k[(base + j) * hdu..][..hdu];
+                        qrow.iter()
+                            .zip(krow)
+                            .map(|(a, b)| f64::from(*a) * f64::from(*b))
+                            .sum::<f64>()
+                            * scale
+                    })
+                    .collect();
+                let m = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+                let e: Vec<f64> = scores.iter().map(|s| (s - m).exp()).collect();
+                let z: f64 = e.iter().sum();
+                for d in 0..hdu {
+                    let o: f64 = (0..keys)
+                        .map(|j| e[j] * f64::from(v[(base + j) * hdu + d]))
+                        .sum::<f64>();
+                    want.push((o / z) as f32);
+                }
+            }
+        }
+        let ones = vec![1.0; want.len()];
+        assert_close(
+            &format!("batched attention {dtype:?}"),
+            &got,
+            &want,
+            &ones,
+            2e-5,
+            0.0,
+        );
+    }
+}

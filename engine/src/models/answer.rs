@@ -259,11 +259,13 @@ impl TextModel {
         }
         // One answer alone decodes on the single-sequence path: its products are made for one
         // row, and its steps are submitted ahead of their reading.
-        if let [(i, mask)] = masks.as_slice() {
-            let (i, slot) = (*i, answers[*i].slot);
+        if masks.len() == 1
+            && let Some((i, mask)) = masks.pop()
+        {
+            let slot = answers[i].slot;
             self.model.select_slot(slot)?;
             let token = match mask {
-                Some(words) => self.model.decode_masked(|| Ok(words.clone()))?,
+                Some(words) => self.model.decode_masked(|| Ok(words))?,
                 None => self.model.decode()?,
             };
             let piece = self.take_token(&mut answers[i], token, cancelled(i));

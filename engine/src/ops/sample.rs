@@ -267,14 +267,20 @@ impl BatchSample {
         );
         if let Some(words) = mask {
             let full = self.vocab.div_ceil(32) as usize;
-            let mut row = vec![0u32; full];
-            let n = words.len().min(full);
-            row[..n].copy_from_slice(&words[..n]);
-            gpu.queue().write_buffer(
-                &self.mask.buffer,
-                u64::from(slot) * full as u64 * 4,
-                bytemuck::cast_slice(&row),
-            );
+            let at = u64::from(slot) * full as u64 * 4;
+            if words.len() >= full {
+                gpu.queue().write_buffer(
+                    &self.mask.buffer,
+                    at,
+                    bytemuck::cast_slice(&words[..full]),
+                );
+            } else {
+                // A short mask forbids the rest of the vocabulary.
+                let mut row = vec![0u32; full];
+                row[..words.len()].copy_from_slice(words);
+                gpu.queue()
+                    .write_buffer(&self.mask.buffer, at, bytemuck::cast_slice(&row));
+            }
         }
     }
 
