@@ -9,7 +9,10 @@
 // with); its lanes stride over k eight values at a time and keep one vec4 of sums (over the
 // four weight rows) per row of x, in named variables: GPUs keep per-invocation arrays in slow
 // local memory. The workgroup then adds its lanes' sums in workgroup memory. Rows of x:
-// step.n_tokens, at most eight. X is bound as vec4 words (XV; k a multiple of 8).
+// step.n_tokens, eight to a workgroup: a step of more rows takes chunks of eight, the chunk
+// being the fastest-varying part of the workgroup's index (so that the chunks of one weight
+// group run together and share its reads through the cache). Each output's sum is the same
+// whatever the number of rows. X is bound as vec4 words (XV; k a multiple of 8).
 //
 // With SUBGROUP, each subgroup adds its lanes' sums in registers and one pass over the
 // subgroups' sums follows (one barrier rather than one per halving).
@@ -79,7 +82,10 @@ fn main(
     @builtin(subgroup_size) sg_size: u32,
 #endif
 ) {
-    let g = wid.y * nwg.x + wid.x;
+    let flat = wid.y * nwg.x + wid.x;
+    let row_chunks = (step.n_tokens + ROWS - 1u) / ROWS;
+    let g = flat / row_chunks;
+    let first = (flat % row_chunks) * ROWS;
 #if GLU
     let width = p.n / 2u;
     let groups = (width + 1u) / 2u;
@@ -89,7 +95,7 @@ fn main(
     if (g >= groups) {
         return;
     }
-    let rows = min(step.n_tokens, ROWS);
+    let rows = min(step.n_tokens - first, ROWS);
     // Rows past the end read the last row (in bounds) and are never written.
     let last = p.n - 1u;
     let r0 = min(weight_row(g, 0u), last);
@@ -111,14 +117,14 @@ fn main(
         let w1 = w8(r1, k0);
         let w2 = w8(r2, k0);
         let w3 = w8(r3, k0);
-        a0 = add_row(a0, 0u, k0, w0, w1, w2, w3);
-        if (rows > 1u) { a1 = add_row(a1, 1u, k0, w0, w1, w2, w3); }
-        if (rows > 2u) { a2 = add_row(a2, 2u, k0, w0, w1, w2, w3); }
-        if (rows > 3u) { a3 = add_row(a3, 3u, k0, w0, w1, w2, w3); }
-        if (rows > 4u) { a4 = add_row(a4, 4u, k0, w0, w1, w2, w3); }
-        if (rows > 5u) { a5 = add_row(a5, 5u, k0, w0, w1, w2, w3); }
-        if (rows > 6u) { a6 = add_row(a6, 6u, k0, w0, w1, w2, w3); }
-        if (rows > 7u) { a7 = add_row(a7, 7u, k0, w0, w1, w2, w3); }
+        a0 = add_row(a0, first, k0, w0, w1, w2, w3);
+        if (rows > 1u) { a1 = add_row(a1, first + 1u, k0, w0, w1, w2, w3); }
+        if (rows > 2u) { a2 = add_row(a2, first + 2u, k0, w0, w1, w2, w3); }
+        if (rows > 3u) { a3 = add_row(a3, first + 3u, k0, w0, w1, w2, w3); }
+        if (rows > 4u) { a4 = add_row(a4, first + 4u, k0, w0, w1, w2, w3); }
+        if (rows > 5u) { a5 = add_row(a5, first + 5u, k0, w0, w1, w2, w3); }
+        if (rows > 6u) { a6 = add_row(a6, first + 6u, k0, w0, w1, w2, w3); }
+        if (rows > 7u) { a7 = add_row(a7, first + 7u, k0, w0, w1, w2, w3); }
     }
 #if SUBGROUP
     const STRIDE = {{WG}}u / 4u;
@@ -174,15 +180,16 @@ fn main(
 #else
         let v = sums[r * STRIDE];
 #endif
+        let row = first + r;
 #if GLU
         let col = 2u * g + o;
         if (o < 2u && col < width) {
-            y[r * width + col] = glu_epilogue(v[o], v[o + 2u], col);
+            y[row * width + col] = glu_epilogue(v[o], v[o + 2u], col);
         }
 #else
         let col = 4u * g + o;
         if (col < p.n) {
-            y[r * p.n + col] = epilogue(v[o], r, col);
+            y[row * p.n + col] = epilogue(v[o], row, col);
         }
 #endif
     }

@@ -6,7 +6,9 @@
 
 mod common;
 
-use backpack_engine::models::{BatchRow, DecoderModel, ModelOptions, TextModel};
+use backpack_engine::models::{
+    Answer, BatchRow, DecoderModel, GenerateParams, ModelOptions, Prompt, TextModel,
+};
 use backpack_engine::ops::{SamplerParams, WeightDType};
 use common::goldens::fixtures;
 use common::gpu;
@@ -306,22 +308,41 @@ async fn the_engine_batches_requests_and_each_answers_as_alone() {
     }
 }
 
-/// Steps of more rows than the few-row products take run the tiles over the blocks as stored
-/// (no expansion); each row still decodes as it does in a step of its own.
-#[test]
-fn wide_steps_over_quantized_weights_decode_each_row_as_alone() {
-    let opts = ModelOptions {
-        dtype: WeightDType::F16,
-        quantize: Some(backpack_engine::load::GgmlType::Q8_0),
-        prefill_chunk: 16,
-        context: Some(64),
-        slots: 10,
+/// Answers to `prompts` started together and stepped to `max` tokens through the answer
+/// API, greedy: each one's tokens.
+fn answer_tokens(t: &mut TextModel, prompts: &[Vec<u32>], max: u32) -> Vec<Vec<u32>> {
+    let params = GenerateParams {
+        max_tokens: max,
         ..Default::default()
     };
-    // Hidden rows of 64: its matrices take q8_0 blocks.
+    let mut answers = Vec::new();
+    let mut tokens = Vec::new();
+    for ids in prompts {
+        let taken: Vec<u32> = answers.iter().map(|a: &Answer| a.slot()).collect();
+        let free: Vec<u32> = (0..t.model.slots())
+            .filter(|s| !taken.contains(s))
+            .collect();
+        let (answer, first) = t
+            .start_answer(&Prompt::Tokens(ids.clone()), &params, &free, false)
+            .expect("start answer");
+        answers.push(answer);
+        tokens.push(vec![first.token]);
+    }
+    while answers.iter().any(|a| !a.stopped()) {
+        for (i, piece) in t.step_answers(&mut answers, &|_| false).expect("step") {
+            tokens[i].push(piece.expect("piece").token);
+        }
+    }
+    tokens
+}
+
+/// A step of ten rows against the same rows each in a step of its own, token for token, on
+/// tiny-llama (hidden rows of 64, which take Q8_0 blocks).
+fn wide_step_decodes_each_row_as_alone(opts: &ModelOptions) {
     let path = fixtures().join("models").join("tiny-llama");
-    let mut wide = TextModel::load(&gpu(), &path, &opts).expect("load");
-    let mut narrow = TextModel::load(&gpu(), &path, &opts).expect("load");
+    let mut wide = TextModel::load(&gpu(), &path, opts).expect("load");
+    let mut narrow = TextModel::load(&gpu(), &path, opts).expect("load");
+    assert_eq!(wide.model.batch_invariant(), opts.batch_invariant);
     let vocab = wide.model.spec().vocab;
     let rows: Vec<BatchRow> = (0..10).map(|slot| BatchRow { slot, mask: None }).collect();
     for m in [&mut wide.model, &mut narrow.model] {
@@ -343,6 +364,43 @@ fn wide_steps_over_quantized_weights_decode_each_row_as_alone() {
                     .expect("batched step")[0]
             })
             .collect();
-        assert_eq!(together, alone, "step {step}");
+        assert_eq!(together, alone, "{:?} step {step}", opts.quantize);
     }
+}
+
+/// A batch-invariant model gives each row of a step the tokens it gets in a step of its own:
+/// block formats with int8 products take them at any number of rows (eight rows a workgroup,
+/// in chunks), float weights the few-row products in chunks rather than tiles past eight
+/// rows, and a lone answer takes the batched step too.
+#[test]
+fn batch_invariant_models_decode_each_row_as_alone_in_steps_of_any_width() {
+    wide_step_decodes_each_row_as_alone(&ModelOptions {
+        dtype: WeightDType::F16,
+        quantize: Some(backpack_engine::load::GgmlType::Q8_0),
+        prefill_chunk: 16,
+        context: Some(64),
+        slots: 10,
+        batch_invariant: true,
+        ..Default::default()
+    });
+    let opts = ModelOptions {
+        dtype: WeightDType::F32,
+        prefill_chunk: 16,
+        context: Some(64),
+        slots: 10,
+        batch_invariant: true,
+        ..Default::default()
+    };
+    wide_step_decodes_each_row_as_alone(&opts);
+    // The answer API: one answer alone, then beside three others, gives the same tokens.
+    let path = fixtures().join("models").join("tiny-llama");
+    let mut t = TextModel::load(&gpu(), &path, &ModelOptions { slots: 4, ..opts }).expect("load");
+    let vocab = t.model.spec().vocab;
+    let ids = prompt(5, 9, vocab);
+    let lone = answer_tokens(&mut t, std::slice::from_ref(&ids), 10);
+    let others: Vec<Vec<u32>> = (6..9).map(|seed| prompt(seed, 7, vocab)).collect();
+    let mut four = vec![ids];
+    four.extend(others);
+    let together = answer_tokens(&mut t, &four, 10);
+    assert_eq!(lone[0], together[0]);
 }

@@ -1,7 +1,9 @@
 //! The few-row product (shaders/few_rows.wgsl) against a plain CPU reference: one to eight rows
-//! of x, output widths that are no multiple of the workgroup's four weight rows, dense f32 and
-//! f16 weights and every block format, with a bias, a residual, GELU, and a fused gate/up
-//! product's gating.
+//! of x and steps of several chunks of eight, output widths that are no multiple of the
+//! workgroup's four weight rows, dense f32 and f16 weights and every block format, with a bias,
+//! a residual, GELU, and a fused gate/up product's gating. The int8 form
+//! (shaders/few_rows_int8.wgsl) is checked against the same reference on the rows as it
+//! quantizes them, in one level and in two, over steps of more rows than one workgroup takes.
 
 mod common;
 
@@ -9,7 +11,8 @@ use backpack_engine::gpu::{Gpu, Recorder, StorageBuffer};
 use backpack_engine::load::GgmlType;
 use backpack_engine::load::quant::{dequantize, random_blocks};
 use backpack_engine::ops::{
-    FEW_ROWS, FewRows, Gelu, GluKind, MatMulOptions, Matrix, StepParams, WeightDType,
+    FEW_ROWS, FewRows, FewRowsInt8, Gelu, GluKind, Int8Rows, MatMulOptions, Matrix, StepParams,
+    WeightDType, int8_rounded_input,
 };
 use common::{Rng, assert_close, gpu, round_f16};
 
@@ -54,9 +57,51 @@ fn silu(v: f32) -> f32 {
     v / (1.0 + (-v).exp())
 }
 
+/// Which kernel a check runs.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Kernel {
+    Float,
+    /// The int8 form, with the rounding remainders' second level or without.
+    Int8 {
+        fine: bool,
+    },
+}
+
+/// A row as the int8 form with two levels sees it: each value's rounding remainder quantized
+/// again at a 254th of its block's scale (quant_rows.wgsl).
+fn int8_two_levels(x: &[f32]) -> Vec<f32> {
+    x.chunks(32)
+        .flat_map(|block| {
+            let amax = block.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+            let d = amax / 127.0;
+            let (inv, inv2) = if amax > 0.0 {
+                (127.0 / amax, 254.0 / d)
+            } else {
+                (0.0, 0.0)
+            };
+            block.iter().map(move |v| {
+                let q = (v * inv).round_ties_even();
+                let q2 = ((v - q * d) * inv2).round_ties_even().clamp(-127.0, 127.0);
+                q * d + q2 * (d / 254.0)
+            })
+        })
+        .collect()
+}
+
 /// Runs the product for `m` rows and checks it: plain (with bias, residual and GELU as
 /// `variant` says) or gated.
 fn check(gpu: &Gpu, rng: &mut Rng, form: Form, m: usize, n: usize, k: usize, variant: usize) {
+    check_kernel(gpu, rng, Kernel::Float, form, (m, n, k), variant);
+}
+
+fn check_kernel(
+    gpu: &Gpu,
+    rng: &mut Rng,
+    kernel: Kernel,
+    form: Form,
+    (m, n, k): (usize, usize, usize),
+    variant: usize,
+) {
     let glu = variant == 3;
     // A gated product's weights are its gate rows, then as many up rows.
     let n = if glu { 2 * n } else { n };
@@ -74,11 +119,34 @@ fn check(gpu: &Gpu, rng: &mut Rng, form: Form, m: usize, n: usize, k: usize, var
         glu: glu.then_some(GluKind::Silu),
         ..Default::default()
     };
-    let op = FewRows::new(gpu, &w, &xb, &yb, &step, &opts)
-        .expect("kernel")
-        .expect("a shape the kernel takes");
     let mut rec = Recorder::new(gpu);
-    op.encode(&mut rec);
+    // The rows as the kernel multiplies them.
+    let x = match kernel {
+        Kernel::Float => {
+            let op = FewRows::new(gpu, &w, &xb, &yb, &step, &opts)
+                .expect("kernel")
+                .expect("a shape the kernel takes");
+            if m <= FEW_ROWS as usize {
+                op.encode(&mut rec);
+            } else {
+                op.encode_rows(&mut rec, m as u32);
+            }
+            x
+        }
+        Kernel::Int8 { fine } => {
+            let rows = Int8Rows::new(gpu, m as u32, k as u32).expect("rows");
+            let op = FewRowsInt8::new(gpu, &w, &xb, &yb, &step, &opts, &rows, fine)
+                .expect("kernel")
+                .expect("a shape the kernel takes");
+            assert!(op.takes(m as u32) && !op.takes(m as u32 + 1));
+            op.encode(&mut rec, m as u32);
+            if fine {
+                int8_two_levels(&x)
+            } else {
+                int8_rounded_input(&x)
+            }
+        }
+    };
     rec.submit();
     let got: Vec<f32> = gpu.read(&yb.buffer, 0, (m * width) as u64).expect("read");
     let dot = |r: usize, c: usize| -> (f32, f32) {
@@ -114,7 +182,7 @@ fn check(gpu: &Gpu, rng: &mut Rng, form: Form, m: usize, n: usize, k: usize, var
         }
     }
     assert_close(
-        &format!("few rows {form:?} m={m} n={n} k={k} variant={variant}"),
+        &format!("few rows {kernel:?} {form:?} m={m} n={n} k={k} variant={variant}"),
         &got,
         &want,
         &scale,
@@ -133,6 +201,8 @@ fn few_row_products_match_cpu_for_dense_weights() {
             (3, 18, 64),
             (FEW_ROWS as usize, 130, 520),
             (5, 40, 8),
+            // Two chunks of rows and part of a third.
+            (19, 21, 96),
         ]
         .iter()
         .enumerate()
@@ -176,6 +246,70 @@ fn few_row_products_match_cpu_for_block_formats() {
         {
             check(&gpu, &mut rng, Form::Blocks(ty), m, n, k, (i + j) % 4);
         }
+    }
+}
+
+#[test]
+fn int8_few_row_products_match_cpu_on_the_rows_as_quantized() {
+    let gpu = gpu();
+    let mut rng = Rng::new(44);
+    for (i, ty) in [
+        GgmlType::Q8_0,
+        GgmlType::Q4_0,
+        GgmlType::Q4_1,
+        GgmlType::Q4K,
+        GgmlType::Q5K,
+        GgmlType::Q6K,
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        // One row; a chunk and a part of the next (eight rows a workgroup); rows of 1,024
+        // values, whose 16 pairs or 32 sub-blocks leave most of 64 lanes idle.
+        for (j, &(m, n, k)) in [(1, 37, 256), (11, 22, 512), (3, 9, 1024)]
+            .iter()
+            .enumerate()
+        {
+            let fine = (i + j) % 3 == 0;
+            let kernel = Kernel::Int8 { fine };
+            check_kernel(
+                &gpu,
+                &mut rng,
+                kernel,
+                Form::Blocks(ty),
+                (m, n, k),
+                (i + j) % 4,
+            );
+        }
+    }
+}
+
+#[test]
+fn formats_without_int8_products_are_left_to_the_float_kernel() {
+    let gpu = gpu();
+    let mut rng = Rng::new(45);
+    let rows = Int8Rows::new(&gpu, 4, 256).expect("rows");
+    let (x, y) = (buf(&gpu, &[0.0; 4 * 256]), buf(&gpu, &[0.0; 4 * 8]));
+    let step = gpu.uniform("step", &StepParams::new(0, 4));
+    for (ty, cols, takes) in [
+        (GgmlType::Q5_0, 256, false),
+        (GgmlType::Mxfp4, 256, false),
+        (GgmlType::Q8_0, 512, false),
+        (GgmlType::Q8_0, 256, true),
+    ] {
+        let (w, _) = weights(&gpu, &mut rng, Form::Blocks(ty), 8, cols);
+        let op = FewRowsInt8::new(
+            &gpu,
+            &w,
+            &x,
+            &y,
+            &step,
+            &MatMulOptions::default(),
+            &rows,
+            false,
+        )
+        .expect("kernel");
+        assert_eq!(op.is_some(), takes, "{ty:?} with {cols} columns");
     }
 }
 

@@ -94,6 +94,14 @@ pub fn run(args: BenchArgs, adapter: Option<&str>) -> Result<()> {
         // Every run feeds the same prompt: a cache of the last one would time a single token.
         prefix_cache: false,
         slots: args.parallel.iter().copied().max().unwrap_or(1),
+        // Verifications are timed on the model itself; a speculating model has what they
+        // need (the few-row int8 products' rows).
+        speculate: args.speculate.iter().copied().max().map(|tokens| {
+            backpack_engine::models::speculate::Speculation {
+                draft: None,
+                tokens,
+            }
+        }),
         ..Default::default()
     };
     let build_start = Instant::now();

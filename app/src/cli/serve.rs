@@ -33,6 +33,13 @@ pub struct ServeArgs {
     /// wait in the queue.
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..=64))]
     parallel: Option<u32>,
+    /// With --parallel above 1, give every answer the tokens it gets alone at the same
+    /// settings, whatever else is decoded with it: a lone answer takes the batched step too,
+    /// the batched products never change kernels with the number of answers, and prompts run
+    /// whole (no cached prefix). Slower at one client, with many clients, and for prompts
+    /// sharing a prefix.
+    #[arg(long)]
+    batch_invariant: bool,
     /// Storage type of weights and KV cache on the GPU.
     #[arg(long, value_enum, default_value = "f16")]
     dtype: DTypeArg,
@@ -76,6 +83,7 @@ pub fn run(args: ServeArgs, adapter: Option<&str>) -> Result<()> {
         (None, Some(_)) => 1,
         (None, None) => DEFAULT_PARALLEL,
     };
+    load.batch_invariant = args.batch_invariant;
     let opts = ServeOptions {
         host: args.host,
         port: args.port,

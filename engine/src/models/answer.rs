@@ -257,9 +257,11 @@ impl TextModel {
         if masks.is_empty() {
             return Ok(out);
         }
-        // One answer alone decodes on the single-sequence path: its products are made for one
-        // row, and its steps are submitted ahead of their reading.
+        // One answer alone decodes on the single-sequence path (its products are made for one
+        // row, and its steps are submitted ahead of their reading), unless the model keeps
+        // answers batch-invariant.
         if masks.len() == 1
+            && !self.model.batch_invariant()
             && let Some((i, mask)) = masks.pop()
         {
             let slot = answers[i].slot;

@@ -20,7 +20,7 @@ const LANES: u32 = 64;
 pub(super) static SOURCE: LazyLock<String> =
     LazyLock::new(|| product_source(include_str!("../../../shaders/few_rows.wgsl")));
 
-/// `Y = epilogue(X·Wᵀ)` for at most [`FEW_ROWS`] rows of X, reading W once in its own format
+/// `Y = epilogue(X·Wᵀ)` for rows of X, [`FEW_ROWS`] at a time, reading W once in its own format
 /// (dense or block-quantized, never expanded first): the prompt path's product when a prompt
 /// is a handful of tokens. Takes matmul_io.wgsl's epilogues: bias, GELU forms, residual, ReLU
 /// and a fused gate/up product's gating.
@@ -109,6 +109,13 @@ impl FewRows {
 
     /// Records the product over the step's rows (at most [`FEW_ROWS`]).
     pub fn encode(&self, rec: &mut Recorder<'_>) {
-        rec.dispatch(&self.kernel, &self.bind_group, self.groups);
+        self.encode_rows(rec, 1);
+    }
+
+    /// Records the product over a step of `rows` rows (as many as the step uniform says), in
+    /// chunks of [`FEW_ROWS`]: every output is summed alike whatever the number of rows.
+    pub fn encode_rows(&self, rec: &mut Recorder<'_>, rows: u32) {
+        let chunks = rows.div_ceil(FEW_ROWS).max(1);
+        rec.dispatch(&self.kernel, &self.bind_group, self.groups * chunks);
     }
 }

@@ -659,13 +659,13 @@ fn prev_power_of_two(n: u32) -> u32 {
 }
 
 /// Q4_K / Q5_K weights, decoded by sub-block pairs through a vec4 view (q_dot_pairs).
-fn k_quant(w: &Matrix) -> bool {
+pub(super) fn k_quant(w: &Matrix) -> bool {
     matches!(w.quant, Some((GgmlType::Q4K | GgmlType::Q5K, _)))
 }
 
 /// Block formats whose decode product can run on int8 inputs (q_dot8 in quant.wgsl; K-quant
 /// rows only in sub-block pairs, which need a lane group per row of at most k / 64).
-fn int8_input(w: &Matrix) -> bool {
+pub(super) fn int8_input(w: &Matrix) -> bool {
     matches!(
         w.quant,
         Some((

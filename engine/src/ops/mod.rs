@@ -13,6 +13,7 @@ mod dequant;
 mod dit;
 mod elementwise;
 mod few_rows;
+mod few_rows_int8;
 mod fill;
 mod group_norm;
 mod matmul;
@@ -48,6 +49,7 @@ pub use dit::{
 };
 pub use elementwise::{Embed, Glu, GluKind, OutputGate};
 pub use few_rows::{FEW_ROWS, FewRows};
+pub use few_rows_int8::{FewRowsInt8, Int8Rows};
 pub use fill::{fill_random, fill_value};
 pub use group_norm::{GroupNorm, GroupNormShape};
 pub use matmul::{LONG_PROMPT_ROWS, MatMul, MatMulOptions, k_slices};

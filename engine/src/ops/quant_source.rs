@@ -33,7 +33,7 @@ fn expand(emit: impl Fn(&str, &str) -> String) -> String {
 }
 
 /// quant.wgsl with its template expanded and the template itself removed.
-fn quant_source() -> String {
+pub(super) fn quant_source() -> String {
     let dot = expand(|j, v| format!("acc += dot({v}, xin4(xbase, 32u * s + 4u * ({j})));"));
     let store = expand(|j, v| {
         format!(

@@ -214,7 +214,8 @@ pub struct BatchSample {
 }
 
 impl BatchSample {
-    /// For `slots` sequences; `logits` holds a row of the padded vocabulary per batch row.
+    /// For `slots` sequences; `logits` holds a row of `vocab` values per batch row, one after
+    /// another (as the LM head writes them).
     pub fn new(
         gpu: &Gpu,
         vocab: u32,

@@ -8,7 +8,7 @@
 //! The single-sequence calls (prefill, decode, verify) work on the current slot
 //! ([`DecoderModel::select_slot`]); the others' state waits in `slot_states`.
 
-use super::{DecoderModel, Norm, PromptProduct, PromptWeights};
+use super::{BatchSetup, DecoderModel, Norm, PromptProduct, PromptWeights};
 use bytemuck::Zeroable;
 
 use crate::Error;
@@ -77,6 +77,7 @@ impl BatchKernels {
         final_norm: &(StorageBuffer, Option<StorageBuffer>),
         acts: &super::Activations,
         step: &UniformBuffer,
+        invariant: bool,
     ) -> Result<Self, Error> {
         let Some(rows) = &acts.batch_rows else {
             return Err(Error::Invalid("batched kernels without their rows".into()));
@@ -113,7 +114,14 @@ impl BatchKernels {
             &logits,
             step,
             MatMulOptions::default(),
-            false,
+            // Logits pick tokens: the rows' rounding remainders go in a second level, as the
+            // decode path's head takes them.
+            acts.batch_int8.as_ref().map(|rows| BatchSetup {
+                rows,
+                fine: true,
+                steps: true,
+                invariant,
+            }),
         )?;
         let sample = BatchSample::new(
             gpu,
@@ -134,6 +142,12 @@ impl BatchKernels {
 }
 
 impl DecoderModel {
+    /// Whether a lone answer takes the batched step too (see
+    /// [`super::ModelOptions::batch_invariant`]).
+    pub fn batch_invariant(&self) -> bool {
+        self.batch_invariant && self.batch.is_some()
+    }
+
     /// Cache slots: sequences kept at once.
     pub fn slots(&self) -> u32 {
         self.slot_states.len() as u32
@@ -337,7 +351,7 @@ impl DecoderModel {
         self.park();
         let result = self.batch_step(&rows).and_then(|step| {
             let gpu = self.gpu.clone();
-            let mut profiler = crate::gpu::Profiler::new(&gpu, 16 * self.spec.layers + 8);
+            let mut profiler = crate::gpu::Profiler::new(&gpu, 20 * self.spec.layers + 8);
             let mut rec = Recorder::with_profiler(&gpu, Some(&mut profiler));
             self.encode_batch(&mut rec, &step, &rows)?;
             rec.submit();

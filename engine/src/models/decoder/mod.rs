@@ -20,8 +20,8 @@ use crate::Error;
 use crate::gpu::{Gpu, Recorder, StorageBuffer, UniformBuffer};
 use crate::load::DecoderSpec;
 use crate::ops::{
-    DeltaScratch, Embed, Int8Handoff, KvDType, LONG_PROMPT_ROWS, MatMul, MatMulOptions, MatVec,
-    Matrix, MoeBuffers, Norm, NormKind, Sample, SamplerParams, StepParams, WeightDType,
+    DeltaScratch, Embed, Int8Handoff, Int8Rows, KvDType, LONG_PROMPT_ROWS, MatMul, MatMulOptions,
+    MatVec, Matrix, MoeBuffers, Norm, NormKind, Sample, SamplerParams, StepParams, WeightDType,
 };
 
 mod batch;
@@ -42,7 +42,7 @@ mod verify;
 pub use batch::BatchRow;
 use batch::{BatchKernels, SlotState};
 use layer::{Layer, LayerMlp, Mixer, SharedExpert};
-use prompt_product::{PromptProduct, PromptWeights};
+use prompt_product::{BatchSetup, PromptProduct, PromptWeights};
 pub use verify::MAX_VERIFY_ROWS;
 
 #[derive(Clone, Debug)]
@@ -78,6 +78,14 @@ pub struct ModelOptions {
     /// decode step advances together (a server's parallel slots). Models whose state cannot
     /// be indexed by slot (Gated DeltaNet, longrope) keep one.
     pub slots: u32,
+    /// Batched decode steps give every answer the tokens it gets alone, whatever else shares
+    /// its steps: a lone answer takes the batched step too (not the faster single-sequence
+    /// path), the batched products never change kernels with the number of rows (int8
+    /// few-row products for formats with them, else float few-row products in chunks of
+    /// eight, never tiles), and every prompt runs whole (no cached prefix, after which the
+    /// rest of a prompt would be a product of other shape). Slower at one answer, at many
+    /// for formats without int8 products, and for prompts that share a prefix.
+    pub batch_invariant: bool,
 }
 
 impl Default for ModelOptions {
@@ -94,6 +102,7 @@ impl Default for ModelOptions {
             prefix_cache: true,
             speculate: None,
             slots: 1,
+            batch_invariant: false,
         }
     }
 }
@@ -139,6 +148,9 @@ struct Activations {
     handoffs: Option<Handoffs>,
     /// The rows of a batched decode step (models with several cache slots).
     batch_rows: Option<UniformBuffer>,
+    /// The rows of a batched step, or of a prompt of a few rows, as the int8 products take
+    /// them (models with several slots, or that speculate).
+    batch_int8: Option<Int8Rows>,
 }
 
 /// The rows decode products hand off as int8 blocks (see [`crate::ops::Int8Handoff`] and
@@ -224,6 +236,8 @@ pub struct DecoderModel {
     slot_states: Vec<SlotState>,
     /// The batched decode step's own kernels (models with several slots).
     batch: Option<BatchKernels>,
+    /// See [`ModelOptions::batch_invariant`].
+    batch_invariant: bool,
 }
 
 impl DecoderModel {
@@ -789,7 +803,7 @@ impl DecoderModel {
             bytemuck::cast_slice(ids),
         );
         self.step.write(&gpu, &self.step_params(0, n, n));
-        let mut profiler = crate::gpu::Profiler::new(&gpu, 14 * self.spec.layers + 8);
+        let mut profiler = crate::gpu::Profiler::new(&gpu, 20 * self.spec.layers + 8);
         let mut rec = Recorder::with_profiler(&gpu, Some(&mut profiler));
         self.encode_prefill_layers(&mut rec, 0, n);
         self.lm_head_mv.encode(&mut rec);

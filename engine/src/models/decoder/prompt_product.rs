@@ -4,7 +4,9 @@
 use super::build;
 use crate::Error;
 use crate::gpu::{Gpu, Recorder, StorageBuffer, UniformBuffer};
-use crate::ops::{Dequantize, FEW_ROWS, FewRows, MatMul, MatMulOptions, Matrix};
+use crate::ops::{
+    Dequantize, FEW_ROWS, FewRows, FewRowsInt8, Int8Rows, MatMul, MatMulOptions, Matrix,
+};
 
 /// Where a prompt product finds block-quantized weights in f16, if not in their blocks.
 #[derive(Clone, Copy)]
@@ -24,25 +26,76 @@ pub(super) struct PromptProduct {
     expand: Option<Dequantize>,
     product: MatMul,
     few: Option<FewRows>,
+    /// For batched decode steps, and prompts of up to [`FEW_ROWS`] rows, over a format with
+    /// int8 products: those products.
+    int8: Option<FewRowsInt8>,
     /// For batched decode steps, where `product` reads expanded or copied weights: the
     /// tiles over the blocks as stored, which a step of a few dozen rows cannot repay the
     /// expansion for.
     direct: Option<MatMul>,
+    /// Batched steps never change kernels with their number of rows.
+    invariant: bool,
 }
 
-/// Which product a batched decode step of block-quantized weights takes: the few-row kernel
-/// up to [`FEW_ROWS`] rows (`BACKPACK_BATCH_PRODUCTS=tiles` sends every step to the tiles).
-fn batch_takes_few_rows(n_tokens: u32) -> bool {
-    n_tokens <= FEW_ROWS
-        && !matches!(
-            std::env::var("BACKPACK_BATCH_PRODUCTS").as_deref(),
-            Ok("tiles")
-        )
+/// What a model that runs batched decode steps gives its prompt products for those steps.
+#[derive(Clone, Copy)]
+pub(super) struct BatchSetup<'a> {
+    /// Where a step's rows go quantized to int8.
+    pub(super) rows: &'a Int8Rows,
+    /// The rows' rounding remainders in a second level (LM heads).
+    pub(super) fine: bool,
+    /// The model runs batched decode steps (it has several slots).
+    pub(super) steps: bool,
+    /// Never change kernels with the number of rows (`ModelOptions::batch_invariant`).
+    pub(super) invariant: bool,
+}
+
+/// Which products batched decode steps (and prompts of a few rows) take where they have a
+/// choice. By default the int8 few-row products up to [`INT8_ROWS`] rows for formats with them,
+/// else the float few-row products up to [`FEW_ROWS`] rows, else the tiles; a batch-invariant
+/// model keeps the int8 products, or else the float ones in chunks, at any number of rows.
+/// `BACKPACK_BATCH_PRODUCTS` (`int8`: the int8 products at any number of rows, `float`: none,
+/// `tiles`: the tiles wherever the model is not batch-invariant) is for measuring.
+#[derive(Clone, Copy, PartialEq)]
+enum BatchKernels {
+    Auto,
+    Int8,
+    Float,
+    Tiles,
+}
+
+fn batch_kernels() -> BatchKernels {
+    match std::env::var("BACKPACK_BATCH_PRODUCTS").as_deref() {
+        Ok("int8") => BatchKernels::Int8,
+        Ok("tiles") => BatchKernels::Tiles,
+        Ok("float") => BatchKernels::Float,
+        _ => BatchKernels::Auto,
+    }
+}
+
+/// The most rows the int8 few-row products take by default. Batched decode steps on an H200
+/// (`tests/reference/bench_batch_products.sh`, Q4_K, int8 against float few-row products):
+/// Llama-3.1-8B's shape 6.91 against 10.70 ms at one row, 10.87 against 12.87 at four, 16.66
+/// against 17.15 at eight; SmolLM2-1.7B's 3.86 against 4.52 at one and 5.74 against 5.24 at
+/// four (with 64 lanes, half of them idle on its rows of 32 sub-block pairs). Past eight rows
+/// the int8 products cost a chunk of eight rows each, the tiles next to nothing more.
+const INT8_ROWS: u32 = 4;
+
+/// Whether a prompt (or verification) of `rows` rows takes the int8 few-row products where
+/// they exist.
+pub(super) fn prompt_takes_int8(rows: u32) -> bool {
+    rows <= FEW_ROWS
+        && match batch_kernels() {
+            BatchKernels::Int8 => true,
+            BatchKernels::Auto => rows <= INT8_ROWS,
+            BatchKernels::Float | BatchKernels::Tiles => false,
+        }
 }
 
 impl PromptProduct {
-    /// `batches`: the model runs batched decode steps, which get the tiles over `w`'s blocks
-    /// where prompts expand them.
+    /// `batch`: the model runs batched decode steps or speculates, and its steps and prompts
+    /// of a few rows get the int8 products where `w`'s format has them; batched steps of more
+    /// rows get the tiles over `w`'s blocks where prompts expand them.
     #[allow(clippy::too_many_arguments)]
     pub(super) fn new(
         gpu: &Gpu,
@@ -52,10 +105,16 @@ impl PromptProduct {
         y: &StorageBuffer,
         step: &UniformBuffer,
         opts: MatMulOptions<'_>,
-        batches: bool,
+        batch: Option<BatchSetup<'_>>,
     ) -> Result<Self, Error> {
         let few = FewRows::new(gpu, w, x, y, step, &opts)?;
-        let direct = if batches && w.quant.is_some() {
+        let int8 = match batch {
+            Some(b) => FewRowsInt8::new(gpu, w, x, y, step, &opts, b.rows, b.fine)?,
+            None => None,
+        };
+        let batches = batch.is_some_and(|b| b.steps);
+        let invariant = batch.is_some_and(|b| b.steps && b.invariant);
+        let direct = if batches && w.quant.is_some() && !matches!(weights, PromptWeights::Blocks) {
             Some(MatMul::new(gpu, w, x, y, step, opts)?)
         } else {
             None
@@ -71,7 +130,9 @@ impl PromptProduct {
                 expand: None,
                 product: MatMul::new(gpu, &dense, x, y, step, opts)?,
                 few,
+                int8,
                 direct,
+                invariant,
             });
         }
         if let PromptWeights::Scratch(scratch) = weights
@@ -82,19 +143,31 @@ impl PromptProduct {
                 expand: Some(expand),
                 product: MatMul::new(gpu, &dense, x, y, step, opts)?,
                 few,
+                int8,
                 direct,
+                invariant,
             });
         }
         Ok(Self {
             expand: None,
             product: MatMul::new(gpu, w, x, y, step, opts)?,
             few,
+            int8,
             // `product` already reads the blocks.
             direct: None,
+            invariant,
         })
     }
 
     pub(super) fn encode(&self, rec: &mut Recorder<'_>, n_tokens: u32) {
+        if let Some(int8) = self
+            .int8
+            .as_ref()
+            .filter(|p| prompt_takes_int8(n_tokens) && p.takes(n_tokens))
+        {
+            int8.encode(rec, n_tokens);
+            return;
+        }
         if let (Some(few), true) = (&self.few, n_tokens <= FEW_ROWS) {
             few.encode(rec);
             return;
@@ -105,10 +178,27 @@ impl PromptProduct {
         self.product.encode(rec, n_tokens);
     }
 
+    /// The int8 products, where they take a batched step of `n_tokens` rows under `choice`.
+    fn int8_for(&self, n_tokens: u32, choice: BatchKernels) -> Option<&FewRowsInt8> {
+        let wanted = match choice {
+            BatchKernels::Int8 => true,
+            BatchKernels::Auto => self.invariant || n_tokens <= INT8_ROWS,
+            BatchKernels::Float | BatchKernels::Tiles => false,
+        };
+        self.int8.as_ref().filter(|p| wanted && p.takes(n_tokens))
+    }
+
     /// Records the product for a batched decode step of `n_tokens` rows.
     pub(super) fn encode_batch(&self, rec: &mut Recorder<'_>, n_tokens: u32) {
-        if let (Some(few), true) = (&self.few, batch_takes_few_rows(n_tokens)) {
-            few.encode(rec);
+        let choice = batch_kernels();
+        if let Some(int8) = self.int8_for(n_tokens, choice) {
+            int8.encode(rec, n_tokens);
+            return;
+        }
+        if let Some(few) = &self.few
+            && (self.invariant || (n_tokens <= FEW_ROWS && choice != BatchKernels::Tiles))
+        {
+            few.encode_rows(rec, n_tokens);
             return;
         }
         if let Some(direct) = &self.direct {

@@ -4,10 +4,11 @@
 //! the drafts the model agrees with (`commit`) and the cache forgets the rest by being written
 //! over, position by position, as it is in any later step.
 
+use super::prompt_product::prompt_takes_int8;
 use super::{DecoderModel, Norm};
 use crate::Error;
 use crate::gpu::{Recorder, StorageBuffer};
-use crate::ops::{FEW_ROWS, FewRows, MatMulOptions};
+use crate::ops::{FEW_ROWS, FewRows, FewRowsInt8, MatMulOptions};
 
 /// Rows one verification may run: the pending token and up to this many less one drafts (the
 /// few-row products' limit, past which the prompt tiles would read the weights far slower).
@@ -17,9 +18,26 @@ pub const MAX_VERIFY_ROWS: u32 = FEW_ROWS;
 /// first verification.
 pub(super) struct VerifyHead {
     norm: Norm,
-    head: FewRows,
+    head: HeadProduct,
     logits: StorageBuffer,
     staging: wgpu::Buffer,
+}
+
+/// The verification's LM head: the float few-row products, and where the head's format has
+/// them the int8 products in two levels (as the decode path's head takes its input), which
+/// verifications of a few rows take (see `prompt_takes_int8`).
+struct HeadProduct {
+    int8: Option<FewRowsInt8>,
+    float: FewRows,
+}
+
+impl HeadProduct {
+    fn encode(&self, rec: &mut Recorder<'_>, rows: u32) {
+        match &self.int8 {
+            Some(p) if prompt_takes_int8(rows) && p.takes(rows) => p.encode(rec, rows),
+            _ => self.float.encode(rec),
+        }
+    }
 }
 
 impl DecoderModel {
@@ -104,7 +122,7 @@ impl DecoderModel {
         let mut rec = Recorder::new(&gpu);
         self.encode_prefill_layers(&mut rec, pos, rows);
         head.norm.encode(&mut rec, rows);
-        head.head.encode(&mut rec);
+        head.head.encode(&mut rec, rows);
         rec.copy(&head.logits.buffer, 0, &head.staging, 0, bytes);
         let submission = rec.submit();
         Ok(gpu.map_read_after(&head.staging, bytes, submission)?)
@@ -128,11 +146,11 @@ impl DecoderModel {
         let Some(head) = &self.verify_head else {
             unreachable!("made by verify")
         };
-        let mut profiler = crate::gpu::Profiler::new(&gpu, 14 * self.spec.layers + 8);
+        let mut profiler = crate::gpu::Profiler::new(&gpu, 20 * self.spec.layers + 8);
         let mut rec = Recorder::with_profiler(&gpu, Some(&mut profiler));
         self.encode_prefill_layers(&mut rec, pos, rows);
         head.norm.encode(&mut rec, rows);
-        head.head.encode(&mut rec);
+        head.head.encode(&mut rec, rows);
         rec.submit();
         gpu.wait()?;
         self.verifying.clear();
@@ -187,20 +205,21 @@ impl DecoderModel {
         let rows = u64::from(MAX_VERIFY_ROWS.min(self.chunk));
         let logits = gpu.storage("verify logits", rows * u64::from(self.spec.vocab) * 4)?;
         let norm = self.final_norm_over_rows()?;
-        let head = FewRows::new(
-            gpu,
-            &self.lm_head,
-            &self.acts.xn,
-            &logits,
-            &self.step,
-            &MatMulOptions::default(),
-        )?
-        .ok_or_else(|| {
+        let opts = MatMulOptions::default();
+        let (head, x) = (&self.lm_head, &self.acts.xn);
+        let int8 = match &self.acts.batch_int8 {
+            Some(int8_rows) => {
+                FewRowsInt8::new(gpu, head, x, &logits, &self.step, &opts, int8_rows, true)?
+            }
+            None => None,
+        };
+        let float = FewRows::new(gpu, head, x, &logits, &self.step, &opts)?.ok_or_else(|| {
             Error::Invalid(format!(
                 "the LM head's rows of {} values are no multiple of 8, which verification needs",
-                self.lm_head.cols
+                head.cols
             ))
         })?;
+        let head = HeadProduct { int8, float };
         let staging = gpu.readback_buffer("verify logits readback", logits.size);
         Ok(VerifyHead {
             norm,

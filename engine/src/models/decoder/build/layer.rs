@@ -12,7 +12,8 @@ use crate::ops::{
 
 use super::super::family::{LayerWeights, MlpWeights, SharedExpertWeights};
 use super::super::{
-    Activations, Layer, LayerMlp, Mixer, PromptProduct, PromptWeights, SharedExpert, fused,
+    Activations, BatchSetup, Layer, LayerMlp, Mixer, PromptProduct, PromptWeights, SharedExpert,
+    fused,
 };
 
 /// A layer's decode products: QKV, output, and the dense MLP's up and down (none for experts).
@@ -44,6 +45,8 @@ pub(super) struct LayerContext<'a> {
     pub(super) split_attention: bool,
     /// Sequences the caches hold side by side; past one, layers get batched decode kernels.
     pub(super) slots: u32,
+    /// See [`super::super::ModelOptions::batch_invariant`].
+    pub(super) batch_invariant: bool,
 }
 
 impl LayerContext<'_> {
@@ -120,7 +123,12 @@ impl LayerContext<'_> {
                 split_scratch: Some((self.split_scratch, self.chunk)),
                 ..opts
             },
-            self.slots > 1,
+            self.acts.batch_int8.as_ref().map(|rows| BatchSetup {
+                rows,
+                fine: false,
+                steps: self.slots > 1,
+                invariant: self.batch_invariant,
+            }),
         )
     }
 

@@ -7,9 +7,9 @@ use crate::Error;
 use crate::gpu::{Gpu, StorageBuffer};
 use crate::load::{DecoderSpec, GgmlType};
 use crate::ops::{
-    BatchRows, DeltaScratch, Dequantize, Embed, Int8Handoff, MAX_SPLITS, MatMul, MatVec,
-    MatVecLayout, MatVecOptions, Matrix, MoeBuffers, NormKind, RopeTable, Sample, SamplerParams,
-    StepParams, WeightDType,
+    BatchRows, DeltaScratch, Dequantize, Embed, FEW_ROWS, Int8Handoff, Int8Rows, MAX_SPLITS,
+    MatMul, MatVec, MatVecLayout, MatVecOptions, Matrix, MoeBuffers, NormKind, RopeTable, Sample,
+    SamplerParams, StepParams, WeightDType,
 };
 
 mod layer;
@@ -99,6 +99,7 @@ impl Activations {
         capacity: u32,
         dtype: WeightDType,
         slots: u32,
+        int8_rows: u32,
     ) -> Result<Self, Error> {
         let f = |n: u32| u64::from(n) * 4;
         let (t, d, hd, heads) = (chunk, spec.hidden, spec.head_dim, spec.heads);
@@ -158,6 +159,12 @@ impl Activations {
             split_stats: gpu.storage("attention run stats", f(2 * MAX_SPLITS * heads))?,
             handoffs: Handoffs::new(gpu, spec, dtype)?,
             batch_rows: (slots > 1).then(|| gpu.uniform("batch rows", &BatchRows::zeroed())),
+            batch_int8: if int8_rows > 0 {
+                let cols = d.max(spec.intermediate).max(attn_width);
+                Some(Int8Rows::new(gpu, int8_rows, cols)?)
+            } else {
+                None
+            },
         })
     }
 }
@@ -230,7 +237,14 @@ impl DecoderModel {
         let weights = upload(&mut up, spec)?;
 
         let step = gpu.uniform("step", &StepParams::new(0, 1));
-        let acts = Activations::new(gpu, spec, chunk, capacity, dtype, slots)?;
+        // Batched decode steps, and prompts of a few rows (speculative verifications among
+        // them), multiply rows quantized to int8 where the weights' format has int8 products.
+        let int8_rows = if slots > 1 || opts.speculate.is_some() {
+            slots.max(FEW_ROWS)
+        } else {
+            0
+        };
+        let acts = Activations::new(gpu, spec, chunk, capacity, dtype, slots, int8_rows)?;
         let matrices = || {
             weights.layers.iter().flat_map(|w| {
                 let dense = w.mlp.dense();
@@ -315,6 +329,7 @@ impl DecoderModel {
             local_rope: local_rope.as_ref(),
             split_attention,
             slots,
+            batch_invariant: opts.batch_invariant,
         };
         let mut cache_bytes = 0;
         // Gated DeltaNet layers' recurrent and convolution states (the same at any context).
@@ -397,6 +412,7 @@ impl DecoderModel {
                 &final_norm,
                 &acts,
                 &step,
+                opts.batch_invariant,
             )?)
         } else {
             None
@@ -435,7 +451,11 @@ impl DecoderModel {
             reusable: Vec::new(),
             pending: None,
             written_end: 0,
-            prefix_reuse: opts.prefix_cache && spec.linear.is_none(),
+            // A batch-invariant model runs every prompt whole: the rest of a prompt after a
+            // cached prefix is a product of fewer rows, whose sums may differ in the last bits.
+            prefix_reuse: opts.prefix_cache
+                && spec.linear.is_none()
+                && !(opts.batch_invariant && slots > 1),
             last_prompt_reused: 0,
             lookahead_paused: false,
             verify_head: None,
@@ -445,6 +465,7 @@ impl DecoderModel {
             slot: 0,
             slot_states: vec![Default::default(); slots as usize],
             batch,
+            batch_invariant: opts.batch_invariant,
             last_encode: std::time::Duration::ZERO,
             last_prompt_encode: std::time::Duration::ZERO,
         };

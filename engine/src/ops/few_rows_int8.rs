@@ -1,0 +1,232 @@
+//! The product of a few rows over block formats with int8 products: the rows quantized to
+//! int8 once (quant_rows.wgsl), then W streamed once in its blocks (few_rows_int8.wgsl).
+
+use std::sync::LazyLock;
+
+use super::matmul::{Params, product_source};
+use super::matvec::{int8_input, k_quant};
+use super::{MatMulOptions, Matrix, bind, flag, gelu_flags};
+use crate::gpu::{Gpu, GpuError, Kernel, Recorder, StorageBuffer, UniformBuffer};
+
+/// Weight rows one workgroup streams (few_rows_int8.wgsl's four).
+const WEIGHT_ROWS: u32 = 4;
+
+/// Lanes of a workgroup (they split the row's `units`: 64, or 32 for rows of fewer units, whose
+/// other lanes would idle), and rows of x one workgroup multiplies each unit of weights by (a
+/// step of more rows takes several chunks, whose workgroups read the same weights side by side).
+/// `BACKPACK_FEW_ROWS_INT8=lanes=L,rows=R` sets them, for measuring.
+fn workgroup_shape(units: u32) -> (u32, u32) {
+    let (mut lanes, mut rows) = (if units < 64 { 32 } else { 64 }, 8);
+    if let Ok(spec) = std::env::var("BACKPACK_FEW_ROWS_INT8") {
+        for (key, value) in spec.split(',').filter_map(|kv| kv.split_once('=')) {
+            match (key.trim(), value.trim().parse::<u32>()) {
+                ("lanes", Ok(v)) if v.is_power_of_two() && (32..=256).contains(&v) => lanes = v,
+                ("rows", Ok(v)) if (1..=32).contains(&v) => rows = v,
+                _ => {}
+            }
+        }
+    }
+    (lanes, rows)
+}
+
+static SOURCE: LazyLock<String> = LazyLock::new(|| {
+    super::quant_source::quant_source()
+        + &product_source(include_str!("../../../shaders/few_rows_int8.wgsl"))
+});
+
+const QUANTIZE_SOURCE: &str = include_str!("../../../shaders/quant_rows.wgsl");
+
+/// Where the rows of a step's products go quantized to int8: one buffer for every product of
+/// a model, since each quantizes its input just before it reads it.
+pub struct Int8Rows {
+    words: StorageBuffer,
+    scales: StorageBuffer,
+    rows: u32,
+    cols: u32,
+}
+
+impl Int8Rows {
+    /// Room for `rows` rows of up to `cols` values, in two levels (LM heads' fine inputs).
+    pub fn new(gpu: &Gpu, rows: u32, cols: u32) -> Result<Self, GpuError> {
+        let values = 2 * u64::from(rows) * u64::from(cols.next_multiple_of(32));
+        Ok(Self {
+            words: gpu.storage("int8 rows", values)?,
+            scales: gpu.storage("int8 row scales", values / 32 * 8)?,
+            rows,
+            cols,
+        })
+    }
+}
+
+/// `Y = epilogue(X·Wᵀ)` over the rows of a batched decode step or a short prompt (any number
+/// of rows, in chunks), for weights in a block format with int8 products. The rows are
+/// quantized to int8 in 32-value blocks as the decode products quantize theirs; `fine` adds a
+/// second level for the rounding remainders (LM heads). Takes the few-row product's epilogues.
+/// Each output's sum is the same whatever the number of rows.
+pub struct FewRowsInt8 {
+    quantize: Kernel,
+    quantize_group: wgpu::BindGroup,
+    product: Kernel,
+    product_group: wgpu::BindGroup,
+    blocks_per_row: u32,
+    weight_groups: u32,
+    x_rows: u32,
+    max_rows: u32,
+    _params: UniformBuffer,
+}
+
+impl FewRowsInt8 {
+    /// The int8 form of the product `opts` describe over rows in `rows`, or None where the
+    /// format has no int8 products, the shape is not one the kernel takes (k no multiple of 32,
+    /// K-quant rows shorter than a sub-block pair of every lane, a convolution, f16 inputs or
+    /// outputs) or the rows' buffer is too small.
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        gpu: &Gpu,
+        w: &Matrix,
+        x: &StorageBuffer,
+        y: &StorageBuffer,
+        step: &UniformBuffer,
+        opts: &MatMulOptions<'_>,
+        rows: &Int8Rows,
+        fine: bool,
+    ) -> Result<Option<Self>, GpuError> {
+        if !int8_input(w)
+            || !w.cols.is_multiple_of(32)
+            || w.cols > rows.cols
+            || opts.conv.is_some()
+            || opts.half_in
+            || opts.half_out
+        {
+            return Ok(None);
+        }
+        if opts.glu.is_some() && !w.rows.is_multiple_of(2) {
+            return Err(GpuError::Device(format!(
+                "a gated product needs gate and up halves: {} rows",
+                w.rows
+            )));
+        }
+        let levels: u32 = if fine { 2 } else { 1 };
+
+        let k_pairs = k_quant(w);
+        // Units of a row: sub-block pairs (K-quants, whose pairs share their quant bytes) or
+        // sub-blocks; the int8 input words each takes.
+        let (units, unit_words) = if k_pairs {
+            (w.cols / 64, 16)
+        } else {
+            (w.cols / 32, 8)
+        };
+        let (lanes, x_rows) = workgroup_shape(units);
+        let mut defines = w.defines();
+        defines.extend(gelu_flags(opts.gelu));
+        defines.extend([
+            flag("QDOT", true),
+            flag("XQ8", true),
+            flag("KPAIR", k_pairs),
+            flag("XQ8_VIEW", !k_pairs),
+            flag("XQ8_FINE", fine),
+            ("LEVELS", levels.to_string()),
+            ("NR", "1".into()),
+            ("UNITS", units.to_string()),
+            ("UNIT_WORDS", unit_words.to_string()),
+            ("XROWS", x_rows.to_string()),
+            flag("BIAS", opts.bias.is_some()),
+            flag("RESIDUAL", opts.residual),
+            flag("RELU", opts.relu),
+            flag("GLU", opts.glu.is_some()),
+            ("WG", lanes.to_string()),
+            flag("SUBGROUP", gpu.caps().subgroups),
+        ]);
+        if let Some(kind) = opts.glu {
+            defines.extend(kind.defines());
+        }
+        let product = gpu.kernel("few_rows_int8", SOURCE.as_str(), "main", &defines)?;
+        let quantize = gpu.kernel(
+            "quant_rows",
+            QUANTIZE_SOURCE,
+            "main",
+            &[
+                ("K", w.cols.to_string()),
+                ("LEVELS", levels.to_string()),
+                ("UNIT_WORDS", unit_words.to_string()),
+                flag("LEVELS_2", fine),
+            ],
+        )?;
+        let params = gpu.uniform(
+            "few-row int8 product params",
+            &Params {
+                n: w.rows,
+                k: w.cols,
+                row_vecs: w.row_vecs(),
+                slices: 1,
+                q_scales: w.q_scales(),
+                col_tiles: 0,
+                tile_rows: 0,
+                target_workgroups: 0,
+            },
+        );
+        let quantize_group = bind(
+            gpu,
+            &quantize,
+            &[
+                (1, &step.buffer),
+                (2, &x.buffer),
+                (7, &rows.words.buffer),
+                (9, &rows.scales.buffer),
+            ],
+        );
+        let mut entries = vec![
+            (0, &params.buffer),
+            (1, &step.buffer),
+            (4, &y.buffer),
+            (7, &rows.words.buffer),
+            (9, &rows.scales.buffer),
+            // Sub-block pairs read the blocks only through their vec4 view; the other formats
+            // load whole blocks through it and scales through words.
+            (11, &w.buffer.buffer),
+        ];
+        if !k_pairs {
+            entries.push((3, &w.buffer.buffer));
+        }
+        if let Some(b) = opts.bias {
+            entries.push((5, &b.buffer));
+        }
+        let product_group = bind(gpu, &product, &entries);
+        // A gated workgroup takes two outputs (their gate and up rows).
+        let weight_groups = match opts.glu {
+            Some(_) => (w.rows / 2).div_ceil(WEIGHT_ROWS / 2),
+            None => w.rows.div_ceil(WEIGHT_ROWS),
+        };
+        Ok(Some(Self {
+            quantize,
+            quantize_group,
+            product,
+            product_group,
+            blocks_per_row: w.cols / 32,
+            weight_groups,
+            x_rows,
+            max_rows: rows.rows,
+            _params: params,
+        }))
+    }
+
+    /// Whether a step of `rows` rows fits the rows' buffer.
+    pub fn takes(&self, rows: u32) -> bool {
+        rows <= self.max_rows
+    }
+
+    /// Records the product over the step's `rows` rows (as many as the step uniform says, and
+    /// at most what [`Self::takes`]).
+    pub fn encode(&self, rec: &mut Recorder<'_>, rows: u32) {
+        rec.dispatch(
+            &self.quantize,
+            &self.quantize_group,
+            (rows * self.blocks_per_row).div_ceil(64),
+        );
+        rec.dispatch(
+            &self.product,
+            &self.product_group,
+            self.weight_groups * rows.div_ceil(self.x_rows),
+        );
+    }
+}
