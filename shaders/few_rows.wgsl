@@ -1,47 +1,20 @@
-// The product of a few rows (a speculative verification's, a prompt rejoining its cache): like
-// a decode product, it streams W once, in its own format (block formats are not expanded to
-// f16 first), and multiplies each piece by every row while it is in registers. The tiles of
-// matmul.wgsl and matmul_coop.wgsl compute at least a tile of rows: for four rows of
-// Llama-3.1-8B in f16 on an H200, a forward pass takes 12.5 ms here against 18.5 ms there
-// (docs/performance-log.md), still well short of what the weights' bytes allow.
+// The product of a few rows (a speculative verification's, a prompt rejoining its cache, a
+// batched decode step's): like a decode product, it streams W once, in its own format (block
+// formats are not expanded to f16 first), and multiplies each piece by every row while it is
+// in registers. The tiles of matmul.wgsl and matmul_coop.wgsl compute at least a tile of rows:
+// for four rows of Llama-3.1-8B in f16 on an H200, a forward pass takes 12.5 ms here against
+// 18.5 ms there (docs/performance-log.md), still well short of what the weights' bytes allow.
 //
-// Each workgroup takes four weight rows (for GLU, two gate rows and the two up rows they pair
-// with); its lanes stride over k eight values at a time and keep one vec4 of sums (over the
-// four weight rows) per row of x, in named variables: GPUs keep per-invocation arrays in slow
-// local memory. The workgroup then adds its lanes' sums in workgroup memory. Rows of x:
-// step.n_tokens, eight to a workgroup: a step of more rows takes chunks of eight, the chunk
-// being the fastest-varying part of the workgroup's index (so that the chunks of one weight
-// group run together and share its reads through the cache). Each output's sum is the same
-// whatever the number of rows. X is bound as vec4 words (XV; k a multiple of 8).
+// Workgroups as few_rows_sums.wgsl describes (eight rows of x each); lanes stride over k eight
+// values at a time and keep one vec4 of sums per row of x, in named variables: GPUs keep
+// per-invocation arrays in slow local memory. X is bound as vec4 words (XV; k a multiple of 8).
 //
-// With SUBGROUP, each subgroup adds its lanes' sums in registers and one pass over the
-// subgroups' sums follows (one barrier rather than one per halving).
-//
-// Defines: WG, SUBGROUP and matmul_io.wgsl's (F16, QUANT and the block format, BIAS, GELU…,
-// RESIDUAL, GLU).
-
-const ROWS: u32 = 8u;
-
-#if SUBGROUP
-// Row r's sum of subgroup j at r·(WG / 4) + j (subgroups of at least four lanes).
-var<workgroup> sums: array<vec4<f32>, {{WG}} / 4 * 8>;
-#else
-var<workgroup> sums: array<vec4<f32>, {{WG}} * 8>;
-#endif
+// Defines: WG, XROWS (8), SUBGROUP and matmul_io.wgsl's (F16, QUANT and the block format,
+// BIAS, GELU…, RESIDUAL, GLU).
 
 struct Eight {
     a: vec4<f32>,
     b: vec4<f32>,
-}
-
-// Weight row `o` (0..3) of group `g`: four consecutive rows, or for GLU two gate rows and
-// their up rows.
-fn weight_row(g: u32, o: u32) -> u32 {
-#if GLU
-    return select(p.n / 2u + 2u * g + o - 2u, 2u * g + o, o < 2u);
-#else
-    return 4u * g + o;
-#endif
 }
 
 // Eight weights of row `row` from k0 (a multiple of 8).
@@ -82,26 +55,21 @@ fn main(
     @builtin(subgroup_size) sg_size: u32,
 #endif
 ) {
-    let flat = wid.y * nwg.x + wid.x;
-    let row_chunks = (step.n_tokens + ROWS - 1u) / ROWS;
-    let g = flat / row_chunks;
-    let first = (flat % row_chunks) * ROWS;
-#if GLU
-    let width = p.n / 2u;
-    let groups = (width + 1u) / 2u;
-#else
-    let groups = (p.n + 3u) / 4u;
+#if !SUBGROUP
+    let sg_lane = 0u;
+    let sg_size = 1u;
 #endif
-    if (g >= groups) {
+    let at = group_and_first(wid.y * nwg.x + wid.x);
+    let g = at.x;
+    let first = at.y;
+    if (g >= weight_groups()) {
         return;
     }
-    let rows = min(step.n_tokens - first, ROWS);
-    // Rows past the end read the last row (in bounds) and are never written.
-    let last = p.n - 1u;
-    let r0 = min(weight_row(g, 0u), last);
-    let r1 = min(weight_row(g, 1u), last);
-    let r2 = min(weight_row(g, 2u), last);
-    let r3 = min(weight_row(g, 3u), last);
+    let rows = min(step.n_tokens - first, {{XROWS}}u);
+    let r0 = weight_row(g, 0u);
+    let r1 = weight_row(g, 1u);
+    let r2 = weight_row(g, 2u);
+    let r3 = weight_row(g, 3u);
     var a0 = vec4<f32>(0.0);
     var a1 = vec4<f32>(0.0);
     var a2 = vec4<f32>(0.0);
@@ -126,71 +94,14 @@ fn main(
         if (rows > 6u) { a6 = add_row(a6, first + 6u, k0, w0, w1, w2, w3); }
         if (rows > 7u) { a7 = add_row(a7, first + 7u, k0, w0, w1, w2, w3); }
     }
-#if SUBGROUP
-    const STRIDE = {{WG}}u / 4u;
-    let sg = tid / sg_size;
-    let s0 = subgroupAdd(a0);
-    let s1 = subgroupAdd(a1);
-    let s2 = subgroupAdd(a2);
-    let s3 = subgroupAdd(a3);
-    let s4 = subgroupAdd(a4);
-    let s5 = subgroupAdd(a5);
-    let s6 = subgroupAdd(a6);
-    let s7 = subgroupAdd(a7);
-    if (sg_lane == 0u) {
-        sums[0u * STRIDE + sg] = s0;
-        sums[1u * STRIDE + sg] = s1;
-        sums[2u * STRIDE + sg] = s2;
-        sums[3u * STRIDE + sg] = s3;
-        sums[4u * STRIDE + sg] = s4;
-        sums[5u * STRIDE + sg] = s5;
-        sums[6u * STRIDE + sg] = s6;
-        sums[7u * STRIDE + sg] = s7;
-    }
+    add_row_sums(tid, 0u, a0, sg_lane, sg_size);
+    if (rows > 1u) { add_row_sums(tid, 1u, a1, sg_lane, sg_size); }
+    if (rows > 2u) { add_row_sums(tid, 2u, a2, sg_lane, sg_size); }
+    if (rows > 3u) { add_row_sums(tid, 3u, a3, sg_lane, sg_size); }
+    if (rows > 4u) { add_row_sums(tid, 4u, a4, sg_lane, sg_size); }
+    if (rows > 5u) { add_row_sums(tid, 5u, a5, sg_lane, sg_size); }
+    if (rows > 6u) { add_row_sums(tid, 6u, a6, sg_lane, sg_size); }
+    if (rows > 7u) { add_row_sums(tid, 7u, a7, sg_lane, sg_size); }
     workgroupBarrier();
-#else
-    const STRIDE = {{WG}}u;
-    sums[0u * {{WG}}u + tid] = a0;
-    sums[1u * {{WG}}u + tid] = a1;
-    sums[2u * {{WG}}u + tid] = a2;
-    sums[3u * {{WG}}u + tid] = a3;
-    sums[4u * {{WG}}u + tid] = a4;
-    sums[5u * {{WG}}u + tid] = a5;
-    sums[6u * {{WG}}u + tid] = a6;
-    sums[7u * {{WG}}u + tid] = a7;
-    workgroupBarrier();
-    for (var s = {{WG}}u / 2u; s > 0u; s >>= 1u) {
-        for (var i = tid; i < ROWS * s; i += {{WG}}u) {
-            let slot = i / s;
-            let lane = i % s;
-            sums[slot * {{WG}}u + lane] += sums[slot * {{WG}}u + lane + s];
-        }
-        workgroupBarrier();
-    }
-#endif
-    // One lane per (row of x, weight row) writes its output.
-    for (var i = tid; i < rows * 4u; i += {{WG}}u) {
-        let r = i / 4u;
-        let o = i % 4u;
-#if SUBGROUP
-        var v = vec4<f32>(0.0);
-        for (var j = 0u; j < {{WG}}u / sg_size; j++) {
-            v += sums[r * STRIDE + j];
-        }
-#else
-        let v = sums[r * STRIDE];
-#endif
-        let row = first + r;
-#if GLU
-        let col = 2u * g + o;
-        if (o < 2u && col < width) {
-            y[row * width + col] = glu_epilogue(v[o], v[o + 2u], col);
-        }
-#else
-        let col = 4u * g + o;
-        if (col < p.n) {
-            y[row * p.n + col] = epilogue(v[o], row, col);
-        }
-#endif
-    }
+    write_rows(tid, g, first, rows, sg_size);
 }

@@ -17,8 +17,15 @@ const WEIGHT_ROWS: u32 = 4;
 /// 5.51 ms at eight; Llama-3.1-8B 12.60 against 10.28 ms and 17.05 against 15.80 ms.)
 const LANES: u32 = 64;
 
-pub(super) static SOURCE: LazyLock<String> =
-    LazyLock::new(|| product_source(include_str!("../../../shaders/few_rows.wgsl")));
+/// What the float and int8 few-row products share around their loops over k.
+pub(super) const SUMS: &str = include_str!("../../../shaders/few_rows_sums.wgsl");
+
+pub(super) static SOURCE: LazyLock<String> = LazyLock::new(|| {
+    product_source(&format!(
+        "{SUMS}\n{}",
+        include_str!("../../../shaders/few_rows.wgsl")
+    ))
+});
 
 /// `Y = epilogue(X·Wᵀ)` for rows of X, [`FEW_ROWS`] at a time, reading W once in its own format
 /// (dense or block-quantized, never expanded first): the prompt path's product when a prompt
@@ -60,6 +67,7 @@ impl FewRows {
             flag("GLU", opts.glu.is_some()),
             flag("XV", true),
             ("WG", LANES.to_string()),
+            ("XROWS", FEW_ROWS.to_string()),
             flag("SUBGROUP", gpu.caps().subgroups),
         ]);
         if let Some(kind) = opts.glu {

@@ -31,7 +31,11 @@ fn workgroup_shape(units: u32) -> (u32, u32) {
 
 static SOURCE: LazyLock<String> = LazyLock::new(|| {
     super::quant_source::quant_source()
-        + &product_source(include_str!("../../../shaders/few_rows_int8.wgsl"))
+        + &product_source(&format!(
+            "{}\n{}",
+            super::few_rows::SUMS,
+            include_str!("../../../shaders/few_rows_int8.wgsl")
+        ))
 });
 
 const QUANTIZE_SOURCE: &str = include_str!("../../../shaders/quant_rows.wgsl");
