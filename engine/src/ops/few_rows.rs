@@ -78,19 +78,7 @@ impl FewRows {
             None => ("few_rows", SOURCE.as_str()),
         };
         let kernel = gpu.kernel(family, source, "main", &defines)?;
-        let params = gpu.uniform(
-            "few-row product params",
-            &Params {
-                n: w.rows,
-                k: w.cols,
-                row_vecs: w.row_vecs(),
-                slices: 1,
-                q_scales: w.q_scales(),
-                col_tiles: 0,
-                tile_rows: 0,
-                target_workgroups: 0,
-            },
-        );
+        let params = params(gpu, w, "few-row product params");
         let mut entries = vec![
             (0, &params.buffer),
             (1, &step.buffer),
@@ -102,15 +90,10 @@ impl FewRows {
             entries.push((5, &b.buffer));
         }
         let bind_group = bind(gpu, &kernel, &entries);
-        // A gated workgroup takes two outputs (their gate and up rows).
-        let groups = match opts.glu {
-            Some(_) => (w.rows / 2).div_ceil(WEIGHT_ROWS / 2),
-            None => w.rows.div_ceil(WEIGHT_ROWS),
-        };
         Ok(Some(Self {
             kernel,
             bind_group,
-            groups,
+            groups: weight_groups(w, opts),
             _params: params,
         }))
     }
@@ -125,5 +108,31 @@ impl FewRows {
     pub fn encode_rows(&self, rec: &mut Recorder<'_>, rows: u32) {
         let chunks = rows.div_ceil(FEW_ROWS).max(1);
         rec.dispatch(&self.kernel, &self.bind_group, self.groups * chunks);
+    }
+}
+
+/// The parameters both few-row products bind (few_rows_sums.wgsl reads n, k and the scales).
+pub(super) fn params(gpu: &Gpu, w: &Matrix, label: &str) -> UniformBuffer {
+    gpu.uniform(
+        label,
+        &Params {
+            n: w.rows,
+            k: w.cols,
+            row_vecs: w.row_vecs(),
+            slices: 1,
+            q_scales: w.q_scales(),
+            col_tiles: 0,
+            tile_rows: 0,
+            target_workgroups: 0,
+        },
+    )
+}
+
+/// Workgroups over W's rows, four weight rows each: a gated one takes two outputs (their gate
+/// and up rows).
+pub(super) fn weight_groups(w: &Matrix, opts: &MatMulOptions<'_>) -> u32 {
+    match opts.glu {
+        Some(_) => (w.rows / 2).div_ceil(WEIGHT_ROWS / 2),
+        None => w.rows.div_ceil(WEIGHT_ROWS),
     }
 }

@@ -3,13 +3,10 @@
 
 use std::sync::LazyLock;
 
-use super::matmul::{Params, product_source};
+use super::matmul::product_source;
 use super::matvec::{int8_input, k_quant};
 use super::{MatMulOptions, Matrix, bind, flag, gelu_flags};
 use crate::gpu::{Gpu, GpuError, Kernel, Recorder, StorageBuffer, UniformBuffer};
-
-/// Weight rows one workgroup streams (few_rows_int8.wgsl's four).
-const WEIGHT_ROWS: u32 = 4;
 
 /// Lanes of a workgroup (they split the row's `units`: 64, or 32 for rows of fewer units, whose
 /// other lanes would idle), and rows of x one workgroup multiplies each unit of weights by (a
@@ -156,19 +153,7 @@ impl FewRowsInt8 {
                 flag("LEVELS_2", fine),
             ],
         )?;
-        let params = gpu.uniform(
-            "few-row int8 product params",
-            &Params {
-                n: w.rows,
-                k: w.cols,
-                row_vecs: w.row_vecs(),
-                slices: 1,
-                q_scales: w.q_scales(),
-                col_tiles: 0,
-                tile_rows: 0,
-                target_workgroups: 0,
-            },
-        );
+        let params = super::few_rows::params(gpu, w, "few-row int8 product params");
         let quantize_group = bind(
             gpu,
             &quantize,
@@ -196,11 +181,7 @@ impl FewRowsInt8 {
             entries.push((5, &b.buffer));
         }
         let product_group = bind(gpu, &product, &entries);
-        // A gated workgroup takes two outputs (their gate and up rows).
-        let weight_groups = match opts.glu {
-            Some(_) => (w.rows / 2).div_ceil(WEIGHT_ROWS / 2),
-            None => w.rows.div_ceil(WEIGHT_ROWS),
-        };
+        let weight_groups = super::few_rows::weight_groups(w, opts);
         Ok(Some(Self {
             quantize,
             quantize_group,

@@ -64,13 +64,18 @@ enum BatchKernels {
     Tiles,
 }
 
+/// Read once: every product of every step asks.
 fn batch_kernels() -> BatchKernels {
-    match std::env::var("BACKPACK_BATCH_PRODUCTS").as_deref() {
-        Ok("int8") => BatchKernels::Int8,
-        Ok("tiles") => BatchKernels::Tiles,
-        Ok("float") => BatchKernels::Float,
-        _ => BatchKernels::Auto,
-    }
+    static CHOICE: std::sync::LazyLock<BatchKernels> =
+        std::sync::LazyLock::new(
+            || match std::env::var("BACKPACK_BATCH_PRODUCTS").as_deref() {
+                Ok("int8") => BatchKernels::Int8,
+                Ok("tiles") => BatchKernels::Tiles,
+                Ok("float") => BatchKernels::Float,
+                _ => BatchKernels::Auto,
+            },
+        );
+    *CHOICE
 }
 
 /// The most rows the int8 few-row products take by default. Batched decode steps on an H200
