@@ -3,8 +3,8 @@
 //   stats:    workgroup (group, chunk) reduces its run of pixels to (count, mean, M2) with
 //             Welford's update, merged across the workgroup with Chan's formula;
 //   finalize: one invocation per group merges its chunks into (mean, 1/σ);
-//   apply:    y = (x − mean)/σ · γ + β per element, optionally followed by SiLU.
-// Defines: SILU.
+//   apply:    y = (x − mean)/σ · γ + β per element, optionally followed by SiLU or ReLU.
+// Defines: SILU, RELU.
 
 struct Params {
     pixels: u32,
@@ -97,6 +97,9 @@ fn apply(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups)
     var v = (x[id] - s.x) * s.y * gamma[c] + beta[c];
 #if SILU
     v = v / (1.0 + exp(-v));
+#endif
+#if RELU
+    v = max(v, 0.0);
 #endif
     y[id] = v;
 }

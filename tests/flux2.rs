@@ -18,7 +18,7 @@ use std::path::{Path, PathBuf};
 use backpack_engine::models::diffusion::flux2::empirical_mu;
 use backpack_engine::models::diffusion::scheduler::{FlowMatchConfig, linear_sigmas};
 use backpack_engine::models::diffusion::{
-    DiffusionModel, ImageModelOptions, ImageParams, SchedulerKind,
+    DiffusionModel, ImageModelOptions, ImageParams, SchedulerKind, preview_decoder_repo,
 };
 use backpack_engine::ops::WeightDType;
 use common::{assert_close, gpu, psnr, texture_rgba};
@@ -353,5 +353,97 @@ fn an_original_layout_transformer_file_loads() {
     assert_eq!(
         from_file.rgb, from_folder.rgb,
         "the same weights, the same image"
+    );
+}
+
+fn tiny_taef2() -> PathBuf {
+    root().join("tests/fixtures/models/tiny-taef2")
+}
+
+/// TAEF2 as published (one `taef2.safetensors`, no `config.json`): its shape is read from the
+/// tensors, and its decoder, pooled branches included, matches the reference network
+/// (tests/reference/make_tiny_taef2.py).
+#[test]
+fn taef2_decodes_as_its_reference() {
+    use backpack_engine::models::diffusion::taesd::{Taesd, TaesdConfig};
+    let goldens = Goldens("tiny-taef2");
+    let mut taef2 = Taesd::open(&tiny_taef2()).expect("open");
+    assert_eq!(
+        taef2.config,
+        TaesdConfig {
+            latent_channels: 6,
+            out_channels: 3,
+            channels: vec![8, 8, 8],
+            blocks: vec![2, 1, 1],
+        }
+    );
+    let image = taef2
+        .decode(&gpu(), &goldens.get("taef2.latents"), (8, 8))
+        .expect("decode");
+    let want = goldens.get("taef2.image");
+    let scale = vec![1.0; want.len()];
+    // f16 weights, as published.
+    assert_close("taef2", &image, &want, &scale, 5e-3, 5e-3);
+
+    // A folder without weights, and a file that holds no decoder, are refused by name.
+    let empty = TempDir::new("taef2-empty");
+    let err = Taesd::open(&empty).err().expect("no weights").to_string();
+    assert!(err.contains("diffusion_pytorch_model.safetensors"), "{err}");
+    let not_tae = root().join("tests/fixtures/goldens/tiny-taef2.safetensors");
+    let err = Taesd::open(&not_tae).err().expect("no decoder").to_string();
+    assert!(
+        err.contains("tiny-taef2.safetensors") && err.contains("decoder.layers.0.weight"),
+        "{err}"
+    );
+}
+
+/// With TAEF2 installed, each step's clean estimate is unpacked (still normalised) and drawn
+/// through it at the image's full size; a tiny decoder of another latent space is left out
+/// with the reason, and the previews fall back.
+#[test]
+fn taef2_previews_are_full_size() {
+    let options = ImageModelOptions {
+        dtype: WeightDType::F32,
+        preview_decoder: Some(tiny_taef2()),
+        ..Default::default()
+    };
+    assert_eq!(preview_decoder_repo(&fixture()), "madebyollin/taef2");
+    let mut m = DiffusionModel::load(&gpu(), &fixture(), &options).expect("load");
+    assert_eq!(m.info().preview, "taesd");
+    let case = &meta()["cases"][0];
+    let name = case["name"].as_str().expect("name");
+    let params = case_params(case, golden(&format!("{name}.latents")));
+    let texture = m
+        .preview_texture(params.width, params.height)
+        .expect("texture");
+    assert_eq!(
+        (texture.width(), texture.height()),
+        (params.width, params.height)
+    );
+    let mut drawn = Vec::new();
+    m.generate(&params, true, |_| {
+        drawn.push(texture_rgba(&texture));
+        true
+    })
+    .expect("generate")
+    .expect("image");
+    assert_eq!(drawn.len(), params.steps as usize);
+    assert_ne!(drawn[0], drawn[1], "each step draws its own estimate");
+    let first: Vec<u8> = drawn[1].chunks(4).map(|p| p[0]).collect();
+    assert!(
+        first.iter().any(|&v| v != first[0]),
+        "a picture, not a flat colour"
+    );
+
+    let options = ImageModelOptions {
+        dtype: WeightDType::F32,
+        preview_decoder: Some(root().join("tests/fixtures/models/tiny-taesd")),
+        ..Default::default()
+    };
+    let m = DiffusionModel::load(&gpu(), &fixture(), &options).expect("load");
+    let preview = &m.info().preview;
+    assert!(
+        preview.starts_with("vae (") && preview.contains("decodes 4 channels"),
+        "{preview}"
     );
 }

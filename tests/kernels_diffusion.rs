@@ -261,11 +261,12 @@ fn big_tile_parity(gpu: &Gpu) {
 fn group_norm_matches_cpu() {
     let gpu = gpu();
     let mut rng = Rng::new(22);
-    for (pixels, channels, groups, silu) in [
-        (37, 24, 8, true),
-        (1000, 12, 3, false),
-        (5000, 64, 32, true),
-        (1, 6, 2, false),
+    for (pixels, channels, groups, activation) in [
+        (37, 24, 8, NormActivation::Silu),
+        (1000, 12, 3, NormActivation::None),
+        (5000, 64, 32, NormActivation::Silu),
+        (1, 6, 2, NormActivation::None),
+        (293, 256, 4, NormActivation::Relu),
     ] {
         let x: Vec<f32> = rng
             .vec(pixels * channels, 2.0)
@@ -289,8 +290,10 @@ fn group_norm_matches_cpu() {
                     let i = p * channels + c;
                     let mut v =
                         (f64::from(x[i]) - mean) * rstd * f64::from(gamma[c]) + f64::from(beta[c]);
-                    if silu {
-                        v /= 1.0 + (-v).exp();
+                    match activation {
+                        NormActivation::Silu => v /= 1.0 + (-v).exp(),
+                        NormActivation::Relu => v = v.max(0.0),
+                        NormActivation::None => {}
                     }
                     want[i] = v as f32;
                 }
@@ -307,7 +310,7 @@ fn group_norm_matches_cpu() {
             channels: channels as u32,
             groups: groups as u32,
             eps: 1e-5,
-            silu,
+            activation,
         };
         let norm = GroupNorm::new(&gpu, shape, &gb, &bb, &xb, &yb).expect("group norm");
         let mut rec = Recorder::new(&gpu);
@@ -331,7 +334,7 @@ fn group_norm_matches_cpu() {
                 channels: 10,
                 groups: 4,
                 eps: 1e-5,
-                silu: false
+                activation: NormActivation::None,
             },
             &zeros(&gpu, 10),
             &zeros(&gpu, 10),

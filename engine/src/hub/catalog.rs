@@ -257,6 +257,10 @@ mod tests {
             "z-image",
             "flux.2-klein-4b",
             "flux.2-klein-base-4b",
+            "taesd",
+            "taesdxl",
+            "taef1",
+            "taef2",
         ] {
             let e = catalog
                 .entry(id)

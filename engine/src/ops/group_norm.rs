@@ -24,8 +24,17 @@ pub struct GroupNormShape {
     pub channels: u32,
     pub groups: u32,
     pub eps: f32,
-    /// SiLU after the affine map (ResNet blocks normalise then activate).
-    pub silu: bool,
+    /// What follows the affine map.
+    pub activation: NormActivation,
+}
+
+/// The activation after a GroupNorm's affine map: SiLU in ResNet blocks, ReLU in the tiny
+/// autoencoders' pooled blocks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NormActivation {
+    None,
+    Silu,
+    Relu,
 }
 
 /// GroupNorm of `x` into `y` (see shaders/group_norm.wgsl).
@@ -73,7 +82,10 @@ impl GroupNorm {
         };
         let partials = gpu.storage("group norm partials", u64::from(groups * chunks) * 16)?;
         let stats = gpu.storage("group norm stats", u64::from(groups) * 8)?;
-        let defines = [flag("SILU", shape.silu)];
+        let defines = [
+            flag("SILU", shape.activation == NormActivation::Silu),
+            flag("RELU", shape.activation == NormActivation::Relu),
+        ];
         let spec = |entry| KernelSpec {
             family: "group_norm",
             source: SOURCE,

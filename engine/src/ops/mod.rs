@@ -51,7 +51,7 @@ pub use elementwise::{Embed, Glu, GluKind, OutputGate};
 pub use few_rows::{FEW_ROWS, FewRows};
 pub use few_rows_int8::{FewRowsInt8, Int8Rows};
 pub use fill::{fill_random, fill_value};
-pub use group_norm::{GroupNorm, GroupNormShape};
+pub use group_norm::{GroupNorm, GroupNormShape, NormActivation};
 pub use matmul::{LONG_PROMPT_ROWS, MatMul, MatMulOptions, k_slices};
 pub use matvec::{Int8Handoff, MatVec, MatVecOptions, SplitAttention, int8_rounded_input};
 pub use matvec_layout::MatVecLayout;

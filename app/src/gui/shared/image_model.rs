@@ -2,7 +2,7 @@
 
 use std::path::Path;
 
-use backpack_engine::models::diffusion::{ImageModelInfo, ImageModelOptions};
+use backpack_engine::models::diffusion::{ImageModelInfo, ImageModelOptions, preview_decoder_repo};
 
 use super::Shared;
 use crate::gui::common::display_name;
@@ -42,12 +42,8 @@ impl Shared {
             ));
             return;
         }
-        // Full-size previews when the matching TAESD decoder is installed.
-        let taesd = if path.join("text_encoder_2").is_dir() {
-            "madebyollin/taesdxl"
-        } else {
-            "madebyollin/taesd"
-        };
+        // Full-size previews when the tiny autoencoder of the pipeline's latents is installed.
+        let taesd = preview_decoder_repo(path);
         let preview_decoder = self.downloads.as_mut().and_then(|d| {
             d.installed()
                 .iter()

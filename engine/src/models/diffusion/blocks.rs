@@ -3,7 +3,7 @@
 
 use super::graph::{Act, Activation, Builder};
 use crate::Error;
-use crate::ops::FullLayout;
+use crate::ops::{FullLayout, NormActivation};
 
 /// GroupNorm settings of a network.
 #[derive(Clone, Copy, Debug)]
@@ -23,7 +23,13 @@ pub fn resnet(
     temb: Option<&Act>,
     norms: Norms,
 ) -> Result<Act, Error> {
-    let h = b.group_norm(x, &format!("{name}.norm1"), norms.groups, norms.eps, true)?;
+    let h = b.group_norm(
+        x,
+        &format!("{name}.norm1"),
+        norms.groups,
+        norms.eps,
+        NormActivation::Silu,
+    )?;
     // The time embedding's projection joins conv1's bias: one per-channel vector.
     let bias = match temb {
         Some(t) => {
@@ -53,7 +59,13 @@ pub fn resnet(
         None => b.conv(&h, &format!("{name}.conv1"), out, 3, 1, 1, false, None)?,
     };
     b.release(h);
-    let h2 = b.group_norm(&h1, &format!("{name}.norm2"), norms.groups, norms.eps, true)?;
+    let h2 = b.group_norm(
+        &h1,
+        &format!("{name}.norm2"),
+        norms.groups,
+        norms.eps,
+        NormActivation::Silu,
+    )?;
     b.release(h1);
     let shortcut_name = format!("{name}.conv_shortcut");
     let shortcut = if b.has(&format!("{shortcut_name}.weight")) {
@@ -108,7 +120,13 @@ pub fn spatial_transformer(
         groups,
     } = shape;
     let channels = x.channels;
-    let n = b.group_norm(&x, &format!("{name}.norm"), groups, 1e-6, false)?;
+    let n = b.group_norm(
+        &x,
+        &format!("{name}.norm"),
+        groups,
+        1e-6,
+        NormActivation::None,
+    )?;
     let proj_in = format!("{name}.proj_in");
     let mut h = if linear_projection {
         b.linear(&n, &proj_in, channels, None, None)?
@@ -223,7 +241,7 @@ pub fn vae_attention(
         &format!("{name}.group_norm"),
         norms.groups,
         norms.eps,
-        false,
+        NormActivation::None,
     )?;
     // VAE files saved before diffusers 0.14 name the projections query/key/value/proj_attn.
     let legacy = !b.has(&format!("{name}.to_q.weight")) && b.has(&format!("{name}.query.weight"));

@@ -10,8 +10,8 @@ use crate::gpu::StorageBuffer;
 use crate::models::weights::Part;
 use crate::ops::{
     Conv2dShape, Embed, FullAttention, FullLayout, Gelu, Glu, GluKind, GroupNorm, GroupNormShape,
-    MatMul, Matrix, Norm, NormKind, affine, concat, silu, slice_channels, softmax_rows, tanh_clamp,
-    transpose,
+    MatMul, Matrix, Norm, NormActivation, NormKind, affine, concat, silu, slice_channels,
+    softmax_rows, tanh_clamp, transpose,
 };
 
 impl Builder<'_, '_> {
@@ -265,14 +265,14 @@ impl Builder<'_, '_> {
         Ok(y)
     }
 
-    /// GroupNorm `name` (`.weight`, `.bias`), optionally followed by SiLU.
+    /// GroupNorm `name` (`.weight`, `.bias`), then `activation`.
     pub fn group_norm(
         &mut self,
         x: &Act,
         name: &str,
         groups: u32,
         eps: f32,
-        silu: bool,
+        activation: NormActivation,
     ) -> Result<Act, Error> {
         let gamma = self.vector(&format!("{name}.weight"), x.channels, Some(1.0))?;
         let beta = self.vector(&format!("{name}.bias"), x.channels, None)?;
@@ -282,7 +282,7 @@ impl Builder<'_, '_> {
             channels: x.channels,
             groups,
             eps,
-            silu,
+            activation,
         };
         let norm = GroupNorm::new(self.gpu, shape, &gamma, &beta, &x.buf, &y.buf)?;
         self.push(move |rec| norm.encode(rec));

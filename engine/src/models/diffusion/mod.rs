@@ -33,7 +33,9 @@ use std::path::Path;
 pub use generate::{
     Generated, ImageParams, SizedPlans, StepInfo, Timings, nchw_to_nhwc, nhwc_to_nchw,
 };
-pub use model::{DiffusionModel, ImageDefaults, ImageModelInfo, ImageModelOptions};
+pub use model::{
+    DiffusionModel, ImageDefaults, ImageModelInfo, ImageModelOptions, preview_decoder_repo,
+};
 pub use pipeline::{Family, Parts};
 pub use scheduler::SchedulerKind;
 

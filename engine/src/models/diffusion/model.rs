@@ -95,6 +95,17 @@ fn pipeline_class(path: &Path) -> Option<String> {
     index.get("_class_name")?.as_str().map(str::to_owned)
 }
 
+/// The tiny autoencoder (a `madebyollin/…` repository) whose latent space is the pipeline's
+/// at `path`: its previews, when installed. A single-file checkpoint is taken for SD 1.x/2.x.
+pub fn preview_decoder_repo(path: &Path) -> &'static str {
+    match pipeline_class(path).as_deref() {
+        Some(zimage::PIPELINE_CLASS) => "madebyollin/taef1",
+        Some(flux2::PIPELINE_CLASS) => "madebyollin/taef2",
+        _ if path.join("text_encoder_2").is_dir() => "madebyollin/taesdxl",
+        _ => "madebyollin/taesd",
+    }
+}
+
 impl DiffusionModel {
     /// Loads every network's weights onto the GPU, after checking they fit its limits. Running
     /// out of GPU memory on the way is an error that says so, not a crash.
@@ -122,20 +133,9 @@ impl DiffusionModel {
         let mut parts = Parts::open(path, options.dtype, options.random_weights)?;
         check_fit(gpu, parts.weight_bytes())?;
         // A preview decoder that cannot be used leaves the linear previews: it is an extra.
-        let preview = match &options.preview_decoder {
-            Some(dir) => match Taesd::open(dir) {
-                Ok(taesd)
-                    if taesd.config.upscale() == parts.downscale()
-                        && taesd.config.latent_channels == parts.unet.config.in_channels =>
-                {
-                    parts.taesd = Some(taesd);
-                    "taesd".to_owned()
-                }
-                Ok(_) => format!("linear ({} does not fit this model)", dir.display()),
-                Err(e) => format!("linear ({e})"),
-            },
-            None => "linear".to_owned(),
-        };
+        let latent = (parts.unet.config.in_channels, parts.downscale());
+        let (taesd, preview) = preview_decoder(options, latent, "linear");
+        parts.taesd = taesd;
         let defaults = defaults(&parts);
         let size_step = 8 * parts.downscale();
         // Planning the smallest image loads every weight now, so a missing or malformed
@@ -181,20 +181,9 @@ impl DiffusionModel {
         } else {
             "vae"
         };
-        let preview = match &options.preview_decoder {
-            Some(dir) => match Taesd::open(dir) {
-                Ok(taesd)
-                    if taesd.config.upscale() == pipe.downscale()
-                        && taesd.config.latent_channels == pipe.transformer.config.in_channels =>
-                {
-                    pipe.taesd = Some(taesd);
-                    "taesd".to_owned()
-                }
-                Ok(_) => format!("{fallback} ({} does not fit this model)", dir.display()),
-                Err(e) => format!("{fallback} ({e})"),
-            },
-            None => fallback.to_owned(),
-        };
+        let latent = (pipe.transformer.config.in_channels, pipe.downscale());
+        let (taesd, preview) = preview_decoder(options, latent, fallback);
+        pipe.taesd = taesd;
         // The smallest image loads the transformer's and the VAE's weights now, so a missing
         // or malformed tensor is reported at load time, not at the first image.
         let mut plans = None;
@@ -236,6 +225,10 @@ impl DiffusionModel {
 
     fn load_flux2(gpu: &Gpu, path: &Path, options: &ImageModelOptions) -> Result<Self, Error> {
         let mut pipe = Flux2::open(gpu, path, options, &|bytes| check_fit(gpu, bytes))?;
+        // The tiny decoder reads the unpacked latents (still normalised, as TAEF2 takes them).
+        let latent = (pipe.transformer.config.latent_channels(), pipe.downscale());
+        let (taesd, preview) = preview_decoder(options, latent, pipe.preview_kind());
+        pipe.taesd = taesd;
         // The smallest image loads the transformer's and the VAE's weights now.
         let mut plans = None;
         let side = pipe.size_step();
@@ -262,7 +255,7 @@ impl DiffusionModel {
             },
             size_step: pipe.size_step(),
             latent_downscale: pipe.size_step(),
-            preview: pipe.preview_kind().to_owned(),
+            preview,
         };
         Ok(Self {
             gpu: gpu.clone(),
@@ -506,6 +499,36 @@ fn defaults(parts: &Parts) -> ImageDefaults {
         scheduler: kind,
         width: side,
         height: side,
+    }
+}
+
+/// The tiny decoder `options` name, when it decodes latents of `(channels, downscale)`, and
+/// how previews will be drawn: "taesd", or `fallback` with the reason the decoder was left
+/// out (it is an extra: a decoder that cannot be used never fails the load).
+fn preview_decoder(
+    options: &ImageModelOptions,
+    (channels, downscale): (u32, u32),
+    fallback: &str,
+) -> (Option<Taesd>, String) {
+    let Some(dir) = &options.preview_decoder else {
+        return (None, fallback.to_owned());
+    };
+    match Taesd::open(dir) {
+        Ok(taesd)
+            if taesd.config.upscale() == downscale && taesd.config.latent_channels == channels =>
+        {
+            (Some(taesd), "taesd".to_owned())
+        }
+        Ok(taesd) => {
+            let why = format!(
+                "{} decodes {} channels {}× smaller, this model's latents have {channels} channels {downscale}× smaller",
+                dir.display(),
+                taesd.config.latent_channels,
+                taesd.config.upscale()
+            );
+            (None, format!("{fallback} ({why})"))
+        }
+        Err(e) => (None, format!("{fallback} ({e})")),
     }
 }
 

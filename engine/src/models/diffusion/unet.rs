@@ -7,6 +7,7 @@ use super::config::UnetConfig;
 use super::graph::{Act, Builder, Plan};
 use crate::Error;
 use crate::gpu::StorageBuffer;
+use crate::ops::NormActivation;
 
 /// The inputs a UNet plan reads each call (written by the denoising loop) and where its
 /// output lands.
@@ -136,7 +137,13 @@ pub fn build_unet(
         }
     }
     b.release(temb_act);
-    let g = b.group_norm(&cur, "conv_norm_out", cfg.norm_groups, cfg.norm_eps, true)?;
+    let g = b.group_norm(
+        &cur,
+        "conv_norm_out",
+        cfg.norm_groups,
+        cfg.norm_eps,
+        NormActivation::Silu,
+    )?;
     b.release(cur);
     let out = b.conv(&g, "conv_out", cfg.out_channels, 3, 1, 1, false, None)?;
     b.release(g);

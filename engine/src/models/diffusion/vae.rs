@@ -8,6 +8,7 @@ use super::config::VaeConfig;
 use super::graph::{Act, Builder, Plan};
 use crate::Error;
 use crate::gpu::StorageBuffer;
+use crate::ops::NormActivation;
 
 pub struct VaePlan {
     pub plan: Plan,
@@ -127,7 +128,13 @@ pub fn build_decoder(
             x = y;
         }
     }
-    let g = b.group_norm(&x, "decoder.conv_norm_out", cfg.norm_groups, EPS, true)?;
+    let g = b.group_norm(
+        &x,
+        "decoder.conv_norm_out",
+        cfg.norm_groups,
+        EPS,
+        NormActivation::Silu,
+    )?;
     b.release(x);
     let out = b.conv(
         &g,
@@ -185,7 +192,13 @@ pub fn build_encoder(
         }
     }
     let x = mid_block(&mut b, x, "encoder", cfg)?;
-    let g = b.group_norm(&x, "encoder.conv_norm_out", cfg.norm_groups, EPS, true)?;
+    let g = b.group_norm(
+        &x,
+        "encoder.conv_norm_out",
+        cfg.norm_groups,
+        EPS,
+        NormActivation::Silu,
+    )?;
     b.release(x);
     let moments = b.conv(
         &g,

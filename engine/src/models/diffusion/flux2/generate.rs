@@ -179,9 +179,13 @@ fn record_step(rec: &mut Recorder<'_>, plans: &Flux2Plans, captions: &Captions, 
         plans.denoise.guide.encode(rec);
     }
     plans.denoise.step.encode(rec);
-    if preview && let Some((_, pass, feed)) = &plans.preview {
+    if preview && let Some((_, pass, feed)) = plans.preview.as_deref() {
         match feed {
             EstimatePreview::Linear(unpack) => unpack.encode(rec),
+            EstimatePreview::Tiny(unpack, decoder) => {
+                unpack.encode(rec);
+                decoder.encode(rec);
+            }
             EstimatePreview::Vae => {
                 plans.unpack_estimate.encode(rec);
                 plans.decoder.plan.encode(rec);

@@ -50,6 +50,8 @@ pub struct Flux2 {
     pub latent_stats: Vec<f32>,
     /// The image side the VAE was trained for, the default size.
     pub native_side: u32,
+    /// A tiny autoencoder for this latent space (taef2), for full-size live previews.
+    pub taesd: Option<super::taesd::Taesd>,
 }
 
 /// `bn.running_mean` and `bn.running_var` of the VAE as `[σ…, mean…]` over `features`
@@ -207,6 +209,7 @@ impl Flux2 {
             distilled: is_distilled(root),
             latent_stats,
             native_side: native_side(&vae_json, size_step),
+            taesd: None,
         })
     }
 

@@ -11,7 +11,7 @@ use crate::Error;
 use crate::gpu::{Gpu, Recorder, StorageBuffer};
 use crate::models::diffusion::flow_loop::{FlowBuffers, zeros};
 use crate::models::diffusion::generate::{nchw_to_nhwc, nhwc_to_nchw};
-use crate::models::diffusion::graph::Builder;
+use crate::models::diffusion::graph::{Builder, Plan};
 use crate::models::diffusion::preview_maps;
 use crate::models::diffusion::qwen_text::MAX_PROMPT_TOKENS;
 use crate::models::diffusion::scheduler::timestep_embedding;
@@ -50,7 +50,7 @@ pub struct Flux2Plans {
     denoised: Arc<StorageBuffer>,
     pub(super) denoise: Denoise,
     /// The preview texture, the pass drawing it, and what feeds that pass.
-    pub(super) preview: Option<(wgpu::Texture, Preview, EstimatePreview)>,
+    pub(super) preview: Option<Box<(wgpu::Texture, Preview, EstimatePreview)>>,
     /// Bytes of activations of the decoder and the transformer plan.
     pub activation_bytes: u64,
 }
@@ -59,6 +59,8 @@ pub struct Flux2Plans {
 pub(super) enum EstimatePreview {
     /// Unpacked (still normalised) for the linear map fitted for the 32-channel latents.
     Linear(Pass),
+    /// Unpacked (still normalised, as TAEF2 reads them) through the tiny decoder.
+    Tiny(Pass, Plan),
     /// Through the statistics and the VAE decoder.
     Vae,
 }
@@ -170,8 +172,8 @@ impl Flux2 {
         Ok(())
     }
 
-    /// How previews are drawn: "linear" where a map is fitted for the VAE's channels (the
-    /// published 32), else "vae".
+    /// How previews are drawn without a tiny decoder: "linear" where a map is fitted for the
+    /// VAE's channels (the published 32), else "vae".
     pub fn preview_kind(&self) -> &'static str {
         match preview_maps::for_channels(self.transformer.config.latent_channels()) {
             Some(_) => "linear",
@@ -180,9 +182,9 @@ impl Flux2 {
     }
 
     /// The texture previews of the current size are drawn into (made on first use): each
-    /// step's clean estimate unpacked through the linear map fitted for its channels (at the
-    /// latent's size), else through the statistics and the VAE decoder (exact, a decode a
-    /// step).
+    /// step's clean estimate unpacked through the tiny decoder when one is installed, else
+    /// through the linear map fitted for its channels (at the latent's size), else through
+    /// the statistics and the VAE decoder (exact, a decode a step).
     pub fn preview_texture(
         &mut self,
         gpu: &Gpu,
@@ -194,45 +196,48 @@ impl Flux2 {
         let plans = slot
             .as_mut()
             .ok_or_else(|| Error::Invalid("no plans".into()))?;
-        if let Some((texture, _, _)) = &plans.preview {
+        if let Some((texture, _, _)) = plans.preview.as_deref() {
             return Ok(texture.clone());
         }
         let (h, w) = self.token_grid(width, height)?;
-        let features = self.transformer.config.in_channels;
         let channels = self.transformer.config.latent_channels();
-        let (texture, pass, feed) = match preview_maps::for_channels(channels) {
-            Some(map) => {
-                let unpacked = zeros(gpu, "preview latent", h * w * features)?;
-                let mut identity = vec![1.0; features as usize];
-                identity.resize(2 * features as usize, 0.0);
-                let stats = gpu.storage_from("identity statistics", &identity)?;
-                let unpack = bn_unpack(
-                    gpu,
-                    (h * w, features, w),
-                    &stats,
-                    &plans.denoised,
-                    &unpacked,
-                )?;
-                let texture = crate::models::diffusion::generate::preview_target(gpu, 2 * w, 2 * h);
-                let view = texture.create_view(&wgpu::TextureViewDescriptor::default());
-                let source = PreviewSource::Latent {
-                    rows: map.rows,
-                    bias: map.bias,
-                };
-                let pass = Preview::new(gpu, &source, &unpacked, &view, 2 * w, 2 * h)?;
-                (texture, pass, EstimatePreview::Linear(unpack))
-            }
-            None => {
-                let texture =
-                    crate::models::diffusion::generate::preview_target(gpu, width, height);
-                let view = texture.create_view(&wgpu::TextureViewDescriptor::default());
-                let pixels = plans.decoder.out.clone();
-                let pass =
-                    Preview::new(gpu, &PreviewSource::Pixels, &pixels, &view, width, height)?;
-                (texture, pass, EstimatePreview::Vae)
-            }
+        let features = self.transformer.config.in_channels;
+        let target = |tw, th| {
+            let texture = crate::models::diffusion::generate::preview_target(gpu, tw, th);
+            let view = texture.create_view(&wgpu::TextureViewDescriptor::default());
+            (texture, view)
         };
-        plans.preview = Some((texture.clone(), pass, feed));
+        let (texture, pass, feed) =
+            match (self.taesd.as_mut(), preview_maps::for_channels(channels)) {
+                (Some(taesd), _) => {
+                    let (unpack, unpacked) =
+                        unpack_estimate(gpu, &plans.denoised, features, (h, w))?;
+                    let (plan, pixels) = taesd.build(gpu, &unpacked, (2 * h, 2 * w))?;
+                    let (texture, view) = target(width, height);
+                    let pass =
+                        Preview::new(gpu, &PreviewSource::Pixels, &pixels, &view, width, height)?;
+                    (texture, pass, EstimatePreview::Tiny(unpack, plan))
+                }
+                (None, Some(map)) => {
+                    let (unpack, unpacked) =
+                        unpack_estimate(gpu, &plans.denoised, features, (h, w))?;
+                    let (texture, view) = target(2 * w, 2 * h);
+                    let source = PreviewSource::Latent {
+                        rows: map.rows,
+                        bias: map.bias,
+                    };
+                    let pass = Preview::new(gpu, &source, &unpacked, &view, 2 * w, 2 * h)?;
+                    (texture, pass, EstimatePreview::Linear(unpack))
+                }
+                (None, None) => {
+                    let (texture, view) = target(width, height);
+                    let pixels = plans.decoder.out.clone();
+                    let pass =
+                        Preview::new(gpu, &PreviewSource::Pixels, &pixels, &view, width, height)?;
+                    (texture, pass, EstimatePreview::Vae)
+                }
+            };
+        plans.preview = Some(Box::new((texture.clone(), pass, feed)));
         Ok(texture)
     }
 
@@ -414,6 +419,22 @@ pub(super) fn pack_normalised(
         }
     }
     out
+}
+
+/// A pass unpacking the clean estimate (`[h·w][in_channels]`, normalised) into the
+/// latent `[2h·2w][latent channels]` it returns, the normalisation kept.
+fn unpack_estimate(
+    gpu: &Gpu,
+    denoised: &StorageBuffer,
+    features: u32,
+    (h, w): (u32, u32),
+) -> Result<(Pass, Arc<StorageBuffer>), Error> {
+    let unpacked = zeros(gpu, "preview latent", h * w * features)?;
+    let mut identity = vec![1.0; features as usize];
+    identity.resize(2 * features as usize, 0.0);
+    let stats = gpu.storage_from("identity statistics", &identity)?;
+    let unpack = bn_unpack(gpu, (h * w, features, w), &stats, denoised, &unpacked)?;
+    Ok((unpack, unpacked))
 }
 
 #[cfg(test)]
