@@ -404,3 +404,73 @@ fn batch_invariant_models_decode_each_row_as_alone_in_steps_of_any_width() {
     let together = answer_tokens(&mut t, &four, 10);
     assert_eq!(lone[0], together[0]);
 }
+
+/// A prompt starting in a slot that holds none of it takes the rows of the longest prefix
+/// another slot holds (here an answer still running), runs only the rest, and answers as it
+/// does when run whole, in f32 and f16 caches (the rows of a Q8_0 cache and its block scales:
+/// `shared_prefix`'s unit test). Rolling sliding-window caches (Gemma 3) may have lost a
+/// prefix's rows, so their prompts run whole.
+#[test]
+fn prompt_prefixes_are_shared_between_slots() {
+    use backpack_engine::models::MIN_SHARED_TOKENS;
+    use backpack_engine::ops::KvDType;
+    for (name, kv_cache, shares) in [
+        ("tiny-qwen2", None, true),
+        ("tiny-qwen2", Some(KvDType::F16), true),
+        ("tiny-gemma3", None, false),
+    ] {
+        let opts = |slots, prefix_cache| ModelOptions {
+            dtype: WeightDType::F32,
+            prefill_chunk: 7,
+            context: Some(64),
+            slots,
+            kv_cache,
+            prefix_cache,
+            ..Default::default()
+        };
+        let path = fixtures().join("models").join(name);
+        let mut whole = TextModel::load(&gpu(), &path, &opts(1, false)).expect("load");
+        let mut t = TextModel::load(&gpu(), &path, &opts(3, true)).expect("load");
+        assert_eq!(t.model.shares_prefixes(), shares, "{name}");
+        let vocab = t.model.spec().vocab;
+        let system = prompt(9, 2 * MIN_SHARED_TOKENS as u32, vocab);
+        let with = |seed, len| {
+            let mut ids = system.clone();
+            ids.extend(prompt(seed, len, vocab));
+            ids
+        };
+        let prompts = [with(1, 5), with(2, 4)];
+        let params = GenerateParams {
+            max_tokens: 6,
+            ..Default::default()
+        };
+        let mut answers = Vec::new();
+        let mut tokens = Vec::new();
+        for ids in &prompts {
+            let free: Vec<u32> = (0..3)
+                .filter(|s| answers.iter().all(|a: &Answer| a.slot() != *s))
+                .collect();
+            let (answer, first) = t
+                .start_answer(&Prompt::Tokens(ids.clone()), &params, &free, false)
+                .expect("start answer");
+            answers.push(answer);
+            tokens.push(vec![first.token]);
+        }
+        let shared = if shares { system.len() } else { 0 };
+        assert_eq!(answers[0].stats().cached_tokens, 0);
+        assert_eq!(
+            answers[1].stats().cached_tokens,
+            shared,
+            "{name} {kv_cache:?}"
+        );
+        while answers.iter().any(|a| !a.stopped()) {
+            for (i, piece) in t.step_answers(&mut answers, &|_| false).expect("step") {
+                tokens[i].push(piece.expect("piece").token);
+            }
+        }
+        for (ids, got) in prompts.iter().zip(&tokens) {
+            let want = alone(&mut whole.model, ids, &SamplerParams::default(), got.len());
+            assert_eq!(got, &want, "{name} {kv_cache:?}");
+        }
+    }
+}

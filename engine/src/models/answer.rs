@@ -198,7 +198,8 @@ impl TextModel {
     }
 
     /// Starts an answer in one of the `free` cache slots (the one whose cache holds most of
-    /// its prompt) and returns it with its first token. `cancelled` ends it there.
+    /// its prompt, given the longest prefix any slot holds) and returns it with its first
+    /// token. `cancelled` ends it there.
     pub fn start_answer(
         &mut self,
         prompt: &Prompt,
@@ -213,6 +214,11 @@ impl TextModel {
             .copied()
             .max_by_key(|&s| (self.model.cached_prefix(s, ids), std::cmp::Reverse(s)))
             .ok_or_else(|| Error::Invalid("no free cache slot".into()))?;
+        // Another slot holding more of the prompt (a shared system prompt or tool list,
+        // perhaps in an answer still running) lends its rows.
+        if let Some((from, tokens)) = self.model.prefix_source(slot, ids) {
+            self.model.share_prefix(from, slot, ids, tokens)?;
+        }
         self.model.select_slot(slot)?;
         let token = self.prefill_answer(&mut answer, params)?;
         // Later steps sample under each row's own mask.

@@ -41,8 +41,8 @@ type BatchStep = (StepParams, BatchRows);
 pub(super) struct SlotState {
     seq_len: u32,
     prompt_len: u32,
-    reusable: Vec<u32>,
-    pending: Option<u32>,
+    pub(super) reusable: Vec<u32>,
+    pub(super) pending: Option<u32>,
     written_end: u32,
     sampler: SamplerParams,
 }

@@ -37,12 +37,14 @@ mod phi3;
 mod prompt_product;
 mod qwen3;
 mod qwen35;
+mod shared_prefix;
 mod verify;
 
 pub use batch::BatchRow;
 use batch::{BatchKernels, SlotState};
 use layer::{Layer, LayerMlp, Mixer, SharedExpert};
 use prompt_product::{BatchSetup, PromptProduct, PromptWeights};
+pub use shared_prefix::MIN_SHARED_TOKENS;
 pub use verify::MAX_VERIFY_ROWS;
 
 #[derive(Clone, Debug)]
@@ -236,6 +238,9 @@ pub struct DecoderModel {
     slot_states: Vec<SlotState>,
     /// The batched decode step's own kernels (models with several slots).
     batch: Option<BatchKernels>,
+    /// Each attention layer's KV cache, for prefixes shared between slots (models with
+    /// several slots).
+    kv_caches: Vec<shared_prefix::SlotCaches>,
     /// See [`ModelOptions::batch_invariant`].
     batch_invariant: bool,
 }

@@ -335,6 +335,7 @@ impl DecoderModel {
         // Gated DeltaNet layers' recurrent and convolution states (the same at any context).
         let mut state_bytes = 0;
         let mut layers = Vec::with_capacity(weights.layers.len());
+        let mut kv_caches = Vec::new();
         // Whether the previous layer's down product hands the residual stream off.
         let mut qkv_handed = false;
         for (i, w) in (0..).zip(&weights.layers) {
@@ -348,6 +349,13 @@ impl DecoderModel {
             let next = weights.layers.get(i as usize + 1);
             let products = context.decode_products(w, next, qkv_handed, cache)?;
             let layer = context.layer(i, w, products, cache, &k_cache, &v_cache)?;
+            if slots > 1 && !linear {
+                kv_caches.push(super::shared_prefix::SlotCaches {
+                    shape: cache,
+                    k: k_cache.buffer.clone(),
+                    v: v_cache.buffer.clone(),
+                });
+            }
             if let super::Mixer::DeltaNet { state, .. } = &layer.mixer {
                 state_bytes += state.conv.size + state.recurrent.size;
             }
@@ -465,6 +473,7 @@ impl DecoderModel {
             slot: 0,
             slot_states: vec![Default::default(); slots as usize],
             batch,
+            kv_caches,
             batch_invariant: opts.batch_invariant,
             last_encode: std::time::Duration::ZERO,
             last_prompt_encode: std::time::Duration::ZERO,

@@ -1,0 +1,174 @@
+//! Prompt prefixes shared between cache slots. A server's requests often open with the same
+//! tokens (a system prompt, a tool list): when one slot's cache holds such a prefix, a prompt
+//! starting in another slot has those positions' keys and values copied over on the GPU
+//! (a copy of each layer's rows, far cheaper than running them again) and runs only the rest.
+//!
+//! The rows of positions below a sequence's length are never written again while it decodes,
+//! so a busy slot can lend its prefix: the copy is queued after every step already submitted.
+
+use super::DecoderModel;
+use crate::Error;
+use crate::gpu::Recorder;
+use crate::ops::{CacheShape, KvDType};
+
+/// A prefix is copied only when it saves at least this many positions over what the
+/// receiving slot already holds (shorter runs cost about as much to copy as to compute).
+pub const MIN_SHARED_TOKENS: usize = 16;
+
+/// One attention layer's KV cache, kept for copies between slots.
+pub(super) struct SlotCaches {
+    pub(super) shape: CacheShape,
+    pub(super) k: wgpu::Buffer,
+    pub(super) v: wgpu::Buffer,
+}
+
+impl DecoderModel {
+    /// Whether slots may take each other's prefixes: several slots, prompts that reuse a
+    /// cached prefix, and caches where position p lives at row p (a rolling sliding-window
+    /// cache may have lost the prefix's rows).
+    pub fn shares_prefixes(&self) -> bool {
+        self.slots() > 1
+            && self.prefix_reuse
+            && !self.kv_caches.is_empty()
+            && self.kv_caches.iter().all(|c| c.shape.window.is_none())
+    }
+
+    /// The slot other than `to` whose cache holds the longest prefix of `ids`, and its length,
+    /// when sharing it would save at least [`MIN_SHARED_TOKENS`] over what `to` holds.
+    pub fn prefix_source(&self, to: u32, ids: &[u32]) -> Option<(u32, usize)> {
+        if !self.shares_prefixes() {
+            return None;
+        }
+        let own = self.cached_prefix(to, ids);
+        (0..self.slots())
+            .filter(|&s| s != to)
+            .map(|s| (s, self.cached_prefix(s, ids)))
+            .max_by_key(|&(s, n)| (n, std::cmp::Reverse(s)))
+            .filter(|&(_, n)| n >= own + MIN_SHARED_TOKENS)
+    }
+
+    /// Copies the keys and values of the first `tokens` positions of slot `from` into slot
+    /// `to`, and makes `ids[..tokens]` (which `from` must hold) `to`'s cached prefix: a prompt
+    /// there starting with them runs only the rest. `to` must hold no sequence in progress.
+    pub fn share_prefix(
+        &mut self,
+        from: u32,
+        to: u32,
+        ids: &[u32],
+        tokens: usize,
+    ) -> Result<(), Error> {
+        if !self.shares_prefixes() || from == to || from >= self.slots() || to >= self.slots() {
+            return Err(Error::Invalid(format!(
+                "slot {from}'s prefix cannot go to slot {to} on this model"
+            )));
+        }
+        if tokens > ids.len() || self.cached_prefix(from, ids) < tokens {
+            return Err(Error::Invalid(format!(
+                "slot {from} does not hold those {tokens} tokens"
+            )));
+        }
+        // A step of `to` still in flight would write after the copy.
+        if to == self.slot {
+            self.drain()?;
+        }
+        // A buffer cannot be copied into itself: the rows pass through a scratch buffer, all
+        // of a cache buffer's ranges packed one after another.
+        let ranges: Vec<_> = self
+            .kv_caches
+            .iter()
+            .map(|c| copy_ranges(&c.shape, from, to, tokens as u32))
+            .collect();
+        let scratch_bytes = ranges
+            .iter()
+            .map(|r| r.iter().map(|&(_, _, bytes)| bytes).sum::<u64>())
+            .max()
+            .unwrap_or(0);
+        if scratch_bytes == 0 {
+            return Ok(());
+        }
+        let gpu = self.gpu.clone();
+        let scratch = gpu.storage("shared prefix rows", scratch_bytes)?;
+        let mut rec = Recorder::new(&gpu);
+        for (cache, ranges) in self.kv_caches.iter().zip(&ranges) {
+            for buffer in [&cache.k, &cache.v] {
+                let mut at = 0;
+                for &(src, _, bytes) in ranges {
+                    rec.copy(buffer, src, &scratch.buffer, at, bytes);
+                    at += bytes;
+                }
+                let mut at = 0;
+                for &(_, dst, bytes) in ranges {
+                    rec.copy(&scratch.buffer, at, buffer, dst, bytes);
+                    at += bytes;
+                }
+            }
+        }
+        rec.submit();
+        let prefix = ids[..tokens].to_vec();
+        if to == self.slot {
+            self.reusable = prefix;
+            self.pending = None;
+        } else {
+            let state = &mut self.slot_states[to as usize];
+            state.reusable = prefix;
+            state.pending = None;
+        }
+        Ok(())
+    }
+}
+
+/// The byte ranges `(from offset, to offset, bytes)` holding positions `0..tokens` of slot
+/// `from` and of slot `to` in one cache buffer: each KV head's run of rows, and for Q8_0 the
+/// run of block scales after all the values.
+fn copy_ranges(shape: &CacheShape, from: u32, to: u32, tokens: u32) -> Vec<(u64, u64, u64)> {
+    let (rows, hd) = (u64::from(shape.rows), u64::from(shape.head_dim));
+    let tokens = u64::from(tokens.min(shape.rows));
+    let row_bytes = match shape.dtype {
+        KvDType::F32 => hd * 4,
+        KvDType::F16 => hd * 2,
+        KvDType::Q8_0 => hd,
+    };
+    let first_row = |slot: u32, head: u32| {
+        (u64::from(slot) * u64::from(shape.kv_heads) + u64::from(head)) * rows
+    };
+    let mut ranges = Vec::new();
+    for head in 0..shape.kv_heads {
+        let (a, b) = (first_row(from, head), first_row(to, head));
+        ranges.push((a * row_bytes, b * row_bytes, tokens * row_bytes));
+        if shape.dtype == KvDType::Q8_0 {
+            // One f32 scale per 32 values, rows in order, from word `scale_base`.
+            let base = u64::from(shape.scale_base()) * 4;
+            let scale_row = hd / 32 * 4;
+            ranges.push((
+                base + a * scale_row,
+                base + b * scale_row,
+                tokens * scale_row,
+            ));
+        }
+    }
+    ranges
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ranges_cover_each_head_and_the_q8_scales() {
+        let mut shape = CacheShape::new(4, 2, 64, 10, KvDType::F16);
+        shape.slots = 3;
+        let r = copy_ranges(&shape, 2, 0, 4);
+        // Slot 2's head 1 starts at row (2·2 + 1)·10; rows of 64 f16 values.
+        assert_eq!(
+            r,
+            vec![(40 * 128, 0, 4 * 128), (50 * 128, 10 * 128, 4 * 128)]
+        );
+        shape.dtype = KvDType::Q8_0;
+        let r = copy_ranges(&shape, 0, 1, 3);
+        let base = u64::from(shape.scale_base()) * 4;
+        assert_eq!(base, 3 * 2 * 10 * 64);
+        assert_eq!(r[0], (0, 20 * 64, 3 * 64));
+        assert_eq!(r[1], (base, base + 20 * 8, 3 * 8));
+        assert_eq!(r[3], (base + 10 * 8, base + 30 * 8, 3 * 8));
+    }
+}
