@@ -474,3 +474,32 @@ fn prompt_prefixes_are_shared_between_slots() {
         }
     }
 }
+
+/// With `fit_slots` the slots asked for are the most: a driver that reports no free memory
+/// (lavapipe) gets `UNREPORTED_MEMORY_SLOTS` of them, one that does as many as fit (a tiny
+/// model's caches always do); asking for fewer gives that many.
+#[test]
+fn fitted_slots_follow_the_reported_memory() {
+    use backpack_engine::models::UNREPORTED_MEMORY_SLOTS;
+    let path = fixtures().join("models").join("tiny-qwen2");
+    let load = |slots| {
+        let opts = ModelOptions {
+            dtype: WeightDType::F32,
+            prefill_chunk: 16,
+            context: Some(64),
+            slots,
+            fit_slots: true,
+            ..Default::default()
+        };
+        TextModel::load(&gpu(), &path, &opts)
+            .expect("load")
+            .model
+            .slots()
+    };
+    let most = match gpu().free_memory() {
+        Some(_) => 8,
+        None => UNREPORTED_MEMORY_SLOTS,
+    };
+    assert_eq!(load(8), most);
+    assert_eq!(load(2), 2);
+}

@@ -257,3 +257,22 @@ fn batched_sampler_picks_with_each_slots_mask_and_penalty() {
         "each row's token in its slot's seen set"
     );
 }
+
+/// Where the driver reports memory (VK_EXT_memory_budget), the free memory falls by about a
+/// buffer's size once the buffer is made and used.
+#[test]
+fn free_memory_falls_as_buffers_are_made() {
+    let gpu = gpu();
+    let Some(before) = gpu.free_memory() else {
+        eprintln!("{}: no memory budget reported", gpu.info().name);
+        return;
+    };
+    let size = 256u64 << 20;
+    let buffer = gpu.storage("probe", size).expect("buffer");
+    gpu.queue().write_buffer(&buffer.buffer, 0, &[1u8; 4]);
+    gpu.wait().expect("wait");
+    let after = gpu.free_memory().expect("still reported");
+    eprintln!("{}: free {before} then {after}", gpu.info().name);
+    assert!(after + size / 2 <= before, "{before} then {after}");
+    drop(buffer);
+}

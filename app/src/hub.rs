@@ -120,7 +120,8 @@ pub fn select_files(
     Ok(files)
 }
 
-/// What the adapter offers; software and integrated adapters draw on system memory.
+/// What the adapter offers; software and integrated adapters draw on system memory, discrete
+/// GPUs offer the free memory their driver reports.
 pub fn gpu_budget(gpu: &Gpu) -> GpuBudget {
     let info = gpu.info();
     let shared = matches!(
@@ -131,7 +132,11 @@ pub fn gpu_budget(gpu: &Gpu) -> GpuBudget {
         adapter: info.name.clone(),
         max_binding: gpu.caps().max_storage_binding,
         max_buffer: gpu.caps().max_buffer,
-        memory: if shared { system_memory() } else { None },
+        memory: if shared {
+            system_memory()
+        } else {
+            gpu.free_memory()
+        },
     }
 }
 

@@ -28,9 +28,10 @@ pub struct ServeArgs {
     #[arg(long, default_value_t = 16)]
     queue: usize,
     /// Text answers decoded together on the GPU, each in a KV cache of --context tokens of
-    /// its own (default 4; 1 with speculative decoding, which drafts for one answer at a
-    /// time; halved until the caches fit where the GPU runs out of memory). Requests beyond it
-    /// wait in the queue.
+    /// its own (default: as many as the GPU's free memory holds beside the weights, up to 8,
+    /// or 4 where the driver does not report its free memory; 1 with speculative decoding,
+    /// which drafts for one answer at a time; halved until the caches fit where the GPU runs
+    /// out of memory). Requests beyond it wait in the queue.
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..=64))]
     parallel: Option<u32>,
     /// With --parallel above 1, give every answer the tokens it gets alone at the same
@@ -57,8 +58,9 @@ pub struct ServeArgs {
     speculate: super::SpeculateArgs,
 }
 
-/// Answers decoded together when --parallel is not given.
-const DEFAULT_PARALLEL: u32 = 4;
+/// The most answers decoded together when --parallel is not given (fewer as the GPU's free
+/// memory holds).
+const DEFAULT_MOST_PARALLEL: u32 = 8;
 
 pub fn run(args: ServeArgs, adapter: Option<&str>) -> Result<()> {
     let models = args
@@ -81,7 +83,10 @@ pub fn run(args: ServeArgs, adapter: Option<&str>) -> Result<()> {
         ),
         (Some(n), _) => n,
         (None, Some(_)) => 1,
-        (None, None) => DEFAULT_PARALLEL,
+        (None, None) => {
+            load.fit_slots = true;
+            DEFAULT_MOST_PARALLEL
+        }
     };
     load.batch_invariant = args.batch_invariant;
     let opts = ServeOptions {

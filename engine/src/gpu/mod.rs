@@ -4,6 +4,7 @@
 
 mod buffers;
 mod device;
+mod memory;
 mod pipelines;
 pub(crate) mod profile;
 mod recorder;

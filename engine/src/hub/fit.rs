@@ -24,7 +24,8 @@ pub struct GpuBudget {
     pub max_binding: u64,
     pub max_buffer: u64,
     /// Memory the weights and cache can use, when known (software and integrated adapters
-    /// use system memory; discrete GPUs do not report theirs through wgpu).
+    /// use system memory; discrete GPUs the free memory their driver reports, where it does:
+    /// see `Gpu::free_memory`).
     pub memory: Option<u64>,
 }
 

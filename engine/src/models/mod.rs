@@ -17,6 +17,8 @@ mod weights;
 pub mod whisper;
 
 pub use answer::{Answer, AnswerStep, Piece};
-pub use decoder::{BatchRow, DecoderModel, MIN_SHARED_TOKENS, ModelOptions};
+pub use decoder::{
+    BatchRow, DecoderModel, MIN_SHARED_TOKENS, ModelOptions, UNREPORTED_MEMORY_SLOTS,
+};
 pub use text::{GenerateParams, GenerationStats, ModelInfo, Prompt, StopReason, TextModel};
 pub use weights::WeightSource;

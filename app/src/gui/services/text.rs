@@ -37,6 +37,8 @@ pub struct GpuSummary {
     pub subgroups: bool,
     pub max_buffer: u64,
     pub max_binding: u64,
+    /// The free memory a discrete GPU's driver reported when the app started.
+    pub free_memory: Option<u64>,
 }
 
 impl GpuSummary {
@@ -55,12 +57,14 @@ impl GpuSummary {
             subgroups: caps.subgroups,
             max_buffer: caps.max_buffer,
             max_binding: caps.max_storage_binding,
+            free_memory: gpu.free_memory(),
         }
     }
 }
 
 impl GpuSummary {
-    /// What a model may use here; software and integrated adapters draw on system memory.
+    /// What a model may use here; software and integrated adapters draw on system memory,
+    /// discrete GPUs offer what their driver reported free.
     pub fn budget(&self) -> backpack_engine::hub::GpuBudget {
         let shared = self.software || self.device_type == "IntegratedGpu";
         backpack_engine::hub::GpuBudget {
@@ -70,7 +74,7 @@ impl GpuSummary {
             memory: if shared {
                 backpack_engine::hub::system_memory()
             } else {
-                None
+                self.free_memory
             },
         }
     }

@@ -15,7 +15,8 @@ use crate::Error;
 use crate::gpu::{Gpu, Recorder, StorageBuffer, UniformBuffer};
 use crate::load::DecoderSpec;
 use crate::ops::{
-    BatchRows, BatchSample, Embed, MAX_BATCH_ROWS, MatMulOptions, Matrix, SamplerParams, StepParams,
+    BatchRows, BatchSample, Embed, KvDType, MAX_BATCH_ROWS, MatMulOptions, Matrix, SamplerParams,
+    StepParams,
 };
 
 /// The cache slots a model built with `opts` keeps: as asked (at most [`MAX_BATCH_ROWS`] and
@@ -31,6 +32,45 @@ pub(super) fn slots_for(spec: &DecoderSpec, opts: &super::ModelOptions, chunk: u
         return 1;
     }
     opts.slots.clamp(1, MAX_BATCH_ROWS.min(chunk))
+}
+
+/// Slots kept when the most is asked for but the driver reports no free memory.
+pub const UNREPORTED_MEMORY_SLOTS: u32 = 4;
+
+/// Of `wanted` slots, those whose state fits the GPU's free memory beside the weights (just
+/// uploaded): each slot's KV cache, token history, seen set and logits, keeping a quarter of
+/// what is free (at least 512 MiB) for activations, scratch and other programs; and whose
+/// layer caches (all slots in one buffer) fit one buffer binding. At most
+/// [`UNREPORTED_MEMORY_SLOTS`] where the driver reports no free memory.
+pub(super) fn slots_in_memory(
+    gpu: &Gpu,
+    spec: &DecoderSpec,
+    (capacity, chunk): (u32, u32),
+    kv_dtype: KvDType,
+    wanted: u32,
+) -> u32 {
+    let layer_caches: Vec<u64> = (0..spec.layers)
+        .filter(|&i| !spec.linear.as_ref().is_some_and(|l| l.is_linear(i)))
+        .map(|i| super::build::cache_shape(spec, i, (capacity, chunk), kv_dtype, 1).buffer_bytes())
+        .collect();
+    let largest = layer_caches.iter().copied().max().unwrap_or(1).max(1);
+    let bound = (gpu.caps().max_storage_binding / largest).clamp(1, u64::from(wanted)) as u32;
+    let Some(free) = gpu.free_memory() else {
+        return bound.min(UNREPORTED_MEMORY_SLOTS);
+    };
+    let vocab = u64::from(spec.vocab);
+    let per_slot = 2 * layer_caches.iter().sum::<u64>()
+        + u64::from(capacity + 1) * 4
+        + vocab.div_ceil(32) * 4
+        + vocab * 4;
+    slots_that_fit(free, per_slot, bound)
+}
+
+/// How many slots of `per_slot` bytes, at most `wanted` and at least one, fit in `free`
+/// bytes less the reserve.
+fn slots_that_fit(free: u64, per_slot: u64, wanted: u32) -> u32 {
+    let room = free.saturating_sub((free / 4).max(512 << 20));
+    (room / per_slot.max(1)).clamp(1, u64::from(wanted)) as u32
 }
 
 /// A batched step's uniforms: the step (its row count) and the rows.
@@ -410,5 +450,22 @@ impl DecoderModel {
         self.pending = state.pending;
         self.written_end = state.written_end;
         self.set_sampler(&state.sampler);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::slots_that_fit;
+
+    #[test]
+    fn slots_fit_the_free_memory_less_a_reserve() {
+        const GIB: u64 = 1 << 30;
+        // 20 GiB free: 15 GiB of room, for slots of 2 GiB.
+        assert_eq!(slots_that_fit(20 * GIB, 2 * GIB, 16), 7);
+        assert_eq!(slots_that_fit(20 * GIB, 2 * GIB, 4), 4);
+        // Little free: the 512 MiB reserve, and still one slot.
+        assert_eq!(slots_that_fit(GIB, 100 << 20, 16), 5);
+        assert_eq!(slots_that_fit(256 << 20, GIB, 16), 1);
+        assert_eq!(slots_that_fit(u64::MAX, 1, 64), 64);
     }
 }

@@ -40,8 +40,8 @@ mod qwen35;
 mod shared_prefix;
 mod verify;
 
-pub use batch::BatchRow;
 use batch::{BatchKernels, SlotState};
+pub use batch::{BatchRow, UNREPORTED_MEMORY_SLOTS};
 use layer::{Layer, LayerMlp, Mixer, SharedExpert};
 use prompt_product::{BatchSetup, PromptProduct, PromptWeights};
 pub use shared_prefix::MIN_SHARED_TOKENS;
@@ -80,6 +80,11 @@ pub struct ModelOptions {
     /// decode step advances together (a server's parallel slots). Models whose state cannot
     /// be indexed by slot (Gated DeltaNet, longrope) keep one.
     pub slots: u32,
+    /// `slots` is the most to keep: fewer where the GPU's free memory, once the weights are
+    /// uploaded, would not hold their caches (drivers that report it: Vulkan's memory
+    /// budget), or one buffer binding would not hold a layer's; at most
+    /// [`UNREPORTED_MEMORY_SLOTS`] where the driver reports nothing.
+    pub fit_slots: bool,
     /// Batched decode steps give every answer the tokens it gets alone, whatever else shares
     /// its steps: a lone answer takes the batched step too (not the faster single-sequence
     /// path), the batched products never change kernels with the number of rows (int8
@@ -104,6 +109,7 @@ impl Default for ModelOptions {
             prefix_cache: true,
             speculate: None,
             slots: 1,
+            fit_slots: false,
             batch_invariant: false,
         }
     }

@@ -537,9 +537,9 @@ fn gib(bytes: u64) -> String {
 }
 
 /// Refuses weights the adapter cannot hold, before loading: a tensor beyond its largest
-/// binding, or (on adapters that share system memory) more than the memory there is.
-/// Discrete GPUs do not report their memory through wgpu; running out there is an allocation
-/// error while loading.
+/// binding, or more than the memory there is (system memory on adapters that share it; the
+/// free memory a discrete GPU's driver reports). Where nothing is reported, running out is an
+/// allocation error while loading.
 fn check_fit(gpu: &Gpu, (needed, largest): (u64, u64)) -> Result<(), Error> {
     let caps = gpu.caps();
     let adapter = &gpu.info().name;
@@ -562,6 +562,16 @@ fn check_fit(gpu: &Gpu, (needed, largest): (u64, u64)) -> Result<(), Error> {
             "the model needs {} for its weights, but {adapter} has {} of memory",
             gib(needed),
             gib(memory)
+        )));
+    }
+    if !shared
+        && let Some(free) = gpu.free_memory()
+        && needed > free
+    {
+        return Err(Error::Invalid(format!(
+            "the model needs {} for its weights, but {adapter} has {} free",
+            gib(needed),
+            gib(free)
         )));
     }
     Ok(())

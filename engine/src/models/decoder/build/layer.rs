@@ -70,30 +70,15 @@ impl LayerContext<'_> {
         }
     }
 
-    /// Layer `i`'s cache: the whole context, or for a sliding-window layer a rolling cache of
-    /// the window plus one prompt chunk (what one submission stores before attending).
+    /// Layer `i`'s cache (see [`cache_shape`]).
     pub(super) fn cache_shape(&self, i: u32) -> CacheShape {
-        let spec = self.spec;
-        let mut shape = CacheShape::new(
-            spec.heads,
-            spec.kv_heads,
-            spec.head_dim,
-            self.capacity,
+        cache_shape(
+            self.spec,
+            i,
+            (self.capacity, self.chunk),
             self.kv_dtype,
-        );
-        shape.scale = spec.attn_scale;
-        shape.gated_queries = spec.output_gate;
-        shape.slots = self.slots;
-        if let Some(w) = spec.window.as_ref().filter(|_| spec.is_local(i)) {
-            let rows = w.size.saturating_add(self.chunk - 1);
-            if rows < self.capacity {
-                shape.rows = rows;
-                shape.window = Some(w.size);
-            } else if w.size < self.capacity {
-                shape.window = Some(w.size);
-            }
-        }
-        shape
+            self.slots,
+        )
     }
 
     /// Layer `i`'s rotary table.
@@ -704,4 +689,30 @@ impl LayerContext<'_> {
             )?,
         })
     }
+}
+
+/// Layer `i`'s cache over `slots` sequences: the whole context, or for a sliding-window layer
+/// a rolling cache of the window plus one prompt chunk (what one submission stores before
+/// attending).
+pub(in crate::models::decoder) fn cache_shape(
+    spec: &DecoderSpec,
+    i: u32,
+    (capacity, chunk): (u32, u32),
+    kv_dtype: KvDType,
+    slots: u32,
+) -> CacheShape {
+    let mut shape = CacheShape::new(spec.heads, spec.kv_heads, spec.head_dim, capacity, kv_dtype);
+    shape.scale = spec.attn_scale;
+    shape.gated_queries = spec.output_gate;
+    shape.slots = slots;
+    if let Some(w) = spec.window.as_ref().filter(|_| spec.is_local(i)) {
+        let rows = w.size.saturating_add(chunk - 1);
+        if rows < capacity {
+            shape.rows = rows;
+            shape.window = Some(w.size);
+        } else if w.size < capacity {
+            shape.window = Some(w.size);
+        }
+    }
+    shape
 }

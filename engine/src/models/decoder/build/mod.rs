@@ -21,6 +21,7 @@ use super::{
     PromptWeights, embedding_clone,
 };
 use layer::LayerContext;
+pub(super) use layer::cache_shape;
 
 /// Everything read from the checkpoint.
 struct Uploaded {
@@ -230,11 +231,16 @@ impl DecoderModel {
             .min(spec.max_positions)
             .max(1);
         let chunk = opts.prefill_chunk.clamp(1, capacity);
-        let slots = super::batch::slots_for(spec, opts, chunk);
+        let kv_dtype = opts.kv_cache.unwrap_or(dtype.into());
         let mut up = Uploader::new(gpu, source, dtype);
         up.keep_quantized = opts.quantized;
         up.quantize = opts.quantize;
         let weights = upload(&mut up, spec)?;
+        // With the weights in place, the free memory says how many slots' caches fit.
+        let mut slots = super::batch::slots_for(spec, opts, chunk);
+        if opts.fit_slots && slots > 1 {
+            slots = super::batch::slots_in_memory(gpu, spec, (capacity, chunk), kv_dtype, slots);
+        }
 
         let step = gpu.uniform("step", &StepParams::new(0, 1));
         // Batched decode steps, and prompts of a few rows (speculative verifications among
@@ -317,7 +323,7 @@ impl DecoderModel {
         let context = LayerContext {
             gpu,
             spec,
-            kv_dtype: opts.kv_cache.unwrap_or(dtype.into()),
+            kv_dtype,
             decode_layout: MatVecLayout::for_dtype(dtype),
             capacity,
             chunk,
