@@ -340,7 +340,7 @@ fn chat_templates() {
 /// they return is consistent (calls have names).
 #[test]
 fn tool_call_answers() {
-    use backpack_engine::models::tool_calls::{ToolCallStream, ToolFormat};
+    use backpack_engine::models::tool_calls::{ToolCallStream, ToolFormat, assemble_calls};
     let seeds: Vec<Vec<u8>> = [
         "Sure.<tool_call>\n{\"name\": \"f\", \"arguments\": {\"a\": [1, {\"b\": null}]}}\n</tool_call>",
         "<tool_call>\n<function=f>\n<parameter=city>\nParis\n</parameter>\n</function>\n</tool_call>",
@@ -377,6 +377,26 @@ fn tool_call_answers() {
                 stream.push(&String::from_utf8_lossy(chunk));
             }
             stream.finish();
+            // Whole characters at a time: the fragments a client joins give each call's
+            // arguments as the whole answer reads them.
+            let mut stream = ToolCallStream::new(format, Vec::new());
+            let chars: Vec<char> = text.chars().collect();
+            let mut pieces = Vec::new();
+            for chunk in chars.chunks(3) {
+                pieces.extend(stream.push(&chunk.iter().collect::<String>()));
+            }
+            pieces.extend(stream.finish());
+            let joined = assemble_calls(&pieces);
+            if joined.len() == calls.len() {
+                for (got, want) in joined.iter().zip(&calls) {
+                    if got.arguments != want.arguments {
+                        return Err(format!(
+                            "{format:?}: streamed {:?}, read whole {:?}",
+                            got.arguments, want.arguments
+                        ));
+                    }
+                }
+            }
         }
         Ok(())
     });

@@ -696,8 +696,8 @@ async fn transcriptions_and_images_match_the_cli() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// An agent's loop over HTTP: a streamed, forced tool call arrives as `delta.tool_calls` (id,
-/// name, JSON arguments) with finish_reason `tool_calls`; the call and the tool's result sent
+/// An agent's loop over HTTP: a streamed, forced tool call arrives as `delta.tool_calls` (id
+/// and name, then the JSON arguments in fragments) with finish_reason `tool_calls`; the call and the tool's result sent
 /// back give an answer; a GBNF `grammar` holds the text.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tool_calls_stream_and_round_trip() {
@@ -721,16 +721,51 @@ async fn tool_calls_stream_and_round_trip() {
         .iter()
         .map(|e| serde_json::from_str(e).expect("chunk"))
         .collect();
-    let calls: Vec<&Value> = chunks
+    let entries: Vec<&Value> = chunks
         .iter()
         .filter_map(|c| c["choices"][0]["delta"]["tool_calls"].as_array())
         .flatten()
         .collect();
-    assert_eq!(calls.len(), 1, "{chunks:?}");
-    let call = calls[0];
+    // As the OpenAI SDK joins them: the first entry of an index brings the id and name, the
+    // next ones fragments of the arguments, in several chunks as they are written.
+    let call = entries[0];
     assert_eq!(call["index"], 0);
     assert_eq!(call["function"]["name"], "get_weather");
-    let arguments = call["function"]["arguments"].as_str().expect("arguments");
+    assert!(entries.iter().all(|e| e["index"] == 0), "{entries:?}");
+    assert!(entries[1..].iter().all(|e| e.get("id").is_none()));
+    assert!(entries.len() > 2, "arguments in fragments: {entries:?}");
+    // Shaped as OpenAI's own stream of a call (a recorded gpt-4o answer).
+    let recorded = std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../tests/conformance/openai/chat_completions_stream_tool_calls.openai-live.sse"),
+    )
+    .expect("recorded stream");
+    let openai: Vec<Value> = recorded
+        .lines()
+        .filter_map(|l| l.strip_prefix("data: "))
+        .filter_map(|d| serde_json::from_str::<Value>(d).ok())
+        .filter_map(|c| c["choices"][0]["delta"]["tool_calls"].as_array().cloned())
+        .flatten()
+        .collect();
+    let shape = |v: &Value| -> Vec<String> {
+        let mut keys: Vec<String> = v.as_object().expect("entry").keys().cloned().collect();
+        keys.extend(
+            v["function"]
+                .as_object()
+                .expect("function")
+                .keys()
+                .map(|k| format!("function.{k}")),
+        );
+        keys.sort();
+        keys
+    };
+    assert_eq!(shape(entries[0]), shape(&openai[0]));
+    assert_eq!(shape(entries[1]), shape(&openai[1]));
+    let arguments: String = entries
+        .iter()
+        .map(|e| e["function"]["arguments"].as_str().expect("arguments"))
+        .collect();
+    let arguments = arguments.as_str();
     let parsed: Value = serde_json::from_str(arguments).expect("JSON arguments");
     assert!(["Paris", "Oslo"].contains(&parsed["city"].as_str().unwrap_or("")));
     let finish = chunks

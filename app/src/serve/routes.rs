@@ -300,9 +300,13 @@ impl Reply {
 
     /// A stream chunk with one tool call.
     fn call_chunk(&self, call: &ParsedCall, index: usize) -> Value {
+        self.tool_calls_chunk(call_json(call, self.tool_format, Some(index)))
+    }
+
+    /// A stream chunk whose delta carries one entry of `tool_calls`.
+    fn tool_calls_chunk(&self, entry: Value) -> Value {
         let mut chunk = self.chunk(None, None, false);
-        chunk["choices"][0]["delta"]["tool_calls"] =
-            json!([call_json(call, self.tool_format, Some(index))]);
+        chunk["choices"][0]["delta"]["tool_calls"] = json!([entry]);
         chunk
     }
 
@@ -469,6 +473,21 @@ impl AnswerStream {
                 StreamPiece::Call(call) => {
                     out.push(reply.call_chunk(&call, self.calls));
                     self.calls += 1;
+                }
+                // OpenAI's streamed call: the id and name with empty arguments, then the
+                // arguments in fragments under the same index.
+                StreamPiece::CallStart { name, id } => {
+                    let call = ParsedCall {
+                        name,
+                        arguments: Value::String(String::new()),
+                        id,
+                    };
+                    out.push(reply.call_chunk(&call, self.calls));
+                    self.calls += 1;
+                }
+                StreamPiece::CallArguments { call, text } => {
+                    let fragment = json!({"index": call, "function": {"arguments": text}});
+                    out.push(reply.tool_calls_chunk(fragment));
                 }
             }
         }

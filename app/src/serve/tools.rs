@@ -208,10 +208,7 @@ pub fn message_tool_calls(calls: &[Value]) -> Result<Vec<ToolCall>, ApiError> {
 /// A call as OpenAI reports it: an id, the name, and the arguments as JSON text.
 pub fn call_json(call: &ParsedCall, format: ToolFormat, index: Option<usize>) -> Value {
     let id = call.id.clone().unwrap_or_else(|| call_id(format));
-    let arguments = match &call.arguments {
-        Value::String(s) => s.clone(),
-        other => other.to_string(),
-    };
+    let arguments = call.arguments_text();
     let mut v = json!({
         "id": id,
         "type": "function",

@@ -6,6 +6,7 @@
 //! call does not parse is left as text, as vLLM and llama.cpp leave it.
 
 mod formats;
+mod fragments;
 
 use serde_json::Value;
 
@@ -40,6 +41,16 @@ pub struct ParsedCall {
     pub arguments: Value,
     /// The id the model wrote (Mistral's `[CALL_ID]`, Nemo's `"id"`), if any.
     pub id: Option<String>,
+}
+
+impl ParsedCall {
+    /// The arguments as OpenAI's `arguments` text: compact JSON (a string as written).
+    pub fn arguments_text(&self) -> String {
+        match &self.arguments {
+            Value::String(s) => s.clone(),
+            other => other.to_string(),
+        }
+    }
 }
 
 impl ToolFormat {
@@ -131,17 +142,33 @@ impl ToolFormat {
     }
 }
 
-/// A piece of a streamed answer once calls are recognised.
+/// A piece of a streamed answer once calls are recognised. Calls are numbered from 0 in the
+/// order they open, whether read whole or started.
 #[derive(Clone, Debug, PartialEq)]
 pub enum StreamPiece {
     Text(String),
+    /// A call read whole.
     Call(ParsedCall),
+    /// A call whose arguments follow in [`StreamPiece::CallArguments`] as they are written:
+    /// its name, and the id the model wrote, if it wrote one before its arguments.
+    CallStart {
+        name: String,
+        id: Option<String>,
+    },
+    /// More of call `call`'s arguments: their pieces joined are its
+    /// [`ParsedCall::arguments_text`].
+    CallArguments {
+        call: usize,
+        text: String,
+    },
 }
 
 /// Reads calls out of a streamed answer: text passes through until a call may be opening (a
-/// marker, or the first characters of one, are held back). In formats that close each call,
-/// a call goes out as soon as it is closed; otherwise the rest is kept from the first marker
-/// on and read whole at the end. Text that turns out not to be a call is released then.
+/// marker, or the first characters of one, are held back). A call whose name and JSON
+/// arguments are being written is started and its arguments sent as far as they are settled
+/// (see [`fragments`]); in formats that close each call, a call is complete as soon as it is
+/// closed; otherwise the rest is kept from the first marker on and read whole at the end.
+/// Text that turns out not to be a call is released then.
 pub struct ToolCallStream {
     format: ToolFormat,
     tools: Vec<Value>,
@@ -153,6 +180,12 @@ pub struct ToolCallStream {
     spoke: bool,
     /// A call went out and no text since: blanks between calls are not the reply.
     after_call: bool,
+    /// The arguments sent so far of each call started in what is held.
+    started: Vec<String>,
+    /// Calls numbered so far (read whole or started).
+    numbered: usize,
+    /// The number of the first call in what is held.
+    held_base: usize,
 }
 
 impl ToolCallStream {
@@ -164,6 +197,9 @@ impl ToolCallStream {
             calling: false,
             spoke: false,
             after_call: false,
+            started: Vec::new(),
+            numbered: 0,
+            held_base: 0,
         }
     }
 
@@ -174,8 +210,11 @@ impl ToolCallStream {
         loop {
             if self.calling {
                 match self.closed_call() {
-                    Some(calls) => pieces.extend(calls.into_iter().map(StreamPiece::Call)),
-                    None => return pieces,
+                    Some(calls) => pieces.extend(self.settle(calls)),
+                    None => {
+                        self.send_progress(&mut pieces);
+                        return pieces;
+                    }
                 }
             }
             pieces.extend(self.release_text());
@@ -199,6 +238,63 @@ impl ToolCallStream {
         self.spoke = true;
         self.after_call = true;
         Some(calls)
+    }
+
+    /// Starts the calls being written in what is held, and sends their arguments' newly
+    /// settled text.
+    fn send_progress(&mut self, pieces: &mut Vec<StreamPiece>) {
+        for (j, p) in fragments::progress(self.format, &self.held)
+            .into_iter()
+            .enumerate()
+        {
+            if j == self.started.len() {
+                pieces.push(StreamPiece::CallStart {
+                    name: p.name,
+                    id: p.id,
+                });
+                self.started.push(String::new());
+                self.numbered += 1;
+            }
+            let sent = &mut self.started[j];
+            if let Some(more) = p.arguments.strip_prefix(sent.as_str())
+                && !more.is_empty()
+            {
+                pieces.push(StreamPiece::CallArguments {
+                    call: self.held_base + j,
+                    text: more.to_owned(),
+                });
+                sent.push_str(more);
+            }
+        }
+    }
+
+    /// The pieces of the calls read from what was held: the rest of the arguments of those
+    /// started, the others whole. What is held next numbers its calls after them.
+    fn settle(&mut self, calls: Vec<ParsedCall>) -> Vec<StreamPiece> {
+        let mut pieces = Vec::new();
+        let started = std::mem::take(&mut self.started);
+        for (j, call) in calls.into_iter().enumerate() {
+            match started.get(j) {
+                Some(sent) => {
+                    // What was sent is a prefix of the compact arguments by construction.
+                    let full = call.arguments_text();
+                    if let Some(rest) = full.strip_prefix(sent.as_str())
+                        && !rest.is_empty()
+                    {
+                        pieces.push(StreamPiece::CallArguments {
+                            call: self.held_base + j,
+                            text: rest.to_owned(),
+                        });
+                    }
+                }
+                None => {
+                    pieces.push(StreamPiece::Call(call));
+                    self.numbered += 1;
+                }
+            }
+        }
+        self.held_base = self.numbered;
+        pieces
     }
 
     /// Text that cannot begin a call, released; `calling` is set where a marker is found.
@@ -250,9 +346,43 @@ impl ToolCallStream {
         if !content.is_empty() {
             pieces.push(StreamPiece::Text(content));
         }
-        pieces.extend(calls.into_iter().map(StreamPiece::Call));
+        pieces.extend(self.settle(calls));
         pieces
     }
+}
+
+/// The calls a client assembles from streamed pieces: whole calls as they are, started ones
+/// with their fragments joined and read as JSON.
+pub fn assemble_calls(pieces: &[StreamPiece]) -> Vec<ParsedCall> {
+    let mut calls: Vec<(ParsedCall, Option<String>)> = Vec::new();
+    for piece in pieces {
+        match piece {
+            StreamPiece::Text(_) => {}
+            StreamPiece::Call(call) => calls.push((call.clone(), None)),
+            StreamPiece::CallStart { name, id } => calls.push((
+                ParsedCall {
+                    name: name.clone(),
+                    arguments: Value::Null,
+                    id: id.clone(),
+                },
+                Some(String::new()),
+            )),
+            StreamPiece::CallArguments { call, text } => {
+                if let Some((_, Some(joined))) = calls.get_mut(*call) {
+                    joined.push_str(text);
+                }
+            }
+        }
+    }
+    calls
+        .into_iter()
+        .map(|(mut call, joined)| {
+            if let Some(text) = joined {
+                call.arguments = serde_json::from_str(&text).unwrap_or(Value::String(text));
+            }
+            call
+        })
+        .collect()
 }
 
 /// The length of the longest suffix of `text` that is a proper prefix of a marker.
@@ -296,7 +426,7 @@ mod tests {
             .iter()
             .filter_map(|p| match p {
                 StreamPiece::Text(t) => Some(t.as_str()),
-                StreamPiece::Call(_) => None,
+                _ => None,
             })
             .collect()
     }
@@ -308,32 +438,46 @@ mod tests {
         for step in [1, 3, 7, 100] {
             let pieces = stream_all(ToolFormat::Hermes, answer, step);
             assert_eq!(text_of(&pieces), "Let me check.", "step {step}");
-            let calls: Vec<_> = pieces
-                .iter()
-                .filter_map(|p| match p {
-                    StreamPiece::Call(c) => Some(c.name.as_str()),
-                    StreamPiece::Text(_) => None,
-                })
-                .collect();
-            assert_eq!(calls, ["f"], "step {step}");
+            let calls = assemble_calls(&pieces);
+            assert_eq!(calls.len(), 1, "step {step}");
+            assert_eq!(calls[0].name, "f");
+            assert_eq!(calls[0].arguments, serde_json::json!({"x": 1}));
         }
     }
 
     #[test]
-    fn closed_calls_go_out_before_the_answer_ends() {
+    fn calls_start_and_send_their_arguments_while_written() {
         let mut s = ToolCallStream::new(ToolFormat::Hermes, Vec::new());
+        // A block arriving whole goes out whole.
         let first = "<tool_call>\n{\"name\": \"a\", \"arguments\": {}}\n</tool_call>\n";
         let pieces = s.push(first);
         assert!(
             matches!(&pieces[..], [StreamPiece::Call(c)] if c.name == "a"),
             "{pieces:?}"
         );
-        let pieces = s.push("<tool_call>\n{\"name\": \"b\", \"arguments\": {}}");
-        assert!(pieces.is_empty(), "{pieces:?}");
-        let pieces = s.push("\n</tool_call>");
-        assert!(
-            matches!(&pieces[..], [StreamPiece::Call(c)] if c.name == "b"),
-            "{pieces:?}"
+        // The next starts once its name is known; its arguments follow as they settle.
+        let pieces = s.push("<tool_call>\n{\"name\": \"write\", \"arguments\": {\"text\": \"hel");
+        assert_eq!(
+            pieces,
+            [
+                StreamPiece::CallStart {
+                    name: "write".into(),
+                    id: None
+                },
+                StreamPiece::CallArguments {
+                    call: 1,
+                    text: "{\"text\":\"hel".into()
+                }
+            ]
+        );
+        assert!(s.push("\\").is_empty(), "half an escape is held");
+        let pieces = s.push("n\"}}\n</tool_call>");
+        assert_eq!(
+            pieces,
+            [StreamPiece::CallArguments {
+                call: 1,
+                text: "\\n\"}".into()
+            }]
         );
         assert!(s.finish().is_empty());
     }
