@@ -4,21 +4,25 @@
 # same streamed requests from tests/reference/load_client.py at each client count.
 #
 #   tests/reference/bench_serve_load.sh [--shapes smollm2-1.7b,llama-3.1-8b] [--format q4_k]
-#       [--clients 1,4,16,64] [--gen 128] [--prompt-words 100] [--rounds 2] [--json OUT.jsonl]
+#       [--clients 1,4,16,64] [--gen 128] [--prompt-words 100] [--system-words 0] [--rounds 2]
+#       [--json OUT.jsonl]
 #
 # Run from the repository root on the GPU machine, after what tests/reference/device_setup.sh
 # needs is staged (.gl/ Vulkan loader packages, .bench/backpack.xz, the gguf wheel and SmolLM2's
 # tokenizer) and .bench/llama-server.tar.xz (bench_llamacpp.sh --stage). At each client count
 # C both servers start afresh with C slots (`llama-server -np C -c C·ctx`, `backpack serve
 # --parallel C --context ctx`, ctx = 128 + 2·words + gen tokens a slot) and answer C·rounds
-# requests (at least 8) after an unmeasured round of C. Rows: total generated tok/s, p50/p99 time
-# to first token, and the throughput ratio Backpack / llama.cpp.
+# requests (at least 8) after an unmeasured round of C. With --system-words N every prompt opens
+# with the same N words (the unmeasured round uses other words, so the measured round's shared
+# prefix is new to both servers). Rows: total generated tok/s, p50/p99 time to first token, and
+# the throughput ratio Backpack / llama.cpp.
 set -uo pipefail
 shapes=smollm2-1.7b,llama-3.1-8b
 format=q4_k
 clients=1,4,16,64
 gen=128
 words=100
+system=0
 rounds=2
 json_out=/tmp/serve_load.jsonl
 while [ $# -gt 0 ]; do
@@ -28,6 +32,7 @@ while [ $# -gt 0 ]; do
         --clients) clients=$2; shift 2 ;;
         --gen) gen=$2; shift 2 ;;
         --prompt-words) words=$2; shift 2 ;;
+        --system-words) system=$2; shift 2 ;;
         --rounds) rounds=$2; shift 2 ;;
         --json) json_out=$2; shift 2 ;;
         *) echo "unknown argument $1" >&2; exit 2 ;;
@@ -35,7 +40,7 @@ while [ $# -gt 0 ]; do
 done
 source tests/reference/device_setup.sh
 here=tests/reference
-ctx=$((128 + 2 * words + gen))
+ctx=$((128 + 2 * (words + system) + gen))
 mkdir -p /tmp/llama && tar -xJf .bench/llama-server.tar.xz -C /tmp/llama
 llama=/tmp/llama/llama-server/llama-server
 export LD_LIBRARY_PATH=/tmp/llama/llama-server${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
@@ -59,12 +64,12 @@ measure() {
     # An unmeasured round first, at the same concurrency: both servers compile kernels for new
     # batch shapes on first use (llama.cpp's first batched prompts took seconds).
     python3 $here/load_client.py --url "http://127.0.0.1:$port" --clients "$c" --requests "$c" \
-        --max-tokens "$gen" --prompt-words "$words" --seed 99 >/dev/null
+        --max-tokens "$gen" --prompt-words "$words" --system-words "$system" --seed 99 >/dev/null
     local n=$((c * rounds))
     [ $n -lt 8 ] && n=8
     python3 $here/load_client.py --url "http://127.0.0.1:$port" --clients "$c" --requests "$n" \
-        --max-tokens "$gen" --prompt-words "$words" --label "$engine $shape $format" \
-        --json "$json_out"
+        --max-tokens "$gen" --prompt-words "$words" --system-words "$system" \
+        --label "$engine $shape $format" --json "$json_out"
 }
 
 # serve ENGINE SHAPE FILE C: starts the server with C slots, measures C clients, stops it.

@@ -3,11 +3,13 @@
 first token under load, the same requests for every server measured.
 
     load_client.py --url http://127.0.0.1:8080 --clients 16 --requests 64 \
-        --max-tokens 128 --prompt-words 100 [--seed 1] [--label NAME] [--json OUT.jsonl]
+        --max-tokens 128 --prompt-words 100 [--system-words 0] [--seed 1] [--label NAME]
+        [--json OUT.jsonl]
 
 Each of --clients threads sends streaming `/v1/completions` requests back to back (temperature
 0) until --requests have been sent in all. Request i's prompt is --prompt-words words drawn with
-seed (--seed, i), so two servers get the same prompts in the same order. Time to first token is
+seed (--seed, i), so two servers get the same prompts in the same order; with --system-words N,
+every prompt opens with the same N words (a shared system prompt or tool list). Time to first token is
 from sending the request to the first streamed chunk that carries a choice; a request's tokens
 are its final usage.completion_tokens where the server sends one (`stream_options`
 include_usage), else its chunks with a choice. Throughput is all requests' tokens over the wall
@@ -38,9 +40,12 @@ WORDS = (
 ).split()
 
 
-def prompt_for(seed, index, words):
+def prompt_for(seed, index, words, system_words=0):
+    shared = random.Random(seed * 7_919 - 1)
+    system = " ".join(shared.choice(WORDS) for _ in range(system_words))
     rng = random.Random(seed * 1_000_003 + index)
-    return f"Request {index}: " + " ".join(rng.choice(WORDS) for _ in range(words))
+    text = f"Request {index}: " + " ".join(rng.choice(WORDS) for _ in range(words))
+    return f"{system}\n{text}" if system_words else text
 
 
 def one_request(url, prompt, max_tokens, timeout):
@@ -100,6 +105,7 @@ def main():
     ap.add_argument("--requests", type=int, required=True)
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--prompt-words", type=int, default=100)
+    ap.add_argument("--system-words", type=int, default=0)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--timeout", type=float, default=600)
     ap.add_argument("--label", default="")
@@ -117,7 +123,7 @@ def main():
                 if i >= args.requests:
                     return
                 next_index[0] += 1
-            prompt = prompt_for(args.seed, i, args.prompt_words)
+            prompt = prompt_for(args.seed, i, args.prompt_words, args.system_words)
             try:
                 ttft, n = one_request(args.url, prompt, args.max_tokens, args.timeout)
             except Exception as e:  # counted and shown, the run goes on

@@ -15,6 +15,11 @@ use crate::ops::{CacheShape, KvDType};
 /// receiving slot already holds (shorter runs cost about as much to copy as to compute).
 pub const MIN_SHARED_TOKENS: usize = 16;
 
+/// `BACKPACK_SHARED_PREFIX=off` keeps each slot to its own cache (a measuring switch).
+static SHARING_OFF: std::sync::LazyLock<bool> = std::sync::LazyLock::new(|| {
+    std::env::var("BACKPACK_SHARED_PREFIX").is_ok_and(|v| v == "off")
+});
+
 /// One attention layer's KV cache, kept for copies between slots.
 pub(super) struct SlotCaches {
     pub(super) shape: CacheShape,
@@ -36,7 +41,7 @@ impl DecoderModel {
     /// The slot other than `to` whose cache holds the longest prefix of `ids`, and its length,
     /// when sharing it would save at least [`MIN_SHARED_TOKENS`] over what `to` holds.
     pub fn prefix_source(&self, to: u32, ids: &[u32]) -> Option<(u32, usize)> {
-        if !self.shares_prefixes() {
+        if !self.shares_prefixes() || *SHARING_OFF {
             return None;
         }
         let own = self.cached_prefix(to, ids);
