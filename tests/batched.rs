@@ -311,6 +311,14 @@ async fn the_engine_batches_requests_and_each_answers_as_alone() {
 /// Answers to `prompts` started together and stepped to `max` tokens through the answer
 /// API, greedy: each one's tokens.
 fn answer_tokens(t: &mut TextModel, prompts: &[Vec<u32>], max: u32) -> Vec<Vec<u32>> {
+    answers_run(t, prompts, max)
+        .into_iter()
+        .map(|(tokens, _)| tokens)
+        .collect()
+}
+
+/// As [`answer_tokens`], with the prompt tokens each answer took from a cache.
+fn answers_run(t: &mut TextModel, prompts: &[Vec<u32>], max: u32) -> Vec<(Vec<u32>, usize)> {
     let params = GenerateParams {
         max_tokens: max,
         ..Default::default()
@@ -328,12 +336,13 @@ fn answer_tokens(t: &mut TextModel, prompts: &[Vec<u32>], max: u32) -> Vec<Vec<u
         answers.push(answer);
         tokens.push(vec![first.token]);
     }
+    let cached: Vec<usize> = answers.iter().map(|a| a.stats().cached_tokens).collect();
     while answers.iter().any(|a| !a.stopped()) {
         for (i, piece) in t.step_answers(&mut answers, &|_| false).expect("step") {
             tokens[i].push(piece.expect("piece").token);
         }
     }
-    tokens
+    tokens.into_iter().zip(cached).collect()
 }
 
 /// A step of ten rows against the same rows each in a step of its own, token for token, on
@@ -440,34 +449,11 @@ fn prompt_prefixes_are_shared_between_slots() {
             ids
         };
         let prompts = [with(1, 5), with(2, 4)];
-        let params = GenerateParams {
-            max_tokens: 6,
-            ..Default::default()
-        };
-        let mut answers = Vec::new();
-        let mut tokens = Vec::new();
-        for ids in &prompts {
-            let free: Vec<u32> = (0..3)
-                .filter(|s| answers.iter().all(|a: &Answer| a.slot() != *s))
-                .collect();
-            let (answer, first) = t
-                .start_answer(&Prompt::Tokens(ids.clone()), &params, &free, false)
-                .expect("start answer");
-            answers.push(answer);
-            tokens.push(vec![first.token]);
-        }
+        let run = answers_run(&mut t, &prompts, 6);
         let shared = if shares { system.len() } else { 0 };
-        assert_eq!(answers[0].stats().cached_tokens, 0);
-        assert_eq!(
-            answers[1].stats().cached_tokens,
-            shared,
-            "{name} {kv_cache:?}"
-        );
-        while answers.iter().any(|a| !a.stopped()) {
-            for (i, piece) in t.step_answers(&mut answers, &|_| false).expect("step") {
-                tokens[i].push(piece.expect("piece").token);
-            }
-        }
+        assert_eq!(run[0].1, 0);
+        assert_eq!(run[1].1, shared, "{name} {kv_cache:?}");
+        let tokens: Vec<Vec<u32>> = run.into_iter().map(|(tokens, _)| tokens).collect();
         for (ids, got) in prompts.iter().zip(&tokens) {
             let want = alone(&mut whole.model, ids, &SamplerParams::default(), got.len());
             assert_eq!(got, &want, "{name} {kv_cache:?}");

@@ -16,9 +16,8 @@ use crate::ops::{CacheShape, KvDType};
 pub const MIN_SHARED_TOKENS: usize = 16;
 
 /// `BACKPACK_SHARED_PREFIX=off` keeps each slot to its own cache (a measuring switch).
-static SHARING_OFF: std::sync::LazyLock<bool> = std::sync::LazyLock::new(|| {
-    std::env::var("BACKPACK_SHARED_PREFIX").is_ok_and(|v| v == "off")
-});
+static SHARING_OFF: std::sync::LazyLock<bool> =
+    std::sync::LazyLock::new(|| std::env::var("BACKPACK_SHARED_PREFIX").is_ok_and(|v| v == "off"));
 
 /// One attention layer's KV cache, kept for copies between slots.
 pub(super) struct SlotCaches {

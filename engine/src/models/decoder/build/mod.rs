@@ -12,6 +12,7 @@ use crate::ops::{
     SamplerParams, StepParams, WeightDType,
 };
 
+mod cache;
 mod layer;
 
 use super::super::weights::{Part, Uploader, WeightSource};
@@ -20,8 +21,8 @@ use super::{
     Activations, DEFAULT_CONTEXT, DecoderModel, Handoffs, ModelOptions, PIPELINE_DEPTH,
     PromptWeights, embedding_clone,
 };
+pub(super) use cache::cache_shape;
 use layer::LayerContext;
-pub(super) use layer::cache_shape;
 
 /// Everything read from the checkpoint.
 struct Uploaded {
