@@ -53,6 +53,83 @@ fn unit_dots(f0: QFetch, f1: QFetch, f2: QFetch, f3: QFetch, unit: u32, row: u32
                      row_dot(f3, unit, row));
 }
 
+#if KPAIR
+// A weight row's sub-block pair decoded once for every row of x: its quants as packed bytes
+// (lo: sub-block 2·u, hi: 2·u + 1) and its scales and shifts. q_dot8_fetched decodes them
+// again for every row and level; the products below are the same integer sums and the same
+// float expression, so every result is bit for bit what it gives.
+struct UnitQuants {
+    lo0: vec4<u32>,
+    lo1: vec4<u32>,
+    hi0: vec4<u32>,
+    hi1: vec4<u32>,
+    scale: vec2<f32>,
+    shift: vec2<f32>,
+}
+
+fn unit_quants(f: QFetch) -> UnitQuants {
+    let kp = k_pair_of(f);
+    return UnitQuants(
+        vec4<u32>(k_quants8(kp.q[0], kp.h[0], kp.pair, 0u), k_quants8(kp.q[1], kp.h[1], kp.pair, 0u),
+                  k_quants8(kp.q[2], kp.h[2], kp.pair, 0u), k_quants8(kp.q[3], kp.h[3], kp.pair, 0u)),
+        vec4<u32>(k_quants8(kp.q[4], kp.h[4], kp.pair, 0u), k_quants8(kp.q[5], kp.h[5], kp.pair, 0u),
+                  k_quants8(kp.q[6], kp.h[6], kp.pair, 0u), k_quants8(kp.q[7], kp.h[7], kp.pair, 0u)),
+        vec4<u32>(k_quants8(kp.q[0], kp.h[0], kp.pair, 1u), k_quants8(kp.q[1], kp.h[1], kp.pair, 1u),
+                  k_quants8(kp.q[2], kp.h[2], kp.pair, 1u), k_quants8(kp.q[3], kp.h[3], kp.pair, 1u)),
+        vec4<u32>(k_quants8(kp.q[4], kp.h[4], kp.pair, 1u), k_quants8(kp.q[5], kp.h[5], kp.pair, 1u),
+                  k_quants8(kp.q[6], kp.h[6], kp.pair, 1u), k_quants8(kp.q[7], kp.h[7], kp.pair, 1u)),
+        kp.scale, kp.shift);
+}
+
+// A row of x's int8 words for unit u at one level, loaded once for the four weight rows.
+struct UnitInput {
+    lo0: vec4<u32>,
+    lo1: vec4<u32>,
+    hi0: vec4<u32>,
+    hi1: vec4<u32>,
+    d_lo: vec2<f32>,
+    d_hi: vec2<f32>,
+}
+
+fn unit_input(u: u32, level: u32) -> UnitInput {
+    let w = 16u * u;
+    return UnitInput(
+        vec4<u32>(xq[xq_at(level, w)], xq[xq_at(level, w + 1u)], xq[xq_at(level, w + 2u)],
+                  xq[xq_at(level, w + 3u)]),
+        vec4<u32>(xq[xq_at(level, w + 4u)], xq[xq_at(level, w + 5u)], xq[xq_at(level, w + 6u)],
+                  xq[xq_at(level, w + 7u)]),
+        vec4<u32>(xq[xq_at(level, w + 8u)], xq[xq_at(level, w + 9u)], xq[xq_at(level, w + 10u)],
+                  xq[xq_at(level, w + 11u)]),
+        vec4<u32>(xq[xq_at(level, w + 12u)], xq[xq_at(level, w + 13u)], xq[xq_at(level, w + 14u)],
+                  xq[xq_at(level, w + 15u)]),
+        xqd_at(level, 2u * u), xqd_at(level, 2u * u + 1u));
+}
+
+fn dot4x4(a: vec4<u32>, b: vec4<u32>) -> i32 {
+    return dot4I8Packed(a.x, b.x) + dot4I8Packed(a.y, b.y) + dot4I8Packed(a.z, b.z)
+        + dot4I8Packed(a.w, b.w);
+}
+
+fn quants_dot(w: UnitQuants, x: UnitInput) -> f32 {
+    let lo = dot4x4(w.lo0, x.lo0) + dot4x4(w.lo1, x.lo1);
+    let hi = dot4x4(w.hi0, x.hi0) + dot4x4(w.hi1, x.hi1);
+    return w.scale.x * x.d_lo.x * f32(lo) + w.scale.y * x.d_hi.x * f32(hi)
+        - (w.shift.x * x.d_lo.y + w.shift.y * x.d_hi.y);
+}
+
+// The four weight rows' unit against row `row` of x, every level.
+fn quants_dots(w0: UnitQuants, w1: UnitQuants, w2: UnitQuants, w3: UnitQuants, u: u32,
+               row: u32) -> vec4<f32> {
+    let x = unit_input(u, row * LEVELS);
+    var d = vec4<f32>(quants_dot(w0, x), quants_dot(w1, x), quants_dot(w2, x), quants_dot(w3, x));
+#if XQ8_FINE
+    let xf = unit_input(u, row * LEVELS + 1u);
+    d += vec4<f32>(quants_dot(w0, xf), quants_dot(w1, xf), quants_dot(w2, xf), quants_dot(w3, xf));
+#endif
+    return d;
+}
+#endif
+
 @compute @workgroup_size({{WG}})
 fn main(
     @builtin(local_invocation_index) tid: u32,
@@ -86,11 +163,23 @@ fn main(
         let f1 = q_fetch8(r1, u, p.q_scales);
         let f2 = q_fetch8(r2, u, p.q_scales);
         let f3 = q_fetch8(r3, u, p.q_scales);
+#if KPAIR
+        let w0 = unit_quants(f0);
+        let w1 = unit_quants(f1);
+        let w2 = unit_quants(f2);
+        let w3 = unit_quants(f3);
+#for r in 0..XROWS
+        if (rows > {{r}}u) {
+            a{{r}} += quants_dots(w0, w1, w2, w3, u, first + {{r}}u);
+        }
+#endfor
+#else
 #for r in 0..XROWS
         if (rows > {{r}}u) {
             a{{r}} += unit_dots(f0, f1, f2, f3, u, first + {{r}}u);
         }
 #endfor
+#endif
     }
 #for r in 0..XROWS
     if (rows > {{r}}u) {

@@ -79,12 +79,12 @@ fn batch_kernels() -> BatchKernels {
 }
 
 /// The most rows the int8 few-row products take by default. Batched decode steps on an H200
-/// (`tests/reference/bench_batch_products.sh`, Q4_K, int8 against float few-row products):
-/// Llama-3.1-8B's shape 6.91 against 10.70 ms at one row, 10.87 against 12.87 at four, 16.66
-/// against 17.15 at eight; SmolLM2-1.7B's 3.86 against 4.52 at one and 5.74 against 5.24 at
-/// four (with 64 lanes, half of them idle on its rows of 32 sub-block pairs). Past eight rows
-/// the int8 products cost a chunk of eight rows each, the tiles next to nothing more.
-const INT8_ROWS: u32 = 4;
+/// (`tests/reference/bench_batch_products.sh`, Q4_K, with each weight unit decoded once for
+/// all rows of x), int8 against the default before (float few-row products past four rows,
+/// tiles past eight): Llama-3.1-8B's shape 10.78 against 17.72 ms at eight rows, 15.57
+/// against 24.90 at sixteen, 25.59 against 25.81 at thirty-two; SmolLM2-1.7B's 5.69 against
+/// 5.94, 7.82 against 8.28, and 11.76 against 8.81 at thirty-two, where the tiles take over.
+const INT8_ROWS: u32 = 16;
 
 /// Whether a prompt (or verification) of `rows` rows takes the int8 few-row products where
 /// they exist.
