@@ -447,3 +447,67 @@ fn taef2_previews_are_full_size() {
         "{preview}"
     );
 }
+
+/// TAEF2's published decoder, tensor for tensor (names and shapes recorded from
+/// `taef2_decoder.pth`, tests/conformance/taef2/), written under the Hub file's names with
+/// small random values: its shape is read as the real decoder's (32 latent channels, four
+/// levels of 64, blocks 3/3/3/1, pooled branches where the file has them) and every tensor
+/// loads at its shape.
+#[test]
+fn taef2_as_published_loads_tensor_for_tensor() {
+    use backpack_engine::models::diffusion::taesd::{Taesd, TaesdConfig};
+    let recorded: Value = serde_json::from_slice(
+        &std::fs::read(root().join("tests/conformance/taef2/taef2_decoder_tensors.json"))
+            .expect("recorded tensors"),
+    )
+    .expect("json");
+    let mut state = 1u32;
+    let mut tensors: Vec<(String, Vec<usize>, Vec<u8>)> = Vec::new();
+    for entry in recorded["tensors"].as_array().expect("tensors") {
+        let name = entry[0].as_str().expect("name");
+        let (index, rest) = name.split_once('.').expect("index.rest");
+        let index: usize = index.parse().expect("index");
+        let shape: Vec<usize> = entry[1]
+            .as_array()
+            .expect("shape")
+            .iter()
+            .map(|d| d.as_u64().expect("dim") as usize)
+            .collect();
+        let count: usize = shape.iter().product();
+        let fan_in = (count / shape[0]).max(1) as f32;
+        let bytes: Vec<u8> = (0..count)
+            .flat_map(|_| {
+                state = state.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+                let v = ((state >> 8) as f32 / (1u32 << 24) as f32 - 0.5) / fan_in.sqrt();
+                half::f16::from_f32(v).to_le_bytes()
+            })
+            .collect();
+        tensors.push((format!("decoder.layers.{}.{rest}", index - 1), shape, bytes));
+    }
+    let views: Vec<(String, safetensors::tensor::TensorView<'_>)> = tensors
+        .iter()
+        .map(|(name, shape, bytes)| {
+            let view =
+                safetensors::tensor::TensorView::new(safetensors::Dtype::F16, shape.clone(), bytes)
+                    .expect("view");
+            (name.clone(), view)
+        })
+        .collect();
+    let dir = TempDir::new("taef2-published");
+    safetensors::tensor::serialize_to_file(views, None, &dir.join("taef2.safetensors"))
+        .expect("write");
+    let mut taef2 = Taesd::open(&dir).expect("open");
+    assert_eq!(
+        taef2.config,
+        TaesdConfig {
+            latent_channels: 32,
+            out_channels: 3,
+            channels: vec![64, 64, 64, 64],
+            blocks: vec![3, 3, 3, 1],
+        }
+    );
+    let latent = vec![0.5; 32 * 2 * 2];
+    let image = taef2.decode(&gpu(), &latent, (2, 2)).expect("decode");
+    assert_eq!(image.len(), 3 * 16 * 16);
+    assert!(image.iter().all(|v| v.is_finite()));
+}
