@@ -6,11 +6,13 @@
 // few-row products decode every weight to f32 for every eight values, which bounds them on
 // block formats.
 //
-// Workgroups as few_rows_sums.wgsl describes; lanes stride over the row's units (sub-blocks,
-// or sub-block pairs with KPAIR), load a unit of all four weight rows, and keep a vec4 of sums
-// per row of x, in named variables: GPUs keep per-invocation arrays in slow local memory.
+// Workgroups as few_rows_sums.wgsl describes; each lane group's lanes stride over the row's
+// units (sub-blocks, or sub-block pairs with KPAIR), load a unit of all four weight rows, and
+// keep a vec4 of sums per row of x, in named variables: GPUs keep per-invocation arrays in slow
+// local memory. The int8 rows of x come from global memory, through the cache that lane groups
+// side by side share.
 //
-// Defines: WG, XROWS, UNITS (units per weight row), UNIT_WORDS (words of int8 input a unit
+// Defines: WG, WGROUPS, XROWS, UNITS (units per weight row), UNIT_WORDS (words of int8 input a unit
 // takes: 8, or 16 for a sub-block pair), LEVELS (with XQ8_FINE, 2), SUBGROUP, quant.wgsl's
 // (QDOT, XQ8, KPAIR or XQ8_VIEW, the format) and matmul_io.wgsl's epilogues.
 
@@ -145,11 +147,12 @@ fn main(
     let sg_size = 1u;
 #endif
     let at = group_and_first(wid.y * nwg.x + wid.x);
-    let g = at.x;
     let first = at.y;
-    if (g >= weight_groups()) {
+    if (at.x >= weight_groups()) {
         return;
     }
+    let g = lane_group(at.x, tid / GROUP_LANES);
+    let lane = tid % GROUP_LANES;
     let rows = min(step.n_tokens - first, {{XROWS}}u);
     let r0 = weight_row(g, 0u);
     let r1 = weight_row(g, 1u);
@@ -158,7 +161,7 @@ fn main(
 #for r in 0..XROWS
     var a{{r}} = vec4<f32>(0.0);
 #endfor
-    for (var u = tid; u < {{UNITS}}u; u += {{WG}}u) {
+    for (var u = lane; u < {{UNITS}}u; u += GROUP_LANES) {
         let f0 = q_fetch8(r0, u, p.q_scales);
         let f1 = q_fetch8(r1, u, p.q_scales);
         let f2 = q_fetch8(r2, u, p.q_scales);
@@ -187,5 +190,5 @@ fn main(
     }
 #endfor
     workgroupBarrier();
-    write_rows(tid, g, first, rows, sg_size);
+    write_rows(tid, at.x, first, rows, sg_size);
 }

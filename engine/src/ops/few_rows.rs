@@ -68,6 +68,7 @@ impl FewRows {
             flag("XV", true),
             ("WG", LANES.to_string()),
             ("XROWS", FEW_ROWS.to_string()),
+            ("WGROUPS", "1".into()),
             flag("SUBGROUP", gpu.caps().subgroups),
         ]);
         if let Some(kind) = opts.glu {

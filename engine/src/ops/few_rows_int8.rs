@@ -8,22 +8,49 @@ use super::matvec::{int8_input, k_quant};
 use super::{MatMulOptions, Matrix, bind, flag, gelu_flags};
 use crate::gpu::{Gpu, GpuError, Kernel, Recorder, StorageBuffer, UniformBuffer};
 
-/// Lanes of a workgroup (they split the row's `units`: 64, or 32 for rows of fewer units, whose
-/// other lanes would idle), and rows of x one workgroup multiplies each unit of weights by (a
-/// step of more rows takes several chunks, whose workgroups read the same weights side by side).
-/// `BACKPACK_FEW_ROWS_INT8=lanes=L,rows=R` sets them, for measuring.
-fn workgroup_shape(units: u32) -> (u32, u32) {
-    let (mut lanes, mut rows) = (if units < 64 { 32 } else { 64 }, 8);
+/// How a workgroup is laid out: lanes per weight group (they split the row's `units`: 64, or 32
+/// for rows of fewer units, whose other lanes would idle), weight groups side by side (they
+/// read each piece of x once between them; a subgroup must not span two, so only where
+/// subgroups are at most a group's lanes), and rows of x one workgroup multiplies each unit of
+/// weights by (a step of more rows takes several chunks, whose workgroups read the same weights
+/// side by side). `BACKPACK_FEW_ROWS_INT8=lanes=L,groups=G,rows=R` sets them, for measuring.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct WorkgroupShape {
+    lanes: u32,
+    groups: u32,
+    rows: u32,
+}
+
+/// The most invocations a workgroup may have on every adapter (WebGPU's default limit).
+const MAX_INVOCATIONS: u32 = 256;
+
+fn workgroup_shape(units: u32, max_subgroup: Option<u32>) -> WorkgroupShape {
+    let lanes = if units < 64 { 32 } else { 64 };
+    let mut shape = WorkgroupShape {
+        lanes,
+        // Two a workgroup measured 2–10 % faster batched steps than one on an H200 (at 1.7B
+        // and 8B, 1 to 16 rows), four slower (docs/performance-log.md).
+        groups: 2,
+        rows: 8,
+    };
     if let Ok(spec) = std::env::var("BACKPACK_FEW_ROWS_INT8") {
         for (key, value) in spec.split(',').filter_map(|kv| kv.split_once('=')) {
             match (key.trim(), value.trim().parse::<u32>()) {
-                ("lanes", Ok(v)) if v.is_power_of_two() && (32..=256).contains(&v) => lanes = v,
-                ("rows", Ok(v)) if (1..=32).contains(&v) => rows = v,
+                ("lanes", Ok(v)) if v.is_power_of_two() && (32..=256).contains(&v) => {
+                    shape.lanes = v
+                }
+                ("groups", Ok(v)) if v.is_power_of_two() => shape.groups = v,
+                ("rows", Ok(v)) if (1..=32).contains(&v) => shape.rows = v,
                 _ => {}
             }
         }
     }
-    (lanes, rows)
+    let fits_subgroups = max_subgroup.is_none_or(|size| size <= shape.lanes);
+    if !fits_subgroups {
+        shape.groups = 1;
+    }
+    shape.groups = shape.groups.clamp(1, MAX_INVOCATIONS / shape.lanes);
+    shape
 }
 
 static SOURCE: LazyLock<String> = LazyLock::new(|| {
@@ -70,7 +97,7 @@ pub struct FewRowsInt8 {
     product: Kernel,
     product_group: wgpu::BindGroup,
     blocks_per_row: u32,
-    weight_groups: u32,
+    workgroups_per_chunk: u32,
     x_rows: u32,
     max_rows: u32,
     _params: UniformBuffer,
@@ -117,7 +144,8 @@ impl FewRowsInt8 {
         } else {
             (w.cols / 32, 8)
         };
-        let (lanes, x_rows) = workgroup_shape(units);
+        let caps = gpu.caps();
+        let shape = workgroup_shape(units, caps.subgroups.then_some(caps.subgroup_max_size));
         let mut defines = w.defines();
         defines.extend(gelu_flags(opts.gelu));
         defines.extend([
@@ -130,12 +158,13 @@ impl FewRowsInt8 {
             ("NR", "1".into()),
             ("UNITS", units.to_string()),
             ("UNIT_WORDS", unit_words.to_string()),
-            ("XROWS", x_rows.to_string()),
+            ("XROWS", shape.rows.to_string()),
+            ("WGROUPS", shape.groups.to_string()),
             flag("BIAS", opts.bias.is_some()),
             flag("RESIDUAL", opts.residual),
             flag("RELU", opts.relu),
             flag("GLU", opts.glu.is_some()),
-            ("WG", lanes.to_string()),
+            ("WG", (shape.lanes * shape.groups).to_string()),
             flag("SUBGROUP", gpu.caps().subgroups),
         ]);
         if let Some(kind) = opts.glu {
@@ -188,8 +217,8 @@ impl FewRowsInt8 {
             product,
             product_group,
             blocks_per_row: w.cols / 32,
-            weight_groups,
-            x_rows,
+            workgroups_per_chunk: weight_groups.div_ceil(shape.groups),
+            x_rows: shape.rows,
             max_rows: rows.rows,
             _params: params,
         }))
@@ -211,7 +240,7 @@ impl FewRowsInt8 {
         rec.dispatch(
             &self.product,
             &self.product_group,
-            self.weight_groups * rows.div_ceil(self.x_rows),
+            self.workgroups_per_chunk * rows.div_ceil(self.x_rows),
         );
     }
 }
