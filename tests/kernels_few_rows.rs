@@ -3,7 +3,8 @@
 //! workgroup's four weight rows, dense f32 and f16 weights and every block format, with a bias,
 //! a residual, GELU, and a fused gate/up product's gating. The int8 form
 //! (shaders/few_rows_int8.wgsl) is checked against the same reference on the rows as it
-//! quantizes them, in one level and in two, over steps of more rows than one workgroup takes.
+//! quantizes them, in one level and in two, over steps of more rows than one workgroup takes;
+//! and fed by a norm that quantizes the rows itself (shaders/norm_int8.wgsl).
 
 mod common;
 
@@ -11,8 +12,8 @@ use backpack_engine::gpu::{Gpu, Recorder, StorageBuffer};
 use backpack_engine::load::GgmlType;
 use backpack_engine::load::quant::{dequantize, random_blocks};
 use backpack_engine::ops::{
-    FEW_ROWS, FewRows, FewRowsInt8, Gelu, GluKind, Int8Rows, MatMulOptions, Matrix, StepParams,
-    WeightDType, int8_rounded_input,
+    FEW_ROWS, FewRows, FewRowsInt8, Gelu, GluKind, Int8Rows, MatMulOptions, Matrix, NormInt8,
+    NormKind, StepParams, WeightDType, int8_rounded_input,
 };
 use common::{Rng, assert_close, gpu, round_f16};
 
@@ -324,4 +325,150 @@ fn shapes_the_kernel_does_not_take_are_left_to_the_tiles() {
     let step = gpu.uniform("step", &StepParams::new(0, 1));
     let none = FewRows::new(&gpu, &w, &x, &y, &step, &MatMulOptions::default()).expect("kernel");
     assert!(none.is_none(), "k = 12 is no multiple of 8");
+}
+
+/// The norm that quantizes its rows for the int8 product after it (shaders/norm_int8.wgsl):
+/// its float rows against a CPU RMSNorm / LayerNorm, and the product it feeds, with the
+/// quantize pass skipped, against the reference on those rows as quantized. Widths of one to
+/// three blocks a lane, rows past one product workgroup's eight, sub-block pairs and single
+/// sub-blocks, with subgroups and without.
+#[test]
+fn norms_that_quantize_their_rows_feed_the_int8_products() {
+    let gpu = gpu();
+    let plain = gpu.without_subgroups();
+    let mut rng = Rng::new(46);
+    for (i, &(ty, m, k, n, layer)) in [
+        (GgmlType::Q4K, 3, 512, 9, false),
+        (GgmlType::Q8_0, 11, 2112, 6, true),
+        (GgmlType::Q6K, 1, 4352, 5, false),
+        (GgmlType::Q4_0, 5, 96, 7, true),
+    ]
+    .iter()
+    .enumerate()
+    {
+        let gpu = if i % 2 == 0 { &gpu } else { &plain };
+        let what = format!("{ty:?} m={m} k={k} layer={layer}");
+        let (w, host) = weights(gpu, &mut rng, Form::Blocks(ty), n, k);
+        // Rows of varied size (a norm's input is no unit vector).
+        let x: Vec<f32> = rng.vec(m * k, 1.0).iter().map(|v| v * 3.0 + 0.5).collect();
+        let gain: Vec<f32> = rng.vec(k, 1.0).iter().map(|v| 1.0 + 0.5 * v).collect();
+        let bias = rng.vec(k, 0.2);
+        let eps = 1e-5;
+        let (xb, xnb, yb) = (
+            buf(gpu, &x),
+            buf(gpu, &vec![0.0; m * k]),
+            buf(gpu, &vec![0.0; m * n]),
+        );
+        let (gb, bb) = (buf(gpu, &gain), buf(gpu, &bias));
+        let step = gpu.uniform("step", &StepParams::new(0, m as u32));
+        let rows = Int8Rows::new(gpu, m as u32, k as u32).expect("rows");
+        let product = FewRowsInt8::new(
+            gpu,
+            &w,
+            &xnb,
+            &yb,
+            &step,
+            &MatMulOptions::default(),
+            &rows,
+            false,
+        )
+        .expect("kernel")
+        .expect("a shape the kernel takes");
+        let kind = if layer {
+            NormKind::Layer
+        } else {
+            NormKind::Rms
+        };
+        let norm = NormInt8::new(
+            gpu,
+            kind,
+            (k as u32, eps),
+            (&gb, layer.then_some(&bb)),
+            &xb,
+            &xnb,
+            &step,
+            &rows,
+            &product,
+        )
+        .expect("kernel")
+        .expect("a norm for this product");
+        let mut rec = Recorder::new(gpu);
+        norm.encode(&mut rec, m as u32);
+        product.encode_quantized(&mut rec, m as u32);
+        rec.submit();
+
+        let normed: Vec<f32> = gpu.read(&xnb.buffer, 0, (m * k) as u64).expect("read");
+        let want: Vec<f32> = x
+            .chunks(k)
+            .flat_map(|row| {
+                let mean = if layer {
+                    row.iter().map(|&v| f64::from(v)).sum::<f64>() / k as f64
+                } else {
+                    0.0
+                };
+                let var = row
+                    .iter()
+                    .map(|&v| (f64::from(v) - mean).powi(2))
+                    .sum::<f64>()
+                    / k as f64;
+                let inv = 1.0 / (var + f64::from(eps)).sqrt();
+                row.iter()
+                    .enumerate()
+                    .map(|(j, &v)| {
+                        let b = if layer { f64::from(bias[j]) } else { 0.0 };
+                        ((f64::from(v) - mean) * inv * f64::from(gain[j]) + b) as f32
+                    })
+                    .collect::<Vec<_>>()
+            })
+            .collect();
+        let ones = vec![1.0; want.len()];
+        assert_close(
+            &format!("{what}: normed rows"),
+            &normed,
+            &want,
+            &ones,
+            1e-5,
+            1e-5,
+        );
+
+        let got: Vec<f32> = gpu.read(&yb.buffer, 0, (m * n) as u64).expect("read");
+        let quantized = int8_rounded_input(&normed);
+        let (mut want, mut scale) = (Vec::new(), Vec::new());
+        for r in 0..m {
+            for c in 0..n {
+                let (mut s, mut mag) = (0.0f64, 0.0f64);
+                for j in 0..k {
+                    let p = f64::from(host[c * k + j]) * f64::from(quantized[r * k + j]);
+                    s += p;
+                    mag += p.abs();
+                }
+                want.push(s as f32);
+                scale.push(mag as f32 + 1.0);
+            }
+        }
+        assert_close(&format!("{what}: product"), &got, &want, &scale, 1e-5, 2e-5);
+    }
+    // A product reading two levels (an LM head) quantizes its rows itself.
+    let (w, _) = weights(&gpu, &mut rng, Form::Blocks(GgmlType::Q8_0), 4, 64);
+    let (x, y) = (buf(&gpu, &[0.0; 64]), buf(&gpu, &[0.0; 4]));
+    let step = gpu.uniform("step", &StepParams::new(0, 1));
+    let rows = Int8Rows::new(&gpu, 1, 64).expect("rows");
+    let opts = MatMulOptions::default();
+    let head = FewRowsInt8::new(&gpu, &w, &x, &y, &step, &opts, &rows, true)
+        .expect("kernel")
+        .expect("a shape the kernel takes");
+    let gain = buf(&gpu, &[1.0; 64]);
+    let fused = NormInt8::new(
+        &gpu,
+        NormKind::Rms,
+        (64, 1e-5),
+        (&gain, None),
+        &x,
+        &x,
+        &step,
+        &rows,
+        &head,
+    )
+    .expect("kernel");
+    assert!(fused.is_none(), "two levels");
 }

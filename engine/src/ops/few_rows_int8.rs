@@ -67,10 +67,10 @@ const QUANTIZE_SOURCE: &str = include_str!("../../../shaders/quant_rows.wgsl");
 /// Where the rows of a step's products go quantized to int8: one buffer for every product of
 /// a model, since each quantizes its input just before it reads it.
 pub struct Int8Rows {
-    words: StorageBuffer,
-    scales: StorageBuffer,
+    pub(super) words: StorageBuffer,
+    pub(super) scales: StorageBuffer,
     rows: u32,
-    cols: u32,
+    pub(super) cols: u32,
 }
 
 impl Int8Rows {
@@ -86,12 +86,22 @@ impl Int8Rows {
     }
 }
 
+/// How a [`FewRowsInt8`] reads its rows of x quantized: their width, the int8 words of a unit
+/// (the order quant_rows.wgsl writes a row's words in), and the levels.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Int8Input {
+    pub cols: u32,
+    pub unit_words: u32,
+    pub levels: u32,
+}
+
 /// `Y = epilogue(X·Wᵀ)` over the rows of a batched decode step or a short prompt (any number
 /// of rows, in chunks), for weights in a block format with int8 products. The rows are
 /// quantized to int8 in 32-value blocks as the decode products quantize theirs; `fine` adds a
 /// second level for the rounding remainders (LM heads). Takes the few-row product's epilogues.
 /// Each output's sum is the same whatever the number of rows.
 pub struct FewRowsInt8 {
+    input: Int8Input,
     quantize: Kernel,
     quantize_group: wgpu::BindGroup,
     product: Kernel,
@@ -212,6 +222,11 @@ impl FewRowsInt8 {
         let product_group = bind(gpu, &product, &entries);
         let weight_groups = super::few_rows::weight_groups(w, opts);
         Ok(Some(Self {
+            input: Int8Input {
+                cols: w.cols,
+                unit_words,
+                levels,
+            },
             quantize,
             quantize_group,
             product,
@@ -229,6 +244,11 @@ impl FewRowsInt8 {
         rows <= self.max_rows
     }
 
+    /// How the product reads its rows quantized.
+    pub fn input(&self) -> Int8Input {
+        self.input
+    }
+
     /// Records the product over the step's `rows` rows (as many as the step uniform says, and
     /// at most what [`Self::takes`]).
     pub fn encode(&self, rec: &mut Recorder<'_>, rows: u32) {
@@ -237,6 +257,12 @@ impl FewRowsInt8 {
             &self.quantize_group,
             (rows * self.blocks_per_row).div_ceil(64),
         );
+        self.encode_quantized(rec, rows);
+    }
+
+    /// As [`Self::encode`], the rows being in the rows' buffer already, quantized as this
+    /// product reads them (by a [`super::NormInt8`] just before).
+    pub fn encode_quantized(&self, rec: &mut Recorder<'_>, rows: u32) {
         rec.dispatch(
             &self.product,
             &self.product_group,

@@ -21,6 +21,7 @@ mod matvec;
 mod matvec_layout;
 mod moe;
 mod norm;
+mod norm_int8;
 mod pass;
 mod pixels;
 mod quant_source;
@@ -49,7 +50,7 @@ pub use dit::{
 };
 pub use elementwise::{Embed, Glu, GluKind, OutputGate};
 pub use few_rows::{FEW_ROWS, FewRows};
-pub use few_rows_int8::{FewRowsInt8, Int8Rows};
+pub use few_rows_int8::{FewRowsInt8, Int8Input, Int8Rows};
 pub use fill::{fill_random, fill_value};
 pub use group_norm::{GroupNorm, GroupNormShape, NormActivation};
 pub use matmul::{LONG_PROMPT_ROWS, MatMul, MatMulOptions, k_slices};
@@ -57,6 +58,7 @@ pub use matvec::{Int8Handoff, MatVec, MatVecOptions, SplitAttention, int8_rounde
 pub use matvec_layout::MatVecLayout;
 pub use moe::{ExpertWeights, Experts, GateUpRows, MoeBuffers, moe_buffer_bytes};
 pub use norm::{HeadNorm, Norm, NormForm, NormKind};
+pub use norm_int8::NormInt8;
 pub use pass::{KernelSpec, Pass};
 pub use pixels::{affine, concat, silu, slice_channels, softmax_rows, tanh_clamp, transpose};
 pub use reduce::SumReduce;

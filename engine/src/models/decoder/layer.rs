@@ -5,8 +5,8 @@
 
 use crate::gpu::Recorder;
 use crate::ops::{
-    Attention, DeltaNet, DeltaNetState, Experts, Glu, HeadNorm, MatMul, MatVec, Norm, OutputGate,
-    RopeKv,
+    Attention, DeltaNet, DeltaNetState, Experts, Glu, HeadNorm, MatMul, MatVec, Norm, NormInt8,
+    OutputGate, RopeKv,
 };
 
 use super::PromptProduct;
@@ -20,12 +20,17 @@ pub(super) struct Layer {
     pub(super) extra_in: Vec<(MatVec, PromptProduct)>,
     pub(super) o_mv: MatVec,
     pub(super) attn_norm: Norm,
+    /// The same norm, also quantizing its rows for `qkv_mm`'s int8 products (see
+    /// [`Layer::norm_then`]).
+    pub(super) attn_norm_int8: Option<NormInt8>,
     pub(super) qkv_mm: PromptProduct,
     pub(super) o_mm: PromptProduct,
     /// Norms adding the attention and MLP outputs to the residual stream (Gemma).
     pub(super) post_attn_norm: Option<Norm>,
     pub(super) post_mlp_norm: Option<Norm>,
     pub(super) mlp_norm: Norm,
+    /// The same norm, also quantizing its rows for a dense MLP's up product.
+    pub(super) mlp_norm_int8: Option<NormInt8>,
     pub(super) mlp: LayerMlp,
     pub(super) mixer: Mixer,
 }
@@ -193,13 +198,31 @@ impl Layer {
         }
     }
 
-    fn encode_rows(&self, rec: &mut Recorder<'_>, pos0: u32, n: u32, batched: bool) {
-        self.attn_norm.encode(rec, n);
-        if batched {
-            self.qkv_mm.encode_batch(rec, n);
-        } else {
-            self.qkv_mm.encode(rec, n);
+    /// Records `norm` and then `product` over `n` rows, the norm quantizing the rows itself
+    /// (`fused`) where the product takes its int8 few-row form.
+    fn norm_then(
+        rec: &mut Recorder<'_>,
+        (norm, fused): (&Norm, Option<&NormInt8>),
+        product: &PromptProduct,
+        n: u32,
+        batched: bool,
+    ) {
+        if let (Some(fused), Some(int8)) = (fused, product.int8_taken(n, batched)) {
+            fused.encode(rec, n);
+            int8.encode_quantized(rec, n);
+            return;
         }
+        norm.encode(rec, n);
+        if batched {
+            product.encode_batch(rec, n);
+        } else {
+            product.encode(rec, n);
+        }
+    }
+
+    fn encode_rows(&self, rec: &mut Recorder<'_>, pos0: u32, n: u32, batched: bool) {
+        let attn_norm = (&self.attn_norm, self.attn_norm_int8.as_ref());
+        Self::norm_then(rec, attn_norm, &self.qkv_mm, n, batched);
         for (_, mm) in &self.extra_in {
             mm.encode(rec, n);
         }
@@ -235,7 +258,6 @@ impl Layer {
         if let Some(norm) = &self.post_attn_norm {
             norm.encode(rec, n);
         }
-        self.mlp_norm.encode(rec, n);
         match &self.mlp {
             LayerMlp::Dense {
                 up_mm,
@@ -243,11 +265,8 @@ impl Layer {
                 down_mm,
                 ..
             } => {
-                if batched {
-                    up_mm.encode_batch(rec, n);
-                } else {
-                    up_mm.encode(rec, n);
-                }
+                let mlp_norm = (&self.mlp_norm, self.mlp_norm_int8.as_ref());
+                Self::norm_then(rec, mlp_norm, up_mm, n, batched);
                 if let Some(glu) = glu {
                     glu.encode(rec, n);
                 }
@@ -263,6 +282,7 @@ impl Layer {
                 shared,
                 ..
             } => {
+                self.mlp_norm.encode(rec, n);
                 router.encode(rec, n);
                 experts.encode(rec, n);
                 if let Some(shared) = shared {

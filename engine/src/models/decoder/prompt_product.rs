@@ -165,11 +165,7 @@ impl PromptProduct {
     }
 
     pub(super) fn encode(&self, rec: &mut Recorder<'_>, n_tokens: u32) {
-        if let Some(int8) = self
-            .int8
-            .as_ref()
-            .filter(|p| prompt_takes_int8(n_tokens) && p.takes(n_tokens))
-        {
+        if let Some(int8) = self.int8_taken(n_tokens, false) {
             int8.encode(rec, n_tokens);
             return;
         }
@@ -181,6 +177,24 @@ impl PromptProduct {
             expand.encode(rec);
         }
         self.product.encode(rec, n_tokens);
+    }
+
+    /// The int8 few-row products, where the weights' format has them and the model runs
+    /// batched steps or verifications.
+    pub(super) fn int8(&self) -> Option<&FewRowsInt8> {
+        self.int8.as_ref()
+    }
+
+    /// The int8 products, where they take `n_tokens` rows: of a prompt, or of a batched decode
+    /// step (`batched`).
+    pub(super) fn int8_taken(&self, n_tokens: u32, batched: bool) -> Option<&FewRowsInt8> {
+        if batched {
+            self.int8_for(n_tokens, batch_kernels())
+        } else {
+            self.int8
+                .as_ref()
+                .filter(|p| prompt_takes_int8(n_tokens) && p.takes(n_tokens))
+        }
     }
 
     /// The int8 products, where they take a batched step of `n_tokens` rows under `choice`.

@@ -7,7 +7,7 @@ use crate::load::{DecoderSpec, MlpKind};
 use crate::ops::{
     Attention, CacheShape, DeltaNet, DeltaNetIo, DeltaNetState, DeltaRows, Experts, Gelu, Glu,
     GluKind, HeadNorm, KvDType, MatMul, MatMulOptions, MatVec, MatVecLayout, MatVecOptions, Matrix,
-    Norm, NormKind, OutputGate, RopeKv, RopeTable, SplitAttention, WeightDType,
+    Norm, NormInt8, NormKind, OutputGate, RopeKv, RopeTable, SplitAttention, WeightDType,
 };
 
 use super::super::family::{LayerWeights, MlpWeights, SharedExpertWeights};
@@ -115,6 +115,30 @@ impl LayerContext<'_> {
                 invariant: self.batch_invariant,
             }),
         )
+    }
+
+    /// The norm before `product` fused with the quantization of its rows, where the product
+    /// has int8 few-row products to read them.
+    fn norm_int8(
+        &self,
+        n: &(StorageBuffer, Option<StorageBuffer>),
+        product: &PromptProduct,
+    ) -> Result<Option<NormInt8>, Error> {
+        let a = self.acts;
+        let (Some(rows), Some(int8)) = (a.batch_int8.as_ref(), product.int8()) else {
+            return Ok(None);
+        };
+        Ok(NormInt8::new(
+            self.gpu,
+            self.norm_kind(),
+            (self.spec.hidden, self.spec.norm_eps),
+            (&n.0, n.1.as_ref()),
+            &a.x,
+            &a.xn,
+            self.step,
+            rows,
+            int8,
+        )?)
     }
 
     fn norm(&self, n: &(StorageBuffer, Option<StorageBuffer>)) -> Result<Norm, Error> {
@@ -363,20 +387,27 @@ impl LayerContext<'_> {
             Some((attn, mlp)) => (Some(post_norm(attn)?), Some(post_norm(mlp)?)),
             None => (None, None),
         };
+        let qkv_mm = self.prompt_product(
+            &w.qkv,
+            &a.xn,
+            &a.qkv,
+            MatMulOptions {
+                bias: w.qkv_bias.as_ref(),
+                ..Default::default()
+            },
+        )?;
+        let mlp = self.mlp(&w.mlp, w.shared_expert.as_ref(), dense_mvs)?;
+        let mlp_norm_int8 = match &mlp {
+            LayerMlp::Dense { up_mm, .. } => self.norm_int8(&w.mlp_norm, up_mm)?,
+            LayerMlp::Experts { .. } => None,
+        };
         Ok(Layer {
             qkv_mv,
             extra_in: self.extra_input_products(w)?,
             o_mv,
             attn_norm: self.norm(&w.attn_norm)?,
-            qkv_mm: self.prompt_product(
-                &w.qkv,
-                &a.xn,
-                &a.qkv,
-                MatMulOptions {
-                    bias: w.qkv_bias.as_ref(),
-                    ..Default::default()
-                },
-            )?,
+            attn_norm_int8: self.norm_int8(&w.attn_norm, &qkv_mm)?,
+            qkv_mm,
             o_mm: self.prompt_product(
                 &w.o,
                 &a.attn,
@@ -389,7 +420,8 @@ impl LayerContext<'_> {
             )?,
             post_attn_norm,
             mlp_norm: self.norm(&w.mlp_norm)?,
-            mlp: self.mlp(&w.mlp, w.shared_expert.as_ref(), dense_mvs)?,
+            mlp_norm_int8,
+            mlp,
             post_mlp_norm,
             mixer,
         })
