@@ -7,6 +7,7 @@
 
 mod formats;
 mod fragments;
+mod json_scan;
 
 use serde_json::Value;
 
@@ -186,6 +187,8 @@ pub struct ToolCallStream {
     numbered: usize,
     /// The number of the first call in what is held.
     held_base: usize,
+    /// Reads the calls being written in what is held; renewed whenever the held text is cut.
+    reader: fragments::Reader,
 }
 
 impl ToolCallStream {
@@ -200,6 +203,7 @@ impl ToolCallStream {
             started: Vec::new(),
             numbered: 0,
             held_base: 0,
+            reader: fragments::Reader::default(),
         }
     }
 
@@ -234,6 +238,7 @@ impl ToolCallStream {
             return None;
         }
         self.held.drain(..end);
+        self.reader = fragments::Reader::default();
         self.calling = false;
         self.spoke = true;
         self.after_call = true;
@@ -243,7 +248,9 @@ impl ToolCallStream {
     /// Starts the calls being written in what is held, and sends their arguments' newly
     /// settled text.
     fn send_progress(&mut self, pieces: &mut Vec<StreamPiece>) {
-        for (j, p) in fragments::progress(self.format, &self.held)
+        for (j, p) in self
+            .reader
+            .progress(self.format, &self.held)
             .into_iter()
             .enumerate()
         {
@@ -323,6 +330,9 @@ impl ToolCallStream {
             None => self.held.len() - longest_marker_prefix(&self.held, &markers),
         };
         let text: String = self.held.drain(..release).collect();
+        if release > 0 {
+            self.reader = fragments::Reader::default();
+        }
         if text.trim().is_empty() && (self.after_call || text.is_empty()) {
             return Vec::new();
         }
@@ -334,6 +344,7 @@ impl ToolCallStream {
     /// The rest at the end of the answer: its calls, or its text if they do not parse.
     pub fn finish(&mut self) -> Vec<StreamPiece> {
         let held = std::mem::take(&mut self.held);
+        self.reader = fragments::Reader::default();
         if !self.calling {
             return if held.is_empty() || (self.after_call && held.trim().is_empty()) {
                 Vec::new()
@@ -505,5 +516,28 @@ mod tests {
             ToolFormat::detect(Some("{{ '<|python_tag|>' }}")),
             ToolFormat::Llama3
         );
+    }
+
+    /// A file written as one argument, tens of thousands of characters with an escape every
+    /// few dozen, streamed a few characters at a time: its fragments join into the arguments
+    /// the whole call carries. (Each token's reading resumes where the last stopped; read
+    /// from the start every token, this took minutes.)
+    #[test]
+    fn a_long_argument_streams_whole() {
+        let line = "    let value = compute(\\\"input\\\", 42); // caf\\u00e9 \\ud83d\\ude00\\n";
+        let content = line.repeat(700);
+        let text = format!(
+            "<tool_call>\n{{\"name\": \"write_file\", \"arguments\": {{\"path\": \"a.rs\", \"content\": \"{content}\"}}}}\n</tool_call>"
+        );
+        let pieces = stream_all(ToolFormat::Hermes, &text, 4);
+        let calls = assemble_calls(&pieces);
+        assert_eq!(calls.len(), 1);
+        let want: Value = serde_json::from_str(&format!("\"{content}\"")).expect("content");
+        assert_eq!(calls[0].arguments["content"], want);
+        let fragments = pieces
+            .iter()
+            .filter(|p| matches!(p, StreamPiece::CallArguments { .. }))
+            .count();
+        assert!(fragments > 1000, "{fragments} fragments");
     }
 }
