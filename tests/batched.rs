@@ -489,3 +489,81 @@ fn fitted_slots_follow_the_reported_memory() {
     assert_eq!(load(8), most);
     assert_eq!(load(2), 2);
 }
+
+/// A long prompt joining running answers runs one prefill chunk between two of their steps
+/// until the rest is a chunk, then starts from the rows it left and answers as it does alone;
+/// the running answer is unchanged by it. A prompt of one chunk starts at once.
+#[test]
+fn a_long_prompt_joins_running_answers_a_chunk_at_a_time() {
+    use backpack_engine::models::PromptProgress;
+
+    let greedy = |n| GenerateParams {
+        max_tokens: n,
+        ..Default::default()
+    };
+    let short = Prompt::Raw("a short request".into());
+    let long = Prompt::Raw(format!("a long request: {}", "word ".repeat(8)));
+    let mut single = model("tiny-qwen2", 1);
+    let never = || false;
+    let mut want = Vec::new();
+    for p in [&short, &long] {
+        let stats = single
+            .generate(p, &greedy(12), &never, |_, _| {})
+            .expect("alone");
+        want.push(stats.tokens);
+    }
+    let long_ids = single.tokenize(&long).expect("tokens").len();
+    // Chunks of 7 tokens (`model`).
+    assert!(long_ids > 3 * 7, "{long_ids} tokens");
+
+    let mut t = model("tiny-qwen2", 2);
+    let (first, piece) = t
+        .start_answer(&short, &greedy(12), &[0, 1], false)
+        .expect("short");
+    let mut running = vec![first];
+    let mut short_tokens = vec![piece.token];
+    let mut chunks = 0;
+    loop {
+        match t
+            .run_prompt_chunk(&long, &greedy(12), &[1])
+            .expect("a chunk")
+        {
+            PromptProgress::Ran { slot } => {
+                assert_eq!(slot, 1);
+                chunks += 1;
+            }
+            PromptProgress::Ready => break,
+        }
+        for (_, piece) in t.step_answers(&mut running, &|_| false).expect("step") {
+            short_tokens.push(piece.expect("piece").token);
+        }
+    }
+    assert_eq!(chunks, (long_ids - 7).div_ceil(7), "{long_ids} tokens");
+    let (joined, piece) = t
+        .start_answer(&long, &greedy(12), &[1], false)
+        .expect("long");
+    assert!(
+        joined.stats().cached_tokens >= long_ids - 7,
+        "{} of {long_ids} prompt tokens reused",
+        joined.stats().cached_tokens
+    );
+    running.push(joined);
+    let mut long_tokens = vec![piece.token];
+    while running.iter().any(|a| !a.stopped()) {
+        for (i, piece) in t.step_answers(&mut running, &|_| false).expect("step") {
+            let token = piece.expect("piece").token;
+            if i == 0 {
+                short_tokens.push(token);
+            } else {
+                long_tokens.push(token);
+            }
+        }
+    }
+    assert_eq!(short_tokens, want[0]);
+    assert_eq!(long_tokens, want[1]);
+    // One chunk's prompt is ready at once.
+    assert_eq!(
+        t.run_prompt_chunk(&short, &greedy(4), &[0]).expect("ready"),
+        PromptProgress::Ready
+    );
+}

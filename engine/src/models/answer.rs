@@ -44,6 +44,15 @@ pub struct Piece {
     pub stop: Option<StopReason>,
 }
 
+/// Where a prompt joining running answers stands (see [`TextModel::run_prompt_chunk`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PromptProgress {
+    /// A chunk of it ran into this slot; more remain.
+    Ran { slot: u32 },
+    /// What remains runs as the answer starts.
+    Ready,
+}
+
 impl Answer {
     /// The answer's cache slot.
     pub fn slot(&self) -> u32 {
@@ -208,17 +217,7 @@ impl TextModel {
         cancelled: bool,
     ) -> Result<(Answer, Piece), Error> {
         let mut answer = self.prepare(prompt, params)?;
-        let ids = &answer.stats.prompt_tokens;
-        let slot = free
-            .iter()
-            .copied()
-            .max_by_key(|&s| (self.model.cached_prefix(s, ids), std::cmp::Reverse(s)))
-            .ok_or_else(|| Error::Invalid("no free cache slot".into()))?;
-        // Another slot holding more of the prompt (a shared system prompt or tool list,
-        // perhaps in an answer still running) lends its rows.
-        if let Some((from, tokens)) = self.model.prefix_source(slot, ids) {
-            self.model.share_prefix(from, slot, ids, tokens)?;
-        }
+        let slot = self.slot_for(&answer.stats.prompt_tokens, free)?;
         self.model.select_slot(slot)?;
         let token = self.prefill_answer(&mut answer, params)?;
         // Later steps sample under each row's own mask.
@@ -227,6 +226,52 @@ impl TextModel {
         }
         let piece = self.take_token(&mut answer, token, cancelled)?;
         Ok((answer, piece))
+    }
+
+    /// Of the `free` slots, the one whose cache holds most of prompt `ids`, given the longest
+    /// prefix any slot holds (a shared system prompt or tool list, perhaps in an answer still
+    /// running, whose rows it lends).
+    fn slot_for(&mut self, ids: &[u32], free: &[u32]) -> Result<u32, Error> {
+        let slot = free
+            .iter()
+            .copied()
+            .max_by_key(|&s| (self.model.cached_prefix(s, ids), std::cmp::Reverse(s)))
+            .ok_or_else(|| Error::Invalid("no free cache slot".into()))?;
+        if let Some((from, tokens)) = self.model.prefix_source(slot, ids) {
+            self.model.share_prefix(from, slot, ids, tokens)?;
+        }
+        Ok(slot)
+    }
+
+    /// Runs the next chunk of the prompt `prompt` would start an answer with into the free
+    /// slot [`Self::start_answer`] would choose, without answering, while more than a chunk
+    /// of it remains beyond what that slot holds. A long prompt so joins running answers one
+    /// prefill chunk between two of their steps, rather than holding them for its whole
+    /// prefill; [`PromptProgress::Ready`] once the rest takes one chunk (or the model keeps no
+    /// prompt rows between prefills, or the prompt does not fit: starting it then says why).
+    pub fn run_prompt_chunk(
+        &mut self,
+        prompt: &Prompt,
+        params: &GenerateParams,
+        free: &[u32],
+    ) -> Result<PromptProgress, Error> {
+        if !self.model.reuses_prompts() {
+            return Ok(PromptProgress::Ready);
+        }
+        let ids = self.tokenize_with(prompt, &params.switches())?;
+        let chunk = self.model.prompt_chunk() as usize;
+        if ids.len() <= chunk || ids.len() > self.model.capacity() as usize {
+            return Ok(PromptProgress::Ready);
+        }
+        let slot = self.slot_for(&ids, free)?;
+        let cached = self.model.cached_prefix(slot, &ids);
+        if ids.len() - cached <= chunk {
+            return Ok(PromptProgress::Ready);
+        }
+        self.model.select_slot(slot)?;
+        // The token it samples is never used: the prompt's full prefill samples again.
+        self.model.prefill(&ids[..cached + chunk])?;
+        Ok(PromptProgress::Ran { slot })
     }
 
     /// Advances every unfinished answer of `answers` (each in its own slot) by one token in

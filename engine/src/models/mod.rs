@@ -16,7 +16,7 @@ mod weight_rows;
 mod weights;
 pub mod whisper;
 
-pub use answer::{Answer, AnswerStep, Piece};
+pub use answer::{Answer, AnswerStep, Piece, PromptProgress};
 pub use decoder::{
     BatchRow, DecoderModel, MIN_SHARED_TOKENS, ModelOptions, UNREPORTED_MEMORY_SLOTS,
 };

@@ -12,7 +12,7 @@ use super::guarded;
 use super::text::{Cancellations, Event, Request, answer_alone, done_event, error_event};
 use crate::Error;
 use crate::gpu::Gpu;
-use crate::models::{Answer, GenerateParams, Piece, Prompt, TextModel};
+use crate::models::{Answer, GenerateParams, Piece, Prompt, PromptProgress, TextModel};
 
 /// Hands an event to the requests' side (and wakes the UI).
 pub(super) type Send = Box<dyn Fn(Event) + std::marker::Send>;
@@ -131,20 +131,41 @@ impl Service {
         }
     }
 
-    /// Starts queued requests in free slots, oldest first.
+    /// Starts queued requests in free slots, oldest first. While answers are running, a long
+    /// prompt runs one prefill chunk per call (between two of their steps) until the rest is
+    /// a chunk, so that they never wait for more than a chunk's time.
     fn admit(&mut self) {
         while self.running.len() < self.slots() as usize {
-            let Some(q) = self.queue.pop_front() else {
+            let Some(q) = self.queue.front() else {
                 return;
             };
             let Some(m) = self.model.as_mut() else {
-                (self.send)(error_event(Some(q.id), &Error::NoModel));
+                let q = self.queue.pop_front();
+                (self.send)(error_event(q.map(|q| q.id), &Error::NoModel));
                 continue;
             };
             let free: Vec<u32> = (0..m.model.slots())
                 .filter(|s| self.running.iter().all(|a| a.slot() != *s))
                 .collect();
             let cancelled = self.cancels.is_cancelled(q.id);
+            if !self.running.is_empty() && !cancelled {
+                let ran = guarded("generating", || {
+                    m.run_prompt_chunk(&q.prompt, &q.params, &free)
+                });
+                match ran {
+                    Ok(PromptProgress::Ran { .. }) => return,
+                    Ok(PromptProgress::Ready) => {}
+                    Err(e) => {
+                        let id = q.id;
+                        self.queue.pop_front();
+                        self.fail(id, e);
+                        continue;
+                    }
+                }
+            }
+            let Some(q) = self.queue.pop_front() else {
+                return;
+            };
             let started = guarded("generating", || {
                 m.start_answer(&q.prompt, &q.params, &free, cancelled)
             });

@@ -436,10 +436,21 @@ impl DecoderModel {
         Ok(token)
     }
 
+    /// Whether a prompt reuses the rows of a prompt it starts with (so that a prompt can be
+    /// run in parts): not with `--batch-invariant`, nor past a long-context RoPE switch.
+    pub fn reuses_prompts(&self) -> bool {
+        self.prefix_reuse && self.long_rope_after.is_none()
+    }
+
+    /// Prompt tokens a prefill submits at a time.
+    pub fn prompt_chunk(&self) -> u32 {
+        self.chunk
+    }
+
     /// Tokens of the last prompt the cache still holds, that `ids` starts with, and that a
     /// prompt from there may reuse (at least one token is always run, for its logits).
     fn reusable_prefix(&self, ids: &[u32]) -> u32 {
-        if !self.prefix_reuse || self.long_rope_after.is_some() {
+        if !self.reuses_prompts() {
             return 0;
         }
         let common = self
