@@ -417,8 +417,8 @@ fn batch_invariant_models_decode_each_row_as_alone_in_steps_of_any_width() {
 /// A prompt starting in a slot that holds none of it takes the rows of the longest prefix
 /// another slot holds (here an answer still running), runs only the rest, and answers as it
 /// does when run whole, in f32 and f16 caches (the rows of a Q8_0 cache and its block scales:
-/// `shared_prefix`'s unit test). Rolling sliding-window caches (Gemma 3) may have lost a
-/// prefix's rows, so their prompts run whole.
+/// `shared_prefix`'s unit test), and with rolling sliding-window caches (Gemma 3), whose slots
+/// lend a prefix only while they still hold the window before its end.
 #[test]
 fn prompt_prefixes_are_shared_between_slots() {
     use backpack_engine::models::MIN_SHARED_TOKENS;
@@ -426,7 +426,7 @@ fn prompt_prefixes_are_shared_between_slots() {
     for (name, kv_cache, shares) in [
         ("tiny-qwen2", None, true),
         ("tiny-qwen2", Some(KvDType::F16), true),
-        ("tiny-gemma3", None, false),
+        ("tiny-gemma3", None, true),
     ] {
         let opts = |slots, prefix_cache| ModelOptions {
             dtype: WeightDType::F32,
@@ -453,6 +453,12 @@ fn prompt_prefixes_are_shared_between_slots() {
         let shared = if shares { system.len() } else { 0 };
         assert_eq!(run[0].1, 0);
         assert_eq!(run[1].1, shared, "{name} {kv_cache:?}");
+        // Both slots have written 9 and 10 positions past what they share, more than a chunk
+        // (7): a rolling cache has then written over rows of the window before the prefix's
+        // end.
+        let source = t.model.prefix_source(2, &with(3, 4));
+        let rolling = name == "tiny-gemma3";
+        assert_eq!(source.is_none(), rolling, "{name}: {source:?}");
         let tokens: Vec<Vec<u32>> = run.into_iter().map(|(tokens, _)| tokens).collect();
         for (ids, got) in prompts.iter().zip(&tokens) {
             let want = alone(&mut whole.model, ids, &SamplerParams::default(), got.len());

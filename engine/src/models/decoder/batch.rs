@@ -83,7 +83,7 @@ pub(super) struct SlotState {
     prompt_len: u32,
     pub(super) reusable: Vec<u32>,
     pub(super) pending: Option<u32>,
-    written_end: u32,
+    pub(super) written_end: u32,
     sampler: SamplerParams,
 }
 

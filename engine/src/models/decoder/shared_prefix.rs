@@ -5,6 +5,10 @@
 //!
 //! The rows of positions below a sequence's length are never written again while it decodes,
 //! so a busy slot can lend its prefix: the copy is queued after every step already submitted.
+//! A rolling sliding-window cache (position p in row p mod rows, rows = window + a prompt
+//! chunk − 1) is the exception: there a slot lends a prefix only while the positions written
+//! past it have not reached back over the window before its end, and only that window's rows
+//! are copied (no later query sees further back).
 
 use super::DecoderModel;
 use crate::Error;
@@ -27,14 +31,10 @@ pub(super) struct SlotCaches {
 }
 
 impl DecoderModel {
-    /// Whether slots may take each other's prefixes: several slots, prompts that reuse a
-    /// cached prefix, and caches where position p lives at row p (a rolling sliding-window
-    /// cache may have lost the prefix's rows).
+    /// Whether slots may take each other's prefixes: several slots, and prompts that reuse a
+    /// cached prefix.
     pub fn shares_prefixes(&self) -> bool {
-        self.slots() > 1
-            && self.prefix_reuse
-            && !self.kv_caches.is_empty()
-            && self.kv_caches.iter().all(|c| c.shape.window.is_none())
+        self.slots() > 1 && self.prefix_reuse && !self.kv_caches.is_empty()
     }
 
     /// The slot other than `to` whose cache holds the longest prefix of `ids`, and its length,
@@ -43,12 +43,31 @@ impl DecoderModel {
         if !self.shares_prefixes() || *SHARING_OFF {
             return None;
         }
-        let own = self.cached_prefix(to, ids);
+        let own = self.intact_prefix(to, ids);
         (0..self.slots())
             .filter(|&s| s != to)
-            .map(|s| (s, self.cached_prefix(s, ids)))
+            .map(|s| (s, self.intact_prefix(s, ids)))
             .max_by_key(|&(s, n)| (n, std::cmp::Reverse(s)))
             .filter(|&(_, n)| n >= own + MIN_SHARED_TOKENS)
+    }
+
+    /// The prefix of `ids` slot `slot` holds, where its rolling caches (if any) still hold
+    /// the window before its end: positions written past the prefix, one more for a step
+    /// that may be in flight, must stay within a chunk of it.
+    fn intact_prefix(&self, slot: u32, ids: &[u32]) -> usize {
+        let held = self.cached_prefix(slot, ids);
+        let written = if slot == self.slot {
+            self.written_end
+        } else {
+            self.slot_states
+                .get(slot as usize)
+                .map_or(u32::MAX, |s| s.written_end)
+        };
+        let rolling = self.kv_caches.iter().any(|c| c.shape.window.is_some());
+        if rolling && u64::from(written) + 1 > held as u64 + u64::from(self.chunk) {
+            return 0;
+        }
+        held
     }
 
     /// Copies the keys and values of the first `tokens` positions of slot `from` into slot
@@ -66,7 +85,7 @@ impl DecoderModel {
                 "slot {from}'s prefix cannot go to slot {to} on this model"
             )));
         }
-        if tokens > ids.len() || self.cached_prefix(from, ids) < tokens {
+        if tokens > ids.len() || self.intact_prefix(from, ids) < tokens {
             return Err(Error::Invalid(format!(
                 "slot {from} does not hold those {tokens} tokens"
             )));
@@ -109,24 +128,28 @@ impl DecoderModel {
         }
         rec.submit();
         let prefix = ids[..tokens].to_vec();
+        // What `to` wrote past the prefix is gone for its prompts (a rolling cache's
+        // reuse is bounded by it).
         if to == self.slot {
             self.reusable = prefix;
             self.pending = None;
+            self.written_end = tokens as u32;
         } else {
             let state = &mut self.slot_states[to as usize];
             state.reusable = prefix;
             state.pending = None;
+            state.written_end = tokens as u32;
         }
         Ok(())
     }
 }
 
 /// The byte ranges `(from offset, to offset, bytes)` holding positions `0..tokens` of slot
-/// `from` and of slot `to` in one cache buffer: each KV head's run of rows, and for Q8_0 the
-/// run of block scales after all the values.
+/// `from` and of slot `to` in one cache buffer (for a rolling cache, the window's positions
+/// before `tokens`, in rows p mod rows): each KV head's runs of rows, and for Q8_0 the runs of
+/// block scales after all the values.
 fn copy_ranges(shape: &CacheShape, from: u32, to: u32, tokens: u32) -> Vec<(u64, u64, u64)> {
     let (rows, hd) = (u64::from(shape.rows), u64::from(shape.head_dim));
-    let tokens = u64::from(tokens.min(shape.rows));
     let row_bytes = match shape.dtype {
         KvDType::F32 => hd * 4,
         KvDType::F16 => hd * 2,
@@ -138,19 +161,47 @@ fn copy_ranges(shape: &CacheShape, from: u32, to: u32, tokens: u32) -> Vec<(u64,
     let mut ranges = Vec::new();
     for head in 0..shape.kv_heads {
         let (a, b) = (first_row(from, head), first_row(to, head));
-        ranges.push((a * row_bytes, b * row_bytes, tokens * row_bytes));
-        if shape.dtype == KvDType::Q8_0 {
-            // One f32 scale per 32 values, rows in order, from word `scale_base`.
-            let base = u64::from(shape.scale_base()) * 4;
-            let scale_row = hd / 32 * 4;
+        for (row, count) in row_runs(shape, tokens) {
             ranges.push((
-                base + a * scale_row,
-                base + b * scale_row,
-                tokens * scale_row,
+                (a + row) * row_bytes,
+                (b + row) * row_bytes,
+                count * row_bytes,
             ));
+            if shape.dtype == KvDType::Q8_0 {
+                // One f32 scale per 32 values, rows in order, from word `scale_base`.
+                let base = u64::from(shape.scale_base()) * 4;
+                let scale_row = hd / 32 * 4;
+                ranges.push((
+                    base + (a + row) * scale_row,
+                    base + (b + row) * scale_row,
+                    count * scale_row,
+                ));
+            }
         }
     }
     ranges
+}
+
+/// The runs `(first row, rows)` of one KV head holding the positions a prompt from `tokens`
+/// on may read: all before it, or for a sliding window the window − 1 before it, in rows
+/// p mod rows (at most two runs).
+fn row_runs(shape: &CacheShape, tokens: u32) -> Vec<(u64, u64)> {
+    let rows = u64::from(shape.rows);
+    let end = u64::from(tokens);
+    let start = match shape.window {
+        Some(w) => (end + 1).saturating_sub(u64::from(w)),
+        None => 0,
+    }
+    .max(end.saturating_sub(rows));
+    if start >= end {
+        return Vec::new();
+    }
+    let (first, count) = (start % rows, end - start);
+    if first + count <= rows {
+        vec![(first, count)]
+    } else {
+        vec![(first, rows - first), (0, count - (rows - first))]
+    }
 }
 
 #[cfg(test)]
@@ -174,5 +225,27 @@ mod tests {
         assert_eq!(r[0], (0, 20 * 64, 3 * 64));
         assert_eq!(r[1], (base, base + 20 * 8, 3 * 8));
         assert_eq!(r[3], (base + 10 * 8, base + 30 * 8, 3 * 8));
+    }
+
+    #[test]
+    fn rolling_caches_copy_the_window_before_the_prefix_end() {
+        // A window of 5 in 11 rows: positions 0..=10 in rows 0..=10, then round again.
+        let mut shape = CacheShape::new(4, 1, 32, 11, KvDType::F32);
+        shape.window = Some(5);
+        assert_eq!(row_runs(&shape, 3), vec![(0, 3)]);
+        // Positions 16..=19 (the window before position 20): rows 5..=8.
+        assert_eq!(row_runs(&shape, 20), vec![(5, 4)]);
+        // Positions 20..=23: rows 9, 10, then 0, 1.
+        assert_eq!(row_runs(&shape, 24), vec![(9, 2), (0, 2)]);
+        assert!(row_runs(&shape, 0).is_empty());
+        shape.slots = 2;
+        let r = copy_ranges(&shape, 1, 0, 24);
+        assert_eq!(
+            r,
+            vec![(20 * 128, 9 * 128, 2 * 128), (11 * 128, 0, 2 * 128)]
+        );
+        // Without a window, every position below the prefix's end.
+        shape.window = None;
+        assert_eq!(row_runs(&shape, 7), vec![(0, 7)]);
     }
 }
