@@ -58,10 +58,12 @@ fn repetitive(vocab: u32) -> Vec<u32> {
     phrase.iter().cycle().take(40).copied().collect()
 }
 
+/// Every round takes the most drafts (the counts below depend on it).
 fn lookup(tokens: u32) -> Option<Speculation> {
     Some(Speculation {
         draft: None,
         tokens,
+        paced: false,
     })
 }
 
@@ -69,6 +71,7 @@ fn drafted_by(name: &str, tokens: u32) -> Option<Speculation> {
     Some(Speculation {
         draft: Some(path(name)),
         tokens,
+        paced: false,
     })
 }
 
@@ -188,6 +191,7 @@ fn models_and_drafts_that_cannot_speculate_are_refused_by_name() {
     let swapped = Speculation {
         draft: Some(other.to_path_buf()),
         tokens: 4,
+        paced: true,
     };
     let err = TextModel::load(&gpu(), &path("tiny-qwen2"), &opts(Some(swapped)))
         .err()

@@ -100,6 +100,7 @@ pub fn run(args: BenchArgs, adapter: Option<&str>) -> Result<()> {
             backpack_engine::models::speculate::Speculation {
                 draft: None,
                 tokens,
+                paced: false,
             }
         }),
         ..Default::default()

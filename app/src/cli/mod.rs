@@ -131,9 +131,10 @@ pub struct SpeculateArgs {
     /// and the model checks them in one pass. Answers are unchanged; only speed differs.
     #[arg(long)]
     pub draft_model: Option<PathBuf>,
-    /// Speculative decoding: guess up to N tokens a round (1 to 16) and check them in one
+    /// Speculative decoding: guess up to N tokens a round (1 to 7) and check them in one
     /// pass of the model. Without --draft-model the guesses are copied from the context
     /// (prompt lookup: edits, summaries, repeated records). Default with --draft-model: 5.
+    /// Each round takes as many as have paid off so far, and none while guessing does not.
     #[arg(long, value_name = "N")]
     pub speculate: Option<u32>,
 }
@@ -151,6 +152,7 @@ impl SpeculateArgs {
             (draft, tokens) => Some(Speculation {
                 tokens: tokens.unwrap_or(DEFAULT_DRAFTS),
                 draft,
+                paced: true,
             }),
         })
     }

@@ -203,6 +203,7 @@ impl Shared {
                 backpack_engine::models::speculate::Speculation {
                     tokens,
                     draft: load.draft_model.clone(),
+                    paced: true,
                 }
             }),
             ..Default::default()

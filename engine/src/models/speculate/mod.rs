@@ -10,8 +10,10 @@
 
 mod accept;
 mod lookup;
+mod pacing;
 
 use std::path::{Path, PathBuf};
+use std::time::Instant;
 
 pub use accept::{Draws, Seen, Verdict, argmax, judge};
 pub use lookup::lookup;
@@ -24,11 +26,14 @@ use crate::models::{DecoderModel, ModelOptions, TextModel};
 use crate::ops::SamplerParams;
 
 /// How to speculate: `tokens` drafts a round at most, from `draft` (a model folder or GGUF
-/// file) or, without one, from the context (prompt lookup).
+/// file) or, without one, from the context (prompt lookup); `paced`: each round of a greedy
+/// answer takes as many as the rounds so far show to pay, none while none do (`pacing.rs`),
+/// rather than always the most (for measuring, and for tests that count drafts).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Speculation {
     pub draft: Option<PathBuf>,
     pub tokens: u32,
+    pub paced: bool,
 }
 
 impl Speculation {
@@ -53,6 +58,7 @@ pub struct Speculator {
     drafter: Drafter,
     tokens: u32,
     draws: Draws,
+    pacing: Option<pacing::Pacing>,
 }
 
 impl Speculator {
@@ -85,6 +91,7 @@ impl Speculator {
             drafter,
             tokens: how.tokens,
             draws: Draws::new(0),
+            pacing: how.paced.then(|| pacing::Pacing::new(how.tokens as usize)),
         })
     }
 
@@ -115,8 +122,18 @@ impl Speculator {
         // Verification writes the pending token and the drafts at their positions; the token
         // chosen after them needs one more.
         let room = target.capacity().saturating_sub(target.next_position() + 1);
-        let k =
+        let most =
             (self.tokens.min(room).min(target.max_drafts()) as usize).min(limit.saturating_sub(1));
+        // Paced rounds depend on timing, and a sampled token on the round it falls in: only
+        // greedy answers, whose tokens no round changes, are paced, so that a seed gives the
+        // same sampled answer every run.
+        let greedy = params.temperature <= 0.0 || !params.temperature.is_finite();
+        let pacing = self.pacing.as_mut().filter(|_| greedy);
+        let k = match pacing {
+            Some(p) => p.drafts(most),
+            None => most,
+        };
+        let started = Instant::now();
         let drafts = if k == 0 {
             Vec::new()
         } else {
@@ -127,7 +144,11 @@ impl Speculator {
         // ahead only while no drafts come (prompt lookup between repeats).
         target.set_lookahead(drafts.is_empty());
         if drafts.is_empty() {
-            return Ok(vec![target.decode()?]);
+            let token = target.decode()?;
+            if let Some(p) = self.pacing.as_mut().filter(|_| greedy) {
+                p.plain_step(started.elapsed().as_secs_f64());
+            }
+            return Ok(vec![token]);
         }
         let logits = target.verify(&drafts)?;
         let vocab = target.spec().vocab as usize;
@@ -157,6 +178,9 @@ impl Speculator {
         stats.drafted += drafts.len();
         stats.accepted += accepted;
         target.commit(accepted, out[accepted])?;
+        if let Some(p) = self.pacing.as_mut().filter(|_| greedy) {
+            p.round(drafts.len(), accepted, started.elapsed().as_secs_f64());
+        }
         Ok(out)
     }
 
