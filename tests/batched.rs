@@ -529,13 +529,16 @@ fn a_long_prompt_joins_running_answers_a_chunk_at_a_time() {
     let mut running = vec![first];
     let mut short_tokens = vec![piece.token];
     let mut chunks = 0;
+    let first_chunk = std::time::Instant::now();
     loop {
         match t
             .run_prompt_chunk(&long, &greedy(12), &[1])
             .expect("a chunk")
         {
-            PromptProgress::Ran { slot } => {
+            PromptProgress::Ran { slot, reused } => {
                 assert_eq!(slot, 1);
+                // Only what its own earlier chunks ran.
+                assert_eq!(reused, 7 * chunks, "chunk {chunks}");
                 chunks += 1;
             }
             PromptProgress::Ready => break,
@@ -545,7 +548,8 @@ fn a_long_prompt_joins_running_answers_a_chunk_at_a_time() {
         }
     }
     assert_eq!(chunks, (long_ids - 7).div_ceil(7), "{long_ids} tokens");
-    let (joined, piece) = t
+    let before_start = std::time::Instant::now();
+    let (mut joined, piece) = t
         .start_answer(&long, &greedy(12), &[1], false)
         .expect("long");
     assert!(
@@ -553,6 +557,11 @@ fn a_long_prompt_joins_running_answers_a_chunk_at_a_time() {
         "{} of {long_ids} prompt tokens reused",
         joined.stats().cached_tokens
     );
+    // Its stats count from the first chunk, and nothing it ran itself as cached.
+    let ttft = joined.stats().ttft;
+    joined.joined_in_chunks(first_chunk, 0);
+    assert_eq!(joined.stats().cached_tokens, 0);
+    assert!(joined.stats().ttft >= ttft + (before_start - first_chunk));
     running.push(joined);
     let mut long_tokens = vec![piece.token];
     while running.iter().any(|a| !a.stopped()) {

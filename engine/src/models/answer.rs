@@ -47,13 +47,25 @@ pub struct Piece {
 /// Where a prompt joining running answers stands (see [`TextModel::run_prompt_chunk`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum PromptProgress {
-    /// A chunk of it ran into this slot; more remain.
-    Ran { slot: u32 },
+    /// A chunk of it ran into this slot; more remain. `reused`: the prompt's tokens the slot
+    /// held (or was lent) before the chunk ran.
+    Ran { slot: u32, reused: usize },
     /// What remains runs as the answer starts.
     Ready,
 }
 
 impl Answer {
+    /// For an answer whose prompt ran in chunks before it started
+    /// ([`TextModel::run_prompt_chunk`]): its prompt time and time to first token count from
+    /// the first chunk, and its cached tokens are those the first chunk found (the later
+    /// chunks' rows were this prompt's own work).
+    pub fn joined_in_chunks(&mut self, first_chunk: Instant, reused: usize) {
+        let earlier = self.started.saturating_duration_since(first_chunk);
+        self.stats.ttft += earlier;
+        self.stats.prompt_time += earlier;
+        self.stats.cached_tokens = self.stats.cached_tokens.min(reused);
+    }
+
     /// The answer's cache slot.
     pub fn slot(&self) -> u32 {
         self.slot
@@ -271,7 +283,10 @@ impl TextModel {
         self.model.select_slot(slot)?;
         // The token it samples is never used: the prompt's full prefill samples again.
         self.model.prefill(&ids[..cached + chunk])?;
-        Ok(PromptProgress::Ran { slot })
+        Ok(PromptProgress::Ran {
+            slot,
+            reused: cached,
+        })
     }
 
     /// Advances every unfinished answer of `answers` (each in its own slot) by one token in

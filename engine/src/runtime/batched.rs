@@ -5,6 +5,7 @@
 //! forward pass, and an answer that ends, is cancelled or fails frees its slot at once.
 
 use std::collections::VecDeque;
+use std::time::Instant;
 
 use tokio::sync::mpsc;
 
@@ -21,6 +22,9 @@ struct Queued {
     id: u64,
     prompt: Prompt,
     params: GenerateParams,
+    /// When its prompt's first chunk ran while answers were running, and the tokens it
+    /// found cached then.
+    joined: Option<(Instant, usize)>,
 }
 
 pub(super) struct Service {
@@ -92,7 +96,12 @@ impl Service {
                     return;
                 };
                 if m.model.slots() > 1 {
-                    self.queue.push_back(Queued { id, prompt, params });
+                    self.queue.push_back(Queued {
+                        id,
+                        prompt,
+                        params,
+                        joined: None,
+                    });
                     return;
                 }
                 let result = answer_alone(m, id, &prompt, &params, &self.cancels, &*self.send);
@@ -136,7 +145,7 @@ impl Service {
     /// a chunk, so that they never wait for more than a chunk's time.
     fn admit(&mut self) {
         while self.running.len() < self.slots() as usize {
-            let Some(q) = self.queue.front() else {
+            let Some(q) = self.queue.front_mut() else {
                 return;
             };
             let Some(m) = self.model.as_mut() else {
@@ -149,11 +158,15 @@ impl Service {
                 .collect();
             let cancelled = self.cancels.is_cancelled(q.id);
             if !self.running.is_empty() && !cancelled {
+                let started = Instant::now();
                 let ran = guarded("generating", || {
                     m.run_prompt_chunk(&q.prompt, &q.params, &free)
                 });
                 match ran {
-                    Ok(PromptProgress::Ran { .. }) => return,
+                    Ok(PromptProgress::Ran { reused, .. }) => {
+                        q.joined.get_or_insert((started, reused));
+                        return;
+                    }
                     Ok(PromptProgress::Ready) => {}
                     Err(e) => {
                         let id = q.id;
@@ -170,7 +183,10 @@ impl Service {
                 m.start_answer(&q.prompt, &q.params, &free, cancelled)
             });
             match started {
-                Ok((answer, piece)) => {
+                Ok((mut answer, piece)) => {
+                    if let Some((first_chunk, reused)) = q.joined {
+                        answer.joined_in_chunks(first_chunk, reused);
+                    }
                     self.send_piece(q.id, &piece);
                     if answer.stopped() {
                         self.finish(q.id, answer);
