@@ -518,7 +518,8 @@ fn a_long_prompt_joins_running_answers_a_chunk_at_a_time() {
             .expect("alone");
         want.push(stats.tokens);
     }
-    let long_ids = single.tokenize(&long).expect("tokens").len();
+    let long_tokens_in = single.tokenize(&long).expect("tokens");
+    let long_ids = long_tokens_in.len();
     // Chunks of 7 tokens (`model`).
     assert!(long_ids > 3 * 7, "{long_ids} tokens");
 
@@ -530,19 +531,13 @@ fn a_long_prompt_joins_running_answers_a_chunk_at_a_time() {
     let mut short_tokens = vec![piece.token];
     let mut chunks = 0;
     let first_chunk = std::time::Instant::now();
-    loop {
-        match t
-            .run_prompt_chunk(&long, &greedy(12), &[1])
-            .expect("a chunk")
-        {
-            PromptProgress::Ran { slot, reused } => {
-                assert_eq!(slot, 1);
-                // Only what its own earlier chunks ran.
-                assert_eq!(reused, 7 * chunks, "chunk {chunks}");
-                chunks += 1;
-            }
-            PromptProgress::Ready => break,
-        }
+    while let PromptProgress::Ran { slot, reused } =
+        t.run_prompt_chunk(&long_tokens_in, &[1]).expect("a chunk")
+    {
+        assert_eq!(slot, 1);
+        // Only what its own earlier chunks ran.
+        assert_eq!(reused, 7 * chunks, "chunk {chunks}");
+        chunks += 1;
         for (_, piece) in t.step_answers(&mut running, &|_| false).expect("step") {
             short_tokens.push(piece.expect("piece").token);
         }
@@ -578,7 +573,8 @@ fn a_long_prompt_joins_running_answers_a_chunk_at_a_time() {
     assert_eq!(long_tokens, want[1]);
     // One chunk's prompt is ready at once.
     assert_eq!(
-        t.run_prompt_chunk(&short, &greedy(4), &[0]).expect("ready"),
+        t.run_prompt_chunk(&t.prompt_ids(&short, &greedy(4)).expect("ids"), &[0])
+            .expect("ready"),
         PromptProgress::Ready
     );
 }

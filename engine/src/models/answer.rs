@@ -255,28 +255,28 @@ impl TextModel {
         Ok(slot)
     }
 
-    /// Runs the next chunk of the prompt `prompt` would start an answer with into the free
-    /// slot [`Self::start_answer`] would choose, without answering, while more than a chunk
-    /// of it remains beyond what that slot holds. A long prompt so joins running answers one
-    /// prefill chunk between two of their steps, rather than holding them for its whole
-    /// prefill; [`PromptProgress::Ready`] once the rest takes one chunk (or the model keeps no
-    /// prompt rows between prefills, or the prompt does not fit: starting it then says why).
-    pub fn run_prompt_chunk(
-        &mut self,
-        prompt: &Prompt,
-        params: &GenerateParams,
-        free: &[u32],
-    ) -> Result<PromptProgress, Error> {
+    /// The tokens an answer to `prompt` under `params` starts from.
+    pub fn prompt_ids(&self, prompt: &Prompt, params: &GenerateParams) -> Result<Vec<u32>, Error> {
+        self.tokenize_with(prompt, &params.switches())
+    }
+
+    /// Runs the next chunk of prompt `ids` (an answer's, as [`Self::prompt_ids`] reads it;
+    /// kept by the caller between chunks) into the free slot [`Self::start_answer`] would
+    /// choose, without answering, while more than a chunk of it remains beyond what that slot
+    /// holds. A long prompt so joins running answers one prefill chunk between two of their
+    /// steps, rather than holding them for its whole prefill; [`PromptProgress::Ready`] once
+    /// the rest takes one chunk (or the model keeps no prompt rows between prefills, or the
+    /// prompt does not fit: starting it then says why).
+    pub fn run_prompt_chunk(&mut self, ids: &[u32], free: &[u32]) -> Result<PromptProgress, Error> {
         if !self.model.reuses_prompts() {
             return Ok(PromptProgress::Ready);
         }
-        let ids = self.tokenize_with(prompt, &params.switches())?;
         let chunk = self.model.prompt_chunk() as usize;
         if ids.len() <= chunk || ids.len() > self.model.capacity() as usize {
             return Ok(PromptProgress::Ready);
         }
-        let slot = self.slot_for(&ids, free)?;
-        let cached = self.model.cached_prefix(slot, &ids);
+        let slot = self.slot_for(ids, free)?;
+        let cached = self.model.cached_prefix(slot, ids);
         if ids.len() - cached <= chunk {
             return Ok(PromptProgress::Ready);
         }

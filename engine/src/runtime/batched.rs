@@ -25,6 +25,9 @@ struct Queued {
     /// When its prompt's first chunk ran while answers were running, and the tokens it
     /// found cached then.
     joined: Option<(Instant, usize)>,
+    /// Its prompt's tokens, once read for running in chunks (a long prompt is not read again
+    /// for each).
+    ids: Option<Vec<u32>>,
 }
 
 pub(super) struct Service {
@@ -101,6 +104,7 @@ impl Service {
                         prompt,
                         params,
                         joined: None,
+                        ids: None,
                     });
                     return;
                 }
@@ -160,7 +164,11 @@ impl Service {
             if !self.running.is_empty() && !cancelled {
                 let started = Instant::now();
                 let ran = guarded("generating", || {
-                    m.run_prompt_chunk(&q.prompt, &q.params, &free)
+                    let ids = match &mut q.ids {
+                        Some(ids) => ids,
+                        None => q.ids.insert(m.prompt_ids(&q.prompt, &q.params)?),
+                    };
+                    m.run_prompt_chunk(ids, &free)
                 });
                 match ran {
                     Ok(PromptProgress::Ran { reused, .. }) => {
