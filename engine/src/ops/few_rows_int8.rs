@@ -8,12 +8,12 @@ use super::matvec::{int8_input, k_quant};
 use super::{MatMulOptions, Matrix, bind, flag, gelu_flags};
 use crate::gpu::{Gpu, GpuError, Kernel, Recorder, StorageBuffer, UniformBuffer};
 
-/// How a workgroup is laid out: lanes per weight group (they split the row's `units`: 64, or 32
-/// for rows of fewer units, whose other lanes would idle), weight groups side by side (they
-/// read each piece of x once between them; a subgroup must not span two, so only where
-/// subgroups are at most a group's lanes), and rows of x one workgroup multiplies each unit of
-/// weights by (a step of more rows takes several chunks, whose workgroups read the same weights
-/// side by side). `BACKPACK_FEW_ROWS_INT8=lanes=L,groups=G,rows=R` sets them, for measuring.
+/// How a workgroup is laid out: lanes per weight group (they split the row's `units`), weight
+/// groups side by side (they read each piece of x once between them; a subgroup must not span
+/// two, so only where subgroups are at most a group's lanes), and rows of x one workgroup
+/// multiplies each unit of weights by (a step of more rows takes several chunks, whose
+/// workgroups read the same weights side by side). `BACKPACK_FEW_ROWS_INT8=lanes=L,groups=G,rows=R`
+/// sets them, for measuring.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 struct WorkgroupShape {
     lanes: u32,
@@ -24,14 +24,18 @@ struct WorkgroupShape {
 /// The most invocations a workgroup may have on every adapter (WebGPU's default limit).
 const MAX_INVOCATIONS: u32 = 256;
 
-fn workgroup_shape(units: u32, max_subgroup: Option<u32>) -> WorkgroupShape {
-    let lanes = if units < 64 { 32 } else { 64 };
+/// The default: 32 lanes a weight group (a subgroup where subgroups are wider), four weight
+/// groups and four rows of x a workgroup. On an H200 (`bench --parallel 1,2,4,8,16`, Q4_K,
+/// docs/performance-log.md) batched steps took 9–26 % less time than with 64 lanes, two
+/// groups and eight rows: eight named sums a lane held registers that more workgroups in
+/// flight put to better use, and a step of eight rows read each weight twice, from the cache
+/// the second time.
+fn workgroup_shape(max_subgroup: Option<u32>) -> WorkgroupShape {
+    let lanes = max_subgroup.map_or(32, |size| size.clamp(32, MAX_INVOCATIONS));
     let mut shape = WorkgroupShape {
         lanes,
-        // Two a workgroup measured 2–10 % faster batched steps than one on an H200 (at 1.7B
-        // and 8B, 1 to 16 rows), four slower (docs/performance-log.md).
-        groups: 2,
-        rows: 8,
+        groups: 4,
+        rows: 4,
     };
     if let Ok(spec) = std::env::var("BACKPACK_FEW_ROWS_INT8") {
         for (key, value) in spec.split(',').filter_map(|kv| kv.split_once('=')) {
@@ -155,7 +159,7 @@ impl FewRowsInt8 {
             (w.cols / 32, 8)
         };
         let caps = gpu.caps();
-        let shape = workgroup_shape(units, caps.subgroups.then_some(caps.subgroup_max_size));
+        let shape = workgroup_shape(caps.subgroups.then_some(caps.subgroup_max_size));
         let mut defines = w.defines();
         defines.extend(gelu_flags(opts.gelu));
         defines.extend([

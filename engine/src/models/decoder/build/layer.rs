@@ -118,12 +118,16 @@ impl LayerContext<'_> {
     }
 
     /// The norm before `product` fused with the quantization of its rows, where the product
-    /// has int8 few-row products to read them.
+    /// has int8 few-row products to read them. `BACKPACK_NORM_INT8=0` keeps the two apart, for
+    /// measuring the fusion.
     fn norm_int8(
         &self,
         n: &(StorageBuffer, Option<StorageBuffer>),
         product: &PromptProduct,
     ) -> Result<Option<NormInt8>, Error> {
+        if std::env::var("BACKPACK_NORM_INT8").is_ok_and(|v| v.trim() == "0") {
+            return Ok(None);
+        }
         let a = self.acts;
         let (Some(rows), Some(int8)) = (a.batch_int8.as_ref(), product.int8()) else {
             return Ok(None);
