@@ -17,7 +17,7 @@ use backpack_engine::models::diffusion::{
     DiffusionModel, ImageModelOptions, ImageParams, SchedulerKind,
 };
 use backpack_engine::ops::WeightDType;
-use common::{assert_close, gpu, psnr, texture_rgba};
+use common::{assert_close, gpu, own_gpu, psnr, texture_rgba};
 use goldens::{Goldens, root};
 use serde_json::Value;
 use temp_dir::{TempDir, copy_dir};
@@ -33,12 +33,16 @@ fn golden(name: &str) -> Vec<f32> {
 }
 
 fn model(dtype: WeightDType) -> DiffusionModel {
+    model_on(&gpu(), dtype)
+}
+
+fn model_on(gpu: &backpack_engine::gpu::Gpu, dtype: WeightDType) -> DiffusionModel {
     let options = ImageModelOptions {
         dtype,
         ..Default::default()
     };
     let path = root().join("tests/fixtures/models/tiny-zimage");
-    DiffusionModel::load(&gpu(), &path, &options).unwrap_or_else(|e| panic!("tiny-zimage: {e}"))
+    DiffusionModel::load(gpu, &path, &options).unwrap_or_else(|e| panic!("tiny-zimage: {e}"))
 }
 
 fn close(what: &str, got: &[f32], want: &[f32], tol: f32) {
@@ -446,4 +450,27 @@ fn previews_at_the_published_channels_use_the_linear_map() {
         ],
         (8, 8),
     );
+}
+
+/// Paced as the app's window paces its device (here parts of one dispatch after the first
+/// few, two at most in the queue), every step and the decode give the same image to the byte.
+#[test]
+fn paced_submissions_draw_the_same_image() {
+    // A device of its own: pacing is a property of the queue, and other tests share theirs.
+    let gpu = own_gpu();
+    let mut m = model_on(&gpu, WeightDType::F32);
+    let case = &meta()["cases"][0];
+    let name = case["name"].as_str().expect("name");
+    let params = case_params(case, golden(&format!("{name}.latents")));
+    let draw = |m: &mut DiffusionModel| {
+        m.generate(&params, false, |_| true)
+            .expect("generate")
+            .expect("image")
+            .rgb
+    };
+    let unpaced = draw(&mut m);
+    gpu.pace_parts(Some(std::time::Duration::from_micros(1)));
+    let paced = draw(&mut m);
+    gpu.pace_parts(None);
+    assert_eq!(unpaced, paced, "{name}: paced image differs");
 }

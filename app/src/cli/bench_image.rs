@@ -5,10 +5,12 @@
 use std::path::PathBuf;
 
 use anyhow::{Context, Result};
+use backpack_engine::gpu::Gpu;
 use backpack_engine::models::diffusion::{DiffusionModel, ImageModelOptions, ImageParams};
 use clap::Args;
 
 use super::DTypeArg;
+use super::frame_probe::FrameProbe;
 
 #[derive(Args)]
 pub struct BenchImageArgs {
@@ -43,6 +45,11 @@ pub struct BenchImageArgs {
     /// Print the GPU time of each kernel of one UNet (or transformer) call and one VAE decode.
     #[arg(long)]
     profile: bool,
+    /// Also generate one image of --steps steps while a stand-in for a window's frames (a
+    /// small submission every 1/60 s) waits its turn on the queue: once with the engine's
+    /// submissions unpaced, once paced as in the app's window; prints the frames' waits.
+    #[arg(long)]
+    frame_probe: bool,
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -110,6 +117,9 @@ pub fn run(args: BenchImageArgs, adapter: Option<&str>) -> Result<()> {
             args.steps.max(1),
             model.activation_bytes() as f64 / f64::from(1u32 << 20)
         );
+        if args.frame_probe {
+            probe_frames(&gpu, &mut model, &params(args.steps.max(1)))?;
+        }
         if args.profile {
             for (what, mut timings) in model.profile(size, size)? {
                 timings.sort_by(|a, b| b.total_ns.total_cmp(&a.total_ns));
@@ -136,5 +146,53 @@ pub fn run(args: BenchImageArgs, adapter: Option<&str>) -> Result<()> {
             println!("{line}");
         }
     }
+    Ok(())
+}
+
+/// Images of `params` with the frame probe running: unpaced, then paced as the window paces
+/// its device (the first paced image measures each kernel, the second is cut by what it
+/// measured), then one paced image without the probe (the pacing's own cost).
+fn probe_frames(gpu: &Gpu, model: &mut DiffusionModel, params: &ImageParams) -> Result<()> {
+    let budget = backpack_app::gui::services::text::WINDOW_PART_BUDGET;
+    let runs = [
+        (None, true),
+        (Some(budget), true),
+        (Some(budget), true),
+        (Some(budget), false),
+    ];
+    for (pacing, probed) in runs {
+        gpu.pace_parts(pacing);
+        let probe = probed.then(|| FrameProbe::start(gpu));
+        let image = model.generate(params, false, |_| true);
+        let waits = probe.map(FrameProbe::finish);
+        let image = image?.context("stopped")?;
+        let how = match pacing {
+            None => "unpaced".to_owned(),
+            Some(b) => format!("paced at {} ms a part", b.as_millis()),
+        };
+        let t = &image.timings;
+        let timings = format!(
+            "image {:.1} ms (text {:.1}, steps {:.1} each, decode {:.1})",
+            t.total_ms, t.text_ms, t.ms_per_step, t.vae_ms
+        );
+        let Some(waits) = waits else {
+            println!(
+                "a {}-step image ({how}), no frames: {timings}",
+                params.steps
+            );
+            continue;
+        };
+        println!(
+            "frames during a {}-step image ({how}): {} frames, each waited p50 {:.2} ms, p99 {:.2} ms, max {:.2} ms; {timings}",
+            params.steps, waits.frames, waits.p50, waits.p99, waits.max
+        );
+        let longest: Vec<String> = waits
+            .longest
+            .iter()
+            .map(|(at, wait)| format!("{wait:.1} ms at {at:.0} ms"))
+            .collect();
+        println!("  longest waits: {}", longest.join(", "));
+    }
+    gpu.pace_parts(None);
     Ok(())
 }

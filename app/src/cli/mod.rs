@@ -7,6 +7,7 @@ pub mod bench_gemm;
 pub mod bench_image;
 pub mod bench_speculative;
 pub mod bench_speech;
+mod frame_probe;
 pub mod generate;
 pub mod image;
 pub mod listen;

@@ -64,6 +64,11 @@ pub(crate) struct GpuInner {
     /// thread's work between them: services share a device and its shared scratch. One per
     /// queue (views with other capabilities share it).
     pub submit_lock: Arc<std::sync::Mutex<()>>,
+    /// The GPU time each paced part aims at, in µs (0: parts unpaced; see `Gpu::pace_parts`).
+    /// Shared by the views of one queue, like the lock.
+    pub part_budget_us: Arc<std::sync::atomic::AtomicU32>,
+    /// What paced parts have measured of each kernel (see `pacing.rs`).
+    pub kernel_costs: super::pacing::KernelCosts,
 }
 
 /// A cheap-to-clone handle to the device and queue every kernel runs on.
@@ -194,6 +199,8 @@ impl Gpu {
                 pipelines: PipelineCache::default(),
                 scratch: Default::default(),
                 submit_lock: Default::default(),
+                part_budget_us: Default::default(),
+                kernel_costs: Default::default(),
             }),
         }
     }
@@ -225,6 +232,8 @@ impl Gpu {
                 pipelines: PipelineCache::default(),
                 scratch: Default::default(),
                 submit_lock: self.inner.submit_lock.clone(),
+                part_budget_us: self.inner.part_budget_us.clone(),
+                kernel_costs: self.inner.kernel_costs.clone(),
             }),
         }
     }
@@ -280,6 +289,33 @@ impl Gpu {
     ) -> wgpu::SubmissionIndex {
         let _held = self.submit_lock();
         self.inner.queue.submit(buffers)
+    }
+
+    /// Paces long sequences recorded in parts (`Recorder::in_parts`: prompts, image steps, VAE
+    /// decodes) for a window that draws with the same queue: each part aims at `budget` of GPU
+    /// time and at most two wait in the queue, so a frame waits for two parts at most rather
+    /// than for a whole image step. `None` submits as fast as the host records (batch work).
+    pub fn pace_parts(&self, budget: Option<std::time::Duration>) {
+        let us = budget.map_or(0, |b| b.as_micros().clamp(1, u128::from(u32::MAX)) as u32);
+        self.inner
+            .part_budget_us
+            .store(us, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// The GPU time a paced part aims at, where parts are paced.
+    pub fn part_budget(&self) -> Option<std::time::Duration> {
+        match self
+            .inner
+            .part_budget_us
+            .load(std::sync::atomic::Ordering::Relaxed)
+        {
+            0 => None,
+            us => Some(std::time::Duration::from_micros(u64::from(us))),
+        }
+    }
+
+    pub(crate) fn kernel_costs(&self) -> super::pacing::KernelCosts {
+        self.inner.kernel_costs.clone()
     }
 
     /// The lock every submission holds (see `GpuInner::submit_lock`). A panic elsewhere

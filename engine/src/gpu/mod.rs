@@ -5,6 +5,7 @@
 mod buffers;
 mod device;
 mod memory;
+mod pacing;
 mod pipelines;
 pub(crate) mod profile;
 mod recorder;

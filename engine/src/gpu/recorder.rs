@@ -1,4 +1,5 @@
 use super::device::Gpu;
+use super::pacing::PartPacer;
 use super::pipelines::Kernel;
 use super::profile::Profiler;
 
@@ -12,6 +13,10 @@ pub struct Recorder<'a> {
     profiler: Option<&'a mut Profiler>,
     dispatches: u32,
     in_parts: bool,
+    /// The dispatch count at which the next part is submitted (unpaced).
+    next_part_at: u32,
+    /// Where the device paces submissions for a window (`Gpu::pace_parts`).
+    pacer: Option<PartPacer>,
     /// The submission lock, from the first part submitted until the last.
     parts_lock: Option<std::sync::MutexGuard<'a, ()>>,
 }
@@ -35,6 +40,8 @@ impl<'a> Recorder<'a> {
             profiler: None,
             dispatches: 0,
             in_parts: false,
+            next_part_at: FIRST_PART,
+            pacer: None,
             parts_lock: None,
         }
     }
@@ -47,7 +54,9 @@ impl<'a> Recorder<'a> {
     /// the whole). The parts reach the queue together: the recorder holds the device's
     /// submission lock from its first part to its last, so no other thread's work (which may
     /// reuse the same shared scratch) lands between them. `BACKPACK_SUBMIT_PARTS=0` records
-    /// whole (comparisons).
+    /// whole (comparisons). Where the device paces submissions (`Gpu::pace_parts`, for a
+    /// window sharing it), parts are cut by their dispatches' expected GPU time and at most
+    /// two wait in the queue (see `pacing.rs`).
     pub fn in_parts(gpu: &'a Gpu) -> Self {
         let mut rec = Self::new(gpu);
         rec.in_parts = !matches!(
@@ -56,6 +65,11 @@ impl<'a> Recorder<'a> {
                 .map(str::trim),
             Ok("0")
         );
+        if rec.in_parts
+            && let Some(budget) = gpu.part_budget()
+        {
+            rec.pacer = Some(PartPacer::new(budget, gpu.kernel_costs()));
+        }
         rec
     }
 
@@ -80,14 +94,28 @@ impl<'a> Recorder<'a> {
         if grid.contains(&0) {
             return;
         }
-        let done = self.dispatches;
-        if self.in_parts
-            && (done == FIRST_PART
-                || (done > FIRST_PART && (done - FIRST_PART).is_multiple_of(PART)))
-        {
+        let workgroups = grid[0].saturating_mul(grid[1]).saturating_mul(grid[2]);
+        let mut cut_after = false;
+        if let Some(pacer) = self.pacer.as_ref() {
+            let cuts = pacer.cuts(&kernel.label, workgroups);
+            if cuts.before {
+                self.submit_so_far();
+            }
+            cut_after = cuts.after;
+        } else if self.in_parts && self.dispatches == self.next_part_at {
             self.submit_so_far();
         }
         self.dispatches += 1;
+        if let Some(pacer) = self.pacer.as_mut() {
+            pacer.record(&kernel.label, workgroups);
+        }
+        self.encode_dispatch(kernel, bind_group, grid);
+        if cut_after {
+            self.submit_so_far();
+        }
+    }
+
+    fn encode_dispatch(&mut self, kernel: &Kernel, bind_group: &wgpu::BindGroup, grid: [u32; 3]) {
         if let Some(profiler) = self.profiler.as_deref_mut() {
             self.pass = None;
             let writes = profiler.next(&kernel.label);
@@ -161,7 +189,11 @@ impl<'a> Recorder<'a> {
         if self.parts_lock.is_none() {
             self.parts_lock = Some(self.gpu.submit_lock());
         }
-        self.gpu.queue().submit([done.finish()]);
+        let index = self.gpu.queue().submit([done.finish()]);
+        match self.pacer.as_mut() {
+            Some(pacer) => pacer.after_submit(self.gpu.device(), index),
+            None => self.next_part_at = self.dispatches + PART,
+        }
     }
 
     /// Ends encoding and submits the work in one `queue.submit`.

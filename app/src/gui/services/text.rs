@@ -228,8 +228,17 @@ pub fn wgpu_setup(adapter: Option<&str>) -> egui_wgpu::WgpuSetup {
     setup.into()
 }
 
-/// The engine's GPU handle for the renderer's device, when the renderer is wgpu.
+/// GPU time each part of a long sequence (a prompt, an image step, a VAE decode) aims at
+/// on the window's device: with two parts at most in the queue, a frame waits 8 ms at most
+/// for the engine's work ahead of it.
+pub const WINDOW_PART_BUDGET: std::time::Duration = std::time::Duration::from_millis(4);
+
+/// The engine's GPU handle for the renderer's device, when the renderer is wgpu: its long
+/// sequences paced so the window keeps drawing (`Gpu::pace_parts`).
 pub fn shared_gpu(render_state: Option<&egui_wgpu::RenderState>) -> Option<Gpu> {
-    render_state
-        .map(|rs| Gpu::from_device(rs.device.clone(), rs.queue.clone(), rs.adapter.get_info()))
+    render_state.map(|rs| {
+        let gpu = Gpu::from_device(rs.device.clone(), rs.queue.clone(), rs.adapter.get_info());
+        gpu.pace_parts(Some(WINDOW_PART_BUDGET));
+        gpu
+    })
 }
