@@ -472,8 +472,12 @@ fn main(
             var part = 0.0;
             for (var t = 0u; t < QUADS / KEY_LANES; t++) {
                 let i = key_lane + t * KEY_LANES;
+#if SPLIT
                 // This token's key from workgroup memory (its cache row may be in flight).
                 part += dot(qs[i], select(k_quad(row + i), cur_k[i], kj == pos));
+#else
+                part += dot(qs[i], k_quad(row + i));
+#endif
             }
             for (var off = KEY_LANES / 2u; off > 0u; off = off >> 1u) {
                 part += subgroupShuffleXor(part, off);

@@ -3067,14 +3067,20 @@ fn quantized_embedding_gather_matches_cpu() {
 
 /// A batched decode step's attention: each row is a token of the sequence in its own cache
 /// slot, at its own position, seeing only that slot's keys up to it. Every slot and position
-/// holds values of its own, so a wrong slot or a key past the row's position shows. Awkward sizes: heads of 12, three slots of 37 rows, a row at position 0.
+/// holds values of its own, so a wrong slot or a key past the row's position shows. Awkward
+/// sizes: heads of 12 (a lane a key), three slots of 37 rows, a row at position 0; and heads of
+/// 32 (lanes scoring each key together) over 300 rows, more keys than a workgroup's chunk.
 #[test]
 fn batched_attention_reads_each_rows_slot_and_matches_cpu() {
+    batched_attention_case(12, 37, &[(5, 2), (33, 0), (0, 1), (17, 2), (36, 1)]);
+    batched_attention_case(32, 300, &[(5, 2), (290, 0), (0, 1), (257, 2), (299, 1)]);
+}
+
+/// (position, slot) per row in `rows`; two rows may share a slot.
+fn batched_attention_case(hd: u32, capacity: u32, rows: &[(u32, u32)]) {
     let gpu = gpu();
     let mut rng = Rng::new(41);
-    let (heads, kv_heads, hd, capacity, slots) = (4u32, 2u32, 12u32, 37u32, 3u32);
-    // (position, slot) per row; two rows may share a slot.
-    let rows: [(u32, u32); 5] = [(5, 2), (33, 0), (0, 1), (17, 2), (36, 1)];
+    let (heads, kv_heads, slots) = (4u32, 2u32, 3u32);
     let hdu = hd as usize;
     let cap = capacity as usize;
     for dtype in DTYPES {
@@ -3131,7 +3137,7 @@ fn batched_attention_reads_each_rows_slot_and_matches_cpu() {
         }
         let ones = vec![1.0; want.len()];
         assert_close(
-            &format!("batched attention {dtype:?}"),
+            &format!("batched attention {dtype:?}, heads of {hd}"),
             &got,
             &want,
             &ones,

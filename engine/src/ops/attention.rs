@@ -25,7 +25,8 @@ fn split_workgroup(head_dim: u32) -> u32 {
     if head_dim >= 128 { 128 } else { WG }
 }
 
-/// Lanes that score each key of a split decode step together (0: a lane a key): up to eight,
+/// Lanes that score each key of a split decode step or a batched step together (0: a lane a
+/// key): up to eight,
 /// a power of two that divides the head's quads and fits a subgroup. One lane a key reads a
 /// quad from each of a subgroup's key rows per load; eight read runs of a row. On an H200
 /// (`bench --gen 128`, Q4_K, two rounds) Llama-3.1-8B decoded 368 tok/s against 356 after a
@@ -324,7 +325,7 @@ impl Attention {
         } else {
             WG
         };
-        let key_lanes = if split.is_some() {
+        let key_lanes = if split.is_some() || batch.is_some() {
             split_key_lanes(gpu, head_dim)
         } else {
             0
