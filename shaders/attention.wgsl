@@ -19,6 +19,11 @@
 // an encoder's self-attention over its fused QKV rows, or cross-attention of decoder queries
 // over an encoder's projected keys and values. Every query sees all `keys` keys.
 //
+// With RUNS (a batched decode step over long contexts), BATCH as split: workgroup (head, row,
+// r) takes the r-th run of the row's keys and writes its unnormalised output and (max, sum) to
+// `out` and `split_stats` at [row][r][head]; the `merge_runs` entry point then merges each
+// row's runs into its output (`run_parts` the runs' outputs, `out` the result).
+//
 // With RING (sliding-window layers), a query at position q sees keys q − window + 1 ..= q only,
 // and position j lives in cache row j mod capacity: a rolling cache bounded by the window.
 //
@@ -31,7 +36,7 @@
 // NO_ROPE (learned positions), ROT (rotating dims of a head), RING, FULL, HALVES (with FULL: q,
 // kv and out hold f16 values, two to a word, offsets and strides still counted in values), TILED
 // (the `tiled` entry point, with BQ and BK), SINKS (a logit per head in every softmax's
-// denominator; not with SPLIT).
+// denominator; not with SPLIT), RUNS (with BATCH).
 
 #if FULL
 struct Params {
@@ -121,6 +126,12 @@ const KEY_GROUPS: u32 = {{WG}}u / QUADS;
 #if SPLIT
 // (running max, running sum) per (split, head).
 @group(0) @binding(6) var<storage, read_write> split_stats: array<vec2<f32>>;
+#endif
+#if RUNS
+// (running max, running sum) per (row, run, head).
+@group(0) @binding(6) var<storage, read_write> split_stats: array<vec2<f32>>;
+// The runs' unnormalised outputs [row][run][head][HD] (read by merge_runs).
+@group(0) @binding(10) var<storage, read> run_parts: array<vec4<f32>>;
 #endif
 #if SINKS
 // A logit per query head that joins every softmax's denominator (GPT-OSS's sinks).
@@ -350,6 +361,54 @@ fn wg_reduce(tid: u32, v: f32, sg_lane: u32, sg_size: u32, want_max: bool) -> f3
     return r;
 }
 
+#if RUNS
+// Row t's first visible key and the length of its runs (at least MIN_SPLIT keys, at most
+// MAX_SPLITS runs, as a split decode step takes them).
+fn row_runs(t: u32) -> vec2<u32> {
+    let lowest = first_visible(token_pos(t));
+    let visible = token_pos(t) + 1u - lowest;
+    return vec2<u32>(lowest, max({{MIN_SPLIT}}u, (visible + {{MAX_SPLITS}}u - 1u) / {{MAX_SPLITS}}u));
+}
+
+// Where run r of row t's head `head` keeps its output and stats.
+fn run_slot(t: u32, r: u32, head: u32) -> u32 {
+    return (t * {{MAX_SPLITS}}u + r) * p.heads + head;
+}
+
+// Merges row wid.y's runs of head wid.x: each run's output weighted by exp(its max − the
+// largest), over the weighted sums.
+@compute @workgroup_size(32)
+fn merge_runs(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id) wid: vec3<u32>) {
+    let head = wid.x;
+    let t = wid.y;
+    let run_keys = row_runs(t);
+    let runs = (token_pos(t) + 1u - run_keys.x + run_keys.y - 1u) / run_keys.y;
+    var largest = NEG_BIG;
+    for (var r = 0u; r < runs; r++) {
+        largest = max(largest, split_stats[run_slot(t, r, head)].x);
+    }
+    var sum = 0.0;
+    for (var r = 0u; r < runs; r++) {
+        let st = split_stats[run_slot(t, r, head)];
+        sum += exp(st.x - largest) * st.y;
+    }
+    let scale = normaliser(head, largest, sum);
+    for (var quad = tid; quad < QUADS; quad += 32u) {
+        var o = vec4<f32>(0.0);
+        for (var r = 0u; r < runs; r++) {
+            let at = run_slot(t, r, head);
+            o += exp(split_stats[at].x - largest) * run_parts[at * QUADS + quad];
+        }
+        o *= scale;
+        let b = (t * p.heads + head) * {{HD}}u + 4u * quad;
+        out[b] = o.x;
+        out[b + 1u] = o.y;
+        out[b + 2u] = o.z;
+        out[b + 3u] = o.w;
+    }
+}
+#endif
+
 @compute @workgroup_size({{WG}})
 fn main(
     @builtin(local_invocation_index) tid: u32,
@@ -386,8 +445,20 @@ fn main(
 #else
 #if BATCH
     // Each row its own sequence's token: its keys are its position's and those before.
+#if RUNS
+    let run = wid.z;
+    let run_keys = row_runs(t);
+    let first_key = run_keys.x + run * run_keys.y;
+    let n_keys = min(first_key + run_keys.y, token_pos(t) + 1u);
+    // A run past the row's keys (the grid covers the longest row's): nothing to write, and
+    // merge_runs reads only the row's own runs.
+    if (first_key >= n_keys) {
+        return;
+    }
+#else
     let n_keys = token_pos(t) + 1u;
     let first_key = first_visible(token_pos(t));
+#endif
 #else
     // Causal, and never past seq_len: a padded prompt's pad rows see only the real tokens.
     let n_keys = min(step.pos0 + t + 1u, step.seq_len);
@@ -556,8 +627,17 @@ fn main(
             split_stats[split * p.heads + head] = vec2<f32>(running_max, running_sum);
         }
 #else
+#if RUNS
+        let o = total;
+        let at = run_slot(t, run, head);
+        let b = at * {{HD}}u + 4u * tid;
+        if (tid == 0u) {
+            split_stats[at] = vec2<f32>(running_max, running_sum);
+        }
+#else
         let o = total * normaliser(head, running_max, running_sum);
         let b = out_base + 4u * tid;
+#endif
 #endif
 #if HALVES
         store_halves(b, o);

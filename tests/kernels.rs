@@ -3072,12 +3072,15 @@ fn quantized_embedding_gather_matches_cpu() {
 /// 32 (lanes scoring each key together) over 300 rows, more keys than a workgroup's chunk.
 #[test]
 fn batched_attention_reads_each_rows_slot_and_matches_cpu() {
-    batched_attention_case(12, 37, &[(5, 2), (33, 0), (0, 1), (17, 2), (36, 1)]);
-    batched_attention_case(32, 300, &[(5, 2), (290, 0), (0, 1), (257, 2), (299, 1)]);
+    batched_attention_case(12, 37, &[(5, 2), (33, 0), (0, 1), (17, 2), (36, 1)], false);
+    let long = [(5, 2), (290, 0), (0, 1), (257, 2), (299, 1)];
+    batched_attention_case(32, 300, &long, false);
+    // With a sink logit per head (GPT-OSS), which the merge of the runs adds.
+    batched_attention_case(32, 300, &long, true);
 }
 
 /// (position, slot) per row in `rows`; two rows may share a slot.
-fn batched_attention_case(hd: u32, capacity: u32, rows: &[(u32, u32)]) {
+fn batched_attention_case(hd: u32, capacity: u32, rows: &[(u32, u32)], with_sinks: bool) {
     let gpu = gpu();
     let mut rng = Rng::new(41);
     let (heads, kv_heads, slots) = (4u32, 2u32, 3u32);
@@ -3100,12 +3103,26 @@ fn batched_attention_case(hd: u32, capacity: u32, rows: &[(u32, u32)]) {
         let table = gpu.uniform("rows", &table);
         let mut shape = CacheShape::new(heads, kv_heads, hd, capacity, dtype);
         shape.slots = slots;
-        let op = Attention::batched(&gpu, shape, [&qb, &kb, &vb, &out], None, &st, &table)
+        let sinks: Vec<f32> = (0..heads).map(|h| 0.5 * h as f32 - 0.3).collect();
+        let sinks_buffer = with_sinks.then(|| buf(&gpu, &sinks));
+        let io = [&qb, &kb, &vb, &out];
+        let op = Attention::batched(&gpu, shape, io, sinks_buffer.as_ref(), &st, &table)
             .expect("batched attention");
-        let mut rec = Recorder::new(&gpu);
-        op.encode(&mut rec, 0, rows.len() as u32);
-        rec.submit();
-        let got = read(&gpu, &out, q.len());
+        // A workgroup per row and head, then (where the longest row's keys make more than
+        // one run) runs of keys merged.
+        let n = rows.len() as u32;
+        let longest = rows.iter().map(|r| r.0 + 1).max().unwrap_or(1);
+        let mut outputs = Vec::new();
+        for runs in [false, true] {
+            let mut rec = Recorder::new(&gpu);
+            if runs {
+                op.encode_batch(&mut rec, n, longest);
+            } else {
+                op.encode(&mut rec, 0, n);
+            }
+            rec.submit();
+            outputs.push((runs, read(&gpu, &out, q.len())));
+        }
         let scale = 1.0 / f64::from(hd).sqrt();
         let mut want = Vec::with_capacity(q.len());
         for (t, &(pos, slot)) in rows.iter().enumerate() {
@@ -3126,7 +3143,12 @@ fn batched_attention_case(hd: u32, capacity: u32, rows: &[(u32, u32)]) {
                     .collect();
                 let m = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
                 let e: Vec<f64> = scores.iter().map(|s| (s - m).exp()).collect();
-                let z: f64 = e.iter().sum();
+                let sink = if with_sinks {
+                    (f64::from(sinks[h]) - m).exp()
+                } else {
+                    0.0
+                };
+                let z: f64 = e.iter().sum::<f64>() + sink;
                 for d in 0..hdu {
                     let o: f64 = (0..keys)
                         .map(|j| e[j] * f64::from(v[(base + j) * hdu + d]))
@@ -3136,13 +3158,17 @@ fn batched_attention_case(hd: u32, capacity: u32, rows: &[(u32, u32)]) {
             }
         }
         let ones = vec![1.0; want.len()];
-        assert_close(
-            &format!("batched attention {dtype:?}, heads of {hd}"),
-            &got,
-            &want,
-            &ones,
-            2e-5,
-            0.0,
-        );
+        for (runs, got) in &outputs {
+            assert_close(
+                &format!(
+                    "batched attention {dtype:?}, heads of {hd}, runs {runs}, sinks {with_sinks}"
+                ),
+                got,
+                &want,
+                &ones,
+                2e-5,
+                0.0,
+            );
+        }
     }
 }

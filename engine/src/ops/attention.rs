@@ -202,7 +202,77 @@ pub struct Attention {
     heads: u32,
     window: Option<u32>,
     split: bool,
+    /// A batched step's attention over runs of keys, and the merge of each row's runs.
+    runs: Option<BatchRuns>,
     _params: UniformBuffer,
+}
+
+/// A batched step's keys in runs across workgroups (attention.wgsl `RUNS`), for rows whose
+/// keys outnumber one run: with a workgroup per row and head, a step of a few rows over
+/// long contexts leaves most of the GPU idle.
+struct BatchRuns {
+    kernel: Kernel,
+    bind_group: wgpu::BindGroup,
+    merge: Kernel,
+    merge_group: wgpu::BindGroup,
+    _parts: StorageBuffer,
+    _stats: StorageBuffer,
+}
+
+impl BatchRuns {
+    /// The runs' kernel and the merge, from the batched kernel's `defines` and bindings
+    /// (`entries`; the runs write their outputs and statistics to scratch shared by every
+    /// layer, the merge writes the batched kernel's output).
+    fn new(
+        gpu: &Gpu,
+        shape: &CacheShape,
+        defines: &[(&'static str, String)],
+        entries: &[(u32, &wgpu::Buffer)],
+    ) -> Result<Self, GpuError> {
+        let defines: Vec<(&'static str, String)> = defines
+            .iter()
+            .map(|(name, value)| match *name {
+                "RUNS" => (*name, "1".to_owned()),
+                _ => (*name, value.clone()),
+            })
+            .collect();
+        let kernel = gpu.kernel("attention", SOURCE, "main", &defines)?;
+        let merge = gpu.kernel("attention", SOURCE, "merge_runs", &defines)?;
+        let slots = u64::from(super::MAX_BATCH_ROWS * MAX_SPLITS * shape.heads);
+        let parts = gpu.shared_scratch(
+            "batched attention runs",
+            slots * u64::from(shape.head_dim) * 4,
+        )?;
+        let stats = gpu.shared_scratch("batched attention run stats", slots * 8)?;
+        let out = entries
+            .iter()
+            .find(|(binding, _)| *binding == 5)
+            .map(|(_, buffer)| *buffer)
+            .ok_or_else(|| GpuError::Device("batched attention without an output".into()))?;
+        // The runs leave the sinks to the merge, which normalises.
+        let mut run_entries: Vec<(u32, &wgpu::Buffer)> = entries
+            .iter()
+            .filter(|(binding, _)| ![5, 9].contains(binding))
+            .copied()
+            .collect();
+        run_entries.extend([(5, &parts.buffer), (6, &stats.buffer)]);
+        let bind_group = bind(gpu, &kernel, &run_entries);
+        let mut merge_entries: Vec<(u32, &wgpu::Buffer)> = entries
+            .iter()
+            .filter(|(binding, _)| [0, 9, super::BATCH_ROWS_BINDING].contains(binding))
+            .copied()
+            .collect();
+        merge_entries.extend([(5, out), (6, &stats.buffer), (10, &parts.buffer)]);
+        let merge_group = bind(gpu, &merge, &merge_entries);
+        Ok(Self {
+            kernel,
+            bind_group,
+            merge,
+            merge_group,
+            _parts: parts,
+            _stats: stats,
+        })
+    }
 }
 
 impl Attention {
@@ -354,6 +424,7 @@ impl Attention {
             // Prompts (not a split or batched decode step) also get the query-block kernel.
             flag("TILED", split.is_none() && batch.is_none()),
             flag("BATCH", batch.is_some()),
+            flag("RUNS", false),
             ("BQ", bq.to_string()),
             ("BK", bk.to_string()),
             flag("SINKS", sinks.is_some()),
@@ -412,6 +483,10 @@ impl Attention {
             None
         };
         let bind_group = bind(gpu, &kernel, &entries);
+        let runs = match batch {
+            Some(_) => Some(BatchRuns::new(gpu, &shape, &defines, &entries)?),
+            None => None,
+        };
         Ok(Self {
             kernel,
             bind_group,
@@ -421,8 +496,24 @@ impl Attention {
             heads: shape.heads,
             window: shape.window,
             split: split.is_some(),
+            runs,
             _params: params,
         })
+    }
+
+    /// Records a batched step's attention for `n_rows` rows, the longest of which sees
+    /// `longest` keys: over runs of keys and their merge where that takes more than one run,
+    /// else a workgroup per row and head.
+    pub fn encode_batch(&self, rec: &mut Recorder<'_>, n_rows: u32, longest: u32) {
+        let visible = self.window.map_or(longest, |w| longest.min(w));
+        let runs = splits_for(visible);
+        match &self.runs {
+            Some(r) if runs > 1 => {
+                rec.dispatch_xyz(&r.kernel, &r.bind_group, [self.heads, n_rows, runs]);
+                rec.dispatch_xyz(&r.merge, &r.merge_group, [self.heads, n_rows, 1]);
+            }
+            _ => self.encode(rec, 0, n_rows),
+        }
     }
 
     /// Records attention for `n_tokens` queries starting at position `pos0` (which must match

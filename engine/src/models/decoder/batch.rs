@@ -329,8 +329,14 @@ impl DecoderModel {
             batch.sample.set(&self.gpu, row.slot, sampler, row.mask);
         }
         batch.embed.encode(rec, n);
+        // Keys the longest row sees: its position and those before.
+        let longest = table.rows[..n as usize]
+            .iter()
+            .map(|r| r[0] + 1)
+            .max()
+            .unwrap_or(1);
         for layer in &self.layers {
-            if !layer.encode_batch(rec, n) {
+            if !layer.encode_batch(rec, n, longest) {
                 return Err(Error::Invalid(
                     "a layer of this model has no batched decode kernels".into(),
                 ));

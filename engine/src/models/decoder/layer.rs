@@ -182,16 +182,17 @@ impl Layer {
 
     /// Records this layer for the `n` prompt tokens starting at `pos0`.
     pub(super) fn encode_prompt(&self, rec: &mut Recorder<'_>, pos0: u32, n: u32) {
-        self.encode_rows(rec, pos0, n, false);
+        self.encode_rows(rec, pos0, n, None);
     }
 
     /// Records this layer for a batched decode step of `n` rows, each a token of its own
-    /// sequence (the step's `rows`): the prompt's kernels, with RoPE and attention taking
-    /// each row's position and cache slot. False where the layer has no batched kernels.
-    pub(super) fn encode_batch(&self, rec: &mut Recorder<'_>, n: u32) -> bool {
+    /// sequence (the step's `rows`), the longest of which sees `longest` keys: the prompt's
+    /// kernels, with RoPE and attention taking each row's position and cache slot. False
+    /// where the layer has no batched kernels.
+    pub(super) fn encode_batch(&self, rec: &mut Recorder<'_>, n: u32, longest: u32) -> bool {
         match &self.mixer {
             Mixer::Attention { batch: Some(_), .. } => {
-                self.encode_rows(rec, 0, n, true);
+                self.encode_rows(rec, 0, n, Some(longest));
                 true
             }
             _ => false,
@@ -220,9 +221,10 @@ impl Layer {
         }
     }
 
-    fn encode_rows(&self, rec: &mut Recorder<'_>, pos0: u32, n: u32, batched: bool) {
+    /// `batched`: a batched step's longest row's keys; none for a prompt.
+    fn encode_rows(&self, rec: &mut Recorder<'_>, pos0: u32, n: u32, batched: Option<u32>) {
         let attn_norm = (&self.attn_norm, self.attn_norm_int8.as_ref());
-        Self::norm_then(rec, attn_norm, &self.qkv_mm, n, batched);
+        Self::norm_then(rec, attn_norm, &self.qkv_mm, n, batched.is_some());
         for (_, mm) in &self.extra_in {
             mm.encode(rec, n);
         }
@@ -238,19 +240,23 @@ impl Layer {
                 if let Some(qk) = qk_norm {
                     qk.encode(rec, n);
                 }
-                let (rope, attention) = match (batch, batched) {
-                    (Some((rope, attention)), true) => (rope, attention),
-                    _ => (rope, attention),
-                };
-                rope.encode(rec, n);
-                attention.encode(rec, pos0, n);
+                match (batch, batched) {
+                    (Some((rope, attention)), Some(longest)) => {
+                        rope.encode(rec, n);
+                        attention.encode_batch(rec, n, longest);
+                    }
+                    _ => {
+                        rope.encode(rec, n);
+                        attention.encode(rec, pos0, n);
+                    }
+                }
                 if let Some(gate) = gate {
                     gate.encode(rec, n);
                 }
             }
             Mixer::DeltaNet { net, .. } => net.encode_prompt(rec, n),
         }
-        if batched {
+        if batched.is_some() {
             self.o_mm.encode_batch(rec, n);
         } else {
             self.o_mm.encode(rec, n);
@@ -266,11 +272,11 @@ impl Layer {
                 ..
             } => {
                 let mlp_norm = (&self.mlp_norm, self.mlp_norm_int8.as_ref());
-                Self::norm_then(rec, mlp_norm, up_mm, n, batched);
+                Self::norm_then(rec, mlp_norm, up_mm, n, batched.is_some());
                 if let Some(glu) = glu {
                     glu.encode(rec, n);
                 }
-                if batched {
+                if batched.is_some() {
                     down_mm.encode_batch(rec, n);
                 } else {
                     down_mm.encode(rec, n);
