@@ -207,6 +207,15 @@ pub struct Attention {
     _params: UniformBuffer,
 }
 
+/// Batched steps take runs of keys where a workgroup per row and head makes at most this
+/// many workgroups, and the longest row sees at least [`RUNS_FROM_KEYS`] keys. On an H200
+/// (`bench --parallel 1,2,4,16`, Llama-3.1-8B's shape, 32 heads, Q4_K, runs against none in
+/// one run): after a 2,000-token prompt steps of 1–4 rows took 13–25 % less time, 16 rows 3 %
+/// more; after 504 tokens 1–4 rows 4–9 % less, 16 rows 4 % more; after 128 tokens (three
+/// runs) 1–4 rows 5–11 % more.
+const RUNS_MOST_WORKGROUPS: u32 = 256;
+const RUNS_FROM_KEYS: u32 = 4 * MIN_SPLIT;
+
 /// A batched step's keys in runs across workgroups (attention.wgsl `RUNS`), for rows whose
 /// keys outnumber one run: with a workgroup per row and head, a step of a few rows over
 /// long contexts leaves most of the GPU idle.
@@ -483,9 +492,11 @@ impl Attention {
             None
         };
         let bind_group = bind(gpu, &kernel, &entries);
+        // `BACKPACK_ATTN_RUNS=0` keeps a workgroup per row and head, for measuring the runs.
+        let runs_off = std::env::var("BACKPACK_ATTN_RUNS").is_ok_and(|v| v.trim() == "0");
         let runs = match batch {
-            Some(_) => Some(BatchRuns::new(gpu, &shape, &defines, &entries)?),
-            None => None,
+            Some(_) if !runs_off => Some(BatchRuns::new(gpu, &shape, &defines, &entries)?),
+            _ => None,
         };
         Ok(Self {
             kernel,
@@ -502,13 +513,14 @@ impl Attention {
     }
 
     /// Records a batched step's attention for `n_rows` rows, the longest of which sees
-    /// `longest` keys: over runs of keys and their merge where that takes more than one run,
-    /// else a workgroup per row and head.
+    /// `longest` keys: over runs of keys and their merge where the rows' workgroups are few
+    /// and their keys many (see [`RUNS_MOST_WORKGROUPS`]), else a workgroup per row and head.
     pub fn encode_batch(&self, rec: &mut Recorder<'_>, n_rows: u32, longest: u32) {
         let visible = self.window.map_or(longest, |w| longest.min(w));
         let runs = splits_for(visible);
+        let few = n_rows * self.heads <= RUNS_MOST_WORKGROUPS;
         match &self.runs {
-            Some(r) if runs > 1 => {
+            Some(r) if few && visible >= RUNS_FROM_KEYS && runs > 1 => {
                 rec.dispatch_xyz(&r.kernel, &r.bind_group, [self.heads, n_rows, runs]);
                 rec.dispatch_xyz(&r.merge, &r.merge_group, [self.heads, n_rows, 1]);
             }
