@@ -778,7 +778,9 @@ impl DecoderModel {
             let mut step = self.step_params(pos, n, total);
             step.seq_len = step.seq_len.min(real);
             self.step.write(&gpu, &step);
-            let mut rec = Recorder::new(&gpu);
+            // In parts, as a prompt is: a text encoder's pass runs in a window's image
+            // generation, whose frames wait for whatever is in the queue.
+            let mut rec = Recorder::in_parts(&gpu);
             if pos == 0 {
                 for l in &self.layers {
                     l.clear_state(&mut rec);
@@ -792,7 +794,7 @@ impl DecoderModel {
                 }
                 done = depth;
                 rec.submit();
-                rec = Recorder::new(&gpu);
+                rec = Recorder::in_parts(&gpu);
                 let states: Vec<f32> =
                     gpu.read(&self.acts.x.buffer, 0, u64::from(n) * hidden as u64)?;
                 for (t, row) in states.chunks_exact(hidden).enumerate() {
