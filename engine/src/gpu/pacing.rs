@@ -65,7 +65,7 @@ pub(super) struct PartPacer {
     dispatches: u32,
     alone: Option<(String, u32)>,
     planned: f64,
-    /// The part submitted before the newest one (the newest is in `newest`).
+    /// The newest part submitted (the one before it has been waited for).
     newest: Option<Queued>,
     /// When the part last waited for was seen done.
     last_end: Option<Instant>,
@@ -89,15 +89,15 @@ impl PartPacer {
         costs.get(label).map(|per| per * f64::from(workgroups))
     }
 
-    /// The cuts around the next dispatch (`before` is taken before [`Self::record`]).
-    pub(super) fn cuts(&self, label: &str, workgroups: u32) -> Cuts {
+    /// The cuts around the next dispatch (`before` is taken before [`Self::record`]), and
+    /// its expected GPU time for [`Self::record`].
+    pub(super) fn cuts(&self, label: &str, workgroups: u32) -> (Cuts, Option<f64>) {
         let cost = self.cost(label, workgroups);
-        cuts(cost, self.dispatches, self.planned, self.budget)
+        (cuts(cost, self.dispatches, self.planned, self.budget), cost)
     }
 
-    /// Counts a dispatch into the part being recorded.
-    pub(super) fn record(&mut self, label: &str, workgroups: u32) {
-        let cost = self.cost(label, workgroups);
+    /// Counts a dispatch of expected GPU time `cost` into the part being recorded.
+    pub(super) fn record(&mut self, label: &str, workgroups: u32, cost: Option<f64>) {
         self.alone = (self.dispatches == 0).then(|| (label.to_owned(), workgroups.max(1)));
         self.dispatches += 1;
         self.planned += cost.unwrap_or(self.budget);

@@ -96,18 +96,19 @@ impl<'a> Recorder<'a> {
         }
         let workgroups = grid[0].saturating_mul(grid[1]).saturating_mul(grid[2]);
         let mut cut_after = false;
+        let mut cost = None;
         if let Some(pacer) = self.pacer.as_ref() {
-            let cuts = pacer.cuts(&kernel.label, workgroups);
+            let (cuts, expected) = pacer.cuts(&kernel.label, workgroups);
             if cuts.before {
                 self.submit_so_far();
             }
-            cut_after = cuts.after;
+            (cut_after, cost) = (cuts.after, expected);
         } else if self.in_parts && self.dispatches == self.next_part_at {
             self.submit_so_far();
         }
         self.dispatches += 1;
         if let Some(pacer) = self.pacer.as_mut() {
-            pacer.record(&kernel.label, workgroups);
+            pacer.record(&kernel.label, workgroups, cost);
         }
         self.encode_dispatch(kernel, bind_group, grid);
         if cut_after {
