@@ -2,9 +2,9 @@ enable f16;
 enable wgpu_cooperative_matrix;
 
 // Attention over a prompt on tensor cores (cooperative matrices), appended to attention.wgsl
-// (whose bindings, cache readers and masks it uses, causal or FULL). A workgroup of four
-// subgroups of 32 takes 64 queries of one head, 16 per subgroup, and walks the keys in blocks
-// of FK (64, or 32 for heads wider than 64) with an online softmax:
+// (whose bindings, cache readers and masks it uses, causal or FULL). A workgroup of
+// SUBGROUPS subgroups of 32 takes FQ = 16·SUBGROUPS queries of one head, 16 per subgroup, and
+// walks the keys in blocks of FK with an online softmax:
 // - the block's keys and values are staged in workgroup memory as f16 (loaded into registers
 //   while the previous block is multiplied);
 // - each subgroup multiplies its queries (f16, pre-scaled, held in fragments) by the keys into
@@ -16,20 +16,20 @@ enable wgpu_cooperative_matrix;
 //   fragments (f32) for the whole walk. A row's reference max moves only when a block's max
 //   passes it by more than RESCALE_MARGIN; then (rarely after the first block) every subgroup
 //   passes its outputs through workgroup memory once to rescale them. The probabilities stay
-//   below e^RESCALE_MARGIN, well inside f16. Heads wider than 64 pass their outputs in two
-//   halves (PASSES) wherever they go through workgroup memory.
+//   below e^RESCALE_MARGIN, well inside f16. Outputs pass through workgroup memory in PASSES
+//   slices of the head.
 // Scalar reads with both lanes of a query in one bank cost four times the accesses: on an
 // H200, Whisper large-v3-turbo's encoder attention took 11.1 ms that way.
-// Defines: those of attention.wgsl, HD (a multiple of 16 up to 64, or of 32 up to 128), FK,
-// KF = FK / 16, DF = HD / 16 (fragments across a head), PASSES (1, or 2 for heads wider than
-// 64), DFP = DF / PASSES (fragments of one pass), OQP = 2·DFP (output quads each lane takes in
-// a pass), KVQ = FK·HD / 512 (quads of a block's keys and of its values each invocation
-// stages), SQ = FK / 8 (score quads each lane takes), KV_WORDS (an f16 or q8_0 cache, or
-// HALVES rows, kept as their own words until staged).
+// Defines: those of attention.wgsl, HD (a multiple of 16 up to 64, or of 32 up to 128),
+// SUBGROUPS, FQ, FK, KF = FK / 16, DF = HD / 16 (fragments across a head), PASSES, DFP = DF /
+// PASSES (fragments of one pass), OQP = 2·DFP (output quads each lane takes in a pass), LDS4
+// (score and output rows in vec4s), KVQ = FK·HD / (8·FQ) (quads of a block's keys and of its
+// values each invocation stages), SQ = FK / 8 (score quads each lane takes), KV_WORDS (an f16
+// or q8_0 cache, or HALVES rows, kept as their own words until staged), QROWS.
 
-const FQ: u32 = 64u;
+const FQ: u32 = {{FQ}}u;
 const FK: u32 = {{FK}}u;
-const FLASH_THREADS: u32 = 128u;
+const FLASH_THREADS: u32 = {{FQ}}u * 2u;
 // Staged rows of HD + 8 halves in units of four (whole 16-byte words for the fragment loads,
 // and consecutive rows in different memory banks).
 const LDH: u32 = {{HD}}u / 4u + 2u;
@@ -37,25 +37,32 @@ const LDH: u32 = {{HD}}u / 4u + 2u;
 const LDP: u32 = FK / 4u + 2u;
 // How far past a row's reference max a block's max may go before the outputs are rescaled.
 const RESCALE_MARGIN: f32 = 8.0;
-// Score and output rows (f32, in vec4s): at most 64 values, padded to 72 so that the
-// rows of four queries start in different bank groups.
-const LDS4: u32 = 18u;
+// Score and output rows (f32, in vec4s): FK scores or a pass's outputs (at most 64), padded
+// by 8 so that the rows of four queries start in different bank groups.
+const LDS4: u32 = {{LDS4}}u;
 // Where the values start in `kv_tile`.
 const V_AT: u32 = FK * LDH;
 
-// The queries (first, all 64 rows), then each block's keys and its values, [key][dim].
+// The queries (first, all FQ rows, unless read straight), then each block's keys and its
+// values, [key][dim].
 var<workgroup> kv_tile: array<vec4<f16>, 2u * FK * LDH>;
 // Per subgroup: 16 rows of scores, or of outputs being rescaled or written.
-var<workgroup> fs: array<vec4<f32>, 64u * LDS4>;
+var<workgroup> fs: array<vec4<f32>, FQ * LDS4>;
 // Per subgroup: 16 rows of probabilities.
-var<workgroup> fp: array<vec4<f16>, 64u * LDP>;
+var<workgroup> fp: array<vec4<f16>, FQ * LDP>;
 // Per subgroup: whether a row's reference max moved in this block.
-var<workgroup> moved: array<u32, 4>;
+var<workgroup> moved: array<u32, {{SUBGROUPS}}>;
 
 fn to_half(v: vec4<f32>) -> vec4<f16> {
     // Saturate rather than overflow to infinity.
     return vec4<f16>(clamp(v, vec4<f32>(-65504.0), vec4<f32>(65504.0)));
 }
+
+#if QROWS
+// QROWS (FULL with HALVES, at least FQ queries): the queries as f16 values (the buffer bound
+// as `q`), read straight into fragments.
+@group(0) @binding(12) var<storage, read> q_halves: array<vec4<f16>>;
+#endif
 
 // Where query `row`'s head vector starts in q.
 fn query_at(row: u32, head: u32) -> u32 {
@@ -175,8 +182,14 @@ fn stage_kv(tid: u32) {
 @compute @workgroup_size(FLASH_THREADS)
 fn flash(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id) wid: vec3<u32>) {
     let head = wid.x;
-    let q0 = wid.y * FQ;
     let n_queries = step.n_tokens;
+#if QROWS
+    // A last partial block of queries is taken as the block that ends at the last query (at
+    // least FQ of them): its first rows are computed twice, alike, and written twice.
+    let q0 = min(wid.y * FQ, n_queries - FQ);
+#else
+    let q0 = wid.y * FQ;
+#endif
     let kv_head = head / (p.heads / p.kv_heads);
     let sg = tid / 32u;
     let lane = tid % 32u;
@@ -202,6 +215,14 @@ fn flash(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id) wid: 
     let keys_start = first_visible(step.pos0 + q0);
     let lowest = first_visible(step.pos0 + row);
 #endif
+#if QROWS
+    // The subgroup's queries straight from the f16 rows into fragments (scaled in the softmax).
+    let q_at = (q0 + sg * 16u) * (p.q_stride / 4u) + head * QUADS;
+#for d in 0..DF
+    let qa{{d}} = coopLoadT<coop_mat16x16<f16, A>>(&q_halves[q_at + {{d}}u * 4u], p.q_stride / 4u);
+#endfor
+    let score_scale = p.scale;
+#else
     // The block's queries, scaled, staged in kv_tile and loaded into fragments.
     for (var i = tid; i < FQ * QUADS; i += FLASH_THREADS) {
         let qr = q0 + i / QUADS;
@@ -216,6 +237,8 @@ fn flash(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id) wid: 
 #for d in 0..DF
     let qa{{d}} = coopLoadT<coop_mat16x16<f16, A>>(&kv_tile[sg * 16u * LDH + {{d}}u * 4u], LDH);
 #endfor
+    let score_scale = 1.0;
+#endif
 #for h in 0..PASSES
 #for d in 0..DFP
     var oa{{h}}_{{d}} = coop_mat16x16<f32, C>();
@@ -249,7 +272,7 @@ fn flash(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id) wid: 
         var block_max = NEG_BIG;
 #for c in 0..SQ
         let key{{c}} = vec4<u32>(k0 + 4u * (2u * {{c}}u + half)) + vec4<u32>(0u, 1u, 2u, 3u);
-        let s{{c}} = select(vec4<f32>(NEG_BIG), fs[srow + 2u * {{c}}u + half], (key{{c}} < vec4<u32>(visible)) & (key{{c}} >= vec4<u32>(lowest)) & (key{{c}} < vec4<u32>(keys_end)));
+        let s{{c}} = select(vec4<f32>(NEG_BIG), fs[srow + 2u * {{c}}u + half] * score_scale, (key{{c}} < vec4<u32>(visible)) & (key{{c}} >= vec4<u32>(lowest)) & (key{{c}} < vec4<u32>(keys_end)));
         block_max = max(block_max, max(max(s{{c}}.x, s{{c}}.y), max(s{{c}}.z, s{{c}}.w)));
 #endfor
         block_max = max(block_max, subgroupShuffleXor(block_max, 1u));
@@ -274,7 +297,13 @@ fn flash(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id) wid: 
         }
         // Also the barrier between the probabilities' stores and their loads.
         let moved_now = workgroupUniformLoad(&moved);
-        if (moved_now[0] + moved_now[1] + moved_now[2] + moved_now[3] != 0u) {
+        // One expression (a sum in a variable would not be uniform to the translator).
+        let moved_any = 0u
+#for g in 0..SUBGROUPS
+            + moved_now[{{g}}]
+#endfor
+            ;
+        if (moved_any != 0u) {
 #for h in 0..PASSES
 #for d in 0..DFP
             coopStoreT(oa{{h}}_{{d}}, &fs[sg * 16u * LDS4 + {{d}}u * 4u], LDS4);

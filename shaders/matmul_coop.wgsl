@@ -17,7 +17,7 @@ enable wgpu_cooperative_matrix;
 // (see below), WRAW (dense f16 weights, staged as loaded), HALF_OUT (f16 outputs, written a
 // pair to a word), HALF_IN (f16 X, staged as loaded), and those of
 // matmul_io.wgsl (XV: X read as vec4 words, two 16-byte loads for eight values where k is a
-// multiple of 4; GLU).
+// multiple of 4, or a convolution's input channels a multiple of 8; GLU).
 //
 // GLU: the first half of a tile's columns multiplies rows of W's first block, the second half
 // the same rows of its second block, so each subgroup of the first half has a partner GN / 2
@@ -152,6 +152,21 @@ fn tap_next(t: vec3<i32>) -> vec3<i32> {
     return r;
 }
 
+#if XV
+// Eight consecutive values of an implicit-product row from column `col`, whose tap is `t0`:
+// with input channels a multiple of eight, the eight lie in one tap, eight consecutive
+// channels of one input pixel, so two 16-byte loads under one bounds check.
+fn x_eight(row: u32, col: u32, k_end: u32, corner: vec2<i32>, t0: vec3<i32>) -> Eight {
+    let iy = corner.x + t0.x;
+    let ix = corner.y + t0.y;
+    let inside = iy >= 0 && ix >= 0 && iy < i32(cv.in_h << cv.up) && ix < i32(cv.in_w << cv.up);
+    if (row < step.n_tokens && col < k_end && inside) {
+        let at = (((u32(iy) >> cv.up) * cv.in_w + (u32(ix) >> cv.up)) * cv.cin + u32(t0.z)) / 4u;
+        return Eight(xv[at], xv[at + 1u]);
+    }
+    return Eight(vec4<f32>(0.0), vec4<f32>(0.0));
+}
+#else
 // X[row][col] of a convolution: the input pixel under tap `tap` of the row's window (zero
 // outside the input and past k).
 fn x_conv(row: u32, col: u32, k_end: u32, corner: vec2<i32>, tap: vec3<i32>) -> f32 {
@@ -179,6 +194,7 @@ fn x_eight(row: u32, col: u32, k_end: u32, corner: vec2<i32>, t0: vec3<i32>) -> 
         vec4<f32>(x_conv(row, col + 4u, k_end, corner, t4), x_conv(row, col + 5u, k_end, corner, t5),
                   x_conv(row, col + 6u, k_end, corner, t6), x_conv(row, col + 7u, k_end, corner, t7)));
 }
+#endif
 #else
 #if HALF_IN
 // Eight f16 values of row `row` of X from column `col` as they are stored (zero outside the

@@ -33,8 +33,8 @@ struct Params {
 @group(0) @binding(2) var<storage, read> xh: array<vec4<u32>>;
 #else
 #if XV
-// X as vec4 words (the tensor-core tiles, where k is a multiple of 4 and X no convolution's
-// input): eight values in two 16-byte loads.
+// X as vec4 words (the tensor-core tiles, where k is a multiple of 4, or X a convolution's
+// input of channels a multiple of 8): eight values in two 16-byte loads.
 @group(0) @binding(2) var<storage, read> xv: array<vec4<f32>>;
 #else
 @group(0) @binding(2) var<storage, read> x: array<f32>;

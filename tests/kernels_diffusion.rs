@@ -97,6 +97,10 @@ fn convolution_parity(gpu: &Gpu) {
         (12, 10, 24, 130, 3, 1, 1, true, false),
         // 640 outputs: the 128-wide tensor-core tile.
         (5, 6, 16, 640, 3, 1, 1, false, false),
+        // Channels in eights read eight at a time on tensor cores: stride 2 with an
+        // asymmetric output, and a 1×1 convolution.
+        (9, 7, 32, 24, 3, 2, 1, false, true),
+        (7, 5, 16, 12, 1, 1, 0, false, false),
     ];
     for (case, (h, w, cin, cout, k, stride, pad, up, asym)) in cases.into_iter().enumerate() {
         // Both tile sizes, f32 and f16 weights (the f16 reference uses the rounded weights).

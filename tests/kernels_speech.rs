@@ -192,6 +192,43 @@ fn full_attention_matches_cpu_in_every_form() {
             kv_extra: 4,
             q_rows: 0,
         },
+        // Wide heads over more keys than a block and more queries than a block, grouped:
+        // f16 rows read straight as fragments, the last partial block of keys included.
+        AttnCase {
+            heads: 4,
+            kv_heads: 2,
+            hd: 128,
+            queries: 70,
+            keys: 150,
+            q_extra: 8,
+            k_off: 0,
+            kv_extra: 16,
+            q_rows: 0,
+        },
+        // The wide form of the tensor-core kernel (128 queries a block, the last one
+        // overlapping the one before): heads of 64 grouped, and of 128.
+        AttnCase {
+            heads: 4,
+            kv_heads: 2,
+            hd: 64,
+            queries: 200,
+            keys: 90,
+            q_extra: 4,
+            k_off: 0,
+            kv_extra: 8,
+            q_rows: 0,
+        },
+        AttnCase {
+            heads: 2,
+            kv_heads: 2,
+            hd: 128,
+            queries: 140,
+            keys: 45,
+            q_extra: 0,
+            k_off: 0,
+            kv_extra: 0,
+            q_rows: 0,
+        },
         // The UNet's head sizes (SD 1.x: 40 and 160), over more queries than a block holds.
         AttnCase {
             heads: 2,

@@ -72,7 +72,11 @@ pub fn coop_tiles(gpu: &Gpu) -> Vec<Option<backpack_engine::ops::CoopTile>> {
 /// Absolute tolerance of an attention kernel's outputs: `exact` for the f32 kernels, and for
 /// the tensor-core kernel what f16 queries, keys, values and probabilities allow.
 pub fn attention_atol(kernel: backpack_engine::ops::AttentionKernel, exact: f32) -> f32 {
-    if kernel == backpack_engine::ops::AttentionKernel::TensorCores {
+    use backpack_engine::ops::AttentionKernel;
+    if matches!(
+        kernel,
+        AttentionKernel::TensorCores | AttentionKernel::WideTensorCores
+    ) {
         4e-3
     } else {
         exact

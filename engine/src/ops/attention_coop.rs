@@ -1,7 +1,9 @@
 //! Prompt attention on tensor cores (attention_coop.wgsl, appended to attention.wgsl): 64
 //! queries of a head per workgroup, keys in blocks of 64 (32 for heads wider than 64), scores
 //! and value sums as f16 fragment products with f32 accumulation, the outputs held in
-//! fragments, and an online softmax between them.
+//! fragments, and an online softmax between them. The wide form takes 128 queries a workgroup
+//! (f16 rows of an encoder or a diffusion transformer, read straight into fragments), so each
+//! staged block of keys and values serves twice the queries.
 
 use std::sync::LazyLock;
 
@@ -16,21 +18,44 @@ static SOURCE: LazyLock<String> = LazyLock::new(|| {
     )
 });
 
-/// Queries per workgroup.
-pub(super) const QUERIES: u32 = 64;
+/// Queries per workgroup: 64, or 128 in the wide form.
+pub(super) fn queries(wide: bool) -> u32 {
+    if wide { 128 } else { 64 }
+}
 
 /// Keys per block for heads of `head_dim`: 64, or 32 where the staged keys and values of wider
-/// heads would not fit beside the scores.
-fn block_keys(head_dim: u32) -> u32 {
-    if head_dim <= 64 { 64 } else { 32 }
+/// heads (or the wide form's scores) would not fit.
+fn block_keys(head_dim: u32, wide: bool) -> u32 {
+    if head_dim <= 64 && !wide { 64 } else { 32 }
+}
+
+/// Fragments of the head that pass through workgroup memory at once: the whole head up to 64
+/// dims (32 in the wide form), else the largest share of it that fits.
+fn pass_fragments(head_dim: u32, wide: bool) -> u32 {
+    let fragments = head_dim / 16;
+    let most = if wide { 2 } else { 4 };
+    (1..=most.min(fragments))
+        .rev()
+        .find(|f| fragments.is_multiple_of(*f))
+        .unwrap_or(1)
+}
+
+/// Score and output rows in vec4s: the wider of a block's scores and a pass's outputs, and 8
+/// more.
+fn score_row_quads(head_dim: u32, wide: bool) -> u32 {
+    (block_keys(head_dim, wide).max(16 * pass_fragments(head_dim, wide)) + 8) / 4
 }
 
 /// Workgroup memory of the kernel: staged keys and values (rows of head_dim + 8 halves), and
-/// per query 72 f32 scores (or outputs) and block_keys + 8 f16 probabilities, and a flag per
-/// subgroup.
-fn workgroup_bytes(head_dim: u32) -> u32 {
-    let keys = block_keys(head_dim);
-    2 * keys * (head_dim + 8) * 2 + 64 * 72 * 4 + 64 * (keys + 8) * 2 + 4 * 4
+/// per query a row of f32 scores (or outputs) and block_keys + 8 f16 probabilities, and a
+/// flag per subgroup.
+fn workgroup_bytes(head_dim: u32, wide: bool) -> u32 {
+    let keys = block_keys(head_dim, wide);
+    let queries = queries(wide);
+    2 * keys * (head_dim + 8) * 2
+        + queries * score_row_quads(head_dim, wide) * 16
+        + queries * (keys + 8) * 2
+        + queries / 16 * 4
 }
 
 /// Whether the kernel runs on `gpu` for heads of `head_dim`: cooperative matrices (16×16×16
@@ -48,23 +73,36 @@ pub(super) fn fits(gpu: &Gpu, head_dim: u32) -> bool {
         && caps.subgroup_min_size == 32
         && caps.subgroup_max_size == 32
         && shape
-        && caps.max_workgroup_storage >= workgroup_bytes(head_dim)
+        && caps.max_workgroup_storage >= workgroup_bytes(head_dim, false)
+}
+
+/// Whether the wide form runs on `gpu` for heads of `head_dim` (as [`fits`], heads of whole
+/// fragment pairs), unless `BACKPACK_FLASH_WIDE=0`.
+pub(super) fn fits_wide(gpu: &Gpu, head_dim: u32) -> bool {
+    let off = std::env::var("BACKPACK_FLASH_WIDE").is_ok_and(|v| v.trim() == "0");
+    !off && fits(gpu, head_dim)
+        && head_dim.is_multiple_of(32)
+        && gpu.caps().max_workgroup_storage >= workgroup_bytes(head_dim, true)
 }
 
 /// The kernel's own defines for heads of `head_dim`.
-fn head_defines(head_dim: u32) -> [(&'static str, String); 8] {
-    let keys = block_keys(head_dim);
-    let passes = if head_dim > 64 { 2 } else { 1 };
-    let per_pass = head_dim / 16 / passes;
+fn head_defines(head_dim: u32, wide: bool) -> [(&'static str, String); 12] {
+    let keys = block_keys(head_dim, wide);
+    let queries = queries(wide);
+    let per_pass = pass_fragments(head_dim, wide);
     [
+        ("FQ", queries.to_string()),
+        ("SUBGROUPS", (queries / 16).to_string()),
         ("FK", keys.to_string()),
         ("KF", (keys / 16).to_string()),
         ("SQ", (keys / 8).to_string()),
         ("DF", (head_dim / 16).to_string()),
-        ("PASSES", passes.to_string()),
+        ("PASSES", (head_dim / 16 / per_pass).to_string()),
         ("DFP", per_pass.to_string()),
         ("OQP", (2 * per_pass).to_string()),
-        ("KVQ", (keys * head_dim / 512).to_string()),
+        ("LDS4", score_row_quads(head_dim, wide).to_string()),
+        ("KVQ", (keys * head_dim / (8 * queries)).to_string()),
+        flag("QROWS", wide),
     ]
 }
 
@@ -79,11 +117,14 @@ fn kv_words(defines: &[(&'static str, String)]) -> (&'static str, String) {
     )
 }
 
-/// The kernel for attention.wgsl's `defines` (which must not ask for its `tiled` entry).
+/// The kernel for attention.wgsl's `defines` (which must not ask for its `tiled` entry); `wide`
+/// only with FULL and HALVES, for at least 128 queries, binding the queries at 12 in place of
+/// 2.
 pub(super) fn kernel(
     gpu: &Gpu,
     defines: &[(&'static str, String)],
     head_dim: u32,
+    wide: bool,
 ) -> Result<Kernel, GpuError> {
     let mut defines: Vec<_> = defines
         .iter()
@@ -92,7 +133,7 @@ pub(super) fn kernel(
         .collect();
     defines.push(flag("TILED", false));
     defines.push(kv_words(&defines));
-    defines.extend(head_defines(head_dim));
+    defines.extend(head_defines(head_dim, wide));
     gpu.kernel("attention_coop", SOURCE.as_str(), "flash", &defines)
 }
 
@@ -110,7 +151,11 @@ mod tests {
                 (false, "F16"),
                 (false, "Q8"),
             ] {
-                for ring in [false, true].into_iter().take(1 + usize::from(!full)) {
+                // With FULL, `ring` stands for the wide form (HALVES, whole fragment pairs).
+                let wide_too = cache == "HALVES" && hd.is_multiple_of(32);
+                let variants = if !full || wide_too { 2 } else { 1 };
+                for ring in [false, true].into_iter().take(variants) {
+                    let wide = full && ring;
                     let mut defines = vec![
                         ("WG", "256".to_string()),
                         ("HD", hd.to_string()),
@@ -118,7 +163,7 @@ mod tests {
                         super::flag("HALVES", cache == "HALVES"),
                         super::flag("F16", cache == "F16"),
                         super::flag("Q8", cache == "Q8"),
-                        super::flag("RING", ring),
+                        super::flag("RING", ring && !full),
                         super::flag("SPLIT", false),
                         super::flag("TILED", false),
                         ("ROT", hd.to_string()),
@@ -126,13 +171,15 @@ mod tests {
                         ("MAX_SPLITS", "16".to_string()),
                     ];
                     defines.push(super::kv_words(&defines));
-                    defines.extend(super::head_defines(hd));
-                    assert!(super::workgroup_bytes(hd) <= 48 * 1024);
+                    defines.extend(super::head_defines(hd, wide));
+                    assert!(super::workgroup_bytes(hd, wide) <= 48 * 1024);
                     crate::gpu::assert_translates(super::SOURCE.as_str(), &defines, &["flash"]);
                     checked += 1;
                 }
             }
         }
-        assert_eq!(checked, 6 * 8);
+        // 6 head sizes × (2 FULL forms + 2 × 3 cache forms), and the wide form at 32, 64, 96
+        // and 128.
+        assert_eq!(checked, 6 * 8 + 4);
     }
 }

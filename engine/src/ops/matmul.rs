@@ -220,9 +220,18 @@ impl MatMul {
         };
         let reduce_v4 = split && out_width.is_multiple_of(4);
         let mut defines = w.defines();
-        // The tensor-core tiles bind X as vec4 words where its rows are whole words.
-        let x_words =
-            tensor_cores && opts.conv.is_none() && w.cols.is_multiple_of(4) && !opts.half_in;
+        // The tensor-core tiles bind X as vec4 words where its rows are whole words, or where
+        // each eight columns of a convolution are eight channels of one input pixel
+        // (`BACKPACK_CONV_EIGHTS=0` reads convolutions' inputs value by value, for measuring).
+        let x_words = tensor_cores
+            && !opts.half_in
+            && match &opts.conv {
+                None => w.cols.is_multiple_of(4),
+                Some(conv) => {
+                    conv.cin.is_multiple_of(8)
+                        && !std::env::var("BACKPACK_CONV_EIGHTS").is_ok_and(|v| v.trim() == "0")
+                }
+            };
         if tensor_cores {
             defines.push(flag("XV", x_words));
             defines.push(flag(

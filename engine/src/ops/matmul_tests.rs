@@ -38,7 +38,8 @@ fn tensor_core_tiles_translate_in_every_variant() {
             defines.extend(tile.defines(32));
             defines.extend([
                 flag("WRAW", raw),
-                flag("XV", !conv),
+                // Convolutions both ways: eights of one tap (XV) or value by value.
+                flag("XV", !conv || split),
                 flag("BIAS", true),
                 flag("RESIDUAL", !split),
                 flag("SPLIT_K", split),
