@@ -3,7 +3,11 @@
 //   stats:    workgroup (group, chunk) reduces its run of pixels to (count, mean, M2) with
 //             Welford's update, merged across the workgroup with Chan's formula;
 //   finalize: one invocation per group merges its chunks into (mean, 1/σ);
-//   apply:    y = (x − mean)/σ · γ + β per element, optionally followed by SiLU or ReLU.
+//   apply:    y = (x − mean)/σ · γ + β per element, optionally followed by SiLU or ReLU;
+//   fold:     instead of finalize and apply, one invocation per channel merges its group's
+//             chunks and writes the channel's affine map, y[c] = γ/σ and y[C + c] = β −
+//             mean·γ/σ, for a convolution that applies it (and the activation) as it loads
+//             its input (matmul_coop.wgsl NORM_IN).
 // Defines: SILU, RELU.
 
 struct Params {
@@ -78,12 +82,29 @@ fn finalize(@builtin(global_invocation_id) gid: vec3<u32>) {
     if (g >= p.groups) {
         return;
     }
+    stats[g] = group_stats(g);
+}
+
+// The group's (mean, 1/σ) from its chunks.
+fn group_stats(g: u32) -> vec2<f32> {
     var acc = vec3<f32>(0.0);
     for (var c = 0u; c < p.chunks; c++) {
         acc = merge(acc, partials[g * p.chunks + c].xyz);
     }
     let variance = acc.z / max(acc.x, 1.0);
-    stats[g] = vec2<f32>(acc.y, inverseSqrt(variance + p.eps));
+    return vec2<f32>(acc.y, inverseSqrt(variance + p.eps));
+}
+
+@compute @workgroup_size(64)
+fn fold(@builtin(global_invocation_id) gid: vec3<u32>) {
+    let c = gid.x;
+    if (c >= p.channels) {
+        return;
+    }
+    let s = group_stats(c / (p.channels / p.groups));
+    let scale = s.y * gamma[c];
+    y[c] = scale;
+    y[p.channels + c] = beta[c] - s.x * scale;
 }
 
 @compute @workgroup_size(64)

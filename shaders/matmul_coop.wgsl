@@ -162,7 +162,16 @@ fn x_eight(row: u32, col: u32, k_end: u32, corner: vec2<i32>, t0: vec3<i32>) -> 
     let inside = iy >= 0 && ix >= 0 && iy < i32(cv.in_h << cv.up) && ix < i32(cv.in_w << cv.up);
     if (row < step.n_tokens && col < k_end && inside) {
         let at = (((u32(iy) >> cv.up) * cv.in_w + (u32(ix) >> cv.up)) * cv.cin + u32(t0.z)) / 4u;
+#if NORM_IN
+        // The folded GroupNorm and SiLU; padding stays zero, as after them.
+        let c = u32(t0.z) / 4u;
+        let shifts = cv.cin / 4u;
+        let lo = xv[at] * conv_norm[c] + conv_norm[shifts + c];
+        let hi = xv[at + 1u] * conv_norm[c + 1u] + conv_norm[shifts + c + 1u];
+        return Eight(lo / (1.0 + exp(-lo)), hi / (1.0 + exp(-hi)));
+#else
         return Eight(xv[at], xv[at + 1u]);
+#endif
     }
     return Eight(vec4<f32>(0.0), vec4<f32>(0.0));
 }

@@ -80,6 +80,11 @@ struct Conv {
     up: u32,
 }
 @group(0) @binding(7) var<uniform> cv: Conv;
+#if NORM_IN
+// A GroupNorm folded into the input (group_norm.wgsl `fold`): each channel's scale, then each
+// channel's shift, as vec4 words; the input is loaded as SiLU(x·scale + shift).
+@group(0) @binding(14) var<storage, read> conv_norm: array<vec4<f32>>;
+#endif
 
 #endif
 

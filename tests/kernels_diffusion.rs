@@ -200,6 +200,144 @@ fn convolution_parity(gpu: &Gpu) {
     }
 }
 
+/// (mean, 1/σ) of each group of a channel-last `[pixels][channels]` image.
+fn group_stats(x: &[f32], channels: usize, groups: usize) -> Vec<(f64, f64)> {
+    let cpg = channels / groups;
+    let pixels = x.len() / channels;
+    (0..groups)
+        .map(|g| {
+            let vals: Vec<f64> = (0..pixels)
+                .flat_map(|p| (0..cpg).map(move |c| p * channels + g * cpg + c))
+                .map(|i| f64::from(x[i]))
+                .collect();
+            let mean = vals.iter().sum::<f64>() / vals.len() as f64;
+            let var = vals.iter().map(|v| (v - mean).powi(2)).sum::<f64>() / vals.len() as f64;
+            (mean, 1.0 / (var + 1e-5).sqrt())
+        })
+        .collect()
+}
+
+/// A GroupNorm folded into each channel's affine map (every adapter), and, where the
+/// convolution can take it, applied with SiLU as a 3×3 convolution loads its input.
+#[test]
+fn group_norm_folds_into_a_convolution() {
+    let gpu = gpu();
+    let mut rng = Rng::new(29);
+    // (h, w, cin, groups, cout, upsample)
+    for (h, w, cin, groups, cout, up) in [
+        (9, 7, 16, 4, 24, false),
+        (5, 6, 32, 8, 40, true),
+        (12, 3, 24, 3, 8, false),
+    ] {
+        let x: Vec<f32> = rng.vec(h * w * cin, 2.0).iter().map(|v| v + 1.0).collect();
+        let gamma = rng.vec(cin, 1.0);
+        let beta = rng.vec(cin, 0.5);
+        let stats = group_stats(&x, cin, groups);
+        let want_maps: Vec<f32> = (0..2 * cin)
+            .map(|i| {
+                let c = i % cin;
+                let (mean, rstd) = stats[c / (cin / groups)];
+                let scale = rstd * f64::from(gamma[c]);
+                let v = if i < cin {
+                    scale
+                } else {
+                    f64::from(beta[c]) - mean * scale
+                };
+                v as f32
+            })
+            .collect();
+        let (xb, gb, bb, folded) = (
+            buf(&gpu, &x),
+            buf(&gpu, &gamma),
+            buf(&gpu, &beta),
+            zeros(&gpu, 2 * cin),
+        );
+        let shape = GroupNormShape {
+            pixels: (h * w) as u32,
+            channels: cin as u32,
+            groups: groups as u32,
+            eps: 1e-5,
+            activation: NormActivation::Silu,
+        };
+        let fold = GroupNorm::folded(&gpu, shape, &gb, &bb, &xb, &folded).expect("fold");
+        let mut rec = Recorder::new(&gpu);
+        fold.encode(&mut rec);
+        rec.submit();
+        let what = format!("group norm {h}×{w}×{cin}/{groups} folded");
+        let got = read(&gpu, &folded, 2 * cin);
+        assert_close(&what, &got, &want_maps, &ones(2 * cin), 1e-4, 1e-4);
+        if !MatMul::folds_input_norm(&gpu, cin as u32) {
+            continue;
+        }
+        // The convolution over SiLU(GroupNorm(x)), staged as f16 on tensor cores.
+        let normed: Vec<f32> = x
+            .iter()
+            .enumerate()
+            .map(|(i, &v)| {
+                let c = i % cin;
+                let a = f64::from(v) * f64::from(want_maps[c]) + f64::from(want_maps[cin + c]);
+                (a / (1.0 + (-a).exp())) as f32
+            })
+            .collect();
+        let weight = round_f16(&rng.vec(cout * cin * 9, 0.5));
+        let bias = rng.vec(cout, 0.3);
+        let want = conv2d_ref(
+            &round_f16(&normed),
+            (h, w, cin),
+            &weight,
+            &bias,
+            (cout, 3, 1, 1),
+            up,
+            (h << usize::from(up), w << usize::from(up)),
+        );
+        let permuted: Vec<f32> = (0..cout * 9 * cin)
+            .map(|i| {
+                let (o, rest) = (i / (9 * cin), i % (9 * cin));
+                weight[(o * cin + rest % cin) * 9 + rest / cin]
+            })
+            .collect();
+        let m = Matrix::from_f32(
+            &gpu,
+            "w",
+            &permuted,
+            cout as u32,
+            9 * cin as u32,
+            WeightDType::F16,
+        )
+        .expect("matrix");
+        let conv = Conv2dShape::new(h as u32, w as u32, cin as u32, 3, 1, 1, up);
+        let rows = (conv.out_h() * conv.out_w) as usize;
+        let (bb, yb) = (buf(&gpu, &bias), zeros(&gpu, rows * cout));
+        let mm = MatMul::new(
+            &gpu,
+            &m,
+            &xb,
+            &yb,
+            &step(&gpu, rows as u32),
+            MatMulOptions {
+                bias: Some(&bb),
+                conv: Some(conv),
+                input_norm: Some(&folded),
+                ..Default::default()
+            },
+        )
+        .expect("conv with a folded norm");
+        let mut rec = Recorder::new(&gpu);
+        mm.encode(&mut rec, rows as u32);
+        rec.submit();
+        // An input rounding to the other f16 neighbour moves an output by about 1e-3.
+        let got = read(&gpu, &yb, rows * cout);
+        assert_close(
+            &format!("{what}, conv→{cout} up={up}"),
+            &got,
+            &want,
+            &ones(want.len()),
+            3e-3,
+            1e-3,
+        );
+    }
+}
+
 #[test]
 fn big_tile_product_matches_cpu() {
     for gpu in product_gpus() {
@@ -281,14 +419,7 @@ fn group_norm_matches_cpu() {
         let beta = rng.vec(channels, 0.5);
         let cpg = channels / groups;
         let mut want = vec![0.0; x.len()];
-        for g in 0..groups {
-            let vals: Vec<f64> = (0..pixels)
-                .flat_map(|p| (0..cpg).map(move |c| (p, g * cpg + c)))
-                .map(|(p, c)| f64::from(x[p * channels + c]))
-                .collect();
-            let mean = vals.iter().sum::<f64>() / vals.len() as f64;
-            let var = vals.iter().map(|v| (v - mean).powi(2)).sum::<f64>() / vals.len() as f64;
-            let rstd = 1.0 / (var + 1e-5).sqrt();
+        for (g, (mean, rstd)) in group_stats(&x, channels, groups).into_iter().enumerate() {
             for p in 0..pixels {
                 for c in g * cpg..(g + 1) * cpg {
                     let i = p * channels + c;

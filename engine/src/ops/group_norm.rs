@@ -37,12 +37,13 @@ pub enum NormActivation {
     Relu,
 }
 
-/// GroupNorm of `x` into `y` (see shaders/group_norm.wgsl).
+/// GroupNorm of `x` into `y` (see shaders/group_norm.wgsl), or folded into per-channel
+/// affine maps that a convolution applies as it loads `x`.
 pub struct GroupNorm {
     stats: Pass,
-    finalize: Pass,
-    apply: Pass,
-    _scratch: [StorageBuffer; 2],
+    /// finalize and apply, or fold.
+    finish: Vec<Pass>,
+    _scratch: Vec<StorageBuffer>,
 }
 
 /// Values each stats workgroup reduces, at least.
@@ -56,6 +57,34 @@ impl GroupNorm {
         beta: &StorageBuffer,
         x: &StorageBuffer,
         y: &StorageBuffer,
+    ) -> Result<Self, GpuError> {
+        Self::build(gpu, shape, gamma, beta, x, y, false)
+    }
+
+    /// The statistics of `x` folded with γ and β into each channel's affine map: `folded`
+    /// (2 × channels f32) takes the scales, then the shifts, for a convolution that applies
+    /// them and the activation to its input as it loads it
+    /// ([`super::MatMulOptions::input_norm`]). Two dispatches instead of three, and no
+    /// normalised copy of `x` written and read back.
+    pub fn folded(
+        gpu: &Gpu,
+        shape: GroupNormShape,
+        gamma: &StorageBuffer,
+        beta: &StorageBuffer,
+        x: &StorageBuffer,
+        folded: &StorageBuffer,
+    ) -> Result<Self, GpuError> {
+        Self::build(gpu, shape, gamma, beta, x, folded, true)
+    }
+
+    fn build(
+        gpu: &Gpu,
+        shape: GroupNormShape,
+        gamma: &StorageBuffer,
+        beta: &StorageBuffer,
+        x: &StorageBuffer,
+        y: &StorageBuffer,
+        fold: bool,
     ) -> Result<Self, GpuError> {
         let GroupNormShape {
             pixels,
@@ -99,31 +128,42 @@ impl GroupNorm {
             &[(1, x), (2, &partials)],
             [groups, chunks, 1],
         )?;
-        let finalize = Pass::new(
-            gpu,
-            spec("finalize"),
-            &params,
-            &[(2, &partials), (3, &stats)],
-            [groups.div_ceil(64), 1, 1],
-        )?;
-        let apply = Pass::new(
-            gpu,
-            spec("apply"),
-            &params,
-            &[(1, x), (3, &stats), (4, gamma), (5, beta), (6, y)],
-            Pass::grid_of_64(pixels * channels),
-        )?;
+        let finish = if fold {
+            vec![Pass::new(
+                gpu,
+                spec("fold"),
+                &params,
+                &[(2, &partials), (4, gamma), (5, beta), (6, y)],
+                [channels.div_ceil(64), 1, 1],
+            )?]
+        } else {
+            let finalize = Pass::new(
+                gpu,
+                spec("finalize"),
+                &params,
+                &[(2, &partials), (3, &stats)],
+                [groups.div_ceil(64), 1, 1],
+            )?;
+            let apply = Pass::new(
+                gpu,
+                spec("apply"),
+                &params,
+                &[(1, x), (3, &stats), (4, gamma), (5, beta), (6, y)],
+                Pass::grid_of_64(pixels * channels),
+            )?;
+            vec![finalize, apply]
+        };
         Ok(Self {
             stats: stats_pass,
-            finalize,
-            apply,
-            _scratch: [partials, stats],
+            finish,
+            _scratch: vec![partials, stats],
         })
     }
 
     pub fn encode(&self, rec: &mut Recorder<'_>) {
         self.stats.encode(rec);
-        self.finalize.encode(rec);
-        self.apply.encode(rec);
+        for pass in &self.finish {
+            pass.encode(rec);
+        }
     }
 }

@@ -117,6 +117,10 @@ pub struct MatMulOptions<'a> {
     /// f16 outputs writes them): tensor-core tiles only, over k a multiple of 8, and no
     /// convolution. The tiles stage them as loaded, from half the bytes.
     pub half_in: bool,
+    /// A GroupNorm folded into a convolution's input ([`super::GroupNorm::folded`]: each
+    /// channel's scale, then each channel's shift), applied with SiLU as the input is loaded:
+    /// only where [`MatMul::folds_input_norm`] says so.
+    pub input_norm: Option<&'a StorageBuffer>,
 }
 
 /// `Y = X · Wᵀ` over all tokens of a step (prompt processing).
@@ -221,17 +225,20 @@ impl MatMul {
         let reduce_v4 = split && out_width.is_multiple_of(4);
         let mut defines = w.defines();
         // The tensor-core tiles bind X as vec4 words where its rows are whole words, or where
-        // each eight columns of a convolution are eight channels of one input pixel
-        // (`BACKPACK_CONV_EIGHTS=0` reads convolutions' inputs value by value, for measuring).
+        // each eight columns of a convolution are eight channels of one input pixel.
         let x_words = tensor_cores
             && !opts.half_in
             && match &opts.conv {
                 None => w.cols.is_multiple_of(4),
-                Some(conv) => {
-                    conv.cin.is_multiple_of(8)
-                        && !std::env::var("BACKPACK_CONV_EIGHTS").is_ok_and(|v| v.trim() == "0")
-                }
+                Some(conv) => Self::loads_channel_eights(gpu, conv.cin),
             };
+        if opts.input_norm.is_some() && !(x_words && opts.conv.is_some()) {
+            return Err(GpuError::Device(format!(
+                "a {}×{} product cannot fold a GroupNorm into its input: only tensor-core \
+                 convolutions over channels in eights can",
+                w.rows, w.cols
+            )));
+        }
         if tensor_cores {
             defines.push(flag("XV", x_words));
             defines.push(flag(
@@ -246,6 +253,7 @@ impl MatMul {
             flag("SPLIT_K", split),
             flag("REDUCE_V4", reduce_v4),
             flag("CONV", opts.conv.is_some()),
+            flag("NORM_IN", opts.input_norm.is_some()),
             flag("RELU", opts.relu),
             flag("BIG", big),
             flag("GLU", opts.glu.is_some()),
@@ -314,6 +322,9 @@ impl MatMul {
         if let Some(c) = &conv_params {
             entries.push((7, &c.buffer));
         }
+        if let Some(norm) = opts.input_norm {
+            entries.push((14, &norm.buffer));
+        }
         let coop = if tensor_cores {
             Some(Self::coop_tiles(gpu, w, &opts)?)
         } else {
@@ -361,6 +372,21 @@ impl MatMul {
             tensor_cores,
             _conv: conv_params,
         })
+    }
+
+    /// Whether a convolution over `cin` input channels on `gpu` loads eight channels at once
+    /// (tensor-core tiles, channels in eights): `BACKPACK_CONV_EIGHTS=0` loads them value by
+    /// value, for measuring.
+    fn loads_channel_eights(gpu: &Gpu, cin: u32) -> bool {
+        gpu.caps().cooperative_matrix
+            && cin.is_multiple_of(8)
+            && !std::env::var("BACKPACK_CONV_EIGHTS").is_ok_and(|v| v.trim() == "0")
+    }
+
+    /// Whether a convolution over `cin` input channels on `gpu` can apply a folded GroupNorm
+    /// and SiLU to its input as it loads it ([`MatMulOptions::input_norm`]).
+    pub fn folds_input_norm(gpu: &Gpu, cin: u32) -> bool {
+        Self::loads_channel_eights(gpu, cin)
     }
 
     /// Whether products on `gpu` can gate a fused gate/up product in their epilogue

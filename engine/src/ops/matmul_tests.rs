@@ -45,6 +45,8 @@ fn tensor_core_tiles_translate_in_every_variant() {
                 flag("SPLIT_K", split),
                 flag("REDUCE_V4", split && !conv),
                 flag("CONV", conv),
+                // A folded GroupNorm where convolutions load eights.
+                flag("NORM_IN", conv && split),
                 flag("RELU", false),
                 flag("BIG", false),
             ]);

@@ -1,7 +1,7 @@
 //! The layers the UNet and the VAE share: ResNet blocks, the UNet's spatial transformer and
 //! the VAE's single-head attention, in diffusers' weight names.
 
-use super::graph::{Act, Activation, Builder};
+use super::graph::{Act, Builder};
 use crate::Error;
 use crate::ops::{FullLayout, NormActivation};
 
@@ -23,15 +23,8 @@ pub fn resnet(
     temb: Option<&Act>,
     norms: Norms,
 ) -> Result<Act, Error> {
-    let h = b.group_norm(
-        x,
-        &format!("{name}.norm1"),
-        norms.groups,
-        norms.eps,
-        NormActivation::Silu,
-    )?;
     // The time embedding's projection joins conv1's bias: one per-channel vector.
-    let bias = match temb {
+    let temb_bias = match temb {
         Some(t) => {
             let conv_bias = b.vector(&format!("{name}.conv1.bias"), out, None)?;
             let acc = b.copy(&Builder::external(&conv_bias, 1, 1, out))?;
@@ -40,33 +33,24 @@ pub fn resnet(
         }
         None => None,
     };
-    let h1 = match bias {
-        Some(v) => {
-            let buf = v.buf.clone();
-            let h1 = b.conv_with_bias(
-                &h,
-                &format!("{name}.conv1"),
-                out,
-                (3, 1, 1),
-                false,
-                Some(buf),
-                None,
-                Activation::None,
-            )?;
-            b.release(v);
-            h1
-        }
-        None => b.conv(&h, &format!("{name}.conv1"), out, 3, 1, 1, false, None)?,
+    let conv1 = format!("{name}.conv1");
+    let bias1 = match &temb_bias {
+        Some(v) => Some(v.buf.clone()),
+        None => b.bias(&conv1, out)?,
     };
-    b.release(h);
-    let h2 = b.group_norm(
-        &h1,
-        &format!("{name}.norm2"),
-        norms.groups,
-        norms.eps,
-        NormActivation::Silu,
+    let groups = (norms.groups, norms.eps);
+    let h1 = b.normed_conv(
+        x,
+        &format!("{name}.norm1"),
+        groups,
+        &conv1,
+        out,
+        bias1,
+        None,
     )?;
-    b.release(h1);
+    if let Some(v) = temb_bias {
+        b.release(v);
+    }
     let shortcut_name = format!("{name}.conv_shortcut");
     let shortcut = if b.has(&format!("{shortcut_name}.weight")) {
         b.conv(x, &shortcut_name, out, 1, 1, 0, false, None)?
@@ -78,17 +62,11 @@ pub fn resnet(
             x.channels
         )));
     };
-    let y = b.conv(
-        &h2,
-        &format!("{name}.conv2"),
-        out,
-        3,
-        1,
-        1,
-        false,
-        Some(shortcut),
-    )?;
-    b.release(h2);
+    let conv2 = format!("{name}.conv2");
+    let bias2 = b.bias(&conv2, out)?;
+    let norm2 = format!("{name}.norm2");
+    let y = b.normed_conv(&h1, &norm2, groups, &conv2, out, bias2, Some(shortcut))?;
+    b.release(h1);
     Ok(y)
 }
 

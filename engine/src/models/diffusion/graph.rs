@@ -58,6 +58,13 @@ pub struct Halves {
     pub output: bool,
 }
 
+/// A convolution's input: its shape, and a GroupNorm (with SiLU) folded into its loads
+/// ([`crate::ops::GroupNorm::folded`]).
+pub(super) struct ConvInput {
+    pub shape: Conv2dShape,
+    pub norm: Option<Arc<StorageBuffer>>,
+}
+
 type Encoder = Box<dyn Fn(&mut Recorder<'_>) + Send + Sync>;
 
 /// The recorded forward pass of one network at one shape.
@@ -291,6 +298,7 @@ impl<'a, 'w> Builder<'a, 'w> {
         out: (u32, u32),
     ) -> Result<Act, Error> {
         let halves = Halves::default();
+        let conv = conv.map(|shape| ConvInput { shape, norm: None });
         self.product_with(x, w, bias, activation, residual, conv, out, halves)
     }
 
@@ -303,7 +311,7 @@ impl<'a, 'w> Builder<'a, 'w> {
         bias: Option<Arc<StorageBuffer>>,
         activation: Activation,
         residual: Option<Act>,
-        conv: Option<Conv2dShape>,
+        conv: Option<ConvInput>,
         (out_h, out_w): (u32, u32),
         halves: Halves,
     ) -> Result<Act, Error> {
@@ -345,7 +353,7 @@ impl<'a, 'w> Builder<'a, 'w> {
                 gelu,
                 residual: accumulate,
                 split_scratch: scratch.as_deref().map(|s| (s, rows)),
-                conv,
+                conv: conv.as_ref().map(|c| c.shape),
                 relu,
                 big_tiles: Some(rows.div_ceil(128) * w.rows.div_ceil(128) >= BIG_TILES_FROM),
                 cpu_tiles: None,
@@ -355,6 +363,7 @@ impl<'a, 'w> Builder<'a, 'w> {
                 glu,
                 half_out: halves.output,
                 half_in: halves.input,
+                input_norm: conv.as_ref().and_then(|c| c.norm.as_deref()),
             },
         )?;
         self.push(move |rec| mm.encode(rec, rows));

@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use super::graph::{Act, Activation, Builder, Halves};
+use super::graph::{Act, Activation, Builder, ConvInput, Halves};
 use crate::Error;
 use crate::gpu::StorageBuffer;
 use crate::models::weights::Part;
@@ -202,6 +202,74 @@ impl Builder<'_, '_> {
         let w = self.matrix(&weight, |up| up.conv_matrix(&weight, &weight, out, cin, k))?;
         let out_hw = (shape.out_h(), shape.out_w);
         self.product(x, w, bias, activation, residual, Some(shape), out_hw)
+    }
+
+    /// GroupNorm `norm` with SiLU, then the 3×3 convolution `name` (stride 1, padding 1) with
+    /// `bias`: where the convolution can apply the norm as it loads its input
+    /// ([`MatMul::folds_input_norm`]), the norm only computes each channel's affine map and no
+    /// normalised copy of `x` is written; elsewhere a GroupNorm pass, then the convolution.
+    #[allow(clippy::too_many_arguments)]
+    pub fn normed_conv(
+        &mut self,
+        x: &Act,
+        norm: &str,
+        (groups, eps): (u32, f32),
+        name: &str,
+        out: u32,
+        bias: Option<Arc<StorageBuffer>>,
+        residual: Option<Act>,
+    ) -> Result<Act, Error> {
+        let cin = x.channels;
+        if !MatMul::folds_input_norm(self.gpu, cin) {
+            let h = self.group_norm(x, norm, groups, eps, NormActivation::Silu)?;
+            let three = (3, 1, 1);
+            let y = self.conv_with_bias(
+                &h,
+                name,
+                out,
+                three,
+                false,
+                bias,
+                residual,
+                Activation::None,
+            )?;
+            self.release(h);
+            return Ok(y);
+        }
+        let gamma = self.vector(&format!("{norm}.weight"), cin, Some(1.0))?;
+        let beta = self.vector(&format!("{norm}.bias"), cin, None)?;
+        // Each channel's scale, then each channel's shift.
+        let folded = self.alloc(1, 2, cin)?;
+        let shape = GroupNormShape {
+            pixels: x.pixels(),
+            channels: cin,
+            groups,
+            eps,
+            activation: NormActivation::Silu,
+        };
+        let fold = GroupNorm::folded(self.gpu, shape, &gamma, &beta, &x.buf, &folded.buf)?;
+        self.push(move |rec| fold.encode(rec));
+        let weight = format!("{name}.weight");
+        let w = self.matrix(&weight, |up| up.conv_matrix(&weight, &weight, out, cin, 3))?;
+        let shape = Conv2dShape::new(x.h, x.w, cin, 3, 1, 1, false);
+        let conv = ConvInput {
+            shape,
+            norm: Some(folded.buf.clone()),
+        };
+        let out_hw = (shape.out_h(), shape.out_w);
+        let halves = Halves::default();
+        let y = self.product_with(
+            x,
+            w,
+            bias,
+            Activation::None,
+            residual,
+            Some(conv),
+            out_hw,
+            halves,
+        )?;
+        self.release(folded);
+        Ok(y)
     }
 
     /// diffusers' VAE-encoder downsampler: pad right and bottom by one, then a stride-2
