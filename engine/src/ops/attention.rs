@@ -761,20 +761,23 @@ impl FullAttention {
                 (5, &out.buffer),
             ],
         );
+        // The tensor-core kernel and its bindings; the wide form binds the queries as f16
+        // values at 12.
+        let flash_kernel = |wide: bool| -> Result<(Kernel, wgpu::BindGroup), GpuError> {
+            let kernel = attention_coop::kernel(gpu, &defines, head_dim, wide)?;
+            let q_binding = if wide { 12 } else { 2 };
+            let entries = [
+                (0, &params.buffer),
+                (1, &step.buffer),
+                (q_binding, &q.buffer),
+                (3, &kv.buffer),
+                (5, &out.buffer),
+            ];
+            let group = bind(gpu, &kernel, &entries);
+            Ok((kernel, group))
+        };
         let flash = if !causal && attention_coop::fits(gpu, head_dim) {
-            let flash = attention_coop::kernel(gpu, &defines, head_dim, false)?;
-            let group = bind(
-                gpu,
-                &flash,
-                &[
-                    (0, &params.buffer),
-                    (1, &step.buffer),
-                    (2, &q.buffer),
-                    (3, &kv.buffer),
-                    (5, &out.buffer),
-                ],
-            );
-            Some((flash, group))
+            Some(flash_kernel(false)?)
         } else {
             None
         };
@@ -784,19 +787,7 @@ impl FullAttention {
             && layout.q_stride.is_multiple_of(4)
             && attention_coop::fits_wide(gpu, head_dim)
         {
-            let wide = attention_coop::kernel(gpu, &defines, head_dim, true)?;
-            let group = bind(
-                gpu,
-                &wide,
-                &[
-                    (0, &params.buffer),
-                    (1, &step.buffer),
-                    (12, &q.buffer),
-                    (3, &kv.buffer),
-                    (5, &out.buffer),
-                ],
-            );
-            Some((wide, group))
+            Some(flash_kernel(true)?)
         } else {
             None
         };
