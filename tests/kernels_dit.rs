@@ -266,7 +266,9 @@ fn gated_residual_add_matches_cpu() {
 fn head_norm_and_table_rope_match_cpu() {
     let gpu = gpu();
     let mut rng = Rng::new(4);
-    for (tokens, heads, head_dim) in [(7, 3, 10), (33, 2, 64), (2, 1, 2)] {
+    // Heads of fewer pairs than a lane group, of more (96, 128), and items that leave a
+    // workgroup's last lane groups idle.
+    for (tokens, heads, head_dim) in [(7, 3, 10), (33, 2, 64), (2, 1, 2), (5, 3, 128), (3, 2, 96)] {
         let qkv = rng.vec(tokens * 3 * heads * head_dim, 2.0);
         let q_weight = rng.vec(head_dim, 1.0);
         let k_weight = rng.vec(head_dim, 1.0);

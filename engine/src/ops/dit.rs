@@ -303,8 +303,9 @@ pub fn head_rope(
         &params,
         &[(1, table), (2, q_weight), (rows, qkv), (4, k_weight)],
         {
-            let [x, y] = crate::gpu::fold_grid(tokens);
-            [x, y, 2 * heads]
+            // Eight (token, head) items a workgroup (dit.wgsl HEAD_ITEMS).
+            let [x, y] = crate::gpu::fold_grid((tokens * 2 * heads).div_ceil(8));
+            [x, y, 1]
         },
     )
 }
