@@ -368,7 +368,8 @@ fn tail_rows_follow_the_count_set_at_run_time() {
 fn modulated_residual_add_matches_cpu() {
     let gpu = gpu();
     let mut rng = Rng::new(9);
-    for (rows, cols) in [(13, 70), (1, 3), (65, 33)] {
+    // Rows of whole vec4 words too (36, 128), four values an invocation.
+    for (rows, cols) in [(13, 70), (1, 3), (65, 33), (9, 36), (5, 128)] {
         let x = rng.vec(rows * cols, 1.5);
         let y0 = rng.vec(rows * cols, 1.0);
         let offset = 5;

@@ -324,12 +324,19 @@ pub fn scaled_add(
         offset: gate.offset,
         ..Default::default()
     };
+    // Four values an invocation where rows are whole vec4 words.
+    let quads = cols.is_multiple_of(4);
+    let (entries, invocations) = if quads {
+        ([(7, x), (8, y), (4, gate.buffer)], rows * cols / 4)
+    } else {
+        ([(1, x), (3, y), (4, gate.buffer)], rows * cols)
+    };
     Pass::new(
         gpu,
-        spec("scaled_add", &[]),
+        spec("scaled_add", &[flag("QUADS", quads)]),
         &params,
-        &[(1, x), (3, y), (4, gate.buffer)],
-        Pass::grid_of_64(rows * cols),
+        &entries,
+        Pass::grid_of_64(invocations),
     )
 }
 
@@ -386,11 +393,19 @@ pub fn join_half_rows(
         offset: full_cols,
         ..Default::default()
     };
+    // Four words an invocation where both parts are whole vec4 words of the joined row.
+    let quads = half_cols.is_multiple_of(8) && full_cols.is_multiple_of(8);
+    let words = rows * (half_cols + full_cols) / 2;
+    let (entries, invocations) = if quads {
+        ([(7, full), (9, out), (10, halves)], words / 4)
+    } else {
+        ([(1, full), (5, out), (6, halves)], words)
+    };
     Pass::new(
         gpu,
-        spec("join_half_rows", &[]),
+        spec("join_half_rows", &[flag("QUADS", quads)]),
         &params,
-        &[(1, full), (5, out), (6, halves)],
-        Pass::grid_of_64(rows * (half_cols + full_cols) / 2),
+        &entries,
+        Pass::grid_of_64(invocations),
     )
 }
