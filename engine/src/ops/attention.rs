@@ -641,9 +641,9 @@ pub struct FullAttention {
 
 /// The fewest workgroups the wide tensor-core form may make: below, twice the workgroups of
 /// 64 queries fill the GPU better. On an H200 the wide form took Z-Image's attention (30
-/// heads, 4,160 tokens: 990 workgroups) from 113 to 67 ms a step, and Whisper large-v3-turbo's
-/// (20 heads, 1,500 frames: 240) from 5.5 to 5.0 ms with the encoder level, but Whisper
-/// medium's encoder (192) from 14.3–14.5 to 15.1–15.2 ms and small's (144) from 6.5 to 7.6.
+/// heads, 4,160 tokens: 990 workgroups) from 113 to 67 ms a step; on Whisper's encoders it
+/// took medium's (192) from 14.3–14.5 to 15.1–15.2 ms and small's (144) from 6.5 to 7.6, and
+/// left large-v3-turbo's (240) level (its attention 5.5 → 5.0 ms), so they keep 64 queries.
 const WIDE_FROM_WORKGROUPS: u32 = 256;
 
 /// Queries per workgroup of the tiled kernel, and keys per staged tile, for a head size:
@@ -781,10 +781,11 @@ impl FullAttention {
         } else {
             None
         };
-        // The wide form reads the f16 queries straight into fragments (rows of whole words).
+        // The wide form reads the f16 queries straight into fragments: rows of whole 16-byte
+        // words, as cooperative-matrix loads want them aligned.
         let flash_wide = if flash.is_some()
             && layout.f16
-            && layout.q_stride.is_multiple_of(4)
+            && layout.q_stride.is_multiple_of(8)
             && attention_coop::fits_wide(gpu, head_dim)
         {
             Some(flash_kernel(true)?)
