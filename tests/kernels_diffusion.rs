@@ -73,6 +73,25 @@ fn conv2d_ref(
     y
 }
 
+/// A `[out][in][k][k]` convolution weight as the kernel's matrix: taps outermost, channels
+/// innermost in each row.
+fn conv_matrix(
+    gpu: &Gpu,
+    weight: &[f32],
+    (cout, cin, k): (usize, usize, usize),
+    dtype: WeightDType,
+) -> Matrix {
+    let taps = k * k;
+    let permuted: Vec<f32> = (0..cout * taps * cin)
+        .map(|i| {
+            let (o, rest) = (i / (taps * cin), i % (taps * cin));
+            let (t, c) = (rest / cin, rest % cin);
+            weight[(o * cin + c) * taps + t]
+        })
+        .collect();
+    Matrix::from_f32(gpu, "w", &permuted, cout as u32, (taps * cin) as u32, dtype).expect("matrix")
+}
+
 #[test]
 fn convolution_matches_cpu() {
     for gpu in product_gpus() {
@@ -137,24 +156,7 @@ fn convolution_parity(gpu: &Gpu) {
             up,
             (out_h as usize, out_w as usize),
         );
-        // The kernel's weight layout: taps outermost, channels innermost.
-        let taps = k * k;
-        let permuted: Vec<f32> = (0..cout * taps * cin)
-            .map(|i| {
-                let (o, rest) = (i / (taps * cin), i % (taps * cin));
-                let (t, c) = (rest / cin, rest % cin);
-                weight[(o * cin + c) * taps + t]
-            })
-            .collect();
-        let m = Matrix::from_f32(
-            &gpu,
-            "w",
-            &permuted,
-            cout as u32,
-            (taps * cin) as u32,
-            dtype,
-        )
-        .expect("matrix");
+        let m = conv_matrix(&gpu, &weight, (cout, cin, k), dtype);
         let rows = (out_h * out_w) as usize;
         let residual = rng.vec(rows * cout, 1.0);
         let want: Vec<f32> = want.iter().zip(&residual).map(|(a, b)| a + b).collect();
@@ -290,21 +292,7 @@ fn group_norm_folds_into_a_convolution() {
             up,
             (h << usize::from(up), w << usize::from(up)),
         );
-        let permuted: Vec<f32> = (0..cout * 9 * cin)
-            .map(|i| {
-                let (o, rest) = (i / (9 * cin), i % (9 * cin));
-                weight[(o * cin + rest % cin) * 9 + rest / cin]
-            })
-            .collect();
-        let m = Matrix::from_f32(
-            &gpu,
-            "w",
-            &permuted,
-            cout as u32,
-            9 * cin as u32,
-            WeightDType::F16,
-        )
-        .expect("matrix");
+        let m = conv_matrix(&gpu, &weight, (cout, cin, 3), WeightDType::F16);
         let conv = Conv2dShape::new(h as u32, w as u32, cin as u32, 3, 1, 1, up);
         let rows = (conv.out_h() * conv.out_w) as usize;
         let (bb, yb) = (buf(&gpu, &bias), zeros(&gpu, rows * cout));
