@@ -20,12 +20,15 @@ enable wgpu_cooperative_matrix;
 //   slices of the head.
 // Scalar reads with both lanes of a query in one bank cost four times the accesses: on an
 // H200, Whisper large-v3-turbo's encoder attention took 11.1 ms that way.
-// Defines: those of attention.wgsl, HD (a multiple of 16 up to 64, or of 32 up to 128),
+// Heads wider than 128 (Gemma 3's and Qwen3.5's 256) hold their queries and outputs in 3·HD/16
+// fragments, which leave no registers for the next block's keys and values: they load each
+// block right before staging it (PREFETCH off).
+// Defines: those of attention.wgsl, HD (a multiple of 16 up to 64, or of 32 up to 256),
 // SUBGROUPS, FQ, FK, KF = FK / 16, DF = HD / 16 (fragments across a head), PASSES, DFP = DF /
 // PASSES (fragments of one pass), OQP = 2·DFP (output quads each lane takes in a pass), LDS4
 // (score and output rows in vec4s), KVQ = FK·HD / (8·FQ) (quads of a block's keys and of its
 // values each invocation stages), SQ = FK / 8 (score quads each lane takes), KV_WORDS (an f16
-// or q8_0 cache, or HALVES rows, kept as their own words until staged), QROWS.
+// or q8_0 cache, or HALVES rows, kept as their own words until staged), QROWS, PREFETCH.
 
 const FQ: u32 = {{FQ}}u;
 const FK: u32 = {{FK}}u;
@@ -38,7 +41,8 @@ const LDP: u32 = FK / 4u + 2u;
 // How far past a row's reference max a block's max may go before the outputs are rescaled.
 const RESCALE_MARGIN: f32 = 8.0;
 // Score and output rows (f32, in vec4s): FK scores or a pass's outputs (at most 64), padded
-// by 8 so that the rows of four queries start in different bank groups.
+// by 8 so that the rows of four queries start in different bank groups (by 4 for heads wider
+// than 128, whose staged keys and values leave no room for more).
 const LDS4: u32 = {{LDS4}}u;
 // Where the values start in `kv_tile`.
 const V_AT: u32 = FK * LDH;
@@ -144,7 +148,7 @@ fn v_load(i: u32) -> KvLoad {
 #endif
 
 // The next block's keys and values this invocation stages (KVQ quads of each), loaded while the
-// current block is multiplied.
+// current block is multiplied (with PREFETCH).
 #for c in 0..KVQ
 var<private> kn{{c}}: KvKept;
 var<private> vn{{c}}: KvKept;
@@ -248,15 +252,22 @@ fn flash(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id) wid: 
     var run_sum = 0.0;
     let srow = (sg * 16u + r) * LDS4;
     let prow = (sg * 16u + r) * LDP;
+#if PREFETCH
     fetch_kv(keys_start, keys_end, k_base, v_base, row_quads, tid);
+#endif
     for (var k0 = keys_start; k0 < keys_end; k0 += FK) {
         // Every subgroup is done with the previous block (or the queries) in kv_tile.
         workgroupBarrier();
+#if !PREFETCH
+        fetch_kv(k0, keys_end, k_base, v_base, row_quads, tid);
+#endif
         stage_kv(tid);
         workgroupBarrier();
+#if PREFETCH
         if (k0 + FK < keys_end) {
             fetch_kv(k0 + FK, keys_end, k_base, v_base, row_quads, tid);
         }
+#endif
 #for j in 0..KF
         {
             var s = coop_mat16x16<f32, C>();

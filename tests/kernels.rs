@@ -1454,6 +1454,10 @@ fn attention_matches_cpu() {
         (2, 1, 32, 130, 70, 200),
         // Heads of 96: blocks of 32 keys, outputs in two halves (tensor cores).
         (2, 2, 96, 70, 40, 120),
+        // Heads of 192 and 256 (Gemma 3, Qwen3.5): outputs in passes of 32 dims, each block
+        // of keys loaded right before it is staged (tensor cores).
+        (3, 1, 192, 66, 0, 70),
+        (2, 1, 256, 70, 40, 120),
     ];
     for dtype in DTYPES {
         for &(heads, kv_heads, hd, tokens, pos0, capacity) in &cases {

@@ -1,5 +1,6 @@
 //! Prompt attention on tensor cores (attention_coop.wgsl, appended to attention.wgsl): 64
-//! queries of a head per workgroup, keys in blocks of 64 (32 for heads wider than 64), scores
+//! queries of a head per workgroup, keys in blocks of 64 (32 for heads wider than 64; heads up
+//! to 256 wide, each block loaded right before it is staged above 128), scores
 //! and value sums as f16 fragment products with f32 accumulation, the outputs held in
 //! fragments, and an online softmax between them. The wide form takes 128 queries a workgroup
 //! (f16 rows of an encoder or a diffusion transformer, read straight into fragments), so each
@@ -29,11 +30,18 @@ fn block_keys(head_dim: u32, wide: bool) -> u32 {
     if head_dim <= 64 && !wide { 64 } else { 32 }
 }
 
+/// Heads wider than 128 dims: queries and outputs in fragments take most of the registers, and
+/// the staged keys and values most of the workgroup memory (see [`fits`]).
+fn very_wide(head_dim: u32) -> bool {
+    head_dim > 128
+}
+
 /// Fragments of the head that pass through workgroup memory at once: the whole head up to 64
-/// dims (32 in the wide form), else the largest share of it that fits.
+/// dims (32 in the wide form and for heads wider than 128), else the largest share of it that
+/// fits.
 fn pass_fragments(head_dim: u32, wide: bool) -> u32 {
     let fragments = head_dim / 16;
-    let most = if wide { 2 } else { 4 };
+    let most = if wide || very_wide(head_dim) { 2 } else { 4 };
     (1..=most.min(fragments))
         .rev()
         .find(|f| fragments.is_multiple_of(*f))
@@ -41,9 +49,11 @@ fn pass_fragments(head_dim: u32, wide: bool) -> u32 {
 }
 
 /// Score and output rows in vec4s: the wider of a block's scores and a pass's outputs, and 8
-/// more.
+/// more (4 for heads wider than 128: 256-dim heads then fit 48 KiB of workgroup memory, at the
+/// cost of two-way bank conflicts in the softmax's reads).
 fn score_row_quads(head_dim: u32, wide: bool) -> u32 {
-    (block_keys(head_dim, wide).max(16 * pass_fragments(head_dim, wide)) + 8) / 4
+    let pad = if very_wide(head_dim) { 4 } else { 8 };
+    (block_keys(head_dim, wide).max(16 * pass_fragments(head_dim, wide)) + pad) / 4
 }
 
 /// Workgroup memory of the kernel: staged keys and values (rows of head_dim + 8 halves), and
@@ -60,13 +70,16 @@ fn workgroup_bytes(head_dim: u32, wide: bool) -> u32 {
 
 /// Whether the kernel runs on `gpu` for heads of `head_dim`: cooperative matrices (16×16×16
 /// f16 → f32), subgroups of 32 (two lanes per query), heads of whole fragments up to 64 dims
-/// or of whole fragment pairs up to 128 (their outputs pass in two halves), and its workgroup
+/// or of whole fragment pairs up to 256 (their outputs pass in pieces; above 128 dims unless
+/// `BACKPACK_FLASH_VERY_WIDE=0`, for measuring the SIMT tiles there), and its workgroup
 /// memory.
 pub(super) fn fits(gpu: &Gpu, head_dim: u32) -> bool {
     let caps = gpu.caps();
+    let very_wide_off = std::env::var("BACKPACK_FLASH_VERY_WIDE").is_ok_and(|v| v.trim() == "0");
     let shape = match head_dim {
         16..=64 => head_dim.is_multiple_of(16),
         65..=128 => head_dim.is_multiple_of(32),
+        129..=256 => head_dim.is_multiple_of(32) && !very_wide_off,
         _ => false,
     };
     caps.cooperative_matrix
@@ -82,11 +95,12 @@ pub(super) fn fits_wide(gpu: &Gpu, head_dim: u32) -> bool {
     let off = std::env::var("BACKPACK_FLASH_WIDE").is_ok_and(|v| v.trim() == "0");
     !off && fits(gpu, head_dim)
         && head_dim.is_multiple_of(32)
+        && !very_wide(head_dim)
         && gpu.caps().max_workgroup_storage >= workgroup_bytes(head_dim, true)
 }
 
 /// The kernel's own defines for heads of `head_dim`.
-fn head_defines(head_dim: u32, wide: bool) -> [(&'static str, String); 12] {
+fn head_defines(head_dim: u32, wide: bool) -> [(&'static str, String); 13] {
     let keys = block_keys(head_dim, wide);
     let queries = queries(wide);
     let per_pass = pass_fragments(head_dim, wide);
@@ -103,6 +117,7 @@ fn head_defines(head_dim: u32, wide: bool) -> [(&'static str, String); 12] {
         ("LDS4", score_row_quads(head_dim, wide).to_string()),
         ("KVQ", (keys * head_dim / (8 * queries)).to_string()),
         flag("QROWS", wide),
+        flag("PREFETCH", !very_wide(head_dim)),
     ]
 }
 
@@ -143,7 +158,7 @@ mod tests {
     #[test]
     fn tensor_core_attention_translates_in_every_variant() {
         let mut checked = 0;
-        for hd in [16u32, 32, 48, 64, 96, 128] {
+        for hd in [16u32, 32, 48, 64, 96, 128, 192, 256] {
             for (full, cache) in [
                 (true, ""),
                 (true, "HALVES"),
@@ -152,7 +167,7 @@ mod tests {
                 (false, "Q8"),
             ] {
                 // With FULL, `ring` stands for the wide form (HALVES, whole fragment pairs).
-                let wide_too = cache == "HALVES" && hd.is_multiple_of(32);
+                let wide_too = cache == "HALVES" && hd.is_multiple_of(32) && !super::very_wide(hd);
                 let variants = if !full || wide_too { 2 } else { 1 };
                 for ring in [false, true].into_iter().take(variants) {
                     let wide = full && ring;
@@ -178,8 +193,8 @@ mod tests {
                 }
             }
         }
-        // 6 head sizes × (2 FULL forms + 2 × 3 cache forms), and the wide form at 32, 64, 96
+        // 8 head sizes × (2 FULL forms + 2 × 3 cache forms), and the wide form at 32, 64, 96
         // and 128.
-        assert_eq!(checked, 6 * 8 + 4);
+        assert_eq!(checked, 8 * 8 + 4);
     }
 }
