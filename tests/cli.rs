@@ -129,6 +129,8 @@ fn bench_json_carries_the_profile() {
         assert!(json[key].as_f64().expect(key) > 0.0, "{key}: {json}");
     }
     assert_eq!(json["prompt_len"], 7);
+    // The whole prompt in one chunk, as the profile needs.
+    assert_eq!(json["prompt_chunk"], 7);
     let dispatches = json["dispatches_per_token"].as_u64().expect("dispatches");
     let calls = |part: &str| -> u64 {
         let timings = json["profile"][part].as_array().expect(part);

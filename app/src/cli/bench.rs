@@ -19,6 +19,10 @@ pub struct BenchArgs {
     model: Option<PathBuf>,
     #[arg(long, default_value_t = 128)]
     prompt_len: u32,
+    /// Prompt tokens one forward pass takes (default: the whole prompt at once; `generate` and
+    /// `serve` take the engine's default chunk).
+    #[arg(long)]
+    prompt_chunk: Option<u32>,
     /// Tokens to generate.
     #[arg(long = "gen", default_value_t = 128)]
     generate: u32,
@@ -86,7 +90,7 @@ pub fn run(args: BenchArgs, adapter: Option<&str>) -> Result<()> {
     let options = ModelOptions {
         dtype: args.dtype.into(),
         context: Some(context),
-        prefill_chunk: args.prompt_len.max(1),
+        prefill_chunk: args.prompt_chunk.unwrap_or(args.prompt_len).max(1),
         lookahead: !args.sync,
         quantize: args.quant.and_then(QuantArg::block_format),
         kv_cache: args.kv_cache.map(Into::into),
@@ -246,6 +250,7 @@ pub fn run(args: BenchArgs, adapter: Option<&str>) -> Result<()> {
             "parameters": spec.parameters(),
             "weight_bytes": model.weight_bytes(),
             "prompt_len": prompt.len(),
+            "prompt_chunk": model.prompt_chunk(),
             "gen": args.generate,
             "lookahead": !args.sync,
             "temperature": args.temperature,
@@ -348,9 +353,10 @@ fn print_summary(s: &Summary<'_>) {
         s.build.as_secs_f64()
     );
     println!(
-        "prefill      {:.0} tok/s ({} tokens, TTFT {:.2} ms, {:.2} ms of it recording on the CPU)",
+        "prefill      {:.0} tok/s ({} tokens in chunks of up to {}, TTFT {:.2} ms, {:.2} ms of it recording on the CPU)",
         s.prefill_tps,
         s.prompt_len,
+        s.model.prompt_chunk(),
         s.prefill.as_secs_f64() * 1e3,
         s.prefill_encode.as_secs_f64() * 1e3
     );

@@ -6,7 +6,7 @@
 
 use std::time::{Duration, Instant};
 
-use super::decoder::BatchRow;
+use super::decoder::{BatchRow, SMALL_PREFILL_CHUNK};
 use super::harmony::{HarmonyStream, HarmonyTokens};
 use super::speculate::DraftStats;
 use super::text::{GenerateParams, GenerationStats, Prompt, StopReason, TextModel};
@@ -262,16 +262,18 @@ impl TextModel {
 
     /// Runs the next chunk of prompt `ids` (an answer's, as [`Self::prompt_ids`] reads it;
     /// kept by the caller between chunks) into the free slot [`Self::start_answer`] would
-    /// choose, without answering, while more than a chunk of it remains beyond what that slot
-    /// holds. A long prompt so joins running answers one prefill chunk between two of their
-    /// steps, rather than holding them for its whole prefill; [`PromptProgress::Ready`] once
-    /// the rest takes one chunk (or the model keeps no prompt rows between prefills, or the
+    /// choose, without answering, while more than a chunk of it ([`SMALL_PREFILL_CHUNK`])
+    /// remains beyond what that slot holds. A long prompt so joins running answers one such
+    /// chunk between two of their steps, rather than holding them for its whole prefill;
+    /// [`PromptProgress::Ready`] once the rest takes one chunk (or the model keeps no prompt
+    /// rows between prefills, or the
     /// prompt does not fit: starting it then says why).
     pub fn run_prompt_chunk(&mut self, ids: &[u32], free: &[u32]) -> Result<PromptProgress, Error> {
         if !self.model.reuses_prompts() {
             return Ok(PromptProgress::Ready);
         }
-        let chunk = self.model.prompt_chunk() as usize;
+        // Running answers wait for each piece: the small chunk, however long the model's.
+        let chunk = self.model.prompt_chunk().min(SMALL_PREFILL_CHUNK) as usize;
         if ids.len() <= chunk || ids.len() > self.model.capacity() as usize {
             return Ok(PromptProgress::Ready);
         }

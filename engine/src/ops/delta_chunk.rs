@@ -72,6 +72,15 @@ impl DeltaScratch {
         })
     }
 
+    /// Bytes of this scratch per token of the prompt step (as [`DeltaScratch::new`] sizes
+    /// it, the chunks' starting states spread over their tokens).
+    pub fn row_bytes(shape: &DeltaNetShape) -> u64 {
+        let per_head = 1 + shape.key_dim + shape.value_dim + DELTA_CHUNK;
+        4 * (u64::from(shape.value_heads) * u64::from(per_head)
+            + u64::from(shape.channels())
+            + shape.state_values().div_ceil(u64::from(DELTA_CHUNK)))
+    }
+
     /// The prompt step this scratch takes at most.
     pub fn tokens(&self) -> u32 {
         self.tokens

@@ -8,7 +8,7 @@
 //! The single-sequence calls (prefill, decode, verify) work on the current slot
 //! ([`DecoderModel::select_slot`]); the others' state waits in `slot_states`.
 
-use super::{BatchSetup, DecoderModel, Norm, PromptProduct, PromptWeights};
+use super::{BatchSetup, DecoderModel, Norm, PromptProduct, PromptWeights, SMALL_PREFILL_CHUNK};
 use bytemuck::Zeroable;
 
 use crate::Error;
@@ -64,6 +64,39 @@ pub(super) fn slots_in_memory(
         + vocab.div_ceil(32) * 4
         + vocab * 4;
     slots_that_fit(free, per_slot, bound)
+}
+
+/// The prompt chunk of a model: `wanted`, halved while a chunk's activations (`row_bytes` a
+/// row) would take more than the quarter of the free memory that [`slots_in_memory`] leaves
+/// them, or its largest buffer (`largest_row` bytes a row) more than one binding holds; never
+/// below [`SMALL_PREFILL_CHUNK`] (or `wanted`, if less), which is also what a GPU that reports
+/// no free memory takes.
+pub(super) fn chunk_in_memory(gpu: &Gpu, wanted: u32, (row_bytes, largest_row): (u64, u64)) -> u32 {
+    let floor = wanted.min(SMALL_PREFILL_CHUNK);
+    match gpu.free_memory() {
+        Some(free) => chunk_that_fits(
+            free / 4,
+            gpu.caps().max_storage_binding,
+            (wanted, floor),
+            (row_bytes, largest_row),
+        ),
+        None => floor,
+    }
+}
+
+fn chunk_that_fits(
+    room: u64,
+    binding: u64,
+    (wanted, floor): (u32, u32),
+    (row_bytes, largest_row): (u64, u64),
+) -> u32 {
+    let mut chunk = wanted;
+    while chunk > floor
+        && (u64::from(chunk) * row_bytes > room || u64::from(chunk) * largest_row > binding)
+    {
+        chunk = (chunk / 2).max(floor);
+    }
+    chunk
 }
 
 /// How many slots of `per_slot` bytes, at most `wanted` and at least one, fit in `free`
@@ -461,7 +494,32 @@ impl DecoderModel {
 
 #[cfg(test)]
 mod tests {
-    use super::slots_that_fit;
+    use super::{chunk_that_fits, slots_that_fit};
+
+    #[test]
+    fn prompt_chunks_shrink_to_the_room_and_the_binding() {
+        const MIB: u64 = 1 << 20;
+        let binding = 2048 * MIB;
+        // 400 KB a row: 2,048 rows take 800 MiB.
+        let rows = (400 << 10, 100 << 10);
+        assert_eq!(
+            chunk_that_fits(1024 * MIB, binding, (2048, 512), rows),
+            2048
+        );
+        assert_eq!(chunk_that_fits(700 * MIB, binding, (2048, 512), rows), 1024);
+        // Never below the floor, however little room.
+        assert_eq!(chunk_that_fits(MIB, binding, (2048, 512), rows), 512);
+        // A chunk asked below the floor stays as asked.
+        assert_eq!(chunk_that_fits(MIB, binding, (7, 7), rows), 7);
+        // The widest buffer must fit one binding: 128 MiB holds 1,310 rows of 100 KB.
+        assert_eq!(
+            chunk_that_fits(u64::MAX, 128 * MIB, (2048, 512), rows),
+            1024
+        );
+        // Halving stops at the floor, not below it.
+        assert_eq!(chunk_that_fits(MIB, binding, (3000, 512), rows), 512);
+        assert_eq!(chunk_that_fits(800 * MIB, binding, (3000, 512), rows), 1500);
+    }
 
     #[test]
     fn slots_fit_the_free_memory_less_a_reserve() {

@@ -105,13 +105,12 @@ impl Activations {
     ) -> Result<Self, Error> {
         let f = |n: u32| u64::from(n) * 4;
         let (t, d, hd, heads) = (chunk, spec.hidden, spec.head_dim, spec.heads);
-        // Gated attention's query product carries a gate head per query head; a Gated
-        // DeltaNet layer's stacked input product is wider still, and its output may be too.
-        let gates = if spec.output_gate { heads } else { 0 };
         let linear = spec.linear.as_ref().map(|l| &l.shape);
-        let qkv_width = ((heads + gates + 2 * spec.kv_heads) * hd)
-            .max(linear.map_or(0, |s| s.projected_width()));
-        let attn_width = (heads * hd).max(linear.map_or(0, |s| s.value_heads * s.value_dim));
+        let RowWidths {
+            qkv: qkv_width,
+            attn: attn_width,
+            delta_in: delta_in_width,
+        } = RowWidths::of(spec);
         Ok(Self {
             x: gpu.storage("x", f(t * d))?,
             xn: gpu.storage("x normed", f(t * d))?,
@@ -145,9 +144,9 @@ impl Activations {
                 .transpose()?,
             // z with the gates, or the gates alone: at most two products after q/k/v's.
             delta_in: match linear {
-                Some(s) => {
-                    let width = s.value_heads * s.value_dim + 2 * s.value_heads;
-                    let rows = |k| gpu.storage(&format!("delta-net inputs {k}"), f(t * width));
+                Some(_) => {
+                    let rows =
+                        |k| gpu.storage(&format!("delta-net inputs {k}"), f(t * delta_in_width));
                     vec![rows(1)?, rows(2)?]
                 }
                 None => Vec::new(),
@@ -168,6 +167,76 @@ impl Activations {
                 None
             },
         })
+    }
+
+    /// Bytes of the buffers [`Activations::new`] sizes by the prompt chunk, per row of it.
+    fn row_bytes(gpu: &Gpu, spec: &DecoderSpec) -> u64 {
+        let widths = RowWidths::of(spec);
+        let (d, inter) = (u64::from(spec.hidden), u64::from(spec.intermediate));
+        let gate_up = if spec.mlp.gated() && !MatMul::gates_in_epilogue(gpu) {
+            2 * inter
+        } else {
+            0
+        };
+        let branch = if spec.post_norms { d } else { 0 };
+        let dense = 2 * d
+            + u64::from(widths.qkv)
+            + u64::from(spec.heads * spec.head_dim)
+            + u64::from(widths.attn)
+            + gate_up
+            + branch
+            + inter
+            + 2 * u64::from(widths.delta_in);
+        let moe = spec
+            .moe
+            .as_ref()
+            .map_or(0, |m| crate::ops::moe_buffer_bytes(m, spec.hidden, 1));
+        let delta = spec
+            .linear
+            .as_ref()
+            .map_or(0, |l| DeltaScratch::row_bytes(&l.shape));
+        4 * dense + moe + delta
+    }
+
+    /// Bytes per chunk row of the widest buffer [`Activations::new`] sizes by the chunk (each
+    /// must fit one binding).
+    fn largest_row_bytes(gpu: &Gpu, spec: &DecoderSpec) -> u64 {
+        let widths = RowWidths::of(spec);
+        let inter = if spec.mlp.gated() && !MatMul::gates_in_epilogue(gpu) {
+            2 * spec.intermediate
+        } else {
+            spec.intermediate
+        };
+        let widest = widths.qkv.max(widths.attn).max(inter).max(spec.hidden);
+        let experts = spec.moe.as_ref().map_or(0, |m| {
+            u64::from(m.top_k) * u64::from(m.intermediate.max(spec.hidden))
+        });
+        4 * u64::from(widest).max(experts)
+    }
+}
+
+/// Values a prompt row takes in the activations wider than the residual stream.
+struct RowWidths {
+    /// The QKV product's rows: gated attention's query product carries a gate head per query
+    /// head; a Gated DeltaNet layer's stacked input product is wider still.
+    qkv: u32,
+    /// Attention's outputs, or a Gated DeltaNet layer's (which may be wider).
+    attn: u32,
+    /// A Gated DeltaNet layer's z and gate rows (zero without such layers).
+    delta_in: u32,
+}
+
+impl RowWidths {
+    fn of(spec: &DecoderSpec) -> Self {
+        let (hd, heads) = (spec.head_dim, spec.heads);
+        let gates = if spec.output_gate { heads } else { 0 };
+        let linear = spec.linear.as_ref().map(|l| &l.shape);
+        Self {
+            qkv: ((heads + gates + 2 * spec.kv_heads) * hd)
+                .max(linear.map_or(0, |s| s.projected_width())),
+            attn: (heads * hd).max(linear.map_or(0, |s| s.value_heads * s.value_dim)),
+            delta_in: linear.map_or(0, |s| s.value_heads * s.value_dim + 2 * s.value_heads),
+        }
     }
 }
 
@@ -231,13 +300,38 @@ impl DecoderModel {
             .unwrap_or(DEFAULT_CONTEXT)
             .min(spec.max_positions)
             .max(1);
-        let chunk = opts.prefill_chunk.clamp(1, capacity);
         let kv_dtype = opts.kv_cache.unwrap_or(dtype.into());
         let mut up = Uploader::new(gpu, source, dtype);
         up.keep_quantized = opts.quantized;
         up.quantize = opts.quantize;
         let weights = upload(&mut up, spec)?;
-        // With the weights in place, the free memory says how many slots' caches fit.
+        let matrices = || {
+            weights.layers.iter().flat_map(|w| {
+                let dense = w.mlp.dense();
+                [
+                    Some(&w.qkv),
+                    Some(&w.o),
+                    dense.map(|d| d.0),
+                    dense.map(|d| d.1),
+                ]
+                .into_iter()
+                .flatten()
+            })
+        };
+        // With the weights in place, the free memory says how long a prompt chunk and how many
+        // slots' caches fit.
+        let split_row = matrices()
+            .map(|m| MatMul::scratch_bytes(m.rows, m.cols, 1))
+            .max()
+            .unwrap_or(0);
+        let chunk = super::batch::chunk_in_memory(
+            gpu,
+            opts.prefill_chunk.clamp(1, capacity),
+            (
+                Activations::row_bytes(gpu, spec) + split_row,
+                Activations::largest_row_bytes(gpu, spec).max(split_row),
+            ),
+        );
         let mut slots = super::batch::slots_for(spec, opts, chunk);
         if opts.fit_slots && slots > 1 {
             slots = super::batch::slots_in_memory(gpu, spec, (capacity, chunk), kv_dtype, slots);
@@ -252,19 +346,6 @@ impl DecoderModel {
             0
         };
         let acts = Activations::new(gpu, spec, chunk, capacity, dtype, slots, int8_rows)?;
-        let matrices = || {
-            weights.layers.iter().flat_map(|w| {
-                let dense = w.mlp.dense();
-                [
-                    Some(&w.qkv),
-                    Some(&w.o),
-                    dense.map(|d| d.0),
-                    dense.map(|d| d.1),
-                ]
-                .into_iter()
-                .flatten()
-            })
-        };
         let split_bytes = matrices()
             .map(|m| MatMul::scratch_bytes(m.rows, m.cols, chunk))
             .max()
