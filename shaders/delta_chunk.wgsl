@@ -24,7 +24,8 @@
 //
 // Appended to delta_net.wgsl, whose Params, step, silu, softplus and convolution ring it uses.
 //
-// Defines: K; one of CONV_ALL, CONV_STATE, QKNORM, PREP, WALK (with COLS and ROWS), OUT,
+// Defines: K; one of CONV_ALL, CONV_STATE, QKNORM, PREP, WALK (with COLS, ROWS and TILE_PART:
+// values of a staged tile each invocation loads), OUT,
 // GNORM; DK, DV, NK, NV; TILED (value head h reads key head h mod NK, GGUF's order, instead
 // of h / (NV / NK)).
 
@@ -301,12 +302,64 @@ const ROWS_PER: u32 = {{ROWS}}u;
 // rows fall in different banks).
 const DH: u32 = 32u;
 const TILE_ROW: u32 = DH + 1u;
+// A chunk's tiles: DK / DH of W (for V'), then as many of the decayed k (for the state).
+const W_TILES: u32 = DK / DH + select(0u, 1u, DK % DH != 0u);
+const TILES: u32 = 2u * W_TILES;
 
 // The state's COLS columns of this workgroup, [DK][COLS].
 var<workgroup> s_tile: array<f32, DK * COLS>;
 var<workgroup> tile: array<f32, CH * TILE_ROW>;
 var<workgroup> v_tile: array<f32, CH * COLS>;
 var<workgroup> g_left: array<f32, CH>;
+
+// The next tile's values this invocation stages, loaded while the current tile is multiplied:
+// W and k do not depend on the walk, so only their loads' latency stands in its way. (Named
+// registers, not an array: see `#for` in engine/src/gpu/shader.rs.)
+#for i in 0..TILE_PART
+var<private> next{{i}}: f32;
+#endfor
+
+// Loads tile `n` of the walk (chunk n / TILES; then W's or k's dims from DH · (n % W_TILES)),
+// zero past the chunk's tokens or the head's dims. k's decay is applied as it is staged.
+fn fetch_tile(n: u32, h: u32, k_base: u32, tid: u32) {
+    let t0 = (n / TILES) * CH;
+    if (t0 >= step.n_tokens) {
+        return;
+    }
+    let len = min(CH, step.n_tokens - t0);
+    let of_k = (n % TILES) >= W_TILES;
+    let d0 = (n % W_TILES) * DH;
+#for i in 0..TILE_PART
+    {
+        let e = tid + {{i}}u * 128u;
+        let r = e / DH;
+        let d = min(d0 + e % DH, DK - 1u);
+        let row = t0 + min(r, len - 1u);
+        let inside = r < len && d0 + e % DH < DK;
+        let at = select(((row * NV + h) * DK) + d, row * p.row_stride + k_base + d, of_k);
+        var v = 0.0;
+        if (inside) {
+            if (of_k) {
+                v = rows[at];
+            } else {
+                v = w_rows[at];
+            }
+        }
+        next{{i}} = v;
+    }
+#endfor
+}
+
+// Stages the fetched tile, k's rows scaled by their decay to the chunk's end.
+fn stage_tile(of_k: bool, tid: u32) {
+#for i in 0..TILE_PART
+    {
+        let e = tid + {{i}}u * 128u;
+        let r = e / DH;
+        tile[r * TILE_ROW + e % DH] = select(next{{i}}, next{{i}} * g_left[r], of_k);
+    }
+#endfor
+}
 
 // 128 invocations: COLS state columns × GROUPS groups, a group taking a share of the
 // chunk's rows for V' and of the state's rows for its update.
@@ -324,13 +377,14 @@ fn main(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id) wid: v
         s_tile[d * COLS + c] = select(0.0, state[(h * DK + d) * DV + vc], owns);
     }
     let chunks = (step.n_tokens + CH - 1u) / CH;
+    fetch_tile(0u, h, k_base, tid);
     for (var ch = 0u; ch < chunks; ch++) {
         let t0 = ch * CH;
         let len = min(CH, step.n_tokens - t0);
         let g_last = decays[(t0 + len - 1u) * NV + h];
         workgroupBarrier();
-        for (var r = tid; r < len; r += 128u) {
-            g_left[r] = exp(g_last - decays[(t0 + r) * NV + h]);
+        for (var r = tid; r < CH; r += 128u) {
+            g_left[r] = select(0.0, exp(g_last - decays[(t0 + min(r, len - 1u)) * NV + h]), r < len);
         }
         // The state this chunk starts from, for the outputs.
         if (owns) {
@@ -339,21 +393,17 @@ fn main(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id) wid: v
             }
         }
         // V' = U − W S over this group's rows (named accumulators stay in registers), W
-        // staged DH dims at a time: loads the workgroup issues together, then reads from
-        // workgroup memory.
+        // staged DH dims at a time.
         let r0 = group * ROWS_PER;
 #for k in 0..ROWS
         var acc{{k}} = 0.0;
 #endfor
-        for (var d0 = 0u; d0 < DK; d0 += DH) {
+        for (var wt = 0u; wt < W_TILES; wt++) {
+            let d0 = wt * DH;
             workgroupBarrier();
-            for (var e = tid; e < CH * DH; e += 128u) {
-                let r = e / DH;
-                let dd = e % DH;
-                let src = ((t0 + min(r, len - 1u)) * NV + h) * DK + min(d0 + dd, DK - 1u);
-                tile[r * TILE_ROW + dd] = select(0.0, w_rows[src], d0 + dd < DK);
-            }
+            stage_tile(false, tid);
             workgroupBarrier();
+            fetch_tile(ch * TILES + wt + 1u, h, k_base, tid);
             for (var dd = 0u; dd < DH; dd++) {
                 let sv = s_tile[min(d0 + dd, DK - 1u) * COLS + c];
 #for k in 0..ROWS
@@ -370,19 +420,16 @@ fn main(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id) wid: v
             u_rows[at] = fresh;
         }
 #endfor
-        workgroupBarrier();
         // S ← e^{G_L} S + (e^{G_L − G} k)ᵀ V' over this group's rows of the state, the
-        // decayed k staged DH dims at a time.
+        // decayed k staged DH dims at a time (the next chunk's first W tile fetched during
+        // the last).
         let carry = exp(g_last);
-        for (var d0 = 0u; d0 < DK; d0 += DH) {
+        for (var kt = 0u; kt < W_TILES; kt++) {
+            let d0 = kt * DH;
             workgroupBarrier();
-            for (var e = tid; e < CH * DH; e += 128u) {
-                let r = e / DH;
-                let dd = e % DH;
-                let src = (t0 + min(r, len - 1u)) * p.row_stride + k_base + min(d0 + dd, DK - 1u);
-                tile[r * TILE_ROW + dd] = select(0.0, rows[src] * g_left[r], r < len && d0 + dd < DK);
-            }
+            stage_tile(true, tid);
             workgroupBarrier();
+            fetch_tile(ch * TILES + W_TILES + kt + 1u, h, k_base, tid);
             for (var d = d0 + group; d < min(d0 + DH, DK); d += GROUPS) {
                 var sum = 0.0;
                 for (var r = 0u; r < len; r++) {

@@ -143,6 +143,9 @@ impl ChunkedDelta {
                     ("COLS", columns.to_string()),
                     // The walk's 128 invocations: COLS columns × 128 / COLS groups of rows.
                     ("ROWS", (DELTA_CHUNK * columns / 128).to_string()),
+                    // Values of a staged tile (the chunk's rows × 32 dims) each of the walk's
+                    // invocations loads.
+                    ("TILE_PART", (DELTA_CHUNK * 32 / 128).to_string()),
                     ("K", shape.conv_kernel.to_string()),
                 ],
             )
