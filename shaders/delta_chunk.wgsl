@@ -24,8 +24,8 @@
 //
 // Appended to delta_net.wgsl, whose Params, step, silu, softplus and convolution ring it uses.
 //
-// Defines: K; one of CONV_ALL, CONV_STATE, QKNORM, PREP, WALK (with COLS, ROWS and TILE_PART:
-// values of a staged tile each invocation loads), OUT,
+// Defines: K; one of CONV_ALL, CONV_STATE, QKNORM, PREP, WALK (with COLS, ROWS, WALK_DH and
+// TILE_PART: values of a staged tile each invocation loads), OUT,
 // GNORM; DK, DV, NK, NV; TILED (value head h reads key head h mod NK, GGUF's order, instead
 // of h / (NV / NK)).
 
@@ -298,9 +298,9 @@ const GROUPS: u32 = 128u / COLS;
 // ROWS: CH / GROUPS, the chunk's rows a group takes.
 const ROWS_PER: u32 = {{ROWS}}u;
 
-// Dims of W or k staged at a time, and a staged row's stride (padded so that the groups'
-// rows fall in different banks).
-const DH: u32 = 32u;
+// Dims of W or k staged at a time (WALK_DH), and a staged row's stride (padded so that the
+// groups' rows fall in different banks).
+const DH: u32 = {{WALK_DH}}u;
 const TILE_ROW: u32 = DH + 1u;
 // A chunk's tiles: DK / DH of W (for V'), then as many of the decayed k (for the state).
 const W_TILES: u32 = DK / DH + select(0u, 1u, DK % DH != 0u);

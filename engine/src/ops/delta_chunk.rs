@@ -26,10 +26,18 @@ static SOURCE: LazyLock<String> = LazyLock::new(|| {
 pub const DELTA_CHUNK: u32 = 64;
 
 /// State columns per workgroup of the chunk walk (`COLS` in the shader). The walk is a chain
-/// of dependent loads per chunk, so it wants many workgroups in flight: 8 columns make 16
-/// workgroups a value head (on an H200, 9B shape, 4,000-token prompt, 32 columns a workgroup
-/// spent 151 ms of 603 ms in kernels on the walk).
-const WALK_COLUMNS: u32 = 8;
+/// of dependent steps per chunk, so it wants many workgroups in flight, and each workgroup
+/// stages the chunk's W and k for its columns. On an H200 (9B shape, 4,000-token prompt,
+/// `bench --profile`, the walk's GPU time over its 24 layers): 32 columns a workgroup took 151
+/// ms and 8 columns 78 while each workgroup waited for its tiles' loads; with the next tile
+/// loaded during the current one's products (32 dims a tile), 8 / 16 / 32 columns took
+/// 62–64 / 44 / 68 ms.
+const WALK_COLUMNS: u32 = 16;
+
+/// Dims of W or of k the walk stages at a time (`WALK_DH`): each tile is two barriers, and
+/// the next one is loaded while the current one is multiplied. Same H200 and prompt, 16
+/// columns: 16 / 32 / 64 dims took 46 / 44 / 77 ms (64 at 8 columns: 62).
+const WALK_TILE_DIMS: u32 = 32;
 
 /// The per-token products a prompt's chunks hand from the preparation to the walk, shared
 /// by every layer of a model (one layer runs at a time).
@@ -127,7 +135,7 @@ impl ChunkedDelta {
                 ..recurrent
             },
         );
-        let columns = WALK_COLUMNS;
+        let (columns, walk_dims) = (WALK_COLUMNS, WALK_TILE_DIMS);
         let kernel = |stage: &'static str| {
             gpu.kernel(
                 "delta-net chunks",
@@ -143,9 +151,10 @@ impl ChunkedDelta {
                     ("COLS", columns.to_string()),
                     // The walk's 128 invocations: COLS columns × 128 / COLS groups of rows.
                     ("ROWS", (DELTA_CHUNK * columns / 128).to_string()),
-                    // Values of a staged tile (the chunk's rows × 32 dims) each of the walk's
-                    // invocations loads.
-                    ("TILE_PART", (DELTA_CHUNK * 32 / 128).to_string()),
+                    ("WALK_DH", walk_dims.to_string()),
+                    // Values of a staged tile (the chunk's rows × WALK_DH dims) each of the
+                    // walk's invocations loads.
+                    ("TILE_PART", (DELTA_CHUNK * walk_dims / 128).to_string()),
                     ("K", shape.conv_kernel.to_string()),
                 ],
             )
