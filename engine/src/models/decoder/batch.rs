@@ -66,34 +66,51 @@ pub(super) fn slots_in_memory(
     slots_that_fit(free, per_slot, bound)
 }
 
-/// The prompt chunk of a model: `wanted`, halved while a chunk's activations (`row_bytes` a
-/// row) would take more than the quarter of the free memory that [`slots_in_memory`] leaves
-/// them, or its largest buffer (`largest_row` bytes a row) more than one binding holds; never
-/// below [`SMALL_PREFILL_CHUNK`] (or `wanted`, if less), which is also what a GPU that reports
-/// no free memory takes.
-pub(super) fn chunk_in_memory(gpu: &Gpu, wanted: u32, (row_bytes, largest_row): (u64, u64)) -> u32 {
+/// The prompt chunk of a model: `wanted`, halved while a chunk would take more than the
+/// quarter of the free memory that [`slots_in_memory`] leaves it (its activations, `row_bytes`
+/// a row, and the rows sliding-window layers' caches keep past their window for it), or its
+/// largest buffer (`largest_row` bytes a row) more than one binding holds; never below
+/// [`SMALL_PREFILL_CHUNK`] (or `wanted`, if less), which is also what a GPU that reports no
+/// free memory takes.
+pub(super) fn chunk_in_memory(
+    gpu: &Gpu,
+    spec: &DecoderSpec,
+    (capacity, kv_dtype): (u32, KvDType),
+    wanted: u32,
+    (row_bytes, largest_row): (u64, u64),
+) -> u32 {
     let floor = wanted.min(SMALL_PREFILL_CHUNK);
-    match gpu.free_memory() {
-        Some(free) => chunk_that_fits(
-            free / 4,
-            gpu.caps().max_storage_binding,
-            (wanted, floor),
-            (row_bytes, largest_row),
-        ),
-        None => floor,
-    }
+    let Some(free) = gpu.free_memory() else {
+        return floor;
+    };
+    let caches = |chunk: u32| -> u64 {
+        (0..spec.layers)
+            .filter(|&i| !spec.linear.as_ref().is_some_and(|l| l.is_linear(i)))
+            .map(|i| {
+                super::build::cache_shape(spec, i, (capacity, chunk), kv_dtype, 1).buffer_bytes()
+            })
+            .sum()
+    };
+    let at_floor = caches(floor);
+    let cost = |chunk: u32| u64::from(chunk) * row_bytes + caches(chunk).saturating_sub(at_floor);
+    chunk_that_fits(
+        free / 4,
+        gpu.caps().max_storage_binding,
+        (wanted, floor),
+        cost,
+        largest_row,
+    )
 }
 
 fn chunk_that_fits(
     room: u64,
     binding: u64,
     (wanted, floor): (u32, u32),
-    (row_bytes, largest_row): (u64, u64),
+    cost: impl Fn(u32) -> u64,
+    largest_row: u64,
 ) -> u32 {
     let mut chunk = wanted;
-    while chunk > floor
-        && (u64::from(chunk) * row_bytes > room || u64::from(chunk) * largest_row > binding)
-    {
+    while chunk > floor && (cost(chunk) > room || u64::from(chunk) * largest_row > binding) {
         chunk = (chunk / 2).max(floor);
     }
     chunk
@@ -500,25 +517,44 @@ mod tests {
     fn prompt_chunks_shrink_to_the_room_and_the_binding() {
         const MIB: u64 = 1 << 20;
         let binding = 2048 * MIB;
-        // 400 KB a row: 2,048 rows take 800 MiB.
-        let rows = (400 << 10, 100 << 10);
+        // 400 KiB of activations a row: 2,048 rows take 800 MiB.
+        let rows = |chunk: u32| u64::from(chunk) * (400 << 10);
+        let widest = 100 << 10;
         assert_eq!(
-            chunk_that_fits(1024 * MIB, binding, (2048, 512), rows),
+            chunk_that_fits(1024 * MIB, binding, (2048, 512), rows, widest),
             2048
         );
-        assert_eq!(chunk_that_fits(700 * MIB, binding, (2048, 512), rows), 1024);
-        // Never below the floor, however little room.
-        assert_eq!(chunk_that_fits(MIB, binding, (2048, 512), rows), 512);
-        // A chunk asked below the floor stays as asked.
-        assert_eq!(chunk_that_fits(MIB, binding, (7, 7), rows), 7);
-        // The widest buffer must fit one binding: 128 MiB holds 1,310 rows of 100 KB.
         assert_eq!(
-            chunk_that_fits(u64::MAX, 128 * MIB, (2048, 512), rows),
+            chunk_that_fits(700 * MIB, binding, (2048, 512), rows, widest),
+            1024
+        );
+        // Never below the floor, however little room.
+        assert_eq!(
+            chunk_that_fits(MIB, binding, (2048, 512), rows, widest),
+            512
+        );
+        // A chunk asked below the floor stays as asked.
+        assert_eq!(chunk_that_fits(MIB, binding, (7, 7), rows, widest), 7);
+        // The widest buffer must fit one binding: 128 MiB holds 1,310 rows of 100 KiB.
+        assert_eq!(
+            chunk_that_fits(u64::MAX, 128 * MIB, (2048, 512), rows, widest),
             1024
         );
         // Halving stops at the floor, not below it.
-        assert_eq!(chunk_that_fits(MIB, binding, (3000, 512), rows), 512);
-        assert_eq!(chunk_that_fits(800 * MIB, binding, (3000, 512), rows), 1500);
+        assert_eq!(
+            chunk_that_fits(MIB, binding, (3000, 512), rows, widest),
+            512
+        );
+        assert_eq!(
+            chunk_that_fits(800 * MIB, binding, (3000, 512), rows, widest),
+            1500
+        );
+        // Longer sliding-window caches count too: 300 MiB more at 2,048 rows.
+        let windowed = |chunk: u32| rows(chunk) + if chunk > 1024 { 300 * MIB } else { 0 };
+        assert_eq!(
+            chunk_that_fits(1024 * MIB, binding, (2048, 512), windowed, widest),
+            1024
+        );
     }
 
     #[test]

@@ -326,6 +326,8 @@ impl DecoderModel {
             .unwrap_or(0);
         let chunk = super::batch::chunk_in_memory(
             gpu,
+            spec,
+            (capacity, kv_dtype),
             opts.prefill_chunk.clamp(1, capacity),
             (
                 Activations::row_bytes(gpu, spec) + split_row,
