@@ -16,7 +16,7 @@ use common::gpu;
 fn model(name: &str, slots: u32) -> TextModel {
     let opts = ModelOptions {
         dtype: WeightDType::F32,
-        prefill_chunk: 7,
+        prefill_chunk: Some(7),
         context: Some(64),
         slots,
         ..Default::default()
@@ -224,7 +224,7 @@ async fn the_engine_batches_requests_and_each_answers_as_alone() {
     let (engine, mut events) = Engine::spawn(gpu(), None);
     let opts = ModelOptions {
         dtype: WeightDType::F32,
-        prefill_chunk: 7,
+        prefill_chunk: Some(7),
         context: Some(64),
         slots: 3,
         ..Default::default()
@@ -386,7 +386,7 @@ fn batch_invariant_models_decode_each_row_as_alone_in_steps_of_any_width() {
     wide_step_decodes_each_row_as_alone(&ModelOptions {
         dtype: WeightDType::F16,
         quantize: Some(backpack_engine::load::GgmlType::Q8_0),
-        prefill_chunk: 16,
+        prefill_chunk: Some(16),
         context: Some(64),
         slots: 10,
         batch_invariant: true,
@@ -394,7 +394,7 @@ fn batch_invariant_models_decode_each_row_as_alone_in_steps_of_any_width() {
     });
     let opts = ModelOptions {
         dtype: WeightDType::F32,
-        prefill_chunk: 16,
+        prefill_chunk: Some(16),
         context: Some(64),
         slots: 10,
         batch_invariant: true,
@@ -430,7 +430,7 @@ fn prompt_prefixes_are_shared_between_slots() {
     ] {
         let opts = |slots, prefix_cache| ModelOptions {
             dtype: WeightDType::F32,
-            prefill_chunk: 7,
+            prefill_chunk: Some(7),
             context: Some(64),
             slots,
             kv_cache,
@@ -477,7 +477,7 @@ fn fitted_slots_follow_the_reported_memory() {
     let load = |slots| {
         let opts = ModelOptions {
             dtype: WeightDType::F32,
-            prefill_chunk: 16,
+            prefill_chunk: Some(16),
             context: Some(64),
             slots,
             fit_slots: true,

@@ -377,7 +377,7 @@ fn q8_kv_cache_and_rolling_windows_track_the_f32_cache() {
             kv_cache: Some(kv),
             context: Some(96),
             // Seven-token chunks: the windowed layers' caches (6 + 7 − 1 rows) wrap.
-            prefill_chunk: 7,
+            prefill_chunk: Some(7),
             lookahead: false,
             ..Default::default()
         };

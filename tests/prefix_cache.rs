@@ -15,7 +15,7 @@ fn model(name: &str, prefix_cache: bool, lookahead: bool) -> TextModel {
         dtype: WeightDType::F32,
         prefix_cache,
         lookahead,
-        prefill_chunk: 7,
+        prefill_chunk: Some(7),
         ..Default::default()
     };
     TextModel::load(&gpu(), &fixtures().join("models").join(name), &opts)

@@ -38,7 +38,7 @@ fn qwen3_5_prompts_past_the_delta_rule_chunks_match_transformers() {
             let dtype = WeightDType::F32;
             let options = ModelOptions {
                 dtype,
-                prefill_chunk,
+                prefill_chunk: Some(prefill_chunk),
                 lookahead: false,
                 ..Default::default()
             };
@@ -307,7 +307,7 @@ fn regenerating_after_another_prompt_reproduces_the_answer() {
     for (chunk, what) in [(512, "chunked"), (5, "recurrent")] {
         let options = ModelOptions {
             dtype: WeightDType::F32,
-            prefill_chunk: chunk,
+            prefill_chunk: Some(chunk),
             ..Default::default()
         };
         let path = fixtures().join("models").join("tiny-qwen3-5");

@@ -22,7 +22,7 @@ fn path(name: &str) -> PathBuf {
 fn load(name: &str, speculate: Option<Speculation>, context: Option<u32>) -> TextModel {
     let opts = ModelOptions {
         dtype: WeightDType::F32,
-        prefill_chunk: 16,
+        prefill_chunk: Some(16),
         context,
         speculate,
         ..Default::default()

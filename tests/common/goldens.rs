@@ -74,7 +74,7 @@ pub fn load_path(path: &Path, dtype: WeightDType) -> TextModel {
         // Every step completes before decode returns, so its logits can be read.
         lookahead: false,
         // Small chunks so prompts cross chunk boundaries.
-        prefill_chunk: 5,
+        prefill_chunk: Some(5),
         ..Default::default()
     };
     TextModel::load(&gpu(), path, &opts).unwrap_or_else(|e| panic!("loading {name}: {e}"))

@@ -90,7 +90,7 @@ pub fn run(args: BenchArgs, adapter: Option<&str>) -> Result<()> {
     let options = ModelOptions {
         dtype: args.dtype.into(),
         context: Some(context),
-        prefill_chunk: args.prompt_chunk.unwrap_or(args.prompt_len).max(1),
+        prefill_chunk: Some(args.prompt_chunk.unwrap_or(args.prompt_len).max(1)),
         lookahead: !args.sync,
         quantize: args.quant.and_then(QuantArg::block_format),
         kv_cache: args.kv_cache.map(Into::into),

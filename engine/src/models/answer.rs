@@ -266,8 +266,7 @@ impl TextModel {
     /// remains beyond what that slot holds. A long prompt so joins running answers one such
     /// chunk between two of their steps, rather than holding them for its whole prefill;
     /// [`PromptProgress::Ready`] once the rest takes one chunk (or the model keeps no prompt
-    /// rows between prefills, or the
-    /// prompt does not fit: starting it then says why).
+    /// rows between prefills, or the prompt does not fit: starting it then says why).
     pub fn run_prompt_chunk(&mut self, ids: &[u32], free: &[u32]) -> Result<PromptProgress, Error> {
         if !self.model.reuses_prompts() {
             return Ok(PromptProgress::Ready);

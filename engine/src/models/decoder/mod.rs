@@ -54,10 +54,11 @@ pub struct ModelOptions {
     pub kv_cache: Option<KvDType>,
     /// Context length to allocate the KV cache for (capped by the model's own limit).
     pub context: Option<u32>,
-    /// Prompt tokens one forward pass takes at most: fewer (down to [`SMALL_PREFILL_CHUNK`])
-    /// where their activations would not fit the GPU's free memory beside the weights, and
-    /// that many where the GPU reports no free memory.
-    pub prefill_chunk: u32,
+    /// Prompt tokens one forward pass takes (at most the context). None chooses:
+    /// [`DEFAULT_PREFILL_CHUNK`], halved down to [`SMALL_PREFILL_CHUNK`] while a chunk would not
+    /// fit the GPU's free memory beside the weights, and the small chunk where the GPU reports
+    /// no free memory.
+    pub prefill_chunk: Option<u32>,
     /// Quantize matrices to this block format while loading (Q8_0, Q4_0 or Q4_K); None keeps
     /// `dtype`.
     pub quantize: Option<crate::load::GgmlType>,
@@ -103,7 +104,7 @@ impl Default for ModelOptions {
             dtype: WeightDType::F16,
             kv_cache: None,
             context: None,
-            prefill_chunk: DEFAULT_PREFILL_CHUNK,
+            prefill_chunk: None,
             quantize: None,
             quantized: true,
             lookahead: true,

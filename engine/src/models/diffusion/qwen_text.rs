@@ -60,7 +60,7 @@ impl QwenTextEncoder {
         let options = ModelOptions {
             dtype,
             context: Some(MAX_PROMPT_TOKENS),
-            prefill_chunk: MAX_PROMPT_TOKENS,
+            prefill_chunk: Some(MAX_PROMPT_TOKENS),
             quantize,
             lookahead: false,
             ..ModelOptions::default()

@@ -18,8 +18,8 @@ mod layer;
 use super::super::weights::{Part, Uploader, WeightSource};
 use super::family::{LayerWeights, family_of, norm_pair};
 use super::{
-    Activations, DEFAULT_CONTEXT, DecoderModel, Handoffs, ModelOptions, PIPELINE_DEPTH,
-    PromptWeights, embedding_clone,
+    Activations, DEFAULT_CONTEXT, DEFAULT_PREFILL_CHUNK, DecoderModel, Handoffs, ModelOptions,
+    PIPELINE_DEPTH, PromptWeights, embedding_clone,
 };
 pub(super) use cache::cache_shape;
 use layer::LayerContext;
@@ -110,7 +110,8 @@ impl Activations {
             qkv: qkv_width,
             attn: attn_width,
             delta_in: delta_in_width,
-        } = RowWidths::of(spec);
+            gate_up: gate_up_width,
+        } = RowWidths::of(gpu, spec);
         Ok(Self {
             x: gpu.storage("x", f(t * d))?,
             xn: gpu.storage("x normed", f(t * d))?,
@@ -118,8 +119,8 @@ impl Activations {
             q: gpu.storage("q", f(t * heads * hd))?,
             attn: gpu.storage("attention out", f(t * attn_width))?,
             // Tensor-core products gate in their epilogue, straight into `h`.
-            gate_up: if spec.mlp.gated() && !MatMul::gates_in_epilogue(gpu) {
-                Some(gpu.storage("gate_up", f(t * 2 * spec.intermediate))?)
+            gate_up: if gate_up_width > 0 {
+                Some(gpu.storage("gate_up", f(t * gate_up_width))?)
             } else {
                 None
             },
@@ -171,19 +172,14 @@ impl Activations {
 
     /// Bytes of the buffers [`Activations::new`] sizes by the prompt chunk, per row of it.
     fn row_bytes(gpu: &Gpu, spec: &DecoderSpec) -> u64 {
-        let widths = RowWidths::of(spec);
+        let widths = RowWidths::of(gpu, spec);
         let (d, inter) = (u64::from(spec.hidden), u64::from(spec.intermediate));
-        let gate_up = if spec.mlp.gated() && !MatMul::gates_in_epilogue(gpu) {
-            2 * inter
-        } else {
-            0
-        };
         let branch = if spec.post_norms { d } else { 0 };
         let dense = 2 * d
             + u64::from(widths.qkv)
             + u64::from(spec.heads * spec.head_dim)
             + u64::from(widths.attn)
-            + gate_up
+            + u64::from(widths.gate_up)
             + branch
             + inter
             + 2 * u64::from(widths.delta_in);
@@ -201,13 +197,17 @@ impl Activations {
     /// Bytes per chunk row of the widest buffer [`Activations::new`] sizes by the chunk (each
     /// must fit one binding).
     fn largest_row_bytes(gpu: &Gpu, spec: &DecoderSpec) -> u64 {
-        let widths = RowWidths::of(spec);
-        let inter = if spec.mlp.gated() && !MatMul::gates_in_epilogue(gpu) {
-            2 * spec.intermediate
-        } else {
-            spec.intermediate
-        };
-        let widest = widths.qkv.max(widths.attn).max(inter).max(spec.hidden);
+        let widths = RowWidths::of(gpu, spec);
+        let widest = [
+            widths.qkv,
+            widths.attn,
+            widths.gate_up,
+            spec.intermediate,
+            spec.hidden,
+        ]
+        .into_iter()
+        .max()
+        .unwrap_or(0);
         let experts = spec.moe.as_ref().map_or(0, |m| {
             u64::from(m.top_k) * u64::from(m.intermediate.max(spec.hidden))
         });
@@ -224,10 +224,13 @@ struct RowWidths {
     attn: u32,
     /// A Gated DeltaNet layer's z and gate rows (zero without such layers).
     delta_in: u32,
+    /// The gate/up product's rows where the product does not gate in its epilogue (zero
+    /// where it does, or the MLP is not gated).
+    gate_up: u32,
 }
 
 impl RowWidths {
-    fn of(spec: &DecoderSpec) -> Self {
+    fn of(gpu: &Gpu, spec: &DecoderSpec) -> Self {
         let (hd, heads) = (spec.head_dim, spec.heads);
         let gates = if spec.output_gate { heads } else { 0 };
         let linear = spec.linear.as_ref().map(|l| &l.shape);
@@ -236,6 +239,11 @@ impl RowWidths {
                 .max(linear.map_or(0, |s| s.projected_width())),
             attn: (heads * hd).max(linear.map_or(0, |s| s.value_heads * s.value_dim)),
             delta_in: linear.map_or(0, |s| s.value_heads * s.value_dim + 2 * s.value_heads),
+            gate_up: if spec.mlp.gated() && !MatMul::gates_in_epilogue(gpu) {
+                2 * spec.intermediate
+            } else {
+                0
+            },
         }
     }
 }
@@ -324,16 +332,19 @@ impl DecoderModel {
             .map(|m| MatMul::scratch_bytes(m.rows, m.cols, 1))
             .max()
             .unwrap_or(0);
-        let chunk = super::batch::chunk_in_memory(
-            gpu,
-            spec,
-            (capacity, kv_dtype),
-            opts.prefill_chunk.clamp(1, capacity),
-            (
-                Activations::row_bytes(gpu, spec) + split_row,
-                Activations::largest_row_bytes(gpu, spec).max(split_row),
+        let chunk = match opts.prefill_chunk {
+            Some(asked) => asked.clamp(1, capacity),
+            None => super::batch::chunk_in_memory(
+                gpu,
+                spec,
+                (capacity, kv_dtype),
+                DEFAULT_PREFILL_CHUNK.min(capacity),
+                (
+                    Activations::row_bytes(gpu, spec) + split_row,
+                    Activations::largest_row_bytes(gpu, spec).max(split_row),
+                ),
             ),
-        );
+        };
         let mut slots = super::batch::slots_for(spec, opts, chunk);
         if opts.fit_slots && slots > 1 {
             slots = super::batch::slots_in_memory(gpu, spec, (capacity, chunk), kv_dtype, slots);
