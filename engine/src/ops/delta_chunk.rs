@@ -12,32 +12,97 @@ use super::delta_net::{
 use super::{bind, flag};
 use crate::gpu::{Gpu, GpuError, Recorder, StorageBuffer, UniformBuffer};
 
-/// delta_chunk.wgsl after delta_net.wgsl, whose parameters, helpers and convolution ring the
-/// chunks share.
+/// delta_chunk.wgsl (with its preparation, walk and outputs) after delta_net.wgsl, whose
+/// parameters, helpers and convolution ring the chunks share.
 static SOURCE: LazyLock<String> = LazyLock::new(|| {
-    format!(
-        "{}\n{}",
+    [
         include_str!("../../../shaders/delta_net.wgsl"),
-        include_str!("../../../shaders/delta_chunk.wgsl")
-    )
+        include_str!("../../../shaders/delta_chunk.wgsl"),
+        include_str!("../../../shaders/delta_chunk_prep.wgsl"),
+        include_str!("../../../shaders/delta_chunk_walk.wgsl"),
+    ]
+    .join("\n")
 });
 
 /// Tokens per chunk (`CH` in the shader).
 pub const DELTA_CHUNK: u32 = 64;
 
-/// State columns per workgroup of the chunk walk (`COLS` in the shader). The walk is a chain
-/// of dependent steps per chunk, so it wants many workgroups in flight, and each workgroup
-/// stages the chunk's W and k for its columns. On an H200 (9B shape, 4,000-token prompt,
-/// `bench --profile`, the walk's GPU time over its 24 layers): 32 columns a workgroup took 151
-/// ms and 8 columns 78 while each workgroup waited for its tiles' loads; with the next tile
-/// loaded during the current one's products (32 dims a tile), 8 / 16 / 32 columns took
-/// 62–64 / 44 / 68 ms.
-const WALK_COLUMNS: u32 = 16;
+/// How the chunk walk lays out a workgroup: `columns` state columns (`COLS` in the shader),
+/// `threads` invocations (`WALK_THREADS`: columns × groups of the chunk's rows) and `dims` of W
+/// or k staged a tile (`WALK_DH`). The walk is a chain of dependent steps per chunk, so it wants
+/// many invocations in flight, and each workgroup stages the chunk's W and k for its columns.
+/// On an H200 (9B shape, 4,000-token prompt, `bench --profile`, the walk's GPU time over its 24
+/// layers, 128 invocations): 32 columns a workgroup took 151 ms and 8 columns 78 while each
+/// workgroup waited for its tiles' loads; with the next tile loaded during the current one's
+/// products, 8 / 16 / 32 columns took 62–64 / 44 / 68 ms at 32 dims a tile, and 16 / 32 / 64
+/// dims 46 / 44 / 77 ms at 16 columns. With each group's dims of the state updated side by
+/// side, 256 invocations (columns, dims): 16, 32 took 26.8 ms; 32, 32 29.9; 8, 32 42.6; 16, 64
+/// 40.3; against 33.7 with 128 invocations (16, 32), 57.4 (8, 32) and 64 invocations 60.5
+/// (16, 32). `BACKPACK_DELTA_WALK=cols=C,threads=T,dims=D` sets them, for measuring.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct WalkShape {
+    columns: u32,
+    threads: u32,
+    dims: u32,
+}
 
-/// Dims of W or of k the walk stages at a time (`WALK_DH`): each tile is two barriers, and
-/// the next one is loaded while the current one is multiplied. Same H200 and prompt, 16
-/// columns: 16 / 32 / 64 dims took 46 / 44 / 77 ms (64 at 8 columns: 62).
-const WALK_TILE_DIMS: u32 = 32;
+impl WalkShape {
+    const DEFAULT: Self = Self {
+        columns: 16,
+        threads: 256,
+        dims: 32,
+    };
+
+    fn chosen(gpu: &Gpu, key_dim: u32) -> Self {
+        let mut shape = Self::DEFAULT;
+        if let Ok(spec) = std::env::var("BACKPACK_DELTA_WALK") {
+            for (key, value) in spec.split(',').filter_map(|kv| kv.split_once('=')) {
+                match (key.trim(), value.trim().parse::<u32>()) {
+                    ("cols", Ok(v)) => shape.columns = v,
+                    ("threads", Ok(v)) => shape.threads = v,
+                    ("dims", Ok(v)) => shape.dims = v,
+                    _ => {}
+                }
+            }
+        }
+        if shape.valid(gpu, key_dim) {
+            shape
+        } else {
+            Self::DEFAULT
+        }
+    }
+
+    /// Groups of the chunk's rows (`GROUPS`): each takes `rows()` of them for V', and
+    /// `dims / groups` of a tile's dims for the state.
+    fn groups(self) -> u32 {
+        self.threads / self.columns
+    }
+
+    fn rows(self) -> u32 {
+        DELTA_CHUNK / self.groups()
+    }
+
+    fn valid(self, gpu: &Gpu, key_dim: u32) -> bool {
+        let caps = gpu.caps();
+        let pow2 = |v: u32| v.is_power_of_two();
+        let bytes = 4
+            * (key_dim * self.columns
+                + DELTA_CHUNK * (self.dims + 1)
+                + DELTA_CHUNK * self.columns
+                + DELTA_CHUNK);
+        pow2(self.threads)
+            && (32..=256).contains(&self.threads)
+            && self.threads <= caps.max_workgroup_invocations
+            && pow2(self.columns)
+            && self.columns < self.threads
+            && self.groups() <= DELTA_CHUNK
+            && pow2(self.dims)
+            && self.dims >= self.groups()
+            && self.dims <= 128
+            && (DELTA_CHUNK * self.dims).is_multiple_of(self.threads)
+            && bytes <= caps.max_workgroup_storage
+    }
+}
 
 /// The per-token products a prompt's chunks hand from the preparation to the walk, shared
 /// by every layer of a model (one layer runs at a time).
@@ -135,7 +200,7 @@ impl ChunkedDelta {
                 ..recurrent
             },
         );
-        let (columns, walk_dims) = (WALK_COLUMNS, WALK_TILE_DIMS);
+        let walk = WalkShape::chosen(gpu, shape.key_dim);
         let kernel = |stage: &'static str| {
             gpu.kernel(
                 "delta-net chunks",
@@ -148,13 +213,18 @@ impl ChunkedDelta {
                     ("DV", shape.value_dim.to_string()),
                     ("NK", shape.key_heads.to_string()),
                     ("NV", shape.value_heads.to_string()),
-                    ("COLS", columns.to_string()),
-                    // The walk's 128 invocations: COLS columns × 128 / COLS groups of rows.
-                    ("ROWS", (DELTA_CHUNK * columns / 128).to_string()),
-                    ("WALK_DH", walk_dims.to_string()),
+                    ("WALK_THREADS", walk.threads.to_string()),
+                    ("COLS", walk.columns.to_string()),
+                    ("ROWS", walk.rows().to_string()),
+                    ("WALK_DH", walk.dims.to_string()),
                     // Values of a staged tile (the chunk's rows × WALK_DH dims) each of the
                     // walk's invocations loads.
-                    ("TILE_PART", (DELTA_CHUNK * walk_dims / 128).to_string()),
+                    (
+                        "TILE_PART",
+                        (DELTA_CHUNK * walk.dims / walk.threads).to_string(),
+                    ),
+                    // A tile's dims each of the walk's groups of rows updates in the state.
+                    ("WALK_DPER", (walk.dims / walk.groups()).to_string()),
                     ("K", shape.conv_kernel.to_string()),
                 ],
             )
@@ -238,7 +308,7 @@ impl ChunkedDelta {
             key_heads: shape.key_heads,
             value_heads: shape.value_heads,
             value_dim: shape.value_dim,
-            columns,
+            columns: walk.columns,
             channels: shape.channels(),
             max_tokens: s.tokens,
             _params: params,
@@ -246,10 +316,11 @@ impl ChunkedDelta {
     }
 
     /// Whether the adapter takes the chunks' kernels: 256 invocations and the preparation's
-    /// 24.5 KiB of workgroup memory (M, two staged tiles, the decays and gates).
+    /// 25.5 KiB of workgroup memory (M, two staged tiles of 16 dims, the decays and gates).
     pub(super) fn fits(gpu: &Gpu) -> bool {
         let caps = gpu.caps();
-        let prep_bytes = 4 * (2 * DELTA_CHUNK + DELTA_CHUNK * DELTA_CHUNK + 2 * DELTA_CHUNK * 16);
+        let prep_bytes =
+            4 * (2 * DELTA_CHUNK + DELTA_CHUNK * DELTA_CHUNK + 2 * 16 * (DELTA_CHUNK + 4));
         caps.max_workgroup_invocations >= 256
             && caps.max_workgroup_size_x >= 256
             && caps.max_workgroup_storage >= prep_bytes
@@ -271,7 +342,12 @@ impl ChunkedDelta {
         run(rec, &self.prep, [self.value_heads, chunks, 1]);
         let column_groups = self.value_dim.div_ceil(self.columns);
         run(rec, &self.walk, [column_groups, self.value_heads, 1]);
-        run(rec, &self.out, [self.value_heads, chunks, 1]);
+        // The outputs in blocks of 64 value columns (OUT's tiles).
+        run(
+            rec,
+            &self.out,
+            [self.value_heads, chunks, self.value_dim.div_ceil(64)],
+        );
         run(rec, &self.gated_norm, [self.value_heads, n, 1]);
     }
 }
