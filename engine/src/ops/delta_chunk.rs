@@ -10,7 +10,7 @@ use super::delta_net::{
     DeltaNetIo, DeltaNetShape, DeltaNetState, DeltaNetWeights, Dispatch, Params,
 };
 use super::{bind, flag};
-use crate::gpu::{Gpu, GpuError, Recorder, StorageBuffer, UniformBuffer};
+use crate::gpu::{Gpu, GpuCaps, GpuError, Recorder, StorageBuffer, UniformBuffer};
 
 /// delta_chunk.wgsl (with its preparation, walk and outputs) after delta_net.wgsl, whose
 /// parameters, helpers and convolution ring the chunks share.
@@ -53,7 +53,7 @@ impl WalkShape {
         dims: 32,
     };
 
-    fn chosen(gpu: &Gpu, key_dim: u32) -> Self {
+    fn chosen(caps: &GpuCaps, key_dim: u32) -> Self {
         let mut shape = Self::DEFAULT;
         if let Ok(spec) = std::env::var("BACKPACK_DELTA_WALK") {
             for (key, value) in spec.split(',').filter_map(|kv| kv.split_once('=')) {
@@ -65,7 +65,7 @@ impl WalkShape {
                 }
             }
         }
-        if shape.valid(gpu, key_dim) {
+        if shape.valid(caps, key_dim) {
             shape
         } else {
             Self::DEFAULT
@@ -82,14 +82,17 @@ impl WalkShape {
         DELTA_CHUNK / self.groups()
     }
 
-    fn valid(self, gpu: &Gpu, key_dim: u32) -> bool {
-        let caps = gpu.caps();
+    /// Workgroup memory of the walk: the state's columns, a staged tile, V' of the columns
+    /// and the decays.
+    fn workgroup_bytes(self, key_dim: u32) -> u32 {
+        4 * (key_dim * self.columns
+            + DELTA_CHUNK * (self.dims + 1)
+            + DELTA_CHUNK * self.columns
+            + DELTA_CHUNK)
+    }
+
+    fn valid(self, caps: &GpuCaps, key_dim: u32) -> bool {
         let pow2 = |v: u32| v.is_power_of_two();
-        let bytes = 4
-            * (key_dim * self.columns
-                + DELTA_CHUNK * (self.dims + 1)
-                + DELTA_CHUNK * self.columns
-                + DELTA_CHUNK);
         pow2(self.threads)
             && (32..=256).contains(&self.threads)
             && self.threads <= caps.max_workgroup_invocations
@@ -100,7 +103,7 @@ impl WalkShape {
             && self.dims >= self.groups()
             && self.dims <= 128
             && (DELTA_CHUNK * self.dims).is_multiple_of(self.threads)
-            && bytes <= caps.max_workgroup_storage
+            && self.workgroup_bytes(key_dim) <= caps.max_workgroup_storage
     }
 }
 
@@ -200,7 +203,7 @@ impl ChunkedDelta {
                 ..recurrent
             },
         );
-        let walk = WalkShape::chosen(gpu, shape.key_dim);
+        let walk = WalkShape::chosen(gpu.caps(), shape.key_dim);
         let kernel = |stage: &'static str| {
             gpu.kernel(
                 "delta-net chunks",
@@ -315,15 +318,16 @@ impl ChunkedDelta {
         })
     }
 
-    /// Whether the adapter takes the chunks' kernels: 256 invocations and the preparation's
-    /// 25.5 KiB of workgroup memory (M, two staged tiles of 16 dims, the decays and gates).
-    pub(super) fn fits(gpu: &Gpu) -> bool {
-        let caps = gpu.caps();
+    /// Whether the adapter takes the chunks' kernels for heads of `key_dim`: 256 invocations,
+    /// the preparation's 25.5 KiB of workgroup memory (M, two staged tiles of 16 dims, the
+    /// decays and gates) and the walk's (up to 28.5 KiB at heads of 256).
+    pub(super) fn fits(caps: &GpuCaps, key_dim: u32) -> bool {
         let prep_bytes =
             4 * (2 * DELTA_CHUNK + DELTA_CHUNK * DELTA_CHUNK + 2 * 16 * (DELTA_CHUNK + 4));
         caps.max_workgroup_invocations >= 256
             && caps.max_workgroup_size_x >= 256
             && caps.max_workgroup_storage >= prep_bytes
+            && WalkShape::chosen(caps, key_dim).valid(caps, key_dim)
     }
 
     pub(super) fn max_tokens(&self) -> u32 {
@@ -349,5 +353,36 @@ impl ChunkedDelta {
             [self.value_heads, chunks, self.value_dim.div_ceil(64)],
         );
         run(rec, &self.gated_norm, [self.value_heads, n, 1]);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ops::MAX_DELTA_HEAD_DIM;
+
+    /// The default walk fits every head the layers take on adapters with 32 KiB of workgroup
+    /// memory (lavapipe's), and a shape asked for that does not fit gives way to it.
+    #[test]
+    fn the_default_walk_fits_every_head_in_32_kib() {
+        let mut caps = crate::ops::coop_tile::tests::nvidia_caps(256);
+        caps.max_workgroup_storage = 32 * 1024;
+        for key_dim in [1, 13, 128, 136, MAX_DELTA_HEAD_DIM] {
+            assert!(WalkShape::DEFAULT.valid(&caps, key_dim), "{key_dim}");
+            assert!(ChunkedDelta::fits(&caps, key_dim), "{key_dim}");
+        }
+        let wide = WalkShape {
+            columns: 32,
+            ..WalkShape::DEFAULT
+        };
+        assert!(!wide.valid(&caps, MAX_DELTA_HEAD_DIM));
+        assert!(wide.valid(&caps, 64));
+        let odd = WalkShape {
+            dims: 24,
+            ..WalkShape::DEFAULT
+        };
+        assert!(!odd.valid(&caps, 64));
+        caps.max_workgroup_invocations = 128;
+        assert!(!ChunkedDelta::fits(&caps, 128));
     }
 }

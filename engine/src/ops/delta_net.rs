@@ -357,7 +357,7 @@ impl DeltaNet {
         let delta = rule(false)?;
         let step_kernel = rule(true)?;
         // Adapters without room for the chunks' workgroups step prompts token by token.
-        let chunked = if ChunkedDelta::fits(gpu) {
+        let chunked = if ChunkedDelta::fits(gpu.caps(), shape.key_dim) {
             Some(ChunkedDelta::new(
                 gpu,
                 shape,
