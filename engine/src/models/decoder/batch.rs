@@ -371,6 +371,13 @@ impl DecoderModel {
                 "this model decodes one sequence at a time (one slot)".into(),
             ));
         };
+        // Checked before anything is recorded: a recorder in parts may have submitted the
+        // first layers by the time a later one turned out to have no batched kernels.
+        if !self.layers.iter().all(|l| l.batches()) {
+            return Err(Error::Invalid(
+                "a layer of this model has no batched decode kernels".into(),
+            ));
+        }
         let n = step.n_tokens;
         self.step.write(&self.gpu, step);
         table_uniform.write(&self.gpu, table);
@@ -402,7 +409,8 @@ impl DecoderModel {
         let n = rows.len() as u32;
         let step = self.batch_step(rows)?;
         let gpu = self.gpu.clone();
-        let mut rec = Recorder::new(&gpu);
+        // Submitted as it is recorded, as a verification is (see `DecoderModel::verify`).
+        let mut rec = Recorder::in_parts(&gpu);
         self.encode_batch(&mut rec, &step, rows)?;
         let Some(batch) = &self.batch else {
             unreachable!("checked by encode_batch")

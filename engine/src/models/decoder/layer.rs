@@ -189,6 +189,11 @@ impl Layer {
     /// sequence (the step's `rows`), the longest of which sees `longest` keys: the prompt's
     /// kernels, with RoPE and attention taking each row's position and cache slot. False
     /// where the layer has no batched kernels.
+    /// Whether the layer has batched decode kernels (see [`Self::encode_batch`]).
+    pub(super) fn batches(&self) -> bool {
+        matches!(&self.mixer, Mixer::Attention { batch: Some(_), .. })
+    }
+
     pub(super) fn encode_batch(&self, rec: &mut Recorder<'_>, n: u32, longest: u32) -> bool {
         match &self.mixer {
             Mixer::Attention { batch: Some(_), .. } => {

@@ -119,7 +119,9 @@ impl DecoderModel {
             unreachable!("made above")
         };
         let bytes = u64::from(rows) * u64::from(self.spec.vocab) * 4;
-        let mut rec = Recorder::new(&gpu);
+        // Submitted as it is recorded: the GPU starts on the first layers while the host
+        // records the rest, which for a model of 32 layers is about as long as a decode step.
+        let mut rec = Recorder::in_parts(&gpu);
         self.encode_prefill_layers(&mut rec, pos, rows);
         head.norm.encode(&mut rec, rows);
         head.head.encode(&mut rec, rows);
