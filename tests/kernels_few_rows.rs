@@ -268,8 +268,9 @@ fn int8_few_row_products_match_cpu_on_the_rows_as_quantized() {
     .enumerate()
     {
         // One row; a chunk and a part of the next (eight rows a workgroup); rows of 1,024
-        // values, whose 16 pairs or 32 sub-blocks leave most of 64 lanes idle.
-        for (j, &(m, n, k)) in [(1, 37, 256), (11, 22, 512), (3, 9, 1024)]
+        // values, whose 16 pairs or 32 sub-blocks leave most of 64 lanes idle; rows of 4,096
+        // values over few weight rows, which take 64 lanes a weight group.
+        for (j, &(m, n, k)) in [(1, 37, 256), (11, 22, 512), (3, 9, 1024), (2, 5, 4096)]
             .iter()
             .enumerate()
         {

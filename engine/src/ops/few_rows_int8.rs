@@ -24,20 +24,25 @@ struct WorkgroupShape {
 /// The most invocations a workgroup may have on every adapter (WebGPU's default limit).
 const MAX_INVOCATIONS: u32 = 256;
 
+/// Weight groups (of four weight rows) up to which a product's lanes are too few to keep the
+/// GPU's loads in flight at 32 lanes a group (see [`wide_shape`]).
+const FEW_WEIGHT_GROUPS: u32 = 1024;
+
 /// The default: 32 lanes a weight group (a subgroup where subgroups are wider), four weight
 /// groups and four rows of x a workgroup. On an H200 (`bench --parallel 1,2,4,8,16`, Q4_K,
 /// docs/performance-log.md) batched steps took 9–26 % less time than with 64 lanes, two
 /// groups and eight rows: eight named sums a lane held registers that more workgroups in
 /// flight put to better use, and a step of eight rows read each weight twice, from the cache
-/// the second time.
-fn workgroup_shape(max_subgroup: Option<u32>) -> WorkgroupShape {
+/// the second time. `BACKPACK_FEW_ROWS_INT8` sets it (and no `wide` shape is taken).
+fn workgroup_shape(max_subgroup: Option<u32>) -> (WorkgroupShape, bool) {
     let lanes = max_subgroup.map_or(32, |size| size.clamp(32, MAX_INVOCATIONS));
     let mut shape = WorkgroupShape {
         lanes,
         groups: 4,
         rows: 4,
     };
-    if let Ok(spec) = std::env::var("BACKPACK_FEW_ROWS_INT8") {
+    let forced = std::env::var("BACKPACK_FEW_ROWS_INT8").ok();
+    if let Some(spec) = &forced {
         for (key, value) in spec.split(',').filter_map(|kv| kv.split_once('=')) {
             match (key.trim(), value.trim().parse::<u32>()) {
                 ("lanes", Ok(v)) if v.is_power_of_two() && (32..=256).contains(&v) => {
@@ -49,12 +54,41 @@ fn workgroup_shape(max_subgroup: Option<u32>) -> WorkgroupShape {
             }
         }
     }
+    (fitted(shape, max_subgroup), forced.is_some())
+}
+
+/// `shape` with as many weight groups side by side as the adapter's subgroups and workgroups
+/// allow.
+fn fitted(mut shape: WorkgroupShape, max_subgroup: Option<u32>) -> WorkgroupShape {
     let fits_subgroups = max_subgroup.is_none_or(|size| size <= shape.lanes);
     if !fits_subgroups {
         shape.groups = 1;
     }
     shape.groups = shape.groups.clamp(1, MAX_INVOCATIONS / shape.lanes);
     shape
+}
+
+/// The shape for steps of one chunk of rows where the product's weight groups are few and
+/// its rows at least 64 units (Llama-3.1-8B's output and down products: 1,024 groups): 64
+/// lanes in two groups, twice the invocations streaming the same weights. On an H200 (`bench
+/// --speculate 3 --profile`, a verification of four rows, 32 layers) the down products took
+/// 1.05 against 1.34 ms and the output products 0.62 against 0.70 that way, while the QKV
+/// products (1,536 groups) lost (0.83 against 0.74); verifications of four rows took 7.71
+/// against 8.00 ms, batched steps of one to four rows 5 % less. Steps of more chunks have
+/// workgroups enough: with it, verifications of eight rows took 11.4–11.5 against 11.0–11.1 ms.
+fn wide_shape(
+    shape: WorkgroupShape,
+    max_subgroup: Option<u32>,
+    units: u32,
+    weight_groups: u32,
+) -> Option<WorkgroupShape> {
+    let wide = WorkgroupShape {
+        lanes: 64,
+        groups: 2,
+        rows: shape.rows,
+    };
+    (shape.lanes < wide.lanes && units >= 64 && weight_groups <= FEW_WEIGHT_GROUPS)
+        .then(|| fitted(wide, max_subgroup))
 }
 
 static SOURCE: LazyLock<String> = LazyLock::new(|| {
@@ -108,13 +142,45 @@ pub struct FewRowsInt8 {
     input: Int8Input,
     quantize: Kernel,
     quantize_group: wgpu::BindGroup,
-    product: Kernel,
-    product_group: wgpu::BindGroup,
+    product: ProductKernel,
+    /// Steps of one chunk of rows take this, where it exists (see [`wide_shape`]).
+    wide: Option<ProductKernel>,
     blocks_per_row: u32,
-    workgroups_per_chunk: u32,
-    x_rows: u32,
     max_rows: u32,
     _params: UniformBuffer,
+}
+
+/// The product's kernel in one workgroup shape.
+struct ProductKernel {
+    kernel: Kernel,
+    group: wgpu::BindGroup,
+    workgroups_per_chunk: u32,
+    x_rows: u32,
+}
+
+impl ProductKernel {
+    fn new(
+        gpu: &Gpu,
+        shape: WorkgroupShape,
+        defines: &[(&'static str, String)],
+        entries: &[(u32, &wgpu::Buffer)],
+        weight_groups: u32,
+    ) -> Result<Self, GpuError> {
+        let mut defines = defines.to_vec();
+        defines.extend([
+            ("XROWS", shape.rows.to_string()),
+            ("WGROUPS", shape.groups.to_string()),
+            ("WG", (shape.lanes * shape.groups).to_string()),
+        ]);
+        let kernel = gpu.kernel("few_rows_int8", SOURCE.as_str(), "main", &defines)?;
+        let group = bind(gpu, &kernel, entries);
+        Ok(Self {
+            kernel,
+            group,
+            workgroups_per_chunk: weight_groups.div_ceil(shape.groups),
+            x_rows: shape.rows,
+        })
+    }
 }
 
 impl FewRowsInt8 {
@@ -159,7 +225,10 @@ impl FewRowsInt8 {
             (w.cols / 32, 8)
         };
         let caps = gpu.caps();
-        let shape = workgroup_shape(caps.subgroups.then_some(caps.subgroup_max_size));
+        let weight_groups = super::few_rows::weight_groups(w, opts);
+        let max_subgroup = caps.subgroups.then_some(caps.subgroup_max_size);
+        let (shape, forced) = workgroup_shape(max_subgroup);
+        let wide = wide_shape(shape, max_subgroup, units, weight_groups).filter(|_| !forced);
         let mut defines = w.defines();
         defines.extend(gelu_flags(opts.gelu));
         defines.extend([
@@ -172,19 +241,15 @@ impl FewRowsInt8 {
             ("NR", "1".into()),
             ("UNITS", units.to_string()),
             ("UNIT_WORDS", unit_words.to_string()),
-            ("XROWS", shape.rows.to_string()),
-            ("WGROUPS", shape.groups.to_string()),
             flag("BIAS", opts.bias.is_some()),
             flag("RESIDUAL", opts.residual),
             flag("RELU", opts.relu),
             flag("GLU", opts.glu.is_some()),
-            ("WG", (shape.lanes * shape.groups).to_string()),
             flag("SUBGROUP", gpu.caps().subgroups),
         ]);
         if let Some(kind) = opts.glu {
             defines.extend(kind.defines());
         }
-        let product = gpu.kernel("few_rows_int8", SOURCE.as_str(), "main", &defines)?;
         let quantize = gpu.kernel(
             "quant_rows",
             QUANTIZE_SOURCE,
@@ -223,8 +288,10 @@ impl FewRowsInt8 {
         if let Some(b) = opts.bias {
             entries.push((5, &b.buffer));
         }
-        let product_group = bind(gpu, &product, &entries);
-        let weight_groups = super::few_rows::weight_groups(w, opts);
+        let product = ProductKernel::new(gpu, shape, &defines, &entries, weight_groups)?;
+        let wide = wide
+            .map(|wide| ProductKernel::new(gpu, wide, &defines, &entries, weight_groups))
+            .transpose()?;
         Ok(Some(Self {
             input: Int8Input {
                 cols: w.cols,
@@ -234,10 +301,8 @@ impl FewRowsInt8 {
             quantize,
             quantize_group,
             product,
-            product_group,
+            wide,
             blocks_per_row: w.cols / 32,
-            workgroups_per_chunk: weight_groups.div_ceil(shape.groups),
-            x_rows: shape.rows,
             max_rows: rows.rows,
             _params: params,
         }))
@@ -267,10 +332,56 @@ impl FewRowsInt8 {
     /// As [`Self::encode`], the rows being in the rows' buffer already, quantized as this
     /// product reads them (by a [`super::NormInt8`] just before).
     pub fn encode_quantized(&self, rec: &mut Recorder<'_>, rows: u32) {
+        let product = match &self.wide {
+            Some(wide) if rows <= wide.x_rows => wide,
+            _ => &self.product,
+        };
         rec.dispatch(
-            &self.product,
-            &self.product_group,
-            self.workgroups_per_chunk * rows.div_ceil(self.x_rows),
+            &product.kernel,
+            &product.group,
+            product.workgroups_per_chunk * rows.div_ceil(product.x_rows),
         );
+    }
+
+    /// Takes one workgroup shape whatever the step's rows, so that each output is summed
+    /// alike in steps of any width (batch-invariant serving).
+    pub fn invariant(mut self) -> Self {
+        self.wide = None;
+        self
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn narrow() -> WorkgroupShape {
+        WorkgroupShape {
+            lanes: 32,
+            groups: 4,
+            rows: 4,
+        }
+    }
+
+    #[test]
+    fn few_weight_groups_over_long_rows_take_the_wide_shape() {
+        let wide = |units, groups| wide_shape(narrow(), Some(32), units, groups);
+        // Llama-3.1-8B's down (224 pairs a row) and output products (64 pairs), 1,024 groups.
+        let expected = WorkgroupShape {
+            lanes: 64,
+            groups: 2,
+            rows: 4,
+        };
+        assert_eq!(wide(224, 1024), Some(expected));
+        assert_eq!(wide(64, 1024), Some(expected));
+        // Its QKV products (1,536 groups), and rows of 32 pairs, which 64 lanes leave half idle.
+        assert_eq!(wide(64, 1536), None);
+        assert_eq!(wide(32, 512), None);
+        // Lanes as wide already (64-lane subgroups).
+        let shape = WorkgroupShape {
+            lanes: 64,
+            ..narrow()
+        };
+        assert_eq!(wide_shape(shape, Some(64), 224, 1024), None);
     }
 }

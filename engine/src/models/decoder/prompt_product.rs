@@ -113,12 +113,13 @@ impl PromptProduct {
         batch: Option<BatchSetup<'_>>,
     ) -> Result<Self, Error> {
         let few = FewRows::new(gpu, w, x, y, step, &opts)?;
-        let int8 = match batch {
-            Some(b) => FewRowsInt8::new(gpu, w, x, y, step, &opts, b.rows, b.fine)?,
-            None => None,
-        };
         let batches = batch.is_some_and(|b| b.steps);
         let invariant = batch.is_some_and(|b| b.steps && b.invariant);
+        let int8 = match batch {
+            Some(b) => FewRowsInt8::new(gpu, w, x, y, step, &opts, b.rows, b.fine)?
+                .map(|p| if invariant { p.invariant() } else { p }),
+            None => None,
+        };
         let direct = if batches && w.quant.is_some() && !matches!(weights, PromptWeights::Blocks) {
             Some(MatMul::new(gpu, w, x, y, step, opts)?)
         } else {
