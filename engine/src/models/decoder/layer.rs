@@ -185,15 +185,15 @@ impl Layer {
         self.encode_rows(rec, pos0, n, None);
     }
 
-    /// Records this layer for a batched decode step of `n` rows, each a token of its own
-    /// sequence (the step's `rows`), the longest of which sees `longest` keys: the prompt's
-    /// kernels, with RoPE and attention taking each row's position and cache slot. False
-    /// where the layer has no batched kernels.
     /// Whether the layer has batched decode kernels (see [`Self::encode_batch`]).
     pub(super) fn batches(&self) -> bool {
         matches!(&self.mixer, Mixer::Attention { batch: Some(_), .. })
     }
 
+    /// Records this layer for a batched decode step of `n` rows, each a token of its own
+    /// sequence (the step's `rows`), the longest of which sees `longest` keys: the prompt's
+    /// kernels, with RoPE and attention taking each row's position and cache slot. False
+    /// where the layer has no batched kernels.
     pub(super) fn encode_batch(&self, rec: &mut Recorder<'_>, n: u32, longest: u32) -> bool {
         match &self.mixer {
             Mixer::Attention { batch: Some(_), .. } => {
