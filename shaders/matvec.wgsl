@@ -13,7 +13,8 @@
 // for short rows), XVEC4 (k is a multiple of 4: x is also read through a vec4 view), KPAIR
 // (K-quant rows by sub-block pairs, see q_dot_pairs), NR (rows per lane group, 1..4), COMBINE
 // (x is the attention output of one token, split over runs of keys as attention.wgsl SPLIT
-// leaves it: the runs are merged while staging; needs XCACHE), MIN_SPLIT, MAX_SPLITS,
+// leaves it: the runs are merged while staging; needs XCACHE; SINKS: with a sink logit per
+// head in each softmax's denominator), MIN_SPLIT, MAX_SPLITS,
 // WINDOW (the keys a sliding-window layer's attention saw), PIPE (int8 products with UNROLL:
 // each trip's weights are loaded one trip ahead, the first before the prologue), PIPE_NEXT
 // (PIPE with more than one trip), XQ8 (the input quantized to int8
@@ -27,7 +28,11 @@
 // every lane takes as many, UNROLL a trip of a loop with a constant trip count, so that their
 // weight loads issue together; int8 rows with UNIT_TAIL take LANE_UNITS, rounded up, see
 // ITERS), XQ8_IN (the int8 input handed off by the product before, see matvec_handoff.wgsl),
-// XQ8_OUT (hand the output row off so; OUT_GAIN: scaled by the next norm's gains).
+// XQ8_OUT (hand the output row off so; OUT_GAIN: scaled by the next norm's gains), EXPERTS
+// (routed experts of one decoded token: workgroup row wid.y computes the rows of the wid.y-th
+// chosen expert, see weight_row; with IN_PER_SLOT its input is row wid.y of x; CLAMPED:
+// GPT-OSS's clamped SwiGLU; ROUTED, with TOP_K and SOFTMAX_ALL: the workgroups route the token
+// themselves, ROUTED_SG giving them subgroups where SUBGROUP is unset).
 
 struct Params {
     n: u32,
@@ -39,6 +44,16 @@ struct Params {
     head_dim: u32,
     // Quantized weights: word offset of the block scales (see quant.wgsl).
     q_scales: u32,
+    // EXPERTS: expert e's output row r reads weight row e·expert_stride + r·row_step, its up
+    // row up_offset further; ids past `experts` are clamped. CLAMPED's alpha and limit.
+    expert_stride: u32,
+    row_step: u32,
+    up_offset: u32,
+    experts: u32,
+    alpha: f32,
+    limit: f32,
+    _pad0: u32,
+    _pad1: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -62,6 +77,10 @@ struct Params {
 // The token's QKV row, whose slot 2h + 1 holds query head h's output gate (Qwen3.5).
 @group(0) @binding(17) var<storage, read> gates: array<f32>;
 #endif
+#if SINKS
+// A logit per query head that joins its softmax's denominator (GPT-OSS's sinks).
+@group(0) @binding(19) var<storage, read> sinks: array<f32>;
+#endif
 #endif
 #if BIAS
 @group(0) @binding(5) var<storage, read> bias: array<f32>;
@@ -76,6 +95,98 @@ struct Params {
 #if NORM_LAYER
 @group(0) @binding(7) var<storage, read> norm_b: array<f32>;
 #endif
+#if EXPERTS
+#if ROUTED
+// ROUTED: each workgroup routes the token itself from the router's logits (one subgroup, as
+// moe.wgsl ROUTE_ONE does) and the workgroups at x = 0 record each slot's expert and weight
+// for the products after; otherwise routing left the ids here.
+@group(0) @binding(18) var<storage, read_write> expert_ids: array<u32>;
+@group(0) @binding(20) var<storage, read> router_logits: array<f32>;
+@group(0) @binding(21) var<storage, read_write> route_weights: array<f32>;
+var<workgroup> routed_expert: u32;
+
+const NO_EXPERT: u32 = 0xFFFFFFFFu;
+
+// Whether expert e with logit v is chosen before expert be with logit bv: larger logits
+// first, ties to the lower expert (NO_EXPERT: none yet).
+fn chosen_before(v: f32, e: u32, bv: f32, be: u32) -> bool {
+    return be == NO_EXPERT || v > bv || (v == bv && e < be);
+}
+
+// Routes the token (every subgroup alike, `lane` of `size`, so that the subgroup operations
+// stay in uniform control flow) and returns the expert of `slot` to every invocation; `record`:
+// also write the slot's id and weight.
+fn route_slot(tid: u32, lane: u32, size: u32, slot: u32, record: bool) -> u32 {
+    var chosen: array<f32, {{TOP_K}}>;
+    var prev_v = 0.0;
+    var prev_e = NO_EXPERT;
+    var mine = NO_EXPERT;
+    for (var j = 0u; j < {{TOP_K}}u; j++) {
+        var bv = bitcast<f32>(0xFF800000u);
+        var be = NO_EXPERT;
+        for (var e = lane; e < p.experts; e += size) {
+            let v = router_logits[e];
+            let after_prev = prev_e == NO_EXPERT || chosen_before(prev_v, prev_e, v, e);
+            if (after_prev && chosen_before(v, e, bv, be)) {
+                bv = v;
+                be = e;
+            }
+        }
+        let top = subgroupMax(bv);
+        prev_e = subgroupMin(select(NO_EXPERT, be, be != NO_EXPERT && bv == top));
+        prev_v = top;
+        chosen[j] = top;
+        mine = select(mine, prev_e, j == slot);
+    }
+    let top = chosen[0];
+    var total = 0.0;
+#if SOFTMAX_ALL
+    var part = 0.0;
+    for (var e = lane; e < p.experts; e += size) {
+        part += exp(router_logits[e] - top);
+    }
+    total = subgroupAdd(part);
+#else
+    for (var j = 0u; j < {{TOP_K}}u; j++) {
+        total += exp(chosen[j] - top);
+    }
+#endif
+    if (tid == 0u) {
+        routed_expert = mine;
+        if (record) {
+            expert_ids[slot] = mine;
+            route_weights[slot] = exp(chosen[slot] - top) / total;
+        }
+    }
+    return workgroupUniformLoad(&routed_expert);
+}
+#else
+// The chosen experts of the token, one per workgroup row (routing leaves them on the GPU).
+@group(0) @binding(18) var<storage, read> expert_ids: array<u32>;
+#endif
+#endif
+
+// The first weight row of this workgroup's expert, and where its outputs start (EXPERTS;
+// 0 otherwise).
+var<private> expert_row0: u32;
+var<private> out_row0: u32;
+
+// The weight row of output row `row` (in this workgroup's expert), and of its up row (GLU).
+fn weight_row(row: u32) -> u32 {
+#if EXPERTS
+    return expert_row0 + row * p.row_step;
+#else
+    return row;
+#endif
+}
+
+fn up_row(row: u32) -> u32 {
+#if EXPERTS
+    return weight_row(row) + p.up_offset;
+#else
+    return row + p.n;
+#endif
+}
 
 var<workgroup> red: array<f32, {{WG}}>;
 var<workgroup> norm_stats: vec2<f32>;
@@ -394,9 +505,9 @@ var<private> next_up{{u}}_{{r}}: QFetch;
 fn fetch_trip(row0: u32, it: u32, lane: u32) {
 #for u in 0..UNROLL
 #for r in 0..NR
-    next{{u}}_{{r}} = q_fetch8(row_at(row0, {{r}}u), unit_in_row(lane + (it + {{u}}u) * {{TPR}}u), p.q_scales);
+    next{{u}}_{{r}} = q_fetch8(weight_row(row_at(row0, {{r}}u)), unit_in_row(lane + (it + {{u}}u) * {{TPR}}u), p.q_scales);
 #if GLU
-    next_up{{u}}_{{r}} = q_fetch8(row_at(row0, {{r}}u) + p.n, unit_in_row(lane + (it + {{u}}u) * {{TPR}}u), p.q_scales);
+    next_up{{u}}_{{r}} = q_fetch8(up_row(row_at(row0, {{r}}u)), unit_in_row(lane + (it + {{u}}u) * {{TPR}}u), p.q_scales);
 #endif
 #endfor
 #endfor
@@ -419,16 +530,22 @@ fn finish_row(row: u32, acc: f32, acc_up: f32, tid: u32, lane: u32, sg_lane: u32
 #endif
     if (row < p.n && lane == 0u) {
 #if BIAS
-        r += bias[row];
+        r += bias[weight_row(row)];
 #endif
 #if GLU
 #if BIAS
-        up += bias[row + p.n];
+        up += bias[up_row(row)];
 #endif
 #if GELU
         r = gelu_tanh(r) * up;
 #else
+#if CLAMPED
+        // GPT-OSS: the gate clamped above, the up value on both sides, then gate·σ(α·gate)·(up + 1).
+        let g = min(r, p.limit);
+        r = g / (1.0 + exp(-p.alpha * g)) * (clamp(up, -p.limit, p.limit) + 1.0);
+#else
         r = silu(r) * up;
+#endif
 #endif
 #else
 #if GELU
@@ -441,7 +558,7 @@ fn finish_row(row: u32, acc: f32, acc_up: f32, tid: u32, lane: u32, sg_lane: u32
 #if RESIDUAL
         r += y[row];
 #endif
-        y[row] = r;
+        y[out_row0 + row] = r;
 #if XQ8_OUT
         hand_off_row(row, r);
 #endif
@@ -457,12 +574,32 @@ fn main(
     @builtin(subgroup_invocation_id) sg_lane: u32,
     @builtin(subgroup_size) sg_size: u32,
 #endif
+#if ROUTED_SG
+    // Subgroups for routing where the reductions take none (SUBGROUP unset).
+    @builtin(subgroup_invocation_id) route_lane: u32,
+    @builtin(subgroup_size) route_size: u32,
+#endif
 ) {
 #if !SUBGROUP
     let sg_lane = 0u;
     let sg_size = 1u;
 #endif
+#if EXPERTS
+    let group = wid.x;
+#if ROUTED
+#if ROUTED_SG
+    let expert = route_slot(tid, route_lane, route_size, wid.y, wid.x == 0u);
+#else
+    let expert = route_slot(tid, sg_lane, sg_size, wid.y, wid.x == 0u);
+#endif
+#else
+    let expert = expert_ids[wid.y];
+#endif
+    expert_row0 = min(expert, p.experts - 1u) * p.expert_stride;
+    out_row0 = wid.y * p.n;
+#else
     let group = wid.y * nwg.x + wid.x;
+#endif
     let lane = tid % {{TPR}}u;
 #if XQ8_OUT
     load_out_gains(group, tid);
@@ -473,7 +610,11 @@ fn main(
     fetch_trip(block_row0(group, 0u, tid), 0u, lane);
 #endif
     // Decoding has one token; for a prompt only the last token's output is wanted.
+#if IN_PER_SLOT
+    let base = wid.y * p.k;
+#else
     let base = (step.n_tokens - 1u) * p.k;
+#endif
 #if NORM
 #if !RMS_LATE
     var s = 0.0;
@@ -537,6 +678,14 @@ fn main(
 #endfor
                 top = next;
             }
+#if SINKS
+            // The sink joins the denominator, both taken relative to the larger of the runs'
+            // max and the sink so that neither overflows.
+            let m = max(top, sinks[h]);
+            let kept = exp(top - m);
+            merged *= kept;
+            total = total * kept + exp(sinks[h] - m);
+#endif
             merged /= total;
 #if GATED
             let g = (2u * h + 1u) * p.head_dim + (4u * i) % p.head_dim;
@@ -604,9 +753,9 @@ fn main(
 #else
             for (var unit = lane; unit < {{UNITS}}u; unit += {{TPR}}u) {
 #for r in 0..NR
-                acc[{{r}}] += q_dot8(row_at(row0, {{r}}u), unit, p.q_scales);
+                acc[{{r}}] += q_dot8(weight_row(row_at(row0, {{r}}u)), unit, p.q_scales);
 #if GLU
-                acc_up[{{r}}] += q_dot8(row_at(row0, {{r}}u) + p.n, unit, p.q_scales);
+                acc_up[{{r}}] += q_dot8(up_row(row_at(row0, {{r}}u)), unit, p.q_scales);
 #endif
 #endfor
             }
@@ -622,9 +771,9 @@ fn main(
 #else
             for (var sb = lane; sb < {{SUBS}}u; sb += {{TPR}}u) {
 #for r in 0..NR
-                acc[{{r}}] += q_dot(row_at(row0, {{r}}u), sb, p.q_scales, base);
+                acc[{{r}}] += q_dot(weight_row(row_at(row0, {{r}}u)), sb, p.q_scales, base);
 #if GLU
-                acc_up[{{r}}] += q_dot(row_at(row0, {{r}}u) + p.n, sb, p.q_scales, base);
+                acc_up[{{r}}] += q_dot(up_row(row_at(row0, {{r}}u)), sb, p.q_scales, base);
 #endif
 #endfor
             }

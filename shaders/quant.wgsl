@@ -61,7 +61,11 @@ fn e2m1_at(w: u32, shift: u32) -> vec4<f32> {
 // Half the e8m0 scale of MXFP4 block `index` (its exponent bytes are packed four a word),
 // 2^(e - 128) built from its bits as ggml does (subnormal below e = 2).
 fn scale_e8m0(scales: u32, index: u32) -> f32 {
-    let e = (qw[scales + index / 4u] >> (8u * (index % 4u))) & 0xFFu;
+    return e8m0_half((qw[scales + index / 4u] >> (8u * (index % 4u))) & 0xFFu);
+}
+
+// Half of 2^(e - 127) for an e8m0 exponent byte e.
+fn e8m0_half(e: u32) -> f32 {
     return bitcast<f32>(select((e - 1u) << 23u, 0x00200000u << e, e < 2u));
 }
 
@@ -362,6 +366,11 @@ fn q_fetch8(row: u32, s: u32, scales: u32) -> QFetch {
     f.w0 = qw4[blk];
     f.sw = qw[scales + blk];
 #endif
+#if MXFP4
+    f.w0 = qw4[blk];
+    f.sw = qw[scales + blk / 4u];
+    f.block = blk;
+#endif
     return f;
 }
 
@@ -402,6 +411,10 @@ fn q_dot8_fetched(f: QFetch, s: u32, level: u32) -> f32 {
     let dm = unpack2x16float(f.sw);
     return dm.x * xd.x * f32(nibble_dot8(f.w0, s, level)) + dm.y * xd.y;
 #endif
+#if MXFP4
+    let d = e8m0_half((f.sw >> (8u * (f.block % 4u))) & 0xFFu);
+    return d * xd.x * f32(e2m1_dot8(f.w0, s, level));
+#endif
 }
 #endif
 
@@ -426,6 +439,30 @@ fn q6_bytes(lo: u32, hi: u32, nshift: u32, hshift: u32) -> u32 {
     let q = ((lo >> nshift) & NIBBLES) | (((hi >> hshift) & 0x03030303u) << 4u);
     let high = (q >> 5u) & 0x01010101u;
     return (q & 0x1F1F1F1Fu) | ((high ^ 0x01010101u) * 0xE0u);
+}
+
+// Four e2m1 codes (one in each byte's low nibble) as packed i8 of their doubled values
+// (0, 1, 2, 3, 4, 6, 8, 12 and negatives), computed in all four bytes at once: a magnitude code
+// m with bit 2 set gains m & 3, and m = 7 two more; negative bytes are negated as 0x100 - v,
+// which borrows nothing since -0 (code 8) stays 0.
+fn e2m1_i8(q: u32) -> u32 {
+    let b2 = (q >> 2u) & 0x01010101u;
+    let mag = (q & 0x07070707u) + (q & 0x03030303u & (b2 * 3u)) + ((q & (q >> 1u) & b2) << 1u);
+    let nonzero = ((mag + 0x7F7F7F7Fu) >> 7u) & 0x01010101u;
+    let neg = (q >> 3u) & nonzero;
+    return (mag ^ (neg * 0xFFu)) + neg;
+}
+
+// The 16 bytes of an MXFP4 block against the input's sub-block s (laid out as Q4_0's).
+fn e2m1_dot8(w: vec4<u32>, s: u32, level: u32) -> i32 {
+    return dot4I8Packed(e2m1_i8(w.x & NIBBLES), xq[xq_at(level, 8u * s)])
+        + dot4I8Packed(e2m1_i8(w.y & NIBBLES), xq[xq_at(level, 8u * s + 1u)])
+        + dot4I8Packed(e2m1_i8(w.z & NIBBLES), xq[xq_at(level, 8u * s + 2u)])
+        + dot4I8Packed(e2m1_i8(w.w & NIBBLES), xq[xq_at(level, 8u * s + 3u)])
+        + dot4I8Packed(e2m1_i8((w.x >> 4u) & NIBBLES), xq[xq_at(level, 8u * s + 4u)])
+        + dot4I8Packed(e2m1_i8((w.y >> 4u) & NIBBLES), xq[xq_at(level, 8u * s + 5u)])
+        + dot4I8Packed(e2m1_i8((w.z >> 4u) & NIBBLES), xq[xq_at(level, 8u * s + 6u)])
+        + dot4I8Packed(e2m1_i8((w.w >> 4u) & NIBBLES), xq[xq_at(level, 8u * s + 7u)]);
 }
 
 // The 16 bytes of a Q4_0 / Q4_1 sub-block against the input's sub-block s: byte j holds

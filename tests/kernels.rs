@@ -1388,12 +1388,8 @@ fn upload_cache(gpu: &Gpu, dtype: WeightDType, data: &[f32]) -> (StorageBuffer, 
     }
 }
 
-/// Softmax attention in f64, `[tokens][heads][hd]`.
-fn attention_ref(inp: &AttentionInputs, c: AttentionCase) -> Vec<f32> {
-    attention_ref_with_sinks(inp, c, None)
-}
-
-/// As [`attention_ref`], with a logit per head joining every softmax's denominator.
+/// Softmax attention in f64, `[tokens][heads][hd]`, with `sinks` a logit per head joining
+/// every softmax's denominator.
 fn attention_ref_with_sinks(
     inp: &AttentionInputs,
     c: AttentionCase,
@@ -1524,6 +1520,18 @@ fn check_prompt_kernels_with_sinks(
     }
 }
 
+/// A sink logit per head: one far above the scores (the outputs all but vanish), one far
+/// below (no effect), the rest among them.
+fn sink_logits(rng: &mut Rng, heads: u32) -> Vec<f32> {
+    (0..heads)
+        .map(|h| match h {
+            0 => 30.0,
+            1 => -30.0,
+            _ => rng.uniform() * 3.0,
+        })
+        .collect()
+}
+
 /// GPT-OSS's sinks: a logit per head in every softmax's denominator, one far above the
 /// scores (the outputs all but vanish), one far below (no effect), others among them; on every
 /// prompt kernel, decode included.
@@ -1547,13 +1555,7 @@ fn attention_with_sinks_matches_cpu() {
                 capacity,
             };
             let inp = attention_inputs(&gpu, &mut rng, dtype, c);
-            let sinks: Vec<f32> = (0..heads)
-                .map(|h| match h {
-                    0 => 30.0,
-                    1 => -30.0,
-                    _ => rng.uniform() * 3.0,
-                })
-                .collect();
+            let sinks = sink_logits(&mut rng, heads);
             check_prompt_kernels_with_sinks(&gpu, &inp, dtype, c, "sinks", Some(&sinks));
         }
     }
@@ -1799,6 +1801,7 @@ fn windowed_attention_over_a_rolling_cache_matches_cpu() {
                 head_dim: hd,
                 window: Some(window),
                 gate: None,
+                sinks: None,
             };
             let opts = MatVecOptions {
                 combine: Some(combine),
@@ -1840,7 +1843,14 @@ fn split_attention_merged_by_the_output_product_matches_cpu() {
         scaling: RopeScaling::None,
     };
     for dtype in DTYPES {
-        for (with_rope, gated) in [(true, false), (false, false), (true, true)] {
+        // Sinks (GPT-OSS): a logit per head that the merge adds to each softmax's
+        // denominator, one far above the scores, one far below, the rest among them.
+        for (with_rope, gated, with_sinks) in [
+            (true, false, false),
+            (false, false, false),
+            (true, true, false),
+            (true, false, true),
+        ] {
             for &(heads, kv_heads, hd, pos0, capacity, rot) in &cases {
                 // Gated queries (Qwen3.5): each query head followed by its gate head in the
                 // row, the merged output scaled by sigmoid of the gate.
@@ -1935,6 +1945,8 @@ fn split_attention_merged_by_the_output_product_matches_cpu() {
                 };
                 let unused_x = gpu.storage("x", u64::from(width) * 4).expect("x");
                 let y = gpu.storage("y", u64::from(rows) * 4).expect("y");
+                let sinks = sink_logits(&mut rng, heads);
+                let sinks_b = buf(&gpu, &sinks);
                 let merge = MatVec::new(
                     &gpu,
                     &wm,
@@ -1949,6 +1961,7 @@ fn split_attention_merged_by_the_output_product_matches_cpu() {
                             head_dim: hd,
                             window: None,
                             gate: gated.then_some(&qkv_b),
+                            sinks: with_sinks.then_some(&sinks_b),
                         }),
                         layout: MatVecLayout {
                             int8: Some(true),
@@ -1963,7 +1976,7 @@ fn split_attention_merged_by_the_output_product_matches_cpu() {
                 merge.encode(&mut rec);
                 rec.submit();
                 let got = read(&gpu, &y, rows as usize);
-                let mut attn = attention_ref(&inp, c);
+                let mut attn = attention_ref_with_sinks(&inp, c, with_sinks.then_some(&sinks));
                 if gated {
                     for (i, a) in attn.iter_mut().enumerate() {
                         let gate = qkv[q_at(i / hdu) + hdu + i % hdu];
@@ -1977,7 +1990,7 @@ fn split_attention_merged_by_the_output_product_matches_cpu() {
                     matvec_ref(&w, &attn, rows as usize, width as usize)
                 };
                 let what = format!(
-                    "split attention {dtype:?} rope={with_rope} gated={gated} {c:?} {quant:?} ({} runs)",
+                    "split attention {dtype:?} rope={with_rope} gated={gated} sinks={with_sinks} {c:?} {quant:?} ({} runs)",
                     splits_for(pos0 + 1)
                 );
                 // The token's own k/v enter in f32 here but are stored rounded: allow f16 error.
@@ -2552,7 +2565,7 @@ quantized_matvec_tests! {
     quantized_matvec_q4k_matches_cpu_dequantize: GgmlType::Q4K, true;
     quantized_matvec_q5k_matches_cpu_dequantize: GgmlType::Q5K, true;
     quantized_matvec_q6k_matches_cpu_dequantize: GgmlType::Q6K, true;
-    quantized_matvec_mxfp4_matches_cpu_dequantize: GgmlType::Mxfp4, false;
+    quantized_matvec_mxfp4_matches_cpu_dequantize: GgmlType::Mxfp4, true;
 }
 
 /// Every shape, layout and fused variant for one block format; returns how many products took

@@ -10,7 +10,8 @@ use backpack_engine::gpu::{Gpu, Recorder, StorageBuffer};
 use backpack_engine::load::quant::dequantize;
 use backpack_engine::load::{ExpertActivation, GgmlType, MoeSpec, RouterWeights};
 use backpack_engine::ops::{
-    ExpertWeights, Experts, GateUpRows, Matrix, MoeBuffers, StepParams, WeightDType,
+    ExpertDecode, ExpertWeights, Experts, GateUpRows, Matrix, MoeBuffers, NormKind, StepParams,
+    WeightDType, int8_rounded_input,
 };
 use common::{Rng, assert_close, product_gpus, round_f16};
 
@@ -172,11 +173,20 @@ fn logits_for(rng: &mut Rng, routing: Routing, tokens: usize, experts: usize) ->
 /// Runs `case` on every product path the device has (SIMT, and tensor cores where present).
 fn run(case: &Case, seed: u64) {
     for gpu in product_gpus() {
-        run_on(&gpu, case, seed);
+        // A decoded token's block-format products route it themselves or after a dispatch
+        // of its own.
+        let decodes = case.tokens == 1 && matches!(case.storage, Storage::Blocks(_));
+        for route_in_product in if decodes {
+            vec![true, false]
+        } else {
+            vec![true]
+        } {
+            run_on(&gpu, case, seed, route_in_product);
+        }
     }
 }
 
-fn run_on(gpu: &Gpu, case: &Case, seed: u64) {
+fn run_on(gpu: &Gpu, case: &Case, seed: u64, route_in_product: bool) {
     let mut rng = Rng::new(seed);
     let (e, k, d, w, t) = (
         case.experts,
@@ -239,10 +249,41 @@ fn run_on(gpu: &Gpu, case: &Case, seed: u64) {
     let bufs = MoeBuffers::new(gpu, &moe, d, t + 3).expect("buffers");
     gpu.queue()
         .write_buffer(&bufs.logits.buffer, 0, bytemuck::cast_slice(&logits));
-    let (xn_buf, x_buf): (StorageBuffer, StorageBuffer) = (store(&xn), store(&x0));
+    // A decoded token's block-format products normalise the residual stream themselves: the
+    // normed row then holds NaN, which reading it would show.
+    let fused_norm = t == 1 && matches!(case.storage, Storage::Blocks(_));
+    let gains: Vec<f32> = (0..d).map(|_| 0.5 + rng.uniform()).collect();
+    const EPS: f32 = 1e-5;
+    let xn = if fused_norm {
+        let raw = &x0[..d as usize];
+        let inv = 1.0 / (raw.iter().map(|v| v * v).sum::<f32>() / d as f32 + EPS).sqrt();
+        raw.iter().zip(&gains).map(|(v, g)| v * inv * g).collect()
+    } else {
+        xn
+    };
+    let xn_stored = if fused_norm {
+        vec![f32::NAN; xn.len()]
+    } else {
+        xn.clone()
+    };
+    let (xn_buf, x_buf): (StorageBuffer, StorageBuffer) = (store(&xn_stored), store(&x0));
+    let gain_buf = store(&gains);
     let step = gpu.uniform("step", &StepParams::new(0, t));
-    let experts =
-        Experts::new(gpu, &moe, &weights, &bufs, &xn_buf, &x_buf, &step).expect("experts");
+    let experts = Experts::new(
+        gpu,
+        &moe,
+        &weights,
+        &bufs,
+        (&xn_buf, &x_buf),
+        ExpertDecode {
+            norm: fused_norm.then_some((NormKind::Rms, &gain_buf, None, EPS)),
+            route_in_product: Some(route_in_product),
+            ..Default::default()
+        },
+        &step,
+    )
+    .expect("experts");
+    assert_eq!(experts.decode_normed(), fused_norm, "the norm fused");
     let mut rec = Recorder::new(gpu);
     experts.encode(&mut rec, t);
     rec.submit();
@@ -259,7 +300,35 @@ fn run_on(gpu: &Gpu, case: &Case, seed: u64) {
             v.to_vec()
         }
     };
-    let (xn_seen, gu, dn) = (staged(&xn), staged(&gu), staged(&dn));
+    // A decoded token's products may take their inputs as int8 blocks (the decode product's
+    // staging), which the reference then sees too.
+    let levels = experts.decode_int8_levels().filter(|_| t == 1);
+    if let (1, Storage::Blocks(ty)) = (t, case.storage) {
+        // Formats with an integer form take the decode product's int8 path (MXFP4 in two
+        // levels), the rest its float one; never the general expert kernel.
+        let want = match ty {
+            GgmlType::Q5_0 => 0,
+            GgmlType::Mxfp4 => 2,
+            _ => 1,
+        };
+        assert_eq!(
+            levels,
+            Some((want, want)),
+            "{ty:?}: decode products' int8 levels"
+        );
+    }
+    // Two levels carry each value to about 1/64,000 of its block's largest: as f32 here.
+    let (int8_up, int8_down) = levels.map_or((false, false), |(u, d)| (u == 1, d == 1));
+    let int8_if = |on: bool, v: Vec<f32>| if on { int8_rounded_input(&v) } else { v };
+    // The fused RMSNorm quantizes the gained row and scales the row sums by the norm's factor.
+    let xn_seen = if fused_norm && int8_up {
+        let raw: Vec<f32> = x0.iter().zip(&gains).map(|(v, g)| v * g).collect();
+        let inv = xn[0] / raw[0];
+        int8_rounded_input(&raw).iter().map(|v| v * inv).collect()
+    } else {
+        int8_if(int8_up, staged(&xn))
+    };
+    let (gu, dn) = (staged(&gu), staged(&dn));
     let (d, w) = (d as usize, w as usize);
     let mut want = x0.clone();
     let mut scale = vec![0.0f32; want.len()];
@@ -281,7 +350,16 @@ fn run_on(gpu: &Gpu, case: &Case, seed: u64) {
                     activate(case.activation, dot(g) + bias(g), dot(u) + bias(u))
                 })
                 .collect();
-            let hidden = staged(&hidden);
+            // The int8 steps of the hidden row: where the GPU's hidden value and the
+            // reference's straddle a rounding boundary, they round a step apart.
+            let steps: Vec<f32> = hidden
+                .chunks(32)
+                .flat_map(|b| {
+                    let step = b.iter().fold(0.0f32, |m, v| m.max(v.abs())) / 127.0;
+                    std::iter::repeat_n(if int8_down { step } else { 0.0 }, b.len())
+                })
+                .collect();
+            let hidden = int8_if(int8_down, staged(&hidden));
             for c in 0..d {
                 let row = &dn[(x * d + c) * w..(x * d + c + 1) * w];
                 let out: f32 = row.iter().zip(&hidden).map(|(a, b)| a * b).sum::<f32>()
@@ -291,19 +369,27 @@ fn run_on(gpu: &Gpu, case: &Case, seed: u64) {
                         0.0
                     };
                 want[tok * d + c] += weight * out;
-                scale[tok * d + c] += weight
+                // Two such steps a row, as a share of the relative tolerance.
+                let flips = 2.0
                     * row
+                        .iter()
+                        .zip(&steps)
+                        .fold(0.0f32, |m, (a, s)| m.max((a * s).abs()))
+                    / 1e-4;
+                scale[tok * d + c] += weight
+                    * (row
                         .iter()
                         .zip(&hidden)
                         .map(|(a, b)| (a * b).abs())
                         .sum::<f32>()
+                        + flips)
                     + 1.0;
             }
         }
     }
     assert_close(
         &format!(
-            "{:?} {:?} {:?} tokens={t} on {}",
+            "{:?} {:?} {:?} tokens={t} routed in the product: {route_in_product} on {}",
             case.storage,
             case.routing,
             rows,
@@ -410,7 +496,11 @@ fn block_quantized_experts_match_the_cpu_reference() {
         GgmlType::Q6K,
     ] {
         let block = ty.block_elems() as u32;
-        for (tokens, routing) in [(1, Routing::Random), (35, Routing::OneForAll)] {
+        for (tokens, routing) in [
+            (1, Routing::Random),
+            (1, Routing::Ties),
+            (35, Routing::OneForAll),
+        ] {
             seed += 1;
             run(
                 &Case {

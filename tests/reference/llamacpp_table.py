@@ -436,7 +436,9 @@ def targets_tables(rows):
         step = raw.get("decode_ms_per_token")
         disp, floor_us = raw.get("dispatches_per_token"), raw.get("dispatch_floor_us")
         latency = disp * floor_us / 1e3 if disp and floor_us else None
-        bw, wb = raw.get("read_bandwidth_gb_s"), raw.get("weight_bytes")
+        # What a decoded token reads: mixture-of-experts models only their chosen experts.
+        bw = raw.get("read_bandwidth_gb_s")
+        wb = raw.get("decode_read_bytes", raw.get("weight_bytes"))
         read = wb / 1e9 / bw * 1e3 if bw and wb else None
         rest = step - latency - read if None not in (step, latency, read) else None
         floor_text = "—" if latency is None else f"{latency:.2f} ({floor_us:.1f} µs)"

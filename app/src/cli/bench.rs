@@ -184,7 +184,8 @@ pub fn run(args: BenchArgs, adapter: Option<&str>) -> Result<()> {
     let prefill_tps = f64::from(prompt.len() as u32) / best.prefill.as_secs_f64();
     let decode_tps = decoded / best.decode.as_secs_f64();
     let encode_us = best.encode.as_secs_f64() * 1e6 / decoded.max(1.0);
-    let weights_gb = model.weight_bytes() as f64 / 1e9;
+    // What a decoded token reads (mixture-of-experts models: only the chosen experts).
+    let weights_gb = model.decode_read_bytes() as f64 / 1e9;
     let (bandwidth, floor_us) = if args.bandwidth {
         (Some(read_bandwidth(&gpu)?), Some(dispatch_floor_us(&gpu)?))
     } else {
@@ -249,6 +250,7 @@ pub fn run(args: BenchArgs, adapter: Option<&str>) -> Result<()> {
             "quant": args.quant.map(|q| format!("{q:?}").to_lowercase()),
             "parameters": spec.parameters(),
             "weight_bytes": model.weight_bytes(),
+            "decode_read_bytes": model.decode_read_bytes(),
             "prompt_len": prompt.len(),
             "prompt_chunk": model.prompt_chunk(),
             "gen": args.generate,
@@ -338,7 +340,7 @@ struct Summary<'a> {
 }
 
 fn print_summary(s: &Summary<'_>) {
-    let weights_gb = s.model.weight_bytes() as f64 / 1e9;
+    let weights_gb = s.model.decode_read_bytes() as f64 / 1e9;
     println!(
         "model        {} ({:.0}M params, {} layers)",
         s.source.display(),

@@ -41,6 +41,49 @@ struct Params {
     heads: u32,
     head_dim: u32,
     q_scales: u32,
+    expert_stride: u32,
+    row_step: u32,
+    up_offset: u32,
+    experts: u32,
+    alpha: f32,
+    limit: f32,
+    _pad: [u32; 2],
+}
+
+/// The routed experts of one decoded token as a decode product (shaders/matvec.wgsl EXPERTS):
+/// workgroup row s computes the rows of expert `ids[s]`, so only the chosen experts' weights
+/// are read and the ids never leave the GPU. The output holds `slots` rows of `rows` values.
+#[derive(Clone, Copy)]
+pub struct ExpertSlots<'a> {
+    /// The chosen experts, `slots` of them.
+    pub ids: &'a StorageBuffer,
+    pub slots: u32,
+    pub experts: u32,
+    /// Outputs per expert.
+    pub rows: u32,
+    /// Expert e's output row r reads weight row `e·expert_stride + r·row_step`; its up row
+    /// (gated products) is `up_offset` rows further.
+    pub expert_stride: u32,
+    pub row_step: u32,
+    pub up_offset: u32,
+    /// Slot s reads row s of the input (the down product over the slots' hidden rows) rather
+    /// than the token's one row.
+    pub input_per_slot: bool,
+    /// GPT-OSS's clamped SwiGLU: (alpha, limit).
+    pub clamp: Option<(f32, f32)>,
+    /// The product routes the token itself (adapters with subgroups): `ids` are then written.
+    pub route: Option<SlotRouting<'a>>,
+}
+
+/// Routing inside an expert product (see [`ExpertSlots::route`]): the token's router logits,
+/// where each slot's weight goes, and how the weights are made.
+#[derive(Clone, Copy)]
+pub struct SlotRouting<'a> {
+    pub logits: &'a StorageBuffer,
+    pub weights: &'a StorageBuffer,
+    /// The chosen experts' share of a softmax over all of them, rather than a softmax over
+    /// the chosen ones.
+    pub softmax_all: bool,
 }
 
 /// Where the split attention of one token left its runs (see [`super::Attention::new_split`]).
@@ -54,6 +97,9 @@ pub struct SplitAttention<'a> {
     /// The token's QKV row where it carries an output gate head after each query head
     /// (Qwen3.5): the merged output is scaled by sigmoid of it.
     pub gate: Option<&'a StorageBuffer>,
+    /// A logit per query head joining each softmax's denominator (GPT-OSS), added where the
+    /// runs are merged.
+    pub sinks: Option<&'a StorageBuffer>,
 }
 
 /// A row handed from one decode product to the next as int8 blocks (shaders/matvec_handoff.wgsl):
@@ -104,6 +150,9 @@ pub struct MatVecOptions<'a> {
     /// Also hand the output off to the next product, times the gains of its fused RMSNorm if
     /// it has one.
     pub handoff_out: Option<(&'a Int8Handoff, Option<&'a StorageBuffer>)>,
+    /// Rows of the token's chosen experts rather than of the whole matrix (block formats
+    /// only; K-quant rows only with int8 inputs).
+    pub experts: Option<ExpertSlots<'a>>,
 }
 
 /// `y = W · x̂` for the last token of the step (decoding, and the LM head after a prompt).
@@ -115,6 +164,8 @@ pub struct MatVec {
     int8_levels: u32,
     reads_handoff: bool,
     hands_off: bool,
+    /// Workgroup rows: the expert slots (a plain product's grid is folded instead).
+    slots: Option<u32>,
     _params: UniformBuffer,
 }
 
@@ -127,7 +178,24 @@ impl MatVec {
         step: &UniformBuffer,
         opts: MatVecOptions<'_>,
     ) -> Result<Self, GpuError> {
-        let n = if opts.glu { w.rows / 2 } else { w.rows };
+        let n = match (&opts.experts, opts.glu) {
+            (Some(e), _) => e.rows,
+            (None, true) => w.rows / 2,
+            (None, false) => w.rows,
+        };
+        // The rows the whole dispatch computes, which the layout's workgroup counts go by.
+        let all_rows = n * opts.experts.as_ref().map_or(1, |e| e.slots);
+        if opts.experts.is_some()
+            && (w.quant.is_none()
+                || opts.residual
+                || opts.combine.is_some()
+                || opts.handoff_in.is_some()
+                || opts.handoff_out.is_some())
+        {
+            return Err(GpuError::Device(
+                "expert decode products take block-format weights and a plain input".into(),
+            ));
+        }
         if opts.glu && opts.gelu.is_some_and(|g| g != Gelu::Tanh) {
             return Err(GpuError::Device(
                 "a gated product takes SiLU or tanh GELU only".into(),
@@ -155,7 +223,7 @@ impl MatVec {
                     .clamp(4, sg)
             })
             .filter(|&lanes| {
-                let workgroups = n / (WG / lanes);
+                let workgroups = all_rows / (WG / lanes);
                 workgroups >= MIN_WORKGROUPS
                     || (w.cols < 4096 && workgroups >= SHORT_ROW_MIN_WORKGROUPS)
             });
@@ -183,7 +251,7 @@ impl MatVec {
                 Some((GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q8_0, _))
             )
             && w.cols >= 4096
-            && n / ((WG / sg).max(1) * 2) >= 128
+            && all_rows / ((WG / sg).max(1) * 2) >= 128
         {
             tpr = sg;
             rows_per_group = 2;
@@ -268,7 +336,7 @@ impl MatVec {
         // (then only merged attention output is staged as f32, for merging), in two levels for
         // LM heads; f32 models keep float inputs (see `MatVecLayout::for_head`, `for_dtype`).
         let fine = forced.int8_fine.unwrap_or(false);
-        let int8 = int8_input(w)
+        let int8 = decode_int8_input(w)
             && (!k_quant(w) || tpr <= w.cols / 64)
             && forced.int8.unwrap_or(true)
             && forced.int8_max_cols.is_none_or(|max| w.cols <= max)
@@ -365,7 +433,7 @@ impl MatVec {
         let rb = forced
             .blocks
             .filter(|b| (1..=16).contains(b))
-            .unwrap_or_else(|| Self::row_blocks_per_workgroup(n.div_ceil(block_rows)));
+            .unwrap_or_else(|| Self::row_blocks_per_workgroup(all_rows.div_ceil(block_rows)));
         // The writer keeps its rows, their squares and the gains in workgroup memory.
         if !(rb * block_rows).is_multiple_of(16) || rb * block_rows > HANDOFF_MAX_ROWS {
             handoff_out = None;
@@ -401,6 +469,17 @@ impl MatVec {
                     && lane_units.is_some_and(|n| rb * n <= unroll),
             );
         let trips = lane_units.map_or(0, |n| rb * n / unroll.max(1));
+        let routing = opts.experts.and_then(|e| e.route);
+        if routing.is_some() && !caps.subgroups {
+            return Err(GpuError::Device(
+                "an expert product routes the token only with subgroups".into(),
+            ));
+        }
+        if opts.experts.is_some() && k_quant(w) && !int8 {
+            return Err(GpuError::Device(
+                "K-quant expert rows take int8 inputs, which this layout turns off".into(),
+            ));
+        }
         let heads = opts.combine.as_ref().map_or(1, |c| c.heads);
         let mut defines = w.defines();
         defines.push(("QDOT", "1".into()));
@@ -422,6 +501,10 @@ impl MatVec {
             flag(
                 "GATED",
                 opts.combine.as_ref().is_some_and(|c| c.gate.is_some()),
+            ),
+            flag(
+                "SINKS",
+                opts.combine.as_ref().is_some_and(|c| c.sinks.is_some()),
             ),
             (
                 "WINDOW",
@@ -461,6 +544,16 @@ impl MatVec {
                 "RMS_LATE",
                 int8 && matches!(opts.norm, Some((NormKind::Rms, ..))),
             ),
+            flag("EXPERTS", opts.experts.is_some()),
+            flag(
+                "IN_PER_SLOT",
+                opts.experts.is_some_and(|e| e.input_per_slot),
+            ),
+            flag("CLAMPED", opts.experts.is_some_and(|e| e.clamp.is_some())),
+            flag("ROUTED", routing.is_some()),
+            flag("ROUTED_SG", routing.is_some() && !subgroups),
+            ("TOP_K", opts.experts.map_or(1, |e| e.slots).to_string()),
+            flag("SOFTMAX_ALL", routing.is_some_and(|r| r.softmax_all)),
         ]);
         let kernel = if w.quant.is_some() {
             gpu.kernel(
@@ -483,6 +576,13 @@ impl MatVec {
                 heads,
                 head_dim: opts.combine.as_ref().map_or(1, |c| c.head_dim),
                 q_scales: w.q_scales(),
+                expert_stride: opts.experts.map_or(0, |e| e.expert_stride),
+                row_step: opts.experts.map_or(1, |e| e.row_step),
+                up_offset: opts.experts.map_or(0, |e| e.up_offset),
+                experts: opts.experts.map_or(1, |e| e.experts),
+                alpha: opts.experts.and_then(|e| e.clamp).map_or(0.0, |c| c.0),
+                limit: opts.experts.and_then(|e| e.clamp).map_or(0.0, |c| c.1),
+                _pad: [0; 2],
             },
         );
         if opts.combine.is_some() && opts.norm.is_some() {
@@ -492,7 +592,6 @@ impl MatVec {
         }
         let mut entries = vec![
             (0, &params.buffer),
-            (1, &step.buffer),
             // Sub-block pairs read the blocks only through their vec4 view.
             (if k_pairs { 11 } else { 3 }, &w.buffer.buffer),
             (4, &y.buffer),
@@ -520,12 +619,25 @@ impl MatVec {
         if x_vec4 {
             entries.push((8, &x.buffer));
         }
+        if let Some(e) = &opts.experts {
+            entries.push((18, &e.ids.buffer));
+        }
+        if let Some(r) = routing {
+            entries.extend([(20, &r.logits.buffer), (21, &r.weights.buffer)]);
+        }
+        // Slots reading rows of their own never read the step's token count.
+        if !opts.experts.is_some_and(|e| e.input_per_slot) {
+            entries.push((1, &step.buffer));
+        }
 
         if let Some(c) = &opts.combine {
             entries.push((9, &c.partials.buffer));
             entries.push((10, &c.stats.buffer));
             if let Some(gate) = c.gate {
                 entries.push((17, &gate.buffer));
+            }
+            if let Some(sinks) = c.sinks {
+                entries.push((19, &sinks.buffer));
             }
         }
         if let Some((kind, weight, bias, _)) = opts.norm.filter(|_| handoff_in.is_none()) {
@@ -553,6 +665,7 @@ impl MatVec {
             int8_levels,
             reads_handoff: handoff_in.is_some(),
             hands_off: handoff_out.is_some(),
+            slots: opts.experts.map(|e| e.slots),
             _params: params,
         })
     }
@@ -560,7 +673,7 @@ impl MatVec {
     /// Whether a product of `w` with `layout` may take its input as int8 (its weights have an
     /// integer form and the layout does not turn int8 inputs off), and so read a handed-off row.
     pub fn may_take_int8(w: &Matrix, layout: MatVecLayout) -> bool {
-        int8_input(w) && layout.int8 != Some(false)
+        decode_int8_input(w) && layout.int8 != Some(false)
     }
 
     /// Whether the input is quantized to int8 for packed integer products.
@@ -577,6 +690,11 @@ impl MatVec {
     /// whole blocks of 16 or 32 rows, with at most [`HANDOFF_MAX_WORKGROUP`] invocations.
     pub fn hands_off(&self) -> bool {
         self.hands_off
+    }
+
+    /// Workgroups of one dispatch (every expert slot's, for expert products).
+    pub fn grid_workgroups(&self) -> u32 {
+        self.workgroups * self.slots.unwrap_or(1)
     }
 
     /// Levels of the int8 input: 0 (float input), 1, or 2 (`int8_fine`).
@@ -617,7 +735,12 @@ impl MatVec {
     }
 
     pub fn encode(&self, rec: &mut Recorder<'_>) {
-        rec.dispatch(&self.kernel, &self.bind_group, self.workgroups);
+        match self.slots {
+            Some(slots) => {
+                rec.dispatch_xyz(&self.kernel, &self.bind_group, [self.workgroups, slots, 1])
+            }
+            None => rec.dispatch(&self.kernel, &self.bind_group, self.workgroups),
+        }
     }
 }
 
@@ -661,6 +784,12 @@ fn prev_power_of_two(n: u32) -> u32 {
 /// Q4_K / Q5_K weights, decoded by sub-block pairs through a vec4 view (q_dot_pairs).
 pub(super) fn k_quant(w: &Matrix) -> bool {
     matches!(w.quant, Some((GgmlType::Q4K | GgmlType::Q5K, _)))
+}
+
+/// Block formats the decode product takes with int8 inputs: those of [`int8_input`] and
+/// MXFP4, whose codes become int8 values in registers (e2m1_i8 in quant.wgsl).
+fn decode_int8_input(w: &Matrix) -> bool {
+    int8_input(w) || matches!(w.quant, Some((GgmlType::Mxfp4, _)))
 }
 
 /// Block formats whose decode product can run on int8 inputs (q_dot8 in quant.wgsl; K-quant

@@ -54,9 +54,14 @@ pub use few_rows_int8::{FewRowsInt8, Int8Input, Int8Rows};
 pub use fill::{fill_random, fill_value};
 pub use group_norm::{GroupNorm, GroupNormShape, NormActivation};
 pub use matmul::{LONG_PROMPT_ROWS, MatMul, MatMulOptions, k_slices};
-pub use matvec::{Int8Handoff, MatVec, MatVecOptions, SplitAttention, int8_rounded_input};
+pub use matvec::{
+    ExpertSlots, Int8Handoff, MatVec, MatVecOptions, SlotRouting, SplitAttention,
+    int8_rounded_input,
+};
 pub use matvec_layout::MatVecLayout;
-pub use moe::{ExpertWeights, Experts, GateUpRows, MoeBuffers, moe_buffer_bytes};
+pub use moe::{
+    DecodeNorm, ExpertDecode, ExpertWeights, Experts, GateUpRows, MoeBuffers, moe_buffer_bytes,
+};
 pub use norm::{HeadNorm, Norm, NormForm, NormKind};
 pub use norm_int8::NormInt8;
 pub use pass::{KernelSpec, Pass};

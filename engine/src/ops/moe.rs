@@ -10,6 +10,10 @@ use super::{Matrix, bind, flag, groups_of_64};
 use crate::gpu::{Gpu, GpuError, Kernel, Recorder, StorageBuffer, UniformBuffer};
 use crate::load::{ExpertActivation, MoeSpec, RouterWeights};
 
+#[path = "moe_decode.rs"]
+mod decode;
+pub use decode::{DecodeNorm, ExpertDecode};
+use decode::{DecodeProducts, DecodeRouting, decode_products};
 #[path = "moe_product.rs"]
 mod product;
 
@@ -164,6 +168,11 @@ pub struct Experts {
     up_tile: (u32, u32),
     down_tile: (u32, u32),
     combine: Dispatch,
+    /// Decoding's expert products as decode products over the chosen experts' rows (block
+    /// formats), with the input as int8 where the format takes it; else `gate_up` / `down`.
+    decode: Option<DecodeProducts>,
+    /// Bytes of expert weights a decoded token does not read (the experts it does not pick).
+    unread_bytes: u64,
     experts: u32,
     top_k: u32,
     hidden: u32,
@@ -180,14 +189,15 @@ pub struct Experts {
 const ROUTE_LANES: u32 = 32;
 
 impl Experts {
-    /// Kernels over `w` for the normed input `xn` (`[tokens][hidden]`), adding into `x`.
+    /// Kernels over `w` for the normed input `xn` (`[tokens][hidden]`), adding into `x`;
+    /// `decode` shapes a decoded token's products.
     pub fn new(
         gpu: &Gpu,
         moe: &MoeSpec,
         w: &ExpertWeights,
         bufs: &MoeBuffers,
-        xn: &StorageBuffer,
-        x: &StorageBuffer,
+        (xn, x): (&StorageBuffer, &StorageBuffer),
+        decode: ExpertDecode<'_>,
         step: &UniformBuffer,
     ) -> Result<Self, GpuError> {
         let hidden = w.down.rows / moe.experts;
@@ -255,10 +265,9 @@ impl Experts {
             step,
             &group_entries,
         )?;
-        let (alpha, limit, clamped) = match moe.activation {
-            ExpertActivation::SwiGlu => (0.0, 0.0, false),
-            ExpertActivation::ClampedSwiGlu { alpha, limit } => (alpha, limit, true),
-        };
+        let clamp = clamp_of(moe.activation);
+        let (alpha, limit) = clamp.unwrap_or((0.0, 0.0));
+        let clamped = clamp.is_some();
         let rows = w.gate_up_rows;
         let up_params = Params {
             rows: moe.intermediate,
@@ -331,6 +340,7 @@ impl Experts {
             None,
             &bufs.outputs,
         )?;
+        let decode = decode_products(gpu, moe, w, bufs, (xn, x), decode, step)?;
         let mut entries = vec![(5, &bufs.weights), (9, &bufs.outputs), (11, x)];
         // The ids pick each expert's bias.
         if let Some(b) = &w.down_bias {
@@ -362,6 +372,10 @@ impl Experts {
             up_tile,
             down_tile,
             combine,
+            decode,
+            unread_bytes: (w.gate_up.buffer.size + w.down.buffer.size)
+                * u64::from(moe.experts.saturating_sub(moe.top_k))
+                / u64::from(moe.experts.max(1)),
             experts: moe.experts,
             top_k: moe.top_k,
             hidden,
@@ -379,7 +393,14 @@ impl Experts {
         };
         // At most one workgroup row per expert that can have tokens.
         let active = self.experts.min(n_tokens * self.top_k);
-        if n_tokens == 1 {
+        if let (1, Some(decode)) = (n_tokens, &self.decode) {
+            match &decode.route {
+                DecodeRouting::InProduct => {}
+                DecodeRouting::Workgroup => run(rec, &self.route_prompt, [1, 1, 1]),
+            }
+            decode.gate_up.encode(rec);
+            decode.down.encode(rec);
+        } else if n_tokens == 1 {
             run(rec, &self.route, [1, 1, 1]);
             run(rec, &self.gate_up, [self.up_blocks, active, 1]);
             run(rec, &self.down, [self.down_blocks, active, 1]);
@@ -406,6 +427,14 @@ impl Experts {
             &self.combine,
             [groups_of_64(n_tokens * self.hidden), 1, 1],
         );
+    }
+}
+
+/// GPT-OSS's clamped SwiGLU's (alpha, limit); None for plain SwiGLU.
+fn clamp_of(activation: ExpertActivation) -> Option<(f32, f32)> {
+    match activation {
+        ExpertActivation::SwiGlu => None,
+        ExpertActivation::ClampedSwiGlu { alpha, limit } => Some((alpha, limit)),
     }
 }
 

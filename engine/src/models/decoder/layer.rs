@@ -74,6 +74,8 @@ pub(super) enum LayerMlp {
         router_mv: MatVec,
         experts: Experts,
         shared: Option<SharedExpert>,
+        /// Decoding's router and expert products normalise the residual stream themselves.
+        decode_normed: bool,
     },
 }
 
@@ -165,9 +167,12 @@ impl Layer {
                 router_mv,
                 experts,
                 shared,
+                decode_normed,
                 ..
             } => {
-                self.mlp_norm.encode(rec, 1);
+                if !decode_normed {
+                    self.mlp_norm.encode(rec, 1);
+                }
                 router_mv.encode(rec);
                 experts.encode(rec, 1);
                 if let Some(shared) = shared {
@@ -183,6 +188,14 @@ impl Layer {
     /// Records this layer for the `n` prompt tokens starting at `pos0`.
     pub(super) fn encode_prompt(&self, rec: &mut Recorder<'_>, pos0: u32, n: u32) {
         self.encode_rows(rec, pos0, n, None);
+    }
+
+    /// Expert weight bytes a decoded token leaves unread in this layer.
+    pub(super) fn unread_expert_bytes(&self) -> u64 {
+        match &self.mlp {
+            LayerMlp::Experts { experts, .. } => experts.unread_bytes_per_token(),
+            LayerMlp::Dense { .. } => 0,
+        }
     }
 
     /// Whether the layer has batched decode kernels (see [`Self::encode_batch`]).

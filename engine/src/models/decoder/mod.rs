@@ -297,6 +297,13 @@ impl DecoderModel {
         self.state_bytes
     }
 
+    /// Weight bytes a decoded token reads: all of them, less the experts it does not pick
+    /// (mixture-of-experts layers).
+    pub fn decode_read_bytes(&self) -> u64 {
+        let unread: u64 = self.layers.iter().map(|l| l.unread_expert_bytes()).sum();
+        self.weight_bytes.saturating_sub(unread)
+    }
+
     /// Kernel dispatches recorded for one decoded token.
     pub fn dispatches_per_token(&self) -> u32 {
         self.decode_dispatches
@@ -882,7 +889,7 @@ impl DecoderModel {
 /// long prompts use.
 const WARM_UP_TOKENS: u32 = 128;
 
-type FusedNorm<'a> = (NormKind, &'a StorageBuffer, Option<&'a StorageBuffer>, f32);
+pub(super) type FusedNorm<'a> = (NormKind, &'a StorageBuffer, Option<&'a StorageBuffer>, f32);
 
 fn fused(kind: NormKind, n: &(StorageBuffer, Option<StorageBuffer>), eps: f32) -> FusedNorm<'_> {
     (kind, &n.0, n.1.as_ref(), eps)

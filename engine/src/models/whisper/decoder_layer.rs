@@ -297,6 +297,7 @@ pub(super) fn build_layer(
                     head_dim: hd,
                     window: None,
                     gate: None,
+                    sinks: None,
                 }),
                 layout: MatVecLayout::for_dtype(b.dtype),
                 ..Default::default()

@@ -414,7 +414,7 @@ impl DecoderModel {
             .transpose()?;
         // Sinks join the softmax of whole attention only (see `LayerContext::attentions`);
         // an output gate is applied where the output product merges the runs.
-        let split_attention = MatVec::stages_input(gpu, spec.heads * spec.head_dim) && !spec.sinks;
+        let split_attention = MatVec::stages_input(gpu, spec.heads * spec.head_dim);
         let context = LayerContext {
             gpu,
             spec,
