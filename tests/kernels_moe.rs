@@ -10,8 +10,8 @@ use backpack_engine::gpu::{Gpu, Recorder, StorageBuffer};
 use backpack_engine::load::quant::dequantize;
 use backpack_engine::load::{ExpertActivation, GgmlType, MoeSpec, RouterWeights};
 use backpack_engine::ops::{
-    ExpertDecode, ExpertWeights, Experts, GateUpRows, Matrix, MoeBuffers, NormKind, StepParams,
-    WeightDType, int8_rounded_input,
+    ExpertDecode, ExpertWeights, Experts, GateUpRows, MatVecLayout, Matrix, MoeBuffers, NormKind,
+    StepParams, WeightDType, int8_rounded_input,
 };
 use common::{Rng, assert_close, product_gpus, round_f16};
 
@@ -46,6 +46,8 @@ struct Case {
     activation: ExpertActivation,
     biases: bool,
     routing: Routing,
+    /// The decode products' layout (f32 models turn int8 inputs off).
+    layout: MatVecLayout,
 }
 
 fn per_expert(_experts: u32, width: u32) -> GateUpRows {
@@ -251,7 +253,11 @@ fn run_on(gpu: &Gpu, case: &Case, seed: u64, route_in_product: bool) {
         .write_buffer(&bufs.logits.buffer, 0, bytemuck::cast_slice(&logits));
     // A decoded token's block-format products normalise the residual stream themselves: the
     // normed row then holds NaN, which reading it would show.
-    let fused_norm = t == 1 && matches!(case.storage, Storage::Blocks(_));
+    // (K-quant rows without int8 inputs go to the general kernel, which reads the normed row.)
+    let offer_norm = t == 1 && matches!(case.storage, Storage::Blocks(_));
+    let general = matches!(case.storage, Storage::Blocks(GgmlType::Q4K | GgmlType::Q5K))
+        && case.layout.int8 == Some(false);
+    let fused_norm = offer_norm && !general;
     let gains: Vec<f32> = (0..d).map(|_| 0.5 + rng.uniform()).collect();
     const EPS: f32 = 1e-5;
     let xn = if fused_norm {
@@ -276,9 +282,9 @@ fn run_on(gpu: &Gpu, case: &Case, seed: u64, route_in_product: bool) {
         &bufs,
         (&xn_buf, &x_buf),
         ExpertDecode {
-            norm: fused_norm.then_some((NormKind::Rms, &gain_buf, None, EPS)),
+            norm: offer_norm.then_some((NormKind::Rms, &gain_buf, None, EPS)),
             route_in_product: Some(route_in_product),
-            ..Default::default()
+            layout: case.layout,
         },
         &step,
     )
@@ -305,15 +311,19 @@ fn run_on(gpu: &Gpu, case: &Case, seed: u64, route_in_product: bool) {
     let levels = experts.decode_int8_levels().filter(|_| t == 1);
     if let (1, Storage::Blocks(ty)) = (t, case.storage) {
         // Formats with an integer form take the decode product's int8 path (MXFP4 in two
-        // levels), the rest its float one; never the general expert kernel.
+        // levels), the rest its float one; with int8 inputs off K-quant rows, which have no
+        // float form there, go to the general expert kernel.
+        let int8 = case.layout.int8 != Some(false);
         let want = match ty {
-            GgmlType::Q5_0 => 0,
-            GgmlType::Mxfp4 => 2,
-            _ => 1,
+            GgmlType::Q4K | GgmlType::Q5K if !int8 => None,
+            _ if !int8 => Some(0),
+            GgmlType::Q5_0 => Some(0),
+            GgmlType::Mxfp4 => Some(2),
+            _ => Some(1),
         };
         assert_eq!(
             levels,
-            Some((want, want)),
+            want.map(|w| (w, w)),
             "{ty:?}: decode products' int8 levels"
         );
     }
@@ -417,6 +427,7 @@ fn case(storage: Storage, hidden: u32, width: u32) -> Case {
         activation: ExpertActivation::SwiGlu,
         biases: false,
         routing: Routing::Random,
+        layout: MatVecLayout::default(),
     }
 }
 
@@ -517,5 +528,14 @@ fn block_quantized_experts_match_the_cpu_reference() {
                 seed,
             );
         }
+        // An f32 model's layout: float inputs.
+        seed += 1;
+        run(
+            &Case {
+                layout: MatVecLayout::for_dtype(WeightDType::F32),
+                ..case(Storage::Blocks(ty), block.max(64), block.max(32))
+            },
+            seed,
+        );
     }
 }
