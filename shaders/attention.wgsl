@@ -36,7 +36,7 @@
 // NO_ROPE (learned positions), ROT (rotating dims of a head), RING, FULL, HALVES (with FULL: q,
 // kv and out hold f16 values, two to a word, offsets and strides still counted in values), TILED
 // (the `tiled` entry point, with BQ and BK), SINKS (a logit per head in every softmax's
-// denominator; not with SPLIT), RUNS (with BATCH).
+// denominator; not with SPLIT), RUNS (with BATCH), HEAD_NORM (with SPLIT: q_norm and k_norm).
 
 #if FULL
 struct Params {
@@ -61,7 +61,8 @@ struct Params {
     window: u32,
     // Q8: word offset of the block scales in each cache buffer.
     scale_base: u32,
-    _pad2: u32,
+    // HEAD_NORM: the head norms' epsilon.
+    eps: f32,
 }
 #endif
 
@@ -137,6 +138,13 @@ const KEY_GROUPS: u32 = {{WG}}u / QUADS;
 // A logit per query head that joins every softmax's denominator (GPT-OSS's sinks).
 @group(0) @binding(9) var<storage, read> sinks: array<f32>;
 #endif
+#if HEAD_NORM
+// SPLIT: each query and key head's RMSNorm (Qwen3's and Gemma 3's q_norm and k_norm, before
+// RoPE), applied as the head vectors are read from the QKV row, so that decoding needs no
+// norm dispatch of its own; the row itself stays as the product wrote it.
+@group(0) @binding(11) var<storage, read> q_gain: array<f32>;
+@group(0) @binding(12) var<storage, read> k_gain: array<f32>;
+#endif
 
 // The factor that turns a head's unnormalised output into its attention output, given the
 // running max and sum of its scores: 1 / sum, or with SINKS the sink's term added to the sum
@@ -193,23 +201,48 @@ var<workgroup> partial: array<vec4<f32>, {{WG}}>;
 var<workgroup> cur_k: array<vec4<f32>, QUADS>;
 var<workgroup> cur_v: array<vec4<f32>, QUADS>;
 
-// Element d of the head vector at `base` in the QKV row, rotated (HF rotate-half over the
-// first ROT dims; the rest pass through) for `pos`.
-fn rotated(base: u32, d: u32, pos: u32) -> f32 {
-#if NO_ROPE
+// Element d of the head vector at `base` in the QKV row: with HEAD_NORM scaled by the head's
+// inverse RMS `inv` and the query's or the key's (`is_k`) gain.
+fn head_at(base: u32, d: u32, inv: f32, is_k: bool) -> f32 {
+#if HEAD_NORM
+    return q[base + d] * inv * select(q_gain[d], k_gain[d], is_k);
+#else
     return q[base + d];
+#endif
+}
+
+// The inverse RMS of the head vector at `base` (HEAD_NORM; 1 otherwise), in every invocation.
+fn head_inv_rms(tid: u32, base: u32, sg_lane: u32, sg_size: u32) -> f32 {
+#if HEAD_NORM
+    var sq = 0.0;
+    for (var d = tid; d < {{HD}}u; d += {{WG}}u) {
+        let v = q[base + d];
+        sq += v * v;
+    }
+    return inverseSqrt(wg_reduce(tid, sq, sg_lane, sg_size, false) / f32({{HD}}u) + p.eps);
+#else
+    return 1.0;
+#endif
+}
+
+// Element d of the head vector at `base` in the QKV row (normalised as head_at), rotated (HF
+// rotate-half over the first ROT dims; the rest pass through) for `pos`.
+fn rotated(base: u32, d: u32, pos: u32, inv: f32, is_k: bool) -> f32 {
+#if NO_ROPE
+    return head_at(base, d, inv, is_k);
 #else
     let half = {{ROT}}u / 2u;
+    let v = head_at(base, d, inv, is_k);
     if (d >= {{ROT}}u) {
-        return q[base + d];
+        return v;
     }
     let row = (pos + step.rope_row) * half;
     if (d < half) {
         let i = row + d;
-        return q[base + d] * rope_cos[i] - q[base + d + half] * rope_sin[i];
+        return v * rope_cos[i] - head_at(base, d + half, inv, is_k) * rope_sin[i];
     }
     let i = row + d - half;
-    return q[base + d] * rope_cos[i] + q[base + d - half] * rope_sin[i];
+    return v * rope_cos[i] + head_at(base, d - half, inv, is_k) * rope_sin[i];
 #endif
 }
 
@@ -485,10 +518,13 @@ fn main(
     // With QSTEP 2 the row interleaves each query head with its output gate's head.
     let k_src = (p.heads * {{QSTEP}}u + kv_head) * {{HD}}u;
     let v_src = (p.heads * {{QSTEP}}u + p.kv_heads + kv_head) * {{HD}}u;
+    let q_src = head * {{QSTEP}}u * {{HD}}u;
+    let q_inv = head_inv_rms(tid, q_src, sg_lane, sg_size);
+    let k_inv = head_inv_rms(tid, k_src, sg_lane, sg_size);
     // The softmax scale is folded into q.
     for (var d = tid; d < {{HD}}u; d += {{WG}}u) {
-        qs[d / 4u][d % 4u] = rotated(head * {{QSTEP}}u * {{HD}}u, d, pos) * p.scale;
-        cur_k[d / 4u][d % 4u] = rotated(k_src, d, pos);
+        qs[d / 4u][d % 4u] = rotated(q_src, d, pos, q_inv, false) * p.scale;
+        cur_k[d / 4u][d % 4u] = rotated(k_src, d, pos, k_inv, true);
         cur_v[d / 4u][d % 4u] = q[v_src + d];
     }
     workgroupBarrier();

@@ -97,8 +97,8 @@ struct Params {
 #endif
 #if EXPERTS
 #if ROUTED
-// ROUTED: each workgroup routes the token itself from the router's logits (one subgroup, as
-// moe.wgsl ROUTE_ONE does) and the workgroups at x = 0 record each slot's expert and weight
+// ROUTED: each workgroup routes the token itself from the router's logits (each subgroup
+// alike, its maxima one choice at a time) and the workgroups at x = 0 record each slot's expert and weight
 // for the products after; otherwise routing left the ids here.
 @group(0) @binding(18) var<storage, read_write> expert_ids: array<u32>;
 @group(0) @binding(20) var<storage, read> router_logits: array<f32>;

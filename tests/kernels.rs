@@ -1786,9 +1786,10 @@ fn windowed_attention_over_a_rolling_cache_matches_cpu() {
                 .storage("stats", u64::from(MAX_SPLITS * heads) * 8)
                 .expect("stats");
             let qkv_b = buf(&gpu, &qkv);
-            let att =
-                Attention::new_split(&gpu, shape, &qkv_b, None, &kb, &vb, &partials, &stats, &st)
-                    .expect("split attention");
+            let att = Attention::new_split(
+                &gpu, shape, &qkv_b, None, &kb, &vb, &partials, &stats, None, &st,
+            )
+            .expect("split attention");
             let n_out = 29u32;
             let w = rng.vec((n_out * width) as usize, 1.0);
             let wm = Matrix::from_f32(&gpu, "w", &w, n_out, width, WeightDType::F32).expect("w");
@@ -1844,12 +1845,15 @@ fn split_attention_merged_by_the_output_product_matches_cpu() {
     };
     for dtype in DTYPES {
         // Sinks (GPT-OSS): a logit per head that the merge adds to each softmax's
-        // denominator, one far above the scores, one far below, the rest among them.
-        for (with_rope, gated, with_sinks) in [
-            (true, false, false),
-            (false, false, false),
-            (true, true, false),
-            (true, false, true),
+        // denominator, one far above the scores, one far below, the rest among them. Head
+        // norms (Qwen3, Gemma 3): each query and key head RMS-normalised before RoPE.
+        for (with_rope, gated, with_sinks, normed) in [
+            (true, false, false, false),
+            (false, false, false, false),
+            (true, true, false, false),
+            (true, false, true, false),
+            (true, false, false, true),
+            (false, true, false, true),
         ] {
             for &(heads, kv_heads, hd, pos0, capacity, rot) in &cases {
                 // Gated queries (Qwen3.5): each query head followed by its gate head in the
@@ -1867,9 +1871,23 @@ fn split_attention_merged_by_the_output_product_matches_cpu() {
                 let hdu = hd as usize;
                 // The token's QKV row; rotated copies are what the reference attends with.
                 let slots = (q_step * heads + 2 * kv_heads) as usize;
-                let qkv = rng.vec(slots * hdu, 1.0);
+                // Raw heads far from unit RMS, so that a missing norm shows.
+                let qkv: Vec<f32> = rng.vec(slots * hdu, 1.0).iter().map(|v| v * 3.0).collect();
                 let q_at = |h: usize| h * q_step as usize * hdu;
                 let inv_freq = spec.inv_freq(rot);
+                let eps = 1e-6f32;
+                let (q_gain, k_gain) = (rng.vec(hdu, 1.0), rng.vec(hdu, 1.0));
+                let norm = |v: &[f32], gain: &[f32]| -> Vec<f32> {
+                    if !normed {
+                        return v.to_vec();
+                    }
+                    let mean_sq = v.iter().map(|x| f64::from(*x).powi(2)).sum::<f64>() / hdu as f64;
+                    let inv = 1.0 / (mean_sq + f64::from(eps)).sqrt();
+                    v.iter()
+                        .zip(gain)
+                        .map(|(x, g)| (f64::from(*x) * inv * f64::from(*g)) as f32)
+                        .collect()
+                };
                 let rotate = |v: &[f32]| -> Vec<f32> {
                     if !with_rope {
                         return v.to_vec();
@@ -1885,14 +1903,15 @@ fn split_attention_merged_by_the_output_product_matches_cpu() {
                     out
                 };
                 inp.q = (0..heads as usize)
-                    .flat_map(|h| rotate(&qkv[q_at(h)..q_at(h) + hdu]))
+                    .flat_map(|h| rotate(&norm(&qkv[q_at(h)..q_at(h) + hdu], &q_gain)))
                     .collect();
                 let heads_end = (q_step * heads) as usize;
                 for g in 0..kv_heads as usize {
                     let k_src = (heads_end + g) * hdu;
                     let v_src = (heads_end + kv_heads as usize + g) * hdu;
                     let at = (g * capacity as usize + pos0 as usize) * hdu;
-                    inp.k[at..at + hdu].copy_from_slice(&rotate(&qkv[k_src..k_src + hdu]));
+                    inp.k[at..at + hdu]
+                        .copy_from_slice(&rotate(&norm(&qkv[k_src..k_src + hdu], &k_gain)));
                     inp.v[at..at + hdu].copy_from_slice(&qkv[v_src..v_src + hdu]);
                 }
                 let qkv_b = buf(&gpu, &qkv);
@@ -1907,6 +1926,12 @@ fn split_attention_merged_by_the_output_product_matches_cpu() {
                 let st = step(&gpu, pos0, 1);
                 let mut shape = CacheShape::new(heads, kv_heads, hd, capacity, dtype);
                 shape.gated_queries = gated;
+                let (q_gain_b, k_gain_b) = (buf(&gpu, &q_gain), buf(&gpu, &k_gain));
+                let gains = HeadNormGains {
+                    q: &q_gain_b,
+                    k: &k_gain_b,
+                    eps,
+                };
                 let att = Attention::new_split(
                     &gpu,
                     shape,
@@ -1916,9 +1941,11 @@ fn split_attention_merged_by_the_output_product_matches_cpu() {
                     &inp.vb,
                     &partials,
                     &stats,
+                    normed.then_some(gains),
                     &st,
                 )
                 .expect("split attention");
+                assert_eq!(att.norms_heads(), normed);
                 let rows = 37u32;
                 // Block-format weights too (without RoPE): their product quantizes the merged
                 // input to int8.
@@ -1990,7 +2017,7 @@ fn split_attention_merged_by_the_output_product_matches_cpu() {
                     matvec_ref(&w, &attn, rows as usize, width as usize)
                 };
                 let what = format!(
-                    "split attention {dtype:?} rope={with_rope} gated={gated} sinks={with_sinks} {c:?} {quant:?} ({} runs)",
+                    "split attention {dtype:?} rope={with_rope} gated={gated} sinks={with_sinks} normed={normed} {c:?} {quant:?} ({} runs)",
                     splits_for(pos0 + 1)
                 );
                 // The token's own k/v enter in f32 here but are stored rounded: allow f16 error.

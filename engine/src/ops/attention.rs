@@ -70,7 +70,16 @@ struct Params {
     scale: f32,
     window: u32,
     scale_base: u32,
-    _pad: u32,
+    eps: f32,
+}
+
+/// Per-head RMSNorm gains of queries and keys (Qwen3's and Gemma 3's `q_norm` / `k_norm`,
+/// before RoPE), which a split attention applies as it reads the QKV row.
+#[derive(Clone, Copy)]
+pub struct HeadNormGains<'a> {
+    pub q: &'a StorageBuffer,
+    pub k: &'a StorageBuffer,
+    pub eps: f32,
 }
 
 /// How a KV cache stores keys and values.
@@ -202,9 +211,20 @@ pub struct Attention {
     heads: u32,
     window: Option<u32>,
     split: bool,
+    /// Whether it normalises the query and key heads itself (a split step with head norms).
+    norms_heads: bool,
     /// A batched step's attention over runs of keys, and the merge of each row's runs.
     runs: Option<BatchRuns>,
     _params: UniformBuffer,
+}
+
+/// What a split attention reads besides the QKV row: where its runs' statistics go, the RoPE
+/// table (none: learned positions) and the head norms.
+#[derive(Clone, Copy)]
+struct SplitParts<'a> {
+    stats: &'a StorageBuffer,
+    table: Option<&'a RopeTable>,
+    head_norm: Option<HeadNormGains<'a>>,
 }
 
 /// Batched steps take runs of keys where a workgroup per row and head makes at most this
@@ -353,7 +373,8 @@ impl Attention {
     /// reads the token's q, k and v from the fused QKV row `qkv`, applies RoPE from `table`
     /// (none: learned positions), and stores k and v in the caches. `partials` receives
     /// `[MAX_SPLITS][heads][head_dim]` unnormalised outputs and `stats` `[MAX_SPLITS][heads]`
-    /// (max, sum) pairs, merged by a [`super::MatVec`] with `combine`.
+    /// (max, sum) pairs, merged by a [`super::MatVec`] with `combine`. With `head_norm` it
+    /// normalises each query and key head first (the QKV row is left as it is).
     #[allow(clippy::too_many_arguments)]
     pub fn new_split(
         gpu: &Gpu,
@@ -364,6 +385,7 @@ impl Attention {
         v_cache: &StorageBuffer,
         partials: &StorageBuffer,
         stats: &StorageBuffer,
+        head_norm: Option<HeadNormGains<'_>>,
         step: &UniformBuffer,
     ) -> Result<Self, GpuError> {
         Self::build(
@@ -373,11 +395,20 @@ impl Attention {
             k_cache,
             v_cache,
             partials,
-            Some((stats, table)),
+            Some(SplitParts {
+                stats,
+                table,
+                head_norm,
+            }),
             None,
             None,
             step,
         )
+    }
+
+    /// Whether this (split) attention normalises the query and key heads itself.
+    pub fn norms_heads(&self) -> bool {
+        self.norms_heads
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -388,14 +419,15 @@ impl Attention {
         k_cache: &StorageBuffer,
         v_cache: &StorageBuffer,
         out: &StorageBuffer,
-        split: Option<(&StorageBuffer, Option<&RopeTable>)>,
+        split: Option<SplitParts<'_>>,
         sinks: Option<&StorageBuffer>,
         batch: Option<&UniformBuffer>,
         step: &UniformBuffer,
     ) -> Result<Self, GpuError> {
         shape.check()?;
         let head_dim = shape.head_dim;
-        let table = split.and_then(|(_, t)| t);
+        let table = split.and_then(|s| s.table);
+        let head_norm = split.and_then(|s| s.head_norm);
         super::rope::check_rotary(table, head_dim)?;
         let rotary_dim = table.map_or(head_dim, |t| t.rotary_dim);
         let (bq, bk) = tiles_for(head_dim);
@@ -425,7 +457,8 @@ impl Attention {
                 "QSTEP",
                 if shape.gated_queries { "2" } else { "1" }.to_string(),
             ),
-            flag("NO_ROPE", matches!(split, Some((_, None)))),
+            flag("NO_ROPE", split.is_some_and(|s| s.table.is_none())),
+            flag("HEAD_NORM", head_norm.is_some()),
             ("ROT", rotary_dim.to_string()),
             ("MIN_SPLIT", MIN_SPLIT.to_string()),
             ("MAX_SPLITS", MAX_SPLITS.to_string()),
@@ -449,7 +482,7 @@ impl Attention {
                 scale: shape.scale.unwrap_or(1.0 / (head_dim as f32).sqrt()),
                 window: shape.window.unwrap_or(0),
                 scale_base: shape.scale_base(),
-                _pad: 0,
+                eps: head_norm.map_or(0.0, |n| n.eps),
             },
         );
         let mut entries = vec![
@@ -463,12 +496,16 @@ impl Attention {
         if let Some(sinks) = sinks {
             entries.push((9, &sinks.buffer));
         }
-        if let Some((stats, table)) = split {
-            entries.push((6, &stats.buffer));
-            if let Some(t) = table {
+        if let Some(parts) = split {
+            entries.push((6, &parts.stats.buffer));
+            if let Some(t) = parts.table {
                 entries.push((7, &t.cos.buffer));
                 entries.push((8, &t.sin.buffer));
             }
+        }
+        if let Some(norm) = head_norm {
+            entries.push((11, &norm.q.buffer));
+            entries.push((12, &norm.k.buffer));
         }
         if let Some(rows) = batch {
             // Batched rows take their positions from `rows`, not the step: the automatic
@@ -507,6 +544,7 @@ impl Attention {
             heads: shape.heads,
             window: shape.window,
             split: split.is_some(),
+            norms_heads: head_norm.is_some(),
             runs,
             _params: params,
         })

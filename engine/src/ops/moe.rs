@@ -13,7 +13,7 @@ use crate::load::{ExpertActivation, MoeSpec, RouterWeights};
 #[path = "moe_decode.rs"]
 mod decode;
 pub use decode::{DecodeNorm, ExpertDecode};
-use decode::{DecodeProducts, DecodeRouting, decode_products};
+use decode::{DecodeProducts, DecodeRouting, decode_products, routes_by_subgroup};
 #[path = "moe_product.rs"]
 mod product;
 
@@ -224,31 +224,29 @@ impl Experts {
             ..Default::default()
         };
         let lists = [(6, &bufs.order), (7, &bufs.offsets), (8, &bufs.live)];
-        let route_with = |split: bool| {
+        let route_with = |split: bool, by_subgroup: bool| {
             let mut entries = vec![(2, &bufs.logits), (4, &bufs.ids), (5, &bufs.weights)];
             if !split {
                 entries.extend(lists);
             }
-            dispatch(
-                gpu,
-                "moe route",
-                vec![
-                    flag("ROUTE", true),
-                    flag("IDS", true),
-                    flag("SPLIT", split),
-                    flag("GROUPING", !split),
-                    ("TOP_K", top_k.clone()),
-                    ("EXPERTS", moe.experts.to_string()),
-                    ("LANES", ROUTE_LANES.to_string()),
-                    flag("SOFTMAX_ALL", moe.weights == RouterWeights::SoftmaxOfAll),
-                ],
-                base,
-                step,
-                &entries,
-            )
+            let defines = [
+                flag("ROUTE", true),
+                flag("IDS", true),
+                flag("SPLIT", split),
+                flag("ROUTE_SG", by_subgroup),
+                flag("GROUPING", !split),
+                ("TOP_K", top_k.clone()),
+                ("EXPERTS", moe.experts.to_string()),
+                ("LANES", ROUTE_LANES.to_string()),
+                flag("SOFTMAX_ALL", moe.weights == RouterWeights::SoftmaxOfAll),
+            ];
+            let kernel = gpu.kernel("moe route", SOURCE, "main", &defines)?;
+            // One decoded token's routing reads no step: its logits are the router's one row.
+            finish(gpu, kernel, base, (!by_subgroup).then_some(step), &entries)
         };
-        let route = route_with(false)?;
-        let route_prompt = route_with(true)?;
+        let route = route_with(false, false)?;
+        let route_prompt = route_with(true, false)?;
+        let route_decode = |by_subgroup| route_with(true, by_subgroup);
         let mut group_entries = vec![(4, &bufs.ids)];
         group_entries.extend(lists);
         let group = dispatch(
@@ -340,7 +338,10 @@ impl Experts {
             None,
             &bufs.outputs,
         )?;
-        let decode = decode_products(gpu, moe, w, bufs, (xn, x), decode, step)?;
+        let mut decode = decode_products(gpu, moe, w, bufs, (xn, x), decode, step)?;
+        if let Some(d) = decode.as_mut().filter(|d| routes_by_subgroup(gpu, d)) {
+            d.route = DecodeRouting::Subgroup(route_decode(true)?);
+        }
         let mut entries = vec![(5, &bufs.weights), (9, &bufs.outputs), (11, x)];
         // The ids pick each expert's bias.
         if let Some(b) = &w.down_bias {
@@ -397,6 +398,7 @@ impl Experts {
             match &decode.route {
                 DecodeRouting::InProduct => {}
                 DecodeRouting::Workgroup => run(rec, &self.route_prompt, [1, 1, 1]),
+                DecodeRouting::Subgroup(route) => run(rec, route, [1, 1, 1]),
             }
             decode.gate_up.encode(rec);
             decode.down.encode(rec);

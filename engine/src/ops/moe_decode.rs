@@ -26,8 +26,18 @@ pub(super) enum DecodeRouting {
     /// Inside the gate/up product: every workgroup routes the token itself (adapters with
     /// subgroups), one dispatch fewer a layer.
     InProduct,
-    /// By `route_prompt`'s one workgroup.
+    /// By `route_prompt`'s one workgroup (adapters without subgroups).
     Workgroup,
+    /// By a dispatch of one subgroup-wide workgroup (moe.wgsl ROUTE_SG), no barriers.
+    Subgroup(super::Dispatch),
+}
+
+/// Whether a decoded token routed by a dispatch of its own takes the subgroup kernel
+/// (`BACKPACK_MOE_DECODE=route-workgroup` keeps the workgroup one, for measuring).
+pub(super) fn routes_by_subgroup(gpu: &Gpu, decode: &DecodeProducts) -> bool {
+    matches!(decode.route, DecodeRouting::Workgroup)
+        && gpu.caps().subgroups
+        && std::env::var("BACKPACK_MOE_DECODE").ok().as_deref() != Some("route-workgroup")
 }
 
 /// The most workgroups a decoded token's gate/up product may take and still route the
@@ -76,7 +86,7 @@ impl Experts {
 /// Decoding's expert products as decode products, where the weights are in a block format the
 /// decode product reads by row (K-quant rows only with int8 inputs, which its layout may turn
 /// off); `BACKPACK_MOE_DECODE=experts` keeps the general expert kernel, `=route` a routing
-/// dispatch of its own (for measuring).
+/// dispatch of its own, `=route-workgroup` the one-workgroup routing dispatch (for measuring).
 pub(super) fn decode_products(
     gpu: &Gpu,
     moe: &MoeSpec,
@@ -98,7 +108,8 @@ pub(super) fn decode_products(
         return Ok(None);
     }
     let caps = gpu.caps();
-    let routes_itself = caps.subgroups && forced.as_deref() != Some("route");
+    let routes_itself =
+        caps.subgroups && !matches!(forced.as_deref(), Some("route" | "route-workgroup"));
     let hidden = w.down.rows / moe.experts;
     let rows = w.gate_up_rows;
     let slots =

@@ -139,10 +139,11 @@ impl Layer {
                 gate,
                 ..
             } => {
-                if let Some(qk) = qk_norm {
+                // The split attention normalises the heads, applies RoPE and fills the cache
+                // itself.
+                if let Some(qk) = qk_norm.as_ref().filter(|_| !decode_attention.norms_heads()) {
                     qk.encode(rec, 1);
                 }
-                // The split attention applies RoPE and fills the cache itself.
                 if !split {
                     rope.encode(rec, 1);
                 }

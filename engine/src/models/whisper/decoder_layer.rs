@@ -279,6 +279,7 @@ pub(super) fn build_layer(
             &v_cache,
             &a.partials,
             &a.stats,
+            None,
             step,
         )?,
         out_mv: MatVec::new(

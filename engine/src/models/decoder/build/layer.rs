@@ -6,9 +6,9 @@ use crate::gpu::{Gpu, StorageBuffer, UniformBuffer};
 use crate::load::{DecoderSpec, MlpKind};
 use crate::ops::{
     Attention, CacheShape, DeltaNet, DeltaNetIo, DeltaNetState, DeltaRows, ExpertDecode, Experts,
-    Gelu, Glu, GluKind, HeadNorm, KvDType, MatMul, MatMulOptions, MatVec, MatVecLayout,
-    MatVecOptions, Matrix, Norm, NormInt8, NormKind, OutputGate, RopeKv, RopeTable, SplitAttention,
-    WeightDType,
+    Gelu, Glu, GluKind, HeadNorm, HeadNormGains, KvDType, MatMul, MatMulOptions, MatVec,
+    MatVecLayout, MatVecOptions, Matrix, Norm, NormInt8, NormKind, OutputGate, RopeKv, RopeTable,
+    SplitAttention, WeightDType,
 };
 
 use super::super::family::{LayerWeights, MlpWeights, SharedExpertWeights};
@@ -291,6 +291,7 @@ impl LayerContext<'_> {
         k_cache: &StorageBuffer,
         v_cache: &StorageBuffer,
         sinks: Option<&StorageBuffer>,
+        head_norm: Option<HeadNormGains<'_>>,
     ) -> Result<AttentionKernels, Error> {
         let (gpu, a, step) = (self.gpu, self.acts, self.step);
         let rope = RopeKv::new(gpu, cache, table, &a.qkv, &a.q, k_cache, v_cache, step)?;
@@ -312,6 +313,7 @@ impl LayerContext<'_> {
                 v_cache,
                 &a.split_partials,
                 &a.split_stats,
+                head_norm,
                 step,
             )?
         } else {
@@ -496,8 +498,19 @@ impl LayerContext<'_> {
             )?;
             return Ok(Mixer::DeltaNet { net, state });
         }
-        let (rope, attention, decode_attention, batch) =
-            self.attentions(cache, self.rope_of(i), k_cache, v_cache, w.sinks.as_ref())?;
+        let head_norm = w.qk_norm.as_ref().map(|(q, k)| HeadNormGains {
+            q,
+            k,
+            eps: spec.norm_eps,
+        });
+        let (rope, attention, decode_attention, batch) = self.attentions(
+            cache,
+            self.rope_of(i),
+            k_cache,
+            v_cache,
+            w.sinks.as_ref(),
+            head_norm,
+        )?;
         let qk_norm = match &w.qk_norm {
             Some((q, k)) => Some(HeadNorm::new(
                 self.gpu,
