@@ -32,7 +32,9 @@
 // (routed experts of one decoded token: workgroup row wid.y computes the rows of the wid.y-th
 // chosen expert, see weight_row; with IN_PER_SLOT its input is row wid.y of x; CLAMPED:
 // GPT-OSS's clamped SwiGLU; ROUTED, with TOP_K and SOFTMAX_ALL: the workgroups route the token
-// themselves, ROUTED_SG giving them subgroups where SUBGROUP is unset).
+// themselves, ROUTED_SG giving them subgroups where SUBGROUP is unset), ROUTES (a router's
+// product in one workgroup, which then routes the token from its outputs; with TOP_K,
+// SOFTMAX_ALL, ROUTED_SG), ROUTING (either ROUTED or ROUTES).
 
 struct Params {
     n: u32,
@@ -98,14 +100,67 @@ struct Params {
 #if EXPERTS
 #if ROUTED
 // ROUTED: each workgroup routes the token itself from the router's logits (each subgroup
-// alike, its maxima one choice at a time) and the workgroups at x = 0 record each slot's expert and weight
-// for the products after; otherwise routing left the ids here.
+// alike, its maxima one choice at a time) and the workgroups at x = 0 record each slot's
+// expert and weight for the products after; otherwise routing left the ids here.
 @group(0) @binding(18) var<storage, read_write> expert_ids: array<u32>;
 @group(0) @binding(20) var<storage, read> router_logits: array<f32>;
 @group(0) @binding(21) var<storage, read_write> route_weights: array<f32>;
 var<workgroup> routed_expert: u32;
 
+// Routes the token (every subgroup alike, `lane` of `size`, so that the subgroup operations
+// stay in uniform control flow) and returns the expert of `slot` to every invocation; `record`:
+// also write the slot's id and weight.
+fn route_slot(tid: u32, lane: u32, size: u32, slot: u32, record: bool) -> u32 {
+    var route = route_token(lane, size);
+    if (tid == 0u) {
+        routed_expert = route.experts[slot];
+        if (record) {
+            expert_ids[slot] = route.experts[slot];
+            route_weights[slot] = route.weights[slot];
+        }
+    }
+    return workgroupUniformLoad(&routed_expert);
+}
+#else
+// The chosen experts of the token, one per workgroup row (routing leaves them on the GPU).
+@group(0) @binding(18) var<storage, read> expert_ids: array<u32>;
+#endif
+#endif
+#if ROUTES
+// ROUTES: this one workgroup computed every router logit (y); it then routes the token from
+// them and records each slot's expert and weight for the expert products after.
+@group(0) @binding(18) var<storage, read_write> expert_ids: array<u32>;
+@group(0) @binding(21) var<storage, read_write> route_weights: array<f32>;
+
+// Records the token's route (every subgroup alike, as route_slot).
+fn record_route(tid: u32, lane: u32, size: u32) {
+    // The other invocations' logits are read next.
+    storageBarrier();
+    var route = route_token(lane, size);
+    if (tid == 0u) {
+        for (var j = 0u; j < {{TOP_K}}u; j++) {
+            expert_ids[j] = route.experts[j];
+            route_weights[j] = route.weights[j];
+        }
+    }
+}
+#endif
+#if ROUTING
 const NO_EXPERT: u32 = 0xFFFFFFFFu;
+
+// A token's chosen experts in the order of choice, and their weights.
+struct TokenRoute {
+    experts: array<u32, {{TOP_K}}>,
+    weights: array<f32, {{TOP_K}}>,
+}
+
+fn router_logit(e: u32) -> f32 {
+#if ROUTES
+    return y[e];
+#else
+    return router_logits[e];
+#endif
+}
 
 // Whether expert e with logit v is chosen before expert be with logit bv: larger logits
 // first, ties to the lower expert (NO_EXPERT: none yet).
@@ -113,19 +168,18 @@ fn chosen_before(v: f32, e: u32, bv: f32, be: u32) -> bool {
     return be == NO_EXPERT || v > bv || (v == bv && e < be);
 }
 
-// Routes the token (every subgroup alike, `lane` of `size`, so that the subgroup operations
-// stay in uniform control flow) and returns the expert of `slot` to every invocation; `record`:
-// also write the slot's id and weight.
-fn route_slot(tid: u32, lane: u32, size: u32, slot: u32, record: bool) -> u32 {
+// The token's TOP_K experts from its router logits, in every invocation of each subgroup
+// (`lane` of `size`; uniform control flow): one subgroup maximum per choice.
+fn route_token(lane: u32, size: u32) -> TokenRoute {
+    var route: TokenRoute;
     var chosen: array<f32, {{TOP_K}}>;
     var prev_v = 0.0;
     var prev_e = NO_EXPERT;
-    var mine = NO_EXPERT;
     for (var j = 0u; j < {{TOP_K}}u; j++) {
         var bv = bitcast<f32>(0xFF800000u);
         var be = NO_EXPERT;
         for (var e = lane; e < p.experts; e += size) {
-            let v = router_logits[e];
+            let v = router_logit(e);
             let after_prev = prev_e == NO_EXPERT || chosen_before(prev_v, prev_e, v, e);
             if (after_prev && chosen_before(v, e, bv, be)) {
                 bv = v;
@@ -136,14 +190,14 @@ fn route_slot(tid: u32, lane: u32, size: u32, slot: u32, record: bool) -> u32 {
         prev_e = subgroupMin(select(NO_EXPERT, be, be != NO_EXPERT && bv == top));
         prev_v = top;
         chosen[j] = top;
-        mine = select(mine, prev_e, j == slot);
+        route.experts[j] = prev_e;
     }
     let top = chosen[0];
     var total = 0.0;
 #if SOFTMAX_ALL
     var part = 0.0;
     for (var e = lane; e < p.experts; e += size) {
-        part += exp(router_logits[e] - top);
+        part += exp(router_logit(e) - top);
     }
     total = subgroupAdd(part);
 #else
@@ -151,19 +205,11 @@ fn route_slot(tid: u32, lane: u32, size: u32, slot: u32, record: bool) -> u32 {
         total += exp(chosen[j] - top);
     }
 #endif
-    if (tid == 0u) {
-        routed_expert = mine;
-        if (record) {
-            expert_ids[slot] = mine;
-            route_weights[slot] = exp(chosen[slot] - top) / total;
-        }
+    for (var j = 0u; j < {{TOP_K}}u; j++) {
+        route.weights[j] = exp(chosen[j] - top) / total;
     }
-    return workgroupUniformLoad(&routed_expert);
+    return route;
 }
-#else
-// The chosen experts of the token, one per workgroup row (routing leaves them on the GPU).
-@group(0) @binding(18) var<storage, read> expert_ids: array<u32>;
-#endif
 #endif
 
 // The first weight row of this workgroup's expert, and where its outputs start (EXPERTS;
@@ -832,5 +878,12 @@ fn main(
     }
 #if XQ8_OUT
     hand_off(group, tid);
+#endif
+#if ROUTES
+#if ROUTED_SG
+    record_route(tid, route_lane, route_size);
+#else
+    record_route(tid, sg_lane, sg_size);
+#endif
 #endif
 }

@@ -5,6 +5,8 @@
 //! the three row orders checkpoints use.
 
 mod common;
+#[path = "kernels_moe/router.rs"]
+mod router;
 
 use backpack_engine::gpu::{Gpu, Recorder, StorageBuffer};
 use backpack_engine::load::quant::dequantize;

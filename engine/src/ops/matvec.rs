@@ -86,6 +86,17 @@ pub struct SlotRouting<'a> {
     pub softmax_all: bool,
 }
 
+/// A router's product that routes the token itself (see [`MatVecOptions::routes`]): where the
+/// chosen experts and their weights go, and how the weights are made.
+#[derive(Clone, Copy)]
+pub struct TokenRouting<'a> {
+    pub ids: &'a StorageBuffer,
+    pub weights: &'a StorageBuffer,
+    pub top_k: u32,
+    /// As [`SlotRouting::softmax_all`].
+    pub softmax_all: bool,
+}
+
 /// Where the split attention of one token left its runs (see [`super::Attention::new_split`]).
 pub struct SplitAttention<'a> {
     pub partials: &'a StorageBuffer,
@@ -153,6 +164,10 @@ pub struct MatVecOptions<'a> {
     /// Rows of the token's chosen experts rather than of the whole matrix (block formats
     /// only; K-quant rows only with int8 inputs).
     pub experts: Option<ExpertSlots<'a>>,
+    /// A router's product (one token's logits, `y`) computed in one workgroup, which then
+    /// routes the token from them: the layout must put every row in one workgroup, and the
+    /// adapter must have subgroups.
+    pub routes: Option<TokenRouting<'a>>,
 }
 
 /// `y = W · x̂` for the last token of the step (decoding, and the LM head after a prompt).
@@ -470,11 +485,24 @@ impl MatVec {
             );
         let trips = lane_units.map_or(0, |n| rb * n / unroll.max(1));
         let routing = opts.experts.and_then(|e| e.route);
-        if routing.is_some() && !caps.subgroups {
+        let routes = opts.routes;
+        if (routing.is_some() || routes.is_some()) && !caps.subgroups {
             return Err(GpuError::Device(
-                "an expert product routes the token only with subgroups".into(),
+                "a product routes the token only with subgroups".into(),
             ));
         }
+        if routes.is_some()
+            && (n.div_ceil(block_rows * rb) != 1
+                || opts.experts.is_some()
+                || opts.glu
+                || opts.combine.is_some())
+        {
+            return Err(GpuError::Device(format!(
+                "a router's product routes the token only as one plain workgroup; {n} rows take {}",
+                n.div_ceil(block_rows * rb)
+            )));
+        }
+        let routed_sg = (routing.is_some() || routes.is_some()) && !subgroups;
         if opts.experts.is_some() && k_quant(w) && !int8 {
             return Err(GpuError::Device(
                 "K-quant expert rows take int8 inputs, which this layout turns off".into(),
@@ -551,9 +579,22 @@ impl MatVec {
             ),
             flag("CLAMPED", opts.experts.is_some_and(|e| e.clamp.is_some())),
             flag("ROUTED", routing.is_some()),
-            flag("ROUTED_SG", routing.is_some() && !subgroups),
-            ("TOP_K", opts.experts.map_or(1, |e| e.slots).to_string()),
-            flag("SOFTMAX_ALL", routing.is_some_and(|r| r.softmax_all)),
+            flag("ROUTES", routes.is_some()),
+            flag("ROUTING", routing.is_some() || routes.is_some()),
+            flag("ROUTED_SG", routed_sg),
+            (
+                "TOP_K",
+                match (opts.experts, routes) {
+                    (Some(e), _) => e.slots,
+                    (None, Some(r)) => r.top_k,
+                    (None, None) => 1,
+                }
+                .to_string(),
+            ),
+            flag(
+                "SOFTMAX_ALL",
+                routing.is_some_and(|r| r.softmax_all) || routes.is_some_and(|r| r.softmax_all),
+            ),
         ]);
         let kernel = if w.quant.is_some() {
             gpu.kernel(
@@ -579,7 +620,11 @@ impl MatVec {
                 expert_stride: opts.experts.map_or(0, |e| e.expert_stride),
                 row_step: opts.experts.map_or(1, |e| e.row_step),
                 up_offset: opts.experts.map_or(0, |e| e.up_offset),
-                experts: opts.experts.map_or(1, |e| e.experts),
+                experts: match (opts.experts, routes) {
+                    (Some(e), _) => e.experts,
+                    (None, Some(_)) => n,
+                    (None, None) => 1,
+                },
                 alpha: opts.experts.and_then(|e| e.clamp).map_or(0.0, |c| c.0),
                 limit: opts.experts.and_then(|e| e.clamp).map_or(0.0, |c| c.1),
                 _pad: [0; 2],
@@ -624,6 +669,9 @@ impl MatVec {
         }
         if let Some(r) = routing {
             entries.extend([(20, &r.logits.buffer), (21, &r.weights.buffer)]);
+        }
+        if let Some(r) = routes {
+            entries.extend([(18, &r.ids.buffer), (21, &r.weights.buffer)]);
         }
         // Slots reading rows of their own never read the step's token count.
         if !opts.experts.is_some_and(|e| e.input_per_slot) {

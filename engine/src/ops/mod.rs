@@ -55,7 +55,7 @@ pub use fill::{fill_random, fill_value};
 pub use group_norm::{GroupNorm, GroupNormShape, NormActivation};
 pub use matmul::{LONG_PROMPT_ROWS, MatMul, MatMulOptions, k_slices};
 pub use matvec::{
-    ExpertSlots, Int8Handoff, MatVec, MatVecOptions, SlotRouting, SplitAttention,
+    ExpertSlots, Int8Handoff, MatVec, MatVecOptions, SlotRouting, SplitAttention, TokenRouting,
     int8_rounded_input,
 };
 pub use matvec_layout::MatVecLayout;

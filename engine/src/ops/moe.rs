@@ -6,7 +6,7 @@ use bytemuck::{Pod, Zeroable};
 
 use std::sync::LazyLock;
 
-use super::{Matrix, bind, flag, groups_of_64};
+use super::{Matrix, TokenRouting, bind, flag, groups_of_64};
 use crate::gpu::{Gpu, GpuError, Kernel, Recorder, StorageBuffer, UniformBuffer};
 use crate::load::{ExpertActivation, MoeSpec, RouterWeights};
 
@@ -124,6 +124,18 @@ impl MoeBuffers {
             )?,
             outputs: gpu.storage("expert outputs", words(assignments * u64::from(hidden)))?,
         })
+    }
+}
+
+impl MoeBuffers {
+    /// Where a router's product that routes a decoded token itself writes the route.
+    pub fn token_routing(&self, moe: &MoeSpec) -> TokenRouting<'_> {
+        TokenRouting {
+            ids: &self.ids,
+            weights: &self.weights,
+            top_k: moe.top_k,
+            softmax_all: moe.weights == RouterWeights::SoftmaxOfAll,
+        }
     }
 }
 
@@ -389,6 +401,16 @@ impl Experts {
     /// Records routing, the expert products and the sum for `n_tokens` tokens whose router
     /// logits are in the buffers.
     pub fn encode(&self, rec: &mut Recorder<'_>, n_tokens: u32) {
+        self.encode_with(rec, n_tokens, false);
+    }
+
+    /// Records a decoded token's experts after the router's decode product, which may have
+    /// routed the token itself (see [`Experts::route_in_router`]).
+    pub fn encode_decode(&self, rec: &mut Recorder<'_>) {
+        self.encode_with(rec, 1, true);
+    }
+
+    fn encode_with(&self, rec: &mut Recorder<'_>, n_tokens: u32, after_router_mv: bool) {
         let run = |rec: &mut Recorder<'_>, d: &Dispatch, grid: [u32; 3]| {
             rec.dispatch_xyz(&d.kernel, &d.bind_group, grid);
         };
@@ -397,8 +419,13 @@ impl Experts {
         if let (1, Some(decode)) = (n_tokens, &self.decode) {
             match &decode.route {
                 DecodeRouting::InProduct => {}
-                DecodeRouting::Workgroup => run(rec, &self.route_prompt, [1, 1, 1]),
-                DecodeRouting::Subgroup(route) => run(rec, route, [1, 1, 1]),
+                DecodeRouting::InRouter(_) if after_router_mv => {}
+                DecodeRouting::Workgroup | DecodeRouting::InRouter(None) => {
+                    run(rec, &self.route_prompt, [1, 1, 1])
+                }
+                DecodeRouting::Subgroup(route) | DecodeRouting::InRouter(Some(route)) => {
+                    run(rec, route, [1, 1, 1])
+                }
             }
             decode.gate_up.encode(rec);
             decode.down.encode(rec);

@@ -30,6 +30,10 @@ pub(super) enum DecodeRouting {
     Workgroup,
     /// By a dispatch of one subgroup-wide workgroup (moe.wgsl ROUTE_SG), no barriers.
     Subgroup(super::Dispatch),
+    /// By the router's product, computed in one workgroup (see [`Experts::route_in_router`]);
+    /// a prompt's one-token step, whose router is a tiled product, takes the routing dispatch
+    /// kept here (None: `route_prompt`'s workgroup).
+    InRouter(Option<super::Dispatch>),
 }
 
 /// Whether a decoded token routed by a dispatch of its own takes the subgroup kernel
@@ -61,6 +65,38 @@ pub struct ExpertDecode<'a> {
 }
 
 impl Experts {
+    /// Whether the router's product should route a decoded token wherever it fits, even on a
+    /// CPU adapter (`BACKPACK_MOE_DECODE=router`, for testing).
+    pub fn router_routing_forced() -> bool {
+        std::env::var("BACKPACK_MOE_DECODE").is_ok_and(|v| v == "router")
+    }
+
+    /// Whether a decoded token would be routed by a dispatch of its own, which a router
+    /// product computed in one workgroup can take over (`BACKPACK_MOE_DECODE=route` or
+    /// `=route-workgroup` keeps the dispatch, `=router` asks for the router's product wherever
+    /// it fits, for measuring and testing).
+    pub fn routes_by_dispatch(&self) -> bool {
+        let forced = std::env::var("BACKPACK_MOE_DECODE").ok();
+        self.decode.as_ref().is_some_and(|d| {
+            matches!(
+                d.route,
+                DecodeRouting::Subgroup(_) | DecodeRouting::Workgroup
+            )
+        }) && !matches!(forced.as_deref(), Some("route" | "route-workgroup"))
+    }
+
+    /// The router's product routes a decoded token itself (its `routes` option, writing the
+    /// ids and weights these products read): no routing dispatch.
+    pub fn route_in_router(&mut self) {
+        if let Some(d) = self.decode.as_mut() {
+            let dispatch = match std::mem::replace(&mut d.route, DecodeRouting::InProduct) {
+                DecodeRouting::Subgroup(dispatch) => Some(dispatch),
+                _ => None,
+            };
+            d.route = DecodeRouting::InRouter(dispatch);
+        }
+    }
+
     /// Bytes of expert weights a decoded token leaves unread: every expert but its top-k.
     pub fn unread_bytes_per_token(&self) -> u64 {
         self.unread_bytes
@@ -86,7 +122,8 @@ impl Experts {
 /// Decoding's expert products as decode products, where the weights are in a block format the
 /// decode product reads by row (K-quant rows only with int8 inputs, which its layout may turn
 /// off); `BACKPACK_MOE_DECODE=experts` keeps the general expert kernel, `=route` a routing
-/// dispatch of its own, `=route-workgroup` the one-workgroup routing dispatch (for measuring).
+/// dispatch of its own, `=route-workgroup` the one-workgroup routing dispatch, `=router` the
+/// router's product in one workgroup (for measuring and testing).
 pub(super) fn decode_products(
     gpu: &Gpu,
     moe: &MoeSpec,
@@ -108,8 +145,11 @@ pub(super) fn decode_products(
         return Ok(None);
     }
     let caps = gpu.caps();
-    let routes_itself =
-        caps.subgroups && !matches!(forced.as_deref(), Some("route" | "route-workgroup"));
+    let routes_itself = caps.subgroups
+        && !matches!(
+            forced.as_deref(),
+            Some("route" | "route-workgroup" | "router")
+        );
     let hidden = w.down.rows / moe.experts;
     let rows = w.gate_up_rows;
     let slots =

@@ -175,7 +175,7 @@ impl Layer {
                     self.mlp_norm.encode(rec, 1);
                 }
                 router_mv.encode(rec);
-                experts.encode(rec, 1);
+                experts.encode_decode(rec);
                 if let Some(shared) = shared {
                     shared.encode_decode(rec);
                 }
