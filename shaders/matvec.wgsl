@@ -148,67 +148,13 @@ fn record_route(tid: u32, lane: u32, size: u32) {
 #if ROUTING
 const NO_EXPERT: u32 = 0xFFFFFFFFu;
 
-// A token's chosen experts in the order of choice, and their weights.
-struct TokenRoute {
-    experts: array<u32, {{TOP_K}}>,
-    weights: array<f32, {{TOP_K}}>,
-}
-
+// The logits route_token (route.wgsl) reads: this product's own outputs with ROUTES.
 fn router_logit(e: u32) -> f32 {
 #if ROUTES
     return y[e];
 #else
     return router_logits[e];
 #endif
-}
-
-// Whether expert e with logit v is chosen before expert be with logit bv: larger logits
-// first, ties to the lower expert (NO_EXPERT: none yet).
-fn chosen_before(v: f32, e: u32, bv: f32, be: u32) -> bool {
-    return be == NO_EXPERT || v > bv || (v == bv && e < be);
-}
-
-// The token's TOP_K experts from its router logits, in every invocation of each subgroup
-// (`lane` of `size`; uniform control flow): one subgroup maximum per choice.
-fn route_token(lane: u32, size: u32) -> TokenRoute {
-    var route: TokenRoute;
-    var chosen: array<f32, {{TOP_K}}>;
-    var prev_v = 0.0;
-    var prev_e = NO_EXPERT;
-    for (var j = 0u; j < {{TOP_K}}u; j++) {
-        var bv = bitcast<f32>(0xFF800000u);
-        var be = NO_EXPERT;
-        for (var e = lane; e < p.experts; e += size) {
-            let v = router_logit(e);
-            let after_prev = prev_e == NO_EXPERT || chosen_before(prev_v, prev_e, v, e);
-            if (after_prev && chosen_before(v, e, bv, be)) {
-                bv = v;
-                be = e;
-            }
-        }
-        let top = subgroupMax(bv);
-        prev_e = subgroupMin(select(NO_EXPERT, be, be != NO_EXPERT && bv == top));
-        prev_v = top;
-        chosen[j] = top;
-        route.experts[j] = prev_e;
-    }
-    let top = chosen[0];
-    var total = 0.0;
-#if SOFTMAX_ALL
-    var part = 0.0;
-    for (var e = lane; e < p.experts; e += size) {
-        part += exp(router_logit(e) - top);
-    }
-    total = subgroupAdd(part);
-#else
-    for (var j = 0u; j < {{TOP_K}}u; j++) {
-        total += exp(chosen[j] - top);
-    }
-#endif
-    for (var j = 0u; j < {{TOP_K}}u; j++) {
-        route.weights[j] = exp(chosen[j] - top) / total;
-    }
-    return route;
 }
 #endif
 

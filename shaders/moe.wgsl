@@ -23,8 +23,8 @@
 //
 // COMBINE: x[t] += Σ_slot weight · (y[assignment] + the expert's bias (BIAS)).
 //
-// Defines: ROUTE (with EXPERTS and LANES, a power of two up to 256; SPLIT, or ROUTE_SG: one
-// decoded token by subgroups), GROUP (with
+// Defines: ROUTE (with EXPERTS and LANES, a power of two up to 256; SPLIT, or ROUTE_SG with
+// ROUTING: one decoded token by subgroups, route.wgsl), GROUP (with
 // EXPERTS), IDS (either of them), GROUPING (the kernel that lists), EXPERT, TILED (both with
 // PRODUCT), COMBINE; TOP_K; SOFTMAX_ALL; QUANT (with quant.wgsl's
 // defines; else F16 or f32 rows of ROW_VECS vec4 words), UNITS (32-value sub-blocks of a
@@ -208,54 +208,23 @@ fn route_tokens(tid: u32, first: u32, end: u32) {
 }
 
 #if ROUTE_SG
-// Decoding's one token, routed by each subgroup alike from its maxima, one choice at a time:
-// no workgroup memory and no barriers, where SPLIT reduces every choice through workgroup
-// memory. Invocation 0 records the choices, as route_tokens does.
+fn router_logit(e: u32) -> f32 {
+    return logits[e];
+}
+
+// Decoding's one token, routed by each subgroup alike (route.wgsl), where SPLIT reduces every
+// choice through workgroup memory. Invocation 0 records the choices, as route_tokens does.
 @compute @workgroup_size(32)
 fn main(
     @builtin(local_invocation_index) tid: u32,
     @builtin(subgroup_invocation_id) lane: u32,
     @builtin(subgroup_size) size: u32,
 ) {
-    var chosen: array<f32, {{TOP_K}}>;
-    var picked: array<u32, {{TOP_K}}>;
-    var prev_v = 3.4e38;
-    var prev_e = NO_EXPERT;
-    for (var j = 0u; j < {{TOP_K}}u; j++) {
-        // Lanes without a candidate hold -inf, so that a real logit of -3.4e38 still wins.
-        var bv = bitcast<f32>(0xFF800000u);
-        var be = NO_EXPERT;
-        for (var e = lane; e < p.experts; e += size) {
-            let v = logits[e];
-            let after_prev = prev_e == NO_EXPERT || before(prev_v, prev_e, v, e);
-            if (after_prev && beats(v, e, bv, be)) {
-                bv = v;
-                be = e;
-            }
-        }
-        let top = subgroupMax(select(bitcast<f32>(0xFF800000u), bv, be != NO_EXPERT));
-        prev_e = subgroupMin(select(NO_EXPERT, be, be != NO_EXPERT && bv == top));
-        prev_v = top;
-        chosen[j] = top;
-        picked[j] = prev_e;
-    }
-    let top = chosen[0];
-    var total = 0.0;
-#if SOFTMAX_ALL
-    var part = 0.0;
-    for (var e = lane; e < p.experts; e += size) {
-        part += exp(logits[e] - top);
-    }
-    total = subgroupAdd(part);
-#else
-    for (var j = 0u; j < {{TOP_K}}u; j++) {
-        total += exp(chosen[j] - top);
-    }
-#endif
+    var route = route_token(lane, size);
     if (tid == 0u) {
         for (var j = 0u; j < {{TOP_K}}u; j++) {
-            ids[j] = picked[j];
-            weights[j] = exp(chosen[j] - top) / total;
+            ids[j] = route.experts[j];
+            weights[j] = route.weights[j];
         }
     }
 }

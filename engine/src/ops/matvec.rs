@@ -6,7 +6,8 @@ use crate::load::GgmlType;
 
 pub(super) const SOURCE: &str = concat!(
     include_str!("../../../shaders/matvec.wgsl"),
-    include_str!("../../../shaders/matvec_handoff.wgsl")
+    include_str!("../../../shaders/matvec_handoff.wgsl"),
+    include_str!("../../../shaders/route.wgsl")
 );
 const WG: u32 = 256;
 const XCACHE_MAX_BYTES: u64 = 16 * 1024;

@@ -19,7 +19,10 @@ mod product;
 
 use product::{Form, ProductSide, expert_product, forced_tile, lanes_per_row, prompt_form};
 
-const SOURCE: &str = include_str!("../../../shaders/moe.wgsl");
+pub(super) const SOURCE: &str = concat!(
+    include_str!("../../../shaders/moe.wgsl"),
+    include_str!("../../../shaders/route.wgsl")
+);
 /// The prompts' expert products on tensor cores: moe.wgsl's shared product section, then
 /// moe_coop.wgsl.
 pub(super) static COOP_SOURCE: LazyLock<String> = LazyLock::new(|| {
@@ -246,6 +249,7 @@ impl Experts {
                 flag("IDS", true),
                 flag("SPLIT", split),
                 flag("ROUTE_SG", by_subgroup),
+                flag("ROUTING", by_subgroup),
                 flag("GROUPING", !split),
                 ("TOP_K", top_k.clone()),
                 ("EXPERTS", moe.experts.to_string()),

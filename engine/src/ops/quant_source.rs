@@ -61,8 +61,7 @@ pub static QUANT_MATVEC: LazyLock<String> =
 
 /// The routed experts' products over block-quantized experts: quant.wgsl expanded, then
 /// moe.wgsl.
-pub static QUANT_MOE: LazyLock<String> =
-    LazyLock::new(|| quant_source() + include_str!("../../../shaders/moe.wgsl"));
+pub static QUANT_MOE: LazyLock<String> = LazyLock::new(|| quant_source() + super::moe::SOURCE);
 
 /// The routed experts' prompt products on tensor cores over block-quantized experts.
 pub static QUANT_MOE_COOP: LazyLock<String> =
