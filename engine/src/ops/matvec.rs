@@ -303,9 +303,15 @@ impl MatVec {
         let forced = MatVecLayout::from_env(w.cols, n)
             .or(opts.layout)
             .or(MatVecLayout::software(gpu, w.quant.is_some()));
+        // A forced workgroup past the adapter's limits falls back to the default (a router's
+        // product that must fit one workgroup is then refused below, and routed otherwise).
         let mut wg = forced
             .workgroup
-            .filter(|w| [64, 128, 256, 512, 1024].contains(w))
+            .filter(|w| {
+                [64, 128, 256, 512, 1024].contains(w)
+                    && *w <= caps.max_workgroup_invocations
+                    && *w <= caps.max_workgroup_size_x
+            })
             .unwrap_or(WG);
         if let Some(lanes) = forced.lanes.filter(|l| l.is_power_of_two() && *l <= wg) {
             tpr = lanes;

@@ -685,17 +685,17 @@ impl LayerContext<'_> {
                 let in_router = routed.routes_by_dispatch()
                     && rows <= ROUTER_ROUTES_MAX_ROWS
                     && (!self.gpu.is_software() || Experts::router_routing_forced());
+                let one_workgroup = MatVecLayout {
+                    lanes: Some(32),
+                    rows: Some(1),
+                    workgroup: Some(1024),
+                    blocks: Some(rows.div_ceil(32)),
+                    ..MatVecLayout::for_dtype(WeightDType::F32)
+                };
+                // Where the rows do not fit one workgroup on this adapter the product refuses
+                // to route, and a routing dispatch stays.
                 let routing_router = in_router
-                    .then(|| {
-                        let one_workgroup = MatVecLayout {
-                            lanes: Some(32),
-                            rows: Some(1),
-                            workgroup: Some(1024),
-                            blocks: Some(rows.div_ceil(32)),
-                            ..MatVecLayout::for_dtype(WeightDType::F32)
-                        };
-                        router_mv(Some(bufs.token_routing(moe)), one_workgroup).ok()
-                    })
+                    .then(|| router_mv(Some(bufs.token_routing(moe)), one_workgroup).ok())
                     .flatten();
                 let router_mv = match routing_router {
                     Some(mv) => {
