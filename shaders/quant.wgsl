@@ -421,7 +421,11 @@ fn q_dot8_fetched(f: QFetch, s: u32, level: u32) -> f32 {
 // A unit against every level of the int8 input (each product is linear in the input).
 fn q_dot8_levels(f: QFetch, unit: u32) -> f32 {
 #if XQ8_FINE
+#if MXFP4
+    return e2m1_dot8_levels(f, unit);
+#else
     return q_dot8_fetched(f, unit, 0u) + q_dot8_fetched(f, unit, 1u);
+#endif
 #else
     return q_dot8_fetched(f, unit, 0u);
 #endif
@@ -464,6 +468,25 @@ fn e2m1_dot8(w: vec4<u32>, s: u32, level: u32) -> i32 {
         + dot4I8Packed(e2m1_i8((w.z >> 4u) & NIBBLES), xq[xq_at(level, 8u * s + 6u)])
         + dot4I8Packed(e2m1_i8((w.w >> 4u) & NIBBLES), xq[xq_at(level, 8u * s + 7u)]);
 }
+
+#if XQ8_FINE
+#if MXFP4
+// An MXFP4 block against both levels of the input's sub-block s, each code converted once.
+fn e2m1_dot8_levels(f: QFetch, s: u32) -> f32 {
+    var coarse = 0;
+    var fine = 0;
+#for j in 0..8
+    {
+        let codes = e2m1_i8((f.w0[{{j}}u % 4u] >> (4u * ({{j}}u / 4u))) & NIBBLES);
+        coarse += dot4I8Packed(codes, xq[xq_at(0u, 8u * s + {{j}}u)]);
+        fine += dot4I8Packed(codes, xq[xq_at(1u, 8u * s + {{j}}u)]);
+    }
+#endfor
+    let d = e8m0_half((f.sw >> (8u * (f.block % 4u))) & 0xFFu);
+    return d * (xqd_at(0u, s).x * f32(coarse) + xqd_at(1u, s).x * f32(fine));
+}
+#endif
+#endif
 
 // The 16 bytes of a Q4_0 / Q4_1 sub-block against the input's sub-block s: byte j holds
 // value j in its low nibble and value j + 16 in its high one.

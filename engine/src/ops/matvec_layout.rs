@@ -107,8 +107,9 @@ impl MatVecLayout {
     /// forces layouts for measuring them on a device (`backpack bench`); parts left out or
     /// malformed are chosen as usual. With `BACKPACK_MATVEC_COLS=K` only products over rows of
     /// `K` values (`cols`) take it, with `BACKPACK_MATVEC_OUTPUTS=N` only products of `N`
-    /// outputs (`outputs`; a gated product's gate rows).
-    pub(super) fn from_env(cols: u32, outputs: u32) -> Self {
+    /// outputs (`outputs`; a gated product's gate rows), with `BACKPACK_MATVEC_GATED=1` (or
+    /// `0`) only gated products (or only the others).
+    pub(super) fn from_env(cols: u32, outputs: u32, gated: bool) -> Self {
         let mut layout = Self::default();
         let Ok(text) = std::env::var("BACKPACK_MATVEC") else {
             return layout;
@@ -119,6 +120,10 @@ impl MatVecLayout {
         }
         let only = std::env::var("BACKPACK_MATVEC_OUTPUTS").ok();
         if only.is_some_and(|n| n.trim().parse::<u32>().ok() != Some(outputs)) {
+            return layout;
+        }
+        let only = std::env::var("BACKPACK_MATVEC_GATED").ok();
+        if only.is_some_and(|g| (g.trim() == "1") != gated) {
             return layout;
         }
         for part in text.split(',') {
