@@ -19,6 +19,7 @@ mod group_norm;
 mod matmul;
 mod matvec;
 mod matvec_layout;
+mod matvec_plan;
 mod moe;
 mod norm;
 mod norm_int8;
