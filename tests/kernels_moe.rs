@@ -5,6 +5,8 @@
 //! the three row orders checkpoints use.
 
 mod common;
+#[path = "kernels_moe/layouts.rs"]
+mod layouts;
 #[path = "kernels_moe/router.rs"]
 mod router;
 

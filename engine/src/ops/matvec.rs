@@ -2,7 +2,7 @@ use bytemuck::{Pod, Zeroable};
 
 use super::matvec_plan::{self, Plan, decode_int8_input};
 use super::{Gelu, MatVecLayout, Matrix, NormKind, bind};
-use crate::gpu::{Gpu, GpuError, Kernel, Recorder, StorageBuffer, UniformBuffer};
+use crate::gpu::{Gpu, GpuCaps, GpuError, Kernel, Recorder, StorageBuffer, UniformBuffer};
 use crate::load::GgmlType;
 
 pub(super) const SOURCE: &str = concat!(
@@ -177,7 +177,7 @@ impl MatVec {
         step: &UniformBuffer,
         opts: MatVecOptions<'_>,
     ) -> Result<Self, GpuError> {
-        let plan = Plan::new(gpu, w, &opts)?;
+        let plan = Plan::new(gpu.caps(), gpu.is_software(), w, &opts)?;
         let defines = plan.defines(w, &opts);
         let kernel = if w.quant.is_some() {
             gpu.kernel(
@@ -263,7 +263,20 @@ impl MatVec {
     /// Whether rows of `cols` inputs are staged in workgroup memory on this device (see
     /// [`matvec_plan::stages_input`]).
     pub fn stages_input(gpu: &Gpu, cols: u32) -> bool {
-        matvec_plan::stages_input(gpu, cols)
+        matvec_plan::stages_input(gpu.caps(), cols)
+    }
+
+    /// The shader defines (sorted, as kernel labels show them) of the product of `w` with
+    /// `opts` on a GPU adapter with `caps`, without building it: the layouts chosen for
+    /// adapters the tests do not run on can be pinned to those the measurements used.
+    pub fn layout_defines(
+        caps: &GpuCaps,
+        w: &Matrix,
+        opts: &MatVecOptions<'_>,
+    ) -> Result<Vec<(&'static str, String)>, GpuError> {
+        let mut defines = Plan::new(caps, false, w, opts)?.defines(w, opts);
+        defines.sort();
+        Ok(defines)
     }
 
     pub fn encode(&self, rec: &mut Recorder<'_>) {

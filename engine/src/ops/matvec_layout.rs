@@ -2,7 +2,6 @@
 //! [`super::MatVec::new`], or forced by a caller or, for measuring, the environment.
 
 use super::WeightDType;
-use crate::gpu::Gpu;
 
 /// How a decode product spreads over a workgroup: `lanes` invocations per row (a power of two
 /// up to the workgroup), `rows` rows per group of lanes (1 to 4, sharing each input read),
@@ -72,8 +71,8 @@ impl MatVecLayout {
     /// large unrolled shaders LLVM compiles took far longer (the Q5_K parity test 128 s
     /// against 51 with an empty shader cache); f16 kept four (11.5 tok/s against 10.7).
     /// Other adapters choose per shape (nothing set here).
-    pub(super) fn software(gpu: &Gpu, quantized: bool) -> Self {
-        if !gpu.is_software() {
+    pub(super) fn software(software: bool, quantized: bool) -> Self {
+        if !software {
             return Self::default();
         }
         Self {

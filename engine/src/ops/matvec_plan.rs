@@ -5,7 +5,7 @@
 
 use super::matvec::{HANDOFF_MAX_WORKGROUP, Int8Handoff, MatVecOptions, k_quant};
 use super::{Gelu, MatVecLayout, Matrix, NormKind, flag, gelu_flags};
-use crate::gpu::{Gpu, GpuCaps, GpuError, StorageBuffer};
+use crate::gpu::{GpuCaps, GpuError, StorageBuffer};
 use crate::load::GgmlType;
 
 pub(super) const WG: u32 = 256;
@@ -63,17 +63,23 @@ pub(super) struct Plan<'a> {
 }
 
 impl<'a> Plan<'a> {
-    /// The layout of `w` with `opts` on `gpu`'s adapter: chosen from the shape and the device,
-    /// with what `opts.layout` and the environment (`BACKPACK_MATVEC`) force.
-    pub(super) fn new(gpu: &Gpu, w: &Matrix, opts: &MatVecOptions<'a>) -> Result<Self, GpuError> {
+    /// The layout of `w` with `opts` on an adapter with `caps` (`software`: a CPU one): chosen
+    /// from the shape and the device, with what `opts.layout` and the environment
+    /// (`BACKPACK_MATVEC`) force.
+    pub(super) fn new(
+        caps: &GpuCaps,
+        software: bool,
+        w: &Matrix,
+        opts: &MatVecOptions<'a>,
+    ) -> Result<Self, GpuError> {
         let (n, all_rows) = rows_of(w, opts)?;
-        let fixed_subgroup = fixed_subgroup(gpu.caps());
-        let (tpr, rows_per_group, xcache) = default_lanes(gpu, w, all_rows, fixed_subgroup);
+        let fixed_subgroup = fixed_subgroup(caps);
+        let (tpr, rows_per_group, xcache) = default_lanes(caps, w, all_rows, fixed_subgroup);
         // The environment's layout (for measuring) wins over the caller's, and that over a
         // CPU adapter's.
         let forced = MatVecLayout::from_env(w.cols, n, opts.glu)
             .or(opts.layout)
-            .or(MatVecLayout::software(gpu, w.quant.is_some()));
+            .or(MatVecLayout::software(software, w.quant.is_some()));
         let mut plan = Self {
             n,
             all_rows,
@@ -106,17 +112,17 @@ impl<'a> Plan<'a> {
             trips: 0,
             routed_sg: false,
         };
-        plan.fit_workgroup(gpu, w, opts);
-        plan.choose_input(gpu, w, opts)?;
-        plan.choose_units(gpu, w, opts)?;
-        plan.choose_blocks(gpu, w, opts)?;
+        plan.fit_workgroup(caps, w, opts);
+        plan.choose_input(caps, w, opts)?;
+        plan.choose_units(caps, w, opts)?;
+        plan.choose_blocks(caps, w, opts)?;
         Ok(plan)
     }
 
     /// The forced workgroup, lanes and rows, and the workgroups grown for handing the output
     /// off or for merging split attention.
-    fn fit_workgroup(&mut self, gpu: &Gpu, w: &Matrix, opts: &MatVecOptions<'a>) {
-        let (caps, forced, n) = (gpu.caps(), self.forced, self.n);
+    fn fit_workgroup(&mut self, caps: &GpuCaps, w: &Matrix, opts: &MatVecOptions<'a>) {
+        let (forced, n) = (self.forced, self.n);
         // A forced workgroup past the adapter's limits falls back to the default (a router's
         // product that must fit one workgroup is then refused below, and routed otherwise).
         let mut wg = forced
@@ -165,7 +171,7 @@ impl<'a> Plan<'a> {
         self.wg = wg;
         if let Some(stage) = forced.stage {
             // Merging split attention always stages its input.
-            self.xcache = (stage || opts.combine.is_some()) && input_fits(gpu, w.cols);
+            self.xcache = (stage || opts.combine.is_some()) && input_fits(caps, w.cols);
         }
     }
 
@@ -173,7 +179,7 @@ impl<'a> Plan<'a> {
     /// handed off.
     fn choose_input(
         &mut self,
-        gpu: &Gpu,
+        caps: &GpuCaps,
         w: &Matrix,
         opts: &MatVecOptions<'a>,
     ) -> Result<(), GpuError> {
@@ -186,7 +192,7 @@ impl<'a> Plan<'a> {
             && forced.int8.unwrap_or(true)
             && forced.int8_max_cols.is_none_or(|max| w.cols <= max)
             && int8_fits(
-                gpu,
+                caps,
                 w.cols,
                 opts.combine.is_some(),
                 if fine { 2 } else { 1 },
@@ -197,7 +203,7 @@ impl<'a> Plan<'a> {
             (true, true) => 2,
         };
         if int8 {
-            self.xcache = opts.combine.is_some() && input_fits(gpu, w.cols);
+            self.xcache = opts.combine.is_some() && input_fits(caps, w.cols);
         }
         self.handoff_in = opts.handoff_in.filter(|h| {
             self.handoffs
@@ -206,7 +212,7 @@ impl<'a> Plan<'a> {
                 && matches!(opts.norm, None | Some((NormKind::Rms, ..)))
                 && h.len == w.cols
                 // Staging keeps a sum per 16 values besides the int8 row.
-                && int8_fits(gpu, w.cols + w.cols / 4, false, 1)
+                && int8_fits(caps, w.cols + w.cols / 4, false, 1)
         });
         if let Some((h, _)) = self.handoff_out
             && h.len != n
@@ -224,11 +230,11 @@ impl<'a> Plan<'a> {
     /// The units each row's lanes stride over and how many a trip of the loop takes.
     fn choose_units(
         &mut self,
-        gpu: &Gpu,
+        caps: &GpuCaps,
         w: &Matrix,
         opts: &MatVecOptions<'a>,
     ) -> Result<(), GpuError> {
-        let (caps, tpr, int8) = (gpu.caps(), self.tpr, self.int8);
+        let (tpr, int8) = (self.tpr, self.int8);
         self.shuffle_reduce = self.fixed_subgroup.is_some_and(|sg| tpr <= sg);
         // K-quant rows by sub-block pairs (q_dot_pairs) when every lane gets at least one.
         let k_pairs = k_quant(w) && tpr <= w.cols / 64;
@@ -309,7 +315,7 @@ impl<'a> Plan<'a> {
     /// forms' checks.
     fn choose_blocks(
         &mut self,
-        gpu: &Gpu,
+        caps: &GpuCaps,
         w: &Matrix,
         opts: &MatVecOptions<'a>,
     ) -> Result<(), GpuError> {
@@ -358,7 +364,7 @@ impl<'a> Plan<'a> {
         self.trips = self.lane_units.map_or(0, |n| rb * n / unroll.max(1));
         let routing = opts.experts.and_then(|e| e.route);
         let routes = opts.routes;
-        if (routing.is_some() || routes.is_some()) && !gpu.caps().subgroups {
+        if (routing.is_some() || routes.is_some()) && !caps.subgroups {
             return Err(GpuError::Device(
                 "a product routes the token only with subgroups".into(),
             ));
@@ -532,7 +538,7 @@ fn fixed_subgroup(caps: &GpuCaps) -> Option<u32> {
 /// Lanes per row, rows per lane group, and whether the input is staged, as the shape and the
 /// device choose them (before anything forced).
 fn default_lanes(
-    gpu: &Gpu,
+    caps: &GpuCaps,
     w: &Matrix,
     all_rows: u32,
     fixed_subgroup: Option<u32>,
@@ -566,7 +572,7 @@ fn default_lanes(
         (false, _) => 32,
     };
     let mut rows_per_group = 1;
-    let mut xcache = stages_input(gpu, w.cols);
+    let mut xcache = stages_input(caps, w.cols);
     // Long rows of 32-weight int8 blocks with too few rows for sub-block lanes (down
     // products): a subgroup per row, two rows per subgroup sharing each input read, where
     // that still leaves 128 workgroups. On an H200 (`bench`, 128 tokens) SmolLM2-1.7B
@@ -598,7 +604,7 @@ fn default_lanes(
     {
         tpr = sg;
         rows_per_group = if w.cols / 64 >= 4 * sg { 1 } else { 2 };
-        xcache = input_fits(gpu, w.cols);
+        xcache = input_fits(caps, w.cols);
     }
     // K-quant rows too short for that still take sub-block pairs (and int8 products): the
     // most lanes, a power of two, that leave every lane a pair. On an H200 (Qwen2.5-1.5B
@@ -625,25 +631,25 @@ fn row_blocks_per_workgroup(blocks: u32) -> u32 {
 /// are; long rows stream their input alongside the weights instead, since a large staging
 /// prologue delays every weight load: on an H100, k = 8960 ran at 0.7 TB/s staged against
 /// 1.2 TB/s streamed).
-pub(super) fn stages_input(gpu: &Gpu, cols: u32) -> bool {
-    u64::from(Matrix::padded_cols(cols)) * 4 <= XCACHE_MAX_BYTES && input_fits(gpu, cols)
+pub(super) fn stages_input(caps: &GpuCaps, cols: u32) -> bool {
+    u64::from(Matrix::padded_cols(cols)) * 4 <= XCACHE_MAX_BYTES && input_fits(caps, cols)
 }
 
 /// Whether the int8 input of `cols` (a byte per value, 8 bytes of scale and sum per 32),
 /// and the f32 input too where it is staged first (merged attention), fit the device's
 /// workgroup memory.
-fn int8_fits(gpu: &Gpu, cols: u32, staged_f32: bool, levels: u64) -> bool {
+fn int8_fits(caps: &GpuCaps, cols: u32, staged_f32: bool, levels: u64) -> bool {
     let cols = u64::from(Matrix::padded_cols(cols));
     let f32_stage = if staged_f32 { cols * 4 } else { 0 };
     f32_stage + levels * (cols + cols / 4) + u64::from(WG) * 4 + 64 + 8 * 1024
-        <= u64::from(gpu.caps().max_workgroup_storage)
+        <= u64::from(caps.max_workgroup_storage)
 }
 
 /// Whether the staged input of `cols` fits the device's workgroup memory.
-fn input_fits(gpu: &Gpu, cols: u32) -> bool {
+fn input_fits(caps: &GpuCaps, cols: u32) -> bool {
     let x_bytes = u64::from(Matrix::padded_cols(cols)) * 4;
     // The input, the reduction array of the largest workgroup, the norm statistics.
-    x_bytes + u64::from(WG) * 4 + 64 + 8 * 1024 <= u64::from(gpu.caps().max_workgroup_storage)
+    x_bytes + u64::from(WG) * 4 + 64 + 8 * 1024 <= u64::from(caps.max_workgroup_storage)
 }
 
 /// Units a trip for `n` units a lane: four where they divide, else all of up to four, else
