@@ -5,7 +5,10 @@
 use crate::common::gpu;
 use backpack_engine::gpu::GpuCaps;
 use backpack_engine::load::GgmlType;
-use backpack_engine::ops::{ExpertSlots, MatVec, MatVecLayout, MatVecOptions, Matrix, NormKind};
+use backpack_engine::ops::{
+    ExpertSlots, MatVec, MatVecLayout, MatVecOptions, Matrix, NormKind, SplitAttention,
+    TokenRouting, WeightDType,
+};
 
 /// What wgpu reports for an NVIDIA H200 under Vulkan (driver 580, see PLATFORM.md).
 fn h200() -> GpuCaps {
@@ -37,7 +40,9 @@ fn label(defines: &[(&'static str, String)]) -> String {
 /// (MXFP4 experts, Q8_0 attention; `bench_llamacpp.sh --config
 /// tests/reference/configs/gpt-oss-20b.json --formats mxfp4`, the run in performance.md):
 /// the expert gate/up product (fused RMSNorm, biases, clamped SwiGLU, four slots), the expert
-/// down product (a row of the input a slot) and the QKV product (fused RMSNorm, bias).
+/// down product (a row of the input a slot), the QKV product (fused RMSNorm, bias), the
+/// output products merging split attention with sinks (full and sliding-window layers) and the
+/// f32 router's product routing the token in one workgroup (the layout layer.rs asks for).
 #[test]
 fn gpt_oss_decode_products_keep_their_h200_layouts() {
     let gpu = gpu();
@@ -48,10 +53,43 @@ fn gpt_oss_decode_products_keep_their_h200_layouts() {
     };
     let store = |n: usize| gpu.storage_from("test", &vec![0.0f32; n]).expect("buffer");
     let (ids, gains, bias) = (store(4), store(2880), store(5760));
+    let (weights, partials, stats, sinks) = (store(4), store(4096), store(128), store(64));
     // One expert's rows: the layout goes by the rows of a slot, the slots and the row length.
     let gate_up = matrix(GgmlType::Mxfp4, 2 * 2880, 2880);
     let down = matrix(GgmlType::Mxfp4, 2880, 2880);
     let qkv = matrix(GgmlType::Q8_0, 5120, 2880);
+    let out = matrix(GgmlType::Q8_0, 2880, 4096);
+    let router = Matrix::from_f32(
+        &gpu,
+        "router",
+        &vec![0.0; 32 * 2880],
+        32,
+        2880,
+        WeightDType::F32,
+    )
+    .expect("router");
+    let split = |window| SplitAttention {
+        partials: &partials,
+        stats: &stats,
+        heads: 64,
+        head_dim: 64,
+        window,
+        gate: None,
+        sinks: Some(&sinks),
+    };
+    let output = |window| MatVecOptions {
+        bias: Some(&bias),
+        residual: true,
+        combine: Some(split(window)),
+        ..Default::default()
+    };
+    const OUTPUT: &str = "BIAS=1,CLAMPED=0,COMBINE=1,EPV=4,EXPERTS=0,F16=0,GAIN4=0,GATED=0,GELU=0,GELU_ERF=0,GLU=0,IN_PER_SLOT=0,KPAIR=0,KQ=0,LANE_UNITS=4,LEVELS=1,MAX_SPLITS=16,MIN_SPLIT=64,NORM=0,NORM_LAYER=0,NR=2,OUT_BLOCK=16,OUT_GAIN=0,PIPE=0,PIPE_NEXT=0,Q5=0,Q8_0=1,QDOT=1,QUANT=1,QUICK_GELU=0,RB=1,RESIDUAL=1,RMS_LATE=0,ROUTED=0,ROUTED_SG=0,ROUTES=0,ROUTING=0,ROW_VECS=1024,SGX=1,SINKS=1,SOFTMAX_ALL=0,SUBGROUP=1,SUBS=128,TOP_K=1,TPR=32,UNITS=128,UNIT_TAIL=0,UNROLL=4,WG=256,WINDOW=";
+    let (output_full, output_window) = (
+        format!(
+            "{OUTPUT}4294967295,XCACHE=1,XQ8=1,XQ8_FINE=0,XQ8_IN=0,XQ8_OUT=0,XQ8_VIEW=1,XVEC4=0"
+        ),
+        format!("{OUTPUT}128,XCACHE=1,XQ8=1,XQ8_FINE=0,XQ8_IN=0,XQ8_OUT=0,XQ8_VIEW=1,XVEC4=0"),
+    );
     let slots = |rows, per_slot, clamp| ExpertSlots {
         ids: &ids,
         slots: 4,
@@ -105,7 +143,40 @@ fn gpt_oss_decode_products_keep_their_h200_layouts() {
             "BIAS=1,CLAMPED=0,COMBINE=0,EPV=4,EXPERTS=0,F16=0,GAIN4=1,GATED=0,GELU=0,GELU_ERF=0,GLU=0,IN_PER_SLOT=0,KPAIR=0,KQ=0,LANE_UNITS=3,LEVELS=1,MAX_SPLITS=16,MIN_SPLIT=64,NORM=1,NORM_LAYER=0,NR=1,OUT_BLOCK=16,OUT_GAIN=0,PIPE=1,PIPE_NEXT=0,Q5=0,Q8_0=1,QDOT=1,QUANT=1,QUICK_GELU=0,RB=1,RESIDUAL=0,RMS_LATE=1,ROUTED=0,ROUTED_SG=0,ROUTES=0,ROUTING=0,ROW_VECS=720,SGX=1,SINKS=0,SOFTMAX_ALL=0,SUBGROUP=1,SUBS=90,TOP_K=1,TPR=32,UNITS=90,UNIT_TAIL=1,UNROLL=3,WG=256,WINDOW=4294967295,XCACHE=0,XQ8=1,XQ8_FINE=0,XQ8_IN=0,XQ8_OUT=0,XQ8_VIEW=1,XVEC4=1",
         ),
     ];
-    for (name, w, opts, want) in cases {
+    let router_opts = MatVecOptions {
+        norm,
+        bias: Some(&bias),
+        routes: Some(TokenRouting {
+            ids: &ids,
+            weights: &weights,
+            top_k: 4,
+            softmax_all: false,
+        }),
+        layout: MatVecLayout {
+            lanes: Some(32),
+            rows: Some(1),
+            workgroup: Some(1024),
+            blocks: Some(1),
+            ..MatVecLayout::for_dtype(WeightDType::F32)
+        },
+        ..Default::default()
+    };
+    let more = [
+        ("output", &out, output(None), output_full.as_str()),
+        (
+            "sliding-window output",
+            &out,
+            output(Some(128)),
+            output_window.as_str(),
+        ),
+        (
+            "router",
+            &router,
+            router_opts,
+            "BIAS=1,CLAMPED=0,COMBINE=0,EPV=4,EXPERTS=0,F16=0,GAIN4=1,GATED=0,GELU=0,GELU_ERF=0,GLU=0,IN_PER_SLOT=0,KPAIR=0,LANE_UNITS=0,LEVELS=1,MAX_SPLITS=16,MIN_SPLIT=64,NORM=1,NORM_LAYER=0,NR=1,OUT_BLOCK=32,OUT_GAIN=0,PIPE=0,PIPE_NEXT=0,QDOT=1,QUICK_GELU=0,RB=1,RESIDUAL=0,RMS_LATE=0,ROUTED=0,ROUTED_SG=0,ROUTES=1,ROUTING=1,ROW_VECS=720,SGX=1,SINKS=0,SOFTMAX_ALL=0,SUBGROUP=1,TOP_K=4,TPR=32,UNITS=720,UNIT_TAIL=0,UNROLL=0,WG=1024,WINDOW=4294967295,XCACHE=1,XQ8=0,XQ8_FINE=0,XQ8_IN=0,XQ8_OUT=0,XQ8_VIEW=0,XVEC4=1",
+        ),
+    ];
+    for (name, w, opts, want) in cases.into_iter().chain(more) {
         let got = MatVec::layout_defines(&caps, w, &opts).expect("layout");
         assert_eq!(label(&got), want, "{name}: the H200 layout changed");
     }
