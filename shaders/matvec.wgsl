@@ -28,7 +28,9 @@
 // every lane takes as many, UNROLL a trip of a loop with a constant trip count, so that their
 // weight loads issue together; int8 rows with UNIT_TAIL take LANE_UNITS, rounded up, see
 // ITERS), XQ8_IN (the int8 input handed off by the product before, see matvec_handoff.wgsl),
-// XQ8_OUT (hand the output row off so; OUT_GAIN: scaled by the next norm's gains), EXPERTS
+// XQ8_OUT (hand the output row off so; OUT_GAIN: scaled by the next norm's gains), HAND_INPUT
+// (the first workgroup hands the input off, as the product reads it), HANDS_OFF (either),
+// OUT_LEVELS and OUT_FINE (the levels handed off), EXPERTS
 // (routed experts of one decoded token: workgroup row wid.y computes the rows of the wid.y-th
 // chosen expert, see weight_row; with IN_PER_SLOT its input is row wid.y of x; CLAMPED:
 // GPT-OSS's clamped SwiGLU; ROUTED, with TOP_K and SOFTMAX_ALL: the workgroups route the token
@@ -589,6 +591,9 @@ fn main(
 #endif
     expert_row0 = min(expert, p.experts - 1u) * p.expert_stride;
     out_row0 = wid.y * p.n;
+#if XQ8_OUT
+    handoff_row0 = wid.y * {{OUT_LEVELS}}u * handoff_level_words(p.n);
+#endif
 #else
     let group = wid.y * nwg.x + wid.x;
 #endif
@@ -695,10 +700,19 @@ fn main(
     }
     workgroupBarrier();
 #endif
+#if HAND_INPUT
+    if (group == 0u) {
+        hand_input_off(tid, base);
+    }
+#endif
 #endif
 #if XQ8
 #if XQ8_IN
-    stage_handoff(tid, sg_lane, sg_size);
+#if IN_PER_SLOT
+    stage_handoff(tid, sg_lane, sg_size, wid.y * LEVELS * IN_LEVEL_VEC4S);
+#else
+    stage_handoff(tid, sg_lane, sg_size, 0u);
+#endif
 #else
     stage_int8(tid, base, sg_lane, sg_size);
 #endif

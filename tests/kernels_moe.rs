@@ -5,6 +5,8 @@
 //! the three row orders checkpoints use.
 
 mod common;
+#[path = "kernels_moe/handoff.rs"]
+mod handoff;
 #[path = "kernels_moe/layouts.rs"]
 mod layouts;
 #[path = "kernels_moe/router.rs"]
@@ -14,8 +16,8 @@ use backpack_engine::gpu::{Gpu, Recorder, StorageBuffer};
 use backpack_engine::load::quant::dequantize;
 use backpack_engine::load::{ExpertActivation, GgmlType, MoeSpec, RouterWeights};
 use backpack_engine::ops::{
-    ExpertDecode, ExpertWeights, Experts, GateUpRows, MatVecLayout, Matrix, MoeBuffers, NormKind,
-    StepParams, WeightDType, int8_rounded_input,
+    ExpertDecode, ExpertWeights, Experts, GateUpRows, MatVec, MatVecLayout, MatVecOptions, Matrix,
+    MoeBuffers, NormKind, StepParams, WeightDType, int8_rounded_input,
 };
 use common::{Rng, assert_close, product_gpus, round_f16};
 
@@ -182,17 +184,22 @@ fn run(case: &Case, seed: u64) {
         // A decoded token's block-format products route it themselves or after a dispatch
         // of its own.
         let decodes = case.tokens == 1 && matches!(case.storage, Storage::Blocks(_));
-        for route_in_product in if decodes {
-            vec![true, false]
+        let (routings, inputs) = if decodes {
+            (vec![true, false], vec![false, true])
         } else {
-            vec![true]
-        } {
-            run_on(&gpu, case, seed, route_in_product);
+            (vec![true], vec![false])
+        };
+        for route_in_product in routings {
+            // Its gate/up product reads its input as the router's product hands it off, or
+            // reads the f32 row itself.
+            for &input_handoff in &inputs {
+                run_on(&gpu, case, seed, route_in_product, input_handoff);
+            }
         }
     }
 }
 
-fn run_on(gpu: &Gpu, case: &Case, seed: u64, route_in_product: bool) {
+fn run_on(gpu: &Gpu, case: &Case, seed: u64, route_in_product: bool, input_handoff: bool) {
     let mut rng = Rng::new(seed);
     let (e, k, d, w, t) = (
         case.experts,
@@ -289,13 +296,39 @@ fn run_on(gpu: &Gpu, case: &Case, seed: u64, route_in_product: bool) {
             norm: offer_norm.then_some((NormKind::Rms, &gain_buf, None, EPS)),
             route_in_product: Some(route_in_product),
             layout: case.layout,
+            input_handoff,
         },
         &step,
     )
     .expect("experts");
     assert_eq!(experts.decode_normed(), fused_norm, "the norm fused");
+    // The router's decode product (its outputs unused: the logits are given) hands the
+    // normalised row off where the gate/up product reads it so.
+    let router_out = gpu.storage("router out", u64::from(e) * 4).expect("buffer");
+    let router_mv = experts.input_handoff().map(|h| {
+        MatVec::new(
+            gpu,
+            &weights.router,
+            &x_buf,
+            &router_out,
+            &step,
+            MatVecOptions {
+                norm: Some((NormKind::Rms, &gain_buf, None, EPS)),
+                handoff_input: Some(h),
+                layout: MatVecLayout::for_dtype(WeightDType::F32),
+                ..Default::default()
+            },
+        )
+        .expect("router's product")
+    });
     let mut rec = Recorder::new(gpu);
-    experts.encode(&mut rec, t);
+    match &router_mv {
+        Some(router_mv) => {
+            router_mv.encode(&mut rec);
+            experts.encode_decode(&mut rec);
+        }
+        None => experts.encode(&mut rec, t),
+    }
     rec.submit();
     let got: Vec<f32> = gpu.read(&x_buf.buffer, 0, u64::from(t * d)).expect("read");
 
@@ -330,6 +363,22 @@ fn run_on(gpu: &Gpu, case: &Case, seed: u64, route_in_product: bool) {
             want.map(|w| (w, w)),
             "{ty:?}: decode products' int8 levels"
         );
+        // Int8 readers take the router's handed-off input; the down product takes the hidden
+        // rows so where the gate/up product's workgroups make whole blocks of 16 rows, as
+        // lavapipe's layout does.
+        let int8_both = want.is_some_and(|w| w > 0);
+        let (reads_input, reads_hidden) = experts.decode_handoffs();
+        assert_eq!(
+            reads_input,
+            int8_both && input_handoff,
+            "{ty:?}: the router's input handed off"
+        );
+        if gpu.is_software() {
+            assert_eq!(
+                reads_hidden, int8_both,
+                "{ty:?}: the hidden rows handed off"
+            );
+        }
     }
     // Two levels carry each value to about 1/64,000 of its block's largest: as f32 here.
     let (int8_up, int8_down) = levels.map_or((false, false), |(u, d)| (u == 1, d == 1));

@@ -105,22 +105,38 @@ pub struct SplitAttention<'a> {
 pub struct Int8Handoff {
     pub(super) buffer: StorageBuffer,
     pub(super) len: u32,
+    /// Rows: one, or an expert slot's each.
+    pub(super) rows: u32,
+    /// Int8 levels: 1, or 2 for readers with two-level inputs (`int8_fine`).
+    pub(super) levels: u32,
 }
 
 impl Int8Handoff {
-    /// A handoff of rows of `len` values, a multiple of 32 (whole int8 blocks).
+    /// A handoff of one row of `len` values, a multiple of 32 (whole int8 blocks), in one level.
     pub fn new(gpu: &Gpu, len: u32) -> Result<Self, GpuError> {
-        if len == 0 || !len.is_multiple_of(32) {
+        Self::with_rows(gpu, len, 1, 1)
+    }
+
+    /// A handoff of `rows` rows (expert slots' inputs) of `len` values in `levels` int8 levels.
+    pub fn with_rows(gpu: &Gpu, len: u32, rows: u32, levels: u32) -> Result<Self, GpuError> {
+        if len == 0 || !len.is_multiple_of(32) || rows == 0 || !(1..=2).contains(&levels) {
             return Err(GpuError::Device(format!(
-                "an int8 handoff takes whole 32-value blocks; rows of {len} are not"
+                "an int8 handoff takes whole 32-value blocks in one or two levels; {rows} rows of {len} in {levels} are not"
             )));
         }
-        // The int8 words, then two words of statistics per 16 values (see the shader).
-        let words = len / 4 + len / 8;
+        // Per level the int8 words, then two words of statistics per 16 values (see the shader).
+        let words = u64::from(rows) * u64::from(levels) * u64::from(len / 4 + len / 8);
         Ok(Self {
-            buffer: gpu.storage("int8 handoff", u64::from(words) * 4)?,
+            buffer: gpu.storage("int8 handoff", words * 4)?,
             len,
+            rows,
+            levels,
         })
+    }
+
+    /// Int8 levels of the handed-off rows.
+    pub fn levels(&self) -> u32 {
+        self.levels
     }
 }
 
@@ -140,8 +156,12 @@ pub struct MatVecOptions<'a> {
     /// Parts of the kernel layout to force (unset parts are chosen from the shape and device).
     pub layout: MatVecLayout,
     /// The input as the product before handed it off, instead of `x`, where this product takes
-    /// int8 inputs in one level (the caller makes sure that product writes it).
+    /// int8 inputs in as many levels (the caller makes sure that product writes it); expert
+    /// slots reading rows of their own read a row each.
     pub handoff_in: Option<&'a Int8Handoff>,
+    /// Hand the input off as this product reads it (normalised, where it fuses a norm), from
+    /// its first workgroup: products taking float inputs only.
+    pub handoff_input: Option<&'a Int8Handoff>,
     /// Also hand the output off to the next product, times the gains of its fused RMSNorm if
     /// it has one.
     pub handoff_out: Option<(&'a Int8Handoff, Option<&'a StorageBuffer>)>,
@@ -222,7 +242,7 @@ impl MatVec {
             int8: plan.int8,
             int8_levels: plan.int8_levels,
             reads_handoff: plan.handoff_in.is_some(),
-            hands_off: plan.handoff_out.is_some(),
+            hands_off: plan.handoff_out.is_some() || plan.hand_input.is_some(),
             slots: opts.experts.map(|e| e.slots),
             _params: params,
         })
@@ -245,9 +265,16 @@ impl MatVec {
     }
 
     /// Whether the output is handed off (`handoff_out`): only where each workgroup's rows are
-    /// whole blocks of 16 or 32 rows, with at most [`HANDOFF_MAX_WORKGROUP`] invocations.
+    /// whole blocks of 16 or 32 rows, with at most [`HANDOFF_MAX_WORKGROUP`] invocations; or
+    /// the input (`handoff_input`).
     pub fn hands_off(&self) -> bool {
         self.hands_off
+    }
+
+    /// Whether a product of `w` with `opts` would read the handoff it is offered
+    /// (`handoff_in`), without building it.
+    pub fn would_read_handoff(gpu: &Gpu, w: &Matrix, opts: &MatVecOptions<'_>) -> bool {
+        Plan::new(gpu.caps(), gpu.is_software(), w, opts).is_ok_and(|p| p.handoff_in.is_some())
     }
 
     /// Workgroups of one dispatch (every expert slot's, for expert products).
@@ -324,6 +351,9 @@ fn bindings<'b>(
         if let Some(g) = gain {
             entries.push((16, &g.buffer));
         }
+    }
+    if let Some(h) = plan.hand_input {
+        entries.push((15, &h.buffer.buffer));
     }
     if let Some(b) = opts.bias {
         entries.push((5, &b.buffer));

@@ -420,7 +420,11 @@ impl Experts {
         };
         // At most one workgroup row per expert that can have tokens.
         let active = self.experts.min(n_tokens * self.top_k);
-        if let (1, Some(decode)) = (n_tokens, &self.decode) {
+        // A one-token prompt step whose gate/up product would read the input the router's
+        // decode product hands off, without that product before it, takes the general kernels.
+        if let (1, Some(decode)) = (n_tokens, &self.decode)
+            && (after_router_mv || decode.input.is_none())
+        {
             match &decode.route {
                 DecodeRouting::InProduct => {}
                 DecodeRouting::InRouter(_) if after_router_mv => {}

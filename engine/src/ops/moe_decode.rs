@@ -5,7 +5,9 @@ use super::{ExpertWeights, Experts, MoeBuffers};
 use crate::gpu::{Gpu, GpuError, StorageBuffer, UniformBuffer};
 use crate::load::{GgmlType, MoeSpec, RouterWeights};
 use crate::ops::matvec::k_quant;
-use crate::ops::{ExpertSlots, MatVec, MatVecLayout, MatVecOptions, Matrix, NormKind, SlotRouting};
+use crate::ops::{
+    ExpertSlots, Int8Handoff, MatVec, MatVecLayout, MatVecOptions, Matrix, NormKind, SlotRouting,
+};
 
 /// A decoded token's expert products through the decode product (shaders/matvec.wgsl
 /// EXPERTS): its staged int8 input, loads in flight and shuffle reductions, which the
@@ -18,6 +20,11 @@ pub(super) struct DecodeProducts {
     pub(super) route: DecodeRouting,
     pub(super) gate_up: MatVec,
     pub(super) down: MatVec,
+    /// The gate/up product's input as the router's product hands it off (see
+    /// [`ExpertDecode::input_handoff`]), where the gate/up product reads it.
+    pub(super) input: Option<Int8Handoff>,
+    /// The slots' hidden rows as the gate/up product hands them to the down product.
+    pub(super) hidden_rows: Option<Int8Handoff>,
 }
 
 /// How a decoded token is routed for the decode products; none of them lists the
@@ -62,6 +69,11 @@ pub struct ExpertDecode<'a> {
     /// Whether the gate/up product routes the token itself (adapters with subgroups) or a
     /// dispatch of its own does; unset: by the product's workgroups (see `decode_products`).
     pub route_in_product: Option<bool>,
+    /// Whether the gate/up product may read its input as int8 blocks that the router's decode
+    /// product hands off ([`Experts::input_handoff`]): the caller then builds that product
+    /// with it, and records it before every decoded token's experts. Otherwise each of the
+    /// gate/up product's workgroups reads the f32 row (and normalises it) itself.
+    pub input_handoff: bool,
 }
 
 impl Experts {
@@ -95,6 +107,20 @@ impl Experts {
             };
             d.route = DecodeRouting::InRouter(dispatch);
         }
+    }
+
+    /// The handoff the router's decode product must write (`handoff_input`), where the decoded
+    /// token's gate/up product reads its input from it (see [`ExpertDecode::input_handoff`]).
+    pub fn input_handoff(&self) -> Option<&Int8Handoff> {
+        self.decode.as_ref().and_then(|d| d.input.as_ref())
+    }
+
+    /// Whether a decoded token's gate/up product reads the router's handed-off input, and
+    /// whether it hands the slots' hidden rows off to the down product.
+    pub fn decode_handoffs(&self) -> (bool, bool) {
+        self.decode.as_ref().map_or((false, false), |d| {
+            (d.input.is_some(), d.hidden_rows.is_some())
+        })
     }
 
     /// Bytes of expert weights a decoded token leaves unread: every expert but its top-k.
@@ -137,6 +163,7 @@ pub(super) fn decode_products(
         norm,
         layout,
         route_in_product,
+        input_handoff,
     } = decode;
     let clamp = super::clamp_of(moe.activation);
     let blocks = w.gate_up.quant.is_some() && w.down.quant.is_some();
@@ -185,33 +212,51 @@ pub(super) fn decode_products(
         },
         _ => layout,
     };
-    // With the norm the gate/up product reads the residual stream and normalises it itself.
-    let x = if norm.is_some() { x } else { xn };
-    let gate_up_with = |route: Option<SlotRouting<'_>>| {
-        product(
-            &w.gate_up,
-            x,
-            &bufs.hidden,
-            MatVecOptions {
-                norm,
-                layout,
-                bias: w.gate_up_bias.as_ref(),
-                glu: true,
-                experts: Some(ExpertSlots {
-                    clamp,
-                    route,
-                    ..slots(
-                        moe.intermediate,
-                        rows.expert_stride,
-                        rows.row_step,
-                        rows.up_offset,
-                        false,
-                    )
-                }),
-                ..Default::default()
-            },
-        )
+    // Handoffs in the levels the products take their int8 inputs in (a reader taking another
+    // number of levels reads its f32 row instead).
+    let levels = if layout.int8_fine == Some(true) { 2 } else { 1 };
+    let input_q = input_handoff
+        .then(|| Int8Handoff::with_rows(gpu, w.gate_up.cols, 1, levels))
+        .transpose()?;
+    let hidden_q = Int8Handoff::with_rows(gpu, w.down.cols, moe.top_k, levels)?;
+    let down_opts = |handoff_in| MatVecOptions {
+        layout,
+        experts: Some(slots(hidden, hidden, 1, 0, true)),
+        handoff_in,
+        ..Default::default()
     };
+    // The gate/up product hands the slots' hidden rows off where the down product reads them.
+    let handhidden_rows_off = MatVec::would_read_handoff(gpu, &w.down, &down_opts(Some(&hidden_q)));
+    let gate_up_opts = |route, input: Option<_>| {
+        // With the norm (and no handoff) the gate/up product reads the residual stream and
+        // normalises it itself; a handed-off input is the router's, normalised already.
+        MatVecOptions {
+            norm: norm.filter(|_| input.is_none()),
+            layout,
+            bias: w.gate_up_bias.as_ref(),
+            glu: true,
+            experts: Some(ExpertSlots {
+                clamp,
+                route,
+                ..slots(
+                    moe.intermediate,
+                    rows.expert_stride,
+                    rows.row_step,
+                    rows.up_offset,
+                    false,
+                )
+            }),
+            handoff_in: input,
+            handoff_out: handhidden_rows_off.then_some((&hidden_q, None)),
+            ..Default::default()
+        }
+    };
+    let reads_input = input_q
+        .as_ref()
+        .is_some_and(|h| MatVec::would_read_handoff(gpu, &w.gate_up, &gate_up_opts(None, Some(h))));
+    let input = input_q.as_ref().filter(|_| reads_input);
+    let x = if norm.is_some() { x } else { xn };
+    let gate_up_with = |route| product(&w.gate_up, x, &bufs.hidden, gate_up_opts(route, input));
     let mut gate_up = gate_up_with(None)?;
     // Routing inside the product delays every workgroup's first weight load, once per wave of
     // workgroups: it pays where they are few. On an H200 (`bench`, random weights)
@@ -230,15 +275,12 @@ pub(super) fn decode_products(
             softmax_all: moe.weights == RouterWeights::SoftmaxOfAll,
         }))?;
     }
+    let readshidden_rows = gate_up.as_ref().is_some_and(MatVec::hands_off);
     let down = product(
         &w.down,
         &bufs.hidden,
         &bufs.outputs,
-        MatVecOptions {
-            layout,
-            experts: Some(slots(hidden, hidden, 1, 0, true)),
-            ..Default::default()
-        },
+        down_opts(readshidden_rows.then_some(&hidden_q)),
     )?;
     let (Some(gate_up), Some(down)) = (gate_up, down) else {
         return Ok(None);
@@ -253,5 +295,7 @@ pub(super) fn decode_products(
         route,
         gate_up,
         down,
+        input: input_q.filter(|_| reads_input),
+        hidden_rows: readshidden_rows.then_some(hidden_q),
     }))
 }

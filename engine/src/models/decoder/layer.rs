@@ -303,13 +303,21 @@ impl Layer {
             }
             LayerMlp::Experts {
                 router,
+                router_mv,
                 experts,
                 shared,
                 ..
             } => {
                 self.mlp_norm.encode(rec, n);
-                router.encode(rec, n);
-                experts.encode(rec, n);
+                // One row goes as a decoded token's does: its gate/up product may read the
+                // input the router's decode product hands off.
+                if n == 1 && experts.input_handoff().is_some() {
+                    router_mv.encode(rec);
+                    experts.encode_decode(rec);
+                } else {
+                    router.encode(rec, n);
+                    experts.encode(rec, n);
+                }
                 if let Some(shared) = shared {
                     shared.encode_prompt(rec, n);
                 }

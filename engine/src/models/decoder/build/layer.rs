@@ -653,6 +653,7 @@ impl LayerContext<'_> {
                         norm: shared.is_none().then_some(mlp_norm),
                         layout: self.decode_layout,
                         route_in_product: None,
+                        input_handoff: true,
                     },
                     self.step,
                 )?;
@@ -671,6 +672,8 @@ impl LayerContext<'_> {
                             bias: experts.router_bias.as_ref(),
                             routes,
                             layout,
+                            // The gate/up product after it may read its input so.
+                            handoff_input: routed.input_handoff(),
                             ..Default::default()
                         },
                     )
@@ -697,13 +700,14 @@ impl LayerContext<'_> {
                 let routing_router = in_router
                     .then(|| router_mv(Some(bufs.token_routing(moe)), one_workgroup).ok())
                     .flatten();
+                let routes_token = routing_router.is_some();
                 let router_mv = match routing_router {
-                    Some(mv) => {
-                        routed.route_in_router();
-                        mv
-                    }
+                    Some(mv) => mv,
                     None => router_mv(None, row_a_workgroup)?,
                 };
+                if routes_token {
+                    routed.route_in_router();
+                }
                 Ok(LayerMlp::Experts {
                     router,
                     router_mv,
