@@ -1974,35 +1974,45 @@ fn split_attention_merged_by_the_output_product_matches_cpu() {
                 let y = gpu.storage("y", u64::from(rows) * 4).expect("y");
                 let sinks = sink_logits(&mut rng, heads);
                 let sinks_b = buf(&gpu, &sinks);
-                let merge = MatVec::new(
-                    &gpu,
-                    &wm,
-                    &unused_x,
-                    &y,
-                    &st,
-                    MatVecOptions {
-                        combine: Some(SplitAttention {
-                            partials: &partials,
-                            stats: &stats,
-                            heads,
-                            head_dim: hd,
-                            window: None,
-                            gate: gated.then_some(&qkv_b),
-                            sinks: with_sinks.then_some(&sinks_b),
-                        }),
-                        layout: MatVecLayout {
-                            int8: Some(true),
+                // The adapter's layout, and workgroups of 1,024 with 32 lanes and two rows a
+                // lane group, as GPT-OSS's merging products take on an H200.
+                let y_wide = gpu.storage("y", u64::from(rows) * 4).expect("y");
+                let merges = [(&y, None), (&y_wide, Some(1024))].map(|(out, workgroup)| {
+                    MatVec::new(
+                        &gpu,
+                        &wm,
+                        &unused_x,
+                        out,
+                        &st,
+                        MatVecOptions {
+                            combine: Some(SplitAttention {
+                                partials: &partials,
+                                stats: &stats,
+                                heads,
+                                head_dim: hd,
+                                window: None,
+                                gate: gated.then_some(&qkv_b),
+                                sinks: with_sinks.then_some(&sinks_b),
+                            }),
+                            layout: MatVecLayout {
+                                int8: Some(true),
+                                lanes: workgroup.map(|_| 32),
+                                rows: workgroup.map(|_| 2),
+                                workgroup,
+                                ..Default::default()
+                            },
                             ..Default::default()
                         },
-                        ..Default::default()
-                    },
-                )
-                .expect("merging product");
+                    )
+                    .expect("merging product")
+                });
                 let mut rec = Recorder::new(&gpu);
                 att.encode(&mut rec, pos0, 1);
-                merge.encode(&mut rec);
+                merges.iter().for_each(|m| m.encode(&mut rec));
                 rec.submit();
+                let merge = &merges[0];
                 let got = read(&gpu, &y, rows as usize);
+                let got_wide = read(&gpu, &y_wide, rows as usize);
                 let mut attn = attention_ref_with_sinks(&inp, c, with_sinks.then_some(&sinks));
                 if gated {
                     for (i, a) in attn.iter_mut().enumerate() {
@@ -2027,6 +2037,20 @@ fn split_attention_merged_by_the_output_product_matches_cpu() {
                     1e-4
                 };
                 assert_close(&what, &got, &want, &mag, 1e-5, rtol);
+                // (K-quant rows of few sub-blocks take a float input with 32 lanes a row.)
+                let (want_wide, mag_wide) = if merges[1].takes_int8() {
+                    matvec_ref_int8(&w, &attn, rows as usize, width as usize)
+                } else {
+                    matvec_ref(&w, &attn, rows as usize, width as usize)
+                };
+                assert_close(
+                    &format!("{what}, workgroups of 1,024"),
+                    &got_wide,
+                    &want_wide,
+                    &mag_wide,
+                    1e-5,
+                    rtol,
+                );
                 // The cache now holds the token's rotated key and its value.
                 let cache_at = |b: &StorageBuffer, g: usize| -> Vec<f32> {
                     let at = ((g * capacity as usize + pos0 as usize) * hdu) as u64;

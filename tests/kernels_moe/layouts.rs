@@ -42,7 +42,8 @@ fn label(defines: &[(&'static str, String)]) -> String {
 /// the expert gate/up product (biases, clamped SwiGLU, four slots; its input the router's
 /// handoff, its hidden rows handed to the down product, both in two levels), the expert down
 /// product (a row of the input a slot), the QKV product (fused RMSNorm, bias), the output
-/// products merging split attention with sinks (full and sliding-window layers) and the f32
+/// products merging split attention with sinks (full and sliding-window layers; workgroups of
+/// 1,024, measured as `BACKPACK_MATVEC=wg=1024` forced them on the layout before) and the f32
 /// router's product routing the token in one workgroup and handing off its normalised input
 /// (the layout layer.rs asks for).
 #[test]
@@ -85,7 +86,7 @@ fn gpt_oss_decode_products_keep_their_h200_layouts() {
         combine: Some(split(window)),
         ..Default::default()
     };
-    const OUTPUT: &str = "BIAS=1,CLAMPED=0,COMBINE=1,EPV=4,EXPERTS=0,F16=0,GAIN4=0,GATED=0,GELU=0,GELU_ERF=0,GLU=0,HANDS_OFF=0,HAND_INPUT=0,IN_PER_SLOT=0,KPAIR=0,KQ=0,LANE_UNITS=4,LEVELS=1,MAX_SPLITS=16,MIN_SPLIT=64,NORM=0,NORM_LAYER=0,NR=2,OUT_BLOCK=16,OUT_FINE=0,OUT_GAIN=0,OUT_LEVELS=1,PIPE=0,PIPE_NEXT=0,Q5=0,Q8_0=1,QDOT=1,QUANT=1,QUICK_GELU=0,RB=1,RESIDUAL=1,RMS_LATE=0,ROUTED=0,ROUTED_SG=0,ROUTES=0,ROUTING=0,ROW_VECS=1024,SGX=1,SINKS=1,SOFTMAX_ALL=0,SUBGROUP=1,SUBS=128,TOP_K=1,TPR=32,UNITS=128,UNIT_TAIL=0,UNROLL=4,WG=256,WINDOW=";
+    const OUTPUT: &str = "BIAS=1,CLAMPED=0,COMBINE=1,EPV=4,EXPERTS=0,F16=0,GAIN4=0,GATED=0,GELU=0,GELU_ERF=0,GLU=0,HANDS_OFF=0,HAND_INPUT=0,IN_PER_SLOT=0,KPAIR=0,KQ=0,LANE_UNITS=4,LEVELS=1,MAX_SPLITS=16,MIN_SPLIT=64,NORM=0,NORM_LAYER=0,NR=2,OUT_BLOCK=32,OUT_FINE=0,OUT_GAIN=0,OUT_LEVELS=1,PIPE=0,PIPE_NEXT=0,Q5=0,Q8_0=1,QDOT=1,QUANT=1,QUICK_GELU=0,RB=1,RESIDUAL=1,RMS_LATE=0,ROUTED=0,ROUTED_SG=0,ROUTES=0,ROUTING=0,ROW_VECS=1024,SGX=1,SINKS=1,SOFTMAX_ALL=0,SUBGROUP=1,SUBS=128,TOP_K=1,TPR=32,UNITS=128,UNIT_TAIL=0,UNROLL=4,WG=1024,WINDOW=";
     let (output_full, output_window) = (
         format!(
             "{OUTPUT}4294967295,XCACHE=1,XQ8=1,XQ8_FINE=0,XQ8_IN=0,XQ8_OUT=0,XQ8_VIEW=1,XVEC4=0"
