@@ -340,6 +340,32 @@ fn decoded_tokens_route_alike_in_every_form() {
     }
 }
 
+/// Split attention whose last run of each head merges the runs
+/// (`BACKPACK_SPLIT_MERGE=attention`, into an f32 row or the int8 blocks the output product
+/// reads) decodes every golden model, GPT-OSS's sinks included, as the output product merging
+/// them does.
+#[test]
+fn runs_merged_by_the_attention_decode_the_goldens() {
+    let exe = std::env::current_exe().expect("test binary");
+    let out = std::process::Command::new(&exe)
+        .args([
+            "--exact",
+            "greedy_decoding_matches_transformers",
+            "gguf_files_match_their_folders_goldens",
+            "--test-threads",
+            "1",
+        ])
+        .env("BACKPACK_SPLIT_MERGE", "attention")
+        .output()
+        .expect("run the goldens");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && text.contains("2 passed"),
+        "runs merged by the attention:\n{text}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 #[test]
 fn gguf_files_match_their_folders_goldens() {
     for (file, name) in GGUF_MODELS

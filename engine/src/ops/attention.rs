@@ -225,6 +225,26 @@ struct SplitParts<'a> {
     stats: &'a StorageBuffer,
     table: Option<&'a RopeTable>,
     head_norm: Option<HeadNormGains<'a>>,
+    merge: Option<SplitMerge<'a>>,
+}
+
+/// A split attention whose last run of each head merges the head's runs (shaders/attention.wgsl
+/// MERGE), so that the output product reads the merged row rather than merging it itself.
+#[derive(Clone, Copy)]
+pub struct SplitMerge<'a> {
+    /// A counter per query head, zero to start with (each step's last run sets it back).
+    pub counts: &'a StorageBuffer,
+    /// Where the merged row goes.
+    pub out: MergedRow<'a>,
+    /// A logit per head joining each softmax's denominator (GPT-OSS).
+    pub sinks: Option<&'a StorageBuffer>,
+}
+
+/// The merged attention row: `heads × head_dim` f32 values, or int8 blocks in one level.
+#[derive(Clone, Copy)]
+pub enum MergedRow<'a> {
+    F32(&'a StorageBuffer),
+    Int8(&'a super::Int8Handoff),
 }
 
 /// Batched steps take runs of keys where a workgroup per row and head makes at most this
@@ -399,6 +419,49 @@ impl Attention {
                 stats,
                 table,
                 head_norm,
+                merge: None,
+            }),
+            None,
+            None,
+            step,
+        )
+    }
+
+    /// [`Attention::new_split`] whose last run of each head merges the head's runs into
+    /// `merge.out`, where the output product reads them (`MatVecOptions::handoff_in` for an
+    /// int8 row, its input otherwise) instead of merging them in every workgroup.
+    #[allow(clippy::too_many_arguments)]
+    pub fn new_split_merging(
+        gpu: &Gpu,
+        shape: CacheShape,
+        qkv: &StorageBuffer,
+        table: Option<&RopeTable>,
+        (k_cache, v_cache): (&StorageBuffer, &StorageBuffer),
+        (partials, stats): (&StorageBuffer, &StorageBuffer),
+        head_norm: Option<HeadNormGains<'_>>,
+        merge: SplitMerge<'_>,
+        step: &UniformBuffer,
+    ) -> Result<Self, GpuError> {
+        let len = shape.heads * shape.head_dim;
+        if let MergedRow::Int8(h) = merge.out
+            && (h.len != len || h.levels != 1 || !shape.head_dim.is_multiple_of(32))
+        {
+            return Err(GpuError::Device(format!(
+                "merged attention rows of {len} values in int8 take heads of whole 32-value blocks and a one-level handoff of that length"
+            )));
+        }
+        Self::build(
+            gpu,
+            shape,
+            qkv,
+            k_cache,
+            v_cache,
+            partials,
+            Some(SplitParts {
+                stats,
+                table,
+                head_norm,
+                merge: Some(merge),
             }),
             None,
             None,
@@ -428,6 +491,8 @@ impl Attention {
         let head_dim = shape.head_dim;
         let table = split.and_then(|s| s.table);
         let head_norm = split.and_then(|s| s.head_norm);
+        let merge = split.and_then(|s| s.merge);
+        let sinks = sinks.or(merge.and_then(|m| m.sinks));
         super::rope::check_rotary(table, head_dim)?;
         let rotary_dim = table.map_or(head_dim, |t| t.rotary_dim);
         let (bq, bk) = tiles_for(head_dim);
@@ -442,6 +507,12 @@ impl Attention {
             0
         };
         let defines = [
+            flag("MERGE", merge.is_some()),
+            flag(
+                "MERGE_Q8",
+                merge.is_some_and(|m| matches!(m.out, MergedRow::Int8(_))),
+            ),
+            flag("GATED", merge.is_some() && shape.gated_queries),
             ("WG", wg.to_string()),
             ("HD", head_dim.to_string()),
             ("KEY_LANES", key_lanes.to_string()),
@@ -506,6 +577,16 @@ impl Attention {
         if let Some(norm) = head_norm {
             entries.push((11, &norm.q.buffer));
             entries.push((12, &norm.k.buffer));
+        }
+        if let Some(m) = merge {
+            entries.push((13, &m.counts.buffer));
+            entries.push((
+                14,
+                match m.out {
+                    MergedRow::F32(b) => &b.buffer,
+                    MergedRow::Int8(h) => &h.buffer.buffer,
+                },
+            ));
         }
         if let Some(rows) = batch {
             // Batched rows take their positions from `rows`, not the step: the automatic
