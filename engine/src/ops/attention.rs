@@ -408,6 +408,24 @@ impl Attention {
         head_norm: Option<HeadNormGains<'_>>,
         step: &UniformBuffer,
     ) -> Result<Self, GpuError> {
+        let parts = SplitParts {
+            stats,
+            table,
+            head_norm,
+            merge: None,
+        };
+        Self::split(gpu, shape, qkv, (k_cache, v_cache), partials, parts, step)
+    }
+
+    fn split(
+        gpu: &Gpu,
+        shape: CacheShape,
+        qkv: &StorageBuffer,
+        (k_cache, v_cache): (&StorageBuffer, &StorageBuffer),
+        partials: &StorageBuffer,
+        parts: SplitParts<'_>,
+        step: &UniformBuffer,
+    ) -> Result<Self, GpuError> {
         Self::build(
             gpu,
             shape,
@@ -415,12 +433,7 @@ impl Attention {
             k_cache,
             v_cache,
             partials,
-            Some(SplitParts {
-                stats,
-                table,
-                head_norm,
-                merge: None,
-            }),
+            Some(parts),
             None,
             None,
             step,
@@ -450,23 +463,13 @@ impl Attention {
                 "merged attention rows of {len} values in int8 take heads of whole 32-value blocks and a one-level handoff of that length"
             )));
         }
-        Self::build(
-            gpu,
-            shape,
-            qkv,
-            k_cache,
-            v_cache,
-            partials,
-            Some(SplitParts {
-                stats,
-                table,
-                head_norm,
-                merge: Some(merge),
-            }),
-            None,
-            None,
-            step,
-        )
+        let parts = SplitParts {
+            stats,
+            table,
+            head_norm,
+            merge: Some(merge),
+        };
+        Self::split(gpu, shape, qkv, (k_cache, v_cache), partials, parts, step)
     }
 
     /// Whether this (split) attention normalises the query and key heads itself.
