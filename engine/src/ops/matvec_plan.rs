@@ -3,8 +3,11 @@
 //! row's units, and the shader defines that follow. [`super::MatVec::new`] makes one, then
 //! builds the kernel and its bindings from it.
 
+#[path = "matvec_defines.rs"]
+mod defines;
+
 use super::matvec::{HANDOFF_MAX_WORKGROUP, Int8Handoff, MatVecOptions, k_quant};
-use super::{Gelu, MatVecLayout, Matrix, NormKind, flag, gelu_flags};
+use super::{Gelu, MatVecLayout, Matrix, NormKind};
 use crate::gpu::{GpuCaps, GpuError, StorageBuffer};
 use crate::load::GgmlType;
 
@@ -444,125 +447,6 @@ impl<'a> Plan<'a> {
     /// Workgroups of one dispatch (one expert slot's, for expert products).
     pub(super) fn workgroups(&self) -> u32 {
         self.n.div_ceil(self.block_rows * self.rb)
-    }
-
-    /// The shader's defines for this layout.
-    pub(super) fn defines(
-        &self,
-        w: &Matrix,
-        opts: &MatVecOptions<'a>,
-    ) -> Vec<(&'static str, String)> {
-        let routing = opts.experts.and_then(|e| e.route);
-        let routes = opts.routes;
-        let (handoff_in, handoff_out) = (self.handoff_in, self.handoff_out);
-        let mut defines = w.defines();
-        defines.push(("QDOT", "1".into()));
-        defines.extend(gelu_flags(opts.gelu));
-        defines.extend([
-            ("WG", self.wg.to_string()),
-            ("ROW_VECS", self.row_vecs.to_string()),
-            flag("XCACHE", self.xcache),
-            flag("XVEC4", self.x_vec4),
-            flag(
-                "GAIN4",
-                self.rows_of_vec4s && opts.norm.is_some() && handoff_in.is_none(),
-            ),
-            flag("XQ8_IN", handoff_in.is_some()),
-            flag("XQ8_OUT", handoff_out.is_some()),
-            flag("HAND_INPUT", self.hand_input.is_some()),
-            flag(
-                "HANDS_OFF",
-                handoff_out.is_some() || self.hand_input.is_some(),
-            ),
-            (
-                "OUT_LEVELS",
-                handoff_out
-                    .map(|(h, _)| h)
-                    .or(self.hand_input)
-                    .map_or(1, |h| h.levels)
-                    .to_string(),
-            ),
-            flag(
-                "OUT_FINE",
-                handoff_out
-                    .map(|(h, _)| h)
-                    .or(self.hand_input)
-                    .is_some_and(|h| h.levels == 2),
-            ),
-            flag("OUT_GAIN", handoff_out.is_some_and(|(_, g)| g.is_some())),
-            ("OUT_BLOCK", self.out_block.to_string()),
-            flag("COMBINE", opts.combine.is_some()),
-            flag(
-                "GATED",
-                opts.combine.as_ref().is_some_and(|c| c.gate.is_some()),
-            ),
-            flag(
-                "SINKS",
-                opts.combine.as_ref().is_some_and(|c| c.sinks.is_some()),
-            ),
-            (
-                "WINDOW",
-                opts.combine
-                    .as_ref()
-                    .and_then(|c| c.window)
-                    .unwrap_or(u32::MAX)
-                    .to_string(),
-            ),
-            ("MIN_SPLIT", super::attention::MIN_SPLIT.to_string()),
-            ("MAX_SPLITS", super::attention::MAX_SPLITS.to_string()),
-            ("TPR", self.tpr.to_string()),
-            ("RB", self.rb.to_string()),
-            ("NR", self.rows_per_group.to_string()),
-            ("UNROLL", self.unroll.to_string()),
-            ("UNITS", self.units.to_string()),
-            ("LANE_UNITS", self.lane_units.unwrap_or(0).to_string()),
-            flag("UNIT_TAIL", self.unit_tail && self.unroll > 0),
-            flag("SUBGROUP", self.subgroups),
-            flag("SGX", self.shuffle_reduce),
-            flag("NORM", opts.norm.is_some()),
-            flag(
-                "NORM_LAYER",
-                matches!(opts.norm, Some((NormKind::Layer, ..))),
-            ),
-            flag("BIAS", opts.bias.is_some()),
-            flag("GLU", opts.glu),
-            flag("RESIDUAL", opts.residual),
-            flag("KPAIR", self.k_pairs),
-            flag("XQ8", self.int8),
-            flag("XQ8_FINE", self.int8_levels == 2),
-            ("LEVELS", self.int8_levels.max(1).to_string()),
-            flag("PIPE", self.pipeline),
-            flag("PIPE_NEXT", self.pipeline && self.trips > 1),
-            flag("XQ8_VIEW", self.int8 && !k_quant(w)),
-            flag(
-                "RMS_LATE",
-                self.int8 && matches!(opts.norm, Some((NormKind::Rms, ..))),
-            ),
-            flag("EXPERTS", opts.experts.is_some()),
-            flag(
-                "IN_PER_SLOT",
-                opts.experts.is_some_and(|e| e.input_per_slot),
-            ),
-            flag("CLAMPED", opts.experts.is_some_and(|e| e.clamp.is_some())),
-            flag("ROUTED", routing.is_some()),
-            flag("ROUTES", routes.is_some()),
-            flag("ROUTING", routing.is_some() || routes.is_some()),
-            flag("ROUTED_SG", self.routed_sg),
-            (
-                "TOP_K",
-                match (opts.experts, routes) {
-                    (Some(e), _) => e.slots,
-                    (None, Some(r)) => r.top_k,
-                    (None, None) => 1,
-                }
-                .to_string(),
-            ),
-            flag(
-                "SOFTMAX_ALL",
-                routing.is_some_and(|r| r.softmax_all) || routes.is_some_and(|r| r.softmax_all),
-            ),
-        ]);
-        defines
     }
 }
 
