@@ -226,7 +226,7 @@ pub(super) fn decode_products(
         ..Default::default()
     };
     // The gate/up product hands the slots' hidden rows off where the down product reads them.
-    let handhidden_rows_off = MatVec::would_read_handoff(gpu, &w.down, &down_opts(Some(&hidden_q)));
+    let hand_hidden_off = MatVec::would_read_handoff(gpu, &w.down, &down_opts(Some(&hidden_q)));
     let gate_up_opts = |route, input: Option<_>| {
         // With the norm (and no handoff) the gate/up product reads the residual stream and
         // normalises it itself; a handed-off input is the router's, normalised already.
@@ -247,7 +247,7 @@ pub(super) fn decode_products(
                 )
             }),
             handoff_in: input,
-            handoff_out: handhidden_rows_off.then_some((&hidden_q, None)),
+            handoff_out: hand_hidden_off.then_some((&hidden_q, None)),
             ..Default::default()
         }
     };
@@ -275,12 +275,12 @@ pub(super) fn decode_products(
             softmax_all: moe.weights == RouterWeights::SoftmaxOfAll,
         }))?;
     }
-    let readshidden_rows = gate_up.as_ref().is_some_and(MatVec::hands_off);
+    let reads_hidden = gate_up.as_ref().is_some_and(MatVec::hands_off);
     let down = product(
         &w.down,
         &bufs.hidden,
         &bufs.outputs,
-        down_opts(readshidden_rows.then_some(&hidden_q)),
+        down_opts(reads_hidden.then_some(&hidden_q)),
     )?;
     let (Some(gate_up), Some(down)) = (gate_up, down) else {
         return Ok(None);
@@ -296,6 +296,6 @@ pub(super) fn decode_products(
         gate_up,
         down,
         input: input_q.filter(|_| reads_input),
-        hidden_rows: readshidden_rows.then_some(hidden_q),
+        hidden_rows: reads_hidden.then_some(hidden_q),
     }))
 }
