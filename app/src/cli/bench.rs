@@ -231,7 +231,10 @@ pub fn run(args: BenchArgs, adapter: Option<&str>) -> Result<()> {
     };
     // After the timed runs: timestamp queries slow the GPU down a little.
     let profile = if args.profile {
-        Some((model.profile_prefill(&prompt)?, model.profile_decode()?))
+        let prefill = model.profile_prefill(&prompt)?;
+        // Read before the decode step routes anew.
+        let routing = model.prompt_expert_counts()?;
+        Some((prefill, routing, model.profile_decode()?))
     } else {
         None
     };
@@ -276,9 +279,10 @@ pub fn run(args: BenchArgs, adapter: Option<&str>) -> Result<()> {
         if !batched.is_empty() {
             out["batched"] = batched.iter().map(|b| b.json()).collect();
         }
-        if let Some((prefill, decode)) = &profile {
+        if let Some((prefill, routing, decode)) = &profile {
             out["profile"] = serde_json::json!({
                 "prefill": timings_json(prefill),
+                "prompt_expert_counts": routing,
                 "decode": timings_json(decode),
             });
         }
@@ -304,8 +308,11 @@ pub fn run(args: BenchArgs, adapter: Option<&str>) -> Result<()> {
         for s in &speculative {
             s.print();
         }
-        if let Some((prefill, decode)) = profile {
+        if let Some((prefill, routing, decode)) = profile {
             print_timings("the prompt", prefill);
+            if let Some(counts) = routing {
+                print_expert_counts(&counts);
+            }
             print_timings("one decode step", decode);
         }
         if let Some((k, verify)) = verify_profile {
@@ -469,4 +476,22 @@ fn dispatch_floor_us(gpu: &backpack_engine::gpu::Gpu) -> Result<f64> {
     let op = MatVec::new(gpu, &w, &x, &y, &step, MatVecOptions::default())?;
     let best = best_chain(gpu, CHAIN, 5, |rec| op.encode(rec))?;
     Ok(best.as_secs_f64() * 1e6 / f64::from(CHAIN))
+}
+
+/// How the prompt's assignments spread over the experts in its last sparse layer: the
+/// prompts' expert tiles take up to 64 assignments of one expert each.
+fn print_expert_counts(counts: &[u32]) {
+    let mut sorted = counts.to_vec();
+    sorted.sort_unstable();
+    let used = sorted.iter().filter(|&&c| c > 0).count();
+    let tiles: u32 = counts.iter().map(|c| c.div_ceil(64)).sum();
+    let total: u32 = counts.iter().sum();
+    println!(
+        "the prompt's last sparse layer: {total} assignments over {used} of {} experts \
+         (fewest {}, median {}, most {}), {tiles} tiles of 64",
+        counts.len(),
+        sorted.first().unwrap_or(&0),
+        sorted.get(sorted.len() / 2).unwrap_or(&0),
+        sorted.last().unwrap_or(&0),
+    );
 }

@@ -131,6 +131,17 @@ impl MoeBuffers {
 }
 
 impl MoeBuffers {
+    /// Assignments per expert of the last routing listed by expert: after a prompt, its last
+    /// sparse layer's. A tool's view of how evenly a prompt spreads over the experts, which
+    /// sets how full the prompts' expert tiles are.
+    pub fn expert_counts(&self, gpu: &Gpu, experts: u32) -> Result<Vec<u32>, GpuError> {
+        let offsets: Vec<u32> = gpu.read(&self.offsets.buffer, 0, u64::from(experts) + 1)?;
+        Ok(offsets
+            .windows(2)
+            .map(|w| w[1].saturating_sub(w[0]))
+            .collect())
+    }
+
     /// Where a router's product that routes a decoded token itself writes the route.
     pub fn token_routing(&self, moe: &MoeSpec) -> TokenRouting<'_> {
         TokenRouting {

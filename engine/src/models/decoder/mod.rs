@@ -865,6 +865,14 @@ impl DecoderModel {
         Ok(profiler.read(&gpu)?)
     }
 
+    /// Assignments per expert of the last prompt's last sparse layer (None for dense models).
+    pub fn prompt_expert_counts(&self) -> Result<Option<Vec<u32>>, Error> {
+        match (&self.acts.moe, &self.spec.moe) {
+            (Some(bufs), Some(moe)) => Ok(Some(bufs.expert_counts(&self.gpu, moe.experts)?)),
+            _ => Ok(None),
+        }
+    }
+
     /// Per-kernel GPU time of one decode step at the current position (timestamp queries).
     pub fn profile_decode(&mut self) -> Result<Vec<crate::gpu::KernelTiming>, Error> {
         if !self.gpu.caps().timestamps {
