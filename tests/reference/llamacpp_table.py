@@ -121,8 +121,14 @@ def http(port, path, body=None, timeout=600):
     url = f"http://127.0.0.1:{port}{path}"
     data = None if body is None else json.dumps(body).encode()
     req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=timeout) as r:
-        return json.loads(r.read().decode() or "{}")
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            return json.loads(r.read().decode() or "{}")
+    except urllib.error.HTTPError as e:
+        # The server's own words on what failed, not only the status (still an HTTPError:
+        # waiting for the server to load takes its 503s as "not yet").
+        e.msg = f"{e.msg} from {url}: {e.read().decode(errors='replace')[:500]}"
+        raise
 
 
 def alive(pid):

@@ -32,9 +32,19 @@ What the files hold:
   1/sqrt(row length) and a mean near zero (Q4_K: 6-bit sub-block scales 8..15, mins chosen to
   centre the 4-bit values, `dmin` = 2·`d`), which keeps activations finite through every layer.
   Speed does not depend on the values; finiteness keeps both engines on their normal paths.
-* the LM-head rows of the tokenizer's control tokens (end of text among them) all zero: their
-  logit is exactly 0 while the largest of the other random logits is positive, so greedy
-  decoding never picks an end-of-text token and both engines generate the full count.
+* mixture-of-experts shapes: a token embedding MOE_EMBEDDING_SCALE times larger. Which experts
+  a prompt's tokens choose sets how full the prompts' expert tiles are, so it does set speed.
+  In a random model each layer's attention adds the average of the context's values, nearly
+  the same vector for every later token, and it swamps the embedding: in the last layer of a
+  504-token prompt every token chose the same 8 of Qwen3-30B-A3B's 128 experts (34 of 128 at
+  the scale of the other matrices, `backpack bench --profile`), where trained routers spread
+  a prompt over nearly all of them. At this scale the embedding keeps each token's own
+  routing through all 48 layers (about 31.5 assignments an expert).
+* the LM-head rows of the tokenizer's control tokens (end of text among them) and of the
+  byte-level tokens that are no UTF-8 text on their own all zero: their logit is exactly 0
+  while the largest of the other random logits is positive, so greedy decoding never picks
+  them. Never an end-of-text token: both engines generate the full count. Never a piece of a
+  character: llama-server refuses to return text that is not UTF-8.
 * the tokenizer of the JSON file; a config vocabulary larger than the tokenizer's is padded
   with unique normal tokens `<|filler_N|>` that no merge produces.
 * Llama 3 rope scaling as `rope_freqs.weight` (one divisor per frequency), as llama.cpp's
@@ -128,6 +138,37 @@ def load_tokenizer(path):
         return json.load(f)
 
 
+def byte_level_decoder():
+    """GPT-2's byte-level BPE alphabet, character to byte: printable bytes stand for
+    themselves, the rest are shifted to code points from 256 on."""
+    kept = list(range(33, 127)) + list(range(161, 173)) + list(range(174, 256))
+    chars, extra = {}, 0
+    for b in range(256):
+        if b in kept:
+            chars[chr(b)] = b
+        else:
+            chars[chr(256 + extra)] = b
+            extra += 1
+    return chars
+
+
+def broken_utf8_tokens(tokens):
+    """Ids of byte-level tokens whose bytes are no UTF-8 text on their own (a piece of a
+    multi-byte character). Random weights generate them in any order, and llama-server
+    refuses to answer with text that is not UTF-8 ("does not match the expected Content-only
+    format"), so their LM-head rows are zeroed with the control tokens'."""
+    chars = byte_level_decoder()
+    broken = []
+    for i, t in enumerate(tokens):
+        if not all(c in chars for c in t):
+            continue  # not a byte-level token (added and special tokens)
+        try:
+            bytes(chars[c] for c in t).decode("utf-8")
+        except UnicodeDecodeError:
+            broken.append(i)
+    return broken
+
+
 def cmd_tokenizer(args):
     tok = extract_tokenizer(args.gguf)
     with open_text(args.out, "w") as f:
@@ -170,13 +211,20 @@ def cmd_prompt(args):
 # random blocks
 
 
+# Multiplies the random token embedding of mixture-of-experts shapes: the residual stream
+# stays dominated by each token's own embedding, so prompts spread over the experts as a
+# trained model's do (see the module docstring).
+MOE_EMBEDDING_SCALE = 3000.0
+
+
 def f16_bits(x):
     return np.asarray(x, dtype=np.float16).view(np.uint8).reshape(-1, 2)
 
 
-def random_matrix(rng, qtype, rows, cols, zero_rows=()):
-    """Random block bytes of a rows×cols matrix, as (rows, bytes per row) uint8."""
-    std = 1.0 / math.sqrt(cols)
+def random_matrix(rng, qtype, rows, cols, zero_rows=(), scale=1.0):
+    """Random block bytes of a rows×cols matrix, as (rows, bytes per row) uint8: values of
+    standard deviation `scale`/sqrt(cols)."""
+    std = scale / math.sqrt(cols)
     if qtype == QT.F16:
         # Sign, 10 random mantissa bits and an exponent 0..3 below the top one: magnitudes in
         # [2^(e-3), 2^(e+1)), a standard deviation near `std`, no float conversion pass.
@@ -469,6 +517,7 @@ def cmd_model(args):
         tokens.append(f"<|filler_{i}|>")
         types_.append(1)
     control = [i for i, t in enumerate(tok["token_type"]) if t == 3]
+    control += broken_utf8_tokens(tok["tokens"])
     for key in ("eos_token_id", "bos_token_id", "padding_token_id"):
         if key in tok and tok[key] not in control:
             control.append(tok[key])
@@ -553,7 +602,8 @@ def cmd_model(args):
     for tname, rows, cols, kind in plan:
         if kind in ("matrix", "experts"):
             ty = matrix_type(qtype, kind)
-            data = random_matrix(rng, ty, rows, cols, control if tname == head else ())
+            scale = MOE_EMBEDDING_SCALE if tname == "token_embd.weight" and sh["experts"] else 1.0
+            data = random_matrix(rng, ty, rows, cols, control if tname == head else (), scale)
             if ty == QT.F16:
                 data = data.view(np.float16)
         elif kind == "router":
