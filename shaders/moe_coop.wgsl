@@ -55,29 +55,69 @@ fn to_f16(v: vec4<f32>) -> vec4<f16> {
     return vec4<f16>(clamp(v, vec4<f32>(-65504.0), vec4<f32>(65504.0)));
 }
 
-// Eight weights of row `row` from column `kc` (a multiple of 8), decoded to f32; zero past
-// the row's end.
-fn w_eight(row: u32, kc: u32) -> Eight {
-    var out = Eight(vec4<f32>(0.0), vec4<f32>(0.0));
+#if QUANT
+alias WRaw = QRaw;
+#else
+// Eight weights' words: f32 rows' two vec4s as bits, f16 rows' one word in `a`.
+struct WRaw {
+    a: vec4<u32>,
+    b: vec4<u32>,
+}
+#endif
+
+// The words of eight weights of row `row` from column `kc` (a multiple of 8), loaded and not
+// yet used (zero past the row's end): a k step's loads are issued before the step before it
+// multiplies, and decoded by `w_decode` after.
+fn w_load(row: u32, kc: u32) -> WRaw {
+    var r = WRaw(vec4<u32>(0u), vec4<u32>(0u));
     if (kc < p.cols) {
 #if QUANT
-        let pair = q_pair(row, kc / 32u, p.q_scales, (kc % 32u) / 4u);
-        out = Eight(pair.a, pair.b);
+        r = q_pair_raw(row, kc / 32u, p.q_scales, (kc % 32u) / 4u);
 #else
 #if F16
         // Rows are padded with zeros to whole eights.
-        let word = w[row * {{ROW_VECS}}u + kc / 8u];
-        out = Eight(vec4<f32>(unpack2x16float(word.x), unpack2x16float(word.y)),
-                    vec4<f32>(unpack2x16float(word.z), unpack2x16float(word.w)));
+        r.a = w[row * {{ROW_VECS}}u + kc / 8u];
 #else
-        out = Eight(w[row * {{ROW_VECS}}u + kc / 4u], w[row * {{ROW_VECS}}u + kc / 4u + 1u]);
+        r.a = bitcast<vec4<u32>>(w[row * {{ROW_VECS}}u + kc / 4u]);
+        r.b = bitcast<vec4<u32>>(w[row * {{ROW_VECS}}u + kc / 4u + 1u]);
+#endif
+#endif
+    }
+    return r;
+}
+
+// The eight weights of `w_load`'s words, as f32; zero past the row's end.
+fn w_decode(r: WRaw, row: u32, kc: u32) -> Eight {
+    var out = Eight(vec4<f32>(0.0), vec4<f32>(0.0));
+    if (kc < p.cols) {
+#if QUANT
+        let pair = q_pair_from(r, row, kc / 32u, (kc % 32u) / 4u);
+        out = Eight(pair.a, pair.b);
+#else
+#if F16
+        out = Eight(vec4<f32>(unpack2x16float(r.a.x), unpack2x16float(r.a.y)),
+                    vec4<f32>(unpack2x16float(r.a.z), unpack2x16float(r.a.w)));
+#else
+        out = Eight(bitcast<vec4<f32>>(r.a), bitcast<vec4<f32>>(r.b));
 #endif
 #endif
     }
     return out;
 }
 
-// The next k step's values, loaded (and decoded) while the current one is multiplied: XN
+// The weight row that staging step `at` of a k step reads: rows past the expert's end repeat
+// its last one (their outputs are not written); with GLU the second TN are the up rows.
+fn weight_row(at: u32, row0: u32, e: u32) -> u32 {
+    let slot = at / KPARTS;
+    let out_row = min(row0 + slot % {{TN}}u, p.rows - 1u);
+    var row = e * p.expert_stride + out_row * p.row_step;
+    if (slot >= {{TN}}u) {
+        row += p.up_offset;
+    }
+    return row;
+}
+
+// The next k step's inputs and weight words, loaded while the current one is multiplied: XN
 // input and WG weight eights per invocation. Named registers, not arrays (see `#for` in
 // engine/src/gpu/shader.rs).
 #for i in 0..XN
@@ -85,8 +125,7 @@ var<private> xlo{{i}}: vec4<f32>;
 var<private> xhi{{i}}: vec4<f32>;
 #endfor
 #for j in 0..WG
-var<private> wlo{{j}}: vec4<f32>;
-var<private> whi{{j}}: vec4<f32>;
+var<private> wr{{j}}: WRaw;
 #endfor
 
 // Loads the k step from `k0`: the tile's `count` input rows (zeros after them) and its weight
@@ -108,22 +147,13 @@ fn fetch(k0: u32, row0: u32, e: u32, count: u32, tid: u32) {
 #for j in 0..WG
     {
         let at = tid + {{j}}u * THREADS;
-        let slot = at / KPARTS;
-        // Rows past the expert's end repeat its last one; their outputs are not written.
-        let out_row = min(row0 + slot % {{TN}}u, p.rows - 1u);
-        var row = e * p.expert_stride + out_row * p.row_step;
-        if (slot >= {{TN}}u) {
-            row += p.up_offset;
-        }
-        let v = w_eight(row, k0 + 8u * (at % KPARTS));
-        wlo{{j}} = v.lo;
-        whi{{j}} = v.hi;
+        wr{{j}} = w_load(weight_row(at, row0, e), k0 + 8u * (at % KPARTS));
     }
 #endfor
 }
 
-// Writes the fetched values to the staged tiles as f16.
-fn stage(tid: u32) {
+// Decodes the fetched k step (from `k0`) and writes it to the staged tiles as f16.
+fn stage(k0: u32, row0: u32, e: u32, tid: u32) {
 #for i in 0..XN
     {
         let at = tid + {{i}}u * THREADS;
@@ -136,8 +166,9 @@ fn stage(tid: u32) {
     {
         let at = tid + {{j}}u * THREADS;
         let unit = 2u * ((at / KPARTS) * ROW_EIGHTS + at % KPARTS);
-        ws[unit] = to_f16(wlo{{j}});
-        ws[unit + 1u] = to_f16(whi{{j}});
+        let v = w_decode(wr{{j}}, weight_row(at, row0, e), k0 + 8u * (at % KPARTS));
+        ws[unit] = to_f16(v.lo);
+        ws[unit + 1u] = to_f16(v.hi);
     }
 #endfor
 }
@@ -198,7 +229,7 @@ fn main(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id) wid: v
     let steps = (p.cols + BK - 1u) / BK;
     fetch(0u, row0, e, count, tid);
     for (var it = 0u; it < steps; it++) {
-        stage(tid);
+        stage(it * BK, row0, e, tid);
         workgroupBarrier();
         if (it + 1u < steps) {
             fetch((it + 1u) * BK, row0, e, count, tid);

@@ -505,70 +505,59 @@ fn nibble_dot8(w: vec4<u32>, s: u32, level: u32) -> i32 {
 // Weights 4·j0 .. 4·j0 + 7 (j0 even) of sub-block `s` of row `row`, loading only the words
 // that hold them: the template's form would decode the whole sub-block for every eight.
 fn q_pair(row: u32, s: u32, scales: u32, j0: u32) -> QPair {
+    return q_pair_from(q_pair_raw(row, s, scales, j0), row, s, j0);
+}
+
+// The words that q_pair's eight weights decode from, loaded and not yet used: a tile loads
+// the next k step's words before the current step's products and decodes them after
+// (q_pair_from), so that the loads' latency passes under the products.
+struct QRaw {
+    a: vec4<u32>,
+    b: vec4<u32>,
+}
+
+fn q_pair_raw(row: u32, s: u32, scales: u32, j0: u32) -> QRaw {
+    var r = QRaw(vec4<u32>(0u), vec4<u32>(0u));
 #if MXFP4
-    // As Q4_0: weights 0..15 in the low nibbles, 16..31 in the high ones.
     let blk = row * {{SUBS}}u + s;
-    let d = scale_e8m0(scales, blk);
     let at = blk * 4u + j0 % 4u;
-    let shift = 4u * (j0 / 4u);
-    return QPair(e2m1_at(qw[at], shift) * d, e2m1_at(qw[at + 1u], shift) * d);
+    r.a = vec4<u32>(qw[scales + blk / 4u], qw[at], qw[at + 1u], 0u);
 #endif
 #if Q8_0
     let blk = row * {{SUBS}}u + s;
-    let d = scale_half(scales, blk);
-    return QPair(bytes_i8(qw[blk * 8u + j0]) * d, bytes_i8(qw[blk * 8u + j0 + 1u]) * d);
+    r.a = vec4<u32>(qw[scales + blk / 2u], qw[blk * 8u + j0], qw[blk * 8u + j0 + 1u], 0u);
 #endif
 #if Q4_0
-    // Weights 0..15 are the low nibbles of the sub-block's bytes, 16..31 the high ones.
     let blk = row * {{SUBS}}u + s;
-    let d = scale_half(scales, blk);
     let at = blk * 4u + j0 % 4u;
-    let shift = 4u * (j0 / 4u);
-    return QPair((nib_at(qw[at], shift) - 8.0) * d, (nib_at(qw[at + 1u], shift) - 8.0) * d);
+    r.a = vec4<u32>(qw[scales + blk / 2u], qw[at], qw[at + 1u], 0u);
 #endif
 #if Q4_1
+    // d and m are halves 2·blk and 2·blk + 1: one word.
     let blk = row * {{SUBS}}u + s;
-    let d = scale_half(scales, 2u * blk);
-    let m = scale_half(scales, 2u * blk + 1u);
     let at = blk * 4u + j0 % 4u;
-    let shift = 4u * (j0 / 4u);
-    return QPair(nib_at(qw[at], shift) * d + m, nib_at(qw[at + 1u], shift) * d + m);
+    r.a = vec4<u32>(qw[scales + blk], qw[at], qw[at + 1u], 0u);
 #endif
 #if Q5
-    // As Q4_0 / Q4_1, and weight e takes bit e of qh as its fifth bit.
     let blk = row * {{SUBS}}u + s;
-#if Q5_1
-    let d = scale_half(scales, 2u * blk);
-    let m = scale_half(scales, 2u * blk + 1u);
-#else
-    let d = scale_half(scales, blk);
-    let m = -16.0 * d;
-#endif
-    let qh = qw[blk * 5u + 4u];
     let at = blk * 5u + j0 % 4u;
-    let shift = 4u * (j0 / 4u);
-    let qa = nib_at(qw[at], shift) + 16.0 * bit_run(qh, 4u * j0);
-    let qb = nib_at(qw[at + 1u], shift) + 16.0 * bit_run(qh, 4u * j0 + 4u);
-    return QPair(qa * d + m, qb * d + m);
+#if Q5_1
+    let scale_word = qw[scales + blk];
+#else
+    let scale_word = qw[scales + blk / 2u];
+#endif
+    r.a = vec4<u32>(scale_word, qw[blk * 5u + 4u], qw[at], qw[at + 1u]);
 #endif
 #if KQ
     let base = (row * ({{SUBS}}u / 8u) + s / 8u) * K_WORDS;
     let sub = s % 8u;
-    let dd = unpack2x16float(qw[base]);
-    let sm = scale_min_k4(base, sub);
-    let scale = dd.x * sm.x;
-    let shift = dd.y * sm.y;
-    // Even sub-blocks are the low nibbles of their 32 bytes, odd ones the high nibbles.
     let at = base + K_QUANTS + 8u * (sub / 2u) + j0;
-    let nshift = 4u * (sub % 2u);
+    r.a = vec4<u32>(qw[base], qw[base + 1u], qw[base + 2u], qw[base + 3u]);
 #if Q5_K
-    let qa = nib_at(qw[at], nshift) + 16.0 * bits4(qw[base + 4u + j0], sub);
-    let qb = nib_at(qw[at + 1u], nshift) + 16.0 * bits4(qw[base + 5u + j0], sub);
+    r.b = vec4<u32>(qw[at], qw[at + 1u], qw[base + 4u + j0], qw[base + 5u + j0]);
 #else
-    let qa = nib_at(qw[at], nshift);
-    let qb = nib_at(qw[at + 1u], nshift);
+    r.b = vec4<u32>(qw[at], qw[at + 1u], 0u, 0u);
 #endif
-    return QPair(scale * qa - shift, scale * qb - shift);
 #endif
 #if Q6_K
     // 208 payload bytes = 52 words: 128 low-nibble bytes, 64 high-bit bytes, 16 i8 scales
@@ -580,12 +569,79 @@ fn q_pair(row: u32, s: u32, scales: u32, j0: u32) -> QPair {
     let part = sub % 4u;
     let ql = base + 16u * half_ + 8u * (part % 2u) + j0;
     let qh = base + 32u + 8u * half_ + j0;
-    let nshift = select(4u, 0u, part < 2u);
     let sc_index = 8u * half_ + 2u * part + j0 / 4u;
-    let sc_word = qw[base + 48u + sc_index / 4u];
-    let scale = scale_half(scales, blk) * f32(i32(sc_word << (24u - 8u * (sc_index % 4u))) >> 24u);
-    let qa = nib_at(qw[ql], nshift) + 16.0 * two_bits(qw[qh], 2u * part);
-    let qb = nib_at(qw[ql + 1u], nshift) + 16.0 * two_bits(qw[qh + 1u], 2u * part);
+    r.a = vec4<u32>(qw[ql], qw[ql + 1u], qw[qh], qw[qh + 1u]);
+    r.b = vec4<u32>(qw[base + 48u + sc_index / 4u], qw[scales + blk / 2u], 0u, 0u);
+#endif
+    return r;
+}
+
+// The eight weights of q_pair_raw's words (the same row, s and j0).
+fn q_pair_from(r: QRaw, row: u32, s: u32, j0: u32) -> QPair {
+#if MXFP4
+    // As Q4_0: weights 0..15 in the low nibbles, 16..31 in the high ones.
+    let blk = row * {{SUBS}}u + s;
+    let d = e8m0_half((r.a.x >> (8u * (blk % 4u))) & 0xFFu);
+    let shift = 4u * (j0 / 4u);
+    return QPair(e2m1_at(r.a.y, shift) * d, e2m1_at(r.a.z, shift) * d);
+#endif
+#if Q8_0
+    let d = unpack2x16float(r.a.x)[(row * {{SUBS}}u + s) % 2u];
+    return QPair(bytes_i8(r.a.y) * d, bytes_i8(r.a.z) * d);
+#endif
+#if Q4_0
+    // Weights 0..15 are the low nibbles of the sub-block's bytes, 16..31 the high ones.
+    let d = unpack2x16float(r.a.x)[(row * {{SUBS}}u + s) % 2u];
+    let shift = 4u * (j0 / 4u);
+    return QPair((nib_at(r.a.y, shift) - 8.0) * d, (nib_at(r.a.z, shift) - 8.0) * d);
+#endif
+#if Q4_1
+    let dm = unpack2x16float(r.a.x);
+    let shift = 4u * (j0 / 4u);
+    return QPair(nib_at(r.a.y, shift) * dm.x + dm.y, nib_at(r.a.z, shift) * dm.x + dm.y);
+#endif
+#if Q5
+    // As Q4_0 / Q4_1, and weight e takes bit e of qh as its fifth bit.
+#if Q5_1
+    let dm = unpack2x16float(r.a.x);
+    let d = dm.x;
+    let m = dm.y;
+#else
+    let d = unpack2x16float(r.a.x)[(row * {{SUBS}}u + s) % 2u];
+    let m = -16.0 * d;
+#endif
+    let shift = 4u * (j0 / 4u);
+    let qa = nib_at(r.a.z, shift) + 16.0 * bit_run(r.a.y, 4u * j0);
+    let qb = nib_at(r.a.w, shift) + 16.0 * bit_run(r.a.y, 4u * j0 + 4u);
+    return QPair(qa * d + m, qb * d + m);
+#endif
+#if KQ
+    let sub = s % 8u;
+    let dd = unpack2x16float(r.a.x);
+    let sm = scale_min_words(r.a.y, r.a.z, r.a.w, sub);
+    let scale = dd.x * sm.x;
+    let shift = dd.y * sm.y;
+    // Even sub-blocks are the low nibbles of their 32 bytes, odd ones the high nibbles.
+    let nshift = 4u * (sub % 2u);
+#if Q5_K
+    let qa = nib_at(r.b.x, nshift) + 16.0 * bits4(r.b.z, sub);
+    let qb = nib_at(r.b.y, nshift) + 16.0 * bits4(r.b.w, sub);
+#else
+    let qa = nib_at(r.b.x, nshift);
+    let qb = nib_at(r.b.y, nshift);
+#endif
+    return QPair(scale * qa - shift, scale * qb - shift);
+#endif
+#if Q6_K
+    let blk = row * ({{SUBS}}u / 8u) + s / 8u;
+    let sub = s % 8u;
+    let part = sub % 4u;
+    let nshift = select(4u, 0u, part < 2u);
+    let sc_index = 8u * (sub / 4u) + 2u * part + j0 / 4u;
+    let scale = unpack2x16float(r.b.y)[blk % 2u]
+        * f32(i32(r.b.x << (24u - 8u * (sc_index % 4u))) >> 24u);
+    let qa = nib_at(r.a.x, nshift) + 16.0 * two_bits(r.a.z, 2u * part);
+    let qb = nib_at(r.a.y, nshift) + 16.0 * two_bits(r.a.w, 2u * part);
     return QPair(scale * (qa - 32.0), scale * (qb - 32.0));
 #endif
 }

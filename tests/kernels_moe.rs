@@ -103,7 +103,10 @@ fn matrix(
                     GgmlType::Q6K => block[208..210].copy_from_slice(&scale),
                     _ => {
                         block[..2].copy_from_slice(&scale);
-                        if matches!(ty, GgmlType::Q4K | GgmlType::Q5K | GgmlType::Q4_1) {
+                        if matches!(
+                            ty,
+                            GgmlType::Q4K | GgmlType::Q5K | GgmlType::Q4_1 | GgmlType::Q5_1
+                        ) {
                             block[2..4].copy_from_slice(&half::f16::from_f32(0.001).to_le_bytes());
                         }
                     }
@@ -354,7 +357,7 @@ fn run_on(gpu: &Gpu, case: &Case, seed: u64, route_in_product: bool, input_hando
         let want = match ty {
             GgmlType::Q4K | GgmlType::Q5K if !int8 => None,
             _ if !int8 => Some(0),
-            GgmlType::Q5_0 => Some(0),
+            GgmlType::Q5_0 | GgmlType::Q5_1 => Some(0),
             GgmlType::Mxfp4 => Some(2),
             _ => Some(1),
         };
@@ -555,6 +558,7 @@ fn block_quantized_experts_match_the_cpu_reference() {
         GgmlType::Q4_0,
         GgmlType::Q4_1,
         GgmlType::Q5_0,
+        GgmlType::Q5_1,
         GgmlType::Q4K,
         GgmlType::Q5K,
         GgmlType::Q6K,
