@@ -129,6 +129,8 @@ fn bench_json_carries_the_profile() {
         assert!(json[key].as_f64().expect(key) > 0.0, "{key}: {json}");
     }
     assert_eq!(json["prompt_len"], 7);
+    // A dense model has no experts to spread a prompt over.
+    assert!(json["profile"]["prompt_expert_counts"].is_null(), "{json}");
     // The whole prompt in one chunk, as the profile needs.
     assert_eq!(json["prompt_chunk"], 7);
     let dispatches = json["dispatches_per_token"].as_u64().expect("dispatches");
@@ -292,6 +294,66 @@ fn speculative_generation_keeps_the_greedy_tokens() {
     assert!(err.contains("cannot speculate"), "{err}");
     let err = generate_golden("tiny-llama", "f32", &["--speculate", "9"]).expect_err("too many");
     assert!(err.contains("1 to 7"), "{err}");
+}
+
+/// `bench --config` of a mixture-of-experts shape with random weights: the prompt's tokens
+/// spread over the experts as a trained router spreads them, so that the prompts' expert
+/// tiles are timed as full as they are then (random layers left as they are send the whole
+/// prompt to a few experts), and `--profile` reports the spread.
+#[test]
+fn bench_of_a_random_moe_shape_spreads_the_prompt_over_the_experts() {
+    let config = serde_json::json!({
+        "architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe",
+        "hidden_size": 256, "intermediate_size": 512, "moe_intermediate_size": 256,
+        "num_hidden_layers": 16, "num_attention_heads": 4, "num_key_value_heads": 2,
+        "head_dim": 64, "num_experts": 16, "num_experts_per_tok": 4, "norm_topk_prob": true,
+        "decoder_sparse_step": 1, "mlp_only_layers": [], "vocab_size": 512,
+        "max_position_embeddings": 256, "rms_norm_eps": 1e-6, "rope_theta": 1000000.0,
+        "tie_word_embeddings": false
+    });
+    let path =
+        std::env::temp_dir().join(format!("backpack-moe-spread-{}.json", std::process::id()));
+    std::fs::write(&path, config.to_string()).expect("config written");
+    for quant in [None, Some("q4_k")] {
+        let mut args = vec![
+            "bench",
+            "--config",
+            path.to_str().expect("path"),
+            "--prompt-len",
+            "64",
+            "--gen",
+            "1",
+            "--repeat",
+            "1",
+            "--json",
+            "--profile",
+        ];
+        args.extend(quant.iter().flat_map(|q| ["--quant", q]));
+        let out = backpack(&args);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let json: serde_json::Value =
+            serde_json::from_str(stdout.lines().last().expect("a line")).expect("JSON");
+        let counts: Vec<u64> = json["profile"]["prompt_expert_counts"]
+            .as_array()
+            .expect("counts")
+            .iter()
+            .map(|c| c.as_u64().expect("count"))
+            .collect();
+        assert_eq!(counts.len(), 16);
+        assert_eq!(counts.iter().sum::<u64>(), 64 * 4, "{quant:?}: {counts:?}");
+        // 16 each on average; uniformly random choices stay within about twice that.
+        let most = counts.iter().max().copied().unwrap_or(0);
+        assert!(
+            counts.iter().all(|&c| c > 0) && most <= 40,
+            "{quant:?}: the prompt collapsed onto few experts: {counts:?}"
+        );
+    }
+    std::fs::remove_file(&path).ok();
 }
 
 /// `bench --speculate K --acceptance A,...`: one speculative row per pair, on the greedy answer

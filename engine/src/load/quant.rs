@@ -269,6 +269,14 @@ pub fn repack_for_gpu(
 /// `n` blocks of `ty` with pseudo-random quants and small finite scales (weights of
 /// benchmark models at real shapes).
 pub fn random_blocks(ty: GgmlType, n: usize, seed: u32) -> Vec<u8> {
+    random_blocks_scaled(ty, n, seed, 1.0)
+}
+
+/// As [`random_blocks`], with values `gain` times larger. The formats with a minimum or an
+/// offset get one that centres their values on zero: a model whose every matrix leans one way
+/// gives every token nearly the same hidden state, and a mixture-of-experts router then sends
+/// a whole prompt to the same few experts.
+pub fn random_blocks_scaled(ty: GgmlType, n: usize, seed: u32, gain: f32) -> Vec<u8> {
     let bb = ty.block_bytes();
     let mut state = u64::from(seed).wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
     let mut out = vec![0u8; n * bb];
@@ -278,18 +286,31 @@ pub fn random_blocks(ty: GgmlType, n: usize, seed: u32) -> Vec<u8> {
         state ^= state << 17;
         chunk.copy_from_slice(&state.to_le_bytes()[..chunk.len()]);
     }
-    let scale = half::f16::from_f32(0.01).to_le_bytes();
-    let small = half::f16::from_f32(0.001).to_le_bytes();
+    let d = 0.01 * gain;
+    let half = |v: f32| half::f16::from_f32(v).to_le_bytes();
+    let scale = half(d);
+    // Quants 0..15 (0..31 with a fifth bit) average 7.5 (15.5); K formats subtract dmin times
+    // a 6-bit minimum as random as the scale it offsets.
+    let mean_q = if matches!(ty, GgmlType::Q5_1 | GgmlType::Q5K) {
+        15.5
+    } else {
+        7.5
+    };
+    // 2^-7 / 2: values up to 12·2^-8, times the gain's nearest power of two.
+    let mxfp4_exponent = (121.0 + gain.log2().round()).clamp(1.0, 254.0) as u8;
     for block in out.chunks_mut(bb) {
         match ty {
             GgmlType::Q8_0 | GgmlType::Q4_0 | GgmlType::Q5_0 => block[..2].copy_from_slice(&scale),
-            GgmlType::Q4_1 | GgmlType::Q5_1 | GgmlType::Q4K | GgmlType::Q5K => {
+            GgmlType::Q4_1 | GgmlType::Q5_1 => {
                 block[..2].copy_from_slice(&scale);
-                block[2..4].copy_from_slice(&small);
+                block[2..4].copy_from_slice(&half(-mean_q * d));
+            }
+            GgmlType::Q4K | GgmlType::Q5K => {
+                block[..2].copy_from_slice(&scale);
+                block[2..4].copy_from_slice(&half(mean_q * d));
             }
             GgmlType::Q6K => block[208..210].copy_from_slice(&scale),
-            // 2^-7 / 2: values up to 12·2^-8.
-            GgmlType::Mxfp4 => block[0] = 121,
+            GgmlType::Mxfp4 => block[0] = mxfp4_exponent,
             GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 => {}
         }
     }

@@ -4,7 +4,9 @@
 
 use crate::Error;
 use crate::gpu::{Gpu, StorageBuffer};
-use crate::load::quant::{gpu_layout, quantize_q4_0, quantize_q4_k, quantize_q8_0, random_blocks};
+use crate::load::quant::{
+    gpu_layout, quantize_q4_0, quantize_q4_k, quantize_q8_0, random_blocks_scaled,
+};
 use crate::load::{DecoderSpec, GgmlType, GgufFile, LoadError, SafeTensors, gguf_tensor_name};
 use crate::ops::{Matrix, WeightDType, encode_row, fill_random};
 
@@ -42,6 +44,8 @@ pub struct Uploader<'a> {
     /// whole blocks stay dense).
     pub quantize: Option<GgmlType>,
     counter: u32,
+    /// Multiplies the values of the random matrices made while set (see `with_random_gain`).
+    random_gain: f32,
 }
 
 const ROWS_PER_CHUNK: usize = 256;
@@ -75,7 +79,21 @@ impl<'a> Uploader<'a> {
             keep_quantized: true,
             quantize: None,
             counter: 0,
+            random_gain: 1.0,
         }
+    }
+
+    /// Runs `make` with the random matrices it makes `gain` times larger (random weights
+    /// only; files are read as they are).
+    pub fn with_random_gain<T>(
+        &mut self,
+        gain: f32,
+        make: impl FnOnce(&mut Self) -> Result<T, Error>,
+    ) -> Result<T, Error> {
+        let before = std::mem::replace(&mut self.random_gain, gain);
+        let made = make(self);
+        self.random_gain = before;
+        made
     }
 
     /// Whether the weights come from a GGUF file (whose converter already stored Conv1D
@@ -291,7 +309,8 @@ impl<'a> Uploader<'a> {
         let rows: u32 = parts.iter().map(|p| p.rows).sum();
         let blocks = if let WeightSource::Random { .. } = self.source {
             let seed = self.next_seed();
-            random_blocks(ty, rows as usize * cols as usize / ty.block_elems(), seed)
+            let blocks = rows as usize * cols as usize / ty.block_elems();
+            random_blocks_scaled(ty, blocks, seed, self.random_gain)
         } else {
             let mut blocks = Vec::new();
             let mut failed = None;
@@ -332,7 +351,7 @@ impl<'a> Uploader<'a> {
                 let seed = self.next_seed();
                 let buffer = self.gpu.storage(label, size)?;
                 // Scaled like a trained model's weights so activations stay finite.
-                let scale = 1.0 / (cols.max(1) as f32).sqrt();
+                let scale = self.random_gain / (cols.max(1) as f32).sqrt();
                 fill_random(self.gpu, &buffer, self.dtype, seed, scale, false)?;
                 buffer
             }

@@ -36,6 +36,14 @@ struct Uploaded {
     bytes: u64,
 }
 
+/// Random weights only: a mixture-of-experts model's token embedding this many times larger
+/// than its other matrices' scale. Each random layer's attention adds nearly the same vector
+/// (the context's average) to every later token and would swamp the embedding, so that a
+/// whole prompt would choose the same few experts; trained routers spread it over nearly all
+/// of them, and the prompts' expert tiles are timed as full as they are then (the same
+/// factor as tests/reference/make_bench_gguf.py's MOE_EMBEDDING_SCALE).
+const MOE_RANDOM_EMBEDDING_GAIN: f32 = 3000.0;
+
 fn upload(up: &mut Uploader<'_>, spec: &DecoderSpec) -> Result<Uploaded, Error> {
     let family = family_of(spec.arch);
     let prefix = family.prefix(up);
@@ -49,11 +57,18 @@ fn upload(up: &mut Uploader<'_>, spec: &DecoderSpec) -> Result<Uploaded, Error> 
     }];
     // The embedding (which also serves a tied LM head) keeps a GGUF file's block format; one
     // added to learned positions on gather stays dense.
-    let embedding = if family.positions.is_some() {
-        up.dense_matrix("token embedding", &embedding_parts, false)?
+    let gain = if spec.moe.is_some() {
+        MOE_RANDOM_EMBEDDING_GAIN
     } else {
-        up.matrix("token embedding", &embedding_parts, false)?
+        1.0
     };
+    let embedding = up.with_random_gain(gain, |up| {
+        if family.positions.is_some() {
+            up.dense_matrix("token embedding", &embedding_parts, false)
+        } else {
+            up.matrix("token embedding", &embedding_parts, false)
+        }
+    })?;
     let positions = family
         .positions
         .map(|p| up.dense("position embedding", &name(p), spec.max_positions, d))
