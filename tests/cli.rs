@@ -15,6 +15,18 @@ fn backpack(args: &[&str]) -> Output {
         .expect("the binary runs")
 }
 
+/// The JSON line a successful run prints last.
+fn backpack_json(args: &[&str]) -> serde_json::Value {
+    let out = backpack(args);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    serde_json::from_str(stdout.lines().last().expect("a line")).expect("JSON")
+}
+
 fn golden_case(model: &str, index: usize) -> serde_json::Value {
     let path = fixtures().join("goldens").join(format!("{model}.json"));
     let golden: serde_json::Value =
@@ -68,7 +80,7 @@ fn chat_prompts_use_the_template() {
     let system = messages[0]["content"].as_str().expect("system");
     let user = messages[1]["content"].as_str().expect("user");
     let dir = fixtures().join("models/tiny-qwen2");
-    let out = backpack(&[
+    let json = backpack_json(&[
         "generate",
         "--model",
         dir.to_str().expect("path"),
@@ -82,14 +94,6 @@ fn chat_prompts_use_the_template() {
         "2",
         "--json",
     ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let json: serde_json::Value =
-        serde_json::from_str(stdout.lines().last().expect("line")).expect("json");
     assert_eq!(json["prompt_tokens"], case["prompt_ids"]);
 }
 
@@ -99,7 +103,7 @@ fn chat_prompts_use_the_template() {
 #[test]
 fn bench_json_carries_the_profile() {
     let dir = fixtures().join("models/tiny-llama");
-    let out = backpack(&[
+    let json = backpack_json(&[
         "bench",
         "--model",
         dir.to_str().expect("path"),
@@ -112,14 +116,6 @@ fn bench_json_carries_the_profile() {
         "--json",
         "--profile",
     ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let json: serde_json::Value =
-        serde_json::from_str(stdout.lines().last().expect("a line")).expect("JSON");
     for key in [
         "prefill_tok_s",
         "decode_tok_s",
@@ -329,15 +325,7 @@ fn bench_of_a_random_moe_shape_spreads_the_prompt_over_the_experts() {
             "--profile",
         ];
         args.extend(quant.iter().flat_map(|q| ["--quant", q]));
-        let out = backpack(&args);
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let stdout = String::from_utf8_lossy(&out.stdout);
-        let json: serde_json::Value =
-            serde_json::from_str(stdout.lines().last().expect("a line")).expect("JSON");
+        let json = backpack_json(&args);
         let counts: Vec<u64> = json["profile"]["prompt_expert_counts"]
             .as_array()
             .expect("counts")
@@ -361,7 +349,7 @@ fn bench_of_a_random_moe_shape_spreads_the_prompt_over_the_experts() {
 #[test]
 fn bench_json_carries_the_speculative_rows() {
     let dir = fixtures().join("models/tiny-llama");
-    let out = backpack(&[
+    let json = backpack_json(&[
         "bench",
         "--model",
         dir.to_str().expect("path"),
@@ -379,14 +367,6 @@ fn bench_json_carries_the_speculative_rows() {
         "1,0.5",
         "--json",
     ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let json: serde_json::Value =
-        serde_json::from_str(stdout.lines().last().expect("a line")).expect("JSON");
     let rows = json["speculative"].as_array().expect("speculative rows");
     let shapes: Vec<(u64, f64)> = rows
         .iter()
