@@ -36,9 +36,7 @@
 // NO_ROPE (learned positions), ROT (rotating dims of a head), RING, FULL, HALVES (with FULL: q,
 // kv and out hold f16 values, two to a word, offsets and strides still counted in values), TILED
 // (the `tiled` entry point, with BQ and BK), SINKS (a logit per head in every softmax's
-// denominator; with SPLIT only where it merges), RUNS (with BATCH), HEAD_NORM (with SPLIT:
-// q_norm and k_norm), MERGE (with SPLIT: the last run of each head merges the head's runs, see
-// merge_if_last; MERGE_Q8: into int8 blocks, as the output product takes its input).
+// denominator; not with SPLIT), RUNS (with BATCH), HEAD_NORM (with SPLIT: q_norm and k_norm).
 
 #if FULL
 struct Params {
@@ -146,89 +144,6 @@ const KEY_GROUPS: u32 = {{WG}}u / QUADS;
 // norm dispatch of its own; the row itself stays as the product wrote it.
 @group(0) @binding(11) var<storage, read> q_gain: array<f32>;
 @group(0) @binding(12) var<storage, read> k_gain: array<f32>;
-#endif
-
-#if MERGE
-// Runs written so far per head (zero between steps: the last run resets it), and the merged
-// row: f32 values, or with MERGE_Q8 int8 blocks laid out as matvec_handoff.wgsl reads them.
-@group(0) @binding(13) var<storage, read_write> run_counts: array<atomic<u32>>;
-@group(0) @binding(14) var<storage, read_write> merged: array<u32>;
-var<workgroup> runs_before: u32;
-#if MERGE_Q8
-var<workgroup> merged_quads: array<vec4<f32>, QUADS>;
-#endif
-
-// The workgroup writing a head's last run (of `splits`) merges the head's runs once, so that
-// the output product does not merge the whole row in every workgroup before its first weight
-// load (matvec.wgsl COMBINE). Runs count themselves after their outputs are visible; the last
-// one reads the others' after its count. With QSTEP 2 each head's output gate applies here.
-fn merge_if_last(tid: u32, head: u32, splits: u32) {
-    storageBarrier();
-    if (tid == 0u) {
-        runs_before = atomicAdd(&run_counts[head], 1u);
-    }
-    if (workgroupUniformLoad(&runs_before) + 1u != splits) {
-        return;
-    }
-    storageBarrier();
-    if (tid == 0u) {
-        atomicStore(&run_counts[head], 0u);
-    }
-    if (tid < QUADS) {
-        var top = -3.0e38;
-        for (var r = 0u; r < splits; r++) {
-            top = max(top, split_stats[r * p.heads + head].x);
-        }
-        var total = 0.0;
-        var o = vec4<f32>(0.0);
-        for (var r = 0u; r < splits; r++) {
-            let st = split_stats[r * p.heads + head];
-            let w = exp(st.x - top);
-            total += st.y * w;
-            let b = (r * p.heads + head) * {{HD}}u + 4u * tid;
-            o += w * vec4<f32>(out[b], out[b + 1u], out[b + 2u], out[b + 3u]);
-        }
-        var v = o * normaliser(head, top, total);
-#if GATED
-        let g = (2u * head + 1u) * {{HD}}u + 4u * tid;
-        v /= vec4<f32>(1.0) + exp(-vec4<f32>(q[g], q[g + 1u], q[g + 2u], q[g + 3u]));
-#endif
-#if MERGE_Q8
-        merged_quads[tid] = v;
-#else
-        let at = head * {{HD}}u + 4u * tid;
-        merged[at] = bitcast<u32>(v.x);
-        merged[at + 1u] = bitcast<u32>(v.y);
-        merged[at + 2u] = bitcast<u32>(v.z);
-        merged[at + 3u] = bitcast<u32>(v.w);
-#endif
-    }
-#if MERGE_Q8
-    workgroupBarrier();
-    // An invocation per 16 values, scaled by their 32-value block's largest (both halves of a
-    // block alike): the int8 words, then (scale, sum of squares) per 16 values.
-    if (tid < {{HD}}u / 16u) {
-        let q0 = 4u * tid;
-        let b0 = q0 - q0 % 8u;
-        var amax = 0.0;
-        for (var j = 0u; j < 8u; j++) {
-            let m = abs(merged_quads[b0 + j]);
-            amax = max(amax, max(max(m.x, m.y), max(m.z, m.w)));
-        }
-        let inv = select(0.0, 127.0 / amax, amax > 0.0);
-        let half_at = head * ({{HD}}u / 16u) + tid;
-        var squares = 0.0;
-        for (var j = 0u; j < 4u; j++) {
-            let v = merged_quads[q0 + j];
-            squares += dot(v, v);
-            merged[4u * half_at + j] = pack4xI8(vec4<i32>(round(v * inv)));
-        }
-        let stats = p.heads * {{HD}}u / 4u + 2u * half_at;
-        merged[stats] = bitcast<u32>(amax / 127.0);
-        merged[stats + 1u] = bitcast<u32>(squares);
-    }
-#endif
-}
 #endif
 
 // The factor that turns a head's unnormalised output into its attention output, given the
@@ -769,9 +684,6 @@ fn main(
         out[b + 3u] = o.w;
 #endif
     }
-#if MERGE
-    merge_if_last(tid, head, (visible + split_len - 1u) / split_len);
-#endif
 }
 
 #if TILED

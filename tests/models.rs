@@ -317,49 +317,27 @@ fn models_under_test() -> Vec<&'static str> {
 /// form is chosen when a model loads from the environment.
 #[test]
 fn decoded_tokens_route_alike_in_every_form() {
+    let exe = std::env::current_exe().expect("test binary");
     for form in ["router", "route"] {
-        rerun_goldens(
-            &[
-                ("BACKPACK_MOE_DECODE", form),
-                ("BACKPACK_TEST_MODELS", "gpt-oss-mxfp4,moe"),
-            ],
-            &format!("routing form {form}"),
+        let out = std::process::Command::new(&exe)
+            .args([
+                "--exact",
+                "greedy_decoding_matches_transformers",
+                "gguf_files_match_their_folders_goldens",
+                "--test-threads",
+                "1",
+            ])
+            .env("BACKPACK_MOE_DECODE", form)
+            .env("BACKPACK_TEST_MODELS", "gpt-oss-mxfp4,moe")
+            .output()
+            .expect("run the goldens");
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success() && text.contains("2 passed"),
+            "routing form {form}:\n{text}\n{}",
+            String::from_utf8_lossy(&out.stderr)
         );
     }
-}
-
-/// Split attention whose last run of each head merges the runs
-/// (`BACKPACK_SPLIT_MERGE=attention`, into an f32 row or the int8 blocks the output product
-/// reads) decodes every golden model, GPT-OSS's sinks included, as the output product merging
-/// them does.
-#[test]
-fn runs_merged_by_the_attention_decode_the_goldens() {
-    rerun_goldens(
-        &[("BACKPACK_SPLIT_MERGE", "attention")],
-        "runs merged by the attention",
-    );
-}
-
-/// Runs the greedy and GGUF goldens again in a process of their own with `env` set.
-fn rerun_goldens(env: &[(&str, &str)], what: &str) {
-    let exe = std::env::current_exe().expect("test binary");
-    let out = std::process::Command::new(&exe)
-        .args([
-            "--exact",
-            "greedy_decoding_matches_transformers",
-            "gguf_files_match_their_folders_goldens",
-            "--test-threads",
-            "1",
-        ])
-        .envs(env.iter().copied())
-        .output()
-        .expect("run the goldens");
-    let text = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success() && text.contains("2 passed"),
-        "{what}:\n{text}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
 }
 
 #[test]

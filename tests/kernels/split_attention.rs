@@ -1,5 +1,5 @@
 //! A decoded token's split attention (runs of keys across workgroups, q/k/v from the fused
-//! QKV row), merged by the output product or by each head's last run.
+//! QKV row), merged by the output product.
 
 use super::*;
 
@@ -10,7 +10,6 @@ use super::*;
 fn split_attention_merged_by_the_output_product_matches_cpu() {
     let gpu = gpu();
     let mut rng = Rng::new(15);
-    let mut merged_int8 = 0;
     // 1 run, 5 runs of 64 keys, 16 runs of 125 keys, GQA with head_dim 128 and 256 (their
     // runs take narrower workgroups), head_dim 12; partial rotary (the last field: rotating
     // dims).
@@ -235,79 +234,6 @@ fn split_attention_merged_by_the_output_product_matches_cpu() {
                     1e-5,
                     rtol,
                 );
-                // The attention's last run of each head merging the head's runs itself, into
-                // the int8 blocks the product reads (heads of whole 32-value blocks) or an f32
-                // row; twice, since each step's last runs set the counters back.
-                let counts = gpu
-                    .storage("run counts", u64::from(heads) * 4)
-                    .expect("counts");
-                let merged_f32 = gpu.storage("merged", u64::from(width) * 4).expect("row");
-                let merged_q =
-                    (hd % 32 == 0).then(|| Int8Handoff::new(&gpu, width).expect("handoff"));
-                let y_merged = gpu.storage("y", u64::from(rows) * 4).expect("y");
-                let reads_merged = MatVec::new(
-                    &gpu,
-                    &wm,
-                    &merged_f32,
-                    &y_merged,
-                    &st,
-                    MatVecOptions {
-                        handoff_in: merged_q.as_ref(),
-                        layout: MatVecLayout {
-                            int8: Some(true),
-                            ..Default::default()
-                        },
-                        ..Default::default()
-                    },
-                )
-                .expect("product of the merged row");
-                let out = match &merged_q {
-                    Some(h) if reads_merged.reads_handoff() => MergedRow::Int8(h),
-                    _ => MergedRow::F32(&merged_f32),
-                };
-                merged_int8 += usize::from(reads_merged.reads_handoff());
-                let merging = Attention::new_split_merging(
-                    &gpu,
-                    shape,
-                    &qkv_b,
-                    with_rope.then_some(&table),
-                    (&inp.kb, &inp.vb),
-                    (&partials, &stats),
-                    normed.then_some(gains),
-                    SplitMerge {
-                        counts: &counts,
-                        out,
-                        sinks: with_sinks.then_some(&sinks_b),
-                    },
-                    &st,
-                )
-                .expect("merging split attention");
-                let (want_merged, mag_merged) = if reads_merged.takes_int8() {
-                    matvec_ref_int8(&w, &attn, rows as usize, width as usize)
-                } else {
-                    matvec_ref(&w, &attn, rows as usize, width as usize)
-                };
-                for round in 0..2 {
-                    let mut rec = Recorder::new(&gpu);
-                    merging.encode(&mut rec, pos0, 1);
-                    reads_merged.encode(&mut rec);
-                    rec.submit();
-                    assert_close(
-                        &format!(
-                            "{what}, merged by the attention ({}, round {round})",
-                            if reads_merged.reads_handoff() {
-                                "int8"
-                            } else {
-                                "f32"
-                            }
-                        ),
-                        &read(&gpu, &y_merged, rows as usize),
-                        &want_merged,
-                        &mag_merged,
-                        1e-5,
-                        rtol,
-                    );
-                }
                 // The cache now holds the token's rotated key and its value.
                 let cache_at = |b: &StorageBuffer, g: usize| -> Vec<f32> {
                     let at = ((g * capacity as usize + pos0 as usize) * hdu) as u64;
@@ -351,8 +277,4 @@ fn split_attention_merged_by_the_output_product_matches_cpu() {
             }
         }
     }
-    assert!(
-        merged_int8 > 0,
-        "no product read the merged row as int8 blocks"
-    );
 }

@@ -7,7 +7,6 @@ use crate::gpu::{Gpu, GpuError, Kernel, Recorder, StorageBuffer, UniformBuffer};
 
 #[path = "attention_split.rs"]
 mod split;
-pub use split::{MergedRow, SplitMerge};
 
 const SOURCE: &str = include_str!("../../../shaders/attention.wgsl");
 const WG: u32 = 256;
@@ -229,7 +228,6 @@ struct SplitParts<'a> {
     stats: &'a StorageBuffer,
     table: Option<&'a RopeTable>,
     head_norm: Option<HeadNormGains<'a>>,
-    merge: Option<SplitMerge<'a>>,
 }
 
 /// Batched steps take runs of keys where a workgroup per row and head makes at most this
@@ -396,8 +394,6 @@ impl Attention {
         let head_dim = shape.head_dim;
         let table = split.and_then(|s| s.table);
         let head_norm = split.and_then(|s| s.head_norm);
-        let merge = split.and_then(|s| s.merge);
-        let sinks = sinks.or(merge.and_then(|m| m.sinks));
         super::rope::check_rotary(table, head_dim)?;
         let rotary_dim = table.map_or(head_dim, |t| t.rotary_dim);
         let (bq, bk) = tiles_for(head_dim);
@@ -412,12 +408,6 @@ impl Attention {
             0
         };
         let defines = [
-            flag("MERGE", merge.is_some()),
-            flag(
-                "MERGE_Q8",
-                merge.is_some_and(|m| matches!(m.out, MergedRow::Int8(_))),
-            ),
-            flag("GATED", merge.is_some() && shape.gated_queries),
             ("WG", wg.to_string()),
             ("HD", head_dim.to_string()),
             ("KEY_LANES", key_lanes.to_string()),
@@ -482,16 +472,6 @@ impl Attention {
         if let Some(norm) = head_norm {
             entries.push((11, &norm.q.buffer));
             entries.push((12, &norm.k.buffer));
-        }
-        if let Some(m) = merge {
-            entries.push((13, &m.counts.buffer));
-            entries.push((
-                14,
-                match m.out {
-                    MergedRow::F32(b) => &b.buffer,
-                    MergedRow::Int8(h) => &h.buffer.buffer,
-                },
-            ));
         }
         if let Some(rows) = batch {
             // Batched rows take their positions from `rows`, not the step: the automatic

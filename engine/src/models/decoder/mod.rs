@@ -164,12 +164,6 @@ struct Activations {
     seen: StorageBuffer,
     split_partials: StorageBuffer,
     split_stats: StorageBuffer,
-    /// Where split attention's last run of each head merges the runs (see
-    /// `LayerContext::merge_in_attention`): a counter per head, the merged row in f32, and as
-    /// int8 blocks where heads are whole 32-value blocks.
-    split_counts: StorageBuffer,
-    split_merged: StorageBuffer,
-    split_merged_q: Option<Int8Handoff>,
     /// Rows the decode products hand each other as int8 blocks (see `Handoffs`).
     handoffs: Option<Handoffs>,
     /// The rows of a batched decode step (models with several cache slots).

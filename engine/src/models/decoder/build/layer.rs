@@ -7,8 +7,8 @@ use crate::load::{DecoderSpec, MlpKind};
 use crate::ops::{
     Attention, CacheShape, DeltaNet, DeltaNetIo, DeltaNetState, DeltaRows, ExpertDecode, Experts,
     Gelu, Glu, GluKind, HeadNorm, HeadNormGains, KvDType, MatMul, MatMulOptions, MatVec,
-    MatVecLayout, MatVecOptions, Matrix, MergedRow, Norm, NormInt8, NormKind, OutputGate, RopeKv,
-    RopeTable, SplitAttention, SplitMerge, WeightDType,
+    MatVecLayout, MatVecOptions, Matrix, Norm, NormInt8, NormKind, OutputGate, RopeKv, RopeTable,
+    SplitAttention, WeightDType,
 };
 
 use super::super::family::{LayerWeights, MlpWeights, SharedExpertWeights};
@@ -50,9 +50,6 @@ pub(super) struct LayerContext<'a> {
     pub(super) local_rope: Option<&'a RopeTable>,
     /// Decoding splits attention over runs of keys, merged by the output product.
     pub(super) split_attention: bool,
-    /// The runs are merged by the attention's last run of each head instead, into the row the
-    /// output product reads (as int8 blocks where it takes them).
-    pub(super) merge_in_attention: bool,
     /// Sequences the caches hold side by side; past one, layers get batched decode kernels.
     pub(super) slots: u32,
     /// See [`super::super::ModelOptions::batch_invariant`].
@@ -219,33 +216,25 @@ impl LayerContext<'_> {
         )?;
         let dense = w.mlp.dense();
         let up_in = dense.and_then(|(up, _)| reads_int8(up).map(|h| &h.residual));
-        let in_attention = self.merges_in_attention(w);
         let o = MatVec::new(
             gpu,
             &w.o,
-            if in_attention {
-                &a.split_merged
-            } else {
-                &a.attn
-            },
+            &a.attn,
             out,
             step,
             MatVecOptions {
                 bias: w.o_bias.as_ref(),
                 residual,
-                handoff_in: a.split_merged_q.as_ref().filter(|_| in_attention),
                 // A Gated DeltaNet layer's output is whole: only attention comes in runs.
-                combine: (self.split_attention && w.delta.is_none() && !in_attention).then_some(
-                    SplitAttention {
-                        partials: &a.split_partials,
-                        stats: &a.split_stats,
-                        heads: spec.heads,
-                        head_dim: spec.head_dim,
-                        window: cache.window,
-                        gate: spec.output_gate.then_some(&a.qkv),
-                        sinks: w.sinks.as_ref(),
-                    },
-                ),
+                combine: (self.split_attention && w.delta.is_none()).then_some(SplitAttention {
+                    partials: &a.split_partials,
+                    stats: &a.split_stats,
+                    heads: spec.heads,
+                    head_dim: spec.head_dim,
+                    window: cache.window,
+                    gate: spec.output_gate.then_some(&a.qkv),
+                    sinks: w.sinks.as_ref(),
+                }),
                 layout: self.decode_layout,
                 handoff_out: up_in.map(|h| (h, Some(&w.mlp_norm.0))),
                 ..Default::default()
@@ -300,15 +289,7 @@ impl LayerContext<'_> {
         Ok((qkv, o, Some((up, down))))
     }
 
-    /// Whether this layer's split attention merges its runs itself (a Gated DeltaNet layer's
-    /// output is whole).
-    fn merges_in_attention(&self, w: &LayerWeights) -> bool {
-        self.split_attention && self.merge_in_attention && w.delta.is_none()
-    }
-
-    /// Attention for prompts (over the cache, after a RoPE pass) and for decoding; `merged`:
-    /// the decode attention merges its runs, as int8 blocks (true) or f32 values.
-    #[allow(clippy::too_many_arguments)]
+    /// Attention for prompts (over the cache, after a RoPE pass) and for decoding.
     fn attentions(
         &self,
         cache: CacheShape,
@@ -317,7 +298,6 @@ impl LayerContext<'_> {
         v_cache: &StorageBuffer,
         sinks: Option<&StorageBuffer>,
         head_norm: Option<HeadNormGains<'_>>,
-        merged: Option<bool>,
     ) -> Result<AttentionKernels, Error> {
         let (gpu, a, step) = (self.gpu, self.acts, self.step);
         let rope = RopeKv::new(gpu, cache, table, &a.qkv, &a.q, k_cache, v_cache, step)?;
@@ -329,28 +309,7 @@ impl LayerContext<'_> {
         };
         let prompt = whole()?;
         // Split runs are merged by the output product, which adds the sinks there.
-        let merged_out = match (merged, &a.split_merged_q) {
-            (Some(true), Some(h)) => Some(MergedRow::Int8(h)),
-            (Some(_), _) => Some(MergedRow::F32(&a.split_merged)),
-            (None, _) => None,
-        };
-        let decode = if let (true, Some(out)) = (self.split_attention, merged_out) {
-            Attention::new_split_merging(
-                gpu,
-                cache,
-                &a.qkv,
-                table,
-                (k_cache, v_cache),
-                (&a.split_partials, &a.split_stats),
-                head_norm,
-                SplitMerge {
-                    counts: &a.split_counts,
-                    out,
-                    sinks,
-                },
-                step,
-            )?
-        } else if self.split_attention {
+        let decode = if self.split_attention {
             Attention::new_split(
                 gpu,
                 cache,
@@ -422,8 +381,7 @@ impl LayerContext<'_> {
     ) -> Result<Layer, Error> {
         let a = self.acts;
         let (qkv_mv, o_mv, dense_mvs) = decode_products;
-        let merged = self.merges_in_attention(w).then(|| o_mv.reads_handoff());
-        let mixer = self.mixer(i, w, cache, k_cache, v_cache, merged)?;
+        let mixer = self.mixer(i, w, cache, k_cache, v_cache)?;
         let (out, residual) = self.branch_out();
         let post_norm = |weight: &StorageBuffer| match &a.branch {
             Some(branch) => Norm::add_into(
@@ -497,7 +455,6 @@ impl LayerContext<'_> {
         cache: CacheShape,
         k_cache: &StorageBuffer,
         v_cache: &StorageBuffer,
-        merged: Option<bool>,
     ) -> Result<Mixer, Error> {
         let (spec, a) = (self.spec, self.acts);
         if let (Some(delta), Some(linear), Some(scratch)) = (&w.delta, &spec.linear, &a.delta) {
@@ -559,7 +516,6 @@ impl LayerContext<'_> {
             v_cache,
             w.sinks.as_ref(),
             head_norm,
-            merged,
         )?;
         let qk_norm = match &w.qk_norm {
             Some((q, k)) => Some(HeadNorm::new(

@@ -174,12 +174,6 @@ impl Activations {
             seen: gpu.storage("seen tokens", f(slots * spec.vocab.div_ceil(32)))?,
             split_partials: gpu.storage("attention runs", f(MAX_SPLITS * heads * hd))?,
             split_stats: gpu.storage("attention run stats", f(2 * MAX_SPLITS * heads))?,
-            split_counts: gpu.storage("attention runs written", f(heads))?,
-            split_merged: gpu.storage("merged attention", f(heads * hd))?,
-            split_merged_q: hd
-                .is_multiple_of(32)
-                .then(|| Int8Handoff::new(gpu, heads * hd))
-                .transpose()?,
             handoffs: Handoffs::new(gpu, spec, dtype)?,
             batch_rows: (slots > 1).then(|| gpu.uniform("batch rows", &BatchRows::zeroed())),
             batch_int8: if int8_rows > 0 {
@@ -436,10 +430,6 @@ impl DecoderModel {
         // Sinks join the softmax of whole attention only (see `LayerContext::attentions`);
         // an output gate is applied where the output product merges the runs.
         let split_attention = MatVec::stages_input(gpu, spec.heads * spec.head_dim);
-        // `BACKPACK_SPLIT_MERGE=attention`: split attention's last run of each head merges
-        // the runs, for measuring against the output product merging them.
-        let merge_in_attention = split_attention
-            && std::env::var("BACKPACK_SPLIT_MERGE").is_ok_and(|v| v == "attention");
         let context = LayerContext {
             gpu,
             spec,
@@ -454,7 +444,6 @@ impl DecoderModel {
             rope: rope.as_ref(),
             local_rope: local_rope.as_ref(),
             split_attention,
-            merge_in_attention,
             slots,
             batch_invariant: opts.batch_invariant,
         };
