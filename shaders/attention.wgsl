@@ -19,10 +19,11 @@
 // an encoder's self-attention over its fused QKV rows, or cross-attention of decoder queries
 // over an encoder's projected keys and values. Every query sees all `keys` keys.
 //
-// With RUNS (a batched decode step over long contexts), BATCH as split: workgroup (head, row,
-// r) takes the r-th run of the row's keys and writes its unnormalised output and (max, sum) to
-// `out` and `split_stats` at [row][r][head]; the `merge_runs` entry point then merges each
-// row's runs into its output (`run_parts` the runs' outputs, `out` the result).
+// With RUNS (a batched decode step, with BATCH, or a short step of one sequence, over long
+// contexts), each row as split: workgroup (head, row, r) takes the r-th run of the row's keys
+// and writes its unnormalised output and (max, sum) to `out` and `split_stats` at
+// [row][r][head]; the `merge_runs` entry point then merges each row's runs into its output
+// (`run_parts` the runs' outputs, `out` the result).
 //
 // With RING (sliding-window layers), a query at position q sees keys q − window + 1 ..= q only,
 // and position j lives in cache row j mod capacity: a rolling cache bounded by the window.
@@ -36,7 +37,7 @@
 // NO_ROPE (learned positions), ROT (rotating dims of a head), RING, FULL, HALVES (with FULL: q,
 // kv and out hold f16 values, two to a word, offsets and strides still counted in values), TILED
 // (the `tiled` entry point, with BQ and BK), SINKS (a logit per head in every softmax's
-// denominator; not with SPLIT), RUNS (with BATCH), HEAD_NORM (with SPLIT: q_norm and k_norm).
+// denominator; not with SPLIT), RUNS (not with SPLIT), HEAD_NORM (with SPLIT: q_norm and k_norm).
 
 #if FULL
 struct Params {
@@ -395,11 +396,21 @@ fn wg_reduce(tid: u32, v: f32, sg_lane: u32, sg_size: u32, want_max: bool) -> f3
 }
 
 #if RUNS
+// One past the last key row t sees: its own position's. Without BATCH (a short step of one
+// sequence) never past seq_len, as a padded prompt's pad rows see only the real tokens.
+fn row_end(t: u32) -> u32 {
+#if BATCH
+    return token_pos(t) + 1u;
+#else
+    return min(token_pos(t) + 1u, step.seq_len);
+#endif
+}
+
 // Row t's first visible key and the length of its runs (at least MIN_SPLIT keys, at most
 // MAX_SPLITS runs, as a split decode step takes them).
 fn row_runs(t: u32) -> vec2<u32> {
-    let lowest = first_visible(token_pos(t));
-    let visible = token_pos(t) + 1u - lowest;
+    let lowest = first_visible(row_end(t) - 1u);
+    let visible = row_end(t) - lowest;
     return vec2<u32>(lowest, max({{MIN_SPLIT}}u, (visible + {{MAX_SPLITS}}u - 1u) / {{MAX_SPLITS}}u));
 }
 
@@ -415,7 +426,7 @@ fn merge_runs(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id) 
     let head = wid.x;
     let t = wid.y;
     let run_keys = row_runs(t);
-    let runs = (token_pos(t) + 1u - run_keys.x + run_keys.y - 1u) / run_keys.y;
+    let runs = (row_end(t) - run_keys.x + run_keys.y - 1u) / run_keys.y;
     var largest = NEG_BIG;
     for (var r = 0u; r < runs; r++) {
         largest = max(largest, split_stats[run_slot(t, r, head)].x);
@@ -476,26 +487,26 @@ fn main(
     let n_keys = p.keys;
 #endif
 #else
-#if BATCH
-    // Each row its own sequence's token: its keys are its position's and those before.
 #if RUNS
     let run = wid.z;
     let run_keys = row_runs(t);
     let first_key = run_keys.x + run * run_keys.y;
-    let n_keys = min(first_key + run_keys.y, token_pos(t) + 1u);
+    let n_keys = min(first_key + run_keys.y, row_end(t));
     // A run past the row's keys (the grid covers the longest row's): nothing to write, and
     // merge_runs reads only the row's own runs.
     if (first_key >= n_keys) {
         return;
     }
 #else
+#if BATCH
+    // Each row its own sequence's token: its keys are its position's and those before.
     let n_keys = token_pos(t) + 1u;
     let first_key = first_visible(token_pos(t));
-#endif
 #else
     // Causal, and never past seq_len: a padded prompt's pad rows see only the real tokens.
     let n_keys = min(step.pos0 + t + 1u, step.seq_len);
     let first_key = first_visible(step.pos0 + t);
+#endif
 #endif
 #endif
 #endif

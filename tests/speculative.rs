@@ -116,6 +116,53 @@ fn greedy_answers_match_plain_decoding_token_for_token() {
     }
 }
 
+/// Verifications after a long prompt take each row's keys in runs across workgroups (at 256
+/// keys and more, past the fixtures' 256 positions: these copies allow 512); their answers
+/// still equal plain decoding's, through GPT-OSS's sliding window and sinks too.
+#[test]
+fn verifications_after_a_long_prompt_match_plain_decoding() {
+    for name in ["tiny-llama", "tiny-gpt-oss"] {
+        let longer = temp_dir::TempDir::new("longer-context");
+        temp_dir::copy_dir(&path(name), &longer);
+        let config_path = longer.join("config.json");
+        let mut config: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(&config_path).expect("config")).expect("json");
+        config["max_position_embeddings"] = 512.into();
+        std::fs::write(&config_path, config.to_string()).expect("write config");
+        let load_longer = |speculate| {
+            let opts = ModelOptions {
+                dtype: WeightDType::F32,
+                prefill_chunk: Some(16),
+                speculate,
+                ..Default::default()
+            };
+            TextModel::load(&gpu(), &longer, &opts).unwrap_or_else(|e| panic!("{name}: {e}"))
+        };
+        let mut plain = load_longer(None);
+        let vocab = plain.model.spec().vocab.min(400);
+        // The first of a few prompts whose answer runs to 24 tokens (random weights may stop
+        // at once).
+        let (prompt, want) = (0..8u32)
+            .map(|seed| {
+                let phrase: Vec<u32> = (0..29).map(|i| (i * 53 + 11 + seed) % vocab).collect();
+                let prompt: Vec<u32> = phrase.iter().cycle().take(300).copied().collect();
+                let (want, _, _) = run(&mut plain, &prompt, 24, SamplerParams::default());
+                (prompt, want)
+            })
+            .find(|(_, want)| want.len() == 24)
+            .unwrap_or_else(|| panic!("{name}: every prompt's answer stopped early"));
+        // The model drafting for itself: every round verifies seven drafts.
+        let mut spec = load_longer(Some(Speculation {
+            draft: Some(longer.to_path_buf()),
+            tokens: 7,
+            paced: false,
+        }));
+        let (got, _, drafts) = run(&mut spec, &prompt, 24, SamplerParams::default());
+        assert_eq!(got, want, "{name}");
+        assert!(drafts.drafted >= 14, "{name}: {drafts:?}");
+    }
+}
+
 #[test]
 fn drafts_that_miss_cost_speed_not_tokens() {
     // Another model with the same tokenizer: its drafts are mostly refused.

@@ -389,6 +389,9 @@ fn attention_matches_cpu() {
         (6, 2, 12, 3, 250, 260),
         (2, 1, 64, 2, 0, 2),
         (2, 2, 80, 3, 517, 530),
+        // A verification's rows after a long context (its keys in runs: 13 of 64, the last
+        // short).
+        (4, 2, 64, 8, 800, 808),
         (4, 1, 128, 1, 40, 64),
         (4, 2, 64, 37, 5, 50),
         (3, 3, 12, 70, 0, 75),
@@ -452,6 +455,9 @@ fn check_prompt_kernels_with_sinks(
     let want = attention_ref_with_sinks(inp, c, sinks);
     let ones = vec![1.0; want.len()];
     for kernel in op.kernels() {
+        if kernel == AttentionKernel::KeyRuns && c.tokens > RUNS_MOST_ROWS {
+            continue;
+        }
         let mut rec = Recorder::new(gpu);
         op.encode_with(&mut rec, c.pos0, c.tokens, kernel);
         rec.submit();

@@ -5,8 +5,13 @@ use super::attention_cpu::CpuAttention;
 use super::{RopeTable, WeightDType, bind, flag};
 use crate::gpu::{Gpu, GpuError, Kernel, Recorder, StorageBuffer, UniformBuffer};
 
+#[path = "attention_runs.rs"]
+mod runs;
 #[path = "attention_split.rs"]
 mod split;
+
+use runs::KeyRuns;
+pub use runs::RUNS_MOST_ROWS;
 
 const SOURCE: &str = include_str!("../../../shaders/attention.wgsl");
 const WG: u32 = 256;
@@ -216,8 +221,9 @@ pub struct Attention {
     split: bool,
     /// Whether it normalises the query and key heads itself (a split step with head norms).
     norms_heads: bool,
-    /// A batched step's attention over runs of keys, and the merge of each row's runs.
-    runs: Option<BatchRuns>,
+    /// A batched or short step's attention over runs of keys, and the merge of each row's
+    /// runs.
+    runs: Option<KeyRuns>,
     _params: UniformBuffer,
 }
 
@@ -228,83 +234,6 @@ struct SplitParts<'a> {
     stats: &'a StorageBuffer,
     table: Option<&'a RopeTable>,
     head_norm: Option<HeadNormGains<'a>>,
-}
-
-/// Batched steps take runs of keys where a workgroup per row and head makes at most this
-/// many workgroups, and the longest row sees at least [`RUNS_FROM_KEYS`] keys. On an H200
-/// (`bench --parallel 1,2,4,16`, Llama-3.1-8B's shape, 32 heads, Q4_K, runs against none in
-/// one run): after a 2,000-token prompt steps of 1–4 rows took 13–25 % less time, 16 rows 3 %
-/// more; after 504 tokens 1–4 rows 4–9 % less, 16 rows 4 % more; after 128 tokens (three
-/// runs) 1–4 rows 5–11 % more.
-const RUNS_MOST_WORKGROUPS: u32 = 256;
-const RUNS_FROM_KEYS: u32 = 4 * MIN_SPLIT;
-
-/// A batched step's keys in runs across workgroups (attention.wgsl `RUNS`), for rows whose
-/// keys outnumber one run: with a workgroup per row and head, a step of a few rows over
-/// long contexts leaves most of the GPU idle.
-struct BatchRuns {
-    kernel: Kernel,
-    bind_group: wgpu::BindGroup,
-    merge: Kernel,
-    merge_group: wgpu::BindGroup,
-    _parts: StorageBuffer,
-    _stats: StorageBuffer,
-}
-
-impl BatchRuns {
-    /// The runs' kernel and the merge, from the batched kernel's `defines` and bindings
-    /// (`entries`; the runs write their outputs and statistics to scratch shared by every
-    /// layer, the merge writes the batched kernel's output).
-    fn new(
-        gpu: &Gpu,
-        shape: &CacheShape,
-        defines: &[(&'static str, String)],
-        entries: &[(u32, &wgpu::Buffer)],
-    ) -> Result<Self, GpuError> {
-        let defines: Vec<(&'static str, String)> = defines
-            .iter()
-            .map(|(name, value)| match *name {
-                "RUNS" => (*name, "1".to_owned()),
-                _ => (*name, value.clone()),
-            })
-            .collect();
-        let kernel = gpu.kernel("attention", SOURCE, "main", &defines)?;
-        let merge = gpu.kernel("attention", SOURCE, "merge_runs", &defines)?;
-        let slots = u64::from(super::MAX_BATCH_ROWS * MAX_SPLITS * shape.heads);
-        let parts = gpu.shared_scratch(
-            "batched attention runs",
-            slots * u64::from(shape.head_dim) * 4,
-        )?;
-        let stats = gpu.shared_scratch("batched attention run stats", slots * 8)?;
-        let out = entries
-            .iter()
-            .find(|(binding, _)| *binding == 5)
-            .map(|(_, buffer)| *buffer)
-            .ok_or_else(|| GpuError::Device("batched attention without an output".into()))?;
-        // The runs leave the sinks to the merge, which normalises.
-        let mut run_entries: Vec<(u32, &wgpu::Buffer)> = entries
-            .iter()
-            .filter(|(binding, _)| ![5, 9].contains(binding))
-            .copied()
-            .collect();
-        run_entries.extend([(5, &parts.buffer), (6, &stats.buffer)]);
-        let bind_group = bind(gpu, &kernel, &run_entries);
-        let mut merge_entries: Vec<(u32, &wgpu::Buffer)> = entries
-            .iter()
-            .filter(|(binding, _)| [0, 9, super::BATCH_ROWS_BINDING].contains(binding))
-            .copied()
-            .collect();
-        merge_entries.extend([(5, out), (6, &stats.buffer), (10, &parts.buffer)]);
-        let merge_group = bind(gpu, &merge, &merge_entries);
-        Ok(Self {
-            kernel,
-            bind_group,
-            merge,
-            merge_group,
-            _parts: parts,
-            _stats: stats,
-        })
-    }
 }
 
 impl Attention {
@@ -497,9 +426,10 @@ impl Attention {
         let bind_group = bind(gpu, &kernel, &entries);
         // `BACKPACK_ATTN_RUNS=0` keeps a workgroup per row and head, for measuring the runs.
         let runs_off = std::env::var("BACKPACK_ATTN_RUNS").is_ok_and(|v| v.trim() == "0");
-        let runs = match batch {
-            Some(_) if !runs_off => Some(BatchRuns::new(gpu, &shape, &defines, &entries)?),
-            _ => None,
+        let runs = if split.is_none() && !runs_off {
+            Some(KeyRuns::new(gpu, &shape, &defines, &entries)?)
+        } else {
+            None
         };
         Ok(Self {
             kernel,
@@ -518,24 +448,30 @@ impl Attention {
 
     /// Records a batched step's attention for `n_rows` rows, the longest of which sees
     /// `longest` keys: over runs of keys and their merge where the rows' workgroups are few
-    /// and their keys many (see [`RUNS_MOST_WORKGROUPS`]), else a workgroup per row and head.
+    /// and their keys many (see [`KeyRuns::suit`]), else a workgroup per row and head.
     pub fn encode_batch(&self, rec: &mut Recorder<'_>, n_rows: u32, longest: u32) {
         let visible = self.window.map_or(longest, |w| longest.min(w));
-        let runs = splits_for(visible);
-        let few = n_rows * self.heads <= RUNS_MOST_WORKGROUPS;
         match &self.runs {
-            Some(r) if few && visible >= RUNS_FROM_KEYS && runs > 1 => {
-                rec.dispatch_xyz(&r.kernel, &r.bind_group, [self.heads, n_rows, runs]);
-                rec.dispatch_xyz(&r.merge, &r.merge_group, [self.heads, n_rows, 1]);
-            }
-            _ => self.encode(rec, 0, n_rows),
+            Some(r) if r.suit(n_rows, visible) => r.encode(rec, n_rows, visible),
+            _ => self.encode_with(rec, 0, n_rows, AttentionKernel::PerQuery),
         }
     }
 
     /// Records attention for `n_tokens` queries starting at position `pos0` (which must match
     /// the step uniform). A split attention handles one token.
     pub fn encode(&self, rec: &mut Recorder<'_>, pos0: u32, n_tokens: u32) {
-        let kernel = if n_tokens < TILED_FROM {
+        let visible = self.visible(pos0 + n_tokens);
+        let kernel = if !self.split
+            && n_tokens <= RUNS_MOST_ROWS
+            && self
+                .runs
+                .as_ref()
+                .is_some_and(|r| r.suit(n_tokens, visible))
+        {
+            // A few rows after a long context (a speculative verification): the query
+            // blocks would leave all but a workgroup a head idle, scanning every key.
+            AttentionKernel::KeyRuns
+        } else if n_tokens < TILED_FROM {
             AttentionKernel::PerQuery
         } else if self.flash.is_some() {
             AttentionKernel::TensorCores
@@ -545,9 +481,17 @@ impl Attention {
         self.encode_with(rec, pos0, n_tokens, kernel);
     }
 
+    /// Keys the last of the step's rows sees when `end` tokens are in the cache.
+    fn visible(&self, end: u32) -> u32 {
+        self.window.map_or(end, |w| end.min(w))
+    }
+
     /// The kernels a prompt can run on this adapter (tests cover each).
     pub fn kernels(&self) -> Vec<AttentionKernel> {
         let mut kernels = vec![AttentionKernel::PerQuery];
+        if !self.split && self.runs.is_some() {
+            kernels.push(AttentionKernel::KeyRuns);
+        }
         if self.tiled.is_some() {
             kernels.push(AttentionKernel::QueryBlocks);
         }
@@ -575,6 +519,13 @@ impl Attention {
                 .tiled
                 .as_ref()
                 .map(|t| (t, n_tokens.div_ceil(self.block_queries))),
+            AttentionKernel::KeyRuns => match &self.runs {
+                Some(r) if !self.split && n_tokens <= RUNS_MOST_ROWS => {
+                    r.encode(rec, n_tokens, self.visible(pos0 + n_tokens));
+                    return;
+                }
+                _ => None,
+            },
             AttentionKernel::PerQuery | AttentionKernel::Cpu | AttentionKernel::WideTensorCores => {
                 None
             }
@@ -904,4 +855,7 @@ pub enum AttentionKernel {
     /// Blocks of 128 queries on tensor cores over f16 rows, without a mask (at least 128
     /// queries).
     WideTensorCores,
+    /// Each query's keys in runs across workgroups, merged after: up to [`RUNS_MOST_ROWS`]
+    /// queries over long contexts (more run per query).
+    KeyRuns,
 }

@@ -33,7 +33,7 @@ mod speech_logits;
 
 pub use attention::{
     Attention, AttentionKernel, CacheShape, FullAttention, FullLayout, HeadNormGains, KvDType,
-    MAX_SPLITS, MIN_SPLIT, splits_for,
+    MAX_SPLITS, MIN_SPLIT, RUNS_MOST_ROWS, splits_for,
 };
 pub use conv::{Conv1dShape, Conv2dShape, Im2Col};
 pub(crate) use coop_tile::COOP_MIN_WORKGROUP_BYTES;
