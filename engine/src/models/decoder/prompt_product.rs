@@ -142,7 +142,7 @@ impl PromptProduct {
             });
         }
         if let PromptWeights::Scratch(scratch) = weights
-            && build::expands_for_prompts(gpu, w)
+            && build::expands_for_prompts(w)
         {
             let (expand, dense) = Dequantize::new(gpu, w, scratch)?;
             return Ok(Self {

@@ -5,7 +5,7 @@ use bytemuck::Zeroable;
 
 use crate::Error;
 use crate::gpu::{Gpu, StorageBuffer};
-use crate::load::{DecoderSpec, GgmlType};
+use crate::load::DecoderSpec;
 use crate::ops::{
     BatchRows, DeltaScratch, Dequantize, Embed, FEW_ROWS, Int8Handoff, Int8Rows, MAX_SPLITS,
     MatMul, MatVec, MatVecLayout, MatVecOptions, Matrix, MoeBuffers, NormKind, RopeTable, Sample,
@@ -382,7 +382,7 @@ impl DecoderModel {
         // Expanded prompt weights need the largest to fit one binding; otherwise block-quantized
         // matrices are multiplied directly.
         let dequant_bytes = matrices()
-            .filter(|m| expands_for_prompts(gpu, m))
+            .filter(|m| expands_for_prompts(m))
             .map(Dequantize::scratch_bytes)
             .max();
         let fits = |bytes: Option<u64>| {
@@ -600,23 +600,16 @@ impl DecoderModel {
 }
 
 /// Whether a prompt product expands `w` to f16 first (one more dispatch; the tiles then stage
-/// plain f16) rather than decoding its blocks as the tiles are staged. On tensor cores the
-/// 4- and 5-bit simple formats (Q4_0, Q4_1, Q5_0, Q5_1) go direct, without the expanded copy:
-/// on an H200 (504-token prompts, two runs each) Q4_0 prefilled level either way
-/// (SmolLM2-1.7B 23,100–23,300 tok/s direct against 23,100–23,500 expanded, Llama-3.2-1B
-/// 35,400–35,800 against 35,200–36,500, Qwen2.5-1.5B 22,300–22,900 against 22,300–22,600).
-/// Q8_0 expanded was 3–8 % faster (direct against expanded: SmolLM2-1.7B 22,000–22,200
-/// against 23,000–23,900, Llama-3.2-1B 33,700–34,500 against 35,500–36,700, Qwen2.5-1.5B
-/// 21,600–22,000 against 22,600–22,800), and the K formats decode their packed sub-block scales for every eight
-/// weights: both expand, as everything does on the SIMT tiles.
-/// `BACKPACK_PROMPT_WEIGHTS=direct|expand` forces either (comparisons).
-pub(super) fn expands_for_prompts(gpu: &Gpu, w: &Matrix) -> bool {
-    let Some((ty, _)) = w.quant else {
-        return false;
-    };
-    match std::env::var("BACKPACK_PROMPT_WEIGHTS").map(|v| v.to_ascii_lowercase()) {
-        Ok(v) if v == "direct" => false,
-        Ok(v) if v == "expand" => true,
-        _ => !gpu.caps().cooperative_matrix || ty.block_elems() == 256 || ty == GgmlType::Q8_0,
-    }
+/// plain f16) rather than decoding its blocks as the tiles are staged: every block format
+/// does. On an H200 (`bench --prompt-len P --gen 8 --repeat 3`) Llama-3.1-8B's shape in Q4_0
+/// prefilled 7,125–7,163 tok/s expanded against 6,933–6,952 direct at 504 tokens and
+/// 9,201–9,239 against 8,278–8,334 at 2,000; SmolLM2-1.7B (26,293–26,337 against
+/// 26,142–26,193) and Llama-3.2-1B (40,099–40,911 against 40,732) were level. Q8_0 expanded was 3–8 % faster at
+/// 1–1.7B, and the K formats decode their packed sub-block scales for every eight weights
+/// (Llama-3.1-8B Q4_K: 7,312–7,336 expanded against 5,977–5,989 direct). Q4_1 and Q5_0/Q5_1,
+/// whose blocks cost more to decode than Q4_0's, expand with them (not measured apart).
+/// `BACKPACK_PROMPT_WEIGHTS=direct` multiplies the blocks as stored instead (comparisons).
+pub(super) fn expands_for_prompts(w: &Matrix) -> bool {
+    w.quant.is_some()
+        && !std::env::var("BACKPACK_PROMPT_WEIGHTS").is_ok_and(|v| v.eq_ignore_ascii_case("direct"))
 }
