@@ -452,7 +452,7 @@ impl Attention {
     /// `longest` keys: over runs of keys and their merge where the rows' workgroups are few
     /// and their keys many (see [`KeyRuns::suit`]), else a workgroup per row and head.
     pub fn encode_batch(&self, rec: &mut Recorder<'_>, n_rows: u32, longest: u32) {
-        let visible = self.window.map_or(longest, |w| longest.min(w));
+        let visible = self.visible(longest);
         match &self.runs {
             Some(r) if r.suit(n_rows, visible) => r.encode(rec, n_rows, visible),
             _ => self.encode_with(rec, 0, n_rows, AttentionKernel::PerQuery),
@@ -463,12 +463,11 @@ impl Attention {
     /// the step uniform). A split attention handles one token.
     pub fn encode(&self, rec: &mut Recorder<'_>, pos0: u32, n_tokens: u32) {
         let visible = self.visible(pos0 + n_tokens);
-        let kernel = if !self.split
-            && n_tokens <= RUNS_MOST_ROWS
-            && self
-                .runs
-                .as_ref()
-                .is_some_and(|r| r.suit(n_tokens, visible))
+        // (A split attention has no runs: it splits its one token's keys itself.)
+        let kernel = if self
+            .runs
+            .as_ref()
+            .is_some_and(|r| r.suit(n_tokens, visible))
         {
             // A few rows after a long context (a speculative verification): the query
             // blocks would leave all but a workgroup a head idle, scanning every key.
@@ -491,7 +490,7 @@ impl Attention {
     /// The kernels a prompt can run on this adapter (tests cover each).
     pub fn kernels(&self) -> Vec<AttentionKernel> {
         let mut kernels = vec![AttentionKernel::PerQuery];
-        if !self.split && self.runs.is_some() {
+        if self.runs.is_some() {
             kernels.push(AttentionKernel::KeyRuns);
         }
         if self.tiled.is_some() {
@@ -522,7 +521,7 @@ impl Attention {
                 .as_ref()
                 .map(|t| (t, n_tokens.div_ceil(self.block_queries))),
             AttentionKernel::KeyRuns => match &self.runs {
-                Some(r) if !self.split && n_tokens <= RUNS_MOST_ROWS => {
+                Some(r) if n_tokens <= RUNS_MOST_ROWS => {
                     r.encode(rec, n_tokens, self.visible(pos0 + n_tokens));
                     return;
                 }

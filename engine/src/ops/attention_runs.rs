@@ -91,7 +91,8 @@ impl KeyRuns {
     /// Whether `n_rows` rows, the longest of which sees `visible` keys, are better off in runs
     /// than with a workgroup per row and head.
     pub(super) fn suit(&self, n_rows: u32, visible: u32) -> bool {
-        n_rows * self.heads <= RUNS_MOST_WORKGROUPS
+        n_rows <= RUNS_MOST_ROWS
+            && n_rows * self.heads <= RUNS_MOST_WORKGROUPS
             && visible >= RUNS_FROM_KEYS
             && splits_for(visible) > 1
     }

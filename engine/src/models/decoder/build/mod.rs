@@ -604,10 +604,11 @@ impl DecoderModel {
 /// does. On an H200 (`bench --prompt-len P --gen 8 --repeat 3`) Llama-3.1-8B's shape in Q4_0
 /// prefilled 7,125–7,163 tok/s expanded against 6,933–6,952 direct at 504 tokens and
 /// 9,201–9,239 against 8,278–8,334 at 2,000; SmolLM2-1.7B (26,293–26,337 against
-/// 26,142–26,193) and Llama-3.2-1B (40,099–40,911 against 40,732) were level. Q8_0 expanded was 3–8 % faster at
-/// 1–1.7B, and the K formats decode their packed sub-block scales for every eight weights
-/// (Llama-3.1-8B Q4_K: 7,312–7,336 expanded against 5,977–5,989 direct). Q4_1 and Q5_0/Q5_1,
-/// whose blocks cost more to decode than Q4_0's, expand with them (not measured apart).
+/// 26,142–26,193) and Llama-3.2-1B (40,099–40,911 against 40,732) were level. Q8_0 expanded
+/// was 3–8 % faster at 1–1.7B, and the K formats decode their packed sub-block scales for
+/// every eight weights (Llama-3.1-8B Q4_K: 7,312–7,336 expanded against 5,977–5,989 direct).
+/// Q4_1 and Q5_0/Q5_1, whose blocks cost more to decode than Q4_0's, expand with them (not
+/// measured apart).
 /// `BACKPACK_PROMPT_WEIGHTS=direct` multiplies the blocks as stored instead (comparisons).
 pub(super) fn expands_for_prompts(w: &Matrix) -> bool {
     w.quant.is_some()
